@@ -1,0 +1,150 @@
+"""`train.py`: LightningCLI gives YAML configs, overrides for every key, --help and --print_config.
+
+    python train.py                                  # configs/default.yaml
+    python train.py --config configs/X.yaml --model.attention manual --trainer.max_steps 500
+    python train.py --out_dir out/run1 --resume      # continue a run from its last checkpoint
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch import Trainer, seed_everything
+
+from minigpt.checkpoint import SafeCheckpointIO, load_checkpoint
+from minigpt.datamodule import TokenDataModule
+from minigpt.errors import UserError, run_cli
+from minigpt.lightning_module import GPTLightningModule
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+# Fields a resumed run or a sampler may change without changing the weights' shapes or meaning.
+RESUMABLE_FIELDS = {"attention", "sdpa_backend", "dropout"}
+
+
+class OneLineErrorParser(LightningArgumentParser):
+    """Config mistakes (unknown key, wrong type) end in one line naming the key, not a usage dump."""
+
+    def error(self, message: str, ex: Exception | None = None) -> None:  # type: ignore[override]
+        lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+        first = lines[0] if lines else "invalid arguments"
+        if first.startswith("Parser key") and len(lines) > 1:
+            first = f"{first} {lines[1]}"
+        print(f"error: {first} (see `python train.py --help`)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+class MiniGPTCLI(LightningCLI):
+    def add_default_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--seed", type=int, default=1337, help="Fixes data order, initialisation and dropout.")
+        parser.add_argument("--out_dir", type=str, default="out/default",
+                            help="Run directory: checkpoints/, TensorBoard logs, config.yaml, tokenizer.json.")
+        parser.add_argument("--resume", type=bool, default=False,
+                            help="Continue the run in out_dir from checkpoints/last.ckpt.")
+        parser.add_argument("--overwrite", type=bool, default=False,
+                            help="Start a new run in an out_dir that already holds one (its checkpoints are deleted).")
+        parser.add_argument("--checkpoint_every", type=int, default=100,
+                            help="Optimizer steps between saves of checkpoints/last.ckpt.")
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.link_arguments("model.block_size", "data.block_size")
+        parser.link_arguments("seed", "data.seed")
+        parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
+
+    def _set_seed(self) -> None:
+        seed_everything(self.config["seed"], workers=True)
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        out_dir = Path(self.config["out_dir"])
+        trainer_config = self.config["trainer"]
+        if trainer_config.get("logger") in (None, True):
+            # save_dir/name/version flattened: events, hparams.yaml and config.yaml sit in out_dir itself
+            kwargs["logger"] = TensorBoardLogger(save_dir=str(out_dir), name="", version="")
+        kwargs["default_root_dir"] = str(out_dir)
+        kwargs["plugins"] = [SafeCheckpointIO()]
+        user_callbacks = self.config_init["trainer"].get("callbacks") or []
+        kwargs["callbacks"] = list(user_callbacks) + run_callbacks(out_dir, self.config["checkpoint_every"])
+        return super().instantiate_trainer(**kwargs)
+
+
+def run_callbacks(out_dir: Path, checkpoint_every: int) -> list:
+    checkpoints = out_dir / "checkpoints"
+    return [
+        # best.ckpt: lowest validation loss so far
+        ModelCheckpoint(dirpath=checkpoints, filename="best", monitor="val_loss", mode="min", save_top_k=1,
+                        enable_version_counter=False, auto_insert_metric_name=False),
+        # last.ckpt: every checkpoint_every steps, what --resume continues from
+        ModelCheckpoint(dirpath=checkpoints, filename="last", every_n_train_steps=checkpoint_every,
+                        save_top_k=1, enable_version_counter=False),
+        LearningRateMonitor(logging_interval="step"),
+        ThroughputMonitor(batch_size_fn=lambda batch: batch.size(0), length_fn=lambda batch: batch.size(1) - 1,
+                          window_size=10),  # rates over the last 10 batches
+    ]
+
+
+TRAINER_DEFAULTS: dict[str, Any] = {
+    "max_steps": 2000,
+    "max_epochs": -1,
+    "check_val_every_n_epoch": None,  # val_check_interval counts batches across epochs
+    "val_check_interval": 250,
+    "log_every_n_steps": 10,
+    "gradient_clip_val": 1.0,
+    "num_sanity_val_steps": 0,
+    "use_distributed_sampler": False,  # the datamodule draws per-rank windows itself
+    "enable_model_summary": False,
+}
+
+
+def check_resumable(ckpt: dict[str, Any], model: GPTLightningModule, path: Path) -> None:
+    saved = ckpt["minigpt"]["model_config"]
+    current = model.config.to_dict()
+    diff = [f"{k}={saved[k]!r} (flag gives {current[k]!r})" for k in saved
+            if k in current and k not in RESUMABLE_FIELDS and saved[k] != current[k]]
+    if diff:
+        raise UserError(f"{path} was trained with " + ", ".join(diff) + "; drop the conflicting --model flags "
+                        "to resume, or start a new run with another --out_dir")
+
+
+def main(argv: list[str] | None = None) -> Trainer:
+    """Parse the config and flags, train, save the final state; returns the Trainer (for tests and scripts)."""
+    given = sys.argv[1:] if argv is None else argv
+    parser_kwargs: dict[str, Any] = {}
+    if not any(a in ("-c", "--config") or a.startswith("--config=") for a in given) and DEFAULT_CONFIG.is_file():
+        parser_kwargs["default_config_files"] = [str(DEFAULT_CONFIG)]
+    cli = MiniGPTCLI(GPTLightningModule, TokenDataModule, parser_class=OneLineErrorParser, args=argv, run=False,
+                     trainer_defaults=TRAINER_DEFAULTS, parser_kwargs=parser_kwargs,
+                     save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
+    out_dir = Path(cli.config["out_dir"])
+    last = out_dir / "checkpoints" / "last.ckpt"
+    ckpt_path = None
+    if cli.config["resume"]:
+        if not last.is_file():
+            raise UserError(f"--resume: no checkpoint at {last}; start the run without --resume "
+                            "(or point --out_dir at the run to continue)")
+        check_resumable(load_checkpoint(last), cli.model, last)
+        ckpt_path = str(last)
+    elif (out_dir / "checkpoints").is_dir() and any((out_dir / "checkpoints").glob("*.ckpt")):
+        if not cli.config["overwrite"]:
+            raise UserError(f"{out_dir} already holds a run; continue it with --resume, pick another --out_dir, "
+                            "or pass --overwrite to start over")
+        if cli.trainer.is_global_zero:
+            shutil.rmtree(out_dir / "checkpoints")
+    trainer = cli.trainer
+    trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path, weights_only=True)
+    trainer.save_checkpoint(last, weights_only=False)  # the final state, whatever step the run stopped at
+    if trainer.is_global_zero:
+        val_loss = trainer.callback_metrics.get("val_loss")
+        shown = f"{val_loss.item():.4f}" if val_loss is not None else "n/a"
+        print(f"final val loss {shown} after {trainer.global_step} steps; checkpoint: {last}")
+    return trainer
+
+
+def entry() -> None:
+    run_cli(main)

@@ -1,0 +1,174 @@
+"""The LightningModule: GPT + AdamW + warmup/cosine schedule, loss/perplexity/grad-norm logging, samples at eval."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+
+from minigpt.config import GPTConfig
+from minigpt.model import GPT
+
+SCHEDULES = ("cosine", "linear", "constant", "wsd")
+
+
+def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float,
+                  cooldown_frac: float = 0.2) -> float:
+    """Learning rate at `step` as a fraction of the peak: linear warmup, then the chosen decay to min_lr_ratio."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant" or total_steps <= warmup_steps:
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+    if schedule == "cosine":
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+    elif schedule == "linear":
+        decay = 1.0 - progress
+    else:  # "wsd": warmup, stable at the peak, then a linear cooldown over the last cooldown_frac of training
+        decay = min(1.0, (1.0 - progress) / cooldown_frac)
+    return min_lr_ratio + (1.0 - min_lr_ratio) * decay
+
+
+class GPTLightningModule(L.LightningModule):
+    def __init__(
+        self,
+        arch: str = "gpt",
+        attention: str = "sdpa",
+        n_layer: int = 4,
+        n_head: int = 4,
+        n_kv_head: int | None = None,
+        n_embd: int = 128,
+        block_size: int = 128,
+        vocab_size: int = 256,
+        dropout: float = 0.0,
+        bias: bool | None = None,
+        mlp: str | None = None,
+        mlp_hidden: int | None = None,
+        rope_base: float = 10000.0,
+        tie_embeddings: bool = True,
+        qk_norm: bool = False,
+        zero_init_proj: bool = False,
+        sdpa_backend: str | None = None,
+        learning_rate: float = 1e-3,
+        min_lr_ratio: float = 0.1,
+        weight_decay: float = 0.1,
+        beta1: float = 0.9,
+        beta2: float = 0.95,
+        warmup_steps: int = 100,
+        lr_schedule: str = "cosine",
+        decay_steps: int | None = None,
+        compile: bool = False,
+        sample_tokens: int = 200,
+    ) -> None:
+        """
+        Args:
+            arch: block type: gpt (LayerNorm, learned positions, GELU) or llama (RMSNorm, RoPE, SwiGLU)
+            attention: attention implementation: sdpa, manual or einops (same function)
+            n_layer: transformer blocks
+            n_head: query heads
+            n_kv_head: key/value heads (GQA); unset = n_head, 1 = multi-query
+            n_embd: model width
+            block_size: context length in tokens
+            vocab_size: set from the data's tokenizer
+            dropout: dropout probability
+            bias: biases in linear layers and LayerNorm; unset = true for gpt, false for llama
+            mlp: gelu, swiglu or relu2 (squared ReLU); unset = gelu for gpt, swiglu for llama
+            mlp_hidden: MLP hidden width; unset = 4*n_embd (gelu, relu2) or ~8/3*n_embd (swiglu)
+            rope_base: RoPE frequency base (llama)
+            tie_embeddings: share the input embedding with the output head
+            qk_norm: RMS-normalise queries and keys per head
+            zero_init_proj: start residual output projections at zero
+            sdpa_backend: restrict SDPA to one kernel: flash, efficient, math or cudnn
+            learning_rate: peak learning rate
+            min_lr_ratio: final learning rate as a fraction of the peak
+            weight_decay: AdamW weight decay, applied to matrices and embeddings only
+            beta1: AdamW beta1
+            beta2: AdamW beta2
+            warmup_steps: linear warmup optimizer steps
+            lr_schedule: after warmup: cosine, linear, constant or wsd (stable then a linear cooldown)
+            decay_steps: steps over which the learning rate decays; unset = trainer.max_steps
+            compile: torch.compile the model
+            sample_tokens: tokens generated and logged as text at each validation (0 = none)
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        if lr_schedule not in SCHEDULES:
+            raise ValueError(f"model.lr_schedule: unknown value {lr_schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        self.config = GPTConfig.from_dict(dict(self.hparams))  # the model fields above, checked there
+        self.model = GPT(self.config)
+        self.tokenizer = None  # taken from the datamodule in setup(); saved into every checkpoint
+        # read by Lightning's ThroughputMonitor to report FLOPs/s and MFU
+        self.flops_per_batch: int | None = None
+        self._val_losses: list[torch.Tensor] = []
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is not None:
+            self.tokenizer = datamodule.tokenizer
+            batch = datamodule.hparams.batch_size
+            self.flops_per_batch = self.model.flops_per_token(self.config.block_size) * batch * self.config.block_size
+        if self.hparams.compile:
+            self.model.compile()  # in place: parameter names (and checkpoints) stay the same
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        return self.model(idx, targets)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        _, loss = self.model(batch[:, :-1], batch[:, 1:])  # batch: (B, T + 1) windows
+        self.log("train_loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        _, loss = self.model(batch[:, :-1], batch[:, 1:])
+        self._val_losses.append(loss.detach())
+
+    def on_validation_epoch_end(self) -> None:
+        if not self._val_losses:
+            return
+        val_loss = torch.stack(self._val_losses).mean()
+        self._val_losses.clear()
+        self.log("val_loss", val_loss, prog_bar=True, sync_dist=True)
+        self.log("val_ppl", torch.exp(val_loss), sync_dist=True)
+        if self.hparams.sample_tokens and self.tokenizer is not None and not self.trainer.sanity_checking:
+            self._log_sample()
+
+    def _log_sample(self) -> None:
+        from minigpt.sampling import generate  # imported late: only needed at evaluation
+
+        tok = self.tokenizer
+        start = [tok.eot_id] if tok.eot_id is not None else tok.encode("\n")
+        idx = torch.tensor([start], dtype=torch.long, device=self.device)
+        g = torch.Generator(device=self.device).manual_seed(0)
+        out = generate(self.model, idx, self.hparams.sample_tokens, temperature=0.8, top_k=200, generator=g)
+        text = tok.decode(out[0, len(start):].tolist())
+        experiment = getattr(self.logger, "experiment", None)
+        if self.global_rank == 0 and hasattr(experiment, "add_text"):
+            experiment.add_text("sample", "```\n" + text + "\n```", self.global_step)
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.global_step % self.trainer.log_every_n_steps == 0:  # before clipping: the norm the data produced
+            grads = [p.grad for p in self.parameters() if p.grad is not None]
+            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+            self.log("grad_norm", norm)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        # weight decay on matrices and embeddings only; never on biases and norm gains
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": hp.weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        fused = self.device.type in ("cuda", "cpu")  # one kernel for all parameters instead of a loop
+        optimizer = torch.optim.AdamW(groups, lr=hp.learning_rate, betas=(hp.beta1, hp.beta2), fused=fused)
+        total = hp.decay_steps or self.trainer.max_steps
+        if total is None or total < 0:
+            total = hp.warmup_steps  # no known end (max_time only): hold the peak after warmup
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_multiplier(step, hp.warmup_steps, total, hp.lr_schedule, hp.min_lr_ratio))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "lr"}}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # everything sampling needs, as plain data (loadable with weights_only=True)
+        checkpoint["minigpt"] = {"model_config": self.config.to_dict(),
+                                 "tokenizer": self.tokenizer.to_dict() if self.tokenizer is not None else None}

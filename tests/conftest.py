@@ -1,0 +1,43 @@
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+# tests never reach the network: datasets and the hub stay offline
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def make_corpus(path: Path, n_lines: int = 800, seed: int = 0) -> Path:
+    """A few dozen KB of text with learnable structure (a small vocabulary of words)."""
+    rng = random.Random(seed)
+    words = "the quick brown fox jumps over a lazy dog while cats sit on warm mats and birds sing".split()
+    path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(10)) for _ in range(n_lines)) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Path:
+    return make_corpus(tmp_path_factory.mktemp("corpus") / "words.txt")
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("prepared")
+
+
+def tiny_run_args(corpus: Path, data_root: Path, out_dir: Path, steps: int = 30, **overrides: object) -> list[str]:
+    """train.py flags for a run of a few seconds on the CPU."""
+    args = {
+        "data.source": corpus, "data.data_root": data_root, "out_dir": out_dir,
+        "model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32, "model.block_size": 32,
+        "model.warmup_steps": 5, "model.sample_tokens": 8, "model.learning_rate": 0.01,
+        "data.batch_size": 8, "data.val_batches": 2,
+        "trainer.max_steps": steps, "trainer.val_check_interval": 10, "trainer.log_every_n_steps": 5,
+        "trainer.enable_progress_bar": False, "checkpoint_every": 10,
+    }
+    args.update({k.replace("__", "."): v for k, v in overrides.items()})
+    return [x for k, v in args.items() for x in (f"--{k}", str(v))]

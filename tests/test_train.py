@@ -1,0 +1,150 @@
+"""Training end to end through train.py's entry point: loss falls, checkpoints load, seeds, configs, resume."""
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, tiny_run_args
+from minigpt.checkpoint import load_checkpoint, model_from_checkpoint
+from minigpt.cli import main
+from minigpt.errors import UserError
+from minigpt.tokenizers import tokenizer_from_dict
+
+
+def weights(ckpt_path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(ckpt_path)["state_dict"]
+
+
+def test_tiny_run_learns_and_writes_a_loadable_checkpoint(corpus, data_root, tmp_path, capsys):
+    trainer = main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=40))
+    assert trainer.global_step == 40
+    vocab = trainer.lightning_module.config.vocab_size
+    val_loss = trainer.callback_metrics["val_loss"].item()
+    assert val_loss < math.log(vocab) - 0.7  # well below the uniform guess ln(vocab)
+    out = capsys.readouterr().out
+    assert f"final val loss {val_loss:.4f} after 40 steps; checkpoint: {tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}" in out
+
+    run = tmp_path / "run"
+    for name in ("checkpoints/last.ckpt", "checkpoints/best.ckpt", "config.yaml"):
+        assert (run / name).is_file(), name
+    assert list(run.glob("events.out.tfevents.*")), "TensorBoard logs"
+    ckpt = load_checkpoint(run / "checkpoints" / "last.ckpt")
+    model = model_from_checkpoint(ckpt).eval()
+    tok = tokenizer_from_dict(ckpt["minigpt"]["tokenizer"])
+    idx = torch.tensor([tok.encode("the quick brown fox jumps")])
+    with torch.no_grad():
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+    assert loss.item() < math.log(vocab)
+
+
+def test_tensorboard_gets_losses_lr_grad_norm_throughput_and_samples(corpus, data_root, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=20))
+    events = EventAccumulator(str(tmp_path / "run")).Reload()
+    scalars = set(events.Tags()["scalars"])
+    for tag in ("train_loss", "val_loss", "val_ppl", "lr/pg1", "grad_norm"):
+        assert tag in scalars, (tag, scalars)
+    assert "train/device/items_per_sec" in scalars, scalars  # tokens/s (Lightning calls tokens items)
+    assert any("sample" in t for t in events.Tags()["tensors"]), events.Tags()
+
+
+def test_same_seed_same_run_other_seed_other_run(corpus, data_root, tmp_path):
+    for name, seed in (("a", 7), ("b", 7), ("c", 8)):
+        main(tiny_run_args(corpus, data_root, tmp_path / name, steps=12, seed=seed))
+    a, b, c = (weights(tmp_path / n / "checkpoints" / "last.ckpt") for n in "abc")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+@pytest.mark.parametrize("arch,attention,n_kv_head", [
+    ("gpt", "sdpa", 2), ("gpt", "manual", 2), ("gpt", "einops", 2),
+    ("llama", "sdpa", 1), ("llama", "manual", 1), ("llama", "einops", 2),
+])
+def test_every_attention_path_and_block_trains(corpus, data_root, tmp_path, arch, attention, n_kv_head):
+    trainer = main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=10, model__arch=arch,
+                                 model__attention=attention, model__n_kv_head=n_kv_head))
+    cfg = trainer.lightning_module.config
+    assert (cfg.arch, cfg.attention, cfg.n_kv_head) == (arch, attention, n_kv_head)
+    assert math.isfinite(trainer.callback_metrics["val_loss"].item())
+
+
+def test_paths_give_the_same_training(corpus, data_root, tmp_path):
+    """Same seed, same data: the sdpa and manual paths train to the same weights (up to float rounding)."""
+    for attention in ("sdpa", "manual"):
+        main(tiny_run_args(corpus, data_root, tmp_path / attention, steps=10, model__attention=attention))
+    a, b = (weights(tmp_path / n / "checkpoints" / "last.ckpt") for n in ("sdpa", "manual"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-4) for k in a)
+
+
+def test_resume_continues_exactly(corpus, data_root, tmp_path):
+    # the first part stops at step 10 of a 20-step schedule, as a run killed there would
+    main(tiny_run_args(corpus, data_root, tmp_path / "straight", steps=20, model__decay_steps=20))
+    main(tiny_run_args(corpus, data_root, tmp_path / "resumed", steps=10, model__decay_steps=20))
+    trainer = main(tiny_run_args(corpus, data_root, tmp_path / "resumed", steps=20, model__decay_steps=20)
+                   + ["--resume", "true"])
+    assert trainer.global_step == 20
+    a = weights(tmp_path / "straight" / "checkpoints" / "last.ckpt")
+    b = weights(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    assert all(torch.equal(a[k], b[k]) for k in a), "a resumed run must match an uninterrupted one bitwise"
+
+
+def test_existing_run_is_not_overwritten_by_accident(corpus, data_root, tmp_path):
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))
+    before = (tmp_path / "run" / "checkpoints" / "last.ckpt").read_bytes()
+    with pytest.raises(UserError, match="already holds a run; continue it with --resume"):
+        main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").read_bytes() == before
+    with pytest.raises(UserError, match="--resume: no checkpoint at"):
+        main(tiny_run_args(corpus, data_root, tmp_path / "empty", steps=5) + ["--resume", "true"])
+
+
+def test_resume_with_another_model_shape_is_refused(corpus, data_root, tmp_path):
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))
+    with pytest.raises(UserError, match=r"was trained with n_embd=32 \(flag gives 64\)"):
+        main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=10, model__n_embd=64) + ["--resume", "true"])
+
+
+@pytest.mark.parametrize("flag,value,match", [
+    ("--model.n_layerz", "2", "unrecognized arguments: --model.n_layerz"),
+    ("--model.n_layer", "two", 'Parser key "model.n_layer"'),
+    ("--trainer.max_stepz", "2", "unrecognized arguments: --trainer.max_stepz"),
+])
+def test_unknown_key_or_wrong_type_names_the_key(corpus, data_root, tmp_path, capsys, flag, value, match):
+    with pytest.raises(SystemExit) as exit_info:
+        main(tiny_run_args(corpus, data_root, tmp_path / "run") + [flag, value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert match in err and len(err.splitlines()) == 1
+
+
+def test_overrides_and_config_files(corpus, data_root, tmp_path):
+    config = tmp_path / "cfg.yaml"
+    config.write_text("model:\n  arch: llama\n  n_kv_head: 1\n  n_layer: 2\ndata:\n  tokenizer: byte\n")
+    args = tiny_run_args(corpus, data_root, tmp_path / "run", steps=3)
+    trainer = main(["--config", str(config)] + args + ["--model.n_layer", "1"])
+    cfg = trainer.lightning_module.config
+    assert (cfg.arch, cfg.n_kv_head, cfg.n_layer, cfg.vocab_size, cfg.block_size) == ("llama", 1, 1, 256, 32)
+    assert trainer.datamodule.hparams.block_size == 32  # linked from model.block_size
+
+
+def test_train_py_help_and_print_config():
+    result = subprocess.run([sys.executable, "train.py", "--print_config"], cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    for key in ("attention: sdpa", "arch: gpt", "source: stdlib", "tokenizer: char", "max_steps:", "out_dir:"):
+        assert key in result.stdout, key
+
+
+@pytest.mark.slow
+def test_two_process_ddp_on_cpu_trains(corpus, tmp_path):
+    args = tiny_run_args(corpus, tmp_path / "data", tmp_path / "run", steps=10)
+    result = subprocess.run([sys.executable, "train.py", *args, "--trainer.accelerator", "cpu",
+                             "--trainer.devices", "2", "--trainer.strategy", "ddp"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "final val loss" in result.stdout
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")["global_step"] == 10
