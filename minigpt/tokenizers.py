@@ -1,0 +1,227 @@
+"""Tokenizers: char (nanoGPT shakespeare_char), byte (UTF-8 bytes) and tiktoken BPE (gpt2, cl100k_base, ...).
+
+Every tokenizer serializes to a plain, self-contained dict (`to_dict`) that a checkpoint stores, so sampling
+needs nothing else: no vocabulary file, no download. `tokenizer_from_dict` is the inverse.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import tiktoken
+
+ENDOFTEXT = "<|endoftext|>"
+
+# Encodings built in-process (tests, or a user's own BPE), found by get_tokenizer before tiktoken's registry.
+_LOCAL_ENCODINGS: dict[str, tiktoken.Encoding] = {}
+
+
+class UnknownCharactersError(ValueError):
+    """Text holds characters the char tokenizer's vocabulary (the training corpus's characters) lacks."""
+
+    def __init__(self, chars: Sequence[str]):
+        self.chars = list(chars)
+        shown = ", ".join(repr(c) for c in self.chars[:10]) + (", ..." if len(self.chars) > 10 else "")
+        super().__init__(f"{len(self.chars)} character(s) not in the char tokenizer's vocabulary: {shown}; "
+                         "remove them, or prepare the data with the byte tokenizer (--data.tokenizer byte), "
+                         "which encodes any text")
+
+
+class Tokenizer(ABC):
+    """What the data pipeline, the trainer and the sampler need from a tokenizer."""
+
+    name: str
+    vocab_size: int
+    eot_id: int | None  # appended after each document when not None
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]: ...
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    @abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """Plain str/int/list/dict only, enough to rebuild the tokenizer with tokenizer_from_dict."""
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """encode() as an int64 array; subclasses override it with something faster."""
+        return np.asarray(self.encode(text), dtype=np.int64)
+
+    def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[np.ndarray]:
+        return [self.encode_array(t) for t in texts]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size}, eot_id={self.eot_id})"
+
+
+class CharTokenizer(Tokenizer):
+    """One token per character; the vocabulary is the sorted set of the corpus's characters."""
+
+    def __init__(self, chars: str):
+        self.chars = "".join(sorted(set(chars)))
+        self.name = "char"
+        self.vocab_size = len(self.chars)
+        self.eot_id = None
+        self.stoi = {c: i for i, c in enumerate(self.chars)}
+        # Code point -> id lookup table (-1 = unknown): encode_array maps a whole text with one numpy gather.
+        self._lut = np.full(max(map(ord, self.chars), default=0) + 1, -1, dtype=np.int64)
+        self._lut[[ord(c) for c in self.chars]] = np.arange(len(self.chars))
+
+    @classmethod
+    def from_texts(cls, texts: Iterable[str]) -> CharTokenizer:
+        chars: set[str] = set()
+        for text in texts:
+            chars.update(text)
+        return cls("".join(chars))
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_array(text).tolist()
+
+    def encode_array(self, text: str) -> np.ndarray:
+        # utf-32 gives one uint32 per code point; surrogatepass so lone surrogates reach the unknown check
+        cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        ids = self._lut[np.minimum(cps, len(self._lut) - 1)]
+        bad = (ids < 0) | (cps >= len(self._lut))
+        if bad.any():
+            raise UnknownCharactersError(sorted({chr(c) for c in cps[bad].tolist()}))
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "char", "name": self.name, "chars": self.chars}
+
+
+class ByteTokenizer(Tokenizer):
+    """The 256 UTF-8 byte values: encodes any text (and any file), decodes with U+FFFD for broken sequences."""
+
+    def __init__(self) -> None:
+        self.name = "byte"
+        self.vocab_size = 256
+        self.eot_id = None
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8", "surrogatepass"))  # surrogatepass: never fails, even on lone surrogates
+
+    def encode_array(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "byte", "name": self.name}
+
+
+class TiktokenTokenizer(Tokenizer):
+    """A tiktoken BPE encoding. Text is encoded with encode_ordinary: '<|endoftext|>' in a document is plain text,
+    only the data pipeline inserts the real end-of-text token (between documents)."""
+
+    def __init__(self, encoding: tiktoken.Encoding):
+        self.encoding = encoding
+        self.name = encoding.name
+        self.vocab_size = encoding.n_vocab
+        self.eot_id = encoding.eot_token if ENDOFTEXT in encoding.special_tokens_set else None
+
+    def encode(self, text: str) -> list[int]:
+        return self.encoding.encode_ordinary(text)
+
+    def encode_array(self, text: str) -> np.ndarray:
+        return np.asarray(self.encoding.encode_ordinary(text), dtype=np.int64)
+
+    def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[np.ndarray]:
+        # tiktoken's Rust core releases the GIL, so threads encode in parallel
+        ids = self.encoding.encode_ordinary_batch(texts, num_threads=num_threads or os.cpu_count() or 1)
+        return [np.asarray(x, dtype=np.int64) for x in ids]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.encoding.decode(list(ids))
+
+    def to_dict(self) -> dict[str, Any]:
+        enc = self.encoding
+        return {
+            "type": "tiktoken",
+            "name": enc.name,
+            "pat_str": enc._pat_str,
+            # JSON keys must be str: each token's bytes as base64 (the .tiktoken file format)
+            "mergeable_ranks": {base64.b64encode(token).decode("ascii"): rank
+                                for token, rank in enc._mergeable_ranks.items()},
+            "special_tokens": dict(enc._special_tokens),
+        }
+
+
+def tokenizer_from_dict(d: dict[str, Any]) -> Tokenizer:
+    """Rebuild a tokenizer from its to_dict(); needs no file and no network."""
+    kind = d.get("type") if isinstance(d, dict) else None
+    if kind == "char":
+        return CharTokenizer(d["chars"])
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "tiktoken":
+        ranks = {base64.b64decode(token): int(rank) for token, rank in d["mergeable_ranks"].items()}
+        specials = {str(k): int(v) for k, v in d["special_tokens"].items()}
+        return TiktokenTokenizer(tiktoken.Encoding(d["name"], pat_str=d["pat_str"], mergeable_ranks=ranks,
+                                                   special_tokens=specials))
+    raise ValueError(f"unknown tokenizer type {kind!r} in tokenizer dict (expected char, byte or tiktoken); "
+                     "the checkpoint or tokenizer.json was not written by minigpt or is damaged")
+
+
+def register_tiktoken_encoding(encoding: tiktoken.Encoding) -> None:
+    """Make get_tokenizer(encoding.name) (and so prepare_data(tokenizer=encoding.name)) use this encoding:
+    a BPE built in-process, e.g. by a test, with no download."""
+    _LOCAL_ENCODINGS[encoding.name] = encoding
+
+
+def unregister_tiktoken_encoding(name: str) -> None:
+    _LOCAL_ENCODINGS.pop(name, None)
+
+
+def registered_tiktoken_encoding(name: str) -> tiktoken.Encoding | None:
+    return _LOCAL_ENCODINGS.get(name)
+
+
+def tokenizer_names() -> list[str]:
+    """Every name get_tokenizer accepts."""
+    builtin = [n for n in tiktoken.list_encoding_names() if n not in _LOCAL_ENCODINGS]
+    return ["char", "byte", *_LOCAL_ENCODINGS, *builtin]
+
+
+def tiktoken_cache_dir() -> str:
+    """Where tiktoken looks for (and stores) its downloaded encoding files (same rule as tiktoken.load)."""
+    return (os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
+            or os.path.join(tempfile.gettempdir(), "data-gym-cache"))
+
+
+def get_tokenizer(name: str, texts: Iterable[str] | None = None) -> Tokenizer:
+    """"char" (vocabulary from `texts`), "byte", or a tiktoken encoding name ("gpt2", "cl100k_base", ...)."""
+    if name == "char":
+        if texts is None:
+            raise ValueError("the char tokenizer builds its vocabulary from the corpus; pass texts=...")
+        return CharTokenizer.from_texts(texts)
+    if name == "byte":
+        return ByteTokenizer()
+    if name in _LOCAL_ENCODINGS:
+        return TiktokenTokenizer(_LOCAL_ENCODINGS[name])
+    if name not in tiktoken.list_encoding_names():
+        raise ValueError(f"unknown tokenizer {name!r}; choose one of: {', '.join(tokenizer_names())}")
+    try:
+        encoding = tiktoken.get_encoding(name)
+    except OSError as e:  # requests/urllib/socket errors all derive from OSError; programming errors pass through
+        raise ValueError(
+            f"could not fetch the tiktoken encoding {name!r} ({type(e).__name__}: no network?); run once with "
+            f"internet access so tiktoken caches it, or copy its files (named by the sha1 of their URL) into the "
+            f"TIKTOKEN_CACHE_DIR directory (now {tiktoken_cache_dir()}), or use the char/byte tokenizer") from None
+    except ValueError as e:
+        if "hash mismatch" not in str(e).lower():
+            raise
+        raise ValueError(f"the download of tiktoken encoding {name!r} was corrupted; delete the cached files in "
+                         f"{tiktoken_cache_dir()} and try again") from None
+    return TiktokenTokenizer(encoding)
