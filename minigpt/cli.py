@@ -7,9 +7,9 @@
 
 from __future__ import annotations
 
-import math
 import shutil
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,9 @@ from minigpt.checkpoint import SafeCheckpointIO, load_checkpoint
 from minigpt.datamodule import TokenDataModule
 from minigpt.errors import UserError, run_cli
 from minigpt.lightning_module import GPTLightningModule
+
+# Our sampler restarts exactly where a run stopped (see datamodule.py), so Lightning's caution does not apply.
+warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch ended")
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 # Fields a resumed run or a sampler may change without changing the weights' shapes or meaning.
@@ -112,6 +115,17 @@ def check_resumable(ckpt: dict[str, Any], model: GPTLightningModule, path: Path)
                         "to resume, or start a new run with another --out_dir")
 
 
+def check_writable(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / f".write-test-{id(out_dir)}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"cannot write to out_dir {out_dir} ({e.strerror or type(e).__name__}); "
+                        "choose a writable --out_dir") from None
+
+
 def main(argv: list[str] | None = None) -> Trainer:
     """Parse the config and flags, train, save the final state; returns the Trainer (for tests and scripts)."""
     given = sys.argv[1:] if argv is None else argv
@@ -122,6 +136,7 @@ def main(argv: list[str] | None = None) -> Trainer:
                      trainer_defaults=TRAINER_DEFAULTS, parser_kwargs=parser_kwargs,
                      save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
     out_dir = Path(cli.config["out_dir"])
+    check_writable(out_dir)
     last = out_dir / "checkpoints" / "last.ckpt"
     ckpt_path = None
     if cli.config["resume"]:

@@ -54,6 +54,12 @@ class ResumableSampler(Sampler[int]):
         return iter(range(first, first + self.length))
 
 
+def own_generator() -> torch.Generator:
+    """A DataLoader draws a seed from the global RNG each time it starts iterating unless it has its own
+    generator; that draw would make dropout after --resume differ from an uninterrupted run."""
+    return torch.Generator().manual_seed(0)
+
+
 class TokenDataModule(L.LightningDataModule):
     def __init__(
         self,
@@ -130,7 +136,8 @@ class TokenDataModule(L.LightningDataModule):
         windows = RandomWindows(data.train, hp.block_size, hp.batch_size, hp.seed, stream=rank, length=1 << 62)
         start = (lambda: self.trainer.global_step * accumulate) if self.trainer is not None else (lambda: 0)
         return DataLoader(windows, batch_size=None, sampler=ResumableSampler(length, start),
-                          num_workers=hp.num_workers, persistent_workers=hp.num_workers > 0)
+                          num_workers=hp.num_workers, persistent_workers=hp.num_workers > 0,
+                          generator=own_generator())
 
     def val_dataloader(self) -> DataLoader:
         hp, data = self.hparams, self._load()
@@ -139,4 +146,4 @@ class TokenDataModule(L.LightningDataModule):
         windows = RandomWindows(data.val, hp.block_size, hp.batch_size, hp.seed, stream=VAL_STREAM,
                                 length=hp.val_batches)
         return DataLoader(windows, batch_size=None, sampler=list(range(rank, hp.val_batches, world)),
-                          num_workers=hp.num_workers)
+                          num_workers=hp.num_workers, generator=own_generator())

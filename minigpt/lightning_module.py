@@ -9,9 +9,14 @@ import lightning as L
 import torch
 
 from minigpt.config import GPTConfig
+from minigpt.errors import UserError
 from minigpt.model import GPT
 
 SCHEDULES = ("cosine", "linear", "constant", "wsd")
+
+
+class NonFiniteLossError(UserError):
+    """The loss became NaN or infinite."""
 
 
 def lr_multiplier(step: int, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float,
@@ -117,6 +122,11 @@ class GPTLightningModule(L.LightningModule):
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         _, loss = self.model(batch[:, :-1], batch[:, 1:])  # batch: (B, T + 1) windows
+        if not torch.isfinite(loss):  # stop before the bad step touches the weights; checkpoints stay good
+            raise NonFiniteLossError(
+                f"the training loss became {loss.item()} at step {self.global_step}; training stopped and the last "
+                "good checkpoint is kept; lower --model.learning_rate, raise --model.warmup_steps or use "
+                "--trainer.precision 32-true, then --resume")
         self.log("train_loss", loss, prog_bar=True)
         return loss
 
@@ -169,6 +179,18 @@ class GPTLightningModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "lr"}}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # everything sampling needs, as plain data (loadable with weights_only=True)
+        # everything sampling needs, as plain data (loadable with weights_only=True), and the RNG state so
+        # that dropout after --resume draws what an uninterrupted run would have drawn
+        rng = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available() and self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
         checkpoint["minigpt"] = {"model_config": self.config.to_dict(),
-                                 "tokenizer": self.tokenizer.to_dict() if self.tokenizer is not None else None}
+                                 "tokenizer": self.tokenizer.to_dict() if self.tokenizer is not None else None,
+                                 "rng": rng}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        rng = checkpoint.get("minigpt", {}).get("rng")
+        if rng is not None:
+            torch.set_rng_state(rng["cpu"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state(rng["cuda"], self.device if self.device.type == "cuda" else None)

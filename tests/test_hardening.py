@@ -1,0 +1,167 @@
+"""Bad input gives one line and exit 2; kills leave loadable checkpoints; resume is exact; NaN stops cleanly."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import REPO, make_corpus, tiny_run_args
+from minigpt.checkpoint import load_checkpoint
+from minigpt.cli import main
+from minigpt.errors import run_cli
+
+
+def run_train(args, capsys) -> tuple[int, str]:
+    """train.py's entry point in-process: (exit code, stderr)."""
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(lambda: main(args))
+    err = capsys.readouterr().err.strip()
+    return exit_info.value.code, err
+
+
+def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+@pytest.fixture
+def short_corpus(tmp_path):
+    path = tmp_path / "short.txt"
+    path.write_text("just a few characters\n")
+    return path
+
+
+BAD_TRAIN_INPUTS = {
+    "missing corpus": (dict(data__source="/no/such/corpus.txt"), ["corpus not found: /no/such/corpus.txt"]),
+    "unknown tokenizer": (dict(data__tokenizer="gpt5_bpe"), ["gpt5_bpe", "char", "byte"]),
+    "unknown arch": (dict(model__arch="mamba"), ["model.arch", "choose one of gpt, llama"]),
+    "unknown attention": (dict(model__attention="flash3"), ["model.attention", "sdpa, manual, einops"]),
+    "n_embd % n_head": (dict(model__n_embd=30, model__n_head=4), ["model.n_embd: 30 is not divisible by n_head=4"]),
+    "n_head % n_kv_head": (dict(model__n_head=4, model__n_kv_head=3), ["n_kv_head", "divisor of n_head"]),
+    "odd head dim with RoPE": (dict(model__arch="llama", model__n_embd=36, model__n_head=4), ["odd", "RoPE"]),
+    "unknown key": (dict(model__n_layers=2), ["--model.n_layers"]),
+    "wrong type": (dict(trainer__max_steps="ten"), ["trainer.max_steps"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TRAIN_INPUTS))
+def test_bad_training_input_is_one_clear_line(case, corpus, data_root, tmp_path, capsys):
+    overrides, fragments = BAD_TRAIN_INPUTS[case]
+    code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "run", **overrides), capsys)
+    assert_one_line_error(code, err, *fragments)
+
+
+def test_empty_and_too_short_and_binary_corpora(tmp_path, data_root, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    code, err = run_train(tiny_run_args(empty, data_root, tmp_path / "run"), capsys)
+    assert_one_line_error(code, err, "empty")
+
+    short = tmp_path / "short.txt"
+    short.write_text("only a few characters here, far fewer than one window\n")
+    code, err = run_train(tiny_run_args(short, data_root, tmp_path / "run", model__block_size=64), capsys)
+    assert_one_line_error(code, err, "fewer than one window of block_size + 1 = 65")
+
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(bytes(range(256)) * 64)
+    code, err = run_train(tiny_run_args(binary, data_root, tmp_path / "run"), capsys)
+    assert_one_line_error(code, err, "byte")
+
+
+def test_unwritable_out_dir(corpus, data_root, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    code, err = run_train(tiny_run_args(corpus, data_root, blocker / "run"), capsys)
+    assert_one_line_error(code, err, "cannot write to out_dir", "choose a writable --out_dir")
+
+
+def test_resume_mistakes_leave_the_run_untouched(corpus, data_root, tmp_path, capsys):
+    code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "none") + ["--resume", "true"], capsys)
+    assert_one_line_error(code, err, "--resume: no checkpoint at")
+
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))
+    capsys.readouterr()
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    before = last.read_bytes()
+    code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "run", model__n_layer=2) + ["--resume", "true"],
+                          capsys)
+    assert_one_line_error(code, err, "n_layer=1 (flag gives 2)")
+    assert last.read_bytes() == before
+
+
+def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(corpus, data_root, tmp_path, capsys,
+                                                                                 monkeypatch):
+    from minigpt import lightning_module
+
+    real_step = lightning_module.GPTLightningModule.training_step
+
+    def step(self, batch, batch_idx):
+        if self.global_step == 13:  # as if the weights had blown up
+            with torch.no_grad():
+                self.model.lm_head.weight.fill_(float("nan"))
+        return real_step(self, batch, batch_idx)
+
+    monkeypatch.setattr(lightning_module.GPTLightningModule, "training_step", step)
+    code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "run", steps=30), capsys)
+    assert_one_line_error(code, err, "the training loss became nan at step 13")
+    ckpt = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    assert ckpt["global_step"] == 10
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
+
+
+def test_bad_input_through_the_real_command():
+    result = subprocess.run([sys.executable, "train.py", "--model.attention", "flash3", "--data.source", "/nope"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: ")
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_then_resume_matches_an_uninterrupted_run(tmp_path):
+    """Kill a real training process repeatedly; every kill leaves a loadable last.ckpt, and resuming to the end
+    gives bitwise the weights of a run that was never interrupted (CPU, float32, with dropout)."""
+    corpus = make_corpus(tmp_path / "corpus.txt")
+    steps = 60
+
+    def args(out):
+        return tiny_run_args(corpus, tmp_path / "data", tmp_path / out, steps=steps, checkpoint_every=3,
+                             model__dropout=0.1, trainer__val_check_interval=20, model__decay_steps=steps)
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "train.py", *args("straight")], cwd=REPO, check=True, env=env,
+                   capture_output=True, timeout=300)
+    rng = random.Random(0)
+    last = tmp_path / "killed" / "checkpoints" / "last.ckpt"
+    kills = 0
+    for attempt in range(3):
+        extra = ["--resume", "true"] if last.exists() else ["--overwrite", "true"]
+        seen = last.stat().st_mtime_ns if last.exists() else None
+        proc = subprocess.Popen([sys.executable, "train.py", *args("killed"), *extra], cwd=REPO, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 120
+        while (not last.exists() or last.stat().st_mtime_ns == seen) and time.time() < deadline \
+                and proc.poll() is None:
+            time.sleep(0.05)  # wait until this process is training and saving, then kill at a random moment
+        time.sleep(rng.uniform(0.0, 1.0))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait()
+        assert load_checkpoint(last)["global_step"] <= steps  # loadable after every kill
+    assert kills >= 2, "the runs ended before they could be killed; make them longer"
+    subprocess.run([sys.executable, "train.py", *args("killed"), "--resume", "true"], cwd=REPO, check=True, env=env,
+                   capture_output=True, timeout=300)
+    a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.ckpt")
+    b = load_checkpoint(last)
+    assert a["global_step"] == b["global_step"] == steps
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
