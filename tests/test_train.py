@@ -148,3 +148,11 @@ def test_two_process_ddp_on_cpu_trains(corpus, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "final val loss" in result.stdout
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")["global_step"] == 10
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
+def test_every_shipped_config_parses(config, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", str(REPO / "configs" / config), "--print_config"])
+    assert exit_info.value.code == 0
+    assert "model:" in capsys.readouterr().out
