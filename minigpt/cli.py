@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from lightning.pytorch import Trainer, seed_everything
 from minigpt.checkpoint import SafeCheckpointIO, load_checkpoint
 from minigpt.datamodule import TokenDataModule
 from minigpt.errors import UserError, run_cli
+from minigpt.evaluate import evaluate_tokens
 from minigpt.lightning_module import GPTLightningModule
 
 # Our sampler restarts exactly where a run stopped (see datamodule.py), so Lightning's caution does not apply.
@@ -53,6 +55,8 @@ class MiniGPTCLI(LightningCLI):
                             help="Continue the run in out_dir from checkpoints/last.ckpt.")
         parser.add_argument("--overwrite", type=bool, default=False,
                             help="Start a new run in an out_dir that already holds one (its checkpoints are deleted).")
+        parser.add_argument("--eval_full", type=bool, default=True,
+                            help="At the end, report the loss over the whole validation split (one device only).")
         parser.add_argument("--checkpoint_every", type=int, default=100,
                             help="Optimizer steps between saves of checkpoints/last.ckpt.")
 
@@ -158,6 +162,12 @@ def main(argv: list[str] | None = None) -> Trainer:
         val_loss = trainer.callback_metrics.get("val_loss")
         shown = f"{val_loss.item():.4f}" if val_loss is not None else "n/a"
         print(f"final val loss {shown} after {trainer.global_step} steps; checkpoint: {last}")
+    if cli.config["eval_full"] and trainer.world_size == 1:
+        start = time.perf_counter()
+        nats, n = evaluate_tokens(cli.model.model, cli.datamodule.prepared.val, cli.datamodule.hparams.batch_size)
+        trainer.callback_metrics["full_val_loss"] = torch.tensor(nats / n)
+        print(f"full val loss {nats / n:.4f} over all {n:,} validation tokens "
+              f"({time.perf_counter() - start:.1f}s to evaluate)")
     return trainer
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Timer
 
 from minigpt.config import GPTConfig
 from minigpt.errors import UserError
@@ -171,12 +172,25 @@ class GPTLightningModule(L.LightningModule):
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         fused = self.device.type in ("cuda", "cpu")  # one kernel for all parameters instead of a loop
         optimizer = torch.optim.AdamW(groups, lr=hp.learning_rate, betas=(hp.beta1, hp.beta2), fused=fused)
-        total = hp.decay_steps or self.trainer.max_steps
-        if total is None or total < 0:
-            total = hp.warmup_steps  # no known end (max_time only): hold the peak after warmup
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: lr_multiplier(step, hp.warmup_steps, total, hp.lr_schedule, hp.min_lr_ratio))
+            optimizer, lambda step: lr_multiplier(step, hp.warmup_steps, self._schedule_steps(step), hp.lr_schedule,
+                                                  hp.min_lr_ratio))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "lr"}}
+
+    def _schedule_steps(self, step: int) -> int:
+        """The step at which the learning rate reaches its minimum: decay_steps, else max_steps; with only
+        --trainer.max_time, the step count projected from the speed so far, so the decay ends on time."""
+        if self.hparams.decay_steps:
+            return self.hparams.decay_steps
+        timer = next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
+        max_steps = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else None
+        if timer is not None and timer.time_remaining("train") is not None:
+            elapsed = timer.time_elapsed("train")
+            if step > self.hparams.warmup_steps and elapsed > 0:
+                projected = int(step * (elapsed + timer.time_remaining("train")) / elapsed)
+                return min(projected, max_steps) if max_steps else projected
+            return max_steps or 10**9  # too early to project: hold the peak
+        return max_steps or self.hparams.warmup_steps  # no known end: hold the peak after warmup
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # everything sampling needs, as plain data (loadable with weights_only=True), and the RNG state so
