@@ -16,6 +16,45 @@ from minigpt.model import GPT
 SCHEDULES = ("cosine", "linear", "constant", "wsd")
 
 
+OPTIMIZERS = ("adamw", "muon")
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """Muon for the blocks' 2-D weights, AdamW for everything else, as one optimizer: Lightning's automatic
+    optimization (clipping, accumulation, LR schedulers, checkpoints) then drives both unchanged.
+
+    The two inner optimizers share this optimizer's param_groups and state dicts, so state_dict(),
+    load_state_dict() and an LR scheduler see all groups at once.
+    """
+
+    def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], lr: float, betas: tuple[float, float],
+                 fused: bool) -> None:
+        # match_rms_adamw scales Muon's update to AdamW's size, so one learning rate serves both
+        self.muon = torch.optim.Muon(muon_groups, lr=lr, adjust_lr_fn="match_rms_adamw")
+        self.adamw = torch.optim.AdamW(adamw_groups, lr=lr, betas=betas, fused=fused)
+        super().__init__(self.muon.param_groups + self.adamw.param_groups, defaults={"lr": lr})
+        self._share()
+
+    def _share(self) -> None:
+        n = len(self.muon.param_groups)
+        self.muon.param_groups, self.adamw.param_groups = self.param_groups[:n], self.param_groups[n:]
+        self.muon.state = self.adamw.state = self.state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)  # replaces the group and state dicts: share the new ones
+        self._share()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.muon.step()
+        self.adamw.step()
+        return loss
+
+
 class NonFiniteLossError(UserError):
     """The loss became NaN or infinite."""
 
@@ -64,6 +103,7 @@ class GPTLightningModule(L.LightningModule):
         beta2: float = 0.95,
         warmup_steps: int = 100,
         lr_schedule: str = "cosine",
+        optimizer: str = "adamw",
         decay_steps: int | None = None,
         compile: bool = False,
         sample_tokens: int = 200,
@@ -94,6 +134,7 @@ class GPTLightningModule(L.LightningModule):
             beta2: AdamW beta2
             warmup_steps: linear warmup optimizer steps
             lr_schedule: after warmup: cosine, linear, constant or wsd (stable then a linear cooldown)
+            optimizer: adamw, or muon (Muon for the blocks' matrices, AdamW for embeddings, head and gains)
             decay_steps: steps over which the learning rate decays; unset = trainer.max_steps
             compile: torch.compile the model
             sample_tokens: tokens generated and logged as text at each validation (0 = none)
@@ -101,7 +142,9 @@ class GPTLightningModule(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         if lr_schedule not in SCHEDULES:
-            raise ValueError(f"model.lr_schedule: unknown value {lr_schedule!r}; choose one of {', '.join(SCHEDULES)}")
+            raise UserError(f"model.lr_schedule: unknown value {lr_schedule!r}; choose one of {', '.join(SCHEDULES)}")
+        if optimizer not in OPTIMIZERS:
+            raise UserError(f"model.optimizer: unknown value {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         self.config = GPTConfig.from_dict(dict(self.hparams))  # the model fields above, checked there
         self.model = GPT(self.config)
         self.tokenizer = None  # taken from the datamodule in setup(); saved into every checkpoint
@@ -167,11 +210,24 @@ class GPTLightningModule(L.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
         # weight decay on matrices and embeddings only; never on biases and norm gains
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": hp.weight_decay},
-                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        decay = [p for _, p in named if p.dim() >= 2]
+        no_decay = [p for _, p in named if p.dim() < 2]
         fused = self.device.type in ("cuda", "cpu")  # one kernel for all parameters instead of a loop
-        optimizer = torch.optim.AdamW(groups, lr=hp.learning_rate, betas=(hp.beta1, hp.beta2), fused=fused)
+        betas = (hp.beta1, hp.beta2)
+        if hp.optimizer == "muon":
+            # Muon orthogonalises updates of hidden matrices; embeddings and the head stay with AdamW
+            hidden = [p for n, p in named if p.dim() == 2 and n.startswith("transformer.h.")]
+            ids = {id(p) for p in hidden}
+            optimizer = MuonWithAdamW(
+                [{"params": hidden, "weight_decay": hp.weight_decay}],
+                [{"params": [p for p in decay if id(p) not in ids], "weight_decay": hp.weight_decay},
+                 {"params": no_decay, "weight_decay": 0.0}],
+                lr=hp.learning_rate, betas=betas, fused=fused)
+        else:
+            optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": hp.weight_decay},
+                                           {"params": no_decay, "weight_decay": 0.0}],
+                                          lr=hp.learning_rate, betas=betas, fused=fused)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: lr_multiplier(step, hp.warmup_steps, self._schedule_steps(step), hp.lr_schedule,
                                                   hp.min_lr_ratio))

@@ -80,12 +80,16 @@ def test_paths_give_the_same_training(corpus, data_root, tmp_path):
     assert all(torch.allclose(a[k], b[k], atol=1e-4) for k in a)
 
 
-def test_resume_continues_exactly(corpus, data_root, tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resume_continues_exactly(corpus, data_root, tmp_path, optimizer):
     # the first part stops at step 10 of a 20-step schedule, as a run killed there would
-    main(tiny_run_args(corpus, data_root, tmp_path / "straight", steps=20, model__decay_steps=20))
-    main(tiny_run_args(corpus, data_root, tmp_path / "resumed", steps=10, model__decay_steps=20))
-    trainer = main(tiny_run_args(corpus, data_root, tmp_path / "resumed", steps=20, model__decay_steps=20)
-                   + ["--resume", "true"])
+    def args(out, steps):
+        return tiny_run_args(corpus, data_root, tmp_path / out, steps=steps, model__decay_steps=20,
+                             model__optimizer=optimizer, model__dropout=0.1)
+
+    main(args("straight", 20))
+    main(args("resumed", 10))
+    trainer = main(args("resumed", 20) + ["--resume", "true"])
     assert trainer.global_step == 20
     a = weights(tmp_path / "straight" / "checkpoints" / "last.ckpt")
     b = weights(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
