@@ -136,9 +136,11 @@ def main(argv: list[str] | None = None) -> Trainer:
     parser_kwargs: dict[str, Any] = {}
     if not any(a in ("-c", "--config") or a.startswith("--config=") for a in given) and DEFAULT_CONFIG.is_file():
         parser_kwargs["default_config_files"] = [str(DEFAULT_CONFIG)]
-    cli = MiniGPTCLI(GPTLightningModule, TokenDataModule, parser_class=OneLineErrorParser, args=argv, run=False,
-                     trainer_defaults=TRAINER_DEFAULTS, parser_kwargs=parser_kwargs,
-                     save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
+    with warnings.catch_warnings():  # args given as a list (tests, scripts) is intended, not a mistake
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        cli = MiniGPTCLI(GPTLightningModule, TokenDataModule, parser_class=OneLineErrorParser, args=argv,
+                         run=False, trainer_defaults=TRAINER_DEFAULTS, parser_kwargs=parser_kwargs,
+                         save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
     out_dir = Path(cli.config["out_dir"])
     check_writable(out_dir)
     last = out_dir / "checkpoints" / "last.ckpt"

@@ -8,6 +8,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.plugins.precision import MixedPrecision
 
 from minigpt.config import GPTConfig
 from minigpt.errors import UserError
@@ -207,13 +208,34 @@ class GPTLightningModule(L.LightningModule):
             norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
             self.log("grad_norm", norm)
 
+    def _grad_scaler(self) -> Any:
+        trainer = self._trainer  # None when configure_optimizers is called outside a Trainer (benchmarks)
+        return getattr(trainer.precision_plugin, "scaler", None) if trainer is not None else None
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        # Lightning's mixed-precision plugin refuses to clip for any fused optimizer, because under a gradient
+        # scaler such an optimizer unscales internally.  bf16-mixed has no scaler: gradients are already at
+        # their true scale, so clip them exactly as 32-true would.
+        plugin = self.trainer.precision_plugin
+        if gradient_clip_val and isinstance(plugin, MixedPrecision) and plugin.scaler is None:
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            if gradient_clip_algorithm == "value":
+                torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+            else:
+                torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
         # weight decay on matrices and embeddings only; never on biases and norm gains
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         decay = [p for _, p in named if p.dim() >= 2]
         no_decay = [p for _, p in named if p.dim() < 2]
-        fused = self.device.type in ("cuda", "cpu")  # one kernel for all parameters instead of a loop
+        # fused: one kernel for all parameters instead of a loop; not under a gradient scaler (16-mixed),
+        # where a fused optimizer unscales inside step() and Lightning could not clip before it
+        fused = self.device.type in ("cuda", "cpu") and self._grad_scaler() is None
         betas = (hp.beta1, hp.beta2)
         if hp.optimizer == "muon":
             # Muon orthogonalises updates of hidden matrices; embeddings and the head stay with AdamW

@@ -1,0 +1,239 @@
+"""Helpers shared by the benchmark scripts: machine label, device/dtype choice, timing, peak memory, matmul
+peak FLOP/s, markdown tables and JSON output.
+
+Import it as `from benchmarks.common import ...` after putting the repository root on sys.path (each script
+does that itself, so `python benchmarks/bench_X.py` works from anywhere without installing anything).
+
+Everything here runs on the CPU and on a CUDA GPU: on CUDA, timings synchronize the device before reading
+the clock and peak memory is torch.cuda.max_memory_allocated; on the CPU, peak memory comes from the
+profiler's allocation timeline (see `peak_memory`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+# --------------------------------------------------------------------------------------------------
+# Machine and settings
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_features() -> list[str]:
+    """The matmul-relevant instruction-set flags of this CPU (empty where /proc/cpuinfo is absent)."""
+    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16",
+              "amx_int8")
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                return [f for f in wanted if f in flags]
+    except OSError:
+        pass
+    return []
+
+
+def load_avg() -> float | None:
+    """The 1-minute load average (None where the OS has none)."""
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
+def wait_for_quiet(max_load: float = 1.0, tries: int = 0, sleep_s: float = 45.0) -> list[float | None]:
+    """Wait up to `tries` times `sleep_s` seconds while the 1-minute load is above `max_load`; return the
+    load readings.  tries=0 only reads the load once (the default: the scripts never sleep on their own)."""
+    readings = [load_avg()]
+    for _ in range(tries):
+        if readings[-1] is None or readings[-1] <= max_load:
+            break
+        print(f"load average {readings[-1]} > {max_load}: waiting {sleep_s:.0f} s", flush=True)
+        time.sleep(sleep_s)
+        readings.append(load_avg())
+    return readings
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def machine_label(device: torch.device | str = "cpu", dtype: str | torch.dtype = "float32") -> dict[str, Any]:
+    """Where and how a benchmark ran; the same keys in every script's JSON (`machine`)."""
+    device = torch.device(device)
+    if isinstance(dtype, torch.dtype):
+        dtype = str(dtype).removeprefix("torch.")
+    label: dict[str, Any] = dict(
+        cpu=cpu_model(), cores=os.cpu_count(), torch_threads=torch.get_num_threads(), torch=torch.__version__,
+        python=platform.python_version(), dtype=dtype, device=str(device), load_avg_1m=load_avg())
+    if device.type == "cpu":
+        label["cpu_features"] = cpu_features()
+    if device.type == "cuda":
+        label["gpu"] = torch.cuda.get_device_name(device)
+        label["cuda"] = torch.version.cuda
+    return label
+
+
+def describe_machine(label: dict[str, Any]) -> str:
+    """One line for the top of a report."""
+    where = label.get("gpu") or f"{label['cpu']}, {label['cores']} cores ({label['torch_threads']} torch threads)"
+    return (f"Machine: {where}, torch {label['torch']}, dtype {label['dtype']}, device {label['device']}, "
+            f"load average {label['load_avg_1m']} at start")
+
+
+def common_parser(description: str, name: str) -> argparse.ArgumentParser:
+    """An argparse parser with the flags every script has: --quick, --json, --device."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny settings that finish in seconds (smoke test)")
+    p.add_argument("--json", default=str(RESULTS_DIR / f"{name}.json"),
+                   help=f"where to write the figures (default benchmarks/results/{name}.json)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
+    p.add_argument("--wait_quiet", type=int, default=0, metavar="N",
+                   help="before measuring, wait up to N x 45 s while the 1-minute load average is above 1.0")
+    return p
+
+
+# --------------------------------------------------------------------------------------------------
+# Timing
+
+def synchronize(device: torch.device | str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_fn(fn: Callable[[], Any], device: torch.device | str, repeats: int = 5, warmup: int = 1) -> list[float]:
+    """Seconds per call of fn(), `repeats` times after `warmup` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+# --------------------------------------------------------------------------------------------------
+# Peak memory
+
+def _cpu_peak_from_profiler(prof: torch.profiler.profile) -> int:
+    """Peak of the running sum of CPU allocations (+bytes) and frees (-bytes), in time order.
+
+    The allocator reports each allocation and free as a "[memory]" event with a signed byte count.
+    `prof.events()` is not enough: it folds the records that fall inside an op into that op's
+    cpu_memory_usage (a net sum, not a peak) and keeps only the leftover ones as "[memory]" events; the raw
+    kineto events keep every record with its timestamp.
+    """
+    events = prof.profiler.kineto_results.events()
+    cpu_types = {torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.MKLDNN, torch.autograd.DeviceType.IDEEP}
+    records = sorted((e.start_ns(), e.nbytes()) for e in events
+                     if e.name() == "[memory]" and e.device_type() in cpu_types)
+    running = peak = 0
+    for _, nbytes in records:
+        running += nbytes
+        peak = max(peak, running)
+    return peak
+
+
+def peak_memory(fn: Callable[[], Any], device: torch.device | str) -> int:
+    """Bytes allocated by fn() at its peak, above what was allocated when it started.
+
+    CUDA: torch.cuda.max_memory_allocated after a reset.  CPU: torch.profiler(profile_memory=True) and the
+    peak of the running sum of its allocation/free events (what fn keeps alive at the end counts too).
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        fn()
+        synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return _cpu_peak_from_profiler(prof)
+
+
+# --------------------------------------------------------------------------------------------------
+# Matmul peak FLOP/s, for MFU
+
+def matmul_flops(dtype: torch.dtype, device: torch.device | str, n: int = 2048, repeats: int = 10,
+                 min_seconds: float = 0.2) -> dict[str, Any]:
+    """Measured FLOP/s of an n x n x n matmul in `dtype`: the best of `repeats` timed batches, each of
+    enough matmuls to last about min_seconds.  The best (not the median) is the attainable peak."""
+    device = torch.device(device)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    flop = 2 * n ** 3
+    one = median(time_fn(lambda: torch.mm(a, b, out=out), device, repeats=3, warmup=2))
+    inner = max(1, int(min_seconds / max(one, 1e-9)))
+
+    def batch() -> None:
+        for _ in range(inner):
+            torch.mm(a, b, out=out)
+
+    times = time_fn(batch, device, repeats=repeats, warmup=0)
+    best = min(times) / inner
+    return dict(dtype=str(dtype).removeprefix("torch."), n=n, seconds_per_matmul=best, flops=flop / best,
+                tflops=round(flop / best / 1e12, 4), median_tflops=round(flop / (median(times) / inner) / 1e12, 4))
+
+
+# --------------------------------------------------------------------------------------------------
+# Output
+
+def markdown_table(rows: Iterable[dict[str, Any]], columns: Sequence[tuple[str, str, str]]) -> str:
+    """columns: (key, header, format spec); numbers right-aligned.  A missing or None value prints '-'."""
+    rows = list(rows)
+    head = "| " + " | ".join(h for _, h, _ in columns) + " |"
+    align = "|" + "|".join("---:" if fmt else "---" for _, _, fmt in columns) + "|"
+    lines = [head, align]
+    for r in rows:
+        cells = []
+        for key, _, fmt in columns:
+            v = r.get(key)
+            cells.append("-" if v is None else (format(v, fmt) if fmt else str(v)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_json(result: dict[str, Any], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return path
+
+
+def mib(nbytes: float) -> float:
+    return nbytes / 2 ** 20

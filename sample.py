@@ -1,0 +1,13 @@
+"""Generate text from a trained minigpt checkpoint.
+
+    python sample.py --ckpt out/RUN --prompt "ROMEO:" --max_new_tokens 300
+    python sample.py --prompt - < prompt.txt --num_samples 3 --temperature 0.9 --top_p 0.95
+    python sample.py --temperature 0 --no-kv-cache        # greedy, recomputing the context every step
+
+All logic lives in minigpt/sampling.py; `python sample.py --help` lists the flags.
+"""
+
+from minigpt.sampling import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""Smoke tests: each benchmark script runs end to end with --quick (tiny shapes, a few steps) and writes the
+JSON it promises.  The figures themselves are not checked: they depend on the machine."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # `benchmarks` is a folder of scripts, not an installed package
+
+from benchmarks import bench_attention, bench_sampling, bench_train, common  # noqa: E402
+
+MACHINE_KEYS = {"cpu", "cores", "torch_threads", "torch", "python", "dtype", "device", "load_avg_1m"}
+
+
+def read(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_bench_attention_quick(tmp_path, capsys):
+    out = tmp_path / "results" / "attention.json"  # the folder does not exist yet: the script creates it
+    returned = bench_attention.main(["--quick", "--json", str(out), "--device", "cpu"])
+    result = read(out)
+    assert result["benchmark"] == "attention" and result["results"] == json.loads(json.dumps(returned["results"]))
+    assert MACHINE_KEYS <= set(result["machine"])
+    s = result["settings"]
+    assert {"batch", "n_head", "head_dim", "gqa_kv_heads", "seq_lens", "dtype", "scope", "repeats"} <= set(s)
+    rows = result["results"]
+    assert len(rows) == 3 * 2 * len(s["seq_lens"])  # paths x GQA off/on x lengths
+    assert {(r["path"], r["gqa"]) for r in rows} == {(p, g) for p in ("sdpa", "manual", "einops") for g in ("off", "on")}
+    for r in rows:
+        assert r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0 and r["peak_bytes"] > 0
+        assert r["n_kv_head"] == (s["n_head"] if r["gqa"] == "off" else s["gqa_kv_heads"])
+    assert len(result["scaling"]) == 6 and all(x["mem_ratio"] > 0 for x in result["scaling"])
+    assert result["checks"]  # sdpa-vs-others checks are present (their outcome depends on the machine)
+    table = capsys.readouterr().out
+    assert "| path | GQA |" in table and "peak MiB" in table
+
+
+def test_bench_train_quick(tmp_path, capsys):
+    out = tmp_path / "train.json"
+    bench_train.main(["--quick", "--json", str(out), "--device", "cpu"])
+    result = read(out)
+    assert result["benchmark"] == "train" and MACHINE_KEYS <= set(result["machine"])
+    assert set(result["peak_matmul"]) == {"float32", "bfloat16"}
+    rows = result["results"]
+    assert [(r["precision"], r["compile"]) for r in rows] == [("32-true", False), ("bf16-mixed", False)]
+    for r in rows:
+        for key in ("step_ms", "tokens_per_s", "mfu", "bare_step_ms", "bare_tokens_per_s", "overhead_pct",
+                    "flops_per_token", "warmup_s"):
+            assert key in r, key
+        assert r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1
+    assert {a["impl"] for a in result["adamw"]} == {"fused", "foreach", "for-loop"}
+    assert "| shape | precision | compile |" in capsys.readouterr().out
+
+
+def test_bench_train_overhead_breakdown_quick(tmp_path):
+    out = tmp_path / "train.json"
+    bench_train.main(["--quick", "--json", str(out), "--device", "cpu", "--precisions", "32-true",
+                      "--overhead_detail", "on", "--adamw", "off", "--no_bare"])
+    detail = read(out)["overhead_breakdown"]
+    assert len(detail) == len(bench_train.DETAIL_VARIANTS)
+    assert detail[0]["overhead_pct"] == 0
+    for d in detail:  # every phase stamped, for Lightning and the bare loop alike
+        assert all(d[f"{k}_ms"] >= 0 for k, *_ in bench_train.PHASES), d
+
+
+def test_bench_sampling_quick(tmp_path, capsys):
+    out = tmp_path / "sampling.json"
+    bench_sampling.main(["--quick", "--json", str(out), "--device", "cpu"])
+    result = read(out)
+    assert result["benchmark"] == "sampling" and MACHINE_KEYS <= set(result["machine"])
+    assert [r["kv_cache"] for r in result["results"]] == [False, True]
+    assert all(r["tokens_per_s"] > 0 for r in result["results"])
+    assert "| no KV cache |" in capsys.readouterr().out
+
+
+def test_cpu_peak_memory_tracks_the_timeline():
+    import torch
+
+    def work():
+        a = torch.empty(1 << 20, dtype=torch.uint8)  # 1 MiB
+        b = torch.empty(2 << 20, dtype=torch.uint8)  # +2 MiB: peak 3 MiB
+        del a, b
+        c = torch.empty(1 << 20, dtype=torch.uint8)  # 1 MiB after the frees: the net sum would say 1
+        return c
+
+    peak = common.peak_memory(work, "cpu")
+    assert 3 << 20 <= peak < (3 << 20) + (64 << 10)
+
+
+def test_markdown_table_and_machine_label():
+    table = common.markdown_table([{"a": "x", "b": 1.234}, {"a": "y", "b": None}],
+                                  [("a", "A", ""), ("b", "B", ".1f")])
+    assert table.splitlines() == ["| A | B |", "|---|---:|", "| x | 1.2 |", "| y | - |"]
+    label = common.machine_label("cpu", "bfloat16")
+    assert MACHINE_KEYS <= set(label) and label["dtype"] == "bfloat16"
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
