@@ -366,6 +366,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--detail_rounds", type=int, default=2, help="alternating rounds of the breakdown variants")
     p.add_argument("--detail_steps", type=int, default=30, help="timed steps per breakdown run")
     p.add_argument("--adamw", default="on", choices=["on", "off"], help="fused vs foreach AdamW micro-benchmark")
+    p.add_argument("--attention", default="sdpa", choices=["sdpa", "manual", "einops"],
+                   help="attention path of every shape (on a CPU, manual beats sdpa under bf16)")
     p.add_argument("--matmul_n", type=int, default=2048, help="matmul size for the peak FLOP/s")
     p.add_argument("--profile", action="store_true",
                    help="also cProfile one Lightning run (first shape, first precision, eager) and print the top")
@@ -374,6 +376,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = pick_device(args.device)
     shapes = {"nanogpt": nanogpt_shape, "default": default_shape}
     shape_list = [shapes[s]() for s in args.shapes]
+    for s in shape_list:
+        s["model"]["attention"] = args.attention
     if args.quick:
         shape_list = [quick_shape()]
         args.steps, args.warmup, args.rounds, args.matmul_n = 3, 1, 1, 256

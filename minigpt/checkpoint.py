@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pickle
 import tempfile
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -58,11 +59,15 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}; pass a .ckpt file or a run directory")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # a foreign pickle protocol only matters if the load fails (below)
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        # torch's message is a paragraph; the line naming the refused object is what helps
+        what = next((line for line in lines if "Unsupported" in line or "GLOBAL" in line), lines[0] if lines else "")
         raise CheckpointError(f"refusing to load {path}: it holds objects other than tensors and plain data "
-                              f"({first[:160]}); only load checkpoints written by minigpt") from None
+                              f"({what[:160]}); only load checkpoints written by minigpt") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
         raise CheckpointError(f"cannot read checkpoint {path}: it is truncated or not a checkpoint "
                               f"({type(e).__name__}); use another file, e.g. the run's last.ckpt") from None

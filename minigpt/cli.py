@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import sys
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor, Timer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch import Trainer, seed_everything
@@ -28,6 +29,18 @@ from minigpt.lightning_module import GPTLightningModule
 
 # Our sampler restarts exactly where a run stopped (see datamodule.py), so Lightning's caution does not apply.
 warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch ended")
+# A torch-internal deprecation inside Lightning, not something a user can act on.
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+
+
+class _DropAdverts(logging.Filter):
+    """Lightning prints tips advertising its cloud products at every run; keep the console for our output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropAdverts())
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 # Fields a resumed run or a sampler may change without changing the weights' shapes or meaning.
@@ -78,6 +91,8 @@ class MiniGPTCLI(LightningCLI):
         kwargs["plugins"] = [SafeCheckpointIO()]
         user_callbacks = self.config_init["trainer"].get("callbacks") or []
         kwargs["callbacks"] = list(user_callbacks) + run_callbacks(out_dir, self.config["checkpoint_every"])
+        if not trainer_config.get("max_time"):  # Lightning adds its own Timer for max_time; else time the run
+            kwargs["callbacks"].append(Timer())
         return super().instantiate_trainer(**kwargs)
 
 
@@ -164,9 +179,14 @@ def main(argv: list[str] | None = None) -> Trainer:
         val_loss = trainer.callback_metrics.get("val_loss")
         shown = f"{val_loss.item():.4f}" if val_loss is not None else "n/a"
         print(f"final val loss {shown} after {trainer.global_step} steps; checkpoint: {last}")
+        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+        if timer is not None:  # fit loop only (validation included): not data preparation, not the final eval
+            print(f"training time {timer.time_elapsed('train'):.1f}s")
     if cli.config["eval_full"] and trainer.world_size == 1:
         start = time.perf_counter()
-        nats, n = evaluate_tokens(cli.model.model, cli.datamodule.prepared.val, cli.datamodule.hparams.batch_size)
+        with torch.compiler.set_stance("force_eager"):  # a ragged last batch would trigger a recompile
+            nats, n = evaluate_tokens(cli.model.model, cli.datamodule.prepared.val,
+                                      cli.datamodule.hparams.batch_size)
         trainer.callback_metrics["full_val_loss"] = torch.tensor(nats / n)
         print(f"full val loss {nats / n:.4f} over all {n:,} validation tokens "
               f"({time.perf_counter() - start:.1f}s to evaluate)")

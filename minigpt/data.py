@@ -258,7 +258,7 @@ def prepare_data(source: str = DEFAULT_SOURCE, tokenizer: str = "char", data_roo
     _remove_stale(data_root)
     if not force and (meta := _complete_meta(out, fingerprint)) is not None:
         print(f"data: using {out} ({meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens, "
-              f"{meta['tokenizer']}); force=True to prepare again")
+              f"{meta['tokenizer']}), prepared earlier from the same source and tokenizer")
         return out
 
     tmp = data_root / f".{slug}.tmp-{os.getpid()}"

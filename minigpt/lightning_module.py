@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.utilities import rank_zero_info
 
 from minigpt.config import GPTConfig
 from minigpt.errors import UserError
@@ -162,6 +164,36 @@ class GPTLightningModule(L.LightningModule):
         if self.hparams.compile:
             self.model.compile()  # in place: parameter names (and checkpoints) stay the same
 
+    def on_fit_start(self) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if self.hparams.compile and self.trainer.world_size == 1 and datamodule is not None:
+            self._compile_now(datamodule.hparams.batch_size)
+
+    def _compile_now(self, batch_size: int) -> None:
+        """Run one training and one validation step's worth of forward/backward on a dummy batch, so that
+        torch.compile compiles before the training clock (and --trainer.max_time) starts; the weights, the
+        gradients and the RNG state are left as they were.  Under DDP (or with plain dataloaders instead of our
+        datamodule) the first real step compiles instead."""
+        start = time.perf_counter()
+        rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        batch = torch.zeros(batch_size, self.config.block_size + 1,
+                            dtype=torch.long, device=self.device)
+        context = self.trainer.precision_plugin.forward_context  # autocast under mixed precision
+        with context():
+            _, loss = self.model(batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        self.model.zero_grad(set_to_none=True)
+        self.model.eval()
+        with torch.no_grad(), context():
+            self.model(batch[:, :-1], batch[:, 1:])
+        self.model.train()
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state(cuda_rng, self.device)
+        self.compile_seconds = time.perf_counter() - start
+        rank_zero_info(f"torch.compile: compiled in {self.compile_seconds:.1f}s (not counted in training time)")
+
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         return self.model(idx, targets)
 
@@ -196,7 +228,8 @@ class GPTLightningModule(L.LightningModule):
         start = [tok.eot_id] if tok.eot_id is not None else tok.encode("\n")
         idx = torch.tensor([start], dtype=torch.long, device=self.device)
         g = torch.Generator(device=self.device).manual_seed(0)
-        out = generate(self.model, idx, self.hparams.sample_tokens, temperature=0.8, top_k=200, generator=g)
+        with torch.compiler.set_stance("force_eager"):  # growing shapes: compiling them would cost more than it saves
+            out = generate(self.model, idx, self.hparams.sample_tokens, temperature=0.8, top_k=200, generator=g)
         text = tok.decode(out[0, len(start):].tolist())
         experiment = getattr(self.logger, "experiment", None)
         if self.global_rank == 0 and hasattr(experiment, "add_text"):
