@@ -109,7 +109,7 @@ def make_loader(vocab_size: int, block_size: int, batch_size: int, length: int, 
     return torch.utils.data.DataLoader(windows, batch_size=None, sampler=range(length), num_workers=0)
 
 
-def make_module(shape: dict[str, Any], compile: bool, total_steps: int, precision: str = "32-true",
+def make_module(shape: dict[str, Any], compile: bool, total_steps: int,
                 device: torch.device | str = "cpu", seed: int = 0) -> GPTLightningModule:
     """The module as train.py builds it.  decay_steps is fixed so that configure_optimizers needs no trainer
     (the bare loop calls it too)."""
@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             matmul_dtype = "bfloat16" if prec.startswith("bf16") else "float32"
             for comp in args.compile:
                 compiled = comp == "on"
-                module = make_module(shape, compiled, args.warmup + args.steps + 1, prec, device)
+                module = make_module(shape, compiled, args.warmup + args.steps + 1, device)
                 fpt = module.model.flops_per_token(T)
                 lruns, bruns = [], []
                 for _ in range(args.rounds):
@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in DETAIL_VARIANTS}
         for _ in range(args.detail_rounds):  # variants interleaved: load drifts hit them alike
             for name, runner, extras, patch in DETAIL_VARIANTS:
-                module = make_module(detail_shape, False, args.warmup + steps + 1, prec, device)
+                module = make_module(detail_shape, False, args.warmup + steps + 1, device)
                 if patch is not None:
                     patch(module)
                 if runner == "bare":
@@ -480,7 +480,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.profile:
         shape = shape_list[0]
         prof = cProfile.Profile()
-        module = make_module(shape, False, args.warmup + args.steps + 1, args.precisions[0], device)
+        module = make_module(shape, False, args.warmup + args.steps + 1, device)
         run_lightning(module, shape, args.precisions[0], device, args.warmup, args.steps, profiler=prof)
         profile_text = print_profile(prof)
 

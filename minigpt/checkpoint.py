@@ -58,6 +58,12 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}; pass a .ckpt file or a run directory")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    # torch.save writes a zip archive (or, in its legacy format, a pickle, which starts with 0x80)
+    if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):
+        raise CheckpointError(f"{path} is not a checkpoint (not a file written by torch.save); "
+                              "pass a .ckpt file or a run directory")
     try:
         with warnings.catch_warnings():  # a foreign pickle protocol only matters if the load fails (below)
             warnings.filterwarnings("ignore", message="Detected pickle protocol")

@@ -37,13 +37,6 @@ def load_model(ckpt: str | Path | None, device: str = "cpu",
     attention weights).  Only tensors and plain data are unpickled (weights_only=True).
     """
     path = find_checkpoint(ckpt)
-    if path.is_file():
-        with open(path, "rb") as f:
-            head = f.read(4)
-        # torch.save writes a zip archive (or, in its legacy format, a pickle, which starts with 0x80)
-        if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):
-            raise CheckpointError(f"{path} is not a checkpoint (not a file written by torch.save); "
-                                  "pass a .ckpt file or a run directory")
     raw = load_checkpoint(path, map_location="cpu")
     overrides = {"attention": attention} if attention is not None else {}
     meta = raw["minigpt"]
