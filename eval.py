@@ -1,6 +1,9 @@
-"""Evaluate a checkpoint on a text file: `python eval.py --ckpt out/default --text file.txt` (nats/token, bits/char)."""
+"""Evaluate a checkpoint on a text file: `python eval.py --ckpt out/default --text file.txt` (nats/token, bits/char).
 
-from minigpt.evaluate import entry
+The command line is minigpt/eval_cli.py; `python eval.py --help` lists the flags.
+"""
+
+from minigpt.eval_cli import main
 
 if __name__ == "__main__":
-    entry()
+    main()

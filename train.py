@@ -1,9 +1,9 @@
 """Train a GPT: `python train.py` (configs/default.yaml) or `python train.py --config configs/X.yaml [--key value ...]`.
 
-See `python train.py --help` for every key; the logic lives in minigpt/cli.py.
+See `python train.py --help` for every key; the logic lives in minigpt/train_cli.py.
 """
 
-from minigpt.cli import entry
+from minigpt.train_cli import entry
 
 if __name__ == "__main__":
     entry()

@@ -24,7 +24,8 @@ from benchmarks.common import (common_parser, describe_machine, load_avg, machin
                                markdown_table, pick_device, synchronize, wait_for_quiet, write_json)
 from minigpt.config import GPTConfig  # noqa: E402
 from minigpt.model import GPT  # noqa: E402
-from minigpt.sampling import generate, load_model  # noqa: E402
+from minigpt.checkpoint import load_model  # noqa: E402
+from minigpt.generation import generate  # noqa: E402
 
 SHAPE = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65, dropout=0.0)
 

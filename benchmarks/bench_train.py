@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import cProfile
-import inspect
 import io
 import json
 import logging
@@ -57,7 +56,9 @@ from benchmarks.common import (REPO_ROOT, common_parser, describe_machine, load_
                                markdown_table, matmul_flops, median, pick_device, synchronize, time_fn,
                                wait_for_quiet, write_json)
 from minigpt.datamodule import RandomWindows  # noqa: E402
+from minigpt.config import GPTConfig  # noqa: E402
 from minigpt.lightning_module import GPTLightningModule  # noqa: E402
+from minigpt.optim import OptimConfig  # noqa: E402
 
 import lightning as L  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
@@ -87,8 +88,7 @@ def default_shape() -> dict[str, Any]:
     import yaml
 
     cfg = yaml.safe_load((REPO_ROOT / "configs" / "default.yaml").read_text())
-    accepted = set(inspect.signature(GPTLightningModule.__init__).parameters) - {"self"}
-    model = {k: v for k, v in cfg.get("model", {}).items() if k in accepted}
+    model = dict(cfg.get("model", {}))  # the model section is GPTConfig's fields, nothing else
     vocab, source = stdlib_vocab_size()
     model["vocab_size"] = vocab
     return dict(name="default", model=model, batch_size=cfg.get("data", {}).get("batch_size", 32),
@@ -111,11 +111,14 @@ def make_loader(vocab_size: int, block_size: int, batch_size: int, length: int, 
 
 def make_module(shape: dict[str, Any], compile: bool, total_steps: int,
                 device: torch.device | str = "cpu", seed: int = 0) -> GPTLightningModule:
-    """The module as train.py builds it.  decay_steps is fixed so that configure_optimizers needs no trainer
-    (the bare loop calls it too)."""
-    kwargs = {**shape["model"], "compile": compile, "decay_steps": total_steps, "sample_tokens": 0}
+    """The module as train.py builds it (default optimizer settings).  decay_steps is fixed so that
+    configure_optimizers needs no trainer (the bare loop calls it too).  compile: in place, as train.py's
+    CompileModel callback does, so both loops run the same compiled graph."""
     torch.manual_seed(seed)
-    return GPTLightningModule(**kwargs).to(device)
+    module = GPTLightningModule(GPTConfig(**shape["model"]), OptimConfig(decay_steps=total_steps)).to(device)
+    if compile:
+        module.model.compile()
+    return module
 
 
 PHASES = (("fwd", "s", "z"), ("zero_grad", "z", "bb"), ("bwd", "bb", "ab"), ("glue", "ab", "bo"),
@@ -211,7 +214,7 @@ def run_lightning(module: GPTLightningModule, shape: dict[str, Any], precision: 
     """trainer.fit for warmup + steps batches (+1, to close the last period).
 
     extras: "none", or a '+'-joined subset of tb (TensorBoardLogger), lr (LearningRateMonitor), tput
-    (ThroughputMonitor as in minigpt/cli.py), bar (progress bar); "train_py" = tb+lr+tput."""
+    (ThroughputMonitor as in minigpt/train_cli.py), bar (progress bar); "train_py" = tb+lr+tput."""
     from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
     from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -252,8 +255,6 @@ def run_bare(module: GPTLightningModule, shape: dict[str, Any], precision: str, 
     """The same steps without Lightning (see the module docstring), stamped at the same points."""
     n = warmup + steps + 1
     module.to(device).train()
-    if module.hparams.compile and getattr(module.model, "_compiled_call_impl", None) is None:
-        module.model.compile()  # what GPTLightningModule.setup does
     cfg = module.configure_optimizers()
     optimizer, scheduler = cfg["optimizer"], cfg["lr_scheduler"]["scheduler"]
     params = [p for group in optimizer.param_groups for p in group["params"]]

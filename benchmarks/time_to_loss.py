@@ -36,28 +36,28 @@ from benchmarks.common import (REPO_ROOT, common_parser, describe_machine, load_
 CONFIG = "configs/shakespeare_char_cpu.yaml"
 
 # nanoGPT's documented CPU run, in train.py's terms (its shakespeare_char config with the CPU flags)
-NANOGPT = ["--trainer.precision", "32-true", "--model.attention", "sdpa", "--model.learning_rate", "1e-3",
-           "--model.warmup_steps", "100", "--model.min_lr_ratio", "0.1", "--model.beta2", "0.99",
-           "--model.weight_decay", "0.1", "--data.batch_size", "12", "--model.block_size", "64",
+NANOGPT = ["--trainer.precision", "32-true", "--model.attention", "sdpa", "--optim.learning_rate", "1e-3",
+           "--optim.warmup_steps", "100", "--optim.min_lr_ratio", "0.1", "--optim.beta2", "0.99",
+           "--optim.weight_decay", "0.1", "--data.batch_size", "12", "--model.block_size", "64",
            "--model.n_layer", "4", "--model.n_head", "4", "--model.n_embd", "128", "--model.dropout", "0.0",
-           "--model.lr_schedule", "cosine", "--model.arch", "gpt", "--model.optimizer", "adamw"]
+           "--optim.lr_schedule", "cosine", "--model.arch", "gpt", "--optim.optimizer", "adamw"]
 
 # name -> (what changes relative to the shipped recipe, overrides)
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     "recipe": ("configs/shakespeare_char_cpu.yaml as shipped", []),
     "cosine_lr2e-3": ("cosine decay to 0.1 at peak lr 2e-3 (the first recipe)",
-                      ["--model.lr_schedule", "cosine", "--model.learning_rate", "2e-3", "--model.min_lr_ratio", "0.1"]),
+                      ["--optim.lr_schedule", "cosine", "--optim.learning_rate", "2e-3", "--optim.min_lr_ratio", "0.1"]),
     "nanogpt": ("nanoGPT's CPU settings (fp32, lr 1e-3, batch 12, context 64, cosine) in our trainer", NANOGPT),
     "fp32": ("float32 instead of bf16-mixed", ["--trainer.precision", "32-true"]),
     "sdpa": ("SDPA attention instead of manual (CPU flash backward is slow in bf16)", ["--model.attention", "sdpa"]),
-    "compile": ("torch.compile on", ["--model.compile", "true"]),
+    "compile": ("torch.compile on", ["--compile", "true"]),
     "batch12": ("batch 12 instead of the recipe's", ["--data.batch_size", "12"]),
     "batch64": ("batch 64", ["--data.batch_size", "64"]),
     "ctx128": ("context 128 instead of 64", ["--model.block_size", "128"]),
-    "lr1e-3": ("peak learning rate 1e-3", ["--model.learning_rate", "1e-3"]),
-    "lr4e-3": ("peak learning rate 4e-3", ["--model.learning_rate", "4e-3"]),
-    "cosine": ("cosine decay instead of warmup-stable-decay", ["--model.lr_schedule", "cosine"]),
-    "wsd": ("warmup-stable-decay schedule", ["--model.lr_schedule", "wsd"]),
+    "lr1e-3": ("peak learning rate 1e-3", ["--optim.learning_rate", "1e-3"]),
+    "lr4e-3": ("peak learning rate 4e-3", ["--optim.learning_rate", "4e-3"]),
+    "cosine": ("cosine decay instead of warmup-stable-decay", ["--optim.lr_schedule", "cosine"]),
+    "wsd": ("warmup-stable-decay schedule", ["--optim.lr_schedule", "wsd"]),
     "gpt": ("GPT-2 block (LayerNorm, learned positions, GELU)", ["--model.arch", "gpt"]),
     "llama": ("Llama block (RMSNorm, RoPE, SwiGLU)", ["--model.arch", "llama"]),
     "qk_norm": ("QK-norm on", ["--model.qk_norm", "true"]),
@@ -67,8 +67,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "no_zero_init": ("GPT-2 init of output projections", ["--model.zero_init_proj", "false"]),
     "untied": ("untied output head", ["--model.tie_embeddings", "false"]),
     "tied": ("tied output head", ["--model.tie_embeddings", "true"]),
-    "muon": ("Muon for hidden matrices + AdamW for the rest", ["--model.optimizer", "muon"]),
-    "adamw": ("AdamW for everything", ["--model.optimizer", "adamw"]),
+    "muon": ("Muon for hidden matrices + AdamW for the rest", ["--optim.optimizer", "muon"]),
+    "adamw": ("AdamW for everything", ["--optim.optimizer", "adamw"]),
 }
 
 
@@ -93,7 +93,7 @@ def run_variant(name: str, overrides: list[str], corpus: str, budget: float, con
     cmd = [sys.executable, str(REPO_ROOT / "train.py"), "--config", config, "--data.source", corpus,
            "--trainer.max_time", seconds_to_max_time(budget), "--trainer.max_steps", "-1",
            "--trainer.val_check_interval", str(val_every), "--trainer.enable_progress_bar", "false",
-           "--model.sample_tokens", "0", "--checkpoint_every", "1000000", "--out_dir", str(out_dir),
+           "--sample_tokens", "0", "--checkpoint_every", "1000000", "--out_dir", str(out_dir),
            "--overwrite", "true", *overrides, *extra]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -1,7 +1,10 @@
 """minigpt: a small, readable, fast GPT trainer."""
 
-from minigpt.config import ConfigError, GPTConfig
+from minigpt.checkpoint import load_model
+from minigpt.config import GPTConfig
+from minigpt.errors import ConfigError, UserError
+from minigpt.generation import generate
 from minigpt.model import GPT, KVCache
 
-__all__ = ["GPT", "GPTConfig", "ConfigError", "KVCache"]
+__all__ = ["GPT", "GPTConfig", "ConfigError", "KVCache", "UserError", "generate", "load_model"]
 __version__ = "0.1.0"

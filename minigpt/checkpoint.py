@@ -1,17 +1,22 @@
-"""Checkpoints: written atomically, read without unrestricted pickle, found from a file or a run directory.
+"""The checkpoint format: written, checked and read here, and nowhere else.
 
-A checkpoint is a Lightning checkpoint (a dict saved with torch.save) in which
-  ckpt["state_dict"]        holds the GPT weights under "model.<name>",
-  ckpt["minigpt"]["model_config"] holds GPTConfig.to_dict(),
-  ckpt["minigpt"]["tokenizer"]    holds the tokenizer's to_dict(),
-so sampling needs nothing but the file.
+A minigpt checkpoint is a Lightning checkpoint (a dict written by torch.save) with one section of our own:
+
+    ckpt["minigpt"] = {
+        "format": 2,
+        "model_config": GPTConfig.to_dict(),      # what builds the model
+        "tokenizer": Tokenizer.to_dict(),         # plain data: sampling needs no other file
+        "weights_prefix": "model.",               # where the GPT's weights sit in ckpt["state_dict"]
+    }
+
+Everything else (optimizer, schedulers, loop and callback state, the RNG state for exact resume) is
+Lightning's.  Format 1 (before the prefix and version were written) is upgraded when read.  Files are read
+with torch.load(weights_only=True): tensors and plain containers only, never arbitrary objects.
 """
 
 from __future__ import annotations
 
-import os
 import pickle
-import tempfile
 import warnings
 import zipfile
 from pathlib import Path
@@ -19,42 +24,66 @@ from typing import Any
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from torch import nn
 
 from minigpt.config import GPTConfig
+from minigpt.errors import CheckpointError, UserError, first_line
+from minigpt.fsutil import atomic_write
 from minigpt.model import GPT
+from minigpt.tokenizers import Tokenizer, tokenizer_from_dict
 
+FORMAT_VERSION = 2
+SECTION = "minigpt"
+RNG_STATE_KEY = "RNGState"  # Lightning's callback-state key of callbacks.RNGState (format 1 kept it in SECTION)
 DEFAULT_OUT_ROOT = "out"
-MODEL_PREFIX = "model."
+# Settings a resumed run or a sampler may change without changing the weights' shapes or meaning.
+RESUMABLE_FIELDS = {"attention", "sdpa_backend", "dropout"}
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, damaged, unsafe or not ours; the message says what to do."""
+# --------------------------------------------------------------------------------------------------- writing
+
+def pack(checkpoint: dict[str, Any], owner: nn.Module, model: GPT, tokenizer: Tokenizer | None) -> None:
+    """Add our section to a Lightning checkpoint dict (from LightningModule.on_save_checkpoint).
+
+    `owner` is the module whose state_dict Lightning saved; the GPT's prefix in it is found, not assumed.
+    """
+    prefix = next((name for name, m in owner.named_modules() if m is model), None)
+    if prefix is None:
+        raise ValueError("the model is not a submodule of the module being checkpointed")
+    checkpoint[SECTION] = {"format": FORMAT_VERSION, "model_config": model.config.to_dict(),
+                           "tokenizer": tokenizer.to_dict() if tokenizer is not None else None,
+                           "weights_prefix": f"{prefix}." if prefix else ""}
 
 
-def atomic_torch_save(obj: Any, path: str | Path) -> None:
-    """Write to a temporary file in the same directory, fsync, then rename: a kill at any moment leaves
-    either the old file or the new one, never half of one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)  # make the rename itself durable
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+def model_checkpoint(model: GPT, tokenizer: Tokenizer, global_step: int = 0) -> dict[str, Any]:
+    """A checkpoint dict for a model outside training (a converted or hand-built one): load_model reads it."""
+    checkpoint = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+                  "global_step": global_step, "epoch": 0}
+    holder = nn.Module()
+    holder.model = model
+    pack(checkpoint, holder, model, tokenizer)
+    return checkpoint
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """torch.load with weights_only=True: tensors and plain containers only, never arbitrary objects."""
+def save_file(checkpoint: dict[str, Any], path: str | Path) -> None:
+    """torch.save, atomically: a kill at any moment leaves the old file or the new one, never half of one."""
+    atomic_write(path, lambda f: torch.save(checkpoint, f))
+
+
+class SafeCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint I/O with atomic writes and weights_only reads (used for save and --resume)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+        save_file(checkpoint, path)
+
+    def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> dict:
+        return read_checkpoint(path, map_location=map_location or "cpu")
+
+
+# --------------------------------------------------------------------------------------------------- reading
+
+def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint file with weights_only=True, check that it is ours, upgrade it to the current format."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}; pass a .ckpt file or a run directory")
@@ -77,10 +106,50 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
         raise CheckpointError(f"cannot read checkpoint {path}: it is truncated or not a checkpoint "
                               f"({type(e).__name__}); use another file, e.g. the run's last.ckpt") from None
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "minigpt" not in ckpt:
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict) \
+            or not isinstance(ckpt.get(SECTION), dict):
         raise CheckpointError(f"{path} is not a minigpt checkpoint (no model weights/config in it); "
                               "pass a .ckpt written by train.py")
+    return _upgrade(ckpt, path)
+
+
+def _upgrade(ckpt: dict[str, Any], path: Path) -> dict[str, Any]:
+    section = ckpt[SECTION]
+    version = section.get("format", 1)
+    if version == 1:  # weights were always under "model."; the RNG state sat in our section
+        section["weights_prefix"] = "model."
+        if (rng := section.pop("rng", None)) is not None:
+            ckpt.setdefault("callbacks", {}).setdefault(RNG_STATE_KEY, rng)
+        section["format"] = version = FORMAT_VERSION
+    if version != FORMAT_VERSION:
+        raise CheckpointError(f"{path} has checkpoint format {version!r}, and this minigpt reads format "
+                              f"{FORMAT_VERSION}; load it with the minigpt version that wrote it")
+    if not isinstance(section.get("model_config"), dict):
+        raise CheckpointError(f"{path} is not a usable minigpt checkpoint (no model config in it); "
+                              "pass a .ckpt written by train.py")
     return ckpt
+
+
+def model_config(ckpt: dict[str, Any], **overrides: Any) -> GPTConfig:
+    return GPTConfig.from_dict({**ckpt[SECTION]["model_config"], **overrides})
+
+
+def model_state_dict(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The GPT's own weights, without the prefix of the module that held it during training."""
+    prefix = ckpt[SECTION]["weights_prefix"]
+    return {k[len(prefix):]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
+
+
+def build_model(ckpt: dict[str, Any], **config_overrides: Any) -> GPT:
+    """The GPT a checkpoint describes, with its weights (on the CPU, in train mode)."""
+    model = GPT(model_config(ckpt, **config_overrides))
+    model.load_state_dict(model_state_dict(ckpt))
+    return model
+
+
+def checkpoint_tokenizer(ckpt: dict[str, Any]) -> Tokenizer | None:
+    d = ckpt[SECTION].get("tokenizer")
+    return tokenizer_from_dict(d) if d is not None else None
 
 
 def find_checkpoint(path: str | Path | None = None, out_root: str | Path = DEFAULT_OUT_ROOT) -> Path:
@@ -89,7 +158,7 @@ def find_checkpoint(path: str | Path | None = None, out_root: str | Path = DEFAU
         found = sorted(Path(out_root).glob("*/checkpoints/*.ckpt"), key=lambda p: p.stat().st_mtime)
         if not found:
             raise CheckpointError(f"no checkpoint found under {out_root}/; train one with `python train.py` "
-                                  "or pass --ckpt PATH")
+                                  "or name a checkpoint")
         return find_checkpoint(found[-1].parent.parent)
     path = Path(path)
     if path.is_dir():
@@ -104,23 +173,37 @@ def find_checkpoint(path: str | Path | None = None, out_root: str | Path = DEFAU
     return path
 
 
-def model_state_dict(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The GPT's own weights from a Lightning checkpoint (strip the LightningModule's "model." prefix)."""
-    return {k[len(MODEL_PREFIX):]: v for k, v in ckpt["state_dict"].items() if k.startswith(MODEL_PREFIX)}
+def load_model(source: str | Path | None = None, device: str | torch.device = "cpu",
+               attention: str | None = None) -> tuple[GPT, Tokenizer]:
+    """A checkpoint file, a run directory, or None (the newest run under out/) -> (model in eval mode, tokenizer).
+
+    `attention` picks another attention path for the same weights (same outputs; e.g. 'manual' to get the
+    attention weights).
+    """
+    path = find_checkpoint(source)
+    ckpt = read_checkpoint(path, map_location="cpu")
+    overrides = {"attention": attention} if attention is not None else {}
+    try:
+        tokenizer = checkpoint_tokenizer(ckpt)
+        model = build_model(ckpt, **overrides)
+    except UserError as e:  # a bad config or tokenizer inside the file
+        raise CheckpointError(f"{path}: {first_line(e)}") from None
+    except (KeyError, TypeError, AttributeError, RuntimeError) as e:  # a damaged or foreign dict
+        raise CheckpointError(f"{path} is not a usable minigpt checkpoint ({type(e).__name__}: "
+                              f"{first_line(e, 160)}); pass a .ckpt written by train.py") from None
+    if tokenizer is None:
+        raise CheckpointError(f"{path} has no tokenizer in it; pass a .ckpt written by train.py")
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise CheckpointError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only "
+                              f"{model.config.vocab_size}; the checkpoint is inconsistent")
+    return model.to(device).eval(), tokenizer
 
 
-def model_from_checkpoint(ckpt: dict[str, Any], **config_overrides: Any) -> GPT:
-    cfg = GPTConfig.from_dict({**ckpt["minigpt"]["model_config"], **config_overrides})
-    model = GPT(cfg)
-    model.load_state_dict(model_state_dict(ckpt))
-    return model
-
-
-class SafeCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint I/O with atomic writes and weights_only reads (used for save and --resume)."""
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
-        atomic_torch_save(checkpoint, path)
-
-    def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> dict:
-        return load_checkpoint(path, map_location=map_location or "cpu")
+def check_resumable(ckpt: dict[str, Any], config: GPTConfig, path: Path) -> None:
+    """A run resumes only with the model it was trained with (the attention path and dropout may change)."""
+    saved, current = ckpt[SECTION]["model_config"], config.to_dict()
+    diff = [f"{k}={saved[k]!r} (this run's config gives {current[k]!r})" for k in saved
+            if k in current and k not in RESUMABLE_FIELDS and saved[k] != current[k]]
+    if diff:
+        raise UserError(f"{path} was trained with " + ", ".join(diff) + "; remove the conflicting model settings "
+                        "to resume, or start a new run in another out_dir")

@@ -1,197 +1,74 @@
-"""`train.py`: LightningCLI gives YAML configs, overrides for every key, --help and --print_config.
-
-    python train.py                                  # configs/default.yaml
-    python train.py --config configs/X.yaml --model.attention manual --trainer.max_steps 500
-    python train.py --out_dir out/run1 --resume      # continue a run from its last checkpoint
-"""
+"""What the three commands (train.py, sample.py, eval.py) share: jsonargparse parsers whose mistakes end in one
+line, and the device option.  Each command has `--help`, `--config FILE` (YAML) and `--print_config`."""
 
 from __future__ import annotations
 
-import logging
-import shutil
+import re
 import sys
-import time
-import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor, Timer
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch import Trainer, seed_everything
+from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
+from lightning.pytorch.cli import LightningArgumentParser
 
-from minigpt.checkpoint import SafeCheckpointIO, load_checkpoint
-from minigpt.datamodule import TokenDataModule
-from minigpt.errors import UserError, run_cli
-from minigpt.evaluate import evaluate_tokens
-from minigpt.lightning_module import GPTLightningModule
+from minigpt.errors import UserError
 
-# Our sampler restarts exactly where a run stopped (see datamodule.py), so Lightning's caution does not apply.
-warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch ended")
-# A torch-internal deprecation inside Lightning, not something a user can act on.
-warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+# --help reads each config field's docstring: a field is documented once, where it is declared
+set_parsing_settings(docstring_parse_attribute_docstrings=True)
+
+_LINKED = re.compile(r'^Linked "([^"]+)" must be given via "([^"]+)"')
+_LITERAL = re.compile(r'^Parser key "([^"]+)":\s*Expected a typing\.Literal\[(.*)\]\.\s*Got value: (.*)$', re.S)
 
 
-class _DropAdverts(logging.Filter):
-    """Lightning prints tips advertising its cloud products at every run; keep the console for our output."""
+def one_line(message: str) -> str:
+    """jsonargparse's multi-line parse errors as one line that names the key (and the choices, for a choice)."""
+    text = " ".join(line.strip() for line in str(message).splitlines() if line.strip()) or "invalid arguments"
+    if m := _LINKED.match(text):
+        return f"{m.group(1)} is not a setting: it is taken from {m.group(2)}; remove it from the config and flags"
+    if m := _LITERAL.match(text):
+        choices = ", ".join(c.strip().strip("'\"") for c in m.group(2).split(","))
+        return f"{m.group(1)}: unknown value {m.group(3).strip()!r}; choose one of {choices}"
+    if text.startswith("Parser key") and "- " in text:  # a union's alternatives: keep the first
+        text = text.split(" - ", 1)[0] + " " + text.split(" - ", 2)[1]
+    return text
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("💡 Tip")
 
+class OneLineErrors:
+    """Parse mistakes (unknown key, wrong type, bad choice) end in one line naming the key, not a usage dump."""
 
-logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropAdverts())
-
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
-# Fields a resumed run or a sampler may change without changing the weights' shapes or meaning.
-RESUMABLE_FIELDS = {"attention", "sdpa_backend", "dropout"}
-
-
-class OneLineErrorParser(LightningArgumentParser):
-    """Config mistakes (unknown key, wrong type) end in one line naming the key, not a usage dump."""
+    prog: str
 
     def error(self, message: str, ex: Exception | None = None) -> None:  # type: ignore[override]
-        lines = [line.strip() for line in str(message).splitlines() if line.strip()]
-        first = lines[0] if lines else "invalid arguments"
-        if first.startswith("Parser key") and len(lines) > 1:
-            first = f"{first} {lines[1]}"
-        print(f"error: {first} (see `python train.py --help`)", file=sys.stderr)
+        print(f"error: {one_line(message)} (see `{self.prog} --help`)", file=sys.stderr)
         raise SystemExit(2)
 
 
-class MiniGPTCLI(LightningCLI):
-    def add_default_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_argument("--seed", type=int, default=1337, help="Fixes data order, initialisation and dropout.")
-        parser.add_argument("--out_dir", type=str, default="out/default",
-                            help="Run directory: checkpoints/, TensorBoard logs, config.yaml, tokenizer.json.")
-        parser.add_argument("--resume", type=bool, default=False,
-                            help="Continue the run in out_dir from checkpoints/last.ckpt.")
-        parser.add_argument("--overwrite", type=bool, default=False,
-                            help="Start a new run in an out_dir that already holds one (its checkpoints are deleted).")
-        parser.add_argument("--eval_full", type=bool, default=True,
-                            help="At the end, report the loss over the whole validation split (one device only).")
-        parser.add_argument("--checkpoint_every", type=int, default=100,
-                            help="Optimizer steps between saves of checkpoints/last.ckpt.")
-
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.link_arguments("model.block_size", "data.block_size")
-        parser.link_arguments("seed", "data.seed")
-        parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
-
-    def _set_seed(self) -> None:
-        seed_everything(self.config["seed"], workers=True)
-
-    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        out_dir = Path(self.config["out_dir"])
-        trainer_config = self.config["trainer"]
-        if trainer_config.get("logger") in (None, True):
-            # save_dir/name/version flattened: events, hparams.yaml and config.yaml sit in out_dir itself
-            kwargs["logger"] = TensorBoardLogger(save_dir=str(out_dir), name="", version="")
-        kwargs["default_root_dir"] = str(out_dir)
-        kwargs["plugins"] = [SafeCheckpointIO()]
-        user_callbacks = self.config_init["trainer"].get("callbacks") or []
-        kwargs["callbacks"] = list(user_callbacks) + run_callbacks(out_dir, self.config["checkpoint_every"])
-        if not trainer_config.get("max_time"):  # Lightning adds its own Timer for max_time; else time the run
-            kwargs["callbacks"].append(Timer())
-        return super().instantiate_trainer(**kwargs)
+class TrainArgumentParser(OneLineErrors, LightningArgumentParser):
+    pass
 
 
-def run_callbacks(out_dir: Path, checkpoint_every: int) -> list:
-    checkpoints = out_dir / "checkpoints"
-    return [
-        # best.ckpt: lowest validation loss so far
-        ModelCheckpoint(dirpath=checkpoints, filename="best", monitor="val_loss", mode="min", save_top_k=1,
-                        enable_version_counter=False, auto_insert_metric_name=False),
-        # last.ckpt: every checkpoint_every steps, what --resume continues from
-        ModelCheckpoint(dirpath=checkpoints, filename="last", every_n_train_steps=checkpoint_every,
-                        save_top_k=1, enable_version_counter=False),
-        LearningRateMonitor(logging_interval="step"),
-        ThroughputMonitor(batch_size_fn=lambda batch: batch.size(0), length_fn=lambda batch: batch.size(1) - 1,
-                          window_size=10),  # rates over the last 10 batches
-    ]
+class CommandParser(OneLineErrors, ArgumentParser):
+    """The parser of sample.py and eval.py: flags, plus --config FILE and --print_config like train.py."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_argument("--config", action=ActionConfigFile, help="a YAML file of these options")
 
 
-TRAINER_DEFAULTS: dict[str, Any] = {
-    "max_steps": 2000,
-    "max_epochs": -1,
-    "check_val_every_n_epoch": None,  # val_check_interval counts batches across epochs
-    "val_check_interval": 250,
-    "log_every_n_steps": 10,
-    "gradient_clip_val": 1.0,
-    "num_sanity_val_steps": 0,
-    "use_distributed_sampler": False,  # the datamodule draws per-rank windows itself
-    "enable_model_summary": False,
-}
-
-
-def check_resumable(ckpt: dict[str, Any], model: GPTLightningModule, path: Path) -> None:
-    saved = ckpt["minigpt"]["model_config"]
-    current = model.config.to_dict()
-    diff = [f"{k}={saved[k]!r} (flag gives {current[k]!r})" for k in saved
-            if k in current and k not in RESUMABLE_FIELDS and saved[k] != current[k]]
-    if diff:
-        raise UserError(f"{path} was trained with " + ", ".join(diff) + "; drop the conflicting --model flags "
-                        "to resume, or start a new run with another --out_dir")
-
-
-def check_writable(out_dir: Path) -> None:
+def resolve_device(name: str) -> str:
+    """`auto` -> cuda if available else cpu; a device that does not exist here is a one-line error."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / f".write-test-{id(out_dir)}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise UserError(f"cannot write to out_dir {out_dir} ({e.strerror or type(e).__name__}); "
-                        "choose a writable --out_dir") from None
-
-
-def main(argv: list[str] | None = None) -> Trainer:
-    """Parse the config and flags, train, save the final state; returns the Trainer (for tests and scripts)."""
-    given = sys.argv[1:] if argv is None else argv
-    parser_kwargs: dict[str, Any] = {}
-    if not any(a in ("-c", "--config") or a.startswith("--config=") for a in given) and DEFAULT_CONFIG.is_file():
-        parser_kwargs["default_config_files"] = [str(DEFAULT_CONFIG)]
-    with warnings.catch_warnings():  # args given as a list (tests, scripts) is intended, not a mistake
-        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-        cli = MiniGPTCLI(GPTLightningModule, TokenDataModule, parser_class=OneLineErrorParser, args=argv,
-                         run=False, trainer_defaults=TRAINER_DEFAULTS, parser_kwargs=parser_kwargs,
-                         save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
-    out_dir = Path(cli.config["out_dir"])
-    check_writable(out_dir)
-    last = out_dir / "checkpoints" / "last.ckpt"
-    ckpt_path = None
-    if cli.config["resume"]:
-        if not last.is_file():
-            raise UserError(f"--resume: no checkpoint at {last}; start the run without --resume "
-                            "(or point --out_dir at the run to continue)")
-        check_resumable(load_checkpoint(last), cli.model, last)
-        ckpt_path = str(last)
-    elif (out_dir / "checkpoints").is_dir() and any((out_dir / "checkpoints").glob("*.ckpt")):
-        if not cli.config["overwrite"]:
-            raise UserError(f"{out_dir} already holds a run; continue it with --resume, pick another --out_dir, "
-                            "or pass --overwrite to start over")
-        if cli.trainer.is_global_zero:
-            shutil.rmtree(out_dir / "checkpoints")
-    trainer = cli.trainer
-    trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path, weights_only=True)
-    trainer.save_checkpoint(last, weights_only=False)  # the final state, whatever step the run stopped at
-    if trainer.is_global_zero:
-        val_loss = trainer.callback_metrics.get("val_loss")
-        shown = f"{val_loss.item():.4f}" if val_loss is not None else "n/a"
-        print(f"final val loss {shown} after {trainer.global_step} steps; checkpoint: {last}")
-        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
-        if timer is not None:  # fit loop only (validation included): not data preparation, not the final eval
-            print(f"training time {timer.time_elapsed('train'):.1f}s")
-    if cli.config["eval_full"] and trainer.world_size == 1:
-        start = time.perf_counter()
-        with torch.compiler.set_stance("force_eager"):  # a ragged last batch would trigger a recompile
-            nats, n = evaluate_tokens(cli.model.model, cli.datamodule.prepared.val,
-                                      cli.datamodule.hparams.batch_size)
-        trainer.callback_metrics["full_val_loss"] = torch.tensor(nats / n)
-        print(f"full val loss {nats / n:.4f} over all {n:,} validation tokens "
-              f"({time.perf_counter() - start:.1f}s to evaluate)")
-    return trainer
-
-
-def entry() -> None:
-    run_cli(main)
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"device {name!r} is not a device; use cpu, cuda, cuda:N or auto") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device {name}: CUDA is not available here; use cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UserError(f"device {name}: only {torch.cuda.device_count()} CUDA device(s) here; use cuda:0")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"device {name}: MPS is not available here; use cpu")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise UserError(f"device {name!r} is not supported; use cpu, cuda, cuda:N or auto")
+    return name

@@ -1,40 +1,61 @@
-"""One config dataclass for every model minigpt builds, with named presets (litgpt style)."""
+"""One config dataclass for every model minigpt builds, with named presets (litgpt style).
+
+Each field is declared once, here: its type (choices as `Literal`), its default and its docstring are what
+`train.py --help` shows, what YAML configs and `--model.FIELD` flags set, and what checkpoints store.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, Literal, get_args
 
-ARCHS = ("gpt", "llama")
-ATTENTIONS = ("sdpa", "manual", "einops")
-SDPA_BACKENDS = ("flash", "efficient", "math", "cudnn")
-MLPS = ("gelu", "swiglu", "relu2")
+from minigpt.errors import ConfigError
 
-
-class ConfigError(ValueError):
-    """A model config that cannot work; the message names the field and the fix."""
+Arch = Literal["gpt", "llama"]
+Attention = Literal["sdpa", "manual", "einops"]
+Mlp = Literal["gelu", "swiglu", "relu2"]
+SdpaBackend = Literal["flash", "efficient", "math", "cudnn"]
+ARCHS, ATTENTIONS, MLPS, SDPA_BACKENDS = (get_args(t) for t in (Arch, Attention, Mlp, SdpaBackend))
 
 
 @dataclass
 class GPTConfig:
-    arch: str = "gpt"  # "gpt": GPT-2 block; "llama": RMSNorm + RoPE + GQA + SwiGLU
-    attention: str = "sdpa"  # "sdpa" | "manual" | "einops": same function, three implementations
+    arch: Arch = "gpt"
+    """Block: gpt (LayerNorm, learned positions, GELU) or llama (RMSNorm, RoPE, GQA, SwiGLU)."""
+    attention: Attention = "sdpa"
+    """Attention path: sdpa, manual or einops. The same function and weights, three implementations."""
     n_layer: int = 6
+    """Transformer blocks."""
     n_head: int = 6
-    n_kv_head: int | None = None  # key/value heads; None = n_head (multi-head), 1 = multi-query
+    """Query heads."""
+    n_kv_head: int | None = None
+    """Key/value heads (grouped-query attention); unset = n_head, 1 = multi-query."""
     n_embd: int = 384
-    block_size: int = 256  # longest sequence the model accepts
+    """Model width."""
+    block_size: int = 256
+    """Context length: the longest sequence the model accepts."""
     vocab_size: int = 50257
+    """Vocabulary size (in train.py: taken from the data's tokenizer)."""
     dropout: float = 0.0
-    bias: bool | None = None  # None = True for gpt, False for llama
-    mlp: str | None = None  # None = "gelu" for gpt, "swiglu" for llama; "relu2" = squared ReLU
-    mlp_hidden: int | None = None  # None = 4 * n_embd (gelu/relu2), ~8/3 * n_embd rounded to 64 (swiglu)
-    rope_base: float = 10000.0  # RoPE frequency base (llama only)
+    """Dropout probability, in [0, 1)."""
+    bias: bool | None = None
+    """Biases in linear layers and LayerNorm; unset = true for gpt, false for llama."""
+    mlp: Mlp | None = None
+    """MLP: gelu, swiglu or relu2 (squared ReLU); unset = gelu for gpt, swiglu for llama."""
+    mlp_hidden: int | None = None
+    """MLP hidden width; unset = 4 * n_embd (gelu, relu2) or ~8/3 * n_embd rounded up to 64 (swiglu)."""
+    rope_base: float = 10000.0
+    """RoPE frequency base (llama)."""
     norm_eps: float = 1e-5
-    tie_embeddings: bool = True  # share the token embedding with the output head
-    qk_norm: bool = False  # RMS-normalise q and k per head before attention
-    zero_init_proj: bool = False  # zero-init the residual output projections (attn c_proj, mlp c_proj)
-    sdpa_backend: str | None = None  # restrict SDPA to one kernel: flash | efficient | math | cudnn
+    """Epsilon of LayerNorm / RMSNorm."""
+    tie_embeddings: bool = True
+    """Share the token embedding with the output head."""
+    qk_norm: bool = False
+    """RMS-normalise queries and keys per head before attention."""
+    zero_init_proj: bool = False
+    """Start the residual output projections (attention and MLP c_proj) at zero."""
+    sdpa_backend: SdpaBackend | None = None
+    """Restrict SDPA to one kernel: flash, efficient, math or cudnn; unset = torch picks."""
 
     def __post_init__(self) -> None:
         if self.n_kv_head is None:
@@ -43,7 +64,7 @@ class GPTConfig:
             self.bias = self.arch == "gpt"
         if self.mlp is None:
             self.mlp = "swiglu" if self.arch == "llama" else "gelu"
-        if self.mlp_hidden is None:
+        if self.mlp_hidden is None and isinstance(self.n_embd, int):
             if self.mlp == "swiglu":  # keeps SwiGLU's 3 matrices at the 2-matrix MLP's parameter count
                 self.mlp_hidden = -(-int(8 * self.n_embd / 3) // 64) * 64
             else:
@@ -54,18 +75,16 @@ class GPTConfig:
         def bad(field: str, problem: str, fix: str) -> ConfigError:
             return ConfigError(f"model.{field}: {problem}; {fix}")
 
-        for name in ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size", "mlp_hidden"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise bad(name, f"must be a positive integer, got {getattr(self, name)!r}", "set it to 1 or more")
-        if self.arch not in ARCHS:
-            raise bad("arch", f"unknown value {self.arch!r}", f"choose one of {', '.join(ARCHS)}")
-        if self.attention not in ATTENTIONS:
-            raise bad("attention", f"unknown value {self.attention!r}", f"choose one of {', '.join(ATTENTIONS)}")
-        if self.mlp not in MLPS:
-            raise bad("mlp", f"unknown value {self.mlp!r}", f"choose one of {', '.join(MLPS)}")
+        for name, choices in (("arch", ARCHS), ("attention", ATTENTIONS), ("mlp", MLPS)):
+            if getattr(self, name) not in choices:
+                raise bad(name, f"unknown value {getattr(self, name)!r}", f"choose one of {', '.join(choices)}")
         if self.sdpa_backend is not None and self.sdpa_backend not in SDPA_BACKENDS:
             raise bad("sdpa_backend", f"unknown value {self.sdpa_backend!r}",
                       f"choose one of {', '.join(SDPA_BACKENDS)} or leave it unset")
+        for name in ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size", "mlp_hidden"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise bad(name, f"must be a positive integer, got {value!r}", "set it to 1 or more")
         if self.n_embd % self.n_head:
             raise bad("n_embd", f"{self.n_embd} is not divisible by n_head={self.n_head}",
                       "choose n_embd as a multiple of n_head")
@@ -77,6 +96,10 @@ class GPTConfig:
                       "choose n_embd and n_head so that n_embd/n_head is even")
         if not 0.0 <= self.dropout < 1.0:
             raise bad("dropout", f"must be in [0, 1), got {self.dropout}", "use e.g. 0.0 or 0.1")
+        if not self.rope_base > 1.0:
+            raise bad("rope_base", f"must be > 1, got {self.rope_base}", "use e.g. 10000")
+        if not 0.0 < self.norm_eps < 1.0:
+            raise bad("norm_eps", f"must be in (0, 1), got {self.norm_eps}", "use e.g. 1e-5")
 
     @property
     def head_dim(self) -> int:
@@ -87,8 +110,12 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        """The inverse of to_dict; a key this version does not know is an error, never silently dropped."""
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ConfigError(f"unknown model config field(s): {', '.join(unknown)}; the config was written by "
+                              "another version of minigpt, or is damaged")
+        return cls(**d)
 
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> GPTConfig:

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from minigpt.data import PreparedData, load_prepared, prepare_data
 from minigpt.errors import UserError
+from minigpt.prepare import PreparedData, load_prepared, prepare_data
 from minigpt.tokenizers import Tokenizer
 
 VAL_STREAM = 1 << 20  # keeps validation generators apart from training ones
@@ -78,14 +78,15 @@ class TokenDataModule(L.LightningDataModule):
         Args:
             source: corpus: "stdlib" (built in: the Python standard library's source), a text file or folder,
                 a URL, or a `datasets` name / local parquet, json or csv file
-            tokenizer: "char", "byte", or a tiktoken encoding name (gpt2, cl100k_base, o200k_base, ...)
+            tokenizer: "char", "byte", a tiktoken encoding name (gpt2, cl100k_base, o200k_base, ...), or the path
+                of a tokenizer JSON file (e.g. another prepared data directory's tokenizer.json)
             data_root: where prepared token files are cached
             val_fraction: share of the corpus held out for validation
             text_column: the text column of a `datasets` source
-            block_size: context length (set from model.block_size)
+            block_size: context length (in train.py: set from the model's block_size)
             batch_size: sequences per batch (per device)
             val_batches: batches in the fixed validation set (per evaluation, over all devices)
-            seed: fixes the training windows (set from --seed)
+            seed: fixes the training windows (in train.py: set from the run's seed)
             num_workers: DataLoader worker processes
         """
         super().__init__()
@@ -104,8 +105,8 @@ class TokenDataModule(L.LightningDataModule):
                 n = len(getattr(self.prepared, split))
                 if n < hp.block_size + 1:
                     raise UserError(f"the {split} split has {n} tokens, fewer than one window of block_size + 1 = "
-                                    f"{hp.block_size + 1}; use a longer corpus, a smaller --model.block_size"
-                                    + (" or a larger --data.val_fraction" if split == "val" else ""))
+                                    f"{hp.block_size + 1}; use a longer corpus, a smaller block_size"
+                                    + (" or a larger val_fraction" if split == "val" else ""))
         return self.prepared
 
     def prepare_data(self) -> None:

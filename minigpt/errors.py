@@ -1,4 +1,8 @@
-"""User mistakes end in one line on stderr and exit code 2, never a traceback."""
+"""One family of errors for user mistakes; only those become the one-line `error:` exit of the commands.
+
+Anything else (a bug in minigpt, torch or Lightning) keeps its traceback, so it can be reported and fixed.
+Library code names concepts ("temperature", "n_embd", "the byte tokenizer"); the command-line layer names flags.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,40 @@ from collections.abc import Callable
 from typing import NoReturn
 
 
-class UserError(ValueError):
-    """A mistake in what the user asked for; the message names the problem and the fix."""
+class UserError(Exception):
+    """A mistake in what the user asked for or gave us; the message names the problem and the fix."""
+
+
+class ConfigError(UserError):
+    """A model or optimizer setting that cannot work."""
+
+
+class DataError(UserError):
+    """A problem with the user's data or data settings."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint that is missing, damaged, unsafe or not ours."""
+
+
+class UnknownCharactersError(UserError):
+    """Text holds characters the char tokenizer's vocabulary (the training corpus's characters) lacks."""
+
+    def __init__(self, chars: list[str]) -> None:
+        self.chars = list(chars)
+        super().__init__(f"{len(self.chars)} character(s) not in the char tokenizer's vocabulary: "
+                         f"{shown_chars(self.chars)}; remove them, or prepare the data with the byte tokenizer, "
+                         "which encodes any text")
+
+
+def shown_chars(chars: list[str], limit: int = 10) -> str:
+    return ", ".join(repr(c) for c in chars[:limit]) + (", ..." if len(chars) > limit else "")
+
+
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """The first non-empty line of an exception's message (torch and datasets write paragraphs), or its type."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[0][:limit] if lines else type(e).__name__
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -16,15 +52,11 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise SystemExit(code)
 
 
-def run_cli(main: Callable[[], object], user_errors: tuple[type[BaseException], ...] = (ValueError,)) -> None:
-    """Run an entry point; the listed exception types (user mistakes) print one line instead of a traceback.
-
-    Every error type minigpt raises for bad input (ConfigError, DataError, CheckpointError, UserError,
-    UnknownCharactersError) derives from ValueError.
-    """
+def run_cli(main: Callable[[], object]) -> None:
+    """Run an entry point: a UserError prints one `error:` line and exits 2; Ctrl-C exits 130 with one line."""
     try:
         main()
     except KeyboardInterrupt:
         fail("interrupted", code=130)
-    except user_errors as e:
-        fail(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+    except UserError as e:
+        fail(first_line(e, limit=2000))

@@ -274,11 +274,10 @@ class GPT(nn.Module):
         """Training FLOPs per token (forward + backward): 6 per matmul weight, plus attention's q.k and att.v.
 
         Counted as in the PaLM paper / nanoGPT: the causal mask's skipped half of the attention is not
-        subtracted.  Embedding lookups are not matmuls; a tied embedding is counted once, as the head.
+        subtracted.  Only matmul weights count: embedding lookups, biases and norm gains are not matmuls; a
+        tied embedding is counted once, as the head.  (Checked against torch's FlopCounterMode in the tests.)
         """
         cfg = self.config
-        n_matmul = self.num_params(exclude_position_embeddings=True)
-        if not cfg.tie_embeddings:
-            n_matmul -= self.transformer.wte.weight.numel()
+        n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
         T = seq_len or cfg.block_size
         return 6 * n_matmul + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * T

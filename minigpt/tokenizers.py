@@ -2,35 +2,33 @@
 
 Every tokenizer serializes to a plain, self-contained dict (`to_dict`) that a checkpoint stores, so sampling
 needs nothing else: no vocabulary file, no download. `tokenizer_from_dict` is the inverse.
+
+A tokenizer setting is a built-in name ("char", "byte", a tiktoken encoding name) or the path of a tokenizer
+file: that dict as JSON (a prepared data directory's tokenizer.json, or a BPE built elsewhere), to reuse a
+vocabulary as it is. A char tokenizer read from a file is fixed: it is not rebuilt from the corpus.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tiktoken
 
+from minigpt.errors import CheckpointError, DataError, UnknownCharactersError, first_line
+
+__all__ = ["Tokenizer", "CharTokenizer", "ByteTokenizer", "TiktokenTokenizer", "UnknownCharactersError",
+           "tokenizer_from_dict", "tokenizer_names", "resolve_tokenizer", "read_tokenizer_file", "get_tokenizer",
+           "tiktoken_cache_dir"]
+
 ENDOFTEXT = "<|endoftext|>"
-
-# Encodings built in-process (tests, or a user's own BPE), found by get_tokenizer before tiktoken's registry.
-_LOCAL_ENCODINGS: dict[str, tiktoken.Encoding] = {}
-
-
-class UnknownCharactersError(ValueError):
-    """Text holds characters the char tokenizer's vocabulary (the training corpus's characters) lacks."""
-
-    def __init__(self, chars: Sequence[str]):
-        self.chars = list(chars)
-        shown = ", ".join(repr(c) for c in self.chars[:10]) + (", ..." if len(self.chars) > 10 else "")
-        super().__init__(f"{len(self.chars)} character(s) not in the char tokenizer's vocabulary: {shown}; "
-                         "remove them, or prepare the data with the byte tokenizer (--data.tokenizer byte), "
-                         "which encodes any text")
 
 
 class Tokenizer(ABC):
@@ -158,40 +156,69 @@ class TiktokenTokenizer(Tokenizer):
         }
 
 
-def tokenizer_from_dict(d: dict[str, Any]) -> Tokenizer:
-    """Rebuild a tokenizer from its to_dict(); needs no file and no network."""
+def tokenizer_from_dict(d: Any) -> Tokenizer:
+    """Rebuild a tokenizer from its to_dict(); needs no file and no network.
+
+    A dict that is not one raises CheckpointError: most dicts come from checkpoints; the data code, which reads
+    them from tokenizer files, re-raises it as DataError naming the file.
+    """
     kind = d.get("type") if isinstance(d, dict) else None
     if kind == "char":
+        if not isinstance(d.get("chars"), str):
+            raise CheckpointError("damaged char tokenizer dict (its 'chars' is not a string); the checkpoint or "
+                                  "tokenizer.json was not written by minigpt or is damaged")
         return CharTokenizer(d["chars"])
     if kind == "byte":
         return ByteTokenizer()
     if kind == "tiktoken":
-        ranks = {base64.b64decode(token): int(rank) for token, rank in d["mergeable_ranks"].items()}
-        specials = {str(k): int(v) for k, v in d["special_tokens"].items()}
-        return TiktokenTokenizer(tiktoken.Encoding(d["name"], pat_str=d["pat_str"], mergeable_ranks=ranks,
-                                                   special_tokens=specials))
-    raise ValueError(f"unknown tokenizer type {kind!r} in tokenizer dict (expected char, byte or tiktoken); "
-                     "the checkpoint or tokenizer.json was not written by minigpt or is damaged")
-
-
-def register_tiktoken_encoding(encoding: tiktoken.Encoding) -> None:
-    """Make get_tokenizer(encoding.name) (and so prepare_data(tokenizer=encoding.name)) use this encoding:
-    a BPE built in-process, e.g. by a test, with no download."""
-    _LOCAL_ENCODINGS[encoding.name] = encoding
-
-
-def unregister_tiktoken_encoding(name: str) -> None:
-    _LOCAL_ENCODINGS.pop(name, None)
-
-
-def registered_tiktoken_encoding(name: str) -> tiktoken.Encoding | None:
-    return _LOCAL_ENCODINGS.get(name)
+        try:
+            ranks = {base64.b64decode(token, validate=True): int(rank) for token, rank in d["mergeable_ranks"].items()}
+            specials = {str(k): int(v) for k, v in d["special_tokens"].items()}
+            return TiktokenTokenizer(tiktoken.Encoding(str(d["name"]), pat_str=str(d["pat_str"]),
+                                                       mergeable_ranks=ranks, special_tokens=specials))
+        # this block only reads the dict: these mean a field is missing or of the wrong type or shape
+        # (binascii.Error and a bad pat_str regex are ValueErrors)
+        except (KeyError, AttributeError, TypeError, ValueError) as e:
+            raise CheckpointError(f"damaged tiktoken tokenizer dict ({type(e).__name__}: {first_line(e)}); the "
+                                  "checkpoint or tokenizer.json was not written by minigpt or is damaged") from None
+    raise CheckpointError(f"unknown tokenizer type {kind!r} in tokenizer dict (expected char, byte or tiktoken); "
+                          "the checkpoint or tokenizer.json was not written by minigpt or is damaged")
 
 
 def tokenizer_names() -> list[str]:
-    """Every name get_tokenizer accepts."""
-    builtin = [n for n in tiktoken.list_encoding_names() if n not in _LOCAL_ENCODINGS]
-    return ["char", "byte", *_LOCAL_ENCODINGS, *builtin]
+    """Every built-in name get_tokenizer accepts; it also takes the path of a tokenizer file."""
+    return ["char", "byte", *tiktoken.list_encoding_names()]
+
+
+def resolve_tokenizer(name: str | Path) -> str | Path:
+    """A tokenizer setting as get_tokenizer reads it: a built-in name as is, else the absolute Path of a tokenizer
+    file. Built-in names win over files of the same name. Raises DataError for an unknown name or a missing file."""
+    name = str(name)
+    if name in tokenizer_names():
+        return name
+    path = Path(name).expanduser()
+    if path.is_file():
+        return path.resolve()
+    if name.endswith(".json") or "/" in name or os.sep in name:  # meant as a path
+        raise DataError(f"tokenizer file not found: {name}; give the path of a tokenizer JSON file written by "
+                        "minigpt (e.g. a prepared data directory's tokenizer.json)")
+    raise DataError(f"unknown tokenizer {name!r}; choose one of: {', '.join(tokenizer_names())}, or give the path "
+                    "of a tokenizer JSON file (e.g. a prepared data directory's tokenizer.json)")
+
+
+def read_tokenizer_file(path: str | Path) -> Tokenizer:
+    """The tokenizer a tokenizer file (JSON of Tokenizer.to_dict()) holds. Raises DataError naming the file."""
+    try:
+        d = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise DataError(f"cannot read tokenizer file {path} ({e.strerror or type(e).__name__})") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise DataError(f"tokenizer file {path} is not JSON ({first_line(e)}); give a tokenizer.json written by "
+                        "minigpt") from None
+    try:
+        return tokenizer_from_dict(d)
+    except CheckpointError as e:
+        raise DataError(f"tokenizer file {path} does not hold a minigpt tokenizer ({first_line(e)})") from None
 
 
 def tiktoken_cache_dir() -> str:
@@ -200,28 +227,29 @@ def tiktoken_cache_dir() -> str:
             or os.path.join(tempfile.gettempdir(), "data-gym-cache"))
 
 
-def get_tokenizer(name: str, texts: Iterable[str] | None = None) -> Tokenizer:
-    """"char" (vocabulary from `texts`), "byte", or a tiktoken encoding name ("gpt2", "cl100k_base", ...)."""
-    if name == "char":
-        if texts is None:
+def get_tokenizer(name: str | Path, texts: Iterable[str] | None = None) -> Tokenizer:
+    """"char" (vocabulary from `texts`), "byte", a tiktoken encoding name ("gpt2", "cl100k_base", ...), or the path
+    of a tokenizer file (a char tokenizer from a file keeps its vocabulary; `texts` is not needed).
+    Raises DataError for a setting that cannot work: unknown name, missing or damaged file, encoding not fetchable."""
+    spec = resolve_tokenizer(name)
+    if isinstance(spec, Path):
+        return read_tokenizer_file(spec)
+    if spec == "char":
+        if texts is None:  # a caller's mistake, not the user's
             raise ValueError("the char tokenizer builds its vocabulary from the corpus; pass texts=...")
         return CharTokenizer.from_texts(texts)
-    if name == "byte":
+    if spec == "byte":
         return ByteTokenizer()
-    if name in _LOCAL_ENCODINGS:
-        return TiktokenTokenizer(_LOCAL_ENCODINGS[name])
-    if name not in tiktoken.list_encoding_names():
-        raise ValueError(f"unknown tokenizer {name!r}; choose one of: {', '.join(tokenizer_names())}")
     try:
-        encoding = tiktoken.get_encoding(name)
+        encoding = tiktoken.get_encoding(spec)
     except OSError as e:  # requests/urllib/socket errors all derive from OSError; programming errors pass through
-        raise ValueError(
-            f"could not fetch the tiktoken encoding {name!r} ({type(e).__name__}: no network?); run once with "
+        raise DataError(
+            f"could not fetch the tiktoken encoding {spec!r} ({type(e).__name__}: no network?); run once with "
             f"internet access so tiktoken caches it, or copy its files (named by the sha1 of their URL) into the "
             f"TIKTOKEN_CACHE_DIR directory (now {tiktoken_cache_dir()}), or use the char/byte tokenizer") from None
     except ValueError as e:
         if "hash mismatch" not in str(e).lower():
             raise
-        raise ValueError(f"the download of tiktoken encoding {name!r} was corrupted; delete the cached files in "
-                         f"{tiktoken_cache_dir()} and try again") from None
+        raise DataError(f"the download of tiktoken encoding {spec!r} was corrupted; delete the cached files in "
+                        f"{tiktoken_cache_dir()} and try again") from None
     return TiktokenTokenizer(encoding)

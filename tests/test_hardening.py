@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from conftest import REPO, make_corpus, tiny_run_args
-from minigpt.checkpoint import load_checkpoint
-from minigpt.cli import main
+from minigpt.checkpoint import model_state_dict, read_checkpoint
+from minigpt.train_cli import main
 from minigpt.errors import run_cli
 
 
@@ -38,26 +38,6 @@ def short_corpus(tmp_path):
     path = tmp_path / "short.txt"
     path.write_text("just a few characters\n")
     return path
-
-
-BAD_TRAIN_INPUTS = {
-    "missing corpus": (dict(data__source="/no/such/corpus.txt"), ["corpus not found: /no/such/corpus.txt"]),
-    "unknown tokenizer": (dict(data__tokenizer="gpt5_bpe"), ["gpt5_bpe", "char", "byte"]),
-    "unknown arch": (dict(model__arch="mamba"), ["model.arch", "choose one of gpt, llama"]),
-    "unknown attention": (dict(model__attention="flash3"), ["model.attention", "sdpa, manual, einops"]),
-    "n_embd % n_head": (dict(model__n_embd=30, model__n_head=4), ["model.n_embd: 30 is not divisible by n_head=4"]),
-    "n_head % n_kv_head": (dict(model__n_head=4, model__n_kv_head=3), ["n_kv_head", "divisor of n_head"]),
-    "odd head dim with RoPE": (dict(model__arch="llama", model__n_embd=36, model__n_head=4), ["odd", "RoPE"]),
-    "unknown key": (dict(model__n_layers=2), ["--model.n_layers"]),
-    "wrong type": (dict(trainer__max_steps="ten"), ["trainer.max_steps"]),
-}
-
-
-@pytest.mark.parametrize("case", list(BAD_TRAIN_INPUTS))
-def test_bad_training_input_is_one_clear_line(case, corpus, data_root, tmp_path, capsys):
-    overrides, fragments = BAD_TRAIN_INPUTS[case]
-    code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "run", **overrides), capsys)
-    assert_one_line_error(code, err, *fragments)
 
 
 def test_empty_and_too_short_and_binary_corpora(tmp_path, data_root, capsys):
@@ -94,7 +74,7 @@ def test_resume_mistakes_leave_the_run_untouched(corpus, data_root, tmp_path, ca
     before = last.read_bytes()
     code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "run", model__n_layer=2) + ["--resume", "true"],
                           capsys)
-    assert_one_line_error(code, err, "n_layer=1 (flag gives 2)")
+    assert_one_line_error(code, err, "n_layer=1 (this run's config gives 2)")
     assert last.read_bytes() == before
 
 
@@ -113,9 +93,9 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
     monkeypatch.setattr(lightning_module.GPTLightningModule, "training_step", step)
     code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "run", steps=30), capsys)
     assert_one_line_error(code, err, "the training loss became nan at step 13")
-    ckpt = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    ckpt = read_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")
     assert ckpt["global_step"] == 10
-    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values())
+    assert all(torch.isfinite(v).all() for v in model_state_dict(ckpt).values())
 
 
 def test_bad_input_through_the_real_command():
@@ -135,7 +115,7 @@ def test_sigkill_at_random_moments_then_resume_matches_an_uninterrupted_run(tmp_
 
     def args(out):
         return tiny_run_args(corpus, tmp_path / "data", tmp_path / out, steps=steps, checkpoint_every=3,
-                             model__dropout=0.1, trainer__val_check_interval=20, model__decay_steps=steps)
+                             model__dropout=0.1, trainer__val_check_interval=20, optim__decay_steps=steps)
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "train.py", *args("straight")], cwd=REPO, check=True, env=env,
@@ -157,11 +137,12 @@ def test_sigkill_at_random_moments_then_resume_matches_an_uninterrupted_run(tmp_
             proc.send_signal(signal.SIGKILL)
             kills += 1
         proc.wait()
-        assert load_checkpoint(last)["global_step"] <= steps  # loadable after every kill
+        assert read_checkpoint(last)["global_step"] <= steps  # loadable after every kill
     assert kills >= 2, "the runs ended before they could be killed; make them longer"
     subprocess.run([sys.executable, "train.py", *args("killed"), "--resume", "true"], cwd=REPO, check=True, env=env,
                    capture_output=True, timeout=300)
-    a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.ckpt")
-    b = load_checkpoint(last)
+    a = read_checkpoint(tmp_path / "straight" / "checkpoints" / "last.ckpt")
+    b = read_checkpoint(last)
     assert a["global_step"] == b["global_step"] == steps
-    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+    wa, wb = model_state_dict(a), model_state_dict(b)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -128,11 +128,21 @@ def test_gpt2_preset_has_gpt2_parameter_count():
     assert GPT(GPTConfig.from_name("gpt2")).num_params() == 124_439_808
 
 
-def test_flops_per_token_matches_6n_plus_attention():
-    model = GPT(tiny())
-    cfg = model.config
-    n = model.num_params() - cfg.block_size * cfg.n_embd  # without position embeddings
-    assert model.flops_per_token() == 6 * n + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
+@pytest.mark.parametrize("arch,tie", [("gpt", True), ("gpt", False), ("llama", True), ("llama", False)])
+def test_flops_per_token_matches_torch_flop_counter(arch, tie):
+    """6N + 12*L*H*hs*T against what torch counts for one forward + backward (manual attention, whose two
+    matmuls the counter sees; the causal half is not subtracted, as in PaLM / nanoGPT)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = GPTConfig(arch=arch, n_layer=2, n_head=4, n_kv_head=2 if arch == "llama" else None, n_embd=64,
+                    block_size=32, vocab_size=100, tie_embeddings=tie, attention="manual")
+    model = GPT(cfg)
+    B, T = 3, cfg.block_size
+    idx = torch.randint(0, cfg.vocab_size, (B, T))
+    with FlopCounterMode(display=False) as counter:
+        _, loss = model(idx, idx)
+        loss.backward()
+    assert model.flops_per_token(T) * B * T == counter.get_total_flops()
 
 
 def test_checkpoint_moves_between_paths_and_has_no_mask():

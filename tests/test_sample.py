@@ -1,11 +1,13 @@
-"""Sampling: KV cache vs full recompute, long generation, seeds, top-k/top-p, stop tokens, and sample.py end to end
-(streaming, stdin, batches, unsafe or broken checkpoints, bad flags)."""
+"""Generation (minigpt.generation): KV cache vs full recompute, long generation, seeds, top-k/top-p, stop tokens;
+and sample.py (minigpt.sample_cli) end to end: streaming, stdin, batches, YAML config, unsafe or broken
+checkpoints, bad flags."""
 
 from __future__ import annotations
 
 import io
 import math
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +17,10 @@ import tiktoken
 import torch
 
 from minigpt import GPT, GPTConfig
-from minigpt.sampling import (TextStreamer, filter_logits, generate, load_model, main, refill_length,
-                              start_ids)
+from minigpt.checkpoint import load_model, model_checkpoint, save_file
+from minigpt.errors import UserError, run_cli
+from minigpt.generation import filter_logits, generate, prompt_ids, refill_length, sample_next
+from minigpt.sample_cli import TextStreamer, main
 from minigpt.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,15 +50,9 @@ def build(cfg: GPTConfig, seed: int = 0) -> GPT:
     return model.eval()
 
 
-def checkpoint_dict(model: GPT, tokenizer) -> dict:
-    return {"state_dict": {"model." + k: v for k, v in model.state_dict().items()},
-            "minigpt": {"model_config": model.config.to_dict(), "tokenizer": tokenizer.to_dict()},
-            "epoch": 0, "global_step": 10, "pytorch-lightning_version": "2.6.6"}
-
-
 def write_ckpt(path: Path, model: GPT, tokenizer) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(checkpoint_dict(model, tokenizer), path)
+    save_file(model_checkpoint(model, tokenizer), path)
     return path
 
 
@@ -216,7 +214,7 @@ def test_top_k_keeps_exactly_k_even_with_ties():
     assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [1, 2, 3, 5]
     assert torch.isfinite(filter_logits(logits, top_k=1)).sum().item() == 2
     assert torch.equal(filter_logits(logits, top_k=100), logits)  # k past the vocabulary keeps everything
-    with pytest.raises(ValueError, match="top_k"):
+    with pytest.raises(UserError, match="top_k must be >= 1"):
         filter_logits(logits, top_k=0)
 
 
@@ -242,7 +240,7 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     # both filters: top-k first, then the nucleus of what is left
     assert torch.isfinite(filter_logits(logits, top_k=3, top_p=0.99)[0]).nonzero().flatten().tolist() == [0, 1, 3]
     for bad in (0.0, 1.5, -0.1):
-        with pytest.raises(ValueError, match="top_p"):
+        with pytest.raises(UserError, match="top_p must be in"):
             filter_logits(logits, top_p=bad)
 
 
@@ -251,11 +249,11 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
 
 
 def test_empty_prompt_starts_from_newline_or_end_of_text():
-    assert start_ids(CharTokenizer(CHARS), "") == CharTokenizer(CHARS).encode("\n")
-    assert start_ids(ByteTokenizer(), "") == [10]
+    assert prompt_ids(CharTokenizer(CHARS), "") == CharTokenizer(CHARS).encode("\n")
+    assert prompt_ids(ByteTokenizer(), "") == [10]
     bpe = TiktokenTokenizer(tiny_bpe())
-    assert start_ids(bpe, "") == [bpe.eot_id] == [256]
-    assert start_ids(CharTokenizer("ab"), "") == [0]  # no newline in the vocabulary: token 0
+    assert prompt_ids(bpe, "") == [bpe.eot_id] == [256]
+    assert prompt_ids(CharTokenizer("ab"), "") == [0]  # no newline in the vocabulary: token 0
 
 
 def test_streamer_holds_back_partial_utf8():
@@ -439,6 +437,7 @@ def test_cli_sampling_is_seeded_and_batch_rows_differ(char_ckpt):
 
 
 def bad_files(tmp: Path, good: Path) -> dict[str, Path]:
+    """Damaged checkpoints: the dicts are hand-made on purpose, to test that loading refuses them."""
     truncated = tmp / "truncated.ckpt"
     data = good.read_bytes()
     truncated.write_bytes(data[:len(data) // 2])
@@ -446,52 +445,151 @@ def bad_files(tmp: Path, good: Path) -> dict[str, Path]:
     text.write_text("not a checkpoint\n")
     plain = tmp / "plain.ckpt"
     torch.save({"weights": torch.zeros(3), "epoch": 1}, plain)
-    hollow = tmp / "hollow.ckpt"  # our keys, but no tokenizer
-    torch.save({"state_dict": {}, "minigpt": {"model_config": tiny().to_dict()}}, hollow)
+    no_weights = tmp / "no_weights.ckpt"  # our section, but no weights
+    torch.save({"state_dict": {}, "minigpt": {"model_config": tiny().to_dict()}}, no_weights)
+    hollow = tmp / "hollow.ckpt"  # weights and config, but no tokenizer
+    torch.save(model_checkpoint(build(tiny()), None), hollow)
     wrong = tmp / "wrong.ckpt"  # config and tokenizer, but the weights of another shape
-    ckpt = checkpoint_dict(build(tiny()), CharTokenizer(CHARS))
+    ckpt = model_checkpoint(build(tiny()), CharTokenizer(CHARS))
     ckpt["minigpt"]["model_config"]["n_embd"] = 64
     torch.save(ckpt, wrong)
-    return dict(missing=tmp / "missing.ckpt", truncated=truncated, text=text, plain=plain, hollow=hollow,
-                wrong=wrong, empty_dir=tmp)
+    bad_config = tmp / "bad_config.ckpt"  # a model config that cannot work
+    ckpt = model_checkpoint(build(tiny()), CharTokenizer(CHARS))
+    ckpt["minigpt"]["model_config"]["n_head"] = 5
+    torch.save(ckpt, bad_config)
+    future = tmp / "future.ckpt"  # written by a newer minigpt
+    ckpt = model_checkpoint(build(tiny()), CharTokenizer(CHARS))
+    ckpt["minigpt"]["format"] = 99
+    torch.save(ckpt, future)
+    return dict(missing=tmp / "missing.ckpt", truncated=truncated, text=text, plain=plain, no_weights=no_weights,
+                hollow=hollow, wrong=wrong, bad_config=bad_config, future=future, empty_dir=tmp)
+
+
+def one_error_line(capsys, exc: pytest.ExceptionInfo) -> str:
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
 
 
 @pytest.mark.parametrize("case,needle", [("missing", "not found"), ("truncated", "truncated"),
                                          ("text", "not a checkpoint"), ("plain", "not a minigpt checkpoint"),
-                                         ("hollow", "no tokenizer"), ("wrong", "not a usable minigpt"),
+                                         ("no_weights", "not a usable minigpt"), ("hollow", "no tokenizer"),
+                                         ("wrong", "not a usable minigpt"), ("bad_config", "not divisible"),
+                                         ("future", "checkpoint format 99"),
                                          ("empty_dir", "no checkpoint in run directory")])
 def test_bad_checkpoint_is_one_error_line(tmp_path, capsys, char_ckpt, case, needle):
     path = bad_files(tmp_path, char_ckpt)[case]
     with pytest.raises(SystemExit) as e:
         main(["--ckpt", str(path), "--prompt", "a", "--max_new_tokens", "2"], stdout=io.StringIO())
-    err = capsys.readouterr().err
-    assert e.value.code == 2
-    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
-    assert needle in err
+    assert needle in one_error_line(capsys, e)
 
 
 @pytest.mark.parametrize("args,needle", [
     (["--prompt", "Zebra? Zed!"], "'Z'"),
     (["--prompt", "caf\u00e9"], "'\u00e9'"),
-    (["--temperature", "-1"], "--temperature"),
-    (["--top_k", "0"], "--top_k"),
-    (["--top_p", "0"], "--top_p"),
-    (["--top_p", "1.5"], "--top_p"),
-    (["--max_new_tokens", "-1"], "--max_new_tokens"),
-    (["--num_samples", "0"], "--num_samples"),
+    (["--temperature", "-1"], "temperature must be >= 0 (0 = greedy), got -1.0"),
+    (["--temperature", "nan"], "temperature"),
+    (["--top_k", "0"], "top_k must be >= 1"),
+    (["--top_k", "many"], "invalid top_k value: 'many'"),
+    (["--top_p", "0"], "top_p must be in (0, 1]"),
+    (["--top_p", "1.5"], "top_p must be in (0, 1]"),
+    (["--max_new_tokens", "-1"], "max_new_tokens must be >= 0"),
+    (["--num_samples", "0"], "--num_samples must be >= 1"),
+    (["--num_samples", "two"], "num_samples"),
+    (["--attention", "flash"], "attention: unknown value 'flash'; choose one of sdpa, manual, einops"),
+    (["--device", "gpu"], "device 'gpu' is not a device"),
     (["--prompt-file", "/nonexistent/prompt.txt"], "prompt file not found"),
+    (["--prompt", "a", "--prompt_file", "/nonexistent/prompt.txt"], "--prompt or --prompt-file, not both"),
+    (["--bogus", "1"], "unrecognized arguments: --bogus"),
+    (["--config", "/nonexistent/sample.yaml"], "sample.yaml"),
 ])
 def test_bad_input_is_one_error_line(capsys, char_ckpt, args, needle):
     with pytest.raises(SystemExit) as e:
         main(["--ckpt", str(char_ckpt), "--max_new_tokens", "2", *args], stdout=io.StringIO())
-    err = capsys.readouterr().err
-    assert e.value.code == 2
-    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
-    assert needle in err
+    assert needle in one_error_line(capsys, e)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "mps"])
+def test_unavailable_device_is_one_error_line(capsys, char_ckpt, device):
+    kind = device.split(":")[0]
+    if (torch.cuda.is_available() if kind == "cuda" else torch.backends.mps.is_available()):
+        pytest.skip(f"{kind} is available here")
+    with pytest.raises(SystemExit) as e:
+        main(["--ckpt", str(char_ckpt), "--device", device], stdout=io.StringIO())
+    err = one_error_line(capsys, e)
+    assert f"device {device}: {'CUDA' if kind == 'cuda' else 'MPS'} is not available here" in err
 
 
 def test_unknown_prompt_characters_are_all_named(capsys, char_ckpt):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         main(["--ckpt", str(char_ckpt), "--prompt", "Zoë"], stdout=io.StringIO())
-    err = capsys.readouterr().err
+    err = one_error_line(capsys, e)
+    assert "the prompt has 2 character(s) outside the model's char vocabulary" in err
     assert "'Z'" in err and "'ë'" in err and "'o'" not in err
+
+
+def test_nan_weights_are_a_user_error_not_a_crash(tmp_path, capsys):
+    """A checkpoint whose weights are NaN (training diverged) is bad input: one line, not a traceback."""
+    model = build(tiny())
+    with torch.no_grad():
+        model.lm_head.weight.fill_(float("nan"))
+    ckpt = write_ckpt(tmp_path / "nan.ckpt", model, CharTokenizer(CHARS))
+    with pytest.raises(SystemExit) as e:
+        main(["--ckpt", str(ckpt), "--prompt", "a", "--max_new_tokens", "3"], stdout=io.StringIO())
+    assert "NaN/inf logits" in one_error_line(capsys, e)
+    with pytest.raises(UserError, match="NaN/inf"):
+        sample_next(torch.full((1, 4), float("nan")))
+
+
+def test_programming_errors_keep_their_traceback(capsys):
+    """run_cli flattens only UserError: a caller's bug (idx of the wrong shape) propagates as it is."""
+    model = build(tiny())
+    for idx in (torch.zeros(3, dtype=torch.long), torch.zeros(2, 0, dtype=torch.long)):
+        with pytest.raises(ValueError, match="idx must be"):
+            run_cli(lambda idx=idx: generate(model, idx, 1))
+    assert capsys.readouterr().err == ""  # no 'error:' line: the exception went on, traceback and all
+    with pytest.raises(UserError) as e:  # a user's setting, by contrast, is a UserError naming the concept
+        generate(model, prompts(), 1, temperature=-1.0)
+    assert not isinstance(e.value, ValueError)
+    assert str(e.value) == "temperature must be >= 0 (0 = greedy), got -1.0"
+
+
+# --------------------------------------------------------------------------------------------------
+# The command's machinery: --help, --config YAML, --print_config
+
+
+def test_help_runs_the_entry_script_and_exits_0(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["sample.py", "--help"])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(REPO / "sample.py"), run_name="__main__")
+    assert e.value.code in (0, None)
+    out = capsys.readouterr().out
+    for flag in ("--ckpt", "--prompt", "--prompt-file", "--num_samples", "--max_new_tokens", "--temperature",
+                 "--top_k", "--top_p", "--seed", "--device", "--attention", "--no-kv-cache", "--no-stop",
+                 "--config", "--print_config"):
+        assert flag in out, flag
+    assert "sdpa,manual,einops" in out  # the choices, from minigpt.config.ATTENTIONS
+
+
+def test_yaml_config_sets_options_and_flags_override_it(tmp_path, capsys, char_ckpt):
+    config = tmp_path / "sample.yaml"
+    config.write_text(f"ckpt: {char_ckpt}\nprompt: hello\ntemperature: 0\nmax_new_tokens: 12\n"
+                      "kv_cache: false\nattention: manual\ntop_k: none\n", encoding="utf-8")
+    out = io.StringIO()
+    main(["--config", str(config)], stdout=out)
+    assert out.getvalue() == "hello" + greedy_text(char_ckpt, "hello", 12) + "\n"
+    out = io.StringIO()
+    main(["--config", str(config), "--max_new_tokens", "4"], stdout=out)  # later flags win
+    assert out.getvalue() == "hello" + greedy_text(char_ckpt, "hello", 4) + "\n"
+    with pytest.raises(SystemExit) as e:
+        main(["--config", str(config), "--print_config"])
+    assert e.value.code in (0, None)
+    printed = capsys.readouterr().out
+    for line in ("prompt: hello", "max_new_tokens: 12", "kv_cache: false", "stop: true", "attention: manual",
+                 "top_k: null"):
+        assert line in printed.splitlines(), line
+    config.write_text("temprature: 0\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as e:
+        main(["--config", str(config)], stdout=io.StringIO())
+    assert "temprature" in one_error_line(capsys, e)

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from conftest import REPO, tiny_run_args
-from minigpt.checkpoint import load_checkpoint, model_from_checkpoint
-from minigpt.cli import main
+from minigpt.checkpoint import build_model, checkpoint_tokenizer, model_state_dict, read_checkpoint
+from minigpt.train_cli import main
+from minigpt.callbacks import CompileModel
 from minigpt.errors import UserError
-from minigpt.tokenizers import tokenizer_from_dict
 
 
 def weights(ckpt_path) -> dict[str, torch.Tensor]:
-    return load_checkpoint(ckpt_path)["state_dict"]
+    return model_state_dict(read_checkpoint(ckpt_path))
 
 
 def test_tiny_run_learns_and_writes_a_loadable_checkpoint(corpus, data_root, tmp_path, capsys):
@@ -31,9 +31,9 @@ def test_tiny_run_learns_and_writes_a_loadable_checkpoint(corpus, data_root, tmp
     for name in ("checkpoints/last.ckpt", "checkpoints/best.ckpt", "config.yaml"):
         assert (run / name).is_file(), name
     assert list(run.glob("events.out.tfevents.*")), "TensorBoard logs"
-    ckpt = load_checkpoint(run / "checkpoints" / "last.ckpt")
-    model = model_from_checkpoint(ckpt).eval()
-    tok = tokenizer_from_dict(ckpt["minigpt"]["tokenizer"])
+    ckpt = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    model = build_model(ckpt).eval()
+    tok = checkpoint_tokenizer(ckpt)
     idx = torch.tensor([tok.encode("the quick brown fox jumps")])
     with torch.no_grad():
         _, loss = model(idx[:, :-1], idx[:, 1:])
@@ -97,8 +97,8 @@ def test_paths_give_the_same_training(corpus, data_root, tmp_path):
 def test_resume_continues_exactly(corpus, data_root, tmp_path, optimizer):
     # the first part stops at step 10 of a 20-step schedule, as a run killed there would
     def args(out, steps):
-        return tiny_run_args(corpus, data_root, tmp_path / out, steps=steps, model__decay_steps=20,
-                             model__optimizer=optimizer, model__dropout=0.1)
+        return tiny_run_args(corpus, data_root, tmp_path / out, steps=steps, optim__decay_steps=20,
+                             optim__optimizer=optimizer, model__dropout=0.1)
 
     main(args("straight", 20))
     main(args("resumed", 10))
@@ -121,7 +121,7 @@ def test_existing_run_is_not_overwritten_by_accident(corpus, data_root, tmp_path
 
 def test_resume_with_another_model_shape_is_refused(corpus, data_root, tmp_path):
     main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))
-    with pytest.raises(UserError, match=r"was trained with n_embd=32 \(flag gives 64\)"):
+    with pytest.raises(UserError, match=r"was trained with n_embd=32 \(this run's config gives 64\)"):
         main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=10, model__n_embd=64) + ["--resume", "true"])
 
 
@@ -164,26 +164,44 @@ def test_two_process_ddp_on_cpu_trains(corpus, tmp_path):
                             cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "final val loss" in result.stdout
-    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")["global_step"] == 10
+    assert read_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")["global_step"] == 10
 
 
 @pytest.mark.parametrize("config", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
-def test_every_shipped_config_parses(config, capsys):
+def test_every_shipped_config_parses_and_builds_its_model(config, capsys):
+    """Parse each shipped config through train.py, then build its model and optimizer from the parsed
+    sections as train.py does (the vocabulary comes from data we do not download here)."""
+    import yaml
+
+    from minigpt.config import GPTConfig
+    from minigpt.lightning_module import GPTLightningModule
+    from minigpt.optim import OptimConfig
+
     with pytest.raises(SystemExit) as exit_info:
         main(["--config", str(REPO / "configs" / config), "--print_config"])
     assert exit_info.value.code == 0
-    assert "model:" in capsys.readouterr().out
+    parsed = yaml.safe_load(capsys.readouterr().out)
+    vocab = 50257 if parsed["data"]["tokenizer"] == "gpt2" else 65
+    model_section = {k: v for k, v in parsed["model"].items() if k != "vocab_size"}
+    module = GPTLightningModule(GPTConfig(**model_section, vocab_size=vocab), OptimConfig(**parsed["optim"]))
+    assert module.model.num_params() > 0
+    module.configure_optimizers()
 
 
 @pytest.mark.slow
-def test_compiled_training_matches_eager(corpus, data_root, tmp_path):
-    """--model.compile true compiles before the clock starts, on a dummy batch that must leave no trace:
-    the compiled run ends where the eager one does (up to kernel rounding)."""
+def test_compiled_training_matches_eager(corpus, data_root, tmp_path, monkeypatch):
+    """--compile true compiles before the clock starts, on a dummy batch that must leave no trace: the compiled
+    run ends where the eager one does (up to kernel rounding).  With dropout, so a warm-up that moved the RNG
+    would show: inductor's fallback_random makes compiled dropout draw from torch's RNG as eager does."""
+    import torch._inductor.config
+
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
     runs = {}
     for compile in (False, True):
         trainer = main(tiny_run_args(corpus, data_root, tmp_path / str(compile), steps=10, model__arch="llama",
-                                     model__compile=compile))
+                                     model__dropout=0.1, compile=compile))
         runs[compile] = weights(tmp_path / str(compile) / "checkpoints" / "last.ckpt")
         assert trainer.global_step == 10
-        assert (getattr(trainer.lightning_module, "compile_seconds", None) is not None) == compile
+        compiled = [c for c in trainer.callbacks if isinstance(c, CompileModel)]
+        assert (len(compiled) == 1 and compiled[0].seconds is not None) == compile
     assert all(torch.allclose(runs[False][k], runs[True][k], atol=1e-4) for k in runs[False])

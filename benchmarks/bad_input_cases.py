@@ -1,0 +1,134 @@
+"""The bad-input table: every user mistake the commands must answer with one `error:` line, exit code 2.
+
+One list, three readers: `benchmarks/bad_inputs.py` runs each case through the real commands and prints the
+README's table; `tests/test_bad_inputs.py` runs each case in-process and checks the expected fragments, and
+checks that the README's table holds exactly these cases with those fragments.
+
+A case's arguments may name files of the scratch folder that `make_workdir` fills: {w} is that folder,
+{corpus} a small text, {run} a trained tiny run, {ckpt} its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TINY = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.block_size", "32",
+        "--data.batch_size", "8", "--data.val_batches", "2", "--trainer.max_steps", "10",
+        "--trainer.val_check_interval", "10", "--trainer.enable_progress_bar", "false", "--sample_tokens", "0"]
+
+
+@dataclass
+class Case:
+    command: str  # train.py | sample.py | eval.py
+    case: str  # what the user did wrong, as the README's table says it
+    args: list[str]
+    expect: list[str]  # fragments of the one error line
+    stdin: str | None = None
+    network: bool = False  # the answer depends on having no network (not run by the tests)
+    base: bool = True  # train.py: start from the tiny run's settings and a new out_dir
+
+    def argv(self, w: Path) -> list[str]:
+        names = dict(w=str(w), corpus=str(w / "words.txt"), run=str(w / "run"),
+                     ckpt=str(w / "run" / "checkpoints" / "last.ckpt"))
+        args = [a.format(**names) for a in self.args]
+        if self.command == "train.py" and self.base:
+            base = ["--data.source", names["corpus"], "--data.data_root", str(w / "data"), *TINY,
+                    "--out_dir", str(w / "new")]
+            return base + args  # later flags win
+        return args
+
+
+def train(case: str, *args: str, expect: list[str], **kw) -> Case:
+    return Case("train.py", case, list(args), expect, **kw)
+
+
+def sample(case: str, *args: str, expect: list[str], **kw) -> Case:
+    return Case("sample.py", case, list(args), expect, **kw)
+
+
+def evaluate(case: str, *args: str, expect: list[str], **kw) -> Case:
+    return Case("eval.py", case, list(args), expect, **kw)
+
+
+CASES: list[Case] = [
+    train("missing corpus path", "--data.source", "{w}/no_such_corpus.txt", expect=["corpus not found"]),
+    train("empty corpus", "--data.source", "{w}/empty.txt", expect=["corpus is empty"]),
+    train("corpus shorter than one window", "--data.source", "{w}/short.txt",
+          expect=["fewer than one window of block_size + 1 = 33"]),
+    train("binary file with the char tokenizer", "--data.source", "{w}/blob.bin",
+          expect=["not UTF-8 text", "byte tokenizer"]),
+    train("unknown tokenizer", "--data.tokenizer", "gpt5_bpe", expect=["gpt5_bpe", "char", "byte"]),
+    train("tiktoken encoding not downloadable offline", "--data.tokenizer", "o200k_base",
+          expect=["o200k_base", "TIKTOKEN_CACHE_DIR"], network=True),
+    train("unknown config key", "--model.n_layers", "2", expect=["--model.n_layers"]),
+    train("wrong value type", "--trainer.max_steps", "ten", expect=['"trainer.max_steps"']),
+    train("unknown arch", "--model.arch", "mamba", expect=["model.arch: unknown value 'mamba'",
+                                                          "choose one of gpt, llama"]),
+    train("unknown attention", "--model.attention", "flash3", expect=["model.attention", "sdpa, manual, einops"]),
+    train("n_embd % n_head != 0", "--model.n_embd", "30", "--model.n_head", "4",
+          expect=["model.n_embd: 30 is not divisible by n_head=4"]),
+    train("n_head % n_kv_head != 0", "--model.n_head", "4", "--model.n_kv_head", "3", "--model.n_embd", "64",
+          expect=["model.n_kv_head", "divisor of n_head"]),
+    train("odd head dim with RoPE", "--model.arch", "llama", "--model.n_embd", "36", "--model.n_head", "4",
+          expect=["odd", "RoPE"]),
+    train("vocab_size given (it comes from the data)", "--model.vocab_size", "100", expect=["model.vocab_size"]),
+    train("negative learning rate", "--optim.learning_rate", "-0.001",
+          expect=["optim.learning_rate: must be a positive number"]),
+    train("min_lr_ratio below 0", "--optim.min_lr_ratio", "-0.5", expect=["optim.min_lr_ratio: must be in [0, 1]"]),
+    train("--resume with no run there", "--resume", "true", expect=["--resume: no checkpoint at"]),
+    train("checkpoint shape disagrees with the config", "--out_dir", "{run}", "--resume", "true",
+          "--model.n_layer", "2", expect=["n_layer=1 (this run's config gives 2)"]),
+    train("existing run, neither --resume nor --overwrite", "--out_dir", "{run}", expect=["already holds a run"]),
+    train("out_dir cannot be written", "--out_dir", "{w}/a-file/run", expect=["cannot write to out_dir"]),
+    sample("missing checkpoint", "--ckpt", "{w}/nope.ckpt", expect=["checkpoint not found"]),
+    sample("truncated checkpoint", "--ckpt", "{w}/truncated.ckpt", expect=["truncated"]),
+    sample("not a checkpoint", "--ckpt", "{w}/notes.txt", expect=["is not a checkpoint"]),
+    sample("checkpoint that runs code when unpickled", "--ckpt", "{w}/evil.ckpt",
+           expect=["refusing to load", "only load checkpoints written by minigpt"]),
+    sample("prompt characters outside the char vocabulary", "--ckpt", "{ckpt}", "--prompt", "Zebra ©",
+           expect=["outside the model's char vocabulary", "'©'"]),
+    sample("temperature < 0", "--ckpt", "{ckpt}", "--temperature", "-1", expect=["temperature must be >= 0"]),
+    sample("top_k < 1", "--ckpt", "{ckpt}", "--top_k", "0", expect=["top_k must be >= 1"]),
+    sample("top_p outside (0, 1]", "--ckpt", "{ckpt}", "--top_p", "1.5", expect=["top_p must be in (0, 1]"]),
+    sample("negative max_new_tokens", "--ckpt", "{ckpt}", "--max_new_tokens", "-5",
+           expect=["max_new_tokens must be >= 0"]),
+    sample("unknown attention path", "--ckpt", "{ckpt}", "--attention", "flash",
+           expect=["attention: unknown value 'flash'"]),
+    sample("a device this machine lacks", "--ckpt", "{ckpt}", "--device", "mps", expect=["device mps"]),
+    evaluate("batch_size below 1", "--ckpt", "{ckpt}", "--text", "{corpus}", "--batch_size", "-1",
+             expect=["batch_size must be >= 1"]),
+    evaluate("missing text file", "--ckpt", "{ckpt}", "--text", "{w}/nope.txt", expect=["nope.txt"]),
+    evaluate("text outside the char vocabulary", "--ckpt", "{ckpt}", "--text", "{w}/other.txt",
+             expect=["outside the model's char vocabulary"]),
+]
+
+
+class _RunsCode:
+    """Unpickling this calls open(marker, 'w'): a stand-in for a checkpoint crafted to run code."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
+    """Write the files the cases name, and train the tiny run with train_tiny_run(argv)."""
+    (w / "words.txt").write_text("\n".join(f"the quick brown fox {i % 7} jumps over the lazy dog"
+                                            for i in range(2000)))
+    (w / "empty.txt").write_text("")
+    (w / "short.txt").write_text("far fewer characters than one window\n")
+    (w / "blob.bin").write_bytes(bytes(range(256)) * 64)
+    (w / "other.txt").write_text("ZEBRAS & QUAGGAS\n")
+    (w / "notes.txt").write_text("not a checkpoint\n")
+    (w / "a-file").write_text("not a folder\n")  # a path under a file: unwritable even for root
+    train_tiny_run(["--data.source", str(w / "words.txt"), "--data.data_root", str(w / "data"), *TINY,
+                    "--out_dir", str(w / "run")])
+    ckpt = w / "run" / "checkpoints" / "last.ckpt"
+    (w / "truncated.ckpt").write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
+    (w / "evil.ckpt").write_bytes(pickle.dumps({"state_dict": _RunsCode(str(w / "PWNED"))}))
+    return w

@@ -1,0 +1,89 @@
+"""Training's side jobs, as Lightning callbacks: compiling before the clock, text samples, RNG state."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.seed import isolate_rng
+
+from minigpt.checkpoint import RNG_STATE_KEY
+from minigpt.generation import generate, prompt_ids
+
+
+class CompileModel(Callback):
+    """torch.compile the model in place (parameter names, and so checkpoints, stay the same), and run one
+    training and one validation step's worth of forward/backward on a dummy batch before the training clock
+    (and max_time) starts, leaving the weights, gradients and RNG state as they were.  Under DDP the first
+    real step compiles instead."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.seconds: float | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        pl_module.model.compile()
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.world_size > 1:
+            return
+        model, start = pl_module.model, time.perf_counter()
+        batch = torch.zeros(self.batch_size, model.config.block_size + 1, dtype=torch.long, device=pl_module.device)
+        autocast = trainer.precision_plugin.forward_context  # the step's precision
+        with isolate_rng(include_cuda=True):
+            with autocast():
+                _, loss = model(batch[:, :-1], batch[:, 1:])
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+            model.eval()
+            with torch.no_grad(), autocast():
+                model(batch[:, :-1], batch[:, 1:])
+            model.train()
+        self.seconds = time.perf_counter() - start
+        rank_zero_info(f"torch.compile: compiled in {self.seconds:.1f}s (not counted in training time)")
+
+
+class TextSamples(Callback):
+    """At each validation, generate `tokens` tokens from the start of a document and log them as text."""
+
+    def __init__(self, tokens: int = 200) -> None:
+        self.tokens = tokens
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        tokenizer = getattr(pl_module, "tokenizer", None)
+        experiment = getattr(trainer.logger, "experiment", None)
+        if (not self.tokens or tokenizer is None or trainer.sanity_checking or not trainer.is_global_zero
+                or not hasattr(experiment, "add_text")):
+            return
+        start = prompt_ids(tokenizer, "")
+        idx = torch.tensor([start], dtype=torch.long, device=pl_module.device)
+        g = torch.Generator(device=pl_module.device).manual_seed(0)
+        # eager: generation's growing shapes would each trigger a recompile; isolated: training's RNG is untouched
+        with torch.compiler.set_stance("force_eager"), isolate_rng(include_cuda=True):
+            out = generate(pl_module.model, idx, self.tokens, temperature=0.8, top_k=200, generator=g)
+        text = tokenizer.decode(out[0, len(start):].tolist())
+        experiment.add_text("sample", "```\n" + text + "\n```", trainer.global_step)
+
+
+class RNGState(Callback):
+    """Saves and restores the torch RNG state with each checkpoint, so that dropout after a resume draws what
+    an uninterrupted run would have drawn."""
+
+    @property
+    def state_key(self) -> str:
+        return RNG_STATE_KEY
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        torch.set_rng_state(state_dict["cpu"])
+        if "cuda" in state_dict and torch.cuda.is_available():
+            torch.cuda.set_rng_state(state_dict["cuda"])

@@ -1,0 +1,212 @@
+"""`train.py`: LightningCLI gives YAML configs, a flag for every key, --help and --print_config.
+
+    python train.py                                  # configs/default.yaml
+    python train.py --config configs/X.yaml --model.attention manual --trainer.max_steps 500
+    python train.py --out_dir out/run1 --resume true # continue a run from its last checkpoint
+
+How a setting travels: each field of GPTConfig (section `model`) and OptimConfig (section `optim`) is a YAML
+key and a `--model.FIELD` / `--optim.FIELD` flag because jsonargparse reads the dataclasses themselves (types,
+defaults, docstrings).  The parsed sections are instantiated as those dataclasses and handed to
+GPTLightningModule as they are.  Shared values are linked, not copied: model.block_size -> data.block_size,
+seed -> data.seed, and the data's tokenizer -> model.vocab_size.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor, Timer
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from minigpt.callbacks import CompileModel, RNGState, TextSamples
+from minigpt.checkpoint import SafeCheckpointIO, check_resumable, read_checkpoint
+from minigpt.cli import TrainArgumentParser
+from minigpt.config import GPTConfig
+from minigpt.datamodule import TokenDataModule
+from minigpt.errors import UserError, run_cli
+from minigpt.evaluate import evaluate_tokens
+from minigpt.lightning_module import GPTLightningModule
+from minigpt.optim import OptimConfig
+
+# Our sampler restarts exactly where a run stopped (see datamodule.py), so Lightning's caution does not apply.
+warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch ended")
+# A torch-internal deprecation inside Lightning, not something a user can act on.
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+
+
+class _DropAdverts(logging.Filter):
+    """Lightning prints tips advertising its cloud products at every run; keep the console for our output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropAdverts())
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+# model fields set by a link rather than by the user (see the module docstring)
+LINKED_MODEL_FIELDS = {"vocab_size"}
+
+TRAINER_DEFAULTS: dict[str, Any] = {
+    "max_steps": 2000,
+    "max_epochs": -1,
+    "check_val_every_n_epoch": None,  # val_check_interval counts batches across epochs
+    "val_check_interval": 250,
+    "log_every_n_steps": 10,
+    "gradient_clip_val": 1.0,
+    "num_sanity_val_steps": 0,
+    "use_distributed_sampler": False,  # the datamodule draws per-rank windows itself
+    "enable_model_summary": False,
+}
+
+
+class MiniGPTCLI(LightningCLI):
+    def add_default_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--seed", type=int, default=1337, help="Fixes data order, initialisation and dropout.")
+        parser.add_argument("--out_dir", type=str, default="out/default",
+                            help="Run directory: checkpoints/, TensorBoard logs, config.yaml.")
+        parser.add_argument("--resume", type=bool, default=False,
+                            help="Continue the run in out_dir from checkpoints/last.ckpt.")
+        parser.add_argument("--overwrite", type=bool, default=False,
+                            help="Start a new run in an out_dir that already holds one (its checkpoints are deleted).")
+        parser.add_argument("--eval_full", type=bool, default=True,
+                            help="At the end, report the loss over the whole validation split (one device only).")
+        parser.add_argument("--checkpoint_every", type=int, default=100,
+                            help="Optimizer steps between saves of checkpoints/last.ckpt.")
+        parser.add_argument("--compile", type=bool, default=False,
+                            help="torch.compile the model; compiled on a dummy batch before the training clock starts.")
+        parser.add_argument("--sample_tokens", type=int, default=200,
+                            help="Tokens generated and logged as text at each validation (0 = none).")
+
+    def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_lightning_class_args(self.trainer_class, "trainer")
+        parser.set_defaults({f"trainer.{k}": v for k, v in self.trainer_defaults.items()})
+        parser.add_class_arguments(GPTConfig, "model")  # every field of the dataclass, as declared there
+        parser.add_class_arguments(OptimConfig, "optim")
+        parser.add_lightning_class_args(TokenDataModule, "data")
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.link_arguments("model.block_size", "data.block_size")
+        parser.link_arguments("seed", "data.seed")
+        parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
+
+    def _set_seed(self) -> None:
+        seed_everything(self.config["seed"], workers=True)
+
+    def instantiate_classes(self) -> None:
+        self.config_init = self.parser.instantiate_classes(self.config)
+        self.datamodule = self.config_init["data"]
+        self.model = GPTLightningModule(self.config_init["model"], self.config_init["optim"],
+                                        tokenizer=self.datamodule.tokenizer)
+        self.trainer = self.instantiate_trainer()
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        out_dir = Path(self.config["out_dir"])
+        trainer_config = self.config["trainer"]
+        if trainer_config.get("logger") in (None, True):
+            # save_dir/name/version flattened: events and config.yaml sit in out_dir itself
+            kwargs["logger"] = TensorBoardLogger(save_dir=str(out_dir), name="", version="")
+        kwargs["default_root_dir"] = str(out_dir)
+        kwargs["plugins"] = [SafeCheckpointIO()]
+        user_callbacks = self.config_init["trainer"].get("callbacks") or []
+        kwargs["callbacks"] = list(user_callbacks) + run_callbacks(self.config, self.datamodule.hparams.batch_size)
+        return super().instantiate_trainer(**kwargs)
+
+
+def run_callbacks(config: Any, batch_size: int) -> list:
+    checkpoints = Path(config["out_dir"]) / "checkpoints"
+    callbacks = [
+        # best.ckpt: lowest validation loss so far
+        ModelCheckpoint(dirpath=checkpoints, filename="best", monitor="val_loss", mode="min", save_top_k=1,
+                        enable_version_counter=False, auto_insert_metric_name=False),
+        # last.ckpt: every checkpoint_every steps, what --resume continues from
+        ModelCheckpoint(dirpath=checkpoints, filename="last", every_n_train_steps=config["checkpoint_every"],
+                        save_top_k=1, enable_version_counter=False),
+        LearningRateMonitor(logging_interval="step"),
+        ThroughputMonitor(batch_size_fn=lambda batch: batch.size(0), length_fn=lambda batch: batch.size(1) - 1,
+                          window_size=10),  # rates over the last 10 batches
+        RNGState(),
+        TextSamples(config["sample_tokens"]),
+    ]
+    if config["compile"]:
+        callbacks.append(CompileModel(batch_size))
+    if not config["trainer"].get("max_time"):  # Lightning adds its own Timer for max_time; else time the run
+        callbacks.append(Timer())
+    return callbacks
+
+
+def check_writable(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / f".write-test-{id(out_dir)}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"cannot write to out_dir {out_dir} ({e.strerror or type(e).__name__}); "
+                        "choose a writable --out_dir") from None
+
+
+def parse(argv: list[str] | None = None) -> MiniGPTCLI:
+    """Parse the config and flags and build the datamodule, the module and the trainer (nothing is trained)."""
+    given = sys.argv[1:] if argv is None else argv
+    parser_kwargs: dict[str, Any] = {"prog": "train.py"}
+    if not any(a in ("-c", "--config") or a.startswith("--config=") for a in given) and DEFAULT_CONFIG.is_file():
+        parser_kwargs["default_config_files"] = [str(DEFAULT_CONFIG)]
+    with warnings.catch_warnings():  # args given as a list (tests, scripts) is intended, not a mistake
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        return MiniGPTCLI(GPTLightningModule, TokenDataModule, parser_class=TrainArgumentParser, args=argv,
+                          run=False, trainer_defaults=TRAINER_DEFAULTS, parser_kwargs=parser_kwargs,
+                          save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
+
+
+def main(argv: list[str] | None = None) -> Trainer:
+    """Parse the config and flags, train, save the final state; returns the Trainer (for tests and scripts)."""
+    cli = parse(argv)
+    out_dir = Path(cli.config["out_dir"])
+    check_writable(out_dir)
+    last = out_dir / "checkpoints" / "last.ckpt"
+    ckpt_path = None
+    if cli.config["resume"]:
+        if not last.is_file():
+            raise UserError(f"--resume: no checkpoint at {last}; start the run without --resume "
+                            "(or point --out_dir at the run to continue)")
+        check_resumable(read_checkpoint(last), cli.model.config, last)
+        ckpt_path = str(last)
+    elif (out_dir / "checkpoints").is_dir() and any((out_dir / "checkpoints").glob("*.ckpt")):
+        if not cli.config["overwrite"]:
+            raise UserError(f"{out_dir} already holds a run; continue it with --resume, pick another --out_dir, "
+                            "or pass --overwrite to start over")
+        if cli.trainer.is_global_zero:
+            shutil.rmtree(out_dir / "checkpoints")
+    trainer = cli.trainer
+    trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path, weights_only=True)
+    trainer.save_checkpoint(last, weights_only=False)  # the final state, whatever step the run stopped at
+    if trainer.is_global_zero:
+        val_loss = trainer.callback_metrics.get("val_loss")
+        shown = f"{val_loss.item():.4f}" if val_loss is not None else "n/a"
+        print(f"final val loss {shown} after {trainer.global_step} steps; checkpoint: {last}")
+        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+        if timer is not None:  # fit loop only (validation included): not data preparation, not the final eval
+            print(f"training time {timer.time_elapsed('train'):.1f}s")
+    if cli.config["eval_full"] and trainer.world_size == 1:
+        start = time.perf_counter()
+        with torch.compiler.set_stance("force_eager"):  # a ragged last batch would trigger a recompile
+            nats, n = evaluate_tokens(cli.model.model, cli.datamodule.prepared.val,
+                                      cli.datamodule.hparams.batch_size)
+        trainer.callback_metrics["full_val_loss"] = torch.tensor(nats / n)
+        print(f"full val loss {nats / n:.4f} over all {n:,} validation tokens "
+              f"({time.perf_counter() - start:.1f}s to evaluate)")
+    return trainer
+
+
+def entry() -> None:
+    run_cli(main)
