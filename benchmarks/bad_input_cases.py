@@ -78,7 +78,19 @@ CASES: list[Case] = [
     train("negative learning rate", "--optim.learning_rate", "-0.001",
           expect=["optim.learning_rate: must be a positive number"]),
     train("min_lr_ratio below 0", "--optim.min_lr_ratio", "-0.5", expect=["optim.min_lr_ratio: must be in [0, 1]"]),
-    train("--resume with no run there", "--resume", "true", expect=["--resume: no checkpoint at"]),
+    train("val_check_interval 0", "--trainer.val_check_interval", "0",
+          expect=["trainer.val_check_interval must be > 0"]),
+    train("accumulate_grad_batches 0", "--trainer.accumulate_grad_batches", "0",
+          expect=["trainer.accumulate_grad_batches must be >= 1"]),
+    train("max_time not in DD:HH:MM:SS", "--trainer.max_time", "1h", expect=["'1h'", "DD:HH:MM:SS"]),
+    train("GPU asked for on a machine without one", "--trainer.accelerator", "gpu", expect=["trainer:", "gpu"]),
+    train("devices 0", "--trainer.devices", "0", expect=["trainer:", "devices"]),
+    train("checkpoint_every below 1", "--checkpoint_every", "-1", expect=['"checkpoint_every"']),
+    train("--resume with no run there", "--resume", expect=["--resume: no checkpoint at"]),
+    train("resume after the corpus changed (same vocabulary size)", "--out_dir", "{run}", "--resume",
+          "--data.source", "{w}/shifted.txt", expect=["another tokenizer", "char vocabulary"]),
+    train("--resume from a truncated last.ckpt", "--out_dir", "{w}/broken", "--resume",
+          expect=["--resume:", "truncated", "best.ckpt", "--overwrite"]),
     train("checkpoint shape disagrees with the config", "--out_dir", "{run}", "--resume", "true",
           "--model.n_layer", "2", expect=["n_layer=1 (this run's config gives 2)"]),
     train("existing run, neither --resume nor --overwrite", "--out_dir", "{run}", expect=["already holds a run"]),
@@ -88,6 +100,8 @@ CASES: list[Case] = [
     sample("not a checkpoint", "--ckpt", "{w}/notes.txt", expect=["is not a checkpoint"]),
     sample("checkpoint that runs code when unpickled", "--ckpt", "{w}/evil.ckpt",
            expect=["refusing to load", "only load checkpoints written by minigpt"]),
+    sample("checkpoint whose config is implausible (n_layer=10**7)", "--ckpt", "{w}/huge.ckpt",
+           expect=["n_layer=10000000, over the plausible limit"]),
     sample("prompt characters outside the char vocabulary", "--ckpt", "{ckpt}", "--prompt", "Zebra ©",
            expect=["outside the model's char vocabulary", "'©'"]),
     sample("temperature < 0", "--ckpt", "{ckpt}", "--temperature", "-1", expect=["temperature must be >= 0"]),
@@ -116,6 +130,14 @@ class _RunsCode:
         return (open, (self.marker, "w"))
 
 
+def _write_huge_config_checkpoint(src: Path, dest: Path) -> None:
+    from minigpt.checkpoint import read_checkpoint, save_file
+
+    ckpt = read_checkpoint(src)
+    ckpt["minigpt"]["model_config"]["n_layer"] = 10**7  # builds for minutes if believed
+    save_file(ckpt, dest)
+
+
 def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
     """Write the files the cases name, and train the tiny run with train_tiny_run(argv)."""
     (w / "words.txt").write_text("\n".join(f"the quick brown fox {i % 7} jumps over the lazy dog"
@@ -124,11 +146,16 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
     (w / "short.txt").write_text("far fewer characters than one window\n")
     (w / "blob.bin").write_bytes(bytes(range(256)) * 64)
     (w / "other.txt").write_text("ZEBRAS & QUAGGAS\n")
+    # the same number of distinct characters as words.txt, one of them different: a shifted char-to-id mapping
+    (w / "shifted.txt").write_text((w / "words.txt").read_text().replace("q", "Q"))
     (w / "notes.txt").write_text("not a checkpoint\n")
     (w / "a-file").write_text("not a folder\n")  # a path under a file: unwritable even for root
     train_tiny_run(["--data.source", str(w / "words.txt"), "--data.data_root", str(w / "data"), *TINY,
                     "--out_dir", str(w / "run")])
     ckpt = w / "run" / "checkpoints" / "last.ckpt"
     (w / "truncated.ckpt").write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
+    (w / "broken" / "checkpoints").mkdir(parents=True)
+    (w / "broken" / "checkpoints" / "last.ckpt").write_bytes((w / "truncated.ckpt").read_bytes())
     (w / "evil.ckpt").write_bytes(pickle.dumps({"state_dict": _RunsCode(str(w / "PWNED"))}))
+    _write_huge_config_checkpoint(ckpt, w / "huge.ckpt")
     return w

@@ -215,7 +215,7 @@ def run_lightning(module: GPTLightningModule, shape: dict[str, Any], precision: 
 
     extras: "none", or a '+'-joined subset of tb (TensorBoardLogger), lr (LearningRateMonitor), tput
     (ThroughputMonitor as in minigpt/train_cli.py), bar (progress bar); "train_py" = tb+lr+tput."""
-    from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
+    from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor
     from lightning.pytorch.loggers import TensorBoardLogger
 
     n = warmup + steps + 1
@@ -223,6 +223,14 @@ def run_lightning(module: GPTLightningModule, shape: dict[str, Any], precision: 
     parts = set() if extras == "none" else set(extras.replace("train_py", "tb+lr+tput").split("+"))
     tmp = tempfile.TemporaryDirectory(prefix="bench_train_")
     callbacks: list[Callback] = [timer]
+    if "train_cli" in parts:  # exactly what train.py adds: minigpt.train_cli.run_callbacks, with its progress bar
+        from minigpt.train_cli import run_callbacks
+
+        parts = {"tb", "bar"}
+        callbacks += [c for c in run_callbacks(dict(out_dir=tmp.name, checkpoint_every=1000, sample_tokens=200,
+                                                    compile=False, trainer={}), shape["batch_size"])
+                      if not isinstance(c, ModelCheckpoint)] + [ModelCheckpoint(dirpath=tmp.name, filename="last",
+                                                                                every_n_train_steps=1000)]
     if "lr" in parts:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     if "tput" in parts:
@@ -233,7 +241,8 @@ def run_lightning(module: GPTLightningModule, shape: dict[str, Any], precision: 
         precision=precision, max_steps=n, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
         check_val_every_n_epoch=None, val_check_interval=None, gradient_clip_val=1.0,
         log_every_n_steps=log_every_n_steps, use_distributed_sampler=False, enable_model_summary=False,
-        enable_checkpointing=False, enable_progress_bar="bar" in parts,
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+        enable_progress_bar="bar" in parts,
         logger=TensorBoardLogger(tmp.name, name="", version="") if "tb" in parts else False,
         default_root_dir=tmp.name, callbacks=callbacks)
     loader = make_loader(shape["model"]["vocab_size"], shape["model"]["block_size"], shape["batch_size"], n)
@@ -343,7 +352,8 @@ DETAIL_VARIANTS = [
     ("  + TensorBoard logger", "lightning", "tb", None),
     ("  + TensorBoard + LearningRateMonitor", "lightning", "tb+lr", None),
     ("  + TensorBoard + LR + ThroughputMonitor (train.py's set)", "lightning", "train_py", None),
-    ("  + all that + progress bar (train.py default)", "lightning", "train_py+bar", None),
+    ("  + all that + progress bar (Lightning's default, redrawn every step)", "lightning", "train_py+bar", None),
+    ("train.py's own callbacks, logger and progress bar", "lightning", "train_cli", None),
 ]
 
 
@@ -504,6 +514,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                       ("overhead_pct", "vs bare %", "+.1f")]
                              + [(f"{k}_ms", k, ".2f") for k, *_ in PHASES]))
         print("\nPhases: " + "; ".join(f"{k} = {v}" for k, v in PHASE_HELP.items()))
+        ours = next(d for d in detail if d["extras"] == "train_cli")
+        print(f"\ntrain.py's Lightning loop (its callbacks, TensorBoard logger and progress bar) vs the bare loop: "
+              f"{ours['step_ms']:.2f} / {best[DETAIL_VARIANTS[0][0]]['step_s'] * 1e3:.2f} ms per step = "
+              f"{1 + ours['overhead_pct'] / 100:.3f} ({ours['overhead_pct']:+.1f}%)")
     if adamw:
         print("\nAdamW step alone (median ms):\n")
         print(markdown_table(adamw, [("shape", "shape", ""), ("impl", "implementation", ""),

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from minigpt.precision import matmul_gflops
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 
@@ -90,7 +92,12 @@ def machine_label(device: torch.device | str = "cpu", dtype: str | torch.dtype =
         cpu=cpu_model(), cores=os.cpu_count(), torch_threads=torch.get_num_threads(), torch=torch.__version__,
         python=platform.python_version(), dtype=dtype, device=str(device), load_avg_1m=load_avg())
     if device.type == "cpu":
+        # which kind of CPU a figure belongs to: with native bf16 (AVX512_BF16/AMX) bf16 matmuls beat float32,
+        # without (AVX2) they run ~100x slower
         label["cpu_features"] = cpu_features()
+        label["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        label["matmul_gflops"] = {name: round(matmul_gflops(dt, n=512, seconds=0.2), 1)
+                                  for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
     if device.type == "cuda":
         label["gpu"] = torch.cuda.get_device_name(device)
         label["cuda"] = torch.version.cuda
@@ -100,7 +107,12 @@ def machine_label(device: torch.device | str = "cpu", dtype: str | torch.dtype =
 def describe_machine(label: dict[str, Any]) -> str:
     """One line for the top of a report."""
     where = label.get("gpu") or f"{label['cpu']}, {label['cores']} cores ({label['torch_threads']} torch threads)"
-    return (f"Machine: {where}, torch {label['torch']}, dtype {label['dtype']}, device {label['device']}, "
+    kind = ""
+    if "cpu_capability" in label:
+        rates = label["matmul_gflops"]
+        kind = (f", CPU capability {label['cpu_capability']}, matmul {rates['float32']:g} GFLOP/s float32 / "
+                f"{rates['bfloat16']:g} GFLOP/s bf16 (512^3)")
+    return (f"Machine: {where}{kind}, torch {label['torch']}, dtype {label['dtype']}, device {label['device']}, "
             f"load average {label['load_avg_1m']} at start")
 
 

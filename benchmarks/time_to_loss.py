@@ -6,7 +6,7 @@
 
 Each variant is `python train.py --config configs/shakespeare_char_cpu.yaml --data.source CORPUS` plus its
 overrides, stopped by `--trainer.max_time` after --budget seconds of training (the learning-rate decay is
-projected onto the budget, see GPTLightningModule._schedule_steps).  Reported per variant:
+projected onto the budget, see minigpt.optim.trainer_decay_end).  Reported per variant:
 
 * full val loss: train.py's own evaluation of the final weights on the whole validation split;
 * time to --target: the training time at the first periodic validation whose loss (val_batches windows,
@@ -48,7 +48,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "cosine_lr2e-3": ("cosine decay to 0.1 at peak lr 2e-3 (the first recipe)",
                       ["--optim.lr_schedule", "cosine", "--optim.learning_rate", "2e-3", "--optim.min_lr_ratio", "0.1"]),
     "nanogpt": ("nanoGPT's CPU settings (fp32, lr 1e-3, batch 12, context 64, cosine) in our trainer", NANOGPT),
-    "fp32": ("float32 instead of bf16-mixed", ["--trainer.precision", "32-true"]),
+    "fp32": ("float32 forced (precision: auto picks it where bf16 is not native)", ["--trainer.precision", "32-true"]),
+    "bf16": ("bf16-mixed forced (the recipe before precision: auto)", ["--trainer.precision", "bf16-mixed"]),
     "sdpa": ("SDPA attention instead of manual (CPU flash backward is slow in bf16)", ["--model.attention", "sdpa"]),
     "compile": ("torch.compile on", ["--compile", "true"]),
     "batch12": ("batch 12 instead of the recipe's", ["--data.batch_size", "12"]),

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.seed import isolate_rng
 
 from minigpt.checkpoint import RNG_STATE_KEY
 from minigpt.generation import generate, prompt_ids
+
+
+def has_cpp_compiler() -> bool:
+    """Whether inductor's CPU backend finds a C++ compiler (it honours $CXX, else tries the usual names)."""
+    names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
+    return any(shutil.which(name) for name in names)
 
 
 class CompileModel(Callback):
@@ -23,13 +31,19 @@ class CompileModel(Callback):
 
     def __init__(self, batch_size: int) -> None:
         self.batch_size = batch_size
+        self.enabled = True
         self.seconds: float | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.enabled = pl_module.device.type != "cpu" or has_cpp_compiler()
+        if not self.enabled:  # inductor's CPU backend compiles C++: without a compiler it would die mid-run
+            rank_zero_warn("torch.compile needs a C++ compiler on the CPU and none was found (install g++, e.g. "
+                           "`apt-get install g++`); training without compiling")
+            return
         pl_module.model.compile()
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.world_size > 1:
+        if trainer.world_size > 1 or not self.enabled:
             return
         model, start = pl_module.model, time.perf_counter()
         batch = torch.zeros(self.batch_size, model.config.block_size + 1, dtype=torch.long, device=pl_module.device)

@@ -17,6 +17,7 @@ with torch.load(weights_only=True): tensors and plain containers only, never arb
 from __future__ import annotations
 
 import pickle
+import pickletools
 import warnings
 import zipfile
 from pathlib import Path
@@ -27,7 +28,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import nn
 
 from minigpt.config import GPTConfig
-from minigpt.errors import CheckpointError, UserError, first_line
+from minigpt.errors import CheckpointError, UserError, first_line, shown_chars
 from minigpt.fsutil import atomic_write
 from minigpt.model import GPT
 from minigpt.tokenizers import Tokenizer, tokenizer_from_dict
@@ -36,6 +37,11 @@ FORMAT_VERSION = 2
 SECTION = "minigpt"
 RNG_STATE_KEY = "RNGState"  # Lightning's callback-state key of callbacks.RNGState (format 1 kept it in SECTION)
 DEFAULT_OUT_ROOT = "out"
+ALLOCATING_GLOBALS = {"bytearray", "bytes"}  # weights_only allows them; a number argument allocates that much
+# Bounds on a checkpoint's config, checked before a model is built from it: a crafted n_layer=10**7 would build
+# for minutes.  Generous enough for any model that fits in memory (e.g. 128k contexts, 256k vocabularies).
+CONFIG_LIMITS = {"n_layer": 1024, "n_head": 1024, "n_embd": 65536, "block_size": 1 << 21, "vocab_size": 1 << 22,
+                 "mlp_hidden": 1 << 20}
 # Settings a resumed run or a sampler may change without changing the weights' shapes or meaning.
 RESUMABLE_FIELDS = {"attention", "sdpa_backend", "dropout"}
 
@@ -89,10 +95,14 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"checkpoint not found: {path}; pass a .ckpt file or a run directory")
     with open(path, "rb") as f:
         head = f.read(4)
-    # torch.save writes a zip archive (or, in its legacy format, a pickle, which starts with 0x80)
-    if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):
+    # torch.save writes a zip archive (in its legacy format, a bare pickle, which starts with 0x80)
+    if head[:1] == b"\x80":
+        raise CheckpointError(f"refusing to load {path}: it is a bare pickle (torch's legacy format), which minigpt "
+                              "never writes; only load checkpoints written by minigpt")
+    if not head.startswith(b"PK\x03\x04"):
         raise CheckpointError(f"{path} is not a checkpoint (not a file written by torch.save); "
                               "pass a .ckpt file or a run directory")
+    _check_archive(path)
     try:
         with warnings.catch_warnings():  # a foreign pickle protocol only matters if the load fails (below)
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
@@ -105,12 +115,35 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
                               f"({what[:160]}); only load checkpoints written by minigpt") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
         raise CheckpointError(f"cannot read checkpoint {path}: it is truncated or not a checkpoint "
-                              f"({type(e).__name__}); use another file, e.g. the run's last.ckpt") from None
+                              f"({type(e).__name__}); use another checkpoint file") from None
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict) \
             or not isinstance(ckpt.get(SECTION), dict):
         raise CheckpointError(f"{path} is not a minigpt checkpoint (no model weights/config in it); "
                               "pass a .ckpt written by train.py")
     return _upgrade(ckpt, path)
+
+
+def _check_archive(path: Path) -> None:
+    """Refuse, before anything is allocated, what torch.save never writes but a crafted file can hold: compressed
+    records (a few MB that inflate to GBs) and pickled calls that allocate from a number (bytearray(8e9): a
+    global weights_only allows)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            records = archive.infolist()
+            if any(r.compress_type != zipfile.ZIP_STORED for r in records):
+                raise CheckpointError(f"refusing to load {path}: it holds compressed records, which torch.save never "
+                                      "writes; only load checkpoints written by minigpt")
+            pickles = [r for r in records if r.filename.endswith("data.pkl")]
+            if len(pickles) != 1:
+                raise CheckpointError(f"{path} is not a checkpoint (no data.pkl in it); pass a .ckpt written by "
+                                      "train.py")
+            for opcode, arg, _ in pickletools.genops(archive.read(pickles[0])):
+                if isinstance(arg, str) and arg.rsplit(" ", 1)[-1] in ALLOCATING_GLOBALS:  # GLOBAL: "module name"
+                    raise CheckpointError(f"refusing to load {path}: its pickle calls {arg.rsplit(' ', 1)[-1]}, which "
+                                          "minigpt never writes; only load checkpoints written by minigpt")
+    except (zipfile.BadZipFile, pickle.UnpicklingError, ValueError, EOFError, OSError) as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: it is truncated or not a checkpoint "
+                              f"({type(e).__name__}); use another checkpoint file") from None
 
 
 def _upgrade(ckpt: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -141,9 +174,23 @@ def model_state_dict(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def build_model(ckpt: dict[str, Any], **config_overrides: Any) -> GPT:
-    """The GPT a checkpoint describes, with its weights (on the CPU, in train mode)."""
-    model = GPT(model_config(ckpt, **config_overrides))
-    model.load_state_dict(model_state_dict(ckpt))
+    """The GPT a checkpoint describes, with its weights (on the CPU, in train mode).  The config is checked for
+    plausible sizes and against the weights' shapes (on the meta device: nothing allocated) before building."""
+    config = model_config(ckpt, **config_overrides)
+    for name, limit in CONFIG_LIMITS.items():
+        if getattr(config, name) > limit:
+            raise CheckpointError(f"its config says {name}={getattr(config, name)}, over the plausible limit {limit}; "
+                                  "the checkpoint is damaged or crafted")
+    weights = model_state_dict(ckpt)
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in GPT(config).state_dict().items()}
+    found = {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}
+    if expected != found:
+        key = next((k for k in expected if expected[k] != found.get(k)), None) or next(k for k in found if k not in expected)
+        raise CheckpointError(f"its weights do not match its config ({key}: config gives {expected.get(key)}, "
+                              f"weights hold {found.get(key)}); the checkpoint is damaged or from another program")
+    model = GPT(config)
+    model.load_state_dict(weights)
     return model
 
 
@@ -199,8 +246,19 @@ def load_model(source: str | Path | None = None, device: str | torch.device = "c
     return model.to(device).eval(), tokenizer
 
 
-def check_resumable(ckpt: dict[str, Any], config: GPTConfig, path: Path) -> None:
-    """A run resumes only with the model it was trained with (the attention path and dropout may change)."""
+def check_resumable(ckpt: dict[str, Any], config: GPTConfig, tokenizer: Tokenizer | None, path: Path) -> None:
+    """A run resumes only with the same tokenizer (the same vocabulary size with other characters would
+    silently shift every id) and the model it was trained with (the attention path and dropout may change)."""
+    saved_tok = ckpt[SECTION].get("tokenizer")
+    if tokenizer is not None and saved_tok is not None and saved_tok != tokenizer.to_dict():
+        what = f"{saved_tok.get('name')} -> {tokenizer.name}"
+        if saved_tok.get("type") == "char" and isinstance(getattr(tokenizer, "chars", None), str):
+            old, new = set(saved_tok.get("chars", "")), set(tokenizer.chars)
+            what = (f"char vocabulary: {len(new - old)} character(s) added ({shown_chars(sorted(new - old), 5)}), "
+                    f"{len(old - new)} removed ({shown_chars(sorted(old - new), 5)})")
+        raise UserError(f"{path} was trained on data with another tokenizer ({what}); the corpus or tokenizer "
+                        "changed since, so token ids would mean other things: resume on the same data, or start a "
+                        "new run in another out_dir")
     saved, current = ckpt[SECTION]["model_config"], config.to_dict()
     diff = [f"{k}={saved[k]!r} (this run's config gives {current[k]!r})" for k in saved
             if k in current and k not in RESUMABLE_FIELDS and saved[k] != current[k]]

@@ -30,6 +30,9 @@ __all__ = ["check_sampling_args", "filter_logits", "sample_next", "refill_length
 # Logit filters and sampling one token
 
 
+MAX_NEW_TOKENS = 10_000_000
+
+
 def check_sampling_args(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                         max_new_tokens: int = 0) -> None:
     """Raise UserError naming the setting when a sampling setting cannot work."""
@@ -41,6 +44,8 @@ def check_sampling_args(temperature: float = 1.0, top_k: int | None = None, top_
         raise UserError(f"top_p must be in (0, 1] (1 = no nucleus filtering), got {top_p}")
     if max_new_tokens < 0:
         raise UserError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if max_new_tokens > MAX_NEW_TOKENS:  # the output buffer is allocated up front
+        raise UserError(f"max_new_tokens must be <= {MAX_NEW_TOKENS:,}, got {max_new_tokens:,}; generate in parts")
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:

@@ -13,29 +13,42 @@ seed -> data.seed, and the data's tokenizer -> model.vocab_size.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import os
 import shutil
+import signal
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
+from typing import IO, Any, Literal
 
 import torch
 from lightning.pytorch import Trainer, seed_everything
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor, Timer
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor, Timer, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from jsonargparse import ActionYesNo
+from jsonargparse.typing import NonNegativeInt, PositiveInt
+from lightning.fabric.connector import _PRECISION_INPUT
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from minigpt.callbacks import CompileModel, RNGState, TextSamples
 from minigpt.checkpoint import SafeCheckpointIO, check_resumable, read_checkpoint
 from minigpt.cli import TrainArgumentParser
 from minigpt.config import GPTConfig
 from minigpt.datamodule import TokenDataModule
-from minigpt.errors import UserError, run_cli
+from minigpt.errors import CheckpointError, UserError, first_line, run_cli
 from minigpt.evaluate import evaluate_tokens
+from minigpt.fsutil import temp_sibling
 from minigpt.lightning_module import GPTLightningModule
 from minigpt.optim import OptimConfig
+from minigpt.precision import resolve_precision
 
 # Our sampler restarts exactly where a run stopped (see datamodule.py), so Lightning's caution does not apply.
 warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch ended")
@@ -53,8 +66,24 @@ class _DropAdverts(logging.Filter):
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropAdverts())
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+PROGRESS_REFRESH = 10
 # model fields set by a link rather than by the user (see the module docstring)
 LINKED_MODEL_FIELDS = {"vocab_size"}
+
+class MiniGPTTrainer(Trainer):
+    """Lightning's Trainer with one more precision: "auto" (the default), bf16-mixed where the device computes
+    bf16 natively and float32 elsewhere (see minigpt/precision.py).  Every other argument is Lightning's."""
+
+    def __init__(self, *args: Any, precision: Literal["auto"] | _PRECISION_INPUT | None = "auto",
+                 **kwargs: Any) -> None:
+        # settings Lightning would divide by (or loop on) before it checks them
+        for key, need in (("accumulate_grad_batches", 1), ("log_every_n_steps", 1), ("val_check_interval", 1e-9)):
+            value = kwargs.get(key)
+            if value is not None and value < need:
+                raise UserError(f"trainer.{key} must be {'>= 1' if need == 1 else '> 0'}, got {value}")
+        precision, _ = resolve_precision(precision, kwargs.get("accelerator", "auto"))
+        super().__init__(*args, precision=precision, **kwargs)
+
 
 TRAINER_DEFAULTS: dict[str, Any] = {
     "max_steps": 2000,
@@ -74,17 +103,17 @@ class MiniGPTCLI(LightningCLI):
         parser.add_argument("--seed", type=int, default=1337, help="Fixes data order, initialisation and dropout.")
         parser.add_argument("--out_dir", type=str, default="out/default",
                             help="Run directory: checkpoints/, TensorBoard logs, config.yaml.")
-        parser.add_argument("--resume", type=bool, default=False,
+        parser.add_argument("--resume", action=ActionYesNo, nargs="?", default=False,
                             help="Continue the run in out_dir from checkpoints/last.ckpt.")
-        parser.add_argument("--overwrite", type=bool, default=False,
+        parser.add_argument("--overwrite", action=ActionYesNo, nargs="?", default=False,
                             help="Start a new run in an out_dir that already holds one (its checkpoints are deleted).")
-        parser.add_argument("--eval_full", type=bool, default=True,
+        parser.add_argument("--eval_full", action=ActionYesNo, nargs="?", default=True,
                             help="At the end, report the loss over the whole validation split (one device only).")
-        parser.add_argument("--checkpoint_every", type=int, default=100,
+        parser.add_argument("--checkpoint_every", type=PositiveInt, default=100,
                             help="Optimizer steps between saves of checkpoints/last.ckpt.")
-        parser.add_argument("--compile", type=bool, default=False,
+        parser.add_argument("--compile", action=ActionYesNo, nargs="?", default=False,
                             help="torch.compile the model; compiled on a dummy batch before the training clock starts.")
-        parser.add_argument("--sample_tokens", type=int, default=200,
+        parser.add_argument("--sample_tokens", type=NonNegativeInt, default=200,
                             help="Tokens generated and logged as text at each validation (0 = none).")
 
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -119,7 +148,15 @@ class MiniGPTCLI(LightningCLI):
         kwargs["plugins"] = [SafeCheckpointIO()]
         user_callbacks = self.config_init["trainer"].get("callbacks") or []
         kwargs["callbacks"] = list(user_callbacks) + run_callbacks(self.config, self.datamodule.hparams.batch_size)
-        return super().instantiate_trainer(**kwargs)
+        # resolved here, where the attention path is known (bf16 does not pay for sdpa on a CPU)
+        kwargs["precision"], reason = resolve_precision(trainer_config.get("precision"),
+                                                        trainer_config.get("accelerator"), self.model.config.attention)
+        if trainer_config.get("precision") == "auto":
+            rank_zero_info(reason)
+        try:
+            return super().instantiate_trainer(**kwargs)
+        except MisconfigurationException as e:  # Lightning's word for a setting that cannot work
+            raise UserError(f"trainer: {first_line(e, 300)}") from None
 
 
 def run_callbacks(config: Any, batch_size: int) -> list:
@@ -137,6 +174,9 @@ def run_callbacks(config: Any, batch_size: int) -> list:
         RNGState(),
         TextSamples(config["sample_tokens"]),
     ]
+    if config["trainer"].get("enable_progress_bar") is not False:
+        # redrawn every PROGRESS_REFRESH steps, not every step: redrawing cost ~3% of a small CPU model's step
+        callbacks.append(TQDMProgressBar(refresh_rate=PROGRESS_REFRESH))
     if config["compile"]:
         callbacks.append(CompileModel(batch_size))
     if not config["trainer"].get("max_time"):  # Lightning adds its own Timer for max_time; else time the run
@@ -155,6 +195,75 @@ def check_writable(out_dir: Path) -> None:
                         "choose a writable --out_dir") from None
 
 
+def lock_run_dir(out_dir: Path) -> IO[str] | None:
+    """An exclusive lock on out_dir for this process's lifetime (the OS drops it when the process ends, however
+    it ends): a second train.py on the same run directory is refused instead of mixing two runs' files.
+    Only the launching process takes it (DDP workers it starts share its run directory)."""
+    if any(os.environ.get(k, "0") != "0" for k in ("RANK", "LOCAL_RANK", "NODE_RANK")):
+        return None
+    handle = open(out_dir / ".train.lock", "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        other = handle.read().strip() or "another process"
+        handle.close()
+        raise UserError(f"{out_dir} is in use by another train.py (pid {other}); wait for it to finish or "
+                        "choose another --out_dir") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
+@contextlib.contextmanager
+def replacing(checkpoints: Path, enabled: bool) -> Iterator[None]:
+    """--overwrite: the old run's checkpoints are moved aside, not deleted, until the new run has written a
+    checkpoint of its own or finished; if it fails before that, they are put back."""
+    aside = temp_sibling(checkpoints, "old")
+    if enabled:
+        os.rename(checkpoints, aside)
+    try:
+        yield
+    except BaseException:
+        if enabled and aside.exists() and not any(checkpoints.glob("*.ckpt")):
+            shutil.rmtree(checkpoints, ignore_errors=True)
+            os.rename(aside, checkpoints)
+            print(f"the new run failed before its first checkpoint: {checkpoints} is as it was", file=sys.stderr)
+        raise
+    finally:
+        if enabled and aside.exists():
+            shutil.rmtree(aside, ignore_errors=True)
+
+
+SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def stop_on_signals(trainer: Trainer) -> Iterator[list[str]]:
+    """Ctrl-C (SIGINT) ends training after the current step, like SIGTERM (which Lightning handles), so the
+    checkpoint saved then is a whole one; a second Ctrl-C stops at once.  Yields the list of signals received."""
+    received: list[str] = []
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+        yield received
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if received:
+            raise KeyboardInterrupt
+        received.append("SIGINT")
+        trainer.should_stop = True
+        print("\nstopping after this step and saving a checkpoint (Ctrl-C again to stop at once)",
+              file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def parse(argv: list[str] | None = None) -> MiniGPTCLI:
     """Parse the config and flags and build the datamodule, the module and the trainer (nothing is trained)."""
     given = sys.argv[1:] if argv is None else argv
@@ -163,7 +272,8 @@ def parse(argv: list[str] | None = None) -> MiniGPTCLI:
         parser_kwargs["default_config_files"] = [str(DEFAULT_CONFIG)]
     with warnings.catch_warnings():  # args given as a list (tests, scripts) is intended, not a mistake
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-        return MiniGPTCLI(GPTLightningModule, TokenDataModule, parser_class=TrainArgumentParser, args=argv,
+        return MiniGPTCLI(GPTLightningModule, TokenDataModule, trainer_class=MiniGPTTrainer,
+                          parser_class=TrainArgumentParser, args=argv,
                           run=False, trainer_defaults=TRAINER_DEFAULTS, parser_kwargs=parser_kwargs,
                           save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
 
@@ -173,23 +283,44 @@ def main(argv: list[str] | None = None) -> Trainer:
     cli = parse(argv)
     out_dir = Path(cli.config["out_dir"])
     check_writable(out_dir)
+    lock = lock_run_dir(out_dir)
+    try:
+        return _train(cli, out_dir)
+    finally:  # released here too, not only at exit: in-process callers (tests, notebooks) run main again
+        if lock is not None:
+            lock.close()
+
+
+def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
     last = out_dir / "checkpoints" / "last.ckpt"
-    ckpt_path = None
+    ckpt_path, overwrite = None, False
     if cli.config["resume"]:
         if not last.is_file():
             raise UserError(f"--resume: no checkpoint at {last}; start the run without --resume "
                             "(or point --out_dir at the run to continue)")
-        check_resumable(read_checkpoint(last), cli.model.config, last)
+        try:
+            saved = read_checkpoint(last)
+        except CheckpointError as e:
+            raise UserError(f"--resume: {first_line(e, 400)}; copy checkpoints/best.ckpt over it to resume from the "
+                            "best one, or start over with --overwrite") from None
+        check_resumable(saved, cli.model.config, cli.model.tokenizer, last)
         ckpt_path = str(last)
     elif (out_dir / "checkpoints").is_dir() and any((out_dir / "checkpoints").glob("*.ckpt")):
         if not cli.config["overwrite"]:
             raise UserError(f"{out_dir} already holds a run; continue it with --resume, pick another --out_dir, "
                             "or pass --overwrite to start over")
-        if cli.trainer.is_global_zero:
-            shutil.rmtree(out_dir / "checkpoints")
+        overwrite = cli.trainer.is_global_zero
     trainer = cli.trainer
-    trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path, weights_only=True)
-    trainer.save_checkpoint(last, weights_only=False)  # the final state, whatever step the run stopped at
+    with replacing(out_dir / "checkpoints", overwrite), stop_on_signals(trainer) as stopped_by:
+        try:
+            trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path, weights_only=True)
+        except SIGTERMException:  # Lightning's: raised between steps after a SIGTERM, the state is whole
+            stopped_by.append("SIGTERM")
+        trainer.save_checkpoint(last, weights_only=False)  # the final state, whatever step the run stopped at
+    if stopped_by:
+        print(f"error: stopped by {stopped_by[0]} at step {trainer.global_step}; saved {last}; continue the run "
+              "with --resume", file=sys.stderr, flush=True)
+        raise SystemExit(128 + SIGNALS[stopped_by[0]])
     if trainer.is_global_zero:
         val_loss = trainer.callback_metrics.get("val_loss")
         shown = f"{val_loss.item():.4f}" if val_loss is not None else "n/a"

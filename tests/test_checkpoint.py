@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import pickle
+import time
+import zipfile
+
+import pytest
 import torch
 
 from minigpt import GPT, GPTConfig, load_model
 from minigpt.checkpoint import (FORMAT_VERSION, RNG_STATE_KEY, model_checkpoint, model_state_dict, pack,
                                 read_checkpoint, save_file)
+from minigpt.errors import CheckpointError
 from minigpt.tokenizers import CharTokenizer
 
 
@@ -52,3 +58,43 @@ def test_model_checkpoint_round_trip(tmp_path):
     weights = model_state_dict(read_checkpoint(tmp_path / "m.ckpt"))
     assert weights.keys() == model.state_dict().keys()
     assert not list(tmp_path.glob(".*tmp*")), "no temporary file left behind"
+
+
+class _Bomb:
+    """Unpickled by a weights_only load as bytearray(8 GB): a global that weights_only allows."""
+
+    def __reduce__(self):
+        return (bytearray, (8 * 10**9,))
+
+
+def _zip(path, records: dict, compress=zipfile.ZIP_STORED):
+    with zipfile.ZipFile(path, "w", compression=compress) as z:
+        for name, data in records.items():
+            z.writestr(name, data)
+    return path
+
+
+@pytest.mark.parametrize("kind,needle", [
+    ("bare pickle", "bare pickle"),
+    ("zip with an allocating pickle", "its pickle calls bytearray"),
+    ("compressed zip record", "compressed records"),
+    ("absurd config", "n_layer=10000000, over the plausible limit"),
+])
+def test_implausible_checkpoints_are_refused_fast_before_allocating(tmp_path, kind, needle):
+    path = tmp_path / "x.ckpt"
+    if kind == "bare pickle":
+        path.write_bytes(pickle.dumps(_Bomb(), protocol=2))
+        assert path.stat().st_size < 200
+    elif kind == "zip with an allocating pickle":
+        _zip(path, {"archive/data.pkl": pickle.dumps(_Bomb(), protocol=2), "archive/version": "3\n"})
+    elif kind == "compressed zip record":
+        _zip(path, {"archive/data.pkl": pickle.dumps({}, protocol=2), "archive/data/0": b"\0" * (1 << 20)},
+             zipfile.ZIP_DEFLATED)
+    else:
+        ckpt = model_checkpoint(tiny_model(), CharTokenizer("abcde"))
+        ckpt["minigpt"]["model_config"]["n_layer"] = 10**7
+        save_file(ckpt, path)
+    start = time.perf_counter()
+    with pytest.raises(CheckpointError, match=needle):
+        load_model(path)
+    assert time.perf_counter() - start < 1.0

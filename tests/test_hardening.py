@@ -65,7 +65,7 @@ def test_unwritable_out_dir(corpus, data_root, tmp_path, capsys):
 
 
 def test_resume_mistakes_leave_the_run_untouched(corpus, data_root, tmp_path, capsys):
-    code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "none") + ["--resume", "true"], capsys)
+    code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "none") + ["--resume"], capsys)
     assert_one_line_error(code, err, "--resume: no checkpoint at")
 
     main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))
@@ -146,3 +146,79 @@ def test_sigkill_at_random_moments_then_resume_matches_an_uninterrupted_run(tmp_
     assert a["global_step"] == b["global_step"] == steps
     wa, wb = model_state_dict(a), model_state_dict(b)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_second_train_py_on_the_same_run_directory_is_refused(corpus, data_root, tmp_path, capsys):
+    from minigpt.train_cli import lock_run_dir
+
+    (tmp_path / "run").mkdir()
+    held = lock_run_dir(tmp_path / "run")  # as another train.py would hold it
+    try:
+        code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5), capsys)
+        assert_one_line_error(code, err, "is in use by another train.py (pid", "choose another --out_dir")
+    finally:
+        held.close()
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))  # free again once the holder is gone
+
+
+def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(corpus, data_root, tmp_path, capsys,
+                                                                        monkeypatch):
+    from minigpt import lightning_module
+
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    before = last.read_bytes()
+
+    def broken_step(self, batch, batch_idx):
+        raise RuntimeError("a bug in the new run")
+
+    with monkeypatch.context() as m:
+        m.setattr(lightning_module.GPTLightningModule, "training_step", broken_step)
+        with pytest.raises(RuntimeError, match="a bug in the new run"):
+            main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5) + ["--overwrite"])
+    assert last.read_bytes() == before, "the old run's checkpoints must be put back"
+    assert not list((tmp_path / "run").glob(".checkpoints*")), "nothing left aside"
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=7) + ["--overwrite"])
+    assert read_checkpoint(last)["global_step"] == 7
+    assert not list((tmp_path / "run").glob(".checkpoints*"))
+
+
+def test_sigint_and_sigterm_save_a_checkpoint_at_the_step_and_exit_non_zero(tmp_path):
+    """Both signals end training after the current step: one line, the step's checkpoint, a non-zero exit."""
+    corpus = make_corpus(tmp_path / "corpus.txt")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        args = tiny_run_args(corpus, tmp_path / f"data-{sig.name}", tmp_path / sig.name, steps=100000,
+                             checkpoint_every=3)
+        procs[sig] = subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, env=env, text=True,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    for sig, proc in procs.items():
+        last = tmp_path / sig.name / "checkpoints" / "last.ckpt"
+        deadline = time.time() + 120
+        while not last.exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read()
+        start = time.time()
+        proc.send_signal(sig)
+        err = proc.communicate(timeout=60)[1]
+        assert time.time() - start < 30
+        assert proc.returncode == 128 + sig, err
+        errors = [line for line in err.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1 and f"stopped by {sig.name} at step" in errors[0], err
+        assert "Traceback" not in err
+        step = int(errors[0].split(" at step ")[1].split(";")[0])
+        assert read_checkpoint(last)["global_step"] == step
+
+
+def test_compile_without_a_cpp_compiler_trains_eagerly_with_one_warning(corpus, data_root, tmp_path, monkeypatch):
+    from minigpt import callbacks
+    from minigpt.callbacks import CompileModel
+
+    monkeypatch.setattr(callbacks.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CXX", raising=False)
+    with pytest.warns(UserWarning, match="torch.compile needs a C\\+\\+ compiler"):
+        trainer = main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=3, compile="true"))
+    compiled = next(c for c in trainer.callbacks if isinstance(c, CompileModel))
+    assert trainer.global_step == 3 and not compiled.enabled and compiled.seconds is None
+    assert getattr(trainer.lightning_module.model, "_compiled_call_impl", None) is None

@@ -474,8 +474,8 @@ def one_error_line(capsys, exc: pytest.ExceptionInfo) -> str:
 
 @pytest.mark.parametrize("case,needle", [("missing", "not found"), ("truncated", "truncated"),
                                          ("text", "not a checkpoint"), ("plain", "not a minigpt checkpoint"),
-                                         ("no_weights", "not a usable minigpt"), ("hollow", "no tokenizer"),
-                                         ("wrong", "not a usable minigpt"), ("bad_config", "not divisible"),
+                                         ("no_weights", "its weights do not match its config"), ("hollow", "no tokenizer"),
+                                         ("wrong", "config gives (60, 64), weights hold (60, 32)"), ("bad_config", "not divisible"),
                                          ("future", "checkpoint format 99"),
                                          ("empty_dir", "no checkpoint in run directory")])
 def test_bad_checkpoint_is_one_error_line(tmp_path, capsys, char_ckpt, case, needle):

@@ -1,0 +1,104 @@
+"""`precision: auto`: bf16 where the hardware computes it natively, float32 everywhere else.
+
+On a CPU without native bf16 (AVX2 only: most laptops and many cloud machines) a bf16 matmul is emulated and
+runs ~100x slower than float32, so a bf16 recipe would be a broken recipe there.  The CPU's kind is read from
+torch's CPU capability; where that cannot tell (AVX-512 with or without BF16, ARM), a short matmul probe of
+both dtypes decides, cached per machine, torch version and oneDNN/ATen ISA settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+# CPU capabilities with no native bf16 arithmetic: never worth a probe
+NO_NATIVE_BF16 = {"DEFAULT", "NO AVX", "AVX2", "VSX", "Z VECTOR"}
+PROBE_SIZE = 256
+
+
+def matmul_gflops(dtype: torch.dtype, n: int = PROBE_SIZE, seconds: float = 0.05) -> float:
+    """Measured GFLOP/s of an n x n x n matmul in `dtype` on the CPU (best of repeated runs)."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a @ b  # warm-up: oneDNN picks and builds its kernel
+    best, deadline = float("inf"), time.perf_counter() + seconds
+    while True:
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+        if time.perf_counter() > deadline:
+            return 2 * n**3 / best / 1e9
+
+
+def _cache_file() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "minigpt" / "cpu_bf16_probe.json"
+
+
+def _machine_key() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    isa = ",".join(os.environ.get(k, "") for k in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"))
+    return f"{cpu}|torch {torch.__version__}|{torch.backends.cpu.get_cpu_capability()}|{isa}"
+
+
+def probe_cpu_bf16() -> tuple[float, float]:
+    """(float32, bfloat16) matmul GFLOP/s on this CPU, measured once per machine and cached."""
+    path, key = _cache_file(), _machine_key()
+    try:
+        cached = json.loads(path.read_text())
+        if cached.get("key") == key:
+            return float(cached["fp32_gflops"]), float(cached["bf16_gflops"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    rates = matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16)
+    try:  # a cache is a convenience: an unwritable home must not stop training
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps({"key": key, "fp32_gflops": rates[0], "bf16_gflops": rates[1]}))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return rates
+
+
+def cpu_has_native_bf16() -> tuple[bool, str]:
+    """(whether bf16 matmuls are at least as fast as float32 here, why)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability in NO_NATIVE_BF16:
+        return False, f"CPU capability {capability} has no native bf16"
+    fp32, bf16 = probe_cpu_bf16()
+    verdict = "native" if bf16 >= fp32 else "not native"
+    return bf16 >= fp32, (f"CPU capability {capability}, matmul probe {fp32:.0f} GFLOP/s float32 vs "
+                          f"{bf16:.0f} GFLOP/s bf16: bf16 {verdict}")
+
+
+def resolve_precision(precision: str | int | None, accelerator: str | None = "auto",
+                      attention: str | None = None) -> tuple[str | int | None, str]:
+    """(the precision to give Lightning, a one-line reason).  Anything but "auto" is returned as given.
+
+    On a CPU, bf16 autocast pays only where bf16 matmuls are native, and not with the sdpa attention path:
+    torch's CPU flash-attention backward is slower in bf16 than in float32 (the manual and einops paths are not).
+    """
+    if precision != "auto":
+        return precision, f"precision {precision} (as configured)"
+    if accelerator in (None, "auto", "gpu", "cuda") and torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            return "bf16-mixed", f"precision auto -> bf16-mixed ({name} computes bf16 natively)"
+        return "32-true", f"precision auto -> 32-true ({name} has no native bf16)"
+    if accelerator in (None, "auto", "gpu", "mps") and torch.backends.mps.is_available():
+        return "32-true", "precision auto -> 32-true (Apple MPS)"
+    native, why = cpu_has_native_bf16()
+    if native and attention == "sdpa":
+        return "32-true", (f"precision auto -> 32-true ({why}, but the sdpa path's CPU backward is slower in bf16; "
+                           "the manual path would use bf16)")
+    return ("bf16-mixed" if native else "32-true"), f"precision auto -> {'bf16-mixed' if native else '32-true'} ({why})"
