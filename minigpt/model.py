@@ -179,8 +179,14 @@ class Block(nn.Module):
         self.ln_2 = make_norm(config, config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, rope=None, kv_cache: KVCache | None = None, input_pos: int = 0) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), rope, kv_cache, input_pos)
+    def forward(self, x: torch.Tensor, rope=None, kv_cache: KVCache | None = None, input_pos: int = 0,
+                attn_weights: list[torch.Tensor] | None = None) -> torch.Tensor:
+        if attn_weights is None:
+            x = x + self.attn(self.ln_1(x), rope, kv_cache, input_pos)
+        else:  # inspection: keep this layer's (B, nh, T, S) weights
+            y, weights = self.attn(self.ln_1(x), rope, kv_cache, input_pos, return_weights=True)
+            attn_weights.append(weights)
+            x = x + y
         return x + self.mlp(self.ln_2(x))
 
 
@@ -224,11 +230,13 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
-                kv_cache: list[KVCache] | None = None, input_pos: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                kv_cache: list[KVCache] | None = None, input_pos: int = 0,
+                attn_weights: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) token ids -> logits (B, T, vocab), and the mean cross-entropy if targets (B, T) are given.
 
         With `kv_cache` (from `new_kv_cache`), idx holds positions input_pos .. input_pos + T - 1 and the
-        keys/values of the earlier positions come from the cache.
+        keys/values of the earlier positions come from the cache.  With a list as `attn_weights`, each layer
+        appends its attention weights (B, nh, T, S) to it (manual and einops paths only; see `attention_weights`).
         """
         B, T = idx.shape
         if input_pos + T > self.config.block_size:
@@ -243,7 +251,7 @@ class GPT(nn.Module):
             rope = (self.rope_cos[input_pos:input_pos + T], self.rope_sin[input_pos:input_pos + T])
         x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
-            x = block(x, rope, kv_cache[i] if kv_cache is not None else None, input_pos)
+            x = block(x, rope, kv_cache[i] if kv_cache is not None else None, input_pos, attn_weights)
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
         loss = None
         if targets is not None:
@@ -263,6 +271,24 @@ class GPT(nn.Module):
         self.config.validate()
         for block in self.transformer.h:
             block.attn.attention = attention
+
+    @torch.no_grad()
+    def attention_weights(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx (B, T) -> every layer's attention weights, (n_layer, B, n_head, T, T), in float32, eval mode.
+
+        Formed through the manual path whatever path the model runs: the three compute the same function
+        from the same weights, and only the manual one materialises the (T, T) matrix.
+        """
+        attention, was_training = self.config.attention, self.training
+        self.set_attention("manual")
+        self.eval()
+        try:
+            weights: list[torch.Tensor] = []
+            self(idx, attn_weights=weights)
+        finally:
+            self.set_attention(attention)
+            self.train(was_training)
+        return torch.stack([w.float() for w in weights])  # (L, B, nh, T, T)
 
     def num_params(self, exclude_position_embeddings: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())  # tied weights are counted once

@@ -174,6 +174,25 @@ def test_attention_weights_for_inspection():
         attn(x, rope, return_weights=True)
 
 
+def test_model_attention_weights_from_any_path():
+    """GPT.attention_weights forms every layer's weights through the manual path and leaves the model as it was."""
+    model = build(tiny("llama", 2, attention="sdpa")).train()
+    idx = torch.randint(0, 256, (2, 12))
+    weights = model.attention_weights(idx)
+    assert weights.shape == (2, 2, 4, 12, 12)  # (L, B, nh, T, T)
+    assert model.config.attention == "sdpa" and model.transformer.h[0].attn.attention == "sdpa" and model.training
+    # layer 0 by hand: its input is the token embedding (dropout is off in eval)
+    with torch.no_grad():
+        x = model.transformer.h[0].ln_1(model.transformer.wte(idx))
+        attn = model.transformer.h[0].attn
+        attn.attention = "manual"
+        _, w0 = attn(x, (model.rope_cos[:12], model.rope_sin[:12]), return_weights=True)
+        attn.attention = "sdpa"
+    assert torch.allclose(weights[0], w0, atol=1e-6)
+    assert torch.allclose(weights.sum(-1), torch.ones(2, 2, 4, 12), atol=1e-5)
+    assert torch.all(weights.triu(diagonal=1) == 0)
+
+
 def test_sequence_longer_than_block_size_is_a_clear_error():
     model = GPT(tiny())
     with pytest.raises(ValueError, match="longer than block_size=64; crop it"):
