@@ -10,6 +10,7 @@ A case's arguments may name files of the scratch folder that `make_workdir` fill
 
 from __future__ import annotations
 
+import gzip
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,6 +61,8 @@ CASES: list[Case] = [
           expect=["fewer than one window of block_size + 1 = 33"]),
     train("binary file with the char tokenizer", "--data.source", "{w}/blob.bin",
           expect=["not UTF-8 text", "byte tokenizer"]),
+    train("empty data source (an unset shell variable)", "--data.source", "", expect=["the data source is empty"]),
+    train("truncated .gz corpus", "--data.source", "{w}/cut.txt.gz", expect=["not a valid .gz file"]),
     train("unknown tokenizer", "--data.tokenizer", "gpt5_bpe", expect=["gpt5_bpe", "char", "byte"]),
     train("tiktoken encoding not downloadable offline", "--data.tokenizer", "o200k_base",
           expect=["o200k_base", "TIKTOKEN_CACHE_DIR"], network=True),
@@ -78,6 +81,11 @@ CASES: list[Case] = [
     train("negative learning rate", "--optim.learning_rate", "-0.001",
           expect=["optim.learning_rate: must be a positive number"]),
     train("min_lr_ratio below 0", "--optim.min_lr_ratio", "-0.5", expect=["optim.min_lr_ratio: must be in [0, 1]"]),
+    train("batch_size 0", "--data.batch_size", "0", expect=["data.batch_size: must be >= 1"]),
+    train("val_batches 0", "--data.val_batches", "0", expect=["data.val_batches: must be >= 1"]),
+    train("val_fraction outside (0, 1)", "--data.val_fraction", "1.5", expect=["data.val_fraction: must be between"]),
+    train("num_workers below 0", "--data.num_workers", "-1", expect=["data.num_workers: must be >= 0"]),
+    train("seed below 0", "--seed", "-1", expect=["--seed must be in [0, 4294967295]"]),
     train("val_check_interval 0", "--trainer.val_check_interval", "0",
           expect=["trainer.val_check_interval must be > 0"]),
     train("accumulate_grad_batches 0", "--trainer.accumulate_grad_batches", "0",
@@ -102,6 +110,10 @@ CASES: list[Case] = [
            expect=["refusing to load", "only load checkpoints written by minigpt"]),
     sample("checkpoint whose config is implausible (n_layer=10**7)", "--ckpt", "{w}/huge.ckpt",
            expect=["n_layer=10000000, over the plausible limit"]),
+    sample("checkpoint whose char tokenizer lists a character twice", "--ckpt", "{w}/dup_chars.ckpt",
+           expect=["listed twice"]),
+    sample("checkpoint whose char tokenizer lost characters", "--ckpt", "{w}/few_chars.ckpt",
+           expect=["char tokenizer has", "characters but the model"]),
     sample("prompt characters outside the char vocabulary", "--ckpt", "{ckpt}", "--prompt", "Zebra ©",
            expect=["outside the model's char vocabulary", "'©'"]),
     sample("temperature < 0", "--ckpt", "{ckpt}", "--temperature", "-1", expect=["temperature must be >= 0"]),
@@ -112,6 +124,7 @@ CASES: list[Case] = [
     sample("unknown attention path", "--ckpt", "{ckpt}", "--attention", "flash",
            expect=["attention: unknown value 'flash'"]),
     sample("a device this machine lacks", "--ckpt", "{ckpt}", "--device", "mps", expect=["device mps"]),
+    sample("seed below 0", "--ckpt", "{ckpt}", "--seed", "-1", expect=["--seed must be in [0, 2**64 - 1]"]),
     evaluate("batch_size below 1", "--ckpt", "{ckpt}", "--text", "{corpus}", "--batch_size", "-1",
              expect=["batch_size must be >= 1"]),
     evaluate("missing text file", "--ckpt", "{ckpt}", "--text", "{w}/nope.txt", expect=["nope.txt"]),
@@ -138,6 +151,15 @@ def _write_huge_config_checkpoint(src: Path, dest: Path) -> None:
     save_file(ckpt, dest)
 
 
+def _write_edited_tokenizer_checkpoint(src: Path, dest: Path, edit: Callable[[str], str]) -> None:
+    from minigpt.checkpoint import read_checkpoint, save_file
+
+    ckpt = read_checkpoint(src)
+    tok = ckpt["minigpt"]["tokenizer"]
+    tok["chars"] = edit(tok["chars"])
+    save_file(ckpt, dest)
+
+
 def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
     """Write the files the cases name, and train the tiny run with train_tiny_run(argv)."""
     (w / "words.txt").write_text("\n".join(f"the quick brown fox {i % 7} jumps over the lazy dog"
@@ -145,6 +167,7 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
     (w / "empty.txt").write_text("")
     (w / "short.txt").write_text("far fewer characters than one window\n")
     (w / "blob.bin").write_bytes(bytes(range(256)) * 64)
+    (w / "cut.txt.gz").write_bytes(gzip.compress((w / "words.txt").read_bytes())[:-100])
     (w / "other.txt").write_text("ZEBRAS & QUAGGAS\n")
     # the same number of distinct characters as words.txt, one of them different: a shifted char-to-id mapping
     (w / "shifted.txt").write_text((w / "words.txt").read_text().replace("q", "Q"))
@@ -158,4 +181,6 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
     (w / "broken" / "checkpoints" / "last.ckpt").write_bytes((w / "truncated.ckpt").read_bytes())
     (w / "evil.ckpt").write_bytes(pickle.dumps({"state_dict": _RunsCode(str(w / "PWNED"))}))
     _write_huge_config_checkpoint(ckpt, w / "huge.ckpt")
+    _write_edited_tokenizer_checkpoint(ckpt, w / "dup_chars.ckpt", lambda chars: chars[:-1] + chars[0])
+    _write_edited_tokenizer_checkpoint(ckpt, w / "few_chars.ckpt", lambda chars: chars[:-1])
     return w

@@ -243,6 +243,10 @@ def load_model(source: str | Path | None = None, device: str | torch.device = "c
     if tokenizer.vocab_size > model.config.vocab_size:
         raise CheckpointError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only "
                               f"{model.config.vocab_size}; the checkpoint is inconsistent")
+    # train.py makes a char model's vocabulary exactly its characters: any other count is a tampered tokenizer
+    if tokenizer.name == "char" and tokenizer.vocab_size != model.config.vocab_size:
+        raise CheckpointError(f"{path}: its char tokenizer has {tokenizer.vocab_size} characters but the model "
+                              f"{model.config.vocab_size} tokens; the checkpoint is inconsistent or was edited")
     return model.to(device).eval(), tokenizer
 
 

@@ -15,11 +15,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from minigpt.errors import UserError
+from minigpt.errors import ConfigError, UserError
 from minigpt.prepare import PreparedData, load_prepared, prepare_data
 from minigpt.tokenizers import Tokenizer
 
 VAL_STREAM = 1 << 20  # keeps validation generators apart from training ones
+MAX_SEED = 2**32 - 1  # Lightning's seed_everything (numpy's legacy seeding) takes [0, 2**32 - 1]
 
 
 class RandomWindows(Dataset):
@@ -90,6 +91,18 @@ class TokenDataModule(L.LightningDataModule):
             num_workers: DataLoader worker processes
         """
         super().__init__()
+        # checked here, where they are declared: each would otherwise fail deep inside numpy or Lightning, or
+        # (val_fraction) only after minutes of reading the corpus
+        for name, value, ok, need, example in (
+            ("batch_size", batch_size, batch_size >= 1, "must be >= 1", "32"),
+            ("val_batches", val_batches, val_batches >= 1, "must be >= 1", "20"),
+            ("val_fraction", val_fraction, 0.0 < val_fraction < 1.0, "must be between 0 and 1 (exclusive)", "0.1"),
+            ("num_workers", num_workers, num_workers >= 0, "must be >= 0 (0 = load in the main process)", "0"),
+            ("block_size", block_size, block_size >= 1, "must be >= 1", "256"),
+            ("seed", seed, 0 <= seed <= MAX_SEED, f"must be in [0, {MAX_SEED}]", "1337"),
+        ):
+            if not ok:  # (NaN fails every comparison, so it is refused too)
+                raise ConfigError(f"data.{name}: {need}, got {value}; use e.g. {example}")
         self.save_hyperparameters()
         self.prepared: PreparedData | None = None
 
@@ -122,6 +135,10 @@ class TokenDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         self._load()
+        _, world = self._world()
+        if self.hparams.val_batches < world:  # some device would get no validation batch: Lightning fails deep down
+            raise ConfigError(f"data.val_batches: {self.hparams.val_batches} validation batch(es) cannot be shared "
+                              f"by {world} devices (each needs one); set data.val_batches to at least {world}")
 
     def _world(self) -> tuple[int, int]:
         trainer = self.trainer

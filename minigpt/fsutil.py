@@ -7,6 +7,7 @@ never half of one.  Leftovers of killed processes are removed by the next writer
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -14,6 +15,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
+
+from minigpt.errors import DataError
 
 _LEFTOVER = re.compile(r"^\..+\.(?:tmp|old)-(\d+)$")
 
@@ -73,6 +76,18 @@ def remove_stale(folder: Path) -> None:
         m = _LEFTOVER.match(path.name)
         if m and not pid_alive(int(m.group(1))):
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+# errors that mean "this folder cannot take the data", not a bug: full disk or quota, read-only or forbidden
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def write_error(e: OSError, folder: str | Path, what: str) -> Exception | None:
+    """A DataError naming the folder and the fix when e says the folder cannot be written; None otherwise."""
+    if e.errno not in WRITE_ERRNOS:
+        return None
+    return DataError(f"cannot write {what} in {folder} ({os.strerror(e.errno)}); free space there, or set "
+                     "data_root (train.py --data.data_root) to a writable folder with room")
 
 
 def pid_alive(pid: int) -> bool:

@@ -9,7 +9,8 @@ read, decoded and tokenized a chunk at a time and their tokens appended to train
 than memory works; then the validation documents' tokens are moved to val.bin. Everything is written into a
 temporary sibling directory and installed whole when complete, with meta.json written last: a directory with a
 valid meta.json is always a whole preparation, and an interrupted one leaves only a temporary directory that the
-next run removes.
+next run removes. A cache is checked before it is used (token file sizes, checksums and ids, the tokenizer file's
+hash): a damaged one is prepared again, never trained on.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import json
 import os
 import shutil
 import time
+import zlib
 from array import array
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,17 +33,21 @@ from typing import Any
 import numpy as np
 
 from minigpt.errors import DataError, UnknownCharactersError, UserError, first_line, shown_chars
-from minigpt.fsutil import fsync_dir, install_dir, remove_stale, temp_sibling, write_json
+from minigpt.fsutil import fsync_dir, install_dir, remove_stale, temp_sibling, write_error, write_json
 from minigpt.sources import DEFAULT_SOURCE, Corpus, Document, iter_documents, resolve_source, sha256_json, slugify
 from minigpt.tokenizers import (ByteTokenizer, CharTokenizer, TiktokenTokenizer, Tokenizer, get_tokenizer,
                                 resolve_tokenizer, tokenizer_from_dict)
 
 __all__ = ["DEFAULT_SOURCE", "FORMAT_VERSION", "PreparedData", "load_prepared", "prepare_data", "token_dtype"]
 
-FORMAT_VERSION = 2  # 2: dataset rows go to train or val by the hash of their key "row:{i}", as files by their path
+# 2: dataset rows go to train or val by the hash of their key "row:{i}", as files by their path
+# 3: meta.json holds checksums of the token files and the hash of tokenizer.json, checked before use
+FORMAT_VERSION = 3
 BATCH_CHARS = 8 << 20  # BPE encodes this much text per call, split across threads
 MAX_CARRY_CHARS = 16 << 20  # text with no BPE-safe cut point is cut anyway past this (bounded memory)
 COPY_TOKENS = 1 << 20  # the split moves tokens this many at a time
+VERIFY_TOKENS = 16 << 20  # token files are checked this many tokens at a time (32-64 MB of memory)
+_VERIFIED: set[tuple] = set()  # (directory, file stats) checked by this process: prepare + load read them once
 
 
 @dataclass
@@ -73,6 +80,8 @@ def prepare_data(source: str = DEFAULT_SOURCE, tokenizer: str = "char", data_roo
     if not 0.0 < val_fraction < 1.0:
         raise DataError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}; use e.g. 0.1")
     spec = resolve_tokenizer(tokenizer)  # an unknown name or a missing file fails before any reading
+    if not str(data_root).strip():  # Path("") is the current directory
+        raise DataError("data_root is empty; set it to the folder for prepared data (default: data)")
     data_root = Path(data_root)
     corpus = resolve_source(source, data_root, text_column)
     tokenizer_key = _tokenizer_key(spec)
@@ -84,33 +93,42 @@ def prepare_data(source: str = DEFAULT_SOURCE, tokenizer: str = "char", data_roo
     if isinstance(spec, Path):
         placement.append(tokenizer_key)
     out = data_root / f"{corpus.name}-{slugify(label)}-{sha256_json(placement)[:8]}"
-    data_root.mkdir(parents=True, exist_ok=True)
-    remove_stale(data_root)
+    with _write_errors(data_root):
+        data_root.mkdir(parents=True, exist_ok=True)
+        remove_stale(data_root)
     if not force and (meta := _complete_meta(out, fingerprint)) is not None:
-        print(f"data: using {out} ({meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens, "
-              f"{meta['tokenizer']}), prepared earlier from the same source and tokenizer")
-        return out
+        if (problem := _verify(out, meta)) is None:
+            print(f"data: using {out} ({meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens, "
+                  f"{meta['tokenizer']}), prepared earlier from the same source and tokenizer")
+            return out
+        print(f"data: {out} is damaged ({problem}); preparing it again")
 
     tmp = temp_sibling(out)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     t0 = time.perf_counter()
     try:
-        tok = _char_tokenizer(corpus) if spec == "char" else get_tokenizer(spec)
-        stats = _write_tokens(tmp, tok, corpus, val_fraction, num_proc)
-        seconds = time.perf_counter() - t0
-        meta = {"format_version": FORMAT_VERSION, "source": source, "kind": corpus.kind, "origin": corpus.origin,
-                **stats, "tokenizer": tok.name, "tokenizer_key": tokenizer_key, "vocab_size": tok.vocab_size,
-                "eot_id": tok.eot_id, "dtype": token_dtype(tok.vocab_size).name, "val_fraction": val_fraction,
-                "text_column": text_column, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "prepare_seconds": round(seconds, 3), "fingerprint": fingerprint}
-        write_json(tmp / "tokenizer.json", tok.to_dict())
-        write_json(tmp / "meta.json", meta)  # last: its presence marks a complete preparation
-        fsync_dir(tmp)
-        install_dir(tmp, out)
+        with _write_errors(data_root):
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            tok = _char_tokenizer(corpus) if spec == "char" else get_tokenizer(spec)
+            stats = _write_tokens(tmp, tok, corpus, val_fraction, num_proc)
+            seconds = time.perf_counter() - t0
+            write_json(tmp / "tokenizer.json", tok.to_dict())
+            meta = {"format_version": FORMAT_VERSION, "source": source, "kind": corpus.kind,
+                    "origin": corpus.origin, **stats, "tokenizer": tok.name, "tokenizer_key": tokenizer_key,
+                    "tokenizer_sha256": _file_sha256(tmp / "tokenizer.json"), "vocab_size": tok.vocab_size,
+                    "eot_id": tok.eot_id, "dtype": token_dtype(tok.vocab_size).name, "val_fraction": val_fraction,
+                    "text_column": text_column, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "prepare_seconds": round(seconds, 3), "fingerprint": fingerprint}
+            write_json(tmp / "meta.json", meta)  # last: its presence marks a complete preparation
+            fsync_dir(tmp)
+            install_dir(tmp, out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # never a partial directory that a later run could take
         raise
+    if corpus.skipped_files:
+        shown = ", ".join(f"{len(names)} {why} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+                          for why, names in corpus.skipped_files.items())
+        print(f"data: skipped {corpus.skipped} file(s) that hold no text: {shown}")
     mb = meta["num_bytes"] / 1e6
     tokens = meta["train_tokens"] + meta["val_tokens"]
     print(f"data: prepared {out}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens from "
@@ -133,8 +151,8 @@ def load_prepared(data_dir: str | Path) -> PreparedData:
         dtype = np.dtype(meta["dtype"])
         train = np.memmap(data_dir / "train.bin", dtype=dtype, mode="r")
         val = np.memmap(data_dir / "val.bin", dtype=dtype, mode="r")
-        if len(train) != meta["train_tokens"] or len(val) != meta["val_tokens"]:
-            raise ValueError("token files do not match meta.json")
+        if (problem := _verify(data_dir, meta)) is not None:
+            raise ValueError(problem)
     except (OSError, ValueError, KeyError, TypeError, UserError) as e:  # (UserError: a damaged tokenizer.json)
         raise DataError(f"prepared data at {data_dir} is damaged or from another version ({first_line(e)}); "
                         "delete the directory and prepare again") from None
@@ -196,8 +214,10 @@ def _write_tokens(out: Path, tok: Tokenizer, corpus: Corpus, val_fraction: float
     if split["train_tokens"] == 0 or split["val_tokens"] == 0:
         raise DataError(f"corpus too small: {sum(counts)} token(s), too few for a train/val split; "
                         "use a larger corpus")
+    checks = {f"{name}_crc32": _scan_tokens(out / f"{name}.bin", dtype)[0] for name in ("train", "val")}
     return {"content_sha256": stats.content.hexdigest(), "num_documents": len(counts), "skipped": corpus.skipped,
-            "num_bytes": stats.num_bytes, "num_chars": stats.num_chars, **split}
+            "skipped_files": {why: names[:20] for why, names in corpus.skipped_files.items()},
+            "num_bytes": stats.num_bytes, "num_chars": stats.num_chars, **split, **checks}
 
 
 def _pieces(tok: Tokenizer, corpus: Corpus, stats: _Stats) -> Iterator[tuple[Document, str | bytes | None]]:
@@ -383,16 +403,69 @@ def _tokenizer_key(spec: str | Path) -> str:
         raise DataError(f"cannot read tokenizer file {spec} ({e.strerror or type(e).__name__})") from None
 
 
+@contextmanager
+def _write_errors(data_root: Path) -> Iterator[None]:
+    """A full disk, a quota or a read-only/forbidden data_root: one DataError naming the folder and the fix."""
+    try:
+        yield
+    except OSError as e:
+        if (error := write_error(e, data_root, "prepared data")) is not None:
+            raise error from None
+        raise
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _scan_tokens(path: Path, dtype: np.dtype) -> tuple[int, int]:
+    """(CRC-32 of the file, largest token id in it), reading VERIFY_TOKENS at a time (bounded memory). CRC-32,
+    not sha256: this runs at every start over the whole split, and it only has to catch damage, not forgery."""
+    crc, top = 0, -1
+    tokens = np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
+    for i in range(0, len(tokens), VERIFY_TOKENS):
+        part = np.ascontiguousarray(tokens[i:i + VERIFY_TOKENS])
+        crc = zlib.crc32(part.data, crc)
+        top = max(top, int(part.max()))
+    del tokens
+    return crc, top
+
+
+def _verify(out: Path, meta: dict[str, Any]) -> str | None:
+    """What is wrong with the prepared files at out compared with meta.json, or None when they match: sizes,
+    checksums and the largest token id of train.bin/val.bin, and the hash of tokenizer.json. Reads both token
+    files whole (about 1 s per GB), once per process: a check that passed is remembered by the files' stats."""
+    try:
+        dtype = np.dtype(meta["dtype"])
+        files = [out / "train.bin", out / "val.bin", out / "tokenizer.json", out / "meta.json"]
+        key = (str(out.resolve()), *((s.st_size, s.st_mtime_ns, s.st_ino) for s in map(os.stat, files)))
+        if key in _VERIFIED:
+            return None
+        if _file_sha256(out / "tokenizer.json") != meta["tokenizer_sha256"]:
+            return "tokenizer.json differs from the one it was prepared with"
+        for name in ("train", "val"):
+            path = out / f"{name}.bin"
+            if path.stat().st_size != meta[f"{name}_tokens"] * dtype.itemsize:
+                return f"{name}.bin holds {path.stat().st_size // dtype.itemsize:,} tokens, meta.json says " \
+                       f"{meta[f'{name}_tokens']:,}"
+            crc, top = _scan_tokens(path, dtype)
+            if top >= meta["vocab_size"]:
+                return f"{name}.bin holds token id {top}, outside the vocabulary of {meta['vocab_size']}"
+            if crc != meta[f"{name}_crc32"]:
+                return f"{name}.bin's checksum differs from meta.json's"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{type(e).__name__}: {first_line(e)}"
+    _VERIFIED.add(key)
+    return None
+
+
 def _complete_meta(out: Path, fingerprint: str) -> dict[str, Any] | None:
-    """meta.json of a whole preparation with this fingerprint at out, else None."""
+    """meta.json of a whole preparation with this fingerprint at out, else None (its files: see _verify)."""
     try:
         meta = json.loads((out / "meta.json").read_text())
-        itemsize = np.dtype(meta["dtype"]).itemsize
-        if (meta.get("format_version") == FORMAT_VERSION and meta.get("fingerprint") == fingerprint
-                and (out / "tokenizer.json").is_file()
-                and (out / "train.bin").stat().st_size == meta["train_tokens"] * itemsize
-                and (out / "val.bin").stat().st_size == meta["val_tokens"] * itemsize):
+        if isinstance(meta, dict) and meta.get("format_version") == FORMAT_VERSION \
+                and meta.get("fingerprint") == fingerprint:
             return meta
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
         pass
     return None

@@ -139,6 +139,8 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
     check_sampling_args(args.temperature, args.top_k, args.top_p, args.max_new_tokens)  # names like the flags
     if args.num_samples < 1:
         raise UserError(f"--num_samples must be >= 1, got {args.num_samples}")
+    if not 0 <= args.seed < 2**64:  # torch.Generator.manual_seed's range; outside it a bare ValueError
+        raise UserError(f"--seed must be in [0, 2**64 - 1], got {args.seed}; use e.g. 1337")
     device = resolve_device(args.device)
     prompt = read_prompt(args, stdin)
 
