@@ -35,7 +35,7 @@ from benchmarks.common import (DTYPES, common_parser, describe_machine, load_avg
                                markdown_table, median, mib, peak_memory, pick_device, time_fn, wait_for_quiet,
                                write_json)
 from minigpt.config import GPTConfig  # noqa: E402
-from minigpt.model import CausalSelfAttention  # noqa: E402
+from minigpt.model import CausalSelfAttention, causal_mask  # noqa: E402
 
 PATHS = ("sdpa", "manual", "einops")
 
@@ -55,7 +55,7 @@ def build_case(path: str, batch: int, n_head: int, n_kv_head: int, head_dim: int
     if scope == "core":
         core = getattr(layer, f"_{path}")
         q, k, v = rand(B, n_head, T, head_dim), rand(B, n_kv_head, T, head_dim), rand(B, n_kv_head, T, head_dim)
-        mask = layer.causal_mask[:T, :T]
+        mask = causal_mask(T, T, device=device)
         grad_out = rand(B, n_head, T, head_dim, grad=False)
         leaves = (q, k, v)
 

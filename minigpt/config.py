@@ -14,8 +14,11 @@ from minigpt.errors import ConfigError
 Arch = Literal["gpt", "llama"]
 Attention = Literal["sdpa", "manual", "einops"]
 Mlp = Literal["gelu", "swiglu", "relu2"]
+GeluApproximate = Literal["none", "tanh"]
 SdpaBackend = Literal["flash", "efficient", "math", "cudnn"]
 ARCHS, ATTENTIONS, MLPS, SDPA_BACKENDS = (get_args(t) for t in (Arch, Attention, Mlp, SdpaBackend))
+# RoPE scalings minigpt computes (Hugging Face's rope_type names) and the keys each needs
+ROPE_SCALINGS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 
 
 @dataclass
@@ -32,6 +35,8 @@ class GPTConfig:
     """Key/value heads (grouped-query attention); unset = n_head, 1 = multi-query."""
     n_embd: int = 384
     """Model width."""
+    head_dim: int | None = None
+    """Size of each attention head; unset = n_embd / n_head (imported models may set it otherwise)."""
     block_size: int = 256
     """Context length: the longest sequence the model accepts."""
     vocab_size: int = 50257
@@ -42,10 +47,14 @@ class GPTConfig:
     """Biases in linear layers and LayerNorm; unset = true for gpt, false for llama."""
     mlp: Mlp | None = None
     """MLP: gelu, swiglu or relu2 (squared ReLU); unset = gelu for gpt, swiglu for llama."""
+    gelu_approximate: GeluApproximate = "none"
+    """GELU form: none (exact, erf) or tanh (GPT-2's original gelu_new)."""
     mlp_hidden: int | None = None
     """MLP hidden width; unset = 4 * n_embd (gelu, relu2) or ~8/3 * n_embd rounded up to 64 (swiglu)."""
     rope_base: float = 10000.0
     """RoPE frequency base (llama)."""
+    rope_scaling: dict[str, Any] | None = None
+    """RoPE frequency scaling as Hugging Face writes it, e.g. Llama 3.1's {rope_type: llama3, factor: 8, ...}."""
     norm_eps: float = 1e-5
     """Epsilon of LayerNorm / RMSNorm."""
     tie_embeddings: bool = True
@@ -60,6 +69,11 @@ class GPTConfig:
     def __post_init__(self) -> None:
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
+        if self.head_dim is None and isinstance(self.n_embd, int) and isinstance(self.n_head, int) and self.n_head > 0:
+            if self.n_embd % self.n_head:
+                raise ConfigError(f"model.n_embd: {self.n_embd} is not divisible by n_head={self.n_head}; choose "
+                                  "n_embd as a multiple of n_head (or set head_dim)")
+            self.head_dim = self.n_embd // self.n_head
         if self.bias is None:
             self.bias = self.arch == "gpt"
         if self.mlp is None:
@@ -81,18 +95,18 @@ class GPTConfig:
         if self.sdpa_backend is not None and self.sdpa_backend not in SDPA_BACKENDS:
             raise bad("sdpa_backend", f"unknown value {self.sdpa_backend!r}",
                       f"choose one of {', '.join(SDPA_BACKENDS)} or leave it unset")
-        for name in ("n_layer", "n_head", "n_kv_head", "n_embd", "block_size", "vocab_size", "mlp_hidden"):
+        if self.gelu_approximate not in get_args(GeluApproximate):
+            raise bad("gelu_approximate", f"unknown value {self.gelu_approximate!r}", "choose none or tanh")
+        for name in ("n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "block_size", "vocab_size",
+                     "mlp_hidden"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise bad(name, f"must be a positive integer, got {value!r}", "set it to 1 or more")
-        if self.n_embd % self.n_head:
-            raise bad("n_embd", f"{self.n_embd} is not divisible by n_head={self.n_head}",
-                      "choose n_embd as a multiple of n_head")
         if self.n_head % self.n_kv_head:
             raise bad("n_kv_head", f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}",
                       "choose n_kv_head as a divisor of n_head")
         if self.arch == "llama" and self.head_dim % 2:
-            raise bad("n_embd", f"head dim n_embd/n_head={self.head_dim} is odd but RoPE rotates pairs",
+            raise bad("head_dim", f"head size {self.head_dim} is odd but RoPE rotates pairs",
                       "choose n_embd and n_head so that n_embd/n_head is even")
         if not 0.0 <= self.dropout < 1.0:
             raise bad("dropout", f"must be in [0, 1), got {self.dropout}", "use e.g. 0.0 or 0.1")
@@ -100,10 +114,22 @@ class GPTConfig:
             raise bad("rope_base", f"must be > 1, got {self.rope_base}", "use e.g. 10000")
         if not 0.0 < self.norm_eps < 1.0:
             raise bad("norm_eps", f"must be in (0, 1), got {self.norm_eps}", "use e.g. 1e-5")
+        if self.rope_scaling is not None:
+            self._validate_rope_scaling(bad)
 
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+    def _validate_rope_scaling(self, bad) -> None:
+        scaling = self.rope_scaling
+        kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
+        if kind not in ROPE_SCALINGS:
+            raise bad("rope_scaling", f"unsupported RoPE scaling {kind!r}",
+                      f"minigpt computes rope_type {', '.join(ROPE_SCALINGS)}; leave it unset for plain RoPE")
+        missing = [k for k in ROPE_SCALINGS[kind] if not isinstance(scaling.get(k), (int, float))]
+        if missing:
+            raise bad("rope_scaling", f"rope_type {kind} needs numbers for {', '.join(missing)}",
+                      "copy the rope_scaling dict of the model's config.json")
+        if not (scaling["factor"] > 0 and scaling["high_freq_factor"] > scaling["low_freq_factor"] > 0):
+            raise bad("rope_scaling", "needs factor > 0 and high_freq_factor > low_freq_factor > 0",
+                      "copy the rope_scaling dict of the model's config.json")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

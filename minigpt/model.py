@@ -45,17 +45,37 @@ class KVCache:
 # Rotary position embeddings: rotate each (x_i, x_{i+hs/2}) pair of q and k by an angle pos * base^(-2i/hs),
 # so q.k depends only on the distance between positions.
 
-def rope_cache(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cache(seq_len: int, head_dim: int, base: float = 10000.0,
+               scaling: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (hs/2,)
+    if scaling is not None:
+        inv_freq = llama3_scaled_frequencies(inv_freq, scaling)
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)  # (T, hs/2)
     angles = torch.cat((angles, angles), dim=-1)  # (T, hs): pair i and i + hs/2 share an angle
     return angles.cos(), angles.sin()
+
+
+def llama3_scaled_frequencies(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.1's long-context RoPE: wavelengths longer than the original context / low_freq_factor are
+    stretched by `factor`, those shorter than context / high_freq_factor are kept, and the band between is
+    interpolated smoothly."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    context = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    smooth = ((context / wavelen - low) / (high - low)).clamp(0.0, 1.0)  # 0 = stretch fully, 1 = keep
+    return (1 - smooth) * inv_freq / factor + smooth * inv_freq
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)  # (B, nh, T, hs/2) each
     rotated = torch.cat((-x2, x1), dim=-1)
     return (x * cos + rotated * sin).type_as(x)
+
+
+def causal_mask(T: int, S: int, input_pos: int = 0, device: torch.device | str | None = None) -> torch.Tensor:
+    """(T, S) bool, True where query t (at absolute position input_pos + t) may see key s: s <= input_pos + t.
+    Built per call, not stored per layer: a long-context model would otherwise hold n_layer x block_size^2."""
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=input_pos)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -73,9 +93,6 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.q_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else None
         self.k_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else None
-        # True where query t may look at key s; not persistent: rebuilt, never saved in checkpoints
-        mask = torch.ones(config.block_size, config.block_size, dtype=torch.bool).tril()
-        self.register_buffer("causal_mask", mask, persistent=False)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                 kv_cache: KVCache | None = None, input_pos: int = 0,
@@ -92,8 +109,9 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if kv_cache is not None:
             k, v = kv_cache.update(k, v, input_pos)  # (B, nkv, S, hs), S = input_pos + T
-        # query t sits at absolute position input_pos + t and may see keys 0 .. input_pos + t
-        mask = self.causal_mask[input_pos:input_pos + T, :k.size(2)]  # (T, S)
+        # sdpa's is_causal covers training and prefill; every other case gets an explicit (T, S) mask
+        S = k.size(2)
+        mask = None if self.attention == "sdpa" and (T == S or T == 1) else causal_mask(T, S, input_pos, x.device)
 
         if return_weights and self.attention == "sdpa":
             raise ValueError("attention weights are not available from the 'sdpa' path (the fused kernel "
@@ -146,6 +164,7 @@ class MLP(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.kind = config.mlp
+        self.gelu_approximate = config.gelu_approximate
         n_in = 2 * config.mlp_hidden if self.kind == "swiglu" else config.mlp_hidden  # swiglu: gate and up fused
         self.c_fc = nn.Linear(config.n_embd, n_in, bias=config.bias)
         self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
@@ -159,7 +178,7 @@ class MLP(nn.Module):
         elif self.kind == "relu2":
             h = F.relu(h).square()
         else:
-            h = F.gelu(h)
+            h = F.gelu(h, approximate=self.gelu_approximate)
         return self.dropout(self.c_proj(h))
 
 
@@ -207,7 +226,7 @@ class GPT(nn.Module):
         if config.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight
         if config.arch == "llama":
-            cos, sin = rope_cache(config.block_size, config.head_dim, config.rope_base)
+            cos, sin = rope_cache(config.block_size, config.head_dim, config.rope_base, config.rope_scaling)
             self.register_buffer("rope_cos", cos, persistent=False)  # (block_size, hs)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init_weights)

@@ -1,4 +1,5 @@
-"""Tokenizers: char (nanoGPT shakespeare_char), byte (UTF-8 bytes) and tiktoken BPE (gpt2, cl100k_base, ...).
+"""Tokenizers: char (nanoGPT shakespeare_char), byte (UTF-8 bytes) and tiktoken BPE (gpt2, cl100k_base, ...);
+a Hugging Face model's own tokenizer.json is minigpt.hf_tokenizers.HFTokenizer ("hf" in the dicts below).
 
 Every tokenizer serializes to a plain, self-contained dict (`to_dict`) that a checkpoint stores, so sampling
 needs nothing else: no vocabulary file, no download. `tokenizer_from_dict` is the inverse.
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 import tiktoken
 
-from minigpt.errors import CheckpointError, DataError, UnknownCharactersError, first_line
+from minigpt.errors import CheckpointError, DataError, UnknownCharactersError, first_line, shown_chars
 
 __all__ = ["Tokenizer", "CharTokenizer", "ByteTokenizer", "TiktokenTokenizer", "UnknownCharactersError",
            "tokenizer_from_dict", "tokenizer_names", "resolve_tokenizer", "read_tokenizer_file", "get_tokenizer",
@@ -164,16 +165,27 @@ def tokenizer_from_dict(d: Any) -> Tokenizer:
     """
     kind = d.get("type") if isinstance(d, dict) else None
     if kind == "char":
-        if not isinstance(d.get("chars"), str):
+        chars = d.get("chars")
+        if not isinstance(chars, str):
             raise CheckpointError("damaged char tokenizer dict (its 'chars' is not a string); the checkpoint or "
                                   "tokenizer.json was not written by minigpt or is damaged")
-        return CharTokenizer(d["chars"])
+        # minigpt writes each character once, sorted; a repeat would silently shrink the vocabulary (and shift ids)
+        if len(set(chars)) != len(chars):
+            repeated = sorted({c for c in chars if chars.count(c) > 1})
+            raise CheckpointError(f"damaged char tokenizer dict (character(s) listed twice: {shown_chars(repeated)}); "
+                                  "the checkpoint or tokenizer.json was not written by minigpt or is damaged")
+        return CharTokenizer(chars)
     if kind == "byte":
         return ByteTokenizer()
     if kind == "tiktoken":
         try:
             ranks = {base64.b64decode(token, validate=True): int(rank) for token, rank in d["mergeable_ranks"].items()}
             specials = {str(k): int(v) for k, v in d["special_tokens"].items()}
+            # every id names one token: two tokens on one rank would decode wrongly (tiktoken does not check)
+            if len(ranks) != len(d["mergeable_ranks"]) or len(set(ranks.values()) | set(specials.values())) != \
+                    len(ranks) + len(specials):
+                raise CheckpointError("damaged tiktoken tokenizer dict (two tokens share an id); the checkpoint or "
+                                      "tokenizer.json was not written by minigpt or is damaged")
             return TiktokenTokenizer(tiktoken.Encoding(str(d["name"]), pat_str=str(d["pat_str"]),
                                                        mergeable_ranks=ranks, special_tokens=specials))
         # this block only reads the dict: these mean a field is missing or of the wrong type or shape
@@ -181,7 +193,14 @@ def tokenizer_from_dict(d: Any) -> Tokenizer:
         except (KeyError, AttributeError, TypeError, ValueError) as e:
             raise CheckpointError(f"damaged tiktoken tokenizer dict ({type(e).__name__}: {first_line(e)}); the "
                                   "checkpoint or tokenizer.json was not written by minigpt or is damaged") from None
-    raise CheckpointError(f"unknown tokenizer type {kind!r} in tokenizer dict (expected char, byte or tiktoken); "
+    if kind == "hf":  # a Hugging Face tokenizer.json (minigpt.hf_tokenizers), imported only when used
+        from minigpt.hf_tokenizers import HFTokenizer
+        try:
+            return HFTokenizer.from_dict(d)
+        except (KeyError, TypeError, DataError) as e:
+            raise CheckpointError(f"damaged hf tokenizer dict ({type(e).__name__}: {first_line(e)}); the "
+                                  "checkpoint or tokenizer.json was not written by minigpt or is damaged") from None
+    raise CheckpointError(f"unknown tokenizer type {kind!r} in tokenizer dict (expected char, byte, tiktoken or hf); "
                           "the checkpoint or tokenizer.json was not written by minigpt or is damaged")
 
 

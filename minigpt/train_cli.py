@@ -3,18 +3,24 @@
     python train.py                                  # configs/default.yaml
     python train.py --config configs/X.yaml --model.attention manual --trainer.max_steps 500
     python train.py --out_dir out/run1 --resume true # continue a run from its last checkpoint
+    python train.py --config configs/finetune_shakespeare.yaml  # fine-tune: init_from another model's weights
 
 How a setting travels: each field of GPTConfig (section `model`) and OptimConfig (section `optim`) is a YAML
 key and a `--model.FIELD` / `--optim.FIELD` flag because jsonargparse reads the dataclasses themselves (types,
 defaults, docstrings).  The parsed sections are instantiated as those dataclasses and handed to
 GPTLightningModule as they are.  Shared values are linked, not copied: model.block_size -> data.block_size,
 seed -> data.seed, and the data's tokenizer -> model.vocab_size.
+
+Fine-tuning (`init_from: SRC`, anything minigpt.checkpoint.load_model reads) takes the model config, the weights
+and the tokenizer from SRC: the tokenizer is written to out_dir/tokenizer.json and becomes data.tokenizer, so the
+corpus is prepared with it; the model keys a run sets must agree with SRC, except those in INIT_OVERRIDABLE.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -32,21 +38,24 @@ from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor, Timer, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from jsonargparse import ActionYesNo
+from jsonargparse._link_arguments import skip_apply_links
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.fabric.connector import _PRECISION_INPUT
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
-from minigpt.callbacks import CompileModel, RNGState, TextSamples
+from minigpt.callbacks import AttentionImages, CompileModel, RNGState, TextSamples
+from minigpt import checkpoint
 from minigpt.checkpoint import SafeCheckpointIO, check_resumable, read_checkpoint
 from minigpt.cli import TrainArgumentParser
 from minigpt.config import GPTConfig
-from minigpt.datamodule import TokenDataModule
+from minigpt.datamodule import MAX_SEED, TokenDataModule
 from minigpt.errors import CheckpointError, UserError, first_line, run_cli
 from minigpt.evaluate import evaluate_tokens
-from minigpt.fsutil import temp_sibling
+from minigpt.fsutil import atomic_write, temp_sibling
 from minigpt.lightning_module import GPTLightningModule
+from minigpt.model import GPT
 from minigpt.optim import OptimConfig
 from minigpt.precision import resolve_precision
 
@@ -69,6 +78,8 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.y
 PROGRESS_REFRESH = 10
 # model fields set by a link rather than by the user (see the module docstring)
 LINKED_MODEL_FIELDS = {"vocab_size"}
+# model fields a fine-tuning run (init_from) may set differently from its source; block_size only smaller
+INIT_OVERRIDABLE = {"attention", "sdpa_backend", "dropout", "block_size"}
 
 class MiniGPTTrainer(Trainer):
     """Lightning's Trainer with one more precision: "auto" (the default), bf16-mixed where the device computes
@@ -115,6 +126,12 @@ class MiniGPTCLI(LightningCLI):
                             help="torch.compile the model; compiled on a dummy batch before the training clock starts.")
         parser.add_argument("--sample_tokens", type=NonNegativeInt, default=200,
                             help="Tokens generated and logged as text at each validation (0 = none).")
+        parser.add_argument("--attention_images", type=bool | Literal["auto"], default="auto",
+                            help="Log the attention maps of a probe text as a TensorBoard image at each validation "
+                                 "(auto = for models of at most 64 heads in all, n_layer * n_head).")
+        parser.add_argument("--init_from", type=str | None, default=None,
+                            help="Fine-tune: start from this model's weights, config and tokenizer (a .ckpt, a run "
+                                 "directory, a Hugging Face model directory or hf:ORG/NAME).")
 
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(self.trainer_class, "trainer")
@@ -129,13 +146,32 @@ class MiniGPTCLI(LightningCLI):
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
 
     def _set_seed(self) -> None:
-        seed_everything(self.config["seed"], workers=True)
+        seed = self.config["seed"]
+        if not 0 <= seed <= MAX_SEED:  # seed_everything would raise a bare ValueError
+            raise UserError(f"--seed must be in [0, {MAX_SEED}], got {seed}; use e.g. 1337")
+        seed_everything(seed, workers=True)
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        # init_from needs to know which settings the user gave (config files and flags), not their defaults
+        # (links skipped: an unset link source is fine here; jsonargparse is pinned, see pyproject.toml)
+        self.given = None
+        if self.config.get("init_from"):
+            with skip_apply_links():
+                self.given = parser.parse_args(args, defaults=False)
 
     def instantiate_classes(self) -> None:
+        source_config, source_model = None, None
+        if self.config.get("init_from"):  # fills the model section and data.tokenizer from the source
+            source_config, source_model = init_from_source(self.config, self.given)
         self.config_init = self.parser.instantiate_classes(self.config)
         self.datamodule = self.config_init["data"]
-        self.model = GPTLightningModule(self.config_init["model"], self.config_init["optim"],
-                                        tokenizer=self.datamodule.tokenizer)
+        config = self.config_init["model"]
+        if source_config is not None:  # the source's vocabulary may be larger than its tokenizer's (padded)
+            config = GPTConfig.from_dict({**config.to_dict(), "vocab_size": source_config.vocab_size})
+        self.model = GPTLightningModule(config, self.config_init["optim"], tokenizer=self.datamodule.tokenizer)
+        if source_model is not None:
+            load_init_weights(self.model.model, source_model)
         self.trainer = self.instantiate_trainer()
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
@@ -159,6 +195,71 @@ class MiniGPTCLI(LightningCLI):
             raise UserError(f"trainer: {first_line(e, 300)}") from None
 
 
+def init_from_source(config: Any, given: Any) -> tuple[GPTConfig, GPT | None]:
+    """init_from: fill config's model section from the source and point data.tokenizer at its tokenizer (written
+    to out_dir/tokenizer.json).  Returns the source's config and model; the model is None when --resume continues
+    the run, whose own checkpoint then supplies config and tokenizer (the source's weights are not read again)."""
+    src, out_dir = config["init_from"], Path(config["out_dir"])
+    last = out_dir / "checkpoints" / "last.ckpt"
+    if config["resume"] and last.is_file():
+        saved = read_last(last)
+        source_model, tokenizer = None, checkpoint.checkpoint_tokenizer(saved)
+        source_config = checkpoint.model_config(saved)
+    else:
+        try:
+            source_model, tokenizer = checkpoint.load_model(src)
+        except UserError as e:
+            raise UserError(f"init_from: {first_line(e, 1000)}") from None
+        source_config = source_model.config
+    if tokenizer is None:
+        raise UserError(f"init_from {src}: it has no tokenizer; fine-tune from a checkpoint written by train.py")
+    tokenizer_file = out_dir / "tokenizer.json"
+    given_tokenizer = given.get("data.tokenizer") if given is not None else None
+    if given_tokenizer is not None and Path(str(given_tokenizer)).resolve() != tokenizer_file.resolve():
+        raise UserError(f"init_from {src}: data.tokenizer is set ({given_tokenizer}), but a fine-tuning run uses its "
+                        "source's tokenizer; remove data.tokenizer")
+    source_keys = source_config.to_dict()
+    user_keys = {k: v for k, v in (given.get("model") or {}).items() if v is not None} if given is not None else {}
+    conflicts = [f"model.{k}={v!r} (the source has {source_keys[k]!r})" for k, v in user_keys.items()
+                 if k in source_keys and k not in INIT_OVERRIDABLE | LINKED_MODEL_FIELDS and v != source_keys[k]]
+    if conflicts:
+        raise UserError(f"init_from {src}: the model comes from the source, but this run sets " + ", ".join(conflicts)
+                        + "; remove these model settings (a fine-tuning run may change only attention, sdpa_backend, "
+                        "dropout and a smaller block_size)")
+    block_size = user_keys.get("block_size", source_config.block_size)
+    if block_size > source_config.block_size:
+        raise UserError(f"init_from {src}: model.block_size={block_size} is larger than the source's "
+                        f"{source_config.block_size}; use a block_size of at most {source_config.block_size}")
+    for key, value in source_keys.items():
+        if key not in LINKED_MODEL_FIELDS:
+            config["model"][key] = user_keys.get(key, value) if key in INIT_OVERRIDABLE else value
+    config["data"]["block_size"] = block_size  # its link from model.block_size ran at parse time
+    check_writable(out_dir)
+    text = json.dumps(tokenizer.to_dict()).encode()  # the data layer keys its cache by this file's content
+    if not tokenizer_file.is_file() or tokenizer_file.read_bytes() != text:
+        atomic_write(tokenizer_file, lambda f: f.write(text))
+    config["data"]["tokenizer"] = str(tokenizer_file)
+    return source_config, source_model
+
+
+def load_init_weights(model: GPT, source: GPT) -> None:
+    """Copy the source's weights into the model being trained; learned positions beyond a smaller block_size are
+    dropped (nanoGPT's crop_block_size)."""
+    state = source.state_dict()
+    if "transformer.wpe.weight" in state:
+        state["transformer.wpe.weight"] = state["transformer.wpe.weight"][:model.config.block_size]
+    model.load_state_dict(state)
+
+
+def read_last(last: Path) -> dict[str, Any]:
+    """The run's last checkpoint for --resume; a damaged one is a one-line error with the way out."""
+    try:
+        return read_checkpoint(last)
+    except CheckpointError as e:
+        raise UserError(f"--resume: {first_line(e, 400)}; copy checkpoints/best.ckpt over it to resume from the "
+                        "best one, or start over with --overwrite") from None
+
+
 def run_callbacks(config: Any, batch_size: int) -> list:
     checkpoints = Path(config["out_dir"]) / "checkpoints"
     callbacks = [
@@ -173,6 +274,7 @@ def run_callbacks(config: Any, batch_size: int) -> list:
                           window_size=10),  # rates over the last 10 batches
         RNGState(),
         TextSamples(config["sample_tokens"]),
+        AttentionImages(config["attention_images"]),
     ]
     if config["trainer"].get("enable_progress_bar") is not False:
         # redrawn every PROGRESS_REFRESH steps, not every step: redrawing cost ~3% of a small CPU model's step
@@ -298,11 +400,7 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         if not last.is_file():
             raise UserError(f"--resume: no checkpoint at {last}; start the run without --resume "
                             "(or point --out_dir at the run to continue)")
-        try:
-            saved = read_checkpoint(last)
-        except CheckpointError as e:
-            raise UserError(f"--resume: {first_line(e, 400)}; copy checkpoints/best.ckpt over it to resume from the "
-                            "best one, or start over with --overwrite") from None
+        saved = read_last(last)
         check_resumable(saved, cli.model.config, cli.model.tokenizer, last)
         ckpt_path = str(last)
     elif (out_dir / "checkpoints").is_dir() and any((out_dir / "checkpoints").glob("*.ckpt")):

@@ -38,6 +38,9 @@ def other_value(field) -> object:
     if base is float:
         return {"dropout": 0.25, "min_lr_ratio": 0.5, "beta1": 0.8, "beta2": 0.9, "norm_eps": 1e-6}.get(
             field.name, (field.default or 1.0) * 2)
+    if typing.get_origin(base) is dict:
+        return {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64}
     raise AssertionError(f"no test value for {field.name}: {tp}")
 
 

@@ -204,7 +204,7 @@ def test_sequence_longer_than_block_size_is_a_clear_error():
     (dict(n_head=6, n_kv_head=4, n_embd=48), r"model\.n_kv_head: n_head=6 is not divisible by n_kv_head=4"),
     (dict(arch="mamba"), r"model\.arch: unknown value 'mamba'; choose one of gpt, llama"),
     (dict(attention="flash2"), r"model\.attention: unknown value 'flash2'; choose one of sdpa, manual, einops"),
-    (dict(arch="llama", n_embd=36, n_head=4), r"model\.n_embd: head dim n_embd/n_head=9 is odd but RoPE"),
+    (dict(arch="llama", n_embd=36, n_head=4), r"model\.head_dim: head size 9 is odd but RoPE"),
     (dict(n_layer=0), r"model\.n_layer: must be a positive integer"),
 ])
 def test_bad_config_names_field_and_fix(kw, match):
@@ -218,3 +218,49 @@ def test_presets_build_and_overrides_rederive_defaults():
     assert cfg.mlp_hidden == math.ceil(8 * 256 / 3 / 64) * 64
     with pytest.raises(ConfigError, match="unknown preset 'huge'"):
         GPTConfig.from_name("huge")
+
+
+def test_llama3_rope_scaling_follows_its_three_bands():
+    """Llama 3.1's scaling, checked frequency by frequency against the rule written out by hand."""
+    hs, base = 64, 500000.0
+    scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=64)
+    cos, sin = rope_cache(3, hs, base, scaling)
+    got = torch.atan2(sin[1, :hs // 2], cos[1, :hs // 2]).double()  # position 1: the angle is the frequency
+    for j, freq in enumerate(base ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)):
+        wavelen = 2 * math.pi / freq
+        if wavelen < 64 / 4.0:  # short wavelengths: unchanged
+            want = freq
+        elif wavelen > 64 / 1.0:  # long ones: stretched by factor
+            want = freq / 8.0
+        else:  # in between: linear in context / wavelen
+            s = (64 / wavelen - 1.0) / (4.0 - 1.0)
+            want = (1 - s) * freq / 8.0 + s * freq
+        assert got[j].item() == pytest.approx(want.item(), rel=1e-5), j
+    with pytest.raises(ConfigError, match="unsupported RoPE scaling 'yarn'"):
+        tiny("llama", rope_scaling={"rope_type": "yarn", "factor": 4.0})
+
+
+def test_explicit_head_dim_and_tanh_gelu_run_on_every_path():
+    cfg = tiny("llama", 2, head_dim=24)  # 4 heads x 24 = 96, wider than n_embd=64 (as some imports are)
+    model = build(cfg)
+    assert model.transformer.h[0].attn.c_attn.weight.shape == ((4 + 2 * 2) * 24, 64)
+    idx = torch.randint(0, 256, (2, 20))
+    outs = []
+    for attention in PATHS:
+        model.set_attention(attention)
+        with torch.no_grad():
+            outs.append(model(idx)[0])
+    assert all((o - outs[0]).abs().max().item() < 1e-5 for o in outs)
+    gelu = build(tiny("gpt", gelu_approximate="tanh"))
+    x = torch.randn(3, 64)
+    h = gelu.transformer.h[0].mlp.c_fc(x)
+    expected = gelu.transformer.h[0].mlp.c_proj(0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3))))
+    assert torch.allclose(gelu.transformer.h[0].mlp(x), expected, atol=1e-6)
+
+
+def test_causal_mask_costs_nothing_per_layer_at_long_context():
+    """A 131k-context import must not hold n_layer x block_size^2 mask bytes (it would be 17 GB per layer)."""
+    with torch.device("meta"):
+        model = GPT(GPTConfig(arch="llama", n_layer=2, n_head=2, n_embd=16, block_size=131072, vocab_size=8))
+    assert not [name for name, b in model.named_buffers() if b.dim() == 2 and b.size(0) == b.size(1)]
