@@ -227,8 +227,9 @@ def run_lightning(module: GPTLightningModule, shape: dict[str, Any], precision: 
         from minigpt.train_cli import run_callbacks
 
         parts = {"tb", "bar"}
-        callbacks += [c for c in run_callbacks(dict(out_dir=tmp.name, checkpoint_every=1000, sample_tokens=200,
-                                                    compile=False, trainer={}), shape["batch_size"])
+        run_config = dict(out_dir=tmp.name, checkpoint_every=1000, sample_tokens=200, attention_images="auto",
+                          compile=False, trainer={})
+        callbacks += [c for c in run_callbacks(run_config, shape["batch_size"])
                       if not isinstance(c, ModelCheckpoint)] + [ModelCheckpoint(dirpath=tmp.name, filename="last",
                                                                                 every_n_train_steps=1000)]
     if "lr" in parts:

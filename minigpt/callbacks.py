@@ -1,4 +1,5 @@
-"""Training's side jobs, as Lightning callbacks: compiling before the clock, text samples, RNG state."""
+"""Training's side jobs, as Lightning callbacks: compiling before the clock, text samples, attention images,
+RNG state."""
 
 from __future__ import annotations
 
@@ -81,6 +82,48 @@ class TextSamples(Callback):
             out = generate(pl_module.model, idx, self.tokens, temperature=0.8, top_k=200, generator=g)
         text = tokenizer.decode(out[0, len(start):].tolist())
         experiment.add_text("sample", "```\n" + text + "\n```", trainer.global_step)
+
+
+class AttentionImages(Callback):
+    """At each validation, log the layers x heads grid of attention maps of a fixed probe text as a TensorBoard
+    image ("attention"; row = layer, column = head, colour = sqrt(weight), see minigpt.attention_figures).
+    `enabled`: True, False, or "auto" = only for models of at most AUTO_MAX_HEADS heads in all.  Skipped quietly
+    when no TensorBoard logger is attached."""
+
+    AUTO_MAX_HEADS = 64
+    # a repeated line, so induction heads (attending to what followed the earlier copy) show up
+    PROBE = "def forward(self, x):\n    return self.proj(x) + x\ndef forward(self, x):\n    return self.proj(x) + x\n"
+
+    def __init__(self, enabled: bool | str = "auto", probe: str | None = None) -> None:
+        self.enabled = enabled
+        self.probe = self.PROBE if probe is None else probe
+
+    def active_for(self, n_layer: int, n_head: int) -> bool:
+        return self.enabled is True or (self.enabled == "auto" and n_layer * n_head <= self.AUTO_MAX_HEADS)
+
+    def probe_ids(self, tokenizer: Any, block_size: int) -> list[int]:
+        """The probe's ids, up to block_size; characters a char vocabulary lacks are left out."""
+        chars = getattr(tokenizer, "stoi", None)
+        text = "".join(c for c in self.probe if c in chars) if chars is not None else self.probe
+        return (tokenizer.encode(text) if text else prompt_ids(tokenizer, ""))[:block_size]
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        from minigpt.attention_figures import grid_image  # matplotlib: imported only when images are made
+
+        model, tokenizer = pl_module.model, getattr(pl_module, "tokenizer", None)
+        logger = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+        if (logger is None or tokenizer is None or trainer.sanity_checking or not trainer.is_global_zero
+                or not self.active_for(model.config.n_layer, model.config.n_head)):
+            return
+        ids = self.probe_ids(tokenizer, model.config.block_size)
+        idx = torch.tensor([ids], dtype=torch.long, device=pl_module.device)
+        raw = getattr(model, "_orig_mod", model)  # a compiled model's own module: no recompile for this shape
+        with torch.compiler.set_stance("force_eager"), isolate_rng(include_cuda=True):
+            weights = raw.attention_weights(idx)[:, 0]  # (L, H, T, T)
+        logger.experiment.add_image("attention", grid_image(weights.cpu().numpy()), trainer.global_step,
+                                    dataformats="HWC")
 
 
 class RNGState(Callback):

@@ -1,0 +1,13 @@
+"""Look at every attention head of a trained minigpt checkpoint on one prompt.
+
+    python attention.py --ckpt out/default --prompt "def forward(self, x):"
+    python attention.py --prompt-file prompt.txt --out figures/attention
+
+Writes attention.html (head view, model view, per-head table; opens offline), PNG figures and attention.npz
+into --out (default out/attention).  The command line is minigpt/attention_cli.py; `--help` lists the flags.
+"""
+
+from minigpt.attention_cli import main
+
+if __name__ == "__main__":
+    main()
