@@ -62,6 +62,14 @@ class CompileModel(Callback):
         rank_zero_info(f"torch.compile: compiled in {self.seconds:.1f}s (not counted in training time)")
 
 
+def runs_whole_model(trainer: L.Trainer) -> bool:
+    """False under a sharding strategy (FSDP): there a forward pass on rank 0 alone would wait for the other
+    ranks' shards, so the side jobs that run the model outside the training step skip it."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    return not isinstance(trainer.strategy, FSDPStrategy)
+
+
 class TextSamples(Callback):
     """At each validation, generate `tokens` tokens from the start of a document and log them as text."""
 
@@ -72,7 +80,7 @@ class TextSamples(Callback):
         tokenizer = getattr(pl_module, "tokenizer", None)
         experiment = getattr(trainer.logger, "experiment", None)
         if (not self.tokens or tokenizer is None or trainer.sanity_checking or not trainer.is_global_zero
-                or not hasattr(experiment, "add_text")):
+                or not hasattr(experiment, "add_text") or not runs_whole_model(trainer)):
             return
         start = prompt_ids(tokenizer, "")
         idx = torch.tensor([start], dtype=torch.long, device=pl_module.device)
@@ -115,7 +123,7 @@ class AttentionImages(Callback):
         model, tokenizer = pl_module.model, getattr(pl_module, "tokenizer", None)
         logger = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
         if (logger is None or tokenizer is None or trainer.sanity_checking or not trainer.is_global_zero
-                or not self.active_for(model.config.n_layer, model.config.n_head)):
+                or not runs_whole_model(trainer) or not self.active_for(model.config.n_layer, model.config.n_head)):
             return
         ids = self.probe_ids(tokenizer, model.config.block_size)
         idx = torch.tensor([ids], dtype=torch.long, device=pl_module.device)

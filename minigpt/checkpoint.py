@@ -16,6 +16,7 @@ with torch.load(weights_only=True): tensors and plain containers only, never arb
 
 from __future__ import annotations
 
+import os
 import pickle
 import pickletools
 import warnings
@@ -29,7 +30,7 @@ from torch import nn
 
 from minigpt.config import GPTConfig
 from minigpt.errors import CheckpointError, UserError, first_line, shown_chars
-from minigpt.fsutil import atomic_write
+from minigpt.fsutil import WRITE_ERRNOS, atomic_write
 from minigpt.model import GPT
 from minigpt.tokenizers import Tokenizer, tokenizer_from_dict
 
@@ -80,7 +81,13 @@ class SafeCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint I/O with atomic writes and weights_only reads (used for save and --resume)."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
-        save_file(checkpoint, path)
+        try:
+            save_file(checkpoint, path)
+        except OSError as e:  # the write is atomic: whatever was at `path` before is still there, whole
+            if e.errno not in WRITE_ERRNOS:
+                raise
+            raise CheckpointError(f"cannot write checkpoint {path} ({os.strerror(e.errno)}); the previous checkpoint "
+                                  "is kept: free space there (or make it writable) and continue with --resume") from None
 
     def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> dict:
         return read_checkpoint(path, map_location=map_location or "cpu")

@@ -222,3 +222,28 @@ def test_compile_without_a_cpp_compiler_trains_eagerly_with_one_warning(corpus, 
     compiled = next(c for c in trainer.callbacks if isinstance(c, CompileModel))
     assert trainer.global_step == 3 and not compiled.enabled and compiled.seconds is None
     assert getattr(trainer.lightning_module.model, "_compiled_call_impl", None) is None
+
+
+def test_a_full_disk_while_saving_a_checkpoint_is_one_line_and_keeps_the_previous_one(corpus, data_root, tmp_path,
+                                                                                      capsys, monkeypatch):
+    import errno
+
+    from minigpt import checkpoint
+
+    real_save, saves = torch.save, []
+
+    def save(obj, f, *args, **kwargs):
+        saves.append(1)
+        if len(saves) > 1:  # the first checkpoint (step 10) fits; the disk is full from then on
+            f.write(b"partial")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.torch, "save", save)
+    code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "run", steps=30), capsys)
+    assert_one_line_error(code, err, "cannot write checkpoint", "No space left on device", "previous checkpoint is kept",
+                          "--resume")
+    monkeypatch.setattr(checkpoint.torch, "save", real_save)
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert read_checkpoint(ckpts / "last.ckpt")["global_step"] == 10
+    assert sorted(p.name for p in ckpts.iterdir() if "tmp" in p.name) == []  # no half-written file left behind

@@ -307,8 +307,13 @@ function buildTable() {
       rows.push(row);
     }
   }
+  /* bar lengths: the weights (first, previous, induction) on their own 0..1 scale, so a small score looks
+     small; entropy and distance against the column's largest value */
   const max = {};
-  for (const m of data.metric_names) max[m] = Math.max(1e-9, ...rows.map((r) => (Number.isNaN(r[m]) ? 0 : r[m])));
+  for (const m of data.metric_names) {
+    max[m] = ["first", "previous", "induction"].includes(m) ? 1
+      : Math.max(1e-9, ...rows.map((r) => (Number.isNaN(r[m]) ? 0 : r[m])));
+  }
   const head = $("heads-table").tHead, body = $("heads-table").tBodies[0];
   const tr = head.insertRow();
   columns.forEach(([key, title], i) => {

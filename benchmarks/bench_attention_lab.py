@@ -1,0 +1,105 @@
+"""Attention lab figures: capture time, page size and time until the page has rendered in headless Chromium.
+
+    python benchmarks/bench_attention_lab.py                   # GPT-2 124M shape (12 layers x 12 heads), 256 tokens
+    python benchmarks/bench_attention_lab.py --ckpt out/RUN    # a trained checkpoint (or an HF model directory)
+    python benchmarks/bench_attention_lab.py --quick           # 2 x 2 heads, 32 tokens (smoke test)
+
+The random model is enough for sizes and times: the page's work depends on the layer, head and token counts,
+not on what the weights learned.  Capture = one forward pass through the manual path for the prompt plus one
+for the induction probe ([r, r]), median of --repeats.  Render time is the page's own mark (navigation start
+to every view built, `body[data-render-ms]`), median of --repeats page loads.  Also writes a screenshot
+next to the JSON, to look at.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
+
+from benchmarks.common import common_parser, describe_machine, machine_label, pick_device, write_json  # noqa: E402
+from minigpt.attention_browser import chromium_path, open_page, screenshot  # noqa: E402
+from minigpt.attention_html import write_html  # noqa: E402
+from minigpt.attention_lab import capture_attention  # noqa: E402
+from minigpt.checkpoint import load_model  # noqa: E402
+from minigpt.config import GPTConfig  # noqa: E402
+from minigpt.model import GPT  # noqa: E402
+from minigpt.tokenizers import ByteTokenizer  # noqa: E402
+
+# plain ASCII, so each byte is one token of the byte tokenizer
+TEXT = ("First Citizen: Before we proceed any further, hear me speak. All: Speak, speak. First Citizen: You are "
+        "all resolved rather to die than to famish? All: Resolved. resolved. First Citizen: First, you know Caius "
+        "Marcius is chief enemy to the people. All: We know't, we know't. First Citizen: Let us kill him, and ")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = common_parser(__doc__, "attention_lab")
+    p.add_argument("--ckpt", default=None, help="a checkpoint instead of the random GPT-2-shaped model")
+    p.add_argument("--tokens", type=int, default=256, help="prompt length in tokens")
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args(argv)
+    device = pick_device(args.device)
+    if args.ckpt:
+        model, tokenizer = load_model(args.ckpt, device=device)
+    else:
+        torch.manual_seed(0)
+        shape = dict(n_layer=2, n_head=2, n_embd=32, block_size=64) if args.quick else {}
+        model = GPT(GPTConfig.from_name("gpt2", **shape)).to(device).eval()
+        tokenizer = ByteTokenizer()
+    tokens = 32 if args.quick else args.tokens
+    text = (TEXT * (tokens // len(TEXT) + 1))
+    ids = tokenizer.encode(text)[:tokens]
+    prompt = tokenizer.decode(ids)
+
+    label = machine_label(device)
+    print(describe_machine(label))
+    cfg = model.config
+    print(f"Model: {cfg.n_layer} layers x {cfg.n_head} heads, n_embd {cfg.n_embd}, {model.num_params():,} "
+          f"parameters; prompt {len(ids)} tokens")
+
+    capture_s = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        capture = capture_attention(model, tokenizer, prompt)
+        capture_s.append(time.perf_counter() - start)
+    out_dir = Path(args.json).resolve().parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        page = write_html(capture, Path(tmp) / "attention.html")
+        html_bytes = page.stat().st_size
+        text = page.read_text(encoding="utf-8")
+        offline = not any(ref in text for ref in ("http://", "https://", "//"))
+        render_ms, errors = [], "chromium not installed"
+        if chromium_path() is not None:
+            for _ in range(args.repeats):
+                state = open_page(page, budget_ms=60000, timeout=300)
+                if not state.ready:
+                    raise SystemExit(f"the page did not finish building its views: {state.errors}")
+                render_ms.append(state.render_ms)
+                errors = state.errors
+            shot = screenshot(page, out_dir / "attention_lab_screenshot.png", budget_ms=60000, timeout=300)
+            print(f"screenshot: {shot}")
+
+    result = dict(machine=label, n_layer=cfg.n_layer, n_head=cfg.n_head, tokens=len(ids),
+                  capture_s=round(statistics.median(capture_s), 3), html_bytes=html_bytes, offline=offline,
+                  render_ms=round(statistics.median(render_ms), 1) if render_ms else None, script_errors=errors)
+    print(f"capture (prompt + induction probe, median of {args.repeats}): {result['capture_s']:.3f} s")
+    print(f"attention.html: {html_bytes / 2**20:.2f} MiB ({html_bytes:,} bytes), "
+          + ("no network references" if offline else "WARNING: it references the network (http://, https:// or //)"))
+    if render_ms:
+        print(f"rendered in headless Chromium (navigation to all views built, median of {args.repeats}): "
+              f"{result['render_ms']:.0f} ms; script errors: {errors}")
+    else:
+        print("render time: skipped (chromium is not installed: apt-get install chromium)")
+    print(f"wrote {write_json(result, args.json)}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
