@@ -20,7 +20,7 @@ from minigpt.attention_figures import save_figures
 from minigpt.attention_html import write_html
 from minigpt.attention_lab import capture_attention, save_npz
 from minigpt.checkpoint import load_model
-from minigpt.cli import CommandParser, resolve_device
+from minigpt.cli import CommandParser, add_prompt_arguments, add_source_argument, resolve_device
 from minigpt.errors import UserError, run_cli
 from minigpt.sample_cli import read_prompt
 
@@ -30,11 +30,8 @@ DEFAULT_OUT = "out/attention"
 def build_parser() -> CommandParser:
     p = CommandParser(prog="attention.py", description="Look at every attention head of a minigpt checkpoint "
                       "on one prompt: an offline HTML page, PNG figures and the raw weights.")
-    p.add_argument("--ckpt", type=str | None, default=None,
-                   help="checkpoint file or run directory (default: the newest run under out/)")
-    p.add_argument("--prompt", type=str, default="", help="the text to look at; '-' reads it from stdin")
-    p.add_argument("--prompt-file", "--prompt_file", dest="prompt_file", type=str | None, default=None,
-                   help="read the prompt from this file (instead of --prompt)")
+    add_source_argument(p)
+    add_prompt_arguments(p, "the text to look at")
     p.add_argument("--out", type=str, default=DEFAULT_OUT, help="folder for the files (created if missing)")
     p.add_argument("--seed", type=int, default=0, help="draws the random sequence of the induction score")
     p.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:N, mps, or auto")

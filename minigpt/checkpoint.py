@@ -206,6 +206,22 @@ def checkpoint_tokenizer(ckpt: dict[str, Any]) -> Tokenizer | None:
     return tokenizer_from_dict(d) if d is not None else None
 
 
+def run_checkpoints(run_dir: Path) -> tuple[Path, ...]:
+    """Where a run directory keeps its checkpoints, in the order load_model prefers them."""
+    return (run_dir / "checkpoints" / "best.ckpt", run_dir / "checkpoints" / "last.ckpt",
+            run_dir / "best.ckpt", run_dir / "last.ckpt")
+
+
+def is_hf_source(source: str | Path | None) -> bool:
+    """hf:ORG/NAME, or a directory with a Hugging Face config.json and no minigpt checkpoint in it."""
+    if source is None:
+        return False
+    if str(source).startswith("hf:"):
+        return True
+    path = Path(source)
+    return path.is_dir() and (path / "config.json").is_file() and not any(p.is_file() for p in run_checkpoints(path))
+
+
 def find_checkpoint(path: str | Path | None = None, out_root: str | Path = DEFAULT_OUT_ROOT) -> Path:
     """A .ckpt file as given; a run directory -> its best checkpoint (else last); None -> the newest run."""
     if path is None:
@@ -216,12 +232,11 @@ def find_checkpoint(path: str | Path | None = None, out_root: str | Path = DEFAU
         return find_checkpoint(found[-1].parent.parent)
     path = Path(path)
     if path.is_dir():
-        for candidate in (path / "checkpoints" / "best.ckpt", path / "checkpoints" / "last.ckpt",
-                          path / "best.ckpt", path / "last.ckpt"):
+        for candidate in run_checkpoints(path):
             if candidate.is_file():
                 return candidate
         raise CheckpointError(f"no checkpoint in run directory {path}; expected checkpoints/best.ckpt or "
-                              "checkpoints/last.ckpt")
+                              "checkpoints/last.ckpt (or, for a Hugging Face model, config.json and its weights)")
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path}; pass a .ckpt file or a run directory")
     return path
@@ -230,10 +245,15 @@ def find_checkpoint(path: str | Path | None = None, out_root: str | Path = DEFAU
 def load_model(source: str | Path | None = None, device: str | torch.device = "cpu",
                attention: str | None = None) -> tuple[GPT, Tokenizer]:
     """A checkpoint file, a run directory, or None (the newest run under out/) -> (model in eval mode, tokenizer).
+    A Hugging Face model directory or hf:ORG/NAME is imported (minigpt.hf.load_hf_model).
 
     `attention` picks another attention path for the same weights (same outputs; e.g. 'manual' to get the
     attention weights).
     """
+    if is_hf_source(source):
+        from minigpt.hf import load_hf_model  # safetensors and huggingface_hub only when a source needs them
+
+        return load_hf_model(source, device=device, attention=attention)
     path = find_checkpoint(source)
     ckpt = read_checkpoint(path, map_location="cpu")
     overrides = {"attention": attention} if attention is not None else {}

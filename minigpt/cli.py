@@ -55,6 +55,20 @@ class CommandParser(OneLineErrors, ArgumentParser):
         self.add_argument("--config", action=ActionConfigFile, help="a YAML file of these options")
 
 
+def add_source_argument(p: ArgumentParser) -> None:
+    """--ckpt: anything minigpt.checkpoint.load_model reads (sample, eval, attention and export share it)."""
+    p.add_argument("--ckpt", type=str | None, default=None,
+                   help="checkpoint file, run directory, Hugging Face model directory or hf:ORG/NAME "
+                        "(default: the newest run under out/)")
+
+
+def add_prompt_arguments(p: ArgumentParser, what: str) -> None:
+    """--prompt TEXT | --prompt - (stdin) | --prompt-file F, read by minigpt.sample_cli.read_prompt."""
+    p.add_argument("--prompt", type=str, default="", help=f"{what}; '-' reads it from stdin")
+    p.add_argument("--prompt-file", "--prompt_file", dest="prompt_file", type=str | None, default=None,
+                   help="read the prompt from this file (instead of --prompt)")
+
+
 def resolve_device(name: str) -> str:
     """`auto` -> cuda if available else cpu; a device that does not exist here is a one-line error."""
     if name == "auto":

@@ -13,15 +13,14 @@ import math
 from pathlib import Path
 
 from minigpt.checkpoint import load_model
-from minigpt.cli import CommandParser, resolve_device
+from minigpt.cli import CommandParser, add_source_argument, resolve_device
 from minigpt.errors import UnknownCharactersError, UserError, run_cli, shown_chars
 from minigpt.evaluate import evaluate_tokens
 
 
 def build_parser() -> CommandParser:
     p = CommandParser(prog="eval.py", description="Evaluate a checkpoint on a text file: nats/token, bits/char.")
-    p.add_argument("--ckpt", type=str | None, default=None,
-                   help="checkpoint file or run directory (default: the newest run under out/)")
+    add_source_argument(p)
     p.add_argument("--text", type=str, required=True, help="UTF-8 text file to evaluate on")
     p.add_argument("--batch_size", "--batch-size", type=int, default=32,
                    help="windows of block_size tokens evaluated at once (speed and memory, not the result)")

@@ -137,7 +137,12 @@ def load_hf_tokenizer(model_dir: Path, hf_config: dict) -> Tokenizer:
         from_config = hf_config.get(f"{kind}_token_id")
         if isinstance(from_config, list):  # some configs list several EOS ids: the first is the main one
             from_config = from_config[0] if from_config else None
-        ids[kind] = found if found is not None else from_config if isinstance(from_config, int) else None
+        # config.json's ids are class defaults as often as facts (GPT2Config says 50256 for any vocabulary):
+        # one outside this tokenizer's vocabulary is not its BOS/EOS
+        known = tokenizer.backend.get_vocab_size(with_added_tokens=True)
+        if not isinstance(from_config, int) or not 0 <= from_config < known:
+            from_config = None
+        ids[kind] = found if found is not None else from_config
     tokenizer.bos_id, tokenizer.eos_id = ids["bos"], ids["eos"]
     tokenizer.eot_id = ids["eos"]
     if tokenizer.backend.get_vocab_size(with_added_tokens=True) > tokenizer.vocab_size:

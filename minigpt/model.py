@@ -239,6 +239,20 @@ class GPT(nn.Module):
                 else:
                     nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
+    @classmethod
+    def from_weights(cls, config: GPTConfig, state: dict[str, torch.Tensor]) -> GPT:
+        """A GPT holding exactly `state`'s tensors, never allocating (or initialising) weights of its own: built
+        on the meta device, then the tensors are assigned in, so a large import holds its weights once."""
+        with torch.device("meta"):
+            model = cls(config)
+        model.load_state_dict(state, assign=True)
+        if config.tie_embeddings:  # assign gave the two names two Parameters: make them one again
+            model.transformer.wte.weight = model.lm_head.weight
+        if config.arch == "llama":  # non-persistent buffers are not in a state dict: compute them for real
+            model.rope_cos, model.rope_sin = rope_cache(config.block_size, config.head_dim, config.rope_base,
+                                                        config.rope_scaling)
+        return model
+
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
         if isinstance(module, nn.Linear):

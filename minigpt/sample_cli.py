@@ -18,7 +18,7 @@ from typing import Any, TextIO
 import torch
 
 from minigpt.checkpoint import load_model
-from minigpt.cli import CommandParser, resolve_device
+from minigpt.cli import CommandParser, add_prompt_arguments, add_source_argument, resolve_device
 from minigpt.config import Attention
 from minigpt.errors import UserError, run_cli
 from minigpt.generation import check_sampling_args, generate, prompt_ids
@@ -90,11 +90,8 @@ class TopK:
 
 def build_parser() -> CommandParser:
     p = CommandParser(prog="sample.py", description="Generate text from a minigpt checkpoint.")
-    p.add_argument("--ckpt", type=str | None, default=None,
-                   help="checkpoint file or run directory (default: the newest run under out/)")
-    p.add_argument("--prompt", type=str, default="", help="text to continue; '-' reads it from stdin")
-    p.add_argument("--prompt-file", "--prompt_file", dest="prompt_file", type=str | None, default=None,
-                   help="read the prompt from this file (instead of --prompt)")
+    add_source_argument(p)
+    add_prompt_arguments(p, "text to continue")
     p.add_argument("--num_samples", "--num-samples", type=int, default=1,
                    help="samples to draw, generated together as one batch")
     p.add_argument("--max_new_tokens", "--max-new-tokens", type=int, default=500,

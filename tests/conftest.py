@@ -41,3 +41,19 @@ def tiny_run_args(corpus: Path, data_root: Path, out_dir: Path, steps: int = 30,
     }
     args.update({k.replace("__", "."): v for k, v in overrides.items()})
     return [x for k, v in args.items() for x in (f"--{k}", str(v))]
+
+
+def record_training_losses(monkeypatch) -> list:
+    """Patch the training step to record (batch, loss) of each step; returns the list it fills."""
+    from minigpt.lightning_module import GPTLightningModule
+
+    seen = []
+    real = GPTLightningModule.training_step
+
+    def training_step(self, batch, batch_idx):
+        loss = real(self, batch, batch_idx)
+        seen.append((batch.clone(), loss.item()))
+        return loss
+
+    monkeypatch.setattr(GPTLightningModule, "training_step", training_step)
+    return seen

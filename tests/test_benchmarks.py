@@ -101,3 +101,27 @@ def test_markdown_table_and_machine_label():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+@pytest.mark.slow
+def test_bench_attention_lab_quick(tmp_path):
+    from benchmarks import bench_attention_lab
+
+    out = tmp_path / "attention_lab.json"
+    bench_attention_lab.main(["--quick", "--json", str(out), "--device", "cpu", "--repeats", "1"])
+    result = read(out)
+    assert MACHINE_KEYS <= set(result["machine"]) and result["offline"] is True
+    assert (result["n_layer"], result["n_head"], result["tokens"]) == (2, 2, 32) and result["html_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_bench_hf_quick(capsys):
+    from benchmarks import bench_hf
+
+    result = bench_hf.main(["--quick", "--device", "cpu"])
+    assert result["agreement"] and all(r["greedy_equal"] and r["import_max_abs"] < 1e-4 and r["export_max_abs"] < 1e-4
+                                       for r in result["agreement"])
+    assert [c["operation"] for c in result["cost"]] == ["minigpt import (load_model)",
+                                                        "transformers from_pretrained (reference)",
+                                                        "minigpt export (export_hf)"]
+    assert all(c["seconds"] > 0 and c["peak_rss_mib"] > 0 for c in result["cost"])

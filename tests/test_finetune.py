@@ -8,10 +8,9 @@ import math
 import pytest
 import torch
 
-from conftest import make_corpus, tiny_run_args
+from conftest import make_corpus, record_training_losses, tiny_run_args
 from minigpt.checkpoint import load_model, model_state_dict, read_checkpoint
 from minigpt.errors import UserError, run_cli
-from minigpt.lightning_module import GPTLightningModule
 from minigpt.train_cli import main
 
 
@@ -35,19 +34,6 @@ def finetune_args(corpus, data_root, out, source, steps=10, **overrides):
     pairs = [(k, v) for k, v in zip(args[::2], args[1::2]) if not k.startswith("--model.")]
     pairs += [(f"--{k.replace('__', '.')}", str(v)) for k, v in overrides.items()]
     return [x for pair in pairs for x in pair] + ["--init_from", str(source)]
-
-
-def record_training_losses(monkeypatch) -> list:
-    seen = []
-    real = GPTLightningModule.training_step
-
-    def training_step(self, batch, batch_idx):
-        loss = real(self, batch, batch_idx)
-        seen.append((batch.clone(), loss.item()))
-        return loss
-
-    monkeypatch.setattr(GPTLightningModule, "training_step", training_step)
-    return seen
 
 
 def test_init_from_starts_from_the_source_weights_and_tokenizer(source_run, other_corpus, data_root, tmp_path,

@@ -1,0 +1,286 @@
+"""Hugging Face interop: how exactly imports and exports agree with transformers, and what a 124M import/export
+costs in time and memory on this machine.
+
+    python benchmarks/bench_hf.py            # agreement table + GPT-2 124M import/export (about a minute)
+    python benchmarks/bench_hf.py --quick    # a tiny GPT-2-shaped model instead of 124M (seconds; smoke test)
+
+Agreement.  Small random models of each supported family are built with transformers (GPT-2 with gelu_new, GPT-2
+with exact GELU and an untied head, Llama with GQA and a tied head, Llama with an explicit head_dim, Llama 3 RoPE
+scaling, Mistral), EVERY weight drawn at std 0.5, saved with save_pretrained and imported with
+minigpt.checkpoint.load_model.  For each attention path: the max abs difference of the logits against
+transformers (float32, eager attention, 2 x 48 tokens), of KV-cache decoding (prefill 16, then one token at a
+time) against transformers' full forward, and whether 24 greedy tokens equal transformers' generate().  Export:
+the imported model written with minigpt.export.export_hf and read back by AutoModelForCausalLM.from_pretrained,
+against our logits.
+
+Cost.  A GPT-2 124M-shaped model (GPT2Config() defaults, random weights; the values do not change the cost) is
+saved as model.safetensors (float32, 498 MB) with a byte-level tokenizer.json.  Each measurement runs in a fresh
+subprocess (--repeats of them: the median time, the largest memory), after its imports: wall time, the process's
+peak resident set size (VmHWM) and the peak RSS above the RSS before the operation (sampled every 2 ms), next to
+the weights' size.  Import is load_model(dir); for reference
+transformers' AutoModelForCausalLM.from_pretrained(dir) is measured the same way.  transformers maps the file and
+reads each page when it is first used, so both are also measured through a first 1-token forward pass.  Export
+is export_hf of a model already in memory (built at random, then timed; it includes fsync).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
+
+from benchmarks.common import (common_parser, describe_machine, machine_label, markdown_table, median,  # noqa: E402
+                               mib, wait_for_quiet, write_json)
+
+PATHS = ("sdpa", "manual", "einops")
+VOCAB = 256
+
+
+# --------------------------------------------------------------------------------------------------
+# Agreement with transformers
+
+def small_models() -> dict[str, Any]:
+    """name -> a small transformers config of each family and option the import covers."""
+    import transformers
+
+    small = dict(vocab_size=VOCAB, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    llama = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                 max_position_embeddings=64, **small)
+    return {
+        "GPT-2 (gelu_new, tied)": transformers.GPT2Config(n_positions=64, n_embd=48, n_layer=2, n_head=4, **small),
+        "GPT-2 (exact GELU, untied)": transformers.GPT2Config(n_positions=64, n_embd=48, n_layer=2, n_head=3,
+                                                              n_inner=80, activation_function="gelu",
+                                                              tie_word_embeddings=False, **small),
+        "Llama (GQA 4/2, tied)": transformers.LlamaConfig(num_key_value_heads=2, tie_word_embeddings=True,
+                                                          rope_theta=500000.0, **llama),
+        "Llama (head_dim 24, untied)": transformers.LlamaConfig(**{**llama, "intermediate_size": 80},
+                                                                num_key_value_heads=4, head_dim=24,
+                                                                tie_word_embeddings=False),
+        "Llama 3 (rope_scaling llama3, MQA)": transformers.LlamaConfig(
+            num_key_value_heads=1, tie_word_embeddings=True, rope_theta=500000.0,
+            rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                              original_max_position_embeddings=16), **llama),
+        "Mistral (GQA 4/2, untied)": transformers.MistralConfig(num_key_value_heads=2, sliding_window=64, **llama),
+    }
+
+
+def random_hf_model(config: Any, seed: int = 0) -> Any:
+    import transformers
+
+    torch.manual_seed(seed)
+    config._attn_implementation = "eager"
+    cls = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.LlamaForCausalLM,
+           "mistral": transformers.MistralForCausalLM}[config.model_type]
+    model = cls(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # every weight at a normal scale: a misplaced tensor cannot hide
+            p.normal_(0.0, 0.5)
+    return model
+
+
+@torch.no_grad()
+def decode_logits(model: Any, idx: torch.Tensor, prefill: int) -> torch.Tensor:
+    cache = model.new_kv_cache(batch_size=idx.size(0))
+    steps = [model(idx[:, :prefill], kv_cache=cache, input_pos=0)[0]]
+    steps += [model(idx[:, t:t + 1], kv_cache=cache, input_pos=t)[0] for t in range(prefill, idx.size(1))]
+    return torch.cat(steps, dim=1)
+
+
+def agreement(name: str, hf_config: Any, work: Path) -> list[dict[str, Any]]:
+    import transformers
+
+    from minigpt.checkpoint import load_model
+    from minigpt.export import export_hf
+    from minigpt.generation import generate
+    from minigpt.hf_tokenizers import save_hf_tokenizer
+    from minigpt.tokenizers import ByteTokenizer
+
+    hf_model = random_hf_model(hf_config)
+    src = work / "src"
+    hf_model.save_pretrained(src)
+    save_hf_tokenizer(ByteTokenizer(), src)
+    idx = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(1))
+    prompt = idx[:1, :8]
+    with torch.no_grad():
+        expected = hf_model(idx).logits
+        greedy = hf_model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                   max_new_tokens=24, min_new_tokens=24, pad_token_id=0)
+    rows = []
+    for path in PATHS:
+        model, tokenizer = load_model(src, attention=path)
+        with torch.no_grad():
+            ours = model(idx)[0]
+        row = dict(model=name, path=path, import_max_abs=(ours - expected).abs().max().item(),
+                   decode_max_abs=(decode_logits(model, idx, 16) - expected).abs().max().item(),
+                   greedy_equal=generate(model, prompt, 24, temperature=0.0).tolist() == greedy.tolist())
+        out = export_hf(model, tokenizer, work / f"export-{path}", overwrite=True)
+        back = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+        with torch.no_grad():
+            row["export_max_abs"] = (back(idx).logits - ours).abs().max().item()
+        rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# Cost of a 124M-shaped import and export, each in a fresh process
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak RSS since exec (VmHWM; ru_maxrss would count the parent's memory at fork)."""
+    with open("/proc/self/status") as f:
+        line = next(line for line in f if line.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
+
+
+def measure(fn: Any) -> dict[str, Any]:
+    """Run fn() and return its wall time, the process's peak RSS and the peak RSS above the RSS before it."""
+    before, peak, done = rss_bytes(), [0], threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss_bytes())
+            time.sleep(0.002)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    t0 = time.perf_counter()
+    fn()
+    seconds = time.perf_counter() - t0
+    done.set()
+    poller.join()
+    peak[0] = max(peak[0], rss_bytes())
+    return dict(seconds=round(seconds, 3), peak_rss_mib=round(mib(peak_rss_bytes()), 1),
+                rss_before_mib=round(mib(before), 1), peak_above_before_mib=round(mib(peak[0] - before), 1))
+
+
+def child(what: str, src: str, out: str) -> None:
+    """One measurement in this (fresh) process; prints its figures as JSON on the last line."""
+    loaded = []
+    if what == "import":
+        from minigpt.checkpoint import load_model
+        import minigpt.hf  # noqa: F401  (its imports are not the import's cost)
+        import safetensors.torch  # noqa: F401
+
+        result = measure(lambda: loaded.append(load_model(src)[0]))
+    elif what == "transformers":
+        import transformers
+
+        result = measure(lambda: loaded.append(
+            transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()))
+    else:  # export of a model in memory: the GPT-2 config the import gives, random weights
+        from minigpt.export import export_hf
+        from minigpt.hf import config_from_hf, read_hf_config
+        from minigpt.model import GPT
+        from minigpt.tokenizers import ByteTokenizer
+
+        model = GPT(config_from_hf(read_hf_config(Path(src)))).eval()
+        result = measure(lambda: export_hf(model, ByteTokenizer(), out))
+    if loaded:  # transformers maps the file and reads a page when it is first used: count a first forward too
+        with torch.no_grad():
+            first = measure(lambda: loaded[0](torch.zeros(1, 1, dtype=torch.long)))
+        result |= dict(first_forward_s=first["seconds"], peak_rss_with_forward_mib=first["peak_rss_mib"])
+    print(json.dumps(result))
+
+
+def run_child(what: str, src: Path, out: Path, repeats: int) -> dict[str, Any]:
+    """The measurement in `repeats` fresh processes: the median time, the largest memory figures."""
+    runs = []
+    for _ in range(repeats):
+        shutil.rmtree(out, ignore_errors=True)
+        proc = subprocess.run([sys.executable, __file__, "--_child", what, str(src), str(out)], capture_output=True,
+                              text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{what} measurement failed:\n{proc.stderr[-2000:]}")
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    result = {k: max(r[k] for r in runs) for k in runs[0]}
+    for key in ("seconds", "first_forward_s"):
+        if key in result:
+            result[key] = median([r[key] for r in runs])
+    return result | dict(runs=repeats)
+
+
+def cost(work: Path, quick: bool, repeats: int) -> list[dict[str, Any]]:
+    import transformers
+
+    from minigpt.hf_tokenizers import save_hf_tokenizer
+    from minigpt.tokenizers import ByteTokenizer
+
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2) if quick else transformers.GPT2Config()
+    torch.manual_seed(0)
+    src = work / "gpt2-124m"
+    model = transformers.GPT2LMHeadModel(config)
+    n_params = model.num_parameters()
+    model.save_pretrained(src)
+    del model
+    save_hf_tokenizer(ByteTokenizer(), src)  # tiktoken's gpt2 files would be a download
+    weights_mib = round(mib((src / "model.safetensors").stat().st_size), 1)
+    rows = []
+    for what in ("import", "transformers", "export"):
+        result = run_child(what, src, work / f"export-{what}", repeats)
+        label = {"import": "minigpt import (load_model)", "transformers": "transformers from_pretrained (reference)",
+                 "export": "minigpt export (export_hf)"}[what]
+        rows.append(dict(operation=label, params=n_params, weights_mib=weights_mib, **result))
+        print(f"{label}: {result['seconds']:.2f} s, peak RSS {result['peak_rss_mib']:.0f} MiB "
+              f"(+{result['peak_above_before_mib']:.0f} MiB over {result['rss_before_mib']:.0f} MiB before; "
+              f"weights {weights_mib:.0f} MiB)", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--_child"]:
+        child(*argv[1:4])
+        return {}
+    p = common_parser(__doc__, "bench_hf")
+    p.add_argument("--repeats", type=int, default=3, help="fresh processes per cost measurement (median time)")
+    args = p.parse_args(argv)
+    wait_for_quiet(tries=args.wait_quiet)
+    label = machine_label("cpu")
+    print(describe_machine(label))
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        rows = []
+        models = small_models()
+        for i, (name, hf_config) in enumerate(models.items()):
+            if args.quick and i % 2:
+                continue
+            (work / f"m{i}").mkdir()
+            rows += agreement(name, hf_config, work / f"m{i}")
+        print()
+        print(markdown_table(rows, [("model", "model", ""), ("path", "attention", ""),
+                                    ("import_max_abs", "import: max abs logit diff", ".1e"),
+                                    ("decode_max_abs", "KV-cache decode: max abs diff", ".1e"),
+                                    ("greedy_equal", "greedy ids equal", ""),
+                                    ("export_max_abs", "export: max abs logit diff", ".1e")]))
+        print()
+        costs = cost(work, args.quick, 1 if args.quick else args.repeats)
+        print()
+        print(markdown_table(costs, [("operation", "operation", ""), ("seconds", "seconds", ".2f"),
+                                     ("peak_rss_mib", "peak RSS MiB", ".0f"),
+                                     ("peak_above_before_mib", "peak over start MiB", ".0f"),
+                                     ("first_forward_s", "then 1-token forward s", ".2f"),
+                                     ("peak_rss_with_forward_mib", "peak RSS MiB with it", ".0f"),
+                                     ("weights_mib", "weights MiB", ".0f")]))
+    result = dict(benchmark="hf", machine=label, agreement=rows, cost=costs)
+    if not args.quick:  # smoke runs leave no figures behind
+        write_json(result, args.json)
+    return result
+
+
+if __name__ == "__main__":
+    main()

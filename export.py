@@ -1,0 +1,12 @@
+"""Export a minigpt checkpoint as a Hugging Face model directory (GPT2LMHeadModel or LlamaForCausalLM).
+
+    python export.py --ckpt out/RUN --out hf/my-model
+    python -c "from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained('hf/my-model')"
+
+The command line is minigpt/export_cli.py, the export minigpt/export.py; `python export.py --help` lists the flags.
+"""
+
+from minigpt.export_cli import main
+
+if __name__ == "__main__":
+    main()
