@@ -11,6 +11,7 @@ A case's arguments may name files of the scratch folder that `make_workdir` fill
 from __future__ import annotations
 
 import gzip
+import json
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ TINY = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "
 
 @dataclass
 class Case:
-    command: str  # train.py | sample.py | eval.py
+    command: str  # train.py | sample.py | eval.py | attention.py | export.py
     case: str  # what the user did wrong, as the README's table says it
     args: list[str]
     expect: list[str]  # fragments of the one error line
@@ -52,6 +53,14 @@ def sample(case: str, *args: str, expect: list[str], **kw) -> Case:
 
 def evaluate(case: str, *args: str, expect: list[str], **kw) -> Case:
     return Case("eval.py", case, list(args), expect, **kw)
+
+
+def attention(case: str, *args: str, expect: list[str], **kw) -> Case:
+    return Case("attention.py", case, list(args), expect, **kw)
+
+
+def export(case: str, *args: str, expect: list[str], **kw) -> Case:
+    return Case("export.py", case, list(args), expect, **kw)
 
 
 CASES: list[Case] = [
@@ -130,6 +139,17 @@ CASES: list[Case] = [
     evaluate("missing text file", "--ckpt", "{ckpt}", "--text", "{w}/nope.txt", expect=["nope.txt"]),
     evaluate("text outside the char vocabulary", "--ckpt", "{ckpt}", "--text", "{w}/other.txt",
              expect=["outside the model's char vocabulary"]),
+    train("init_from with a model setting that differs from the source's", "--init_from", "{run}",
+          "--model.n_layer", "2", expect=["init_from", "model.n_layer=2", "the source has 1"]),
+    sample("Hugging Face directory of an unsupported architecture", "--ckpt", "{w}/hf_bert",
+           expect=["BertForMaskedLM", "GPT2LMHeadModel"]),
+    sample("Hugging Face directory without its weight files", "--ckpt", "{w}/hf_no_weights",
+           expect=["model.safetensors"]),
+    attention("prompt longer than block_size", "--ckpt", "{ckpt}", "--prompt", "a" * 40, "--out", "{w}/lab",
+              expect=["40 tokens", "block_size=32"]),
+    attention("empty prompt", "--ckpt", "{ckpt}", "--prompt", "", "--out", "{w}/lab", expect=["prompt is empty"]),
+    export("--out already holds files", "--ckpt", "{ckpt}", "--out", "{w}/occupied",
+           expect=["already holds files", "--overwrite"]),
 ]
 
 
@@ -173,6 +193,14 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
     (w / "shifted.txt").write_text((w / "words.txt").read_text().replace("q", "Q"))
     (w / "notes.txt").write_text("not a checkpoint\n")
     (w / "a-file").write_text("not a folder\n")  # a path under a file: unwritable even for root
+    (w / "occupied").mkdir()
+    (w / "occupied" / "notes.txt").write_text("a user's file: export.py must not touch it\n")
+    for name, config in (("hf_bert", {"architectures": ["BertForMaskedLM"], "model_type": "bert"}),
+                         ("hf_no_weights", {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+                                            "n_layer": 1, "n_head": 2, "n_embd": 32, "n_positions": 32,
+                                            "vocab_size": 64})):
+        (w / name).mkdir()
+        (w / name / "config.json").write_text(json.dumps(config))
     train_tiny_run(["--data.source", str(w / "words.txt"), "--data.data_root", str(w / "data"), *TINY,
                     "--out_dir", str(w / "run")])
     ckpt = w / "run" / "checkpoints" / "last.ckpt"

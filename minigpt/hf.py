@@ -332,6 +332,7 @@ def load_hf_model(source: str | Path, device: str | torch.device = "cpu", attent
                 raise CheckpointError(f"its config.json says {key}={getattr(source_config, key)}, over the "
                                       f"plausible limit {limit}; the config is damaged")
         config = config_from_hf(hf_config, block_size, **overrides)
+        weight_files(model_dir)  # missing weights are named before the tokenizer may reach for a download
         tokenizer = load_hf_tokenizer(model_dir, {**hf_config, "_name_or_path": name})  # before the big read
         model = GPT.from_weights(config, _our_weights(read_hf_weights(model_dir), source_config, config))
     except UserError as e:

@@ -13,13 +13,15 @@ from conftest import REPO
 
 sys.path.insert(0, str(REPO))
 from benchmarks.bad_input_cases import CASES, make_workdir  # noqa: E402
-from minigpt import eval_cli, sample_cli, train_cli  # noqa: E402
+from minigpt import attention_cli, eval_cli, export_cli, sample_cli, train_cli  # noqa: E402
 from minigpt.errors import run_cli  # noqa: E402
 
 RUN = {
     "train.py": lambda argv, stdin: run_cli(lambda: train_cli.main(argv)),
     "sample.py": lambda argv, stdin: sample_cli.main(argv, stdout=io.StringIO(), stdin=io.StringIO(stdin or "")),
     "eval.py": lambda argv, stdin: eval_cli.main(argv),
+    "attention.py": lambda argv, stdin: attention_cli.main(argv, stdout=io.StringIO(), stdin=io.StringIO(stdin or "")),
+    "export.py": lambda argv, stdin: export_cli.main(argv),
 }
 
 
@@ -47,7 +49,7 @@ def test_each_bad_input_is_one_clear_line(case, workdir, capsys):
 def test_readme_table_is_the_case_table():
     """The README's bad-input table has one row per case, in order, whose message holds the expected words."""
     readme = (REPO / "README.md").read_text()
-    rows = re.findall(r"^\| `(train|sample|eval)\.py` \| (.+?) \| (error: .+?) \|$", readme, re.M)
+    rows = re.findall(r"^\| `(train|sample|eval|attention|export)\.py` \| (.+?) \| (error: .+?) \|$", readme, re.M)
     assert [(f"{cmd}.py", case) for cmd, case, _ in rows] == [(c.command, c.case) for c in CASES]
     for (_, _, message), case in zip(rows, CASES):
         for fragment in case.expect:
