@@ -189,16 +189,13 @@ def build_model(ckpt: dict[str, Any], **config_overrides: Any) -> GPT:
             raise CheckpointError(f"its config says {name}={getattr(config, name)}, over the plausible limit {limit}; "
                                   "the checkpoint is damaged or crafted")
     weights = model_state_dict(ckpt)
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in GPT(config).state_dict().items()}
+    expected = {k: tuple(v) for k, v in GPT.state_shapes(config).items()}
     found = {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}
     if expected != found:
         key = next((k for k in expected if expected[k] != found.get(k)), None) or next(k for k in found if k not in expected)
         raise CheckpointError(f"its weights do not match its config ({key}: config gives {expected.get(key)}, "
                               f"weights hold {found.get(key)}); the checkpoint is damaged or from another program")
-    model = GPT(config)
-    model.load_state_dict(weights)
-    return model
+    return GPT.from_weights(config, weights)  # the checkpoint's tensors themselves: no random init to overwrite
 
 
 def checkpoint_tokenizer(ckpt: dict[str, Any]) -> Tokenizer | None:

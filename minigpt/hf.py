@@ -226,10 +226,10 @@ def _read_bin(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the model's weight files, by its Hugging Face name."""
+def read_hf_weights(files: list[Path]) -> dict[str, torch.Tensor]:
+    """Every tensor of the weight files (see weight_files), by its Hugging Face name."""
     state: dict[str, torch.Tensor] = {}
-    for path in weight_files(model_dir):
+    for path in files:
         state.update(_read_safetensors(path) if path.suffix == ".safetensors" else _read_bin(path))
     return state
 
@@ -332,9 +332,9 @@ def load_hf_model(source: str | Path, device: str | torch.device = "cpu", attent
                 raise CheckpointError(f"its config.json says {key}={getattr(source_config, key)}, over the "
                                       f"plausible limit {limit}; the config is damaged")
         config = config_from_hf(hf_config, block_size, **overrides)
-        weight_files(model_dir)  # missing weights are named before the tokenizer may reach for a download
+        files = weight_files(model_dir)  # missing weights are named before the tokenizer may reach for a download
         tokenizer = load_hf_tokenizer(model_dir, {**hf_config, "_name_or_path": name})  # before the big read
-        model = GPT.from_weights(config, _our_weights(read_hf_weights(model_dir), source_config, config))
+        model = GPT.from_weights(config, _our_weights(read_hf_weights(files), source_config, config))
     except UserError as e:
         message = first_line(e, 1000)
         raise CheckpointError(message if message.startswith(label) else f"{label}: {message}") from None

@@ -15,6 +15,7 @@ import torch
 
 from minigpt.config import GPTConfig
 from minigpt.errors import CheckpointError
+from minigpt.model import GPT
 
 __all__ = ["from_hf_state_dict", "to_hf_state_dict"]
 
@@ -26,15 +27,6 @@ LLAMA_BLOCK = {"ln_1.weight": "input_layernorm.weight", "ln_2.weight": "post_att
                "attn.c_proj.weight": "self_attn.o_proj.weight", "mlp.c_proj.weight": "mlp.down_proj.weight"}
 LLAMA_FUSED = {"attn.c_attn.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
                "mlp.c_fc.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}
-
-
-def _expected_shapes(config: GPTConfig) -> dict[str, torch.Size]:
-    """Our state_dict's names and shapes for this config, from a model on the meta device (no memory)."""
-    from minigpt.model import GPT
-
-    with torch.device("meta"):
-        model = GPT(config)
-    return {name: t.shape for name, t in model.state_dict().items()}
 
 
 def _fused_splits(config: GPTConfig) -> dict[str, list[int]]:
@@ -107,7 +99,7 @@ def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: GPTConfig) -> 
     """HF tensors (GPT-2 or Llama/Mistral names) -> our state_dict for `config`, every name and shape checked:
     a missing tensor or a shape that disagrees with the config is one line naming it."""
     ours = _ours_from_gpt2(hf_state) if config.arch == "gpt" else _ours_from_llama(hf_state, config)
-    expected = _expected_shapes(config)
+    expected = GPT.state_shapes(config)
     if config.tie_embeddings:
         ours.pop("lm_head.weight", None)  # some files store the tied head anyway: the embedding is the one
         expected.pop("lm_head.weight")

@@ -240,6 +240,12 @@ class GPT(nn.Module):
                     nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     @classmethod
+    def state_shapes(cls, config: GPTConfig) -> dict[str, torch.Size]:
+        """The state_dict's names and shapes for `config`, from a model on the meta device (nothing allocated)."""
+        with torch.device("meta"):
+            return {name: t.shape for name, t in cls(config).state_dict().items()}
+
+    @classmethod
     def from_weights(cls, config: GPTConfig, state: dict[str, torch.Tensor]) -> GPT:
         """A GPT holding exactly `state`'s tensors, never allocating (or initialising) weights of its own: built
         on the meta device, then the tensors are assigned in, so a large import holds its weights once."""
