@@ -25,7 +25,11 @@ matmul measured here in the step's matmul dtype (float32, or bfloat16 under bf16
 Bare loop: the same module (so the same weights and, when compiled, the same compiled graph), the same
 batches, module.configure_optimizers()'s optimizer and scheduler, autocast under bf16-mixed, loss.backward(),
 clip_grad_norm_(1.0), optimizer.step(), scheduler.step(), zero_grad(set_to_none=True), timed the same way.
-Lightning overhead = (t_lightning - t_bare) / t_bare of the median step times.
+Lightning overhead = t_lightning / t_bare - 1 of the median step times of a pair of runs taken one after the
+other (order alternated between rounds), the median over --rounds pairs: this machine's speed drifts by up
+to ±20% over minutes, and a ratio of adjacent runs is far steadier than a ratio of best-of times.  The
+headline figure, train.py's loop (its own callbacks, TensorBoard logger and progress bar) over the bare loop
+on the nanogpt shape in float32, is measured the same way over --overhead_rounds pairs.
 
 Also measured: AdamW step alone with fused=True vs foreach=True vs the single-tensor loop, and (on by
 default for the nanogpt shape in float32) a breakdown of what train.py's extras cost (TensorBoard logger,
@@ -189,6 +193,14 @@ def summarize(stamps: dict[str, list[float]], warmup: int) -> dict[str, Any]:
         out["phases_ms"] = {name: round(float(np.median((cols[b] - cols[a])[warmup:])) * 1e3, 3)
                             for name, a, b in PHASES}
     return out
+
+
+def paired_ratio(runs: list[dict[str, Any]], bare_runs: list[dict[str, Any]]) -> float:
+    """Median over rounds of (this run's median step) / (the bare loop's median step in the same round).
+
+    The machine's speed drifts by up to ±20% over minutes; runs taken seconds apart in the same round see
+    nearly the same speed, so their ratio is stable where a ratio of best-of-all-rounds times is not."""
+    return float(np.median([r["step_s"] / b["step_s"] for r, b in zip(runs, bare_runs)]))
 
 
 @contextlib.contextmanager
@@ -370,12 +382,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--steps", type=int, default=20, help="timed steps per run (median reported)")
     p.add_argument("--warmup", type=int, default=5, help="steps skipped before timing (compilation happens here)")
     p.add_argument("--rounds", type=int, default=1,
-                   help="Lightning/bare run pairs per setting; the best (lowest) per-run median is reported")
+                   help="Lightning/bare run pairs per setting: ms/step from the best run, overhead the median of "
+                        "the per-pair ratios")
     p.add_argument("--no_bare", action="store_true", help="skip the bare PyTorch loop comparison")
     p.add_argument("--overhead_detail", default="auto", choices=["auto", "on", "off"],
                    help="per-phase breakdown of the Lightning overhead and of train.py's logger/callbacks/progress "
                         "bar on the nanogpt shape, fp32, eager (auto: on when the nanogpt shape is run)")
     p.add_argument("--detail_rounds", type=int, default=2, help="alternating rounds of the breakdown variants")
+    p.add_argument("--overhead_rounds", type=int, default=8,
+                   help="adjacent (bare loop, train.py's loop) pairs for the headline overhead ratio")
     p.add_argument("--detail_steps", type=int, default=30, help="timed steps per breakdown run")
     p.add_argument("--adamw", default="on", choices=["on", "off"], help="fused vs foreach AdamW micro-benchmark")
     p.add_argument("--attention", default="sdpa", choices=["sdpa", "manual", "einops"],
@@ -393,7 +408,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         shape_list = [quick_shape()]
         args.steps, args.warmup, args.rounds, args.matmul_n = 3, 1, 1, 256
-        args.detail_rounds, args.detail_steps = 1, 3
+        args.detail_rounds, args.detail_steps, args.overhead_rounds = 1, 3, 2
         args.compile = ["off"]
         if args.overhead_detail == "auto":
             args.overhead_detail = "off"
@@ -425,9 +440,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 module = make_module(shape, compiled, args.warmup + args.steps + 1, device)
                 fpt = module.model.flops_per_token(T)
                 lruns, bruns = [], []
-                for _ in range(args.rounds):
+                for i in range(args.rounds):  # a pair per round, its order alternated so drift hits both alike
+                    if not args.no_bare and i % 2:
+                        bruns.append(run_bare(module, shape, prec, device, args.warmup, args.steps))
                     lruns.append(run_lightning(module, shape, prec, device, args.warmup, args.steps))
-                    if not args.no_bare:
+                    if not args.no_bare and not i % 2:
                         bruns.append(run_bare(module, shape, prec, device, args.warmup, args.steps))
                 lt = min(lruns, key=lambda r: r["step_s"])
                 row = dict(shape=shape["name"], precision=prec, compile=compiled, batch_size=B, block_size=T,
@@ -443,7 +460,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     row.update(bare_step_ms=round(bt["step_s"] * 1e3, 3),
                                bare_tokens_per_s=round(B * T / bt["step_s"], 1),
                                bare_step_ms_per_round=[round(r["step_s"] * 1e3, 3) for r in bruns],
-                               overhead_pct=round(100 * (lt["step_s"] - bt["step_s"]) / bt["step_s"], 2))
+                               overhead_pct=round(100 * (paired_ratio(lruns, bruns) - 1), 2))
                 rows.append(row)
                 print(f"  {shape['name']:8s} {prec:10s} compile={comp:3s}: {row['step_ms']:8.2f} ms/step, "
                       f"{row['tokens_per_s']:9.0f} tok/s, MFU {100 * row['mfu']:.1f}%, warm-up "
@@ -456,29 +473,44 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # Where Lightning's per-step time goes, and what train.py's extras add (smallest shape, fp32, eager:
     # where a fixed per-step cost weighs most)
     detail: list[dict[str, Any]] = []
+    headline: dict[str, Any] = {}
     detail_shape = next((s for s in shape_list if s["name"] == "nanogpt"), shape_list[0])
     if args.overhead_detail == "on" or (args.overhead_detail == "auto" and "nanogpt" in args.shapes):
         prec, steps = "32-true", args.detail_steps
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name, *_ in DETAIL_VARIANTS}
-        for _ in range(args.detail_rounds):  # variants interleaved: load drifts hit them alike
-            for name, runner, extras, patch in DETAIL_VARIANTS:
-                module = make_module(detail_shape, False, args.warmup + steps + 1, device)
-                if patch is not None:
-                    patch(module)
-                if runner == "bare":
-                    runs[name].append(run_bare(module, detail_shape, prec, device, args.warmup, steps, phases=True))
-                else:
-                    runs[name].append(run_lightning(module, detail_shape, prec, device, args.warmup, steps,
-                                                    extras=extras, phases=True))
+
+        def run_detail(name: str, runner: str, extras: str | None, patch: Any) -> dict[str, Any]:
+            module = make_module(detail_shape, False, args.warmup + steps + 1, device)
+            if patch is not None:
+                patch(module)
+            if runner == "bare":
+                return run_bare(module, detail_shape, prec, device, args.warmup, steps, phases=True)
+            return run_lightning(module, detail_shape, prec, device, args.warmup, steps, extras=extras, phases=True)
+
+        for i in range(args.detail_rounds):  # variants interleaved, order reversed every other round: drift
+            for variant in DETAIL_VARIANTS[::-1 if i % 2 else 1]:  # hits them alike
+                runs[variant[0]].append(run_detail(*variant))
+        # the headline ratio: train.py's loop and the bare loop in adjacent pairs, order alternated
+        bare_variant, ours_variant = DETAIL_VARIANTS[0], next(v for v in DETAIL_VARIANTS if v[2] == "train_cli")
+        pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        for i in range(args.overhead_rounds):
+            first, second = (ours_variant, bare_variant) if i % 2 else (bare_variant, ours_variant)
+            a, b = run_detail(*first), run_detail(*second)
+            pairs.append((b, a) if i % 2 else (a, b))  # (bare, ours)
+        pair_ratios = [o["step_s"] / b["step_s"] for b, o in pairs]
+        headline = dict(rounds=args.overhead_rounds, steps=steps, ratio=float(np.median(pair_ratios)),
+                        ratios=[round(r, 4) for r in pair_ratios],
+                        bare_ms=[round(b["step_s"] * 1e3, 3) for b, _ in pairs],
+                        train_py_ms=[round(o["step_s"] * 1e3, 3) for _, o in pairs])
         B, T = detail_shape["batch_size"], detail_shape["model"]["block_size"]
         best = {name: min(r, key=lambda x: x["step_s"]) for name, r in runs.items()}
-        base = best[DETAIL_VARIANTS[0][0]]["step_s"]
+        bare_runs = runs[DETAIL_VARIANTS[0][0]]
         for name, runner, extras, patch in DETAIL_VARIANTS:
             r = best[name]
             d = dict(shape=detail_shape["name"], precision=prec, variant=name.strip(), extras=extras,
                      patch=patch.__name__ if patch else None, step_ms=round(r["step_s"] * 1e3, 3),
                      tokens_per_s=round(B * T / r["step_s"], 1),
-                     overhead_pct=round(100 * (r["step_s"] - base) / base, 2),
+                     overhead_pct=round(100 * (paired_ratio(runs[name], bare_runs) - 1), 2),
                      step_ms_per_round=[round(x["step_s"] * 1e3, 3) for x in runs[name]])
             d.update({f"{k}_ms": v for k, v in r.get("phases_ms", {}).items()})
             detail.append(d)
@@ -509,16 +541,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  ("overhead_pct", "Lightning overhead %", "+.1f")]
     print(markdown_table(rows, cols))
     if detail:
-        print(f"\nLightning overhead breakdown ({detail_shape['name']}, 32-true, eager; best of {args.detail_rounds}"
-              f" interleaved rounds of {args.detail_steps} steps; phase medians in ms):\n")
+        print(f"\nLightning overhead breakdown ({detail_shape['name']}, 32-true, eager; {args.detail_rounds} interleaved"
+              f" rounds of {args.detail_steps} steps; ms/step and phase medians from the best round, 'vs bare' the"
+              f" median of the per-round ratios):\n")
         print(markdown_table(detail, [("variant", "variant", ""), ("step_ms", "ms/step", ".2f"),
                                       ("overhead_pct", "vs bare %", "+.1f")]
                              + [(f"{k}_ms", k, ".2f") for k, *_ in PHASES]))
         print("\nPhases: " + "; ".join(f"{k} = {v}" for k, v in PHASE_HELP.items()))
-        ours = next(d for d in detail if d["extras"] == "train_cli")
-        print(f"\ntrain.py's Lightning loop (its callbacks, TensorBoard logger and progress bar) vs the bare loop: "
-              f"{ours['step_ms']:.2f} / {best[DETAIL_VARIANTS[0][0]]['step_s'] * 1e3:.2f} ms per step = "
-              f"{1 + ours['overhead_pct'] / 100:.3f} ({ours['overhead_pct']:+.1f}%)")
+        print(f"\ntrain.py's Lightning loop (its callbacks, TensorBoard logger and progress bar) vs the bare loop, "
+              f"{headline['rounds']} adjacent pairs of {headline['steps']} steps, median of the per-pair ratios: "
+              f"{headline['ratio']:.3f} ({100 * (headline['ratio'] - 1):+.1f}%); pairs (train.py/bare): "
+              + ", ".join(f"{o:.2f}/{b:.2f} ms" for b, o in zip(headline["bare_ms"], headline["train_py_ms"])))
     if adamw:
         print("\nAdamW step alone (median ms):\n")
         print(markdown_table(adamw, [("shape", "shape", ""), ("impl", "implementation", ""),
@@ -536,6 +569,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         checks["nanogpt_best_ge_2x_reference"] = best["tokens_per_s"] >= 2 * NANOGPT_TOKENS_PER_S
     if any("overhead_pct" in r for r in rows):
         checks["lightning_overhead_lt_5pct_all_rows"] = all(r["overhead_pct"] < 5 for r in rows if "overhead_pct" in r)
+    if headline:
+        checks["train_py_overhead_lt_5pct"] = headline["ratio"] < 1.05
     if checks:
         print(f"\nChecks (reference: nanoGPT ~{NANOGPT_MS_PER_ITER} ms/iter = ~{NANOGPT_TOKENS_PER_S} tokens/s fp32, "
               f"nanogpt shape): " + fmt_checks(checks))
@@ -543,7 +578,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print("\ncProfile of one Lightning run:\n")
         print(profile_text)
 
-    settings = dict(steps=args.steps, warmup=args.warmup, rounds=args.rounds, statistic="median per run, best run",
+    settings = dict(steps=args.steps, warmup=args.warmup, rounds=args.rounds, statistic="median per run; ms/step from the best run, overhead the median of per-round Lightning/bare ratios",
                     shapes={s["name"]: s for s in shape_list}, precisions=args.precisions, compile=args.compile,
                     trainer=dict(gradient_clip_val=1.0, log_every_n_steps=10, logger=False, checkpointing=False,
                                  progress_bar=False, validation=False),
@@ -551,7 +586,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     detail=dict(rounds=args.detail_rounds, steps=args.detail_steps, phases=PHASE_HELP),
                     reference=dict(nanogpt_tokens_per_s=NANOGPT_TOKENS_PER_S, nanogpt_ms_per_iter=NANOGPT_MS_PER_ITER))
     result = dict(benchmark="train", machine=label, load_avg_1m_before=load_readings, load_avg_1m_after=load_avg(),
-                  settings=settings, peak_matmul=peaks, results=rows, overhead_breakdown=detail, adamw=adamw,
+                  settings=settings, peak_matmul=peaks, results=rows, overhead_breakdown=detail,
+                  train_py_overhead=headline, adamw=adamw,
                   checks=checks, profile=profile_text)
     out = write_json(result, args.json)
     print(f"\nwrote {out}")

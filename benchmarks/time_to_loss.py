@@ -3,6 +3,8 @@
     python benchmarks/time_to_loss.py --corpus ../shared/data/tinyshakespeare.txt             # all variants
     python benchmarks/time_to_loss.py --corpus ../shared/data/tinyshakespeare.txt --budget 40 --variants recipe
     python benchmarks/time_to_loss.py --corpus stdlib --variants nanogpt recipe                # a second corpus
+    python benchmarks/time_to_loss.py --corpus ../shared/data/tinyshakespeare.txt --budget 40 --variants recipe \
+        --extra=--model.n_layer=2 --extra=--optim.learning_rate=6e-3                            # any other lever
 
 Each variant is `python train.py --config configs/shakespeare_char_cpu.yaml --data.source CORPUS` plus its
 overrides, stopped by `--trainer.max_time` after --budget seconds of training (the learning-rate decay is
@@ -117,7 +119,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--config", default=CONFIG)
     p.add_argument("--val_every", type=int, default=100, help="steps between periodic validations")
-    p.add_argument("--extra", nargs="*", default=[], help="train.py flags added to every run")
+    p.add_argument("--extra", action="append", default=[], metavar="--FLAG=VALUE",
+                   help="a train.py flag added to every run, written with '=': --extra=--optim.learning_rate=6e-3 "
+                        "(repeat for several)")
     args = p.parse_args(argv)
     if args.quick:
         args.budget, args.variants = 3.0, args.variants[:1]

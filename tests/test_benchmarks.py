@@ -2,6 +2,7 @@
 JSON it promises.  The figures themselves are not checked: they depend on the machine."""
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -65,6 +66,17 @@ def test_bench_train_overhead_breakdown_quick(tmp_path):
     assert detail[0]["overhead_pct"] == 0
     for d in detail:  # every phase stamped, for Lightning and the bare loop alike
         assert all(d[f"{k}_ms"] >= 0 for k, *_ in bench_train.PHASES), d
+    headline = read(out)["train_py_overhead"]  # train.py's loop vs the bare loop, in adjacent pairs
+    assert headline["rounds"] == len(headline["ratios"]) == len(headline["bare_ms"]) == 2
+    assert headline["ratio"] == pytest.approx(statistics.median(headline["ratios"]), rel=1e-3)
+
+
+def test_overhead_is_the_median_of_paired_ratios():
+    """A ratio of adjacent runs, not of best-of times: the machine slowing down between rounds must not
+    show up as overhead (best-of here would say 0.6 / 0.5 = +20%)."""
+    bare = [{"step_s": 1.0}, {"step_s": 0.5}, {"step_s": 0.8}]
+    lightning = [{"step_s": 1.05}, {"step_s": 0.6}, {"step_s": 0.84}]
+    assert bench_train.paired_ratio(lightning, bare) == pytest.approx(1.05)
 
 
 def test_bench_sampling_quick(tmp_path, capsys):
