@@ -49,7 +49,7 @@ import time
 import warnings
 from pathlib import Path
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -193,6 +193,20 @@ def summarize(stamps: dict[str, list[float]], warmup: int) -> dict[str, Any]:
         out["phases_ms"] = {name: round(float(np.median((cols[b] - cols[a])[warmup:])) * 1e3, 3)
                             for name, a, b in PHASES}
     return out
+
+
+def alternating_pairs(run_a: Callable[[], dict[str, Any]], run_b: Callable[[], dict[str, Any]],
+                      rounds: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`rounds` back-to-back pairs of runs, a then b in even rounds and b then a in odd ones, so a drift of the
+    machine's speed within a pair hits both alike; returns (a's runs, b's runs)."""
+    a_runs, b_runs = [], []
+    for i in range(rounds):
+        if i % 2:
+            b_runs.append(run_b())
+        a_runs.append(run_a())
+        if not i % 2:
+            b_runs.append(run_b())
+    return a_runs, b_runs
 
 
 def paired_ratio(runs: list[dict[str, Any]], bare_runs: list[dict[str, Any]]) -> float:
@@ -439,13 +453,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 compiled = comp == "on"
                 module = make_module(shape, compiled, args.warmup + args.steps + 1, device)
                 fpt = module.model.flops_per_token(T)
-                lruns, bruns = [], []
-                for i in range(args.rounds):  # a pair per round, its order alternated so drift hits both alike
-                    if not args.no_bare and i % 2:
-                        bruns.append(run_bare(module, shape, prec, device, args.warmup, args.steps))
-                    lruns.append(run_lightning(module, shape, prec, device, args.warmup, args.steps))
-                    if not args.no_bare and not i % 2:
-                        bruns.append(run_bare(module, shape, prec, device, args.warmup, args.steps))
+                lightning_run = lambda: run_lightning(module, shape, prec, device, args.warmup, args.steps)  # noqa: E731
+                if args.no_bare:
+                    lruns, bruns = [lightning_run() for _ in range(args.rounds)], []
+                else:
+                    lruns, bruns = alternating_pairs(
+                        lightning_run, lambda: run_bare(module, shape, prec, device, args.warmup, args.steps),
+                        args.rounds)
                 lt = min(lruns, key=lambda r: r["step_s"])
                 row = dict(shape=shape["name"], precision=prec, compile=compiled, batch_size=B, block_size=T,
                            params=module.model.num_params(), flops_per_token=fpt,
@@ -492,16 +506,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 runs[variant[0]].append(run_detail(*variant))
         # the headline ratio: train.py's loop and the bare loop in adjacent pairs, order alternated
         bare_variant, ours_variant = DETAIL_VARIANTS[0], next(v for v in DETAIL_VARIANTS if v[2] == "train_cli")
-        pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
-        for i in range(args.overhead_rounds):
-            first, second = (ours_variant, bare_variant) if i % 2 else (bare_variant, ours_variant)
-            a, b = run_detail(*first), run_detail(*second)
-            pairs.append((b, a) if i % 2 else (a, b))  # (bare, ours)
-        pair_ratios = [o["step_s"] / b["step_s"] for b, o in pairs]
-        headline = dict(rounds=args.overhead_rounds, steps=steps, ratio=float(np.median(pair_ratios)),
-                        ratios=[round(r, 4) for r in pair_ratios],
-                        bare_ms=[round(b["step_s"] * 1e3, 3) for b, _ in pairs],
-                        train_py_ms=[round(o["step_s"] * 1e3, 3) for _, o in pairs])
+        bare_pairs, ours_pairs = alternating_pairs(lambda: run_detail(*bare_variant), lambda: run_detail(*ours_variant),
+                                                   args.overhead_rounds)
+        headline = dict(rounds=args.overhead_rounds, steps=steps, ratio=paired_ratio(ours_pairs, bare_pairs),
+                        ratios=[round(o["step_s"] / b["step_s"], 4) for b, o in zip(bare_pairs, ours_pairs)],
+                        bare_ms=[round(b["step_s"] * 1e3, 3) for b in bare_pairs],
+                        train_py_ms=[round(o["step_s"] * 1e3, 3) for o in ours_pairs])
         B, T = detail_shape["batch_size"], detail_shape["model"]["block_size"]
         best = {name: min(r, key=lambda x: x["step_s"]) for name, r in runs.items()}
         bare_runs = runs[DETAIL_VARIANTS[0][0]]
@@ -578,7 +588,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print("\ncProfile of one Lightning run:\n")
         print(profile_text)
 
-    settings = dict(steps=args.steps, warmup=args.warmup, rounds=args.rounds, statistic="median per run; ms/step from the best run, overhead the median of per-round Lightning/bare ratios",
+    settings = dict(steps=args.steps, warmup=args.warmup, rounds=args.rounds,
+                    statistic="median per run; ms/step from the best run, overhead the median of per-round "
+                              "Lightning/bare ratios",
                     shapes={s["name"]: s for s in shape_list}, precisions=args.precisions, compile=args.compile,
                     trainer=dict(gradient_clip_val=1.0, log_every_n_steps=10, logger=False, checkpointing=False,
                                  progress_bar=False, validation=False),

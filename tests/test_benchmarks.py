@@ -71,6 +71,12 @@ def test_bench_train_overhead_breakdown_quick(tmp_path):
     assert headline["ratio"] == pytest.approx(statistics.median(headline["ratios"]), rel=1e-3)
 
 
+def test_pairs_alternate_their_order():
+    order = []
+    bench_train.alternating_pairs(lambda: order.append("a") or {}, lambda: order.append("b") or {}, 3)
+    assert order == ["a", "b", "b", "a", "a", "b"]
+
+
 def test_overhead_is_the_median_of_paired_ratios():
     """A ratio of adjacent runs, not of best-of times: the machine slowing down between rounds must not
     show up as overhead (best-of here would say 0.6 / 0.5 = +20%)."""
