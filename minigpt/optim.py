@@ -21,7 +21,6 @@ from minigpt.errors import ConfigError
 OptimizerName = Literal["adamw", "muon"]
 Schedule = Literal["cosine", "linear", "constant", "wsd"]
 OPTIMIZERS, SCHEDULES = get_args(OptimizerName), get_args(Schedule)
-WSD_COOLDOWN = 0.2  # wsd: the linear cooldown takes the last 20% of the decay
 
 
 @dataclass
@@ -41,7 +40,9 @@ class OptimConfig:
     warmup_steps: int = 100
     """Optimizer steps of linear warmup."""
     lr_schedule: Schedule = "cosine"
-    """After warmup: cosine, linear, constant, or wsd (hold the peak, then a linear cooldown over the last 20%)."""
+    """After warmup: cosine, linear, constant, or wsd (hold the peak, then a linear cooldown)."""
+    cooldown_fraction: float = 0.2
+    """wsd only: the share of the decay (warmup's end to decay's end) spent in the linear cooldown, in (0, 1]."""
     decay_steps: int | None = None
     """Step at which the decay ends; unset = trainer.max_steps, or projected from the speed under max_time."""
 
@@ -63,6 +64,9 @@ class OptimConfig:
                 raise bad(name, f"must be in [0, 1), got {getattr(self, name)}", "use e.g. 0.9 / 0.95")
         if self.warmup_steps < 0:
             raise bad("warmup_steps", f"must be >= 0, got {self.warmup_steps}", "use e.g. 100")
+        if not 0.0 < self.cooldown_fraction <= 1.0:
+            raise bad("cooldown_fraction", f"must be in (0, 1], got {self.cooldown_fraction}",
+                      "use e.g. 0.2 (1 = a linear decay from the end of warmup)")
         if self.decay_steps is not None and self.decay_steps < 1:
             raise bad("decay_steps", f"must be >= 1 or unset, got {self.decay_steps}", "leave it unset to use max_steps")
 
@@ -141,8 +145,8 @@ def lr_multiplier(step: int, cfg: OptimConfig, decay_end: int | None) -> float:
         decay = 0.5 * (1.0 + math.cos(math.pi * progress))
     elif cfg.lr_schedule == "linear":
         decay = 1.0 - progress
-    else:  # wsd: stable at the peak, then a linear cooldown over the last WSD_COOLDOWN of the decay
-        decay = min(1.0, (1.0 - progress) / WSD_COOLDOWN)
+    else:  # wsd: stable at the peak, then a linear cooldown over the last cooldown_fraction of the decay
+        decay = min(1.0, (1.0 - progress) / cfg.cooldown_fraction)
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
 
 

@@ -103,6 +103,7 @@ def test_vocab_size_is_linked_from_the_data_not_a_flag(corpus, data_root, tmp_pa
     (dict(beta2=1.0), r"optim.beta2: must be in \[0, 1\)"),
     (dict(warmup_steps=-1), "optim.warmup_steps: must be >= 0"),
     (dict(decay_steps=0), "optim.decay_steps: must be >= 1"),
+    (dict(cooldown_fraction=0.0), r"optim.cooldown_fraction: must be in \(0, 1\]"),
     (dict(lr_schedule="exp"), "optim.lr_schedule: unknown value 'exp'; choose one of cosine, linear, constant, wsd"),
 ])
 def test_optim_settings_are_range_checked_where_declared(kwargs, match):
