@@ -3,6 +3,7 @@
 import math
 
 import pytest
+import torch
 
 from minigpt.optim import OptimConfig, lr_multiplier, projected_decay_end
 
@@ -40,3 +41,61 @@ def test_time_budget_projects_the_end_from_the_speed_so_far():
     # 100 steps in 10 s with 30 s left: 400 steps by the end of the budget
     assert projected_decay_end(100, 10.0, 30.0) == 400
     assert math.isclose(projected_decay_end(50, 25.0, 0.0), 50)
+
+
+def _muon_pair(adjust_lr_fn, nesterov):
+    from minigpt.optim import Muon
+
+    torch.manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(*shape)) for shape in [(64, 32), (32, 64), (48, 48)]]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    kwargs = dict(lr=0.02, weight_decay=0.1, adjust_lr_fn=adjust_lr_fn, nesterov=nesterov)
+    return ours, Muon(ours, **kwargs), theirs, torch.optim.Muon(theirs, **kwargs)
+
+
+def _steps(ours, opt, theirs, ref, n=3):
+    for _ in range(n):
+        for p, q in zip(ours, theirs):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        opt.step()
+        ref.step()
+
+
+@pytest.mark.parametrize("adjust_lr_fn", [None, "match_rms_adamw"])
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_muon_is_torchs_muon_when_bf16_is_native(monkeypatch, adjust_lr_fn, nesterov):
+    import minigpt.precision
+
+    monkeypatch.setattr(minigpt.precision, "cpu_has_native_bf16", lambda: (True, "faked"))
+    ours, opt, theirs, ref = _muon_pair(adjust_lr_fn, nesterov)
+    _steps(ours, opt, theirs, ref)
+    assert opt.ns_dtype == torch.bfloat16
+    assert all(torch.equal(p, q) for p, q in zip(ours, theirs))
+    assert opt.state_dict()["state"].keys() == ref.state_dict()["state"].keys()
+    assert all(torch.equal(opt.state[p]["momentum_buffer"], ref.state[q]["momentum_buffer"])
+               for p, q in zip(ours, theirs))
+
+
+def test_muon_iterates_in_float32_where_bf16_is_not_native(monkeypatch):
+    """On a CPU without native bf16 the same update is computed in float32: equal to torch's up to bf16 rounding."""
+    import minigpt.precision
+
+    monkeypatch.setattr(minigpt.precision, "cpu_has_native_bf16", lambda: (False, "faked"))
+    ours, opt, theirs, ref = _muon_pair("match_rms_adamw", True)
+    start = [p.detach().clone() for p in ours]
+    _steps(ours, opt, theirs, ref, n=1)
+    assert opt.ns_dtype == torch.float32
+    for p, q, p0 in zip(ours, theirs, start):
+        ours_update, torch_update = p - p0, q - p0
+        assert not torch.equal(ours_update, torch_update)  # float32 really ran, not torch's bf16
+        assert (ours_update - torch_update).norm() < 0.02 * torch_update.norm()
+
+
+def test_newton_schulz_orthogonalises():
+    """Five quintic iterations leave a random matrix's singular values within Muon's (0.5, 1.5) band."""
+    from minigpt.optim import newton_schulz
+
+    g = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
+    s = torch.linalg.svdvals(newton_schulz(g, (3.4445, -4.775, 2.0315), 5, 1e-7, torch.float32))
+    assert s.min() > 0.5 and s.max() < 1.5
