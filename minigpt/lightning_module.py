@@ -49,8 +49,15 @@ class GPTLightningModule(L.LightningModule):
                 f"the training loss became {loss.item()} at step {self.global_step}; training stopped and the last "
                 "good checkpoint is kept; lower the learning rate, raise warmup_steps or train in float32 "
                 "(precision 32-true), then resume")
-        self.log("train_loss", loss, prog_bar=True)
+        if self._logs_this_step():
+            self.log("train_loss", loss, prog_bar=True)
         return loss
+
+    def _logs_this_step(self) -> bool:
+        """Whether Lightning writes this step's metrics (every log_every_n_steps, counted from 1): logging only
+        then keeps the TensorBoard curves and progress bar unchanged and saves self.log's cost on the other steps."""
+        every = self.trainer.log_every_n_steps
+        return every > 0 and (self.global_step + 1) % every == 0
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         _, loss = self.model(batch[:, :-1], batch[:, 1:])
@@ -65,7 +72,7 @@ class GPTLightningModule(L.LightningModule):
         self.log("val_ppl", torch.exp(val_loss), sync_dist=True)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.global_step % self.trainer.log_every_n_steps == 0:  # before clipping: the norm the data produced
+        if self._logs_this_step():  # before clipping: the norm the data produced
             grads = [p.grad for p in self.parameters() if p.grad is not None]
             self.log("grad_norm", torch.nn.utils.get_total_norm(grads))
 

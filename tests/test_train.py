@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, tiny_run_args
+from conftest import REPO, record_training_losses, tiny_run_args
 from minigpt.checkpoint import build_model, checkpoint_tokenizer, model_state_dict, read_checkpoint
 from minigpt.train_cli import main
 from minigpt.callbacks import CompileModel
@@ -50,6 +50,20 @@ def test_tensorboard_gets_losses_lr_grad_norm_throughput_and_samples(corpus, dat
         assert tag in scalars, (tag, scalars)
     assert "train/device/items_per_sec" in scalars, scalars  # tokens/s (Lightning calls tokens items)
     assert any("sample" in t for t in events.Tags()["tensors"]), events.Tags()
+
+
+def test_tensorboard_train_loss_is_the_logged_steps_own_loss(corpus, data_root, tmp_path, monkeypatch):
+    """train_loss and grad_norm are logged only on the steps Lightning writes (every log_every_n_steps = 5):
+    each written point is that step's own value, not one left over from an earlier step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    seen = record_training_losses(monkeypatch)
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=20))
+    events = EventAccumulator(str(tmp_path / "run")).Reload()
+    written = {e.step: e.value for e in events.Scalars("train_loss")}
+    assert sorted(written) == [4, 9, 14, 19]
+    assert all(written[step] == pytest.approx(seen[step][1]) for step in written), (written, [s[1] for s in seen])
+    assert sorted(e.step for e in events.Scalars("grad_norm")) == [4, 9, 14, 19]
 
 
 def test_same_seed_same_run_other_seed_other_run(corpus, data_root, tmp_path):
