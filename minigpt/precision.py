@@ -81,6 +81,13 @@ def cpu_has_native_bf16() -> tuple[bool, str]:
                           f"{bf16:.0f} GFLOP/s bf16: bf16 {verdict}")
 
 
+def has_native_bf16(device: torch.device) -> bool:
+    """Whether `device` computes bf16 natively (a GPU with bf16 units, a CPU whose bf16 matmuls keep up with float32)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    return device.type == "cpu" and cpu_has_native_bf16()[0]
+
+
 def resolve_precision(precision: str | int | None, accelerator: str | None = "auto",
                       attention: str | None = None) -> tuple[str | int | None, str]:
     """(the precision to give Lightning, a one-line reason).  Anything but "auto" is returned as given.
@@ -92,7 +99,7 @@ def resolve_precision(precision: str | int | None, accelerator: str | None = "au
         return precision, f"precision {precision} (as configured)"
     if accelerator in (None, "auto", "gpu", "cuda") and torch.cuda.is_available():
         name = torch.cuda.get_device_name()
-        if torch.cuda.is_bf16_supported(including_emulation=False):
+        if has_native_bf16(torch.device("cuda")):
             return "bf16-mixed", f"precision auto -> bf16-mixed ({name} computes bf16 natively)"
         return "32-true", f"precision auto -> 32-true ({name} has no native bf16)"
     if accelerator in (None, "auto", "gpu", "mps") and torch.backends.mps.is_available():

@@ -102,6 +102,7 @@ def test_vocab_size_is_linked_from_the_data_not_a_flag(corpus, data_root, tmp_pa
     (dict(min_lr_ratio=-0.5), r"optim.min_lr_ratio: must be in \[0, 1\]"),
     (dict(beta2=1.0), r"optim.beta2: must be in \[0, 1\)"),
     (dict(warmup_steps=-1), "optim.warmup_steps: must be >= 0"),
+    (dict(muon_ns_steps=0), r"optim.muon_ns_steps: must be in \[1, 10\]"),
     (dict(decay_steps=0), "optim.decay_steps: must be >= 1"),
     (dict(cooldown_fraction=0.0), r"optim.cooldown_fraction: must be in \(0, 1\]"),
     (dict(lr_schedule="exp"), "optim.lr_schedule: unknown value 'exp'; choose one of cosine, linear, constant, wsd"),

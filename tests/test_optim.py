@@ -99,3 +99,13 @@ def test_newton_schulz_orthogonalises():
     g = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
     s = torch.linalg.svdvals(newton_schulz(g, (3.4445, -4.775, 2.0315), 5, 1e-7, torch.float32))
     assert s.min() > 0.5 and s.max() < 1.5
+
+
+def test_muon_ns_steps_reaches_the_optimizer():
+    from minigpt.model import GPT
+    from minigpt.config import GPTConfig
+    from minigpt.optim import build_optimizer
+
+    model = GPT(GPTConfig.from_name("tiny"))
+    optimizer = build_optimizer(model, OptimConfig(optimizer="muon", muon_ns_steps=3), fused=False)
+    assert {group["ns_steps"] for group in optimizer.muon.param_groups} == {3}
