@@ -188,11 +188,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self.muon.step()
+        loss = self.muon.step(closure)  # evaluates the closure (Lightning's forward + backward) first
         self.adamw.step()
         return loss
 
