@@ -1,11 +1,15 @@
-"""The learning-rate schedule against its definition: warmup, then cosine / linear / constant / wsd to min_lr."""
+"""The learning-rate schedule against its definition (warmup, then cosine / linear / constant / wsd to min_lr), and
+minigpt's Muon against torch.optim.Muon."""
 
 import math
 
 import pytest
 import torch
 
-from minigpt.optim import OptimConfig, lr_multiplier, projected_decay_end
+import minigpt.precision
+from minigpt.config import GPTConfig
+from minigpt.model import GPT
+from minigpt.optim import Muon, OptimConfig, build_optimizer, lr_multiplier, newton_schulz, projected_decay_end
 
 
 def test_warmup_is_linear_up_to_the_peak():
@@ -44,8 +48,6 @@ def test_time_budget_projects_the_end_from_the_speed_so_far():
 
 
 def _muon_pair(adjust_lr_fn, nesterov):
-    from minigpt.optim import Muon
-
     torch.manual_seed(0)
     ours = [torch.nn.Parameter(torch.randn(*shape)) for shape in [(64, 32), (32, 64), (48, 48)]]
     theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
@@ -65,8 +67,6 @@ def _steps(ours, opt, theirs, ref, n=3):
 @pytest.mark.parametrize("adjust_lr_fn", [None, "match_rms_adamw"])
 @pytest.mark.parametrize("nesterov", [True, False])
 def test_muon_is_torchs_muon_when_bf16_is_native(monkeypatch, adjust_lr_fn, nesterov):
-    import minigpt.precision
-
     monkeypatch.setattr(minigpt.precision, "cpu_has_native_bf16", lambda: (True, "faked"))
     ours, opt, theirs, ref = _muon_pair(adjust_lr_fn, nesterov)
     _steps(ours, opt, theirs, ref)
@@ -79,8 +79,6 @@ def test_muon_is_torchs_muon_when_bf16_is_native(monkeypatch, adjust_lr_fn, nest
 
 def test_muon_iterates_in_float32_where_bf16_is_not_native(monkeypatch):
     """On a CPU without native bf16 the same update is computed in float32: equal to torch's up to bf16 rounding."""
-    import minigpt.precision
-
     monkeypatch.setattr(minigpt.precision, "cpu_has_native_bf16", lambda: (False, "faked"))
     ours, opt, theirs, ref = _muon_pair("match_rms_adamw", True)
     start = [p.detach().clone() for p in ours]
@@ -94,18 +92,12 @@ def test_muon_iterates_in_float32_where_bf16_is_not_native(monkeypatch):
 
 def test_newton_schulz_orthogonalises():
     """Five quintic iterations leave a random matrix's singular values within Muon's (0.5, 1.5) band."""
-    from minigpt.optim import newton_schulz
-
     g = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
     s = torch.linalg.svdvals(newton_schulz(g, (3.4445, -4.775, 2.0315), 5, 1e-7, torch.float32))
     assert s.min() > 0.5 and s.max() < 1.5
 
 
 def test_muon_ns_steps_reaches_the_optimizer():
-    from minigpt.model import GPT
-    from minigpt.config import GPTConfig
-    from minigpt.optim import build_optimizer
-
     model = GPT(GPTConfig.from_name("tiny"))
     optimizer = build_optimizer(model, OptimConfig(optimizer="muon", muon_ns_steps=3), fused=False)
     assert {group["ns_steps"] for group in optimizer.muon.param_groups} == {3}
