@@ -90,12 +90,14 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, fused: bool) -> torch.op
     betas = (cfg.beta1, cfg.beta2)
     if cfg.optimizer == "muon":
         # Muon orthogonalises updates of the blocks' hidden matrices; embeddings and the head stay with AdamW
-        hidden = [p for n, p in decay if p.dim() == 2 and n.startswith("transformer.h.")]
-        ids = {id(p) for p in hidden}
-        return MuonWithAdamW([{"params": hidden, "weight_decay": cfg.weight_decay}],
+        hidden = [(n, p) for n, p in decay if p.dim() == 2 and n.startswith("transformer.h.")]
+        ids = {id(p) for _, p in hidden}
+        stacked = model.stacked_projections() if hasattr(model, "stacked_projections") else {}
+        return MuonWithAdamW([{"params": [p for _, p in hidden], "weight_decay": cfg.weight_decay}],
                              [{"params": [p for _, p in decay if id(p) not in ids], "weight_decay": cfg.weight_decay},
                               {"params": no_decay, "weight_decay": 0.0}],
-                             lr=cfg.learning_rate, betas=betas, fused=fused, ns_steps=cfg.muon_ns_steps)
+                             lr=cfg.learning_rate, betas=betas, fused=fused, ns_steps=cfg.muon_ns_steps,
+                             row_splits={p: stacked[n] for n, p in hidden if n in stacked})
     return torch.optim.AdamW([{"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
                               {"params": no_decay, "weight_decay": 0.0}],
                              lr=cfg.learning_rate, betas=betas, fused=fused)
@@ -103,28 +105,42 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, fused: bool) -> torch.op
 
 def newton_schulz(grad: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
                   dtype: torch.dtype) -> torch.Tensor:
-    """Muon's quintic Newton-Schulz iteration, as torch.optim.Muon computes it, in `dtype`: ~U V^T for G = U S V^T."""
+    """Muon's quintic Newton-Schulz iteration, as torch.optim.Muon computes it, in `dtype`: ~U V^T for G = U S V^T.
+
+    grad: one matrix (m, n), or a stack of same-shaped matrices (k, m, n), each orthogonalised on its own in one
+    batched matmul per product (what many small matrices need on a CPU)."""
     a, b, c = coefficients
+    addmm = torch.addmm if grad.dim() == 2 else torch.baddbmm
     x = grad.to(dtype)
-    if grad.size(0) > grad.size(1):  # iterate on the wide orientation: the Gram matrix is the smaller one
-        x = x.T
-    x = x / x.norm().clamp(min=eps)  # spectral norm <= Frobenius norm <= 1
+    tall = grad.size(-2) > grad.size(-1)
+    if tall:  # iterate on the wide orientation: the Gram matrix is the smaller one
+        x = x.mT
+    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)  # spectral norm <= Frobenius norm <= 1
     for _ in range(steps):
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.T if grad.size(0) > grad.size(1) else x
+        gram = x @ x.mT
+        x = addmm(x, addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.mT if tall else x
 
 
 class Muon(torch.optim.Muon):
-    """torch.optim.Muon with the Newton-Schulz iteration in a dtype chosen for the parameters' device.
+    """torch.optim.Muon with the Newton-Schulz iteration in a dtype chosen for the parameters' device, batched over
+    same-shaped matrices, and run on each projection of a stacked weight on its own.
 
     torch's iteration is always bfloat16: right on GPUs and CPUs with native bf16, but on a CPU without it (AVX2)
     a bf16 matmul is ~150x slower than float32, and torch's Muon made the CPU recipe's step 6x slower (620 ms vs
     104 ms with the iteration in float32).
+    row_splits: {weight: rows of each projection} for weights that stack several projections (fused q/k/v,
+    SwiGLU's gate/up): each is orthogonalised, and its learning rate scaled, as the matrix it is, as if the
+    projections were separate parameters (as Muon's authors do).  Without row_splits, and with no two matrices
+    of one shape, each update is torch's to the bit.
     Everything else is torch's Muon: the update, its hyper-parameters, state (momentum_buffer) and checkpoints.
     """
 
     ns_dtype: torch.dtype | None = None  # decided at the first step, from where the parameters live
+
+    def __init__(self, params, *args, row_splits: dict[torch.Tensor, list[int]] | None = None, **kwargs) -> None:
+        super().__init__(params, *args, **kwargs)
+        self.row_splits = dict(row_splits or {})  # keyed by the parameter object (tensors hash by identity)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -134,6 +150,7 @@ class Muon(torch.optim.Muon):
                 loss = closure()
         for group in self.param_groups:
             lr, momentum = group["lr"], group["momentum"]
+            by_shape: dict[torch.Size, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # (weight rows, update rows)
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -145,10 +162,17 @@ class Muon(torch.optim.Muon):
                 buf = state["momentum_buffer"]
                 buf.lerp_(p.grad, 1 - momentum)
                 update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
-                update = newton_schulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"],
-                                       self.ns_dtype)
                 p.mul_(1 - lr * group["weight_decay"])  # decoupled weight decay
-                p.add_(update, alpha=-lr * muon_lr_ratio(group["adjust_lr_fn"], p.shape))
+                rows = self.row_splits.get(p)
+                for piece in zip(p.split(rows), update.split(rows)) if rows else [(p, update)]:
+                    by_shape.setdefault(piece[0].shape, []).append(piece)
+            for shape, pieces in by_shape.items():
+                updates = [u for _, u in pieces]
+                ortho = newton_schulz(updates[0] if len(updates) == 1 else torch.stack(updates),
+                                      group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
+                alpha = -lr * muon_lr_ratio(group["adjust_lr_fn"], shape)
+                for (weight, _), u in zip(pieces, [ortho] if len(updates) == 1 else ortho.unbind()):
+                    weight.add_(u, alpha=alpha)  # weight: the parameter, or a view of its rows
         return loss
 
 
@@ -170,9 +194,9 @@ class MuonWithAdamW(torch.optim.Optimizer):
     """
 
     def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], lr: float, betas: tuple[float, float],
-                 fused: bool, ns_steps: int = 5) -> None:
+                 fused: bool, ns_steps: int = 5, row_splits: dict[torch.Tensor, list[int]] | None = None) -> None:
         # match_rms_adamw scales Muon's update to AdamW's size, so one learning rate serves both
-        self.muon = Muon(muon_groups, lr=lr, adjust_lr_fn="match_rms_adamw", ns_steps=ns_steps)
+        self.muon = Muon(muon_groups, lr=lr, adjust_lr_fn="match_rms_adamw", ns_steps=ns_steps, row_splits=row_splits)
         self.adamw = torch.optim.AdamW(adamw_groups, lr=lr, betas=betas, fused=fused)
         super().__init__(self.muon.param_groups + self.adamw.param_groups, defaults={"lr": lr})
         self._share()

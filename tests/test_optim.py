@@ -101,3 +101,49 @@ def test_muon_ns_steps_reaches_the_optimizer():
     model = GPT(GPTConfig.from_name("tiny"))
     optimizer = build_optimizer(model, OptimConfig(optimizer="muon", muon_ns_steps=3), fused=False)
     assert {group["ns_steps"] for group in optimizer.muon.param_groups} == {3}
+
+
+def test_muon_orthogonalises_each_stacked_projection_on_its_own(monkeypatch):
+    """A weight stacking three projections (q/k/v) with row_splits moves exactly as three separate weights would
+    under torch's Muon: each piece orthogonalised, and its learning rate scaled, as the matrix it is."""
+    monkeypatch.setattr(minigpt.precision, "cpu_has_native_bf16", lambda: (True, "faked"))
+    torch.manual_seed(0)
+    stacked = torch.nn.Parameter(torch.randn(32 + 16 + 16, 32))
+    pieces = [torch.nn.Parameter(w.detach().clone()) for w in stacked.split([32, 16, 16])]
+    kwargs = dict(lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    opt = Muon([stacked], row_splits={stacked: [32, 16, 16]}, **kwargs)
+    ref = torch.optim.Muon(pieces, **kwargs)
+    whole = Muon([torch.nn.Parameter(stacked.detach().clone())], **kwargs)  # the same weight, not split
+    for _ in range(3):
+        stacked.grad = torch.randn_like(stacked)
+        for p, g in zip(pieces, stacked.grad.split([32, 16, 16])):
+            p.grad = g.clone()
+        whole.param_groups[0]["params"][0].grad = stacked.grad.clone()
+        opt.step(), ref.step(), whole.step()
+    torch.testing.assert_close(stacked.detach(), torch.cat([p.detach() for p in pieces]))
+    assert not torch.allclose(stacked, whole.param_groups[0]["params"][0], atol=1e-3)  # splitting changes Muon
+    assert opt.state[stacked]["momentum_buffer"].shape == stacked.shape  # state stays per parameter
+
+
+def test_newton_schulz_of_a_stack_is_each_matrix_s():
+    g = torch.randn(4, 48, 24, generator=torch.Generator().manual_seed(0))
+    batched = newton_schulz(g, (3.4445, -4.775, 2.0315), 5, 1e-7, torch.float32)
+    single = torch.stack([newton_schulz(m, (3.4445, -4.775, 2.0315), 5, 1e-7, torch.float32) for m in g])
+    torch.testing.assert_close(batched, single)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt"])
+def test_build_optimizer_splits_fused_projections_for_muon(arch):
+    """q/k/v (with fewer key/value heads) and SwiGLU's gate/up reach Muon as separate projections."""
+    config = GPTConfig(arch=arch, n_layer=2, n_head=4, n_kv_head=2 if arch == "llama" else 4, n_embd=32,
+                       mlp_hidden=48, vocab_size=50, block_size=16)
+    model = GPT(config)
+    splits = build_optimizer(model, OptimConfig(optimizer="muon"), fused=False).muon.row_splits
+    block = model.transformer.h[1]
+    kv_rows = 16 if arch == "llama" else 32
+    assert splits[block.attn.c_attn.weight] == [32, kv_rows, kv_rows]
+    if arch == "llama":
+        assert splits[block.mlp.c_fc.weight] == [48, 48]
+    else:
+        assert block.mlp.c_fc.weight not in splits  # one GELU projection: nothing stacked
+    assert block.attn.c_proj.weight not in splits
