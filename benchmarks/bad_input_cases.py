@@ -102,6 +102,7 @@ CASES: list[Case] = [
     train("max_time not in DD:HH:MM:SS", "--trainer.max_time", "1h", expect=["'1h'", "DD:HH:MM:SS"]),
     train("GPU asked for on a machine without one", "--trainer.accelerator", "gpu", expect=["trainer:", "gpu"]),
     train("devices 0", "--trainer.devices", "0", expect=["trainer:", "devices"]),
+    train("FSDP asked for on a CPU", "--trainer.strategy", "fsdp", expect=["trainer:", "fsdp", "requires a GPU"]),
     train("checkpoint_every below 1", "--checkpoint_every", "-1", expect=['"checkpoint_every"']),
     train("--resume with no run there", "--resume", expect=["--resume: no checkpoint at"]),
     train("resume after the corpus changed (same vocabulary size)", "--out_dir", "{run}", "--resume",

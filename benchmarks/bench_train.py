@@ -132,7 +132,7 @@ PHASE_HELP = {
     "zero_grad": "zero_grad(set_to_none=True)",
     "bwd": "backward",
     "glue": "Lightning between backward and on_before_optimizer_step",
-    "opt": "grad-norm hook (Lightning) + clip_grad_norm_ + optimizer.step",
+    "opt": "clip_grad_norm_ (which measures grad_norm) + optimizer.step",
     "between": "after the step: LR scheduler, logger connector / callbacks, fetching the next batch",
 }
 
@@ -363,11 +363,7 @@ def _noop(*args: Any, **kwargs: Any) -> None:
 
 
 def no_log(module: GPTLightningModule) -> None:
-    module.log = _noop  # train_loss every step and grad_norm every log_every_n_steps are no longer logged
-
-
-def no_grad_norm_hook(module: GPTLightningModule) -> None:
-    module.on_before_optimizer_step = _noop  # the module's grad-norm computation + log
+    module.log = _noop  # train_loss and grad_norm (every log_every_n_steps) are no longer logged
 
 
 # name, runner ("bare" or "lightning"), extras for run_lightning, patch applied to the module
@@ -375,7 +371,6 @@ DETAIL_VARIANTS = [
     ("bare PyTorch loop", "bare", None, None),
     ("Lightning, minimal (as in the main table)", "lightning", "none", None),
     ("  minimal, module's self.log disabled", "lightning", "none", no_log),
-    ("  minimal, module's grad-norm hook disabled", "lightning", "none", no_grad_norm_hook),
     ("  + TensorBoard logger", "lightning", "tb", None),
     ("  + TensorBoard + LearningRateMonitor", "lightning", "tb+lr", None),
     ("  + TensorBoard + LR + ThroughputMonitor (train.py's set)", "lightning", "train_py", None),

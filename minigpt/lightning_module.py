@@ -10,7 +10,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.plugins.precision import Precision
 
 from minigpt import checkpoint
 from minigpt.config import GPTConfig
@@ -33,6 +33,8 @@ class GPTLightningModule(L.LightningModule):
         self.model = GPT(config)
         self.flops_per_batch: int | None = None  # read by Lightning's ThroughputMonitor for FLOP/s and MFU
         self._val_losses: list[torch.Tensor] = []
+        self._loss: torch.Tensor | None = None  # this step's training loss
+        self._grad_norm: torch.Tensor | None = None  # this step's norm before clipping, if clipping measured it
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         return self.model(idx, targets)
@@ -49,15 +51,8 @@ class GPTLightningModule(L.LightningModule):
                 f"the training loss became {loss.item()} at step {self.global_step}; training stopped and the last "
                 "good checkpoint is kept; lower the learning rate, raise warmup_steps or train in float32 "
                 "(precision 32-true), then resume")
-        if self._logs_this_step():
-            self.log("train_loss", loss, prog_bar=True)
+        self._loss = loss.detach()  # logged at the step's end, on the steps Lightning writes
         return loss
-
-    def _logs_this_step(self) -> bool:
-        """Whether Lightning writes this step's metrics (every log_every_n_steps, counted from 1): logging only
-        then keeps the TensorBoard curves and progress bar unchanged and saves self.log's cost on the other steps."""
-        every = self.trainer.log_every_n_steps
-        return every > 0 and (self.global_step + 1) % every == 0
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         _, loss = self.model(batch[:, :-1], batch[:, 1:])
@@ -71,25 +66,49 @@ class GPTLightningModule(L.LightningModule):
         self.log("val_loss", val_loss, prog_bar=True, sync_dist=True)
         self.log("val_ppl", torch.exp(val_loss), sync_dist=True)
 
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self._logs_this_step():  # before clipping: the norm the data produced
-            grads = [p.grad for p in self.parameters() if p.grad is not None]
-            self.log("grad_norm", torch.nn.utils.get_total_norm(grads))
+    # train_loss and grad_norm are logged only on the steps Lightning writes to the loggers: every
+    # log_every_n_steps, and the step where the run stops early (max_time).  The curves and progress bar are
+    # unchanged, self.log's cost is saved on the other steps, and no point carries an earlier step's value.
+
+    def on_train_batch_end(self, outputs: Any, batch: torch.Tensor, batch_idx: int) -> None:
+        every = self.trainer.log_every_n_steps  # global_step already counts this step's optimizer step
+        if every > 0 and (self.global_step % every == 0 or self.trainer.should_stop):
+            self.log("train_loss", self._loss, prog_bar=True)
+            # untouched since backward unless clipping measured it: no clipping, or clipped by the norm it returned
+            self.log("grad_norm", self._grad_norm if self._grad_norm is not None else self._total_grad_norm())
+
+    def _total_grad_norm(self) -> torch.Tensor:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in self.parameters() if p.grad is not None])
+        if self._sharded():  # each rank holds a shard of every gradient: the norm spans all of them
+            norm = self.trainer.strategy.reduce(norm.square(), reduce_op="sum").sqrt()
+        return norm
+
+    def _sharded(self) -> bool:
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        return isinstance(self.trainer.strategy, FSDPStrategy)
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:
-        # Lightning's mixed-precision plugin refuses to clip for any fused optimizer, because under a gradient
-        # scaler such an optimizer unscales internally.  bf16-mixed has no scaler: gradients are already at
-        # their true scale, so clip them exactly as 32-true would.
-        plugin = self.trainer.precision_plugin
-        if gradient_clip_val and isinstance(plugin, MixedPrecision) and plugin.scaler is None:
-            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-            if gradient_clip_algorithm == "value":
-                torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
-            else:
-                torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+        """Clip as Lightning would, keeping the norm before clipping (logged as grad_norm) if clipping measures it."""
+        self._grad_norm = None
+        if not gradient_clip_val:
             return
-        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        plugin = self.trainer.precision_plugin
+        by_norm = gradient_clip_algorithm != "value"
+        if by_norm and self._sharded():
+            # Lightning's FSDP plugin refuses to clip by norm: the norm spans every rank's shard, which only the
+            # FSDP root module computes (torch's FSDP docs, "Gradient Clipping")
+            self._grad_norm = self.trainer.model.clip_grad_norm_(gradient_clip_val)
+        elif by_norm and type(plugin).clip_grad_by_norm is Precision.clip_grad_by_norm:
+            # what Lightning's plugin would call, minus one check: its mixed-precision plugin refuses any fused
+            # optimizer, because under a gradient scaler such an optimizer unscales internally; minigpt never
+            # fuses under a scaler, and bf16-mixed has none (gradients are at their true scale)
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            self._grad_norm = torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+        else:  # by value, or a plugin that clips its own way: measure first
+            self._grad_norm = self._total_grad_norm()
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self) -> dict[str, Any]:
         # fused: not under a gradient scaler (16-mixed), where a fused optimizer unscales inside step() and

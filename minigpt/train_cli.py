@@ -191,7 +191,7 @@ class MiniGPTCLI(LightningCLI):
             rank_zero_info(reason)
         try:
             return super().instantiate_trainer(**kwargs)
-        except MisconfigurationException as e:  # Lightning's word for a setting that cannot work
+        except (MisconfigurationException, ValueError) as e:  # Lightning's words for a setting that cannot work
             raise UserError(f"trainer: {first_line(e, 300)}") from None
 
 

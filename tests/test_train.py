@@ -66,6 +66,53 @@ def test_tensorboard_train_loss_is_the_logged_steps_own_loss(corpus, data_root, 
     assert sorted(e.step for e in events.Scalars("grad_norm")) == [4, 9, 14, 19]
 
 
+def test_a_run_stopped_early_writes_its_last_steps_own_loss_and_grad_norm(corpus, data_root, tmp_path, monkeypatch):
+    """A max_time stop makes Lightning write the stopping step's metrics off the log_every_n_steps grid: that point
+    holds the stopping step's own loss and gradient norm (before clipping), not those of the last logged step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from minigpt.lightning_module import GPTLightningModule
+
+    seen = record_training_losses(monkeypatch)
+    norms = []
+    real_clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_",
+                        lambda *a, **k: norms.append(real_clip(*a, **k)) or norms[-1])
+    real_end = GPTLightningModule.on_train_batch_end
+
+    def stop_after_12_steps(self, outputs, batch, batch_idx):  # as Lightning's Timer does, in its callback hook
+        self.trainer.should_stop = self.trainer.should_stop or self.global_step == 12
+        return real_end(self, outputs, batch, batch_idx)
+
+    monkeypatch.setattr(GPTLightningModule, "on_train_batch_end", stop_after_12_steps)
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=40))
+    events = EventAccumulator(str(tmp_path / "run")).Reload()
+    loss = {e.step: e.value for e in events.Scalars("train_loss")}
+    grad_norm = {e.step: e.value for e in events.Scalars("grad_norm")}
+    assert sorted(loss) == sorted(grad_norm) == [4, 9, 11]
+    assert all(loss[step] == pytest.approx(seen[step][1]) for step in loss), (loss, [s[1] for s in seen])
+    assert all(grad_norm[step] == pytest.approx(norms[step].item()) for step in grad_norm), (grad_norm, norms)
+
+
+def test_fsdp_clips_by_the_norm_over_every_shard():
+    """Lightning's FSDP plugin refuses to clip by norm (a sharded model's norm spans all ranks): the module clips
+    through the FSDP root module instead, and logs the norm it returns.  (FSDP itself needs a GPU.)"""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.plugins.precision import FSDPPrecision
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from minigpt.config import GPTConfig
+    from minigpt.lightning_module import GPTLightningModule
+
+    clipped = []
+    root = SimpleNamespace(clip_grad_norm_=lambda max_norm: clipped.append(max_norm) or torch.tensor(3.0))
+    module = GPTLightningModule(GPTConfig.from_name("tiny"))
+    module._trainer = SimpleNamespace(strategy=FSDPStrategy(), model=root, precision_plugin=FSDPPrecision("32-true"))
+    module.configure_gradient_clipping(torch.optim.SGD(module.parameters()), 0.5, "norm")
+    assert clipped == [0.5] and module._grad_norm.item() == 3.0
+
+
 def test_same_seed_same_run_other_seed_other_run(corpus, data_root, tmp_path):
     for name, seed in (("a", 7), ("b", 7), ("c", 8)):
         main(tiny_run_args(corpus, data_root, tmp_path / name, steps=12, seed=seed))
