@@ -114,6 +114,9 @@ class GPTLightningModule(L.LightningModule):
         # fused: not under a gradient scaler (16-mixed), where a fused optimizer unscales inside step() and
         # Lightning could not clip before it
         trainer = self._trainer  # None outside a Trainer (benchmarks' bare loop)
+        if trainer is not None and self.optim.optimizer == "muon" and self._sharded():
+            raise UserError("optim.optimizer muon cannot train under FSDP: Muon orthogonalises whole matrices and FSDP "
+                            "shards them across devices; use --trainer.strategy ddp, or --optim.optimizer adamw")
         scaler = getattr(trainer.precision_plugin, "scaler", None) if trainer is not None else None
         optimizer = build_optimizer(self.model, self.optim, fused=self.device.type in ("cuda", "cpu") and scaler is None)
         decay_end = trainer_decay_end(trainer, self.optim) if trainer is not None else (lambda step: self.optim.decay_steps)

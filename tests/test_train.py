@@ -113,6 +113,23 @@ def test_fsdp_clips_by_the_norm_over_every_shard():
     assert clipped == [0.5] and module._grad_norm.item() == 3.0
 
 
+def test_muon_under_fsdp_is_refused_with_the_fix():
+    """Muon needs whole matrices; FSDP shards them.  (FSDP itself needs a GPU: the strategy object stands in.)"""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.plugins.precision import FSDPPrecision
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from minigpt.config import GPTConfig
+    from minigpt.lightning_module import GPTLightningModule
+    from minigpt.optim import OptimConfig
+
+    module = GPTLightningModule(GPTConfig.from_name("tiny"), OptimConfig(optimizer="muon"))
+    module._trainer = SimpleNamespace(strategy=FSDPStrategy(), precision_plugin=FSDPPrecision("32-true"))
+    with pytest.raises(UserError, match="muon cannot train under FSDP.*--trainer.strategy ddp"):
+        module.configure_optimizers()
+
+
 def test_same_seed_same_run_other_seed_other_run(corpus, data_root, tmp_path):
     for name, seed in (("a", 7), ("b", 7), ("c", 8)):
         main(tiny_run_args(corpus, data_root, tmp_path / name, steps=12, seed=seed))
