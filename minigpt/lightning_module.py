@@ -11,6 +11,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import FSDPStrategy
 
 from minigpt import checkpoint
 from minigpt.config import GPTConfig
@@ -74,7 +75,7 @@ class GPTLightningModule(L.LightningModule):
         every = self.trainer.log_every_n_steps  # global_step already counts this step's optimizer step
         if every > 0 and (self.global_step % every == 0 or self.trainer.should_stop):
             self.log("train_loss", self._loss, prog_bar=True)
-            # untouched since backward unless clipping measured it: no clipping, or clipped by the norm it returned
+            # the norm clipping measured; without clipping the gradients are as backward left them: measure them now
             self.log("grad_norm", self._grad_norm if self._grad_norm is not None else self._total_grad_norm())
 
     def _total_grad_norm(self) -> torch.Tensor:
@@ -84,8 +85,6 @@ class GPTLightningModule(L.LightningModule):
         return norm
 
     def _sharded(self) -> bool:
-        from lightning.pytorch.strategies import FSDPStrategy
-
         return isinstance(self.trainer.strategy, FSDPStrategy)
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,

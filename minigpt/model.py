@@ -329,16 +329,15 @@ class GPT(nn.Module):
             self.train(was_training)
         return torch.stack([w.float() for w in weights])  # (L, B, nh, T, T)
 
-    def stacked_projections(self) -> dict[str, list[int]]:
+    def stacked_projections(self) -> dict[nn.Parameter, list[int]]:
         """Weights that stack several projections by rows -> each projection's row count: the attention's fused
         q/k/v and SwiGLU's fused gate/up (an optimizer that treats matrices as wholes, Muon, needs the pieces)."""
         stacked = {}
-        for i, block in enumerate(self.transformer.h):
+        for block in self.transformer.h:
             attn, hs = block.attn, block.attn.head_dim
-            stacked[f"transformer.h.{i}.attn.c_attn.weight"] = [attn.n_head * hs, attn.n_kv_head * hs,
-                                                                attn.n_kv_head * hs]
+            stacked[attn.c_attn.weight] = [attn.n_head * hs, attn.n_kv_head * hs, attn.n_kv_head * hs]
             if block.mlp.kind == "swiglu":
-                stacked[f"transformer.h.{i}.mlp.c_fc.weight"] = [self.config.mlp_hidden] * 2
+                stacked[block.mlp.c_fc.weight] = [self.config.mlp_hidden] * 2
         return stacked
 
     def num_params(self, exclude_position_embeddings: bool = False) -> int:

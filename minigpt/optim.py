@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from minigpt.errors import ConfigError
+from minigpt.model import GPT
 from minigpt.precision import has_native_bf16
 
 OptimizerName = Literal["adamw", "muon"]
@@ -84,20 +85,19 @@ def param_groups(model: nn.Module) -> tuple[list[tuple[str, nn.Parameter]], list
     return [(n, p) for n, p in named if p.dim() >= 2], [p for _, p in named if p.dim() < 2]
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, fused: bool) -> torch.optim.Optimizer:
+def build_optimizer(model: GPT, cfg: OptimConfig, fused: bool) -> torch.optim.Optimizer:
     """AdamW (or Muon + AdamW) over the model's parameters.  fused: one kernel for all parameters."""
     decay, no_decay = param_groups(model)
     betas = (cfg.beta1, cfg.beta2)
     if cfg.optimizer == "muon":
         # Muon orthogonalises updates of the blocks' hidden matrices; embeddings and the head stay with AdamW
-        hidden = [(n, p) for n, p in decay if p.dim() == 2 and n.startswith("transformer.h.")]
-        ids = {id(p) for _, p in hidden}
-        stacked = model.stacked_projections() if hasattr(model, "stacked_projections") else {}
-        return MuonWithAdamW([{"params": [p for _, p in hidden], "weight_decay": cfg.weight_decay}],
+        hidden = [p for n, p in decay if p.dim() == 2 and n.startswith("transformer.h.")]
+        ids = {id(p) for p in hidden}
+        return MuonWithAdamW([{"params": hidden, "weight_decay": cfg.weight_decay}],
                              [{"params": [p for _, p in decay if id(p) not in ids], "weight_decay": cfg.weight_decay},
                               {"params": no_decay, "weight_decay": 0.0}],
                              lr=cfg.learning_rate, betas=betas, fused=fused, ns_steps=cfg.muon_ns_steps,
-                             row_splits={p: stacked[n] for n, p in hidden if n in stacked})
+                             row_splits=model.stacked_projections())
     return torch.optim.AdamW([{"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
                               {"params": no_decay, "weight_decay": 0.0}],
                              lr=cfg.learning_rate, betas=betas, fused=fused)
@@ -167,11 +167,11 @@ class Muon(torch.optim.Muon):
                 for piece in zip(p.split(rows), update.split(rows)) if rows else [(p, update)]:
                     by_shape.setdefault(piece[0].shape, []).append(piece)
             for shape, pieces in by_shape.items():
-                updates = [u for _, u in pieces]
-                ortho = newton_schulz(updates[0] if len(updates) == 1 else torch.stack(updates),
+                single = len(pieces) == 1  # a lone matrix takes torch's own 2-D path
+                ortho = newton_schulz(pieces[0][1] if single else torch.stack([u for _, u in pieces]),
                                       group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
                 alpha = -lr * muon_lr_ratio(group["adjust_lr_fn"], shape)
-                for (weight, _), u in zip(pieces, [ortho] if len(updates) == 1 else ortho.unbind()):
+                for (weight, _), u in zip(pieces, [ortho] if single else ortho):
                     weight.add_(u, alpha=alpha)  # weight: the parameter, or a view of its rows
         return loss
 

@@ -3,12 +3,18 @@
 import math
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.pytorch.plugins.precision import FSDPPrecision
+from lightning.pytorch.strategies import FSDPStrategy
 
 from conftest import REPO, record_training_losses, tiny_run_args
 from minigpt.checkpoint import build_model, checkpoint_tokenizer, model_state_dict, read_checkpoint
+from minigpt.config import GPTConfig
+from minigpt.lightning_module import GPTLightningModule
+from minigpt.optim import OptimConfig
 from minigpt.train_cli import main
 from minigpt.callbacks import CompileModel
 from minigpt.errors import UserError
@@ -71,8 +77,6 @@ def test_a_run_stopped_early_writes_its_last_steps_own_loss_and_grad_norm(corpus
     holds the stopping step's own loss and gradient norm (before clipping), not those of the last logged step."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from minigpt.lightning_module import GPTLightningModule
-
     seen = record_training_losses(monkeypatch)
     norms = []
     real_clip = torch.nn.utils.clip_grad_norm_
@@ -94,38 +98,25 @@ def test_a_run_stopped_early_writes_its_last_steps_own_loss_and_grad_norm(corpus
     assert all(grad_norm[step] == pytest.approx(norms[step].item()) for step in grad_norm), (grad_norm, norms)
 
 
+def under_fsdp(module: GPTLightningModule, **trainer_attrs) -> GPTLightningModule:
+    """FSDP itself needs a GPU: Lightning's own FSDP strategy and precision objects stand in for a trainer running it."""
+    module._trainer = SimpleNamespace(strategy=FSDPStrategy(), precision_plugin=FSDPPrecision("32-true"), **trainer_attrs)
+    return module
+
+
 def test_fsdp_clips_by_the_norm_over_every_shard():
     """Lightning's FSDP plugin refuses to clip by norm (a sharded model's norm spans all ranks): the module clips
-    through the FSDP root module instead, and logs the norm it returns.  (FSDP itself needs a GPU.)"""
-    from types import SimpleNamespace
-
-    from lightning.pytorch.plugins.precision import FSDPPrecision
-    from lightning.pytorch.strategies import FSDPStrategy
-
-    from minigpt.config import GPTConfig
-    from minigpt.lightning_module import GPTLightningModule
-
+    through the FSDP root module instead, and logs the norm it returns."""
     clipped = []
     root = SimpleNamespace(clip_grad_norm_=lambda max_norm: clipped.append(max_norm) or torch.tensor(3.0))
-    module = GPTLightningModule(GPTConfig.from_name("tiny"))
-    module._trainer = SimpleNamespace(strategy=FSDPStrategy(), model=root, precision_plugin=FSDPPrecision("32-true"))
+    module = under_fsdp(GPTLightningModule(GPTConfig.from_name("tiny")), model=root)
     module.configure_gradient_clipping(torch.optim.SGD(module.parameters()), 0.5, "norm")
     assert clipped == [0.5] and module._grad_norm.item() == 3.0
 
 
 def test_muon_under_fsdp_is_refused_with_the_fix():
-    """Muon needs whole matrices; FSDP shards them.  (FSDP itself needs a GPU: the strategy object stands in.)"""
-    from types import SimpleNamespace
-
-    from lightning.pytorch.plugins.precision import FSDPPrecision
-    from lightning.pytorch.strategies import FSDPStrategy
-
-    from minigpt.config import GPTConfig
-    from minigpt.lightning_module import GPTLightningModule
-    from minigpt.optim import OptimConfig
-
-    module = GPTLightningModule(GPTConfig.from_name("tiny"), OptimConfig(optimizer="muon"))
-    module._trainer = SimpleNamespace(strategy=FSDPStrategy(), precision_plugin=FSDPPrecision("32-true"))
+    """Muon needs whole matrices; FSDP shards them."""
+    module = under_fsdp(GPTLightningModule(GPTConfig.from_name("tiny"), OptimConfig(optimizer="muon")))
     with pytest.raises(UserError, match="muon cannot train under FSDP.*--trainer.strategy ddp"):
         module.configure_optimizers()
 
@@ -250,10 +241,6 @@ def test_every_shipped_config_parses_and_builds_its_model(config, capsys):
     """Parse each shipped config through train.py, then build its model and optimizer from the parsed
     sections as train.py does (the vocabulary comes from data we do not download here)."""
     import yaml
-
-    from minigpt.config import GPTConfig
-    from minigpt.lightning_module import GPTLightningModule
-    from minigpt.optim import OptimConfig
 
     with pytest.raises(SystemExit) as exit_info:
         main(["--config", str(REPO / "configs" / config), "--print_config"])
