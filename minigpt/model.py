@@ -87,8 +87,9 @@ class CausalSelfAttention(nn.Module):
         self.attention = config.attention
         self.sdpa_backend = config.sdpa_backend
         self.dropout = config.dropout
-        # q, k and v in one matmul; with GQA k and v have fewer heads than q
-        self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_dim, bias=config.bias)
+        # q, k and v in one matmul, stacked by rows; with GQA k and v have fewer heads than q
+        self.qkv_rows = [self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim]
+        self.c_attn = nn.Linear(config.n_embd, sum(self.qkv_rows), bias=config.bias)
         self.c_proj = nn.Linear(self.n_head * self.head_dim, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.q_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else None
@@ -99,7 +100,7 @@ class CausalSelfAttention(nn.Module):
                 return_weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         B, T, C = x.shape
         hs = self.head_dim
-        q, k, v = self.c_attn(x).split([self.n_head * hs, self.n_kv_head * hs, self.n_kv_head * hs], dim=2)
+        q, k, v = self.c_attn(x).split(self.qkv_rows, dim=2)
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, nkv, T, hs)
         v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, nkv, T, hs)
@@ -334,8 +335,7 @@ class GPT(nn.Module):
         q/k/v and SwiGLU's fused gate/up (an optimizer that treats matrices as wholes, Muon, needs the pieces)."""
         stacked = {}
         for block in self.transformer.h:
-            attn, hs = block.attn, block.attn.head_dim
-            stacked[attn.c_attn.weight] = [attn.n_head * hs, attn.n_kv_head * hs, attn.n_kv_head * hs]
+            stacked[block.attn.c_attn.weight] = block.attn.qkv_rows
             if block.mlp.kind == "swiglu":
                 stacked[block.mlp.c_fc.weight] = [self.config.mlp_hidden] * 2
         return stacked
