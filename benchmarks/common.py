@@ -222,6 +222,19 @@ def matmul_flops(dtype: torch.dtype, device: torch.device | str, n: int = 2048, 
                 tflops=round(flop / best / 1e12, 4), median_tflops=round(flop / (median(times) / inner) / 1e12, 4))
 
 
+def peak_matmul_flops(dtype: torch.dtype, device: torch.device | str, n: int = 2048, repeats: int = 10,
+                      min_n: int = 64) -> dict[str, Any]:
+    """The best matmul_flops over square sizes n, n/2, ... down to min_n: an MFU denominator must be the
+    fastest rate seen, and it is not always the largest size (AVX2 CPUs run bfloat16 faster at 128^3 than
+    at 256^3 or above, and a small model's bf16 step can outrun a large matmul there)."""
+    sizes = [n]
+    while sizes[-1] // 2 >= min_n:
+        sizes.append(sizes[-1] // 2)
+    probes = [matmul_flops(dtype, device, n=size, repeats=repeats) for size in sizes]
+    best = max(probes, key=lambda probe: probe["flops"])
+    return dict(best, sizes=sizes)
+
+
 # --------------------------------------------------------------------------------------------------
 # Output
 
