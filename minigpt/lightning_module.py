@@ -34,13 +34,15 @@ class GPTLightningModule(L.LightningModule):
         self.model = GPT(config)
         self.flops_per_batch: int | None = None  # read by Lightning's ThroughputMonitor for FLOP/s and MFU
         self._val_losses: list[torch.Tensor] = []
-        self._loss: torch.Tensor | None = None  # this step's training loss
+        self._losses: list[torch.Tensor] = []  # this optimizer step's training loss, one per (micro-)batch
+        self._steps_before_batch = 0  # global_step when the batch began: it moves only on the batch that steps
         self._grad_norm: torch.Tensor | None = None  # this step's norm before clipping, if clipping measured it
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         return self.model(idx, targets)
 
     def on_train_batch_start(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self._steps_before_batch = self.global_step
         if self.flops_per_batch is None:
             B, T = batch.size(0), batch.size(1) - 1
             self.flops_per_batch = self.model.flops_per_token(T) * B * T
@@ -52,7 +54,7 @@ class GPTLightningModule(L.LightningModule):
                 f"the training loss became {loss.item()} at step {self.global_step}; training stopped and the last "
                 "good checkpoint is kept; lower the learning rate, raise warmup_steps or train in float32 "
                 "(precision 32-true), then resume")
-        self._loss = loss.detach()  # logged at the step's end, on the steps Lightning writes
+        self._losses.append(loss.detach())  # logged at the step's end, on the steps Lightning writes
         return loss
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
@@ -70,11 +72,15 @@ class GPTLightningModule(L.LightningModule):
     # train_loss and grad_norm are logged only on the steps Lightning writes to the loggers: every
     # log_every_n_steps, and the step where the run stops early (max_time).  The curves and progress bar are
     # unchanged, self.log's cost is saved on the other steps, and no point carries an earlier step's value.
+    # Under gradient accumulation a step's loss is the mean over its micro-batches, as its gradient is.
 
     def on_train_batch_end(self, outputs: Any, batch: torch.Tensor, batch_idx: int) -> None:
+        if self.global_step == self._steps_before_batch:
+            return  # a micro-batch whose gradient is still accumulating: no optimizer step, nothing written
+        losses, self._losses = self._losses, []
         every = self.trainer.log_every_n_steps  # global_step already counts this step's optimizer step
         if every > 0 and (self.global_step % every == 0 or self.trainer.should_stop):
-            self.log("train_loss", self._loss, prog_bar=True)
+            self.log("train_loss", losses[0] if len(losses) == 1 else torch.stack(losses).mean(), prog_bar=True)
             # the norm clipping measured; without clipping the gradients are as backward left them: measure them now
             self.log("grad_norm", self._grad_norm if self._grad_norm is not None else self._total_grad_norm())
 

@@ -98,6 +98,22 @@ def test_a_run_stopped_early_writes_its_last_steps_own_loss_and_grad_norm(corpus
     assert all(grad_norm[step] == pytest.approx(norms[step].item()) for step in grad_norm), (grad_norm, norms)
 
 
+def test_under_gradient_accumulation_train_loss_is_the_mean_over_the_steps_micro_batches(corpus, data_root, tmp_path,
+                                                                                        monkeypatch):
+    """With accumulate_grad_batches=2 an optimizer step's gradient is the mean over two micro-batches: the written
+    train_loss is the mean of their two losses, at each logged step (every 3), not the last micro-batch's loss."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    seen = record_training_losses(monkeypatch)
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=12, trainer__accumulate_grad_batches=2,
+                       trainer__log_every_n_steps=3))
+    assert len(seen) == 24
+    step_loss = [(seen[2 * s][1] + seen[2 * s + 1][1]) / 2 for s in range(12)]
+    events = EventAccumulator(str(tmp_path / "run")).Reload()
+    written = {e.step: e.value for e in events.Scalars("train_loss")}
+    assert sorted(written) == sorted(e.step for e in events.Scalars("grad_norm")) == [2, 5, 8, 11]
+    assert all(written[step] == pytest.approx(step_loss[step]) for step in written), (written, step_loss)
+
 def under_fsdp(module: GPTLightningModule, **trainer_attrs) -> GPTLightningModule:
     """FSDP itself needs a GPU: Lightning's own FSDP strategy and precision objects stand in for a trainer running it."""
     module._trainer = SimpleNamespace(strategy=FSDPStrategy(), precision_plugin=FSDPPrecision("32-true"), **trainer_attrs)
