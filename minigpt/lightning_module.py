@@ -80,7 +80,7 @@ class GPTLightningModule(L.LightningModule):
         losses, self._losses = self._losses, []
         every = self.trainer.log_every_n_steps  # global_step already counts this step's optimizer step
         if every > 0 and (self.global_step % every == 0 or self.trainer.should_stop):
-            self.log("train_loss", losses[0] if len(losses) == 1 else torch.stack(losses).mean(), prog_bar=True)
+            self.log("train_loss", torch.stack(losses).mean(), prog_bar=True)
             # the norm clipping measured; without clipping the gradients are as backward left them: measure them now
             self.log("grad_norm", self._grad_norm if self._grad_norm is not None else self._total_grad_norm())
 
