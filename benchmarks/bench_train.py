@@ -537,7 +537,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     # ---------------------------------------------------------------- report
     print(f"\nPeak matmul FLOP/s (MFU denominators): " + ", ".join(
-        f"{k}: {v['tflops'] * 1e3:.1f} GFLOP/s (at {v['n']}^3, best of {', '.join(map(str, v['sizes']))})"
+        f"{k}: {v['tflops'] * 1e3:.1f} GFLOP/s (at {v['n']}^3, best of {', '.join(map(str, v['sizes']))}"
+        + (f"; {', '.join(map(str, v['skipped']))} skipped, over 1 s a matmul" if v["skipped"] else "") + ")"
         for k, v in peaks.items()))
     print(f"Per run: median of {args.steps} steps after {args.warmup} warm-up steps; best of {args.rounds} "
           f"run(s); tokens/s = B*T / step time; warm-up s = the {args.warmup} skipped steps (compilation)\n")

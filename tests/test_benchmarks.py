@@ -143,3 +143,23 @@ def test_bench_hf_quick(capsys):
                                                         "transformers from_pretrained (reference)",
                                                         "minigpt export (export_hf)"]
     assert all(c["seconds"] > 0 and c["peak_rss_mib"] > 0 for c in result["cost"])
+
+
+def test_peak_matmul_flops_is_the_best_size_and_skips_sizes_whose_matmul_would_take_over_a_second(monkeypatch):
+    # an AVX2 CPU's bfloat16: fastest at 128^3, and a 2048^3 matmul would take ~13 s (a probe of it, minutes)
+    gflops = {64: 2.4, 128: 3.0, 256: 1.4, 512: 1.2, 1024: 1.2, 2048: 1.2}
+    probed = []
+
+    def fake(dtype, device, n, repeats):
+        probed.append(n)
+        seconds = 2 * n ** 3 / (gflops[n] * 1e9)
+        return dict(n=n, seconds_per_matmul=seconds, flops=2 * n ** 3 / seconds)
+
+    monkeypatch.setattr(common, "matmul_flops", fake)
+    peak = common.peak_matmul_flops("bf16", "cpu", n=2048)
+    assert peak["n"] == 128 and peak["flops"] == pytest.approx(3.0e9)
+    assert probed == peak["sizes"] == [64, 128, 256, 512]  # 512^3 took 0.22 s: 1024^3 would take 1.8 s
+    assert peak["skipped"] == [1024, 2048]
+    probed.clear()
+    gflops = dict.fromkeys(gflops, 200.0)  # float32 (or a GPU): every size is quick, the largest is probed
+    assert common.peak_matmul_flops("fp32", "cpu", n=2048)["sizes"] == probed == [64, 128, 256, 512, 1024, 2048]
