@@ -224,13 +224,14 @@ def matmul_flops(dtype: torch.dtype, device: torch.device | str, n: int = 2048, 
 
 def peak_matmul_flops(dtype: torch.dtype, device: torch.device | str, n: int = 2048, repeats: int = 10,
                       min_n: int = 64, max_seconds: float = 1.0) -> dict[str, Any]:
-    """The best matmul_flops over square sizes min_n, 2 min_n, ... up to n: an MFU denominator must be the
-    fastest rate seen, and it is not always the largest size (AVX2 CPUs run bfloat16 faster at 128^3 than
-    at 256^3 or above, and a small model's bf16 step can outrun a large matmul there).
-    Sizes whose one matmul would take over max_seconds (from the last size's time) are skipped: on an AVX2 CPU a 2048^3 bf16 matmul takes ~13 s, and probing it took minutes to learn nothing."""
-    sizes = [min(min_n, n)]
-    while sizes[-1] * 2 <= n:
-        sizes.append(sizes[-1] * 2)
+    """The best matmul_flops over square sizes ..., n/4, n/2, n (from the smallest >= min_n up): an MFU
+    denominator must be the fastest rate seen, and it is not always the largest size (AVX2 CPUs run bfloat16
+    faster at 128^3 than at 256^3 or above, and a small model's bf16 step can outrun a large matmul there).
+    Sizes whose one matmul would take over max_seconds (from the last size's time) are skipped: on an AVX2 CPU
+    a 2048^3 bf16 matmul takes ~13 s, and probing it took minutes to learn nothing."""
+    sizes = [n]
+    while sizes[0] // 2 >= min_n:
+        sizes.insert(0, sizes[0] // 2)
     probes: list[dict[str, Any]] = []
     for size in sizes:
         if probes and probes[-1]["seconds_per_matmul"] * (size / probes[-1]["n"]) ** 3 > max_seconds:
