@@ -238,8 +238,7 @@ def peak_matmul_flops(dtype: torch.dtype, device: torch.device | str, n: int = 2
             break  # matmul time grows as size^3
         probes.append(matmul_flops(dtype, device, n=size, repeats=repeats))
     best = max(probes, key=lambda probe: probe["flops"])
-    tried = [probe["n"] for probe in probes]
-    return dict(best, sizes=tried, skipped=[size for size in sizes if size not in tried])
+    return dict(best, sizes=sizes[:len(probes)], skipped=sizes[len(probes):])
 
 
 # --------------------------------------------------------------------------------------------------
