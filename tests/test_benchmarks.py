@@ -163,3 +163,24 @@ def test_peak_matmul_flops_is_the_best_size_and_skips_sizes_whose_matmul_would_t
     probed.clear()
     gflops = dict.fromkeys(gflops, 200.0)  # float32 (or a GPU): every size is quick, the largest is probed
     assert common.peak_matmul_flops("fp32", "cpu", n=2048)["sizes"] == probed == [64, 128, 256, 512, 1024, 2048]
+
+
+def test_bf16_numerics_runs_the_recipe_as_each_kind_of_cpu_computes_it(corpus, data_root, tmp_path, monkeypatch,
+                                                                          capsys):
+    # the figure it reports (loss per step with a native-bf16 CPU's numerics, measured on any CPU) is only right if
+    # the bf16 run really trains in bf16 autocast with Muon's iteration in bf16, and the float32 run in neither
+    import minigpt.optim
+    from benchmarks import bf16_numerics
+    from conftest import tiny_run_args
+
+    monkeypatch.setattr(minigpt.optim, "has_native_bf16", minigpt.optim.has_native_bf16)  # undone after the test
+    ran = {}
+    for numerics in ("bf16", "float32"):
+        argv = ["--config", bf16_numerics.CONFIG, *tiny_run_args(corpus, data_root, tmp_path / numerics, steps=2),
+                "--compile", "false", "--trainer.max_time", "null", "--sample_tokens", "0"]
+        bf16_numerics.train_child(numerics, argv)
+        line = capsys.readouterr().out.splitlines()[-1]
+        ran[numerics] = json.loads(line.removeprefix(bf16_numerics.RESULT))
+    assert {k: (r["precision"], r["muon_dtype"], r["steps"]) for k, r in ran.items()} == {
+        "bf16": ("bf16-mixed", "bfloat16", 2), "float32": ("32-true", "float32", 2)}
+    assert all(0 < r["full_val_loss"] < 10 for r in ran.values())
