@@ -184,3 +184,28 @@ def test_bf16_numerics_runs_the_recipe_as_each_kind_of_cpu_computes_it(corpus, d
     assert {k: (r["precision"], r["muon_dtype"], r["steps"]) for k, r in ran.items()} == {
         "bf16": ("bf16-mixed", "bfloat16", 2), "float32": ("32-true", "float32", 2)}
     assert all(0 < r["full_val_loss"] < 10 for r in ran.values())
+
+
+def test_time_to_loss_runs_the_config_as_shipped_and_validates_at_its_interval(corpus, data_root, tmp_path, capsys):
+    # the recipe's row is the recipe as a user runs it: the benchmark adds no validations the config does not make
+    import yaml
+
+    from benchmarks import time_to_loss
+
+    config = yaml.safe_load((REPO / time_to_loss.CONFIG).read_text())
+    config["trainer"]["val_check_interval"] = 7
+    config_path = tmp_path / "recipe.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    tiny = ["--data.data_root", data_root, "--model.n_layer", 1, "--model.n_embd", 32, "--model.n_head", 2,
+            "--model.mlp_hidden", 64, "--model.block_size", 32, "--data.batch_size", 8, "--data.val_batches", 2,
+            "--compile", "false"]
+    extra = [f"--extra={flag}={value}" for flag, value in zip(tiny[::2], tiny[1::2])]
+    out = tmp_path / "ttl.json"
+    time_to_loss.main(["--quick", "--corpus", str(corpus), "--config", str(config_path), "--json", str(out), *extra])
+    result = read(out)
+    assert result["val_every"] == 7 and "validation every 7 steps" in capsys.readouterr().out
+    (row,) = result["results"]
+    assert row["variant"] == "recipe" and row["steps"] >= 14, row
+    assert 0 < row["full_val_loss"] < 10
+    periodic = [step for step, _ in row["curve"]][:-1]  # the last: where the budget ran out; each logged at the
+    assert len(periodic) >= 2 and periodic == [7 * i + 6 for i in range(len(periodic))], periodic  # step before it
