@@ -207,5 +207,6 @@ def test_time_to_loss_runs_the_config_as_shipped_and_validates_at_its_interval(c
     (row,) = result["results"]
     assert row["variant"] == "recipe" and row["steps"] >= 14, row
     assert 0 < row["full_val_loss"] < 10
-    periodic = [step for step, _ in row["curve"]][:-1]  # the last: where the budget ran out; each logged at the
-    assert len(periodic) >= 2 and periodic == [7 * i + 6 for i in range(len(periodic))], periodic  # step before it
+    # each validation is logged at the step before it; the last one is where the budget ran out
+    periodic = [step for step, _ in row["curve"]][:-1]
+    assert len(periodic) >= 2 and periodic == [7 * i + 6 for i in range(len(periodic))], periodic
