@@ -4,10 +4,10 @@
     python attention.py --prompt-file prompt.txt --out figures/attention
 
 Writes attention.html (head view, model view, per-head table; opens offline), PNG figures and attention.npz
-into --out (default out/attention).  The command line is minigpt/attention_cli.py; `--help` lists the flags.
+into --out (default out/attention).  The command line is minigpt/cli/attention.py; `--help` lists the flags.
 """
 
-from minigpt.attention_cli import main
+from minigpt.cli.attention import main
 
 if __name__ == "__main__":
     main()

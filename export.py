@@ -3,10 +3,10 @@
     python export.py --ckpt out/RUN --out hf/my-model
     python -c "from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained('hf/my-model')"
 
-The command line is minigpt/export_cli.py, the export minigpt/export.py; `python export.py --help` lists the flags.
+The command line is minigpt/cli/export.py, the export minigpt/hf/export.py; `python export.py --help` lists the flags.
 """
 
-from minigpt.export_cli import main
+from minigpt.cli.export import main
 
 if __name__ == "__main__":
     main()

@@ -4,11 +4,11 @@
     python sample.py --prompt - < prompt.txt --num_samples 3 --temperature 0.9 --top_p 0.95
     python sample.py --temperature 0 --no-kv-cache        # greedy, recomputing the context every step
 
-The command line is minigpt/sample_cli.py, the generation minigpt/generation.py; `python sample.py --help`
+The command line is minigpt/cli/sample.py, the generation minigpt/core/generation.py; `python sample.py --help`
 lists the flags.
 """
 
-from minigpt.sample_cli import main
+from minigpt.cli.sample import main
 
 if __name__ == "__main__":
     main()

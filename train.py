@@ -1,9 +1,9 @@
 """Train a GPT: `python train.py` (configs/default.yaml) or `python train.py --config configs/X.yaml [--key value ...]`.
 
-See `python train.py --help` for every key; the logic lives in minigpt/train_cli.py.
+See `python train.py --help` for every key; the logic lives in minigpt/cli/train.py.
 """
 
-from minigpt.train_cli import entry
+from minigpt.cli.train import entry
 
 if __name__ == "__main__":
     entry()

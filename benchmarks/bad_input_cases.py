@@ -165,7 +165,7 @@ class _RunsCode:
 
 
 def _write_huge_config_checkpoint(src: Path, dest: Path) -> None:
-    from minigpt.checkpoint import read_checkpoint, save_file
+    from minigpt.core.checkpoint import read_checkpoint, save_file
 
     ckpt = read_checkpoint(src)
     ckpt["minigpt"]["model_config"]["n_layer"] = 10**7  # builds for minutes if believed
@@ -173,7 +173,7 @@ def _write_huge_config_checkpoint(src: Path, dest: Path) -> None:
 
 
 def _write_edited_tokenizer_checkpoint(src: Path, dest: Path, edit: Callable[[str], str]) -> None:
-    from minigpt.checkpoint import read_checkpoint, save_file
+    from minigpt.core.checkpoint import read_checkpoint, save_file
 
     ckpt = read_checkpoint(src)
     tok = ckpt["minigpt"]["tokenizer"]

@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 from benchmarks.common import (DTYPES, common_parser, describe_machine, load_avg, machine_label,  # noqa: E402
                                markdown_table, median, mib, peak_memory, pick_device, time_fn, wait_for_quiet,
                                write_json)
-from minigpt.config import GPTConfig  # noqa: E402
-from minigpt.model import CausalSelfAttention, causal_mask  # noqa: E402
+from minigpt.core.config import GPTConfig  # noqa: E402
+from minigpt.core.model import CausalSelfAttention, causal_mask  # noqa: E402
 
 PATHS = ("sdpa", "manual", "einops")
 

@@ -7,10 +7,10 @@ costs in time and memory on this machine.
 Agreement.  Small random models of each supported family are built with transformers (GPT-2 with gelu_new, GPT-2
 with exact GELU and an untied head, Llama with GQA and a tied head, Llama with an explicit head_dim, Llama 3 RoPE
 scaling, Mistral), EVERY weight drawn at std 0.5, saved with save_pretrained and imported with
-minigpt.checkpoint.load_model.  For each attention path: the max abs difference of the logits against
+minigpt.loading.load_model.  For each attention path: the max abs difference of the logits against
 transformers (float32, eager attention, 2 x 48 tokens), of KV-cache decoding (prefill 16, then one token at a
 time) against transformers' full forward, and whether 24 greedy tokens equal transformers' generate().  Export:
-the imported model written with minigpt.export.export_hf and read back by AutoModelForCausalLM.from_pretrained,
+the imported model written with minigpt.hf.export.export_hf and read back by AutoModelForCausalLM.from_pretrained,
 against our logits.
 
 Cost.  A GPT-2 124M-shaped model (GPT2Config() defaults, random weights; the values do not change the cost) is
@@ -100,11 +100,11 @@ def decode_logits(model: Any, idx: torch.Tensor, prefill: int) -> torch.Tensor:
 def agreement(name: str, hf_config: Any, work: Path) -> list[dict[str, Any]]:
     import transformers
 
-    from minigpt.checkpoint import load_model
-    from minigpt.export import export_hf
-    from minigpt.generation import generate
-    from minigpt.hf_tokenizers import save_hf_tokenizer
-    from minigpt.tokenizers import ByteTokenizer
+    from minigpt.loading import load_model
+    from minigpt.hf.export import export_hf
+    from minigpt.core.generation import generate
+    from minigpt.hf.tokenizer_files import save_hf_tokenizer
+    from minigpt.core.tokenizers import ByteTokenizer
 
     hf_model = random_hf_model(hf_config)
     src = work / "src"
@@ -172,8 +172,8 @@ def child(what: str, src: str, out: str) -> None:
     """One measurement in this (fresh) process; prints its figures as JSON on the last line."""
     loaded = []
     if what == "import":
-        from minigpt.checkpoint import load_model
-        import minigpt.hf  # noqa: F401  (its imports are not the import's cost)
+        from minigpt.loading import load_model
+        import minigpt.hf.load  # noqa: F401  (its imports are not the import's cost)
         import safetensors.torch  # noqa: F401
 
         result = measure(lambda: loaded.append(load_model(src)[0]))
@@ -183,10 +183,10 @@ def child(what: str, src: str, out: str) -> None:
         result = measure(lambda: loaded.append(
             transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()))
     else:  # export of a model in memory: the GPT-2 config the import gives, random weights
-        from minigpt.export import export_hf
-        from minigpt.hf import config_from_hf, read_hf_config
-        from minigpt.model import GPT
-        from minigpt.tokenizers import ByteTokenizer
+        from minigpt.hf.export import export_hf
+        from minigpt.hf.load import config_from_hf, read_hf_config
+        from minigpt.core.model import GPT
+        from minigpt.core.tokenizers import ByteTokenizer
 
         model = GPT(config_from_hf(read_hf_config(Path(src)))).eval()
         result = measure(lambda: export_hf(model, ByteTokenizer(), out))
@@ -217,8 +217,8 @@ def run_child(what: str, src: Path, out: Path, repeats: int) -> dict[str, Any]:
 def cost(work: Path, quick: bool, repeats: int) -> list[dict[str, Any]]:
     import transformers
 
-    from minigpt.hf_tokenizers import save_hf_tokenizer
-    from minigpt.tokenizers import ByteTokenizer
+    from minigpt.hf.tokenizer_files import save_hf_tokenizer
+    from minigpt.core.tokenizers import ByteTokenizer
 
     config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2) if quick else transformers.GPT2Config()
     torch.manual_seed(0)

@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 
 from benchmarks.common import (common_parser, describe_machine, load_avg, machine_label,  # noqa: E402
                                markdown_table, pick_device, synchronize, wait_for_quiet, write_json)
-from minigpt.config import GPTConfig  # noqa: E402
-from minigpt.model import GPT  # noqa: E402
-from minigpt.checkpoint import load_model  # noqa: E402
-from minigpt.generation import generate  # noqa: E402
+from minigpt.core.config import GPTConfig  # noqa: E402
+from minigpt.core.model import GPT  # noqa: E402
+from minigpt.loading import load_model  # noqa: E402
+from minigpt.core.generation import generate  # noqa: E402
 
 SHAPE = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65, dropout=0.0)
 

@@ -10,7 +10,7 @@ Shapes: `nanogpt` is nanoGPT's CPU recipe (4 layers, 4 heads, 128 wide, context 
 `default` is configs/default.yaml's model and batch size, with the vocabulary of the prepared stdlib char
 data if present (data/stdlib-char-*/meta.json), else 100.
 
-Method.  Synthetic data: random windows (minigpt.datamodule.RandomWindows) of a random uint16 array of 1M
+Method.  Synthetic data: random windows (minigpt.training.datamodule.RandomWindows) of a random uint16 array of 1M
 tokens, so data preparation is not measured.  The Trainer runs like train.py's (gradient_clip_val 1.0,
 log_every_n_steps 10, the module's fused AdamW and warmup/cosine LambdaLR stepped every step) but with no
 logger, no checkpointing, no progress bar, no validation.  A callback stamps time.perf_counter at every
@@ -60,10 +60,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 from benchmarks.common import (REPO_ROOT, common_parser, describe_machine, load_avg, machine_label,  # noqa: E402
                                markdown_table, median, peak_matmul_flops, pick_device, synchronize, time_fn,
                                wait_for_quiet, write_json)
-from minigpt.datamodule import RandomWindows  # noqa: E402
-from minigpt.config import GPTConfig  # noqa: E402
-from minigpt.lightning_module import GPTLightningModule  # noqa: E402
-from minigpt.optim import OptimConfig  # noqa: E402
+from minigpt.training.datamodule import RandomWindows  # noqa: E402
+from minigpt.core.config import GPTConfig  # noqa: E402
+from minigpt.training.lightning_module import GPTLightningModule  # noqa: E402
+from minigpt.training.optim import OptimConfig  # noqa: E402
 
 import lightning as L  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
@@ -241,7 +241,7 @@ def run_lightning(module: GPTLightningModule, shape: dict[str, Any], precision: 
     """trainer.fit for warmup + steps batches (+1, to close the last period).
 
     extras: "none", or a '+'-joined subset of tb (TensorBoardLogger), lr (LearningRateMonitor), tput
-    (ThroughputMonitor as in minigpt/train_cli.py), bar (progress bar); "train_py" = tb+lr+tput."""
+    (ThroughputMonitor as in minigpt/cli/train.py), bar (progress bar); "train_py" = tb+lr+tput."""
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor
     from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -250,8 +250,8 @@ def run_lightning(module: GPTLightningModule, shape: dict[str, Any], precision: 
     parts = set() if extras == "none" else set(extras.replace("train_py", "tb+lr+tput").split("+"))
     tmp = tempfile.TemporaryDirectory(prefix="bench_train_")
     callbacks: list[Callback] = [timer]
-    if "train_cli" in parts:  # exactly what train.py adds: minigpt.train_cli.run_callbacks, with its progress bar
-        from minigpt.train_cli import run_callbacks
+    if "train_cli" in parts:  # exactly what train.py adds: minigpt.cli.train.run_callbacks, with its progress bar
+        from minigpt.cli.train import run_callbacks
 
         parts = {"tb", "bar"}
         run_config = dict(out_dir=tmp.name, checkpoint_every=1000, sample_tokens=200, attention_images="auto",

@@ -32,11 +32,11 @@ RESULT = "bf16_numerics result: "
 
 def train_child(numerics: str, argv: list[str]) -> None:
     """Run train.py's main with `numerics` everywhere, Muon's iteration included, and print what ran."""
-    import minigpt.optim
-    from minigpt.train_cli import main
+    import minigpt.training.optim
+    from minigpt.cli.train import main
 
     # Muon picks its iteration's dtype from has_native_bf16(device): decide it here, as the other kind of CPU would
-    minigpt.optim.has_native_bf16 = lambda device: numerics == "bf16"
+    minigpt.training.optim.has_native_bf16 = lambda device: numerics == "bf16"
     trainer = main([*argv, "--trainer.precision", NUMERICS[numerics]])
     optimizer = trainer.optimizers[0]
     muon = getattr(optimizer, "muon", None)

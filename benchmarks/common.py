@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from minigpt.precision import matmul_gflops
+from minigpt.core.precision import matmul_gflops
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"

@@ -1,11 +1,27 @@
-"""minigpt: a small, readable, fast GPT trainer."""
+"""minigpt: a small, readable, fast GPT trainer.
 
-from minigpt.attention_lab import attention_maps
-from minigpt.checkpoint import load_model
-from minigpt.config import GPTConfig
-from minigpt.errors import ConfigError, UserError
-from minigpt.generation import generate
-from minigpt.model import GPT, KVCache
+    from minigpt import GPT, GPTConfig, load_model, generate
+
+The package is layered (each imports only those before it): core (config, model, generation, tokenizers, the
+checkpoint format), then data, hf (Hugging Face interop) and lab (the attention lab), then loading (load_model),
+training (Lightning) and cli (the commands).
+"""
+
+from typing import Any
+
+from minigpt.core.config import GPTConfig
+from minigpt.core.errors import ConfigError, UserError
+from minigpt.core.generation import generate
+from minigpt.core.model import GPT, KVCache
+from minigpt.loading import load_model
 
 __all__ = ["GPT", "attention_maps", "GPTConfig", "ConfigError", "KVCache", "UserError", "generate", "load_model"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "attention_maps":  # the lab's numpy/metrics code, imported when first asked for
+        from minigpt.lab.capture import attention_maps
+
+        return attention_maps
+    raise AttributeError(f"module 'minigpt' has no attribute {name!r}")

@@ -45,7 +45,7 @@ def tiny_run_args(corpus: Path, data_root: Path, out_dir: Path, steps: int = 30,
 
 def record_training_losses(monkeypatch) -> list:
     """Patch the training step to record (batch, loss) of each step; returns the list it fills."""
-    from minigpt.lightning_module import GPTLightningModule
+    from minigpt.training.lightning_module import GPTLightningModule
 
     seen = []
     real = GPTLightningModule.training_step

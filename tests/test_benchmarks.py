@@ -169,11 +169,11 @@ def test_bf16_numerics_runs_the_recipe_as_each_kind_of_cpu_computes_it(corpus, d
                                                                           capsys):
     # the figure it reports (loss per step with a native-bf16 CPU's numerics, measured on any CPU) is only right if
     # the bf16 run really trains in bf16 autocast with Muon's iteration in bf16, and the float32 run in neither
-    import minigpt.optim
+    import minigpt.training.optim
     from benchmarks import bf16_numerics
     from conftest import tiny_run_args
 
-    monkeypatch.setattr(minigpt.optim, "has_native_bf16", minigpt.optim.has_native_bf16)  # undone after the test
+    monkeypatch.setattr(minigpt.training.optim, "has_native_bf16", minigpt.training.optim.has_native_bf16)  # undone after the test
     ran = {}
     for numerics in ("bf16", "float32"):
         argv = ["--config", bf16_numerics.CONFIG, *tiny_run_args(corpus, data_root, tmp_path / numerics, steps=2),

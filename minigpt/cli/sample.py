@@ -1,0 +1,159 @@
+"""The `sample.py` command line: load a checkpoint, read the prompt, generate, print (streamed for one sample).
+
+    python sample.py --ckpt out/RUN --prompt "ROMEO:" --max_new_tokens 300
+    python sample.py --prompt - < prompt.txt --num_samples 3 --temperature 0.9 --top_p 0.95
+    python sample.py --temperature 0 --no-kv-cache        # greedy, recomputing the context every step
+    python sample.py --config sample.yaml                 # the same options from YAML (see --print_config)
+
+The generation itself is minigpt.core.generation; loading is minigpt.loading.load_model.  Every user mistake
+(a bad flag, checkpoint or prompt) ends in one `error:` line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from minigpt.loading import load_model
+from minigpt.cli.parsing import CommandParser, add_prompt_arguments, add_source_argument, read_prompt, resolve_device
+from minigpt.core.config import Attention
+from minigpt.core.errors import UserError, run_cli
+from minigpt.core.generation import check_sampling_args, generate, prompt_ids
+from minigpt.core.tokenizers import Tokenizer
+
+# ---------------------------------------------------------------------------------------------------
+# Terminal output
+
+
+class TextStreamer:
+    """Prints tokens as they arrive.  Byte-level / BPE tokens can end in the middle of a UTF-8 character,
+    which decodes to U+FFFD: hold that tail back and decode it again with the tokens that follow."""
+
+    def __init__(self, tokenizer: Tokenizer, out: TextIO, stop_token: int | None = None) -> None:
+        self.tokenizer, self.out, self.stop_token = tokenizer, out, stop_token
+        self.pending: list[int] = []  # tokens since the last clean character boundary
+        self.printed = 0  # characters of decode(pending) already written
+        self.stopped = False
+
+    def push(self, ids: list[int]) -> None:
+        for i in ids:
+            if self.stopped or i == self.stop_token:
+                self.stopped = True
+                return
+            self.pending.append(i)
+        text = self.tokenizer.decode(self.pending)
+        stable = text.rstrip("\ufffd")
+        if len(stable) > self.printed:
+            self.out.write(stable[self.printed:])
+            self.out.flush()
+            self.printed = len(stable)
+        if len(stable) == len(text):  # ends on a whole character: start afresh (keeps decoding O(n))
+            self.pending, self.printed = [], 0
+
+    def flush(self) -> None:
+        text = self.tokenizer.decode(self.pending) if self.pending else ""
+        self.out.write(text[self.printed:])
+        self.out.flush()
+        self.pending, self.printed = [], 0
+
+
+def decode_generated(tokenizer: Tokenizer, ids: list[int], stop_token: int | None) -> str:
+    """Generated ids -> text, cut at the first stop token."""
+    if stop_token is not None and stop_token in ids:
+        ids = ids[:ids.index(stop_token)]
+    return tokenizer.decode(ids)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Flags
+
+
+class TopK:
+    """The --top_k type: an integer, or none/off/null for no top-k filtering."""
+
+    __name__ = "top_k"  # argparse names the type in its error: "invalid top_k value: 'x'"
+
+    def __repr__(self) -> str:  # what --help shows as the type
+        return "int | none"
+
+    def __call__(self, value: Any) -> int | None:
+        if value is None or isinstance(value, str) and value.strip().lower() in ("none", "off", "null"):
+            return None
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected an integer or none, got {value!r}") from None
+
+
+def build_parser() -> CommandParser:
+    p = CommandParser(prog="sample.py", description="Generate text from a minigpt checkpoint.")
+    add_source_argument(p)
+    add_prompt_arguments(p, "text to continue")
+    p.add_argument("--num_samples", "--num-samples", type=int, default=1,
+                   help="samples to draw, generated together as one batch")
+    p.add_argument("--max_new_tokens", "--max-new-tokens", type=int, default=500,
+                   help="tokens to generate per sample (BPE models may stop earlier at end-of-text)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top_k", "--top-k", type=TopK(), default=200,
+                   help="sample from the k most likely tokens only ('none' = all)")
+    p.add_argument("--top_p", "--top-p", type=float | None, default=None, help="nucleus sampling, in (0, 1]")
+    p.add_argument("--seed", type=int, default=1337, help="fixes sampling")
+    p.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:N, mps, or auto")
+    p.add_argument("--attention", type=Attention, default=None,
+                   help="attention implementation (default: the checkpoint's); all give the same output")
+    p.add_argument("--no-kv-cache", "--no_kv_cache", dest="kv_cache", action="store_false",
+                   help="recompute the whole context every step (slow; for comparison). In YAML: kv_cache: false")
+    p.add_argument("--no-stop", "--no_stop", dest="stop", action="store_false",
+                   help="do not stop at end-of-text (BPE models stop there by default). In YAML: stop: false")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------------
+# The command
+
+
+def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
+    args = build_parser().parse_args(argv)
+    check_sampling_args(args.temperature, args.top_k, args.top_p, args.max_new_tokens)  # names like the flags
+    if args.num_samples < 1:
+        raise UserError(f"--num_samples must be >= 1, got {args.num_samples}")
+    if not 0 <= args.seed < 2**64:  # torch.Generator.manual_seed's range; outside it a bare ValueError
+        raise UserError(f"--seed must be in [0, 2**64 - 1], got {args.seed}; use e.g. 1337")
+    device = resolve_device(args.device)
+    prompt = read_prompt(args, stdin)
+
+    model, tokenizer = load_model(args.ckpt, device=device, attention=args.attention)
+    ids = prompt_ids(tokenizer, prompt)
+    stop_token = tokenizer.eot_id if args.stop else None
+    idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=device)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, use_kv_cache=args.kv_cache,
+                    stop_token=stop_token, generator=generator, vocab_size=tokenizer.vocab_size)
+
+    if args.num_samples == 1:
+        stream = TextStreamer(tokenizer, stdout, stop_token)
+        stdout.write(prompt)
+        stdout.flush()
+        try:
+            generate(model, idx, args.max_new_tokens, on_token=lambda t: stream.push(t.tolist()), **settings)
+        finally:  # an error or Ctrl-C mid-stream still ends the line, so the message starts on its own line
+            stream.flush()
+            stdout.write("\n")
+            stdout.flush()
+        return
+    out = generate(model, idx, args.max_new_tokens, **settings)
+    for i, row in enumerate(out.tolist()):
+        stdout.write(f"---------- sample {i + 1}/{args.num_samples} ----------\n")
+        stdout.write(prompt + decode_generated(tokenizer, row[len(ids):], stop_token) + "\n")
+    stdout.flush()
+
+
+def main(argv: list[str] | None = None, stdout: TextIO | None = None, stdin: TextIO | None = None) -> None:
+    """sample.py: user mistakes (bad flags, bad checkpoint, bad prompt) end in one 'error:' line, exit code 2."""
+    out = stdout if stdout is not None else sys.stdout
+    if stdout is None and hasattr(out, "reconfigure"):
+        out.reconfigure(errors="replace")  # a model can emit characters the console cannot show
+    run_cli(lambda: _main(argv, out, stdin if stdin is not None else sys.stdin))

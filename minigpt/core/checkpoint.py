@@ -1,0 +1,264 @@
+"""The checkpoint format: written, checked and read here, and nowhere else.
+
+A minigpt checkpoint is a Lightning checkpoint (a dict written by torch.save) with one section of our own:
+
+    ckpt["minigpt"] = {
+        "format": 2,
+        "model_config": GPTConfig.to_dict(),      # what builds the model
+        "tokenizer": Tokenizer.to_dict(),         # plain data: sampling needs no other file
+        "weights_prefix": "model.",               # where the GPT's weights sit in ckpt["state_dict"]
+    }
+
+Everything else (optimizer, schedulers, loop and callback state, the RNG state for exact resume) is
+Lightning's.  Format 1 (before the prefix and version were written) is upgraded when read.  Files are read
+with torch.load(weights_only=True): tensors and plain containers only, never arbitrary objects.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import pickletools
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from minigpt.core.config import GPTConfig
+from minigpt.core.errors import CheckpointError, UserError, first_line, shown_chars
+from minigpt.core.fsutil import atomic_write
+from minigpt.core.model import GPT
+from minigpt.core.tokenizers import Tokenizer, tokenizer_from_dict
+
+FORMAT_VERSION = 2
+SECTION = "minigpt"
+RNG_STATE_KEY = "RNGState"  # Lightning's callback-state key of callbacks.RNGState (format 1 kept it in SECTION)
+DEFAULT_OUT_ROOT = "out"
+ALLOCATING_GLOBALS = {"bytearray", "bytes"}  # weights_only allows them; a number argument allocates that much
+# Bounds on a checkpoint's config, checked before a model is built from it: a crafted n_layer=10**7 would build
+# for minutes.  Generous enough for any model that fits in memory (e.g. 128k contexts, 256k vocabularies).
+CONFIG_LIMITS = {"n_layer": 1024, "n_head": 1024, "n_embd": 65536, "block_size": 1 << 21, "vocab_size": 1 << 22,
+                 "mlp_hidden": 1 << 20}
+# Settings a resumed run or a sampler may change without changing the weights' shapes or meaning.
+RESUMABLE_FIELDS = {"attention", "sdpa_backend", "dropout"}
+
+
+# --------------------------------------------------------------------------------------------------- writing
+
+def pack(checkpoint: dict[str, Any], owner: nn.Module, model: GPT, tokenizer: Tokenizer | None) -> None:
+    """Add our section to a Lightning checkpoint dict (from LightningModule.on_save_checkpoint).
+
+    `owner` is the module whose state_dict Lightning saved; the GPT's prefix in it is found, not assumed.
+    """
+    prefix = next((name for name, m in owner.named_modules() if m is model), None)
+    if prefix is None:
+        raise ValueError("the model is not a submodule of the module being checkpointed")
+    checkpoint[SECTION] = {"format": FORMAT_VERSION, "model_config": model.config.to_dict(),
+                           "tokenizer": tokenizer.to_dict() if tokenizer is not None else None,
+                           "weights_prefix": f"{prefix}." if prefix else ""}
+
+
+def model_checkpoint(model: GPT, tokenizer: Tokenizer, global_step: int = 0) -> dict[str, Any]:
+    """A checkpoint dict for a model outside training (a converted or hand-built one): load_model reads it."""
+    checkpoint = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+                  "global_step": global_step, "epoch": 0}
+    holder = nn.Module()
+    holder.model = model
+    pack(checkpoint, holder, model, tokenizer)
+    return checkpoint
+
+
+def save_file(checkpoint: dict[str, Any], path: str | Path) -> None:
+    """torch.save, atomically: a kill at any moment leaves the old file or the new one, never half of one."""
+    atomic_write(path, lambda f: torch.save(checkpoint, f))
+
+
+# --------------------------------------------------------------------------------------------------- reading
+
+def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint file with weights_only=True, check that it is ours, upgrade it to the current format."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}; pass a .ckpt file or a run directory")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    # torch.save writes a zip archive (in its legacy format, a bare pickle, which starts with 0x80)
+    if head[:1] == b"\x80":
+        raise CheckpointError(f"refusing to load {path}: it is a bare pickle (torch's legacy format), which minigpt "
+                              "never writes; only load checkpoints written by minigpt")
+    if not head.startswith(b"PK\x03\x04"):
+        raise CheckpointError(f"{path} is not a checkpoint (not a file written by torch.save); "
+                              "pass a .ckpt file or a run directory")
+    _check_archive(path)
+    try:
+        with warnings.catch_warnings():  # a foreign pickle protocol only matters if the load fails (below)
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        # torch's message is a paragraph; the line naming the refused object is what helps
+        what = next((line for line in lines if "Unsupported" in line or "GLOBAL" in line), lines[0] if lines else "")
+        raise CheckpointError(f"refusing to load {path}: it holds objects other than tensors and plain data "
+                              f"({what[:160]}); only load checkpoints written by minigpt") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: it is truncated or not a checkpoint "
+                              f"({type(e).__name__}); use another checkpoint file") from None
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict) \
+            or not isinstance(ckpt.get(SECTION), dict):
+        raise CheckpointError(f"{path} is not a minigpt checkpoint (no model weights/config in it); "
+                              "pass a .ckpt written by train.py")
+    return _upgrade(ckpt, path)
+
+
+def _check_archive(path: Path) -> None:
+    """Refuse, before anything is allocated, what torch.save never writes but a crafted file can hold: compressed
+    records (a few MB that inflate to GBs) and pickled calls that allocate from a number (bytearray(8e9): a
+    global weights_only allows)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            records = archive.infolist()
+            if any(r.compress_type != zipfile.ZIP_STORED for r in records):
+                raise CheckpointError(f"refusing to load {path}: it holds compressed records, which torch.save never "
+                                      "writes; only load checkpoints written by minigpt")
+            pickles = [r for r in records if r.filename.endswith("data.pkl")]
+            if len(pickles) != 1:
+                raise CheckpointError(f"{path} is not a checkpoint (no data.pkl in it); pass a .ckpt written by "
+                                      "train.py")
+            for opcode, arg, _ in pickletools.genops(archive.read(pickles[0])):
+                if isinstance(arg, str) and arg.rsplit(" ", 1)[-1] in ALLOCATING_GLOBALS:  # GLOBAL: "module name"
+                    raise CheckpointError(f"refusing to load {path}: its pickle calls {arg.rsplit(' ', 1)[-1]}, which "
+                                          "minigpt never writes; only load checkpoints written by minigpt")
+    except (zipfile.BadZipFile, pickle.UnpicklingError, ValueError, EOFError, OSError) as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: it is truncated or not a checkpoint "
+                              f"({type(e).__name__}); use another checkpoint file") from None
+
+
+def _upgrade(ckpt: dict[str, Any], path: Path) -> dict[str, Any]:
+    section = ckpt[SECTION]
+    version = section.get("format", 1)
+    if version == 1:  # weights were always under "model."; the RNG state sat in our section
+        section["weights_prefix"] = "model."
+        if (rng := section.pop("rng", None)) is not None:
+            ckpt.setdefault("callbacks", {}).setdefault(RNG_STATE_KEY, rng)
+        section["format"] = version = FORMAT_VERSION
+    if version != FORMAT_VERSION:
+        raise CheckpointError(f"{path} has checkpoint format {version!r}, and this minigpt reads format "
+                              f"{FORMAT_VERSION}; load it with the minigpt version that wrote it")
+    if not isinstance(section.get("model_config"), dict):
+        raise CheckpointError(f"{path} is not a usable minigpt checkpoint (no model config in it); "
+                              "pass a .ckpt written by train.py")
+    return ckpt
+
+
+def model_config(ckpt: dict[str, Any], **overrides: Any) -> GPTConfig:
+    return GPTConfig.from_dict({**ckpt[SECTION]["model_config"], **overrides})
+
+
+def model_state_dict(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The GPT's own weights, without the prefix of the module that held it during training."""
+    prefix = ckpt[SECTION]["weights_prefix"]
+    return {k[len(prefix):]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
+
+
+def build_model(ckpt: dict[str, Any], **config_overrides: Any) -> GPT:
+    """The GPT a checkpoint describes, with its weights (on the CPU, in train mode).  The config is checked for
+    plausible sizes and against the weights' shapes (on the meta device: nothing allocated) before building."""
+    config = model_config(ckpt, **config_overrides)
+    for name, limit in CONFIG_LIMITS.items():
+        if getattr(config, name) > limit:
+            raise CheckpointError(f"its config says {name}={getattr(config, name)}, over the plausible limit {limit}; "
+                                  "the checkpoint is damaged or crafted")
+    weights = model_state_dict(ckpt)
+    expected = {k: tuple(v) for k, v in GPT.state_shapes(config).items()}
+    found = {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}
+    if expected != found:
+        key = next((k for k in expected if expected[k] != found.get(k)), None) or next(k for k in found if k not in expected)
+        raise CheckpointError(f"its weights do not match its config ({key}: config gives {expected.get(key)}, "
+                              f"weights hold {found.get(key)}); the checkpoint is damaged or from another program")
+    return GPT.from_weights(config, weights)  # the checkpoint's tensors themselves: no random init to overwrite
+
+
+def checkpoint_tokenizer(ckpt: dict[str, Any]) -> Tokenizer | None:
+    d = ckpt[SECTION].get("tokenizer")
+    return tokenizer_from_dict(d) if d is not None else None
+
+
+def run_checkpoints(run_dir: Path) -> tuple[Path, ...]:
+    """Where a run directory keeps its checkpoints, in the order load_model prefers them."""
+    return (run_dir / "checkpoints" / "best.ckpt", run_dir / "checkpoints" / "last.ckpt",
+            run_dir / "best.ckpt", run_dir / "last.ckpt")
+
+
+def find_checkpoint(path: str | Path | None = None, out_root: str | Path = DEFAULT_OUT_ROOT) -> Path:
+    """A .ckpt file as given; a run directory -> its best checkpoint (else last); None -> the newest run."""
+    if path is None:
+        found = sorted(Path(out_root).glob("*/checkpoints/*.ckpt"), key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise CheckpointError(f"no checkpoint found under {out_root}/; train one with `python train.py` "
+                                  "or name a checkpoint")
+        return find_checkpoint(found[-1].parent.parent)
+    path = Path(path)
+    if path.is_dir():
+        for candidate in run_checkpoints(path):
+            if candidate.is_file():
+                return candidate
+        raise CheckpointError(f"no checkpoint in run directory {path}; expected checkpoints/best.ckpt or "
+                              "checkpoints/last.ckpt (or, for a Hugging Face model, config.json and its weights)")
+    if not path.exists():
+        raise CheckpointError(f"checkpoint not found: {path}; pass a .ckpt file or a run directory")
+    return path
+
+
+def load_checkpoint(source: str | Path | None = None, device: str | torch.device = "cpu",
+                    attention: str | None = None) -> tuple[GPT, Tokenizer]:
+    """A checkpoint file, a run directory, or None (the newest run under out/) -> (model in eval mode, tokenizer).
+    minigpt.load_model also reads Hugging Face models; this reads minigpt's own format only.
+
+    `attention` picks another attention path for the same weights (same outputs; e.g. 'manual' to get the
+    attention weights).
+    """
+    path = find_checkpoint(source)
+    ckpt = read_checkpoint(path, map_location="cpu")
+    overrides = {"attention": attention} if attention is not None else {}
+    try:
+        tokenizer = checkpoint_tokenizer(ckpt)
+        model = build_model(ckpt, **overrides)
+    except UserError as e:  # a bad config or tokenizer inside the file
+        raise CheckpointError(f"{path}: {first_line(e)}") from None
+    except (KeyError, TypeError, AttributeError, RuntimeError) as e:  # a damaged or foreign dict
+        raise CheckpointError(f"{path} is not a usable minigpt checkpoint ({type(e).__name__}: "
+                              f"{first_line(e, 160)}); pass a .ckpt written by train.py") from None
+    if tokenizer is None:
+        raise CheckpointError(f"{path} has no tokenizer in it; pass a .ckpt written by train.py")
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise CheckpointError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only "
+                              f"{model.config.vocab_size}; the checkpoint is inconsistent")
+    # train.py makes a char model's vocabulary exactly its characters: any other count is a tampered tokenizer
+    if tokenizer.name == "char" and tokenizer.vocab_size != model.config.vocab_size:
+        raise CheckpointError(f"{path}: its char tokenizer has {tokenizer.vocab_size} characters but the model "
+                              f"{model.config.vocab_size} tokens; the checkpoint is inconsistent or was edited")
+    return model.to(device).eval(), tokenizer
+
+
+def check_resumable(ckpt: dict[str, Any], config: GPTConfig, tokenizer: Tokenizer | None, path: Path) -> None:
+    """A run resumes only with the same tokenizer (the same vocabulary size with other characters would
+    silently shift every id) and the model it was trained with (the attention path and dropout may change)."""
+    saved_tok = ckpt[SECTION].get("tokenizer")
+    if tokenizer is not None and saved_tok is not None and saved_tok != tokenizer.to_dict():
+        what = f"{saved_tok.get('name')} -> {tokenizer.name}"
+        if saved_tok.get("type") == "char" and isinstance(getattr(tokenizer, "chars", None), str):
+            old, new = set(saved_tok.get("chars", "")), set(tokenizer.chars)
+            what = (f"char vocabulary: {len(new - old)} character(s) added ({shown_chars(sorted(new - old), 5)}), "
+                    f"{len(old - new)} removed ({shown_chars(sorted(old - new), 5)})")
+        raise UserError(f"{path} was trained on data with another tokenizer ({what}); the corpus or tokenizer "
+                        "changed since, so token ids would mean other things: resume on the same data, or start a "
+                        "new run in another out_dir")
+    saved, current = ckpt[SECTION]["model_config"], config.to_dict()
+    diff = [f"{k}={saved[k]!r} (this run's config gives {current[k]!r})" for k in saved
+            if k in current and k not in RESUMABLE_FIELDS and saved[k] != current[k]]
+    if diff:
+        raise UserError(f"{path} was trained with " + ", ".join(diff) + "; remove the conflicting model settings "
+                        "to resume, or start a new run in another out_dir")

@@ -1,0 +1,165 @@
+"""One config dataclass for every model minigpt builds, with named presets (litgpt style).
+
+Each field is declared once, here: its type (choices as `Literal`), its default and its docstring are what
+`train.py --help` shows, what YAML configs and `--model.FIELD` flags set, and what checkpoints store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal, get_args
+
+from minigpt.core.errors import ConfigError
+
+Arch = Literal["gpt", "llama"]
+Attention = Literal["sdpa", "manual", "einops"]
+Mlp = Literal["gelu", "swiglu", "relu2"]
+GeluApproximate = Literal["none", "tanh"]
+SdpaBackend = Literal["flash", "efficient", "math", "cudnn"]
+ARCHS, ATTENTIONS, MLPS, SDPA_BACKENDS = (get_args(t) for t in (Arch, Attention, Mlp, SdpaBackend))
+# RoPE scalings minigpt computes (Hugging Face's rope_type names) and the keys each needs
+ROPE_SCALINGS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
+
+@dataclass
+class GPTConfig:
+    arch: Arch = "gpt"
+    """Block: gpt (LayerNorm, learned positions, GELU) or llama (RMSNorm, RoPE, GQA, SwiGLU)."""
+    attention: Attention = "sdpa"
+    """Attention path: sdpa, manual or einops. The same function and weights, three implementations."""
+    n_layer: int = 6
+    """Transformer blocks."""
+    n_head: int = 6
+    """Query heads."""
+    n_kv_head: int | None = None
+    """Key/value heads (grouped-query attention); unset = n_head, 1 = multi-query."""
+    n_embd: int = 384
+    """Model width."""
+    head_dim: int | None = None
+    """Size of each attention head; unset = n_embd / n_head (imported models may set it otherwise)."""
+    block_size: int = 256
+    """Context length: the longest sequence the model accepts."""
+    vocab_size: int = 50257
+    """Vocabulary size (in train.py: taken from the data's tokenizer)."""
+    dropout: float = 0.0
+    """Dropout probability, in [0, 1)."""
+    bias: bool | None = None
+    """Biases in linear layers and LayerNorm; unset = true for gpt, false for llama."""
+    mlp: Mlp | None = None
+    """MLP: gelu, swiglu or relu2 (squared ReLU); unset = gelu for gpt, swiglu for llama."""
+    gelu_approximate: GeluApproximate = "none"
+    """GELU form: none (exact, erf) or tanh (GPT-2's original gelu_new)."""
+    mlp_hidden: int | None = None
+    """MLP hidden width; unset = 4 * n_embd (gelu, relu2) or ~8/3 * n_embd rounded up to 64 (swiglu)."""
+    rope_base: float = 10000.0
+    """RoPE frequency base (llama)."""
+    rope_scaling: dict[str, Any] | None = None
+    """RoPE frequency scaling as Hugging Face writes it, e.g. Llama 3.1's {rope_type: llama3, factor: 8, ...}."""
+    norm_eps: float = 1e-5
+    """Epsilon of LayerNorm / RMSNorm."""
+    tie_embeddings: bool = True
+    """Share the token embedding with the output head."""
+    qk_norm: bool = False
+    """RMS-normalise queries and keys per head before attention."""
+    zero_init_proj: bool = False
+    """Start the residual output projections (attention and MLP c_proj) at zero."""
+    sdpa_backend: SdpaBackend | None = None
+    """Restrict SDPA to one kernel: flash, efficient, math or cudnn; unset = torch picks."""
+
+    def __post_init__(self) -> None:
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        if self.head_dim is None and isinstance(self.n_embd, int) and isinstance(self.n_head, int) and self.n_head > 0:
+            if self.n_embd % self.n_head:
+                raise ConfigError(f"model.n_embd: {self.n_embd} is not divisible by n_head={self.n_head}; choose "
+                                  "n_embd as a multiple of n_head (or set head_dim)")
+            self.head_dim = self.n_embd // self.n_head
+        if self.bias is None:
+            self.bias = self.arch == "gpt"
+        if self.mlp is None:
+            self.mlp = "swiglu" if self.arch == "llama" else "gelu"
+        if self.mlp_hidden is None and isinstance(self.n_embd, int):
+            if self.mlp == "swiglu":  # keeps SwiGLU's 3 matrices at the 2-matrix MLP's parameter count
+                self.mlp_hidden = -(-int(8 * self.n_embd / 3) // 64) * 64
+            else:
+                self.mlp_hidden = 4 * self.n_embd
+        self.validate()
+
+    def validate(self) -> None:
+        def bad(field: str, problem: str, fix: str) -> ConfigError:
+            return ConfigError(f"model.{field}: {problem}; {fix}")
+
+        for name, choices in (("arch", ARCHS), ("attention", ATTENTIONS), ("mlp", MLPS)):
+            if getattr(self, name) not in choices:
+                raise bad(name, f"unknown value {getattr(self, name)!r}", f"choose one of {', '.join(choices)}")
+        if self.sdpa_backend is not None and self.sdpa_backend not in SDPA_BACKENDS:
+            raise bad("sdpa_backend", f"unknown value {self.sdpa_backend!r}",
+                      f"choose one of {', '.join(SDPA_BACKENDS)} or leave it unset")
+        if self.gelu_approximate not in get_args(GeluApproximate):
+            raise bad("gelu_approximate", f"unknown value {self.gelu_approximate!r}", "choose none or tanh")
+        for name in ("n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "block_size", "vocab_size",
+                     "mlp_hidden"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise bad(name, f"must be a positive integer, got {value!r}", "set it to 1 or more")
+        if self.n_head % self.n_kv_head:
+            raise bad("n_kv_head", f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}",
+                      "choose n_kv_head as a divisor of n_head")
+        if self.arch == "llama" and self.head_dim % 2:
+            raise bad("head_dim", f"head size {self.head_dim} is odd but RoPE rotates pairs",
+                      "choose n_embd and n_head so that n_embd/n_head is even")
+        if not 0.0 <= self.dropout < 1.0:
+            raise bad("dropout", f"must be in [0, 1), got {self.dropout}", "use e.g. 0.0 or 0.1")
+        if not self.rope_base > 1.0:
+            raise bad("rope_base", f"must be > 1, got {self.rope_base}", "use e.g. 10000")
+        if not 0.0 < self.norm_eps < 1.0:
+            raise bad("norm_eps", f"must be in (0, 1), got {self.norm_eps}", "use e.g. 1e-5")
+        if self.rope_scaling is not None:
+            self._validate_rope_scaling(bad)
+
+    def _validate_rope_scaling(self, bad) -> None:
+        scaling = self.rope_scaling
+        kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
+        if kind not in ROPE_SCALINGS:
+            raise bad("rope_scaling", f"unsupported RoPE scaling {kind!r}",
+                      f"minigpt computes rope_type {', '.join(ROPE_SCALINGS)}; leave it unset for plain RoPE")
+        missing = [k for k in ROPE_SCALINGS[kind] if not isinstance(scaling.get(k), (int, float))]
+        if missing:
+            raise bad("rope_scaling", f"rope_type {kind} needs numbers for {', '.join(missing)}",
+                      "copy the rope_scaling dict of the model's config.json")
+        if not (scaling["factor"] > 0 and scaling["high_freq_factor"] > scaling["low_freq_factor"] > 0):
+            raise bad("rope_scaling", "needs factor > 0 and high_freq_factor > low_freq_factor > 0",
+                      "copy the rope_scaling dict of the model's config.json")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
+        """The inverse of to_dict; a key this version does not know is an error, never silently dropped."""
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ConfigError(f"unknown model config field(s): {', '.join(unknown)}; the config was written by "
+                              "another version of minigpt, or is damaged")
+        return cls(**d)
+
+    @classmethod
+    def from_name(cls, name: str, **overrides: Any) -> GPTConfig:
+        if name not in PRESETS:
+            raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+
+# Presets are keyword dicts, not instances, so derived defaults (n_kv_head, mlp_hidden) follow overrides.
+PRESETS: dict[str, dict[str, Any]] = {
+    # a few hundred thousand parameters: tests and CPU smoke runs
+    "tiny": dict(n_layer=2, n_head=4, n_embd=64, block_size=64, vocab_size=256),
+    # nanoGPT's shakespeare_char model
+    "small": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65, dropout=0.2),
+    # GPT-2 124M (OpenAI's vocab; 124,439,808 parameters with tied embeddings)
+    "gpt2": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257),
+    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024, block_size=1024, vocab_size=50257),
+    # a small Llama-style model: RMSNorm, RoPE, GQA (6 query heads share 2 key/value heads), SwiGLU
+    "llama-small": dict(arch="llama", n_layer=6, n_head=6, n_kv_head=2, n_embd=384, block_size=256,
+                        vocab_size=65),
+}

@@ -1,0 +1,50 @@
+"""Exact evaluation: the mean loss over every token of a split or a text, not an estimate from random windows.
+
+Used at the end of training (the whole validation split) and by `eval.py` (minigpt/cli/eval.py) on a text file.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from minigpt.core.errors import UserError
+from minigpt.core.model import GPT
+
+
+@torch.inference_mode()
+def evaluate_tokens(model: GPT, tokens: np.ndarray | torch.Tensor, batch_size: int = 32,
+                    device: str | torch.device | None = None) -> tuple[float, int]:
+    """(total negative log-likelihood in nats, number of predicted tokens) over the whole sequence.
+
+    The sequence is cut into consecutive windows of block_size + 1 tokens that overlap by one, so every token
+    after the first is predicted exactly once, with the context since its window began.  batch_size windows
+    run at once (it changes the speed, not the result).
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise UserError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    T = model.config.block_size
+    device = device or next(model.parameters()).device
+    tokens = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
+    n = len(tokens) - 1  # predictions
+    if n < 1:
+        raise UserError("nothing to evaluate: the text has fewer than 2 tokens; use a longer text")
+
+    def nll(starts: list[int], size: int) -> float:
+        x = torch.stack([tokens[s:s + size] for s in starts]).to(device)  # (B, size)
+        y = torch.stack([tokens[s + 1:s + size + 1] for s in starts]).to(device)
+        logits, _ = model(x)
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum").item()
+
+    was_training = model.training
+    model.eval()
+    try:
+        full = list(range(0, n - T + 1, T))  # windows with T predictions each
+        total = sum(nll(full[i:i + batch_size], T) for i in range(0, len(full), batch_size))
+        rest = n - len(full) * T
+        if rest:
+            total += nll([len(full) * T], rest)
+    finally:
+        model.train(was_training)
+    return total, n

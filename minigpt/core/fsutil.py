@@ -1,0 +1,100 @@
+"""Atomic file-system writes, shared by checkpoints, downloads and prepared data.
+
+Everything is first written under a temporary name in the destination's own directory (`.NAME.tmp-PID`),
+flushed to disk, then renamed into place: a kill at any moment leaves the old file (or folder) or the new one,
+never half of one.  Leftovers of killed processes are removed by the next writer (`remove_stale`).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from minigpt.core.errors import DataError
+
+_LEFTOVER = re.compile(r"^\..+\.(?:tmp|old)-(\d+)$")
+
+
+def temp_sibling(path: Path, kind: str = "tmp") -> Path:
+    """A hidden name beside `path` that `remove_stale` recognises once this process is gone."""
+    return path.with_name(f".{path.name}.{kind}-{os.getpid()}")
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make renames and new entries in a directory durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """Call write(f) on a temporary file beside `path`, fsync it, then rename it to `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_sibling(path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    """JSON to a file, flushed to disk (inside a temporary folder that is installed whole, see install_dir)."""
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def install_dir(tmp: Path, out: Path) -> None:
+    """Put the complete folder tmp at out: an old out is renamed away first, then deleted."""
+    old = temp_sibling(out, "old")
+    if out.exists():
+        os.rename(out, old)
+    os.rename(tmp, out)
+    fsync_dir(out.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_stale(folder: Path) -> None:
+    """Delete the leftovers (.NAME.tmp-PID, .NAME.old-PID) of writers whose process is gone."""
+    for path in folder.glob(".*"):
+        m = _LEFTOVER.match(path.name)
+        if m and not pid_alive(int(m.group(1))):
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+# errors that mean "this folder cannot take the data", not a bug: full disk or quota, read-only or forbidden
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def write_error(e: OSError, folder: str | Path, what: str) -> Exception | None:
+    """A DataError naming the folder and the fix when e says the folder cannot be written; None otherwise."""
+    if e.errno not in WRITE_ERRNOS:
+        return None
+    return DataError(f"cannot write {what} in {folder} ({os.strerror(e.errno)}); free space there, or set "
+                     "data_root (train.py --data.data_root) to a writable folder with room")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

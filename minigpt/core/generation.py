@@ -1,0 +1,174 @@
+"""Text generation in plain torch: logit filters (top-k / top-p), sampling one token, the KV-cache loop,
+and a prompt's start ids.  Used by training (its text samples), by sample.py and by analysis tools; it reads
+no checkpoint and parses no command line (see minigpt.loading.load_model and minigpt.cli.sample).
+
+KV cache and block_size: the model accepts at most block_size positions.  Without the cache every step runs
+the last block_size tokens (nanoGPT).  With the cache, the prompt is prefilled once and each step feeds one
+token; when the cache is full, it is re-filled from scratch with the last `block_size // 2` tokens at
+positions 0.. (a fresh prefill: positions are never shifted in place, since learned positions and RoPE
+angles are baked into the cached keys).  Within block_size both ways compute the same function.
+
+Mistakes in what a user asked for (a negative temperature, a prompt the vocabulary cannot encode, a broken
+checkpoint's NaN logits) raise UserError naming the concept; a caller's programming error (an `idx` of the
+wrong shape) raises a plain ValueError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from minigpt.core.errors import UnknownCharactersError, UserError, shown_chars
+from minigpt.core.model import GPT
+from minigpt.core.tokenizers import Tokenizer
+
+__all__ = ["check_sampling_args", "filter_logits", "sample_next", "refill_length", "generate", "prompt_ids"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Logit filters and sampling one token
+
+
+MAX_NEW_TOKENS = 10_000_000
+
+
+def check_sampling_args(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                        max_new_tokens: int = 0) -> None:
+    """Raise UserError naming the setting when a sampling setting cannot work."""
+    if not temperature >= 0:  # also catches NaN
+        raise UserError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise UserError(f"top_k must be >= 1 (or none for no top-k filtering), got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise UserError(f"top_p must be in (0, 1] (1 = no nucleus filtering), got {top_p}")
+    if max_new_tokens < 0:
+        raise UserError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if max_new_tokens > MAX_NEW_TOKENS:  # the output buffer is allocated up front
+        raise UserError(f"max_new_tokens must be <= {MAX_NEW_TOKENS:,}, got {max_new_tokens:,}; generate in parts")
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+    """logits (..., V) -> the same with every token outside the top-k / nucleus set at -inf (a new tensor).
+
+    top_k keeps exactly the k largest (ties broken by torch.topk's order, never more than k).  top_p keeps
+    the smallest set of most probable tokens whose probabilities sum to >= top_p, and always the top token.
+    Both given: top-k first, then top-p on what is left.
+    """
+    check_sampling_args(top_k=top_k, top_p=top_p)
+    V = logits.size(-1)
+    if top_k is not None and top_k < V:
+        keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, logits.topk(top_k, dim=-1).indices, True)
+        logits = logits.masked_fill(~keep, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.double().softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # probability of the more likely tokens
+        # drop a token once the ones before it already reach top_p; the tolerance absorbs float rounding
+        # (0.5 + 0.3 must count as reaching 0.8)
+        drop_sorted = mass_before >= top_p - 1e-6
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """logits (B, V) of the last position -> next token ids (B,).  temperature 0 = argmax."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = filter_logits(logits.float() / temperature, top_k, top_p)
+    probs = logits.softmax(dim=-1)
+    try:
+        return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    except RuntimeError as e:
+        if "inf" in str(e) or "nan" in str(e):  # the weights, not the code: a user's broken checkpoint
+            raise UserError("the model produced NaN/inf logits, so there is nothing to sample from; the "
+                            "checkpoint's weights are broken (did training diverge?)") from None
+        raise
+
+
+# ---------------------------------------------------------------------------------------------------
+# The generation loop
+
+
+def refill_length(block_size: int) -> int:
+    """Tokens kept when a full KV cache is re-filled: half the block, so a refill happens every
+    ~block_size/2 steps and each new token still sees at least block_size/2 tokens of context."""
+    return max(1, block_size // 2)
+
+
+@torch.inference_mode()
+def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, use_kv_cache: bool = True,
+             stop_token: int | None = None, generator: torch.Generator | None = None,
+             on_token: Callable[[torch.Tensor], object] | None = None,
+             vocab_size: int | None = None) -> torch.Tensor:
+    """idx (B, T) prompt ids -> (B, T + n) ids, n <= max_new_tokens.
+
+    stop_token: a sequence that samples it is finished; later positions of it are padded with stop_token,
+    and generation ends early once every sequence has finished.  on_token(new_ids (B,)) is called after
+    every step (e.g. to stream text).  Pass a seeded torch.Generator to make sampling reproducible.
+    vocab_size: sample only ids below it (a model vocabulary padded past the tokenizer's, e.g. 50304 > 50257).
+    The model is used as it is (call .eval() first to sample without dropout).
+    """
+    check_sampling_args(temperature, top_k, top_p, max_new_tokens)
+    if idx.dim() != 2 or idx.size(1) < 1:
+        raise ValueError(f"idx must be (batch, tokens) with at least one token, got shape {tuple(idx.shape)}")
+    device = model.lm_head.weight.device
+    B, T0 = idx.shape
+    block_size = model.config.block_size
+    seq = torch.empty(B, T0 + max_new_tokens, dtype=torch.long, device=device)  # allocated once
+    seq[:, :T0] = idx
+    n = T0  # tokens in seq so far
+    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    cache = model.new_kv_cache(B) if use_kv_cache else None
+    cached = 0  # positions in the cache: it holds seq[:, n - 1 - cached : n - 1] at positions 0..cached-1
+
+    for step in range(max_new_tokens):
+        if cache is None:  # full (cropped) context every step, as nanoGPT does
+            logits = model(seq[:, max(0, n - block_size):n])[0][:, -1]
+        elif step == 0 or cached == block_size:
+            # (re)fill: prefill the last tokens at positions 0..; the prompt keeps up to block_size of them
+            keep = min(n, block_size if step == 0 else refill_length(block_size))
+            logits = model(seq[:, n - keep:n], kv_cache=cache, input_pos=0)[0][:, -1]
+            cached = keep
+        else:  # decode: one token at the next position
+            logits = model(seq[:, n - 1:n], kv_cache=cache, input_pos=cached)[0][:, -1]
+            cached += 1
+        if vocab_size is not None:
+            logits = logits[:, :vocab_size]
+        next_ids = sample_next(logits, temperature, top_k, top_p, generator)
+        if stop_token is not None:
+            next_ids = next_ids.masked_fill(finished, stop_token)  # pad sequences that already stopped
+            finished |= next_ids == stop_token
+        seq[:, n] = next_ids
+        n += 1
+        if on_token is not None:
+            on_token(next_ids)
+        if stop_token is not None and bool(finished.all()):
+            break
+    return seq[:, :n]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Prompts
+
+
+def prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
+    """The prompt's token ids; an empty prompt starts from end-of-text (BPE) or a newline (char/byte)."""
+    if prompt:
+        try:
+            return tokenizer.encode(prompt)
+        except UnknownCharactersError as e:
+            raise UserError(f"the prompt has {len(e.chars)} character(s) outside the model's char vocabulary: "
+                            f"{shown_chars(e.chars)}; a char-level model reads only the characters of its "
+                            "training text, so remove or replace them") from None
+    if tokenizer.eot_id is not None:
+        return [tokenizer.eot_id]
+    try:
+        ids = tokenizer.encode("\n")
+    except UnknownCharactersError:  # a char vocabulary without a newline
+        ids = []
+    return ids or [0]

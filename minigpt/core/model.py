@@ -1,0 +1,359 @@
+"""A decoder-only transformer, read top to bottom.
+
+GPT-2 block: LayerNorm, learned positions, GELU MLP.  Llama block: RMSNorm, rotary positions (RoPE),
+grouped-query attention (GQA), SwiGLU MLP.  One `CausalSelfAttention` computes the same function three
+ways (`sdpa`, `manual`, `einops`), chosen by `GPTConfig.attention`; the paths share every parameter, so a
+checkpoint trained with one runs with the others.
+
+Shapes: B batch, T query length, S key length (T, or cached + T while decoding), C n_embd,
+nh query heads, nkv key/value heads, g = nh // nkv query heads per key/value head, hs head size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from einops import einsum, rearrange
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from minigpt.core.config import GPTConfig
+
+SDPA_BACKEND = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "math": SDPBackend.MATH, "cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+class KVCache:
+    """Keys and values of one layer for the positions already seen, so decoding a token costs O(S), not O(S^2)."""
+
+    def __init__(self, batch_size: int, max_len: int, n_kv_head: int, head_dim: int,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+        shape = (batch_size, n_kv_head, max_len, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, input_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        end = input_pos + k.size(2)
+        self.k[:, :, input_pos:end] = k
+        self.v[:, :, input_pos:end] = v
+        return self.k[:, :, :end], self.v[:, :, :end]  # (B, nkv, S, hs)
+
+
+# --------------------------------------------------------------------------------------------------
+# Rotary position embeddings: rotate each (x_i, x_{i+hs/2}) pair of q and k by an angle pos * base^(-2i/hs),
+# so q.k depends only on the distance between positions.
+
+def rope_cache(seq_len: int, head_dim: int, base: float = 10000.0,
+               scaling: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (hs/2,)
+    if scaling is not None:
+        inv_freq = llama3_scaled_frequencies(inv_freq, scaling)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)  # (T, hs/2)
+    angles = torch.cat((angles, angles), dim=-1)  # (T, hs): pair i and i + hs/2 share an angle
+    return angles.cos(), angles.sin()
+
+
+def llama3_scaled_frequencies(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.1's long-context RoPE: wavelengths longer than the original context / low_freq_factor are
+    stretched by `factor`, those shorter than context / high_freq_factor are kept, and the band between is
+    interpolated smoothly."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    context = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    smooth = ((context / wavelen - low) / (high - low)).clamp(0.0, 1.0)  # 0 = stretch fully, 1 = keep
+    return (1 - smooth) * inv_freq / factor + smooth * inv_freq
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)  # (B, nh, T, hs/2) each
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return (x * cos + rotated * sin).type_as(x)
+
+
+def causal_mask(T: int, S: int, input_pos: int = 0, device: torch.device | str | None = None) -> torch.Tensor:
+    """(T, S) bool, True where query t (at absolute position input_pos + t) may see key s: s <= input_pos + t.
+    Built per call, not stored per layer: a long-context model would otherwise hold n_layer x block_size^2."""
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=input_pos)
+
+
+# --------------------------------------------------------------------------------------------------
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        self.attention = config.attention
+        self.sdpa_backend = config.sdpa_backend
+        self.dropout = config.dropout
+        # q, k and v in one matmul, stacked by rows; with GQA k and v have fewer heads than q
+        self.qkv_rows = [self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim]
+        self.c_attn = nn.Linear(config.n_embd, sum(self.qkv_rows), bias=config.bias)
+        self.c_proj = nn.Linear(self.n_head * self.head_dim, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else None
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                kv_cache: KVCache | None = None, input_pos: int = 0,
+                return_weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        B, T, C = x.shape
+        hs = self.head_dim
+        q, k, v = self.c_attn(x).split(self.qkv_rows, dim=2)
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, nkv, T, hs)
+        v = v.view(B, T, self.n_kv_head, hs).transpose(1, 2)  # (B, nkv, T, hs)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if kv_cache is not None:
+            k, v = kv_cache.update(k, v, input_pos)  # (B, nkv, S, hs), S = input_pos + T
+        # sdpa's is_causal covers training and prefill; every other case gets an explicit (T, S) mask
+        S = k.size(2)
+        mask = None if self.attention == "sdpa" and (T == S or T == 1) else causal_mask(T, S, input_pos, x.device)
+
+        if return_weights and self.attention == "sdpa":
+            raise ValueError("attention weights are not available from the 'sdpa' path (the fused kernel "
+                             "never forms them); use attention='manual' or 'einops' to inspect them")
+        path = {"sdpa": self._sdpa, "manual": self._manual, "einops": self._einops}[self.attention]
+        y, weights = path(q, k, v, mask)  # y: (B, nh, T, hs)
+
+        y = y.transpose(1, 2).contiguous().view(B, T, self.n_head * hs)  # re-assemble heads: (B, T, nh*hs)
+        y = self.resid_dropout(self.c_proj(y))
+        return (y, weights) if return_weights else y
+
+    # The three paths, side by side: same inputs, same output.  q: (B, nh, T, hs), k and v: (B, nkv, S, hs).
+
+    def _sdpa(self, q, k, v, mask):
+        T, S = q.size(2), k.size(2)
+        # is_causal=True aligns the triangle top-left, which is right only when queries and keys start at
+        # the same position (training, prefill); a cached decode step passes its slice of the mask instead.
+        is_causal = T == S
+        attn_mask = None if is_causal or T == 1 else mask  # one new token may see every cached key
+        # enable_gqa lets the kernel read each K/V head for its g query heads without copying K/V g times
+        kwargs = dict(attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0,
+                      is_causal=is_causal, enable_gqa=self.n_kv_head != self.n_head)
+        if self.sdpa_backend is None:  # let torch pick flash / memory-efficient / math
+            return F.scaled_dot_product_attention(q, k, v, **kwargs), None
+        with sdpa_kernel(SDPA_BACKEND[self.sdpa_backend]):
+            return F.scaled_dot_product_attention(q, k, v, **kwargs), None
+
+    def _manual(self, q, k, v, mask):
+        g = self.n_head // self.n_kv_head
+        # one explicit K/V expansion: query head h reads key/value head h // g
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)  # (B, nh, S, hs)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, T, S)
+        att = att.masked_fill(~mask, float("-inf"))
+        att = att.float().softmax(dim=-1).to(q.dtype)  # float32 softmax: bf16 sums lose the small terms
+        y = F.dropout(att, self.dropout, self.training) @ v  # (B, nh, T, hs)
+        return y, att
+
+    def _einops(self, q, k, v, mask):
+        # named axes make GQA a broadcast over g: no K/V copy
+        q = rearrange(q, "b (kv g) t d -> b kv g t d", kv=self.n_kv_head)
+        scores = einsum(q, k, "b kv g t d, b kv s d -> b kv g t s") / math.sqrt(self.head_dim)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        att = scores.float().softmax(dim=-1).to(q.dtype)
+        y = einsum(F.dropout(att, self.dropout, self.training), v, "b kv g t s, b kv s d -> b kv g t d")
+        y = rearrange(y, "b kv g t d -> b (kv g) t d")  # (B, nh, T, hs)
+        return y, rearrange(att, "b kv g t s -> b (kv g) t s")
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.kind = config.mlp
+        self.gelu_approximate = config.gelu_approximate
+        n_in = 2 * config.mlp_hidden if self.kind == "swiglu" else config.mlp_hidden  # swiglu: gate and up fused
+        self.c_fc = nn.Linear(config.n_embd, n_in, bias=config.bias)
+        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.c_fc(x)
+        if self.kind == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        elif self.kind == "relu2":
+            h = F.relu(h).square()
+        else:
+            h = F.gelu(h, approximate=self.gelu_approximate)
+        return self.dropout(self.c_proj(h))
+
+
+def make_norm(config: GPTConfig, dim: int) -> nn.Module:
+    if config.arch == "llama":
+        return nn.RMSNorm(dim, eps=config.norm_eps)
+    return nn.LayerNorm(dim, eps=config.norm_eps, bias=config.bias)
+
+
+class Block(nn.Module):
+    """Pre-norm residual block; `arch` picks LayerNorm (gpt) or RMSNorm (llama), `mlp` picks GELU or SwiGLU."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = make_norm(config, config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = make_norm(config, config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, rope=None, kv_cache: KVCache | None = None, input_pos: int = 0,
+                attn_weights: list[torch.Tensor] | None = None) -> torch.Tensor:
+        if attn_weights is None:
+            x = x + self.attn(self.ln_1(x), rope, kv_cache, input_pos)
+        else:  # inspection: keep this layer's (B, nh, T, S) weights
+            y, weights = self.attn(self.ln_1(x), rope, kv_cache, input_pos, return_weights=True)
+            attn_weights.append(weights)
+            x = x + y
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        config.validate()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+            ln_f=make_norm(config, config.n_embd),
+        ))
+        if config.arch == "gpt":  # learned absolute positions; llama rotates q and k instead
+            self.transformer["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.transformer.wte.weight = self.lm_head.weight
+        if config.arch == "llama":
+            cos, sin = rope_cache(config.block_size, config.head_dim, config.rope_base, config.rope_scaling)
+            self.register_buffer("rope_cos", cos, persistent=False)  # (block_size, hs)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+        # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer) so the residual stream's variance
+        # does not grow with depth; zero_init_proj starts every block as the identity instead.
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                if config.zero_init_proj:
+                    nn.init.zeros_(p)
+                else:
+                    nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @classmethod
+    def state_shapes(cls, config: GPTConfig) -> dict[str, torch.Size]:
+        """The state_dict's names and shapes for `config`, from a model on the meta device (nothing allocated)."""
+        with torch.device("meta"):
+            return {name: t.shape for name, t in cls(config).state_dict().items()}
+
+    @classmethod
+    def from_weights(cls, config: GPTConfig, state: dict[str, torch.Tensor]) -> GPT:
+        """A GPT holding exactly `state`'s tensors, never allocating (or initialising) weights of its own: built
+        on the meta device, then the tensors are assigned in, so a large import holds its weights once."""
+        with torch.device("meta"):
+            model = cls(config)
+        model.load_state_dict(state, assign=True)
+        if config.tie_embeddings:  # assign gave the two names two Parameters: make them one again
+            model.transformer.wte.weight = model.lm_head.weight
+        if config.arch == "llama":  # non-persistent buffers are not in a state dict: compute them for real
+            model.rope_cos, model.rope_sin = rope_cache(config.block_size, config.head_dim, config.rope_base,
+                                                        config.rope_scaling)
+        return model
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
+                kv_cache: list[KVCache] | None = None, input_pos: int = 0,
+                attn_weights: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx (B, T) token ids -> logits (B, T, vocab), and the mean cross-entropy if targets (B, T) are given.
+
+        With `kv_cache` (from `new_kv_cache`), idx holds positions input_pos .. input_pos + T - 1 and the
+        keys/values of the earlier positions come from the cache.  With a list as `attn_weights`, each layer
+        appends its attention weights (B, nh, T, S) to it (manual and einops paths only; see `attention_weights`).
+        """
+        B, T = idx.shape
+        if input_pos + T > self.config.block_size:
+            raise ValueError(f"sequence of {input_pos + T} tokens is longer than block_size="
+                             f"{self.config.block_size}; crop it to the last {self.config.block_size} tokens")
+        x = self.transformer.wte(idx)  # (B, T, C)
+        rope = None
+        if self.config.arch == "gpt":
+            pos = torch.arange(input_pos, input_pos + T, device=idx.device)
+            x = x + self.transformer.wpe(pos)
+        else:
+            rope = (self.rope_cos[input_pos:input_pos + T], self.rope_sin[input_pos:input_pos + T])
+        x = self.transformer.drop(x)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, rope, kv_cache[i] if kv_cache is not None else None, input_pos, attn_weights)
+        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> list[KVCache]:
+        """An empty cache per layer for `batch_size` sequences of up to `max_len` (default block_size) tokens."""
+        p = self.lm_head.weight
+        return [KVCache(batch_size, max_len or self.config.block_size, self.config.n_kv_head,
+                        self.config.head_dim, device=p.device, dtype=p.dtype)
+                for _ in range(self.config.n_layer)]
+
+    def set_attention(self, attention: str) -> None:
+        """Switch every layer to another attention path; the weights are shared, so outputs stay the same."""
+        self.config.attention = attention
+        self.config.validate()
+        for block in self.transformer.h:
+            block.attn.attention = attention
+
+    @torch.no_grad()
+    def attention_weights(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx (B, T) -> every layer's attention weights, (n_layer, B, n_head, T, T), in float32, eval mode.
+
+        Formed through the manual path whatever path the model runs: the three compute the same function
+        from the same weights, and only the manual one materialises the (T, T) matrix.
+        """
+        attention, was_training = self.config.attention, self.training
+        self.set_attention("manual")
+        self.eval()
+        try:
+            weights: list[torch.Tensor] = []
+            self(idx, attn_weights=weights)
+        finally:
+            self.set_attention(attention)
+            self.train(was_training)
+        return torch.stack([w.float() for w in weights])  # (L, B, nh, T, T)
+
+    def stacked_projections(self) -> dict[nn.Parameter, list[int]]:
+        """Weights that stack several projections by rows -> each projection's row count: the attention's fused
+        q/k/v and SwiGLU's fused gate/up (an optimizer that treats matrices as wholes, Muon, needs the pieces)."""
+        stacked = {}
+        for block in self.transformer.h:
+            stacked[block.attn.c_attn.weight] = block.attn.qkv_rows
+            if block.mlp.kind == "swiglu":
+                stacked[block.mlp.c_fc.weight] = [self.config.mlp_hidden] * 2
+        return stacked
+
+    def num_params(self, exclude_position_embeddings: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())  # tied weights are counted once
+        if exclude_position_embeddings and "wpe" in self.transformer:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs per token (forward + backward): 6 per matmul weight, plus attention's q.k and att.v.
+
+        Counted as in the PaLM paper / nanoGPT: the causal mask's skipped half of the attention is not
+        subtracted.  Only matmul weights count: embedding lookups, biases and norm gains are not matmuls; a
+        tied embedding is counted once, as the head.  (Checked against torch's FlopCounterMode in the tests.)
+        """
+        cfg = self.config
+        n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        T = seq_len or cfg.block_size
+        return 6 * n_matmul + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * T

@@ -1,0 +1,332 @@
+"""Tokenizers: char (nanoGPT shakespeare_char), byte (UTF-8 bytes) and tiktoken BPE (gpt2, cl100k_base, ...);
+a Hugging Face model's own tokenizer.json is minigpt.hf.tokenizer_files.HFTokenizer ("hf" in the dicts below).
+
+Every tokenizer serializes to a plain, self-contained dict (`to_dict`) that a checkpoint stores, so sampling
+needs nothing else: no vocabulary file, no download. `tokenizer_from_dict` is the inverse.
+
+A tokenizer setting is a built-in name ("char", "byte", a tiktoken encoding name) or the path of a tokenizer
+file: that dict as JSON (a prepared data directory's tokenizer.json, or a BPE built elsewhere), to reuse a
+vocabulary as it is. A char tokenizer read from a file is fixed: it is not rebuilt from the corpus.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tiktoken
+
+from minigpt.core.errors import CheckpointError, DataError, UnknownCharactersError, UserError, first_line, shown_chars
+
+__all__ = ["Tokenizer", "CharTokenizer", "ByteTokenizer", "TiktokenTokenizer", "UnknownCharactersError",
+           "tokenizer_from_dict", "tokenizer_names", "resolve_tokenizer", "read_tokenizer_file", "get_tokenizer",
+           "tiktoken_cache_dir"]
+
+ENDOFTEXT = "<|endoftext|>"
+
+
+class Tokenizer(ABC):
+    """What the data pipeline, the trainer and the sampler need from a tokenizer."""
+
+    name: str
+    vocab_size: int
+    eot_id: int | None  # appended after each document when not None
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]: ...
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    @abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """Plain str/int/list/dict only, enough to rebuild the tokenizer with tokenizer_from_dict."""
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """encode() as an int64 array; subclasses override it with something faster."""
+        return np.asarray(self.encode(text), dtype=np.int64)
+
+    def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[np.ndarray]:
+        return [self.encode_array(t) for t in texts]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size}, eot_id={self.eot_id})"
+
+
+class CharTokenizer(Tokenizer):
+    """One token per character; the vocabulary is the sorted set of the corpus's characters."""
+
+    def __init__(self, chars: str):
+        self.chars = "".join(sorted(set(chars)))
+        self.name = "char"
+        self.vocab_size = len(self.chars)
+        self.eot_id = None
+        self.stoi = {c: i for i, c in enumerate(self.chars)}
+        # Code point -> id lookup table (-1 = unknown): encode_array maps a whole text with one numpy gather.
+        self._lut = np.full(max(map(ord, self.chars), default=0) + 1, -1, dtype=np.int64)
+        self._lut[[ord(c) for c in self.chars]] = np.arange(len(self.chars))
+
+    @classmethod
+    def from_texts(cls, texts: Iterable[str]) -> CharTokenizer:
+        chars: set[str] = set()
+        for text in texts:
+            chars.update(text)
+        return cls("".join(chars))
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_array(text).tolist()
+
+    def encode_array(self, text: str) -> np.ndarray:
+        # utf-32 gives one uint32 per code point; surrogatepass so lone surrogates reach the unknown check
+        cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        ids = self._lut[np.minimum(cps, len(self._lut) - 1)]
+        bad = (ids < 0) | (cps >= len(self._lut))
+        if bad.any():
+            raise UnknownCharactersError(sorted({chr(c) for c in cps[bad].tolist()}))
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "char", "name": self.name, "chars": self.chars}
+
+
+class ByteTokenizer(Tokenizer):
+    """The 256 UTF-8 byte values: encodes any text (and any file), decodes with U+FFFD for broken sequences."""
+
+    def __init__(self) -> None:
+        self.name = "byte"
+        self.vocab_size = 256
+        self.eot_id = None
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8", "surrogatepass"))  # surrogatepass: never fails, even on lone surrogates
+
+    def encode_array(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8", "surrogatepass"), dtype=np.uint8)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "byte", "name": self.name}
+
+
+class TiktokenTokenizer(Tokenizer):
+    """A tiktoken BPE encoding. Text is encoded with encode_ordinary: '<|endoftext|>' in a document is plain text,
+    only the data pipeline inserts the real end-of-text token (between documents)."""
+
+    def __init__(self, encoding: tiktoken.Encoding):
+        self.encoding = encoding
+        self.name = encoding.name
+        self.vocab_size = encoding.n_vocab
+        self.eot_id = encoding.eot_token if ENDOFTEXT in encoding.special_tokens_set else None
+
+    def encode(self, text: str) -> list[int]:
+        return self.encoding.encode_ordinary(text)
+
+    def encode_array(self, text: str) -> np.ndarray:
+        return np.asarray(self.encoding.encode_ordinary(text), dtype=np.int64)
+
+    def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[np.ndarray]:
+        # tiktoken's Rust core releases the GIL, so threads encode in parallel
+        ids = self.encoding.encode_ordinary_batch(texts, num_threads=num_threads or os.cpu_count() or 1)
+        return [np.asarray(x, dtype=np.int64) for x in ids]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.encoding.decode(list(ids))
+
+    def to_dict(self) -> dict[str, Any]:
+        enc = self.encoding
+        return {
+            "type": "tiktoken",
+            "name": enc.name,
+            "pat_str": enc._pat_str,
+            # JSON keys must be str: each token's bytes as base64 (the .tiktoken file format)
+            "mergeable_ranks": {base64.b64encode(token).decode("ascii"): rank
+                                for token, rank in enc._mergeable_ranks.items()},
+            "special_tokens": dict(enc._special_tokens),
+        }
+
+
+def tokenizers_library():
+    """The `tokenizers` library, imported on first use (only HF sources and exports need it)."""
+    try:
+        import tokenizers
+    except ImportError:
+        raise UserError("Hugging Face tokenizers need the `tokenizers` package; install it with "
+                        "`python3 -m pip install tokenizers`") from None
+    return tokenizers
+
+
+class HFTokenizer(Tokenizer):
+    """A Hugging Face tokenizer.json, applied by the `tokenizers` library exactly as transformers applies it
+    (a BOS is prepended where the source's post-processor does so)."""
+
+    def __init__(self, tokenizer_json: str, name: str = "hf", vocab_size: int | None = None,
+                 bos_id: int | None = None, eos_id: int | None = None) -> None:
+        try:
+            self.backend = tokenizers_library().Tokenizer.from_str(tokenizer_json)
+        except Exception as e:  # the library raises its own Exception type for a bad tokenizer.json
+            raise DataError(f"not a Hugging Face tokenizer.json ({first_line(e)}); give the tokenizer.json "
+                            "saved with the model") from None
+        self.tokenizer_json = tokenizer_json
+        self.name = name
+        self.vocab_size = int(vocab_size or self.backend.get_vocab_size(with_added_tokens=True))
+        self.bos_id, self.eos_id = bos_id, eos_id
+        self.eot_id = eos_id
+
+    def encode(self, text: str) -> list[int]:
+        return self.backend.encode(text).ids
+
+    def encode_array(self, text: str) -> np.ndarray:
+        return np.asarray(self.backend.encode(text).ids, dtype=np.int64)
+
+    def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[np.ndarray]:
+        # the Rust core encodes a batch in parallel (its thread pool: TOKENIZERS_PARALLELISM / RAYON_NUM_THREADS)
+        return [np.asarray(e.ids, dtype=np.int64) for e in self.backend.encode_batch(texts)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=False)
+
+    def token(self, i: int | None) -> str | None:
+        return None if i is None else self.backend.id_to_token(i)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "hf", "name": self.name, "tokenizer_json": self.tokenizer_json,
+                "vocab_size": self.vocab_size, "bos_id": self.bos_id, "eos_id": self.eos_id}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HFTokenizer:
+        """The inverse of to_dict (tokenizer_from_dict calls it); raises KeyError/TypeError for a damaged dict."""
+        if not isinstance(d["tokenizer_json"], str):
+            raise TypeError("'tokenizer_json' is not a string")
+        ids = [d.get(k) for k in ("vocab_size", "bos_id", "eos_id")]
+        if any(i is not None and (not isinstance(i, int) or isinstance(i, bool)) for i in ids):
+            raise TypeError("'vocab_size', 'bos_id' and 'eos_id' must be integers or null")
+        return cls(d["tokenizer_json"], name=str(d.get("name", "hf")), vocab_size=ids[0], bos_id=ids[1],
+                   eos_id=ids[2])
+
+
+def tokenizer_from_dict(d: Any) -> Tokenizer:
+    """Rebuild a tokenizer from its to_dict(); needs no file and no network.
+
+    A dict that is not one raises CheckpointError: most dicts come from checkpoints; the data code, which reads
+    them from tokenizer files, re-raises it as DataError naming the file.
+    """
+    kind = d.get("type") if isinstance(d, dict) else None
+    if kind == "char":
+        chars = d.get("chars")
+        if not isinstance(chars, str):
+            raise CheckpointError("damaged char tokenizer dict (its 'chars' is not a string); the checkpoint or "
+                                  "tokenizer.json was not written by minigpt or is damaged")
+        # minigpt writes each character once, sorted; a repeat would silently shrink the vocabulary (and shift ids)
+        if len(set(chars)) != len(chars):
+            repeated = sorted({c for c in chars if chars.count(c) > 1})
+            raise CheckpointError(f"damaged char tokenizer dict (character(s) listed twice: {shown_chars(repeated)}); "
+                                  "the checkpoint or tokenizer.json was not written by minigpt or is damaged")
+        return CharTokenizer(chars)
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "tiktoken":
+        try:
+            ranks = {base64.b64decode(token, validate=True): int(rank) for token, rank in d["mergeable_ranks"].items()}
+            specials = {str(k): int(v) for k, v in d["special_tokens"].items()}
+            # every id names one token: two tokens on one rank would decode wrongly (tiktoken does not check)
+            if len(ranks) != len(d["mergeable_ranks"]) or len(set(ranks.values()) | set(specials.values())) != \
+                    len(ranks) + len(specials):
+                raise CheckpointError("damaged tiktoken tokenizer dict (two tokens share an id); the checkpoint or "
+                                      "tokenizer.json was not written by minigpt or is damaged")
+            return TiktokenTokenizer(tiktoken.Encoding(str(d["name"]), pat_str=str(d["pat_str"]),
+                                                       mergeable_ranks=ranks, special_tokens=specials))
+        # this block only reads the dict: these mean a field is missing or of the wrong type or shape
+        # (binascii.Error and a bad pat_str regex are ValueErrors)
+        except (KeyError, AttributeError, TypeError, ValueError) as e:
+            raise CheckpointError(f"damaged tiktoken tokenizer dict ({type(e).__name__}: {first_line(e)}); the "
+                                  "checkpoint or tokenizer.json was not written by minigpt or is damaged") from None
+    if kind == "hf":  # a Hugging Face tokenizer.json
+        try:
+            return HFTokenizer.from_dict(d)
+        except (KeyError, TypeError, DataError) as e:
+            raise CheckpointError(f"damaged hf tokenizer dict ({type(e).__name__}: {first_line(e)}); the "
+                                  "checkpoint or tokenizer.json was not written by minigpt or is damaged") from None
+    raise CheckpointError(f"unknown tokenizer type {kind!r} in tokenizer dict (expected char, byte, tiktoken or hf); "
+                          "the checkpoint or tokenizer.json was not written by minigpt or is damaged")
+
+
+def tokenizer_names() -> list[str]:
+    """Every built-in name get_tokenizer accepts; it also takes the path of a tokenizer file."""
+    return ["char", "byte", *tiktoken.list_encoding_names()]
+
+
+def resolve_tokenizer(name: str | Path) -> str | Path:
+    """A tokenizer setting as get_tokenizer reads it: a built-in name as is, else the absolute Path of a tokenizer
+    file. Built-in names win over files of the same name. Raises DataError for an unknown name or a missing file."""
+    name = str(name)
+    if name in tokenizer_names():
+        return name
+    path = Path(name).expanduser()
+    if path.is_file():
+        return path.resolve()
+    if name.endswith(".json") or "/" in name or os.sep in name:  # meant as a path
+        raise DataError(f"tokenizer file not found: {name}; give the path of a tokenizer JSON file written by "
+                        "minigpt (e.g. a prepared data directory's tokenizer.json)")
+    raise DataError(f"unknown tokenizer {name!r}; choose one of: {', '.join(tokenizer_names())}, or give the path "
+                    "of a tokenizer JSON file (e.g. a prepared data directory's tokenizer.json)")
+
+
+def read_tokenizer_file(path: str | Path) -> Tokenizer:
+    """The tokenizer a tokenizer file (JSON of Tokenizer.to_dict()) holds. Raises DataError naming the file."""
+    try:
+        d = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise DataError(f"cannot read tokenizer file {path} ({e.strerror or type(e).__name__})") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise DataError(f"tokenizer file {path} is not JSON ({first_line(e)}); give a tokenizer.json written by "
+                        "minigpt") from None
+    try:
+        return tokenizer_from_dict(d)
+    except CheckpointError as e:
+        raise DataError(f"tokenizer file {path} does not hold a minigpt tokenizer ({first_line(e)})") from None
+
+
+def tiktoken_cache_dir() -> str:
+    """Where tiktoken looks for (and stores) its downloaded encoding files (same rule as tiktoken.load)."""
+    return (os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
+            or os.path.join(tempfile.gettempdir(), "data-gym-cache"))
+
+
+def get_tokenizer(name: str | Path, texts: Iterable[str] | None = None) -> Tokenizer:
+    """"char" (vocabulary from `texts`), "byte", a tiktoken encoding name ("gpt2", "cl100k_base", ...), or the path
+    of a tokenizer file (a char tokenizer from a file keeps its vocabulary; `texts` is not needed).
+    Raises DataError for a setting that cannot work: unknown name, missing or damaged file, encoding not fetchable."""
+    spec = resolve_tokenizer(name)
+    if isinstance(spec, Path):
+        return read_tokenizer_file(spec)
+    if spec == "char":
+        if texts is None:  # a caller's mistake, not the user's
+            raise ValueError("the char tokenizer builds its vocabulary from the corpus; pass texts=...")
+        return CharTokenizer.from_texts(texts)
+    if spec == "byte":
+        return ByteTokenizer()
+    try:
+        encoding = tiktoken.get_encoding(spec)
+    except OSError as e:  # requests/urllib/socket errors all derive from OSError; programming errors pass through
+        raise DataError(
+            f"could not fetch the tiktoken encoding {spec!r} ({type(e).__name__}: no network?); run once with "
+            f"internet access so tiktoken caches it, or copy its files (named by the sha1 of their URL) into the "
+            f"TIKTOKEN_CACHE_DIR directory (now {tiktoken_cache_dir()}), or use the char/byte tokenizer") from None
+    except ValueError as e:
+        if "hash mismatch" not in str(e).lower():
+            raise
+        raise DataError(f"the download of tiktoken encoding {spec!r} was corrupted; delete the cached files in "
+                        f"{tiktoken_cache_dir()} and try again") from None
+    return TiktokenTokenizer(encoding)

@@ -1,0 +1,353 @@
+"""Sources: where a corpus's documents come from, and one stream of them whatever the source.
+
+A source is one of
+  "stdlib"          the running interpreter's standard library *.py files (built in, no download, ~12 MB);
+  a file or folder  a text file is one document; a folder holds one document per text file (recursive, sorted;
+                    hidden files/folders and binary files -- a NUL byte in the first 8 KB -- are skipped);
+  an http(s) URL    downloaded once into data_root/downloads/, then handled as a local file;
+  a *.parquet, *.json, *.jsonl or *.csv file: rows of a `datasets` table, one document per row of `text_column`;
+  anything else     a Hugging Face hub dataset, "name" or "name:config" (e.g. "roneneldan/TinyStories",
+                    "Salesforce/wikitext:wikitext-103-raw-v1"), split "train", one document per row.
+
+    corpus = resolve_source("my_texts/")
+    for doc in iter_documents(corpus):      # the same Document for a file and for a table row
+        doc.key, doc.name, b"".join(doc.chunks)
+
+A file is read as text whatever its container or encoding: *.gz / *.bz2 / *.xz are decompressed, and UTF-16 or
+UTF-32 with a byte-order mark is converted to UTF-8 (a UTF-8 BOM is dropped). Empty files, empty rows and a
+folder's binary files (and archives) hold no document: they are skipped, counted and named in corpus.skipped_files.
+"""
+
+from __future__ import annotations
+
+import bz2
+import codecs
+import gzip
+import hashlib
+import itertools
+import json
+import lzma
+import os
+import re
+import sysconfig
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Collection, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from minigpt.core.errors import DataError, first_line
+from minigpt.core.fsutil import atomic_write, remove_stale, write_error
+
+DEFAULT_SOURCE = "stdlib"
+CHUNK_BYTES = 1 << 20  # documents are read (and then decoded and tokenized) this much at a time
+DOWNLOAD_TIMEOUT_S = 30.0
+DOWNLOAD_LIMIT_BYTES = 2 << 30
+DATASET_BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
+# compressed text is read through its decompressor (never as compressed bytes); archives hold many files: refused
+DECOMPRESSORS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+ARCHIVES = {".zip", ".tar", ".tgz", ".7z", ".rar"}
+# BOM -> codec; UTF-32-LE's BOM starts with UTF-16-LE's, so the longer ones are tried first
+BOMS = [(codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"), (codecs.BOM_UTF16_LE, "utf-16-le"),
+        (codecs.BOM_UTF16_BE, "utf-16-be"), (codecs.BOM_UTF8, "utf-8")]
+# Local sources up to this size are fingerprinted by their content too, not only by size and mtime (which an edit
+# can keep): sha256 of 256 MB costs about 0.2-0.6 s at each start; larger sources rely on size + mtime.
+CONTENT_HASH_LIMIT = 256 << 20
+# an HTML page where data was expected: a sign-in wall, an error page, a "download" page around the file
+HTML_TYPES = ("text/html", "application/xhtml+xml")
+HTML_STARTS = (b"<!doctype html", b"<html", b"<head")
+# The test suites (test/, tests/, idlelib/idle_test/) are 19 of the stdlib's 31 MB of *.py; without them ~12 MB.
+STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
+_HUB_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)?(:[\w.-]+)?$")
+# a missing source with one of these suffixes is a mistyped path, not a hub dataset name
+_PATH_SUFFIXES = {".txt", ".text", ".md", ".rst", ".py", ".html", ".xml", ".gz", ".zip", *DATASET_BUILDERS}
+# what a bug looks like: these keep their traceback even when raised from inside `datasets`
+_BUGS = (TypeError, AttributeError, NameError, AssertionError, ImportError)
+
+
+@dataclass
+class SourceFile:
+    relpath: str  # posix path relative to the corpus root: the document's key
+    path: Path
+    size: int
+    mtime_ns: int
+
+
+@dataclass
+class Document:
+    """One document of any source. The train/val split places it by a hash of its key, so the key must not
+    depend on the rest of the corpus: a file's path relative to the corpus root, or "row:{i}" for table row i."""
+
+    key: str
+    name: str  # for messages: the file's path, or "<source> row i"
+    chunks: Iterable[bytes]  # the content as UTF-8 text's bytes (or a binary file's), CHUNK_BYTES at a time
+
+
+@dataclass
+class Corpus:
+    """A resolved source: where the documents come from, and a cheap fingerprint to tell when they change."""
+
+    source: str  # as the user gave it
+    kind: str  # "stdlib" | "file" | "folder" | "url" | "dataset"
+    origin: str  # absolute path, URL, or dataset name
+    name: str  # short human name for the output directory
+    files: list[SourceFile] = field(default_factory=list)  # text documents (stdlib/file/folder/url)
+    skip_binary: bool = False  # folders: skip files that look binary
+    builder: str | None = None  # dataset: "parquet"/"json"/"csv" for local files, None for the hub
+    config: str | None = None  # dataset: hub config name
+    text_column: str = "text"  # dataset: the column that holds each row's document
+    skipped: int = 0  # files or rows that held no document, counted by the last iter_documents pass
+    skipped_files: dict[str, list[str]] = field(default_factory=dict)  # why -> relpaths, of that pass
+    _dataset: Any = field(default=None, repr=False, compare=False)  # the loaded Dataset, kept for later passes
+
+    @property
+    def is_dataset(self) -> bool:
+        return self.kind == "dataset"
+
+    def fingerprint(self) -> str:
+        """Changes when the content may have: file listing with sizes and mtimes, plus the files' content hash when
+        they are small enough (CONTENT_HASH_LIMIT: an edit that keeps size and mtime); a hub dataset's name/config."""
+        listing = [(f.relpath, f.size, f.mtime_ns) for f in self.files]
+        content = None
+        if self.files and sum(f.size for f in self.files) <= CONTENT_HASH_LIMIT:
+            h = hashlib.sha256()
+            for f in self.files:
+                h.update(f"{f.relpath}\0{f.size}\0".encode())
+                try:
+                    with open(f.path, "rb") as fh:
+                        while chunk := fh.read(CHUNK_BYTES):
+                            h.update(chunk)
+                except OSError as e:
+                    raise DataError(f"cannot read {f.path} ({e.strerror or type(e).__name__}); check its "
+                                    "permissions") from None
+            content = h.hexdigest()
+        return sha256_json({"origin": self.origin, "config": self.config, "files": listing, "content": content})
+
+    def load_dataset(self) -> Any:
+        """The `datasets.Dataset` (split "train") of a dataset source."""
+        if self._dataset is not None:
+            return self._dataset
+        import datasets  # imported lazily: slow to import, and only needed for dataset sources
+
+        try:
+            if self.builder:
+                self._dataset = datasets.load_dataset(self.builder, data_files=[self.origin], split="train")
+            else:
+                self._dataset = datasets.load_dataset(self.origin, self.config, split="train")
+        except _BUGS:
+            raise
+        except Exception as e:  # datasets raises many types (hub, network, parsing): report any as one line
+            if self.builder:
+                raise DataError(f"could not read {self.origin} as {self.builder} ({type(e).__name__}: "
+                                f"{first_line(e)}); check the file's format") from None
+            raise DataError(f"corpus not found: {self.source} (not a file, folder or URL; as a datasets hub name: "
+                            f"{type(e).__name__}: {first_line(e)}); pass an existing file/folder, a URL, or a "
+                            "datasets name (name or name:config) and check your network") from None
+        return self._dataset
+
+
+def resolve_source(source: str, data_root: str | Path = "data", text_column: str = "text") -> Corpus:
+    """Parse a source string (see the module docstring). A URL is downloaded into data_root/downloads/ once."""
+    source = str(source)
+    if not source.strip():  # e.g. --data.source "$CORPUS" with CORPUS unset: never the current directory
+        raise DataError("the data source is empty; pass a file, folder, URL or datasets name (or stdlib) "
+                        "-- is the shell variable you meant to use unset?")
+    if source == "stdlib":
+        root = Path(sysconfig.get_paths()["stdlib"]).resolve()
+        files = _walk(root, suffix=".py", skip_dirs=STDLIB_SKIP_DIRS)
+        return Corpus(source, "stdlib", str(root), "stdlib", files)
+    if source.startswith(("http://", "https://")):
+        corpus = _local_corpus(source, download(source, Path(data_root) / "downloads"), text_column)
+        corpus.name = slugify(Path(urllib.parse.urlparse(source).path).stem or "download")
+        if not corpus.is_dataset:  # (a downloaded .parquet/.jsonl/.csv stays a dataset read from the local copy)
+            corpus.kind, corpus.origin = "url", source
+        return corpus
+    path = Path(source).expanduser()
+    if path.exists():
+        return _local_corpus(source, path, text_column)
+    looks_like_path = source.startswith(("/", ".", "~")) or path.suffix.lower() in _PATH_SUFFIXES
+    if looks_like_path or not _HUB_NAME.match(source):
+        raise DataError(f"corpus not found: {source}; pass an existing file/folder, a URL, or a datasets name")
+    name, _, config = source.partition(":")
+    return Corpus(source, "dataset", name, slugify(name.split("/")[-1] + (f"-{config}" if config else "")),
+                  config=config or None, text_column=text_column)
+
+
+def iter_documents(corpus: Corpus) -> Iterator[Document]:
+    """The corpus's documents in a fixed order (files sorted by path, rows in table order). Every call reads the
+    source again; files and rows with no document are skipped and counted in corpus.skipped."""
+    corpus.skipped, corpus.skipped_files = 0, {}
+    if corpus.is_dataset:
+        yield from _row_documents(corpus)
+        return
+    for f in corpus.files:
+        suffix = f.path.suffix.lower()
+        if suffix in ARCHIVES:
+            if not corpus.skip_binary:
+                raise DataError(f"{f.path} is an archive ({suffix}); unpack it and pass the folder")
+            why = "archive"
+        else:
+            chunks = _text_file_chunks(f.path)
+            # the first chunk (decompressed, converted to UTF-8) tells an empty or a binary file
+            first = next(chunks, b"") if f.size else b""
+            why = "empty" if not first else "binary" if corpus.skip_binary and b"\0" in first[:8192] else None
+        if why:
+            corpus.skipped += 1
+            corpus.skipped_files.setdefault(why, []).append(f.relpath)
+            continue
+        yield Document(f.relpath, str(f.path), itertools.chain([first], chunks))
+
+
+def _row_documents(corpus: Corpus) -> Iterator[Document]:
+    ds = corpus.load_dataset()
+    column = corpus.text_column
+    if column not in ds.column_names:
+        raise DataError(f"column {column!r} not found in {corpus.source}; columns present: "
+                        f"{', '.join(ds.column_names)}; set text_column to the column that holds the text")
+    feature = ds.features[column]
+    if getattr(feature, "dtype", None) not in ("string", "large_string"):
+        raise DataError(f"column {column!r} of {corpus.source} holds {feature}, not text; set text_column to the "
+                        "name of a text column")
+    i = 0
+    for batch in ds.select_columns([column]).with_format("arrow").iter(batch_size=1000):
+        for text in batch[column].to_pylist():
+            if text:
+                yield Document(f"row:{i}", f"{corpus.source} row {i}", _text_chunks(text))
+            else:  # e.g. wikitext's blank lines
+                corpus.skipped += 1
+            i += 1
+
+
+def _text_chunks(text: str) -> Iterator[bytes]:
+    data = text.encode("utf-8")  # Arrow strings are valid UTF-8: this never fails
+    for i in range(0, len(data), CHUNK_BYTES):
+        yield data[i:i + CHUNK_BYTES]
+
+
+def _text_file_chunks(path: Path) -> Iterator[bytes]:
+    """A file's text as UTF-8 bytes, CHUNK_BYTES at a time: decompressed (DECOMPRESSORS by suffix), and converted
+    from UTF-16/UTF-32 when it starts with their byte-order mark. Other bytes pass as they are (the tokenizer
+    decides what invalid UTF-8 means). A binary file stays binary: its NUL bytes tell it (git's heuristic)."""
+    opener = DECOMPRESSORS.get(path.suffix.lower(), open)
+    try:
+        with opener(path, "rb") as f:
+            head = f.read(4)
+            codec = next((c for bom, c in BOMS if head.startswith(bom)), None)
+            if codec is None:
+                chunk = head + f.read(CHUNK_BYTES - len(head))
+                while chunk:
+                    yield chunk
+                    chunk = f.read(CHUNK_BYTES)
+                return
+            decoder = codecs.getincrementaldecoder(codec)("strict")
+            text = decoder.decode(head[len(next(b for b, c in BOMS if c == codec)):])
+            while chunk := f.read(CHUNK_BYTES):
+                text += decoder.decode(chunk)
+                yield text.encode("utf-8", "surrogatepass")
+                text = ""
+            if text := text + decoder.decode(b"", final=True):
+                yield text.encode("utf-8", "surrogatepass")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} starts with a {codec.upper()} byte-order mark but is not valid {codec.upper()} "
+                        f"({e.reason}); convert it to UTF-8 or remove it") from None
+    except (OSError, EOFError, lzma.LZMAError) as e:  # a damaged or truncated .gz/.bz2/.xz, or an unreadable file
+        what = f"a valid {path.suffix} file" if opener is not open else "readable"
+        raise DataError(f"{path} is not {what} ({first_line(e)}); repair or remove it") from None
+
+
+def _local_corpus(source: str, path: Path, text_column: str) -> Corpus:
+    path = path.resolve()
+    if path.is_dir():
+        return Corpus(source, "folder", str(path), slugify(path.name), _walk(path), skip_binary=True)
+    st = path.stat()
+    files = [SourceFile(path.name, path, st.st_size, st.st_mtime_ns)]
+    builder = DATASET_BUILDERS.get(path.suffix.lower())
+    return Corpus(source, "dataset" if builder else "file", str(path), slugify(path.stem), files, builder=builder,
+                  text_column=text_column)
+
+
+def _walk(root: Path, suffix: str | None = None, skip_dirs: Collection[str] = ()) -> list[SourceFile]:
+    """Regular files under root, sorted by relative path; hidden files and folders are skipped."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".") and d not in skip_dirs]
+        for fname in filenames:
+            if fname.startswith(".") or (suffix and not fname.endswith(suffix)):
+                continue
+            path = Path(dirpath) / fname
+            try:
+                st = path.stat()
+            except OSError:  # broken symlink, vanished file
+                continue
+            if path.is_file():
+                found.append(SourceFile(path.relative_to(root).as_posix(), path, st.st_size, st.st_mtime_ns))
+    return sorted(found, key=lambda f: f.relpath)
+
+
+def slugify(text: str) -> str:
+    """A short lowercase name safe in a file name."""
+    return re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-.")[:40] or "corpus"
+
+
+def sha256_json(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------- download
+
+
+def download(url: str, dest_dir: Path, timeout: float = DOWNLOAD_TIMEOUT_S,
+             max_bytes: int = DOWNLOAD_LIMIT_BYTES) -> Path:
+    """Fetch url into dest_dir/<sha-of-url>-<basename> once; later calls return the cached file. The data goes to
+    a temporary file renamed into place when complete, so a failed or killed download is never mistaken for one;
+    complete means all of its Content-Length. An HTML page (a sign-in wall, an error page) is refused."""
+    basename = slugify(Path(urllib.parse.urlparse(url).path).name) or "download"
+    dest = dest_dir / f"{hashlib.sha256(url.encode()).hexdigest()[:16]}-{basename}"
+    if dest.is_file():
+        return dest
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale(dest_dir)
+    too_big = (f"{url} is over the {max_bytes / 2**30:.1f} GiB download limit; download it yourself and pass the "
+               "file path")
+
+    def copy(response: Any, f: Any, length: int | None) -> None:
+        done = 0
+        while chunk := response.read(CHUNK_BYTES):
+            if done == 0 and chunk.lstrip()[:64].lower().startswith(HTML_STARTS):
+                raise DataError(html_page("its content starts like HTML"))
+            done += len(chunk)
+            if done > max_bytes:
+                raise DataError(too_big)
+            f.write(chunk)
+        # urllib's read() returns short data, without an error, when the connection ends early
+        if length is not None and done != length:
+            raise DataError(f"the download of {url} is incomplete: {done:,} of its {length:,} bytes arrived; "
+                            "try again, or download it yourself and pass the file path")
+
+    def html_page(why: str) -> str:
+        return (f"{url} returned an HTML page ({why}), not a data file: a sign-in, error or download page?; pass "
+                "the direct link to the raw file, or download it yourself and pass the file path")
+
+    try:
+        request = urllib.request.Request(url, headers={"User-Agent": "minigpt"})
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            length = response.headers.get("Content-Length", "").strip()
+            length = int(length) if length.isdigit() else None
+            if length is not None and length > max_bytes:
+                raise DataError(too_big)
+            content_type = response.headers.get_content_type()  # lowercased, without parameters
+            if content_type in HTML_TYPES:
+                raise DataError(html_page(f"Content-Type {content_type}"))
+            atomic_write(dest, lambda f: copy(response, f, length))
+    except urllib.error.HTTPError as e:
+        raise DataError(f"could not download {url}: HTTP {e.code} {e.reason}; check the URL, or download the file "
+                        "yourself and pass its path") from None
+    except (OSError, ValueError) as e:  # URLError, timeouts, connection resets, disk full; ValueError: bad URL
+        if isinstance(e, OSError) and (error := write_error(e, dest_dir, "the download")):
+            raise error from None
+        reason = getattr(e, "reason", None) or first_line(e)
+        raise DataError(f"could not download {url} ({reason}); check the URL and your network, or download the "
+                        "file yourself and pass its path") from None
+    return dest

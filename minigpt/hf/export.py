@@ -1,0 +1,239 @@
+"""Export a minigpt model as a Hugging Face model directory that plain `transformers` loads, no minigpt code:
+
+    export_hf(model, tokenizer, "gpt2-export")
+    # then, anywhere:  AutoModelForCausalLM.from_pretrained("gpt2-export"), AutoTokenizer.from_pretrained(...)
+
+The `gpt` block becomes `GPT2LMHeadModel`, the `llama` block `LlamaForCausalLM` (tied or untied, with GQA, an
+explicit head size and Llama 3 RoPE scaling). The directory holds what `save_pretrained` writes: config.json,
+model.safetensors, generation_config.json, and the tokenizer (tokenizer.json, tokenizer_config.json,
+special_tokens_map.json; see minigpt.hf.tokenizer_files). The tensor names are minigpt.hf.weights.
+
+A model option the target class cannot express (qk_norm, relu2, ...) is refused before anything is written.
+The directory is written whole or not at all: into a hidden sibling folder, then renamed into place.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from minigpt.core.config import GPTConfig
+from minigpt.core.errors import UserError
+from minigpt.core.fsutil import WRITE_ERRNOS, fsync_dir, install_dir, remove_stale, temp_sibling, write_json
+from minigpt.hf.tokenizer_files import save_hf_tokenizer
+from minigpt.hf.weights import to_hf_state_dict
+from minigpt.core.model import GPT
+from minigpt.core.tokenizers import Tokenizer
+
+__all__ = ["EXPORT_FILES", "check_exportable", "export_hf", "hf_config"]
+
+# everything an export writes; --overwrite replaces a folder only if it holds nothing else (never a user's folder)
+EXPORT_FILES = {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+                "tokenizer_config.json", "special_tokens_map.json"}
+HF_CLASS = {"gpt": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
+
+
+# ------------------------------------------------------------------------------------------------- what HF can hold
+
+def unsupported_options(config: GPTConfig) -> list[str]:
+    """Each option of `config` that the target HF class cannot express, as "option: why; fix"."""
+    cls = HF_CLASS[config.arch]
+    problems = []
+    if config.qk_norm:
+        problems.append(f"qk_norm=true: {cls} has no query/key normalisation; train with qk_norm false")
+    if config.mlp == "relu2":
+        problems.append(f"mlp=relu2: {cls} has no squared-ReLU MLP; train with mlp gelu (gpt) or swiglu (llama)")
+    if config.arch == "gpt":
+        if config.mlp == "swiglu":
+            problems.append("mlp=swiglu with arch gpt: GPT2LMHeadModel's MLP is not gated; use arch llama for SwiGLU")
+        if config.n_kv_head != config.n_head:
+            problems.append(f"n_kv_head={config.n_kv_head} (grouped-query attention) with arch gpt: GPT2LMHeadModel "
+                            "has one key/value head per query head; use arch llama for GQA")
+        if config.head_dim * config.n_head != config.n_embd:
+            problems.append(f"head_dim={config.head_dim} with arch gpt: GPT2LMHeadModel's head size is always "
+                            f"n_embd / n_head = {config.n_embd / config.n_head:g}; use arch llama for another size")
+    else:
+        if config.mlp == "gelu":
+            problems.append("mlp=gelu with arch llama: LlamaForCausalLM's MLP is always gated (SwiGLU); use arch "
+                            "gpt for a GELU MLP")
+        if config.bias:  # LlamaConfig has attention_bias/mlp_bias, but minigpt.hf.weights maps bias-free Llamas only
+            problems.append("bias=true with arch llama: minigpt exports Llama models without biases only; train "
+                            "with bias false")
+        if config.n_embd % config.n_head:  # LlamaConfig checks it even when head_dim is given
+            problems.append(f"n_embd={config.n_embd} with n_head={config.n_head}: LlamaConfig requires n_embd "
+                            "divisible by n_head (even with an explicit head_dim)")
+    return problems
+
+
+def check_exportable(config: GPTConfig) -> None:
+    """Raise UserError naming the first option the target HF class cannot express (before anything is written)."""
+    problems = unsupported_options(config)
+    if problems:
+        raise UserError(f"cannot export to Hugging Face: {problems[0]}")
+
+
+# ------------------------------------------------------------------------------------------------- config.json
+
+def hf_config(config: GPTConfig, tokenizer: Tokenizer | None = None, dtype: torch.dtype = torch.float32) -> dict:
+    """config.json for GPT2LMHeadModel (arch gpt) or LlamaForCausalLM (arch llama), as save_pretrained writes it."""
+    bos, eos = special_ids(tokenizer)
+    common = {"architectures": [HF_CLASS[config.arch]], "vocab_size": config.vocab_size,
+              "bos_token_id": bos, "eos_token_id": eos, "tie_word_embeddings": config.tie_embeddings,
+              "dtype": str(dtype).removeprefix("torch."), "use_cache": True}
+    common["torch_dtype"] = common["dtype"]  # the key transformers 4, vLLM and llama.cpp's converter read
+    if config.arch == "gpt":
+        return {"model_type": "gpt2", **common,
+                "n_positions": config.block_size, "n_ctx": config.block_size, "n_embd": config.n_embd,
+                "n_layer": config.n_layer, "n_head": config.n_head, "n_inner": config.mlp_hidden,
+                # gelu_new is GPT-2's own tanh formula; "gelu" is the exact (erf) one
+                "activation_function": "gelu_new" if config.gelu_approximate == "tanh" else "gelu",
+                "layer_norm_epsilon": config.norm_eps,
+                "resid_pdrop": config.dropout, "embd_pdrop": config.dropout, "attn_pdrop": config.dropout,
+                "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
+                "reorder_and_upcast_attn": False}
+    # transformers 5 reads RoPE from rope_parameters; rope_theta / rope_scaling are the keys older transformers,
+    # vLLM and llama.cpp's converter read (5 takes rope_scaling over rope_parameters when both are given: equal here)
+    rope = {"rope_type": "default", "rope_theta": config.rope_base}
+    legacy: dict[str, Any] = {"rope_theta": config.rope_base}
+    if config.rope_scaling is not None:
+        scaling = {k: v for k, v in config.rope_scaling.items() if k != "type"}
+        scaling["rope_type"] = config.rope_scaling.get("rope_type", config.rope_scaling.get("type"))
+        rope = {**scaling, "rope_theta": config.rope_base}
+        legacy["rope_scaling"] = scaling
+    return {"model_type": "llama", **common,
+            "hidden_size": config.n_embd, "intermediate_size": config.mlp_hidden,
+            "num_hidden_layers": config.n_layer, "num_attention_heads": config.n_head,
+            "num_key_value_heads": config.n_kv_head, "head_dim": config.head_dim,
+            "max_position_embeddings": config.block_size, "rms_norm_eps": config.norm_eps,
+            "hidden_act": "silu", "attention_bias": config.bias, "mlp_bias": config.bias,
+            "attention_dropout": config.dropout, "rope_parameters": rope, **legacy}
+
+
+def special_ids(tokenizer: Tokenizer | None) -> tuple[int | None, int | None]:
+    """(BOS id, EOS id): a Hugging Face tokenizer's own; for tiktoken BPE, end-of-text is both (GPT-2's way)."""
+    if tokenizer is None:
+        return None, None
+    eos = getattr(tokenizer, "eos_id", tokenizer.eot_id)
+    return getattr(tokenizer, "bos_id", eos), eos
+
+
+def generation_config(config: GPTConfig, tokenizer: Tokenizer | None) -> dict:
+    """generation_config.json: greedy by default (transformers' default), stopping at EOS, within the context."""
+    bos, eos = special_ids(tokenizer)
+    return {k: v for k, v in {"bos_token_id": bos, "eos_token_id": eos, "max_length": config.block_size}.items()
+            if v is not None}
+
+
+# ------------------------------------------------------------------------------------------------- weights
+
+def hf_tensors(model: GPT) -> dict[str, torch.Tensor]:
+    """The HF-named tensors of `model`, on the CPU, each owning its memory (safetensors refuses shared storage)."""
+    config = model.config
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    if config.arch == "gpt" and not config.bias:  # GPT-2 always has biases: zeros compute the same function
+        state |= zero_biases(model)
+    tensors = to_hf_state_dict(state, config)
+    out, seen = {}, set()
+    for name, t in tensors.items():
+        t = t.contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        # a view (a q/k/v split of one matrix) or a storage seen before is copied into its own
+        if ptr in seen or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+            t = t.clone()
+        seen.add(t.untyped_storage().data_ptr())
+        out[name] = t
+    return out
+
+
+def zero_biases(model: GPT) -> dict[str, torch.Tensor]:
+    """The bias tensors a bias-free gpt model would have, as zeros (for GPT-2's always-present biases)."""
+    state = model.state_dict()
+    biases = {}
+    for name, module in model.named_modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.LayerNorm)) and module.bias is None and name != "lm_head":
+            weight = state[f"{name}.weight"]
+            biases[f"{name}.bias"] = torch.zeros(weight.shape[0], dtype=weight.dtype)
+    return biases
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata={"format": "pt"})  # "pt": transformers reads the file as torch's
+
+
+# ------------------------------------------------------------------------------------------------- the directory
+
+def check_out_dir(out_dir: Path, overwrite: bool) -> None:
+    """An empty or missing folder is fine; a previous export only with overwrite; anything else never."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"{out_dir} exists and is not a folder; choose another output folder")
+    if not out_dir.is_dir():
+        return
+    present = sorted(p.name for p in out_dir.iterdir())
+    if not present:
+        return
+    if not overwrite:
+        raise UserError(f"{out_dir} already holds files ({', '.join(present[:3])}{', ...' if len(present) > 3 else ''}"
+                        "); choose another output folder, or pass --overwrite to replace a previous export")
+    foreign = [name for name in present if name not in EXPORT_FILES]
+    if foreign:  # overwrite deletes the folder: only ever one this function wrote
+        raise UserError(f"{out_dir} holds files an export does not write ({', '.join(foreign[:3])}), so "
+                        "--overwrite would delete them; choose another output folder, or move them away")
+
+
+def export_hf(model: GPT, tokenizer: Tokenizer | None, out_dir: str | Path, overwrite: bool = False) -> Path:
+    """Write `model` (and `tokenizer`) as a Hugging Face model directory; returns its path.
+
+    Refuses, before writing anything, an option the HF class cannot express and an `out_dir` that already holds
+    files (unless overwrite, and then only a previous export). The folder appears whole or not at all; with
+    overwrite, the old one is replaced only once the new one is complete.
+    """
+    out_dir = Path(out_dir).resolve()  # ".." or a symlink: the temporary sibling must sit beside the real folder
+    check_exportable(model.config)
+    check_out_dir(out_dir, overwrite)
+    tensors = hf_tensors(model)  # before any file: a failure here leaves nothing behind
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(out_dir.parent)
+        tmp = temp_sibling(out_dir)
+        try:
+            tmp.mkdir()
+            write_files(tmp, model.config, tokenizer, tensors)
+            install_dir(tmp, out_dir)  # renames the old export away, the new one in, then deletes the old
+        except BaseException:  # Ctrl-C included: leave no half export, and never lose the old one
+            old = temp_sibling(out_dir, "old")
+            if old.is_dir() and not out_dir.exists():  # stopped between install_dir's two renames
+                os.rename(old, out_dir)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    except OSError as e:
+        if e.errno not in WRITE_ERRNOS:
+            raise
+        raise UserError(f"cannot write {out_dir} ({os.strerror(e.errno)}); free space there or choose another "
+                        "output folder") from None
+    return out_dir
+
+
+def write_files(folder: Path, config: GPTConfig, tokenizer: Tokenizer | None, tensors: dict[str, torch.Tensor]) -> None:
+    """Every file of the export into `folder`, flushed to disk."""
+    dtype = next(iter(tensors.values())).dtype
+    write_json(folder / "config.json", hf_config(config, tokenizer, dtype))
+    write_json(folder / "generation_config.json", generation_config(config, tokenizer))
+    save_safetensors(tensors, folder / "model.safetensors")
+    if tokenizer is not None:
+        save_hf_tokenizer(tokenizer, folder)
+    mode = (folder / "config.json").stat().st_mode & 0o777  # the umask's; safetensors writes 0600
+    for path in folder.iterdir():  # safetensors and tokenizers write without fsync
+        path.chmod(mode)
+        fsync_file(path)
+    fsync_dir(folder)
+
+
+def fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())

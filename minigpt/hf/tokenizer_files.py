@@ -1,0 +1,181 @@
+"""The tokenizer bridge to Hugging Face: read a model's own tokenizer.json, and write ours in the HF format.
+
+    tok = load_hf_tokenizer(Path("gpt2-dir"), hf_config)   # the source's tokenizer.json (or tiktoken gpt2)
+    save_hf_tokenizer(tok, Path("export-dir"))              # AutoTokenizer.from_pretrained("export-dir") works
+
+An HFTokenizer (minigpt.core.tokenizers) wraps a `tokenizers.Tokenizer` (the "fast" tokenizer format of Hugging Face). Its whole JSON travels
+in to_dict(), so a checkpoint of a fine-tuned model needs no other file. Going the other way, each minigpt tokenizer
+is written as a tokenizer.json giving the same ids: char as a WordLevel model over single characters, byte as a
+byte-level BPE without merges, and a tiktoken BPE converted as transformers converts tiktoken files (its byte-level
+vocabulary and the merges read back from the ranks).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from minigpt.core.errors import DataError, UserError, first_line
+from minigpt.core.fsutil import write_json
+from minigpt.core.tokenizers import (ByteTokenizer, CharTokenizer, HFTokenizer, TiktokenTokenizer, Tokenizer,
+                                     get_tokenizer, tokenizers_library)
+
+__all__ = ["load_hf_tokenizer", "save_hf_tokenizer"]
+
+
+# ------------------------------------------------------------------------------------------------- reading
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot read {path} ({first_line(e)}); download the model again") from None
+    return d if isinstance(d, dict) else {}
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string, or an AddedToken dict with "content"."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def load_hf_tokenizer(model_dir: Path, hf_config: dict) -> Tokenizer:
+    """The tokenizer of a Hugging Face model directory: its tokenizer.json (through `tokenizers`), or for a GPT-2
+    model without tokenizer files, tiktoken's gpt2 encoding (the same ids). vocab_size is the model's (its config
+    may pad the vocabulary); BOS/EOS are those tokenizer_config.json names, else config.json's ids."""
+    model_dir = Path(model_dir)
+    model_vocab = hf_config.get("vocab_size")
+    model_vocab = model_vocab if isinstance(model_vocab, int) and not isinstance(model_vocab, bool) else None
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        if hf_config.get("model_type") != "gpt2":
+            raise DataError(f"{model_dir} has no tokenizer.json; minigpt reads a Hugging Face model's tokenizer from "
+                            "its tokenizer.json: save one there with "
+                            "transformers.AutoTokenizer.from_pretrained(...).save_pretrained(dir)")
+        tokenizer = get_tokenizer("gpt2")  # GPT-2's vocab.json + merges.txt are this encoding
+        if model_vocab is not None and model_vocab < tokenizer.vocab_size:
+            raise DataError(f"{model_dir} is a GPT-2 model with vocab_size {model_vocab} and no tokenizer files, so "
+                            f"its tokenizer would be gpt2 ({tokenizer.vocab_size} tokens, more than the model has); "
+                            "save the model's own tokenizer.json in the directory")
+        return tokenizer
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot read {path} ({first_line(e)}); download the model again") from None
+    settings = {**_read_json(model_dir / "special_tokens_map.json"), **_read_json(model_dir / "tokenizer_config.json")}
+    tokenizer = HFTokenizer(text, name=str(hf_config.get("_name_or_path") or model_dir.name or "hf"),
+                            vocab_size=model_vocab)
+    ids = {}
+    for kind in ("bos", "eos"):
+        token = _token_text(settings.get(f"{kind}_token"))
+        found = tokenizer.backend.token_to_id(token) if token is not None else None
+        from_config = hf_config.get(f"{kind}_token_id")
+        if isinstance(from_config, list):  # some configs list several EOS ids: the first is the main one
+            from_config = from_config[0] if from_config else None
+        # config.json's ids are class defaults as often as facts (GPT2Config says 50256 for any vocabulary):
+        # one outside this tokenizer's vocabulary is not its BOS/EOS
+        known = tokenizer.backend.get_vocab_size(with_added_tokens=True)
+        if not isinstance(from_config, int) or not 0 <= from_config < known:
+            from_config = None
+        ids[kind] = found if found is not None else from_config
+    tokenizer.bos_id, tokenizer.eos_id = ids["bos"], ids["eos"]
+    tokenizer.eot_id = ids["eos"]
+    if tokenizer.backend.get_vocab_size(with_added_tokens=True) > tokenizer.vocab_size:
+        raise DataError(f"{path} has {tokenizer.backend.get_vocab_size(with_added_tokens=True)} tokens but the "
+                        f"model's vocab_size is {tokenizer.vocab_size}; the tokenizer is not this model's")
+    return tokenizer
+
+
+# ------------------------------------------------------------------------------------------------- writing
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (the alphabet of byte-level BPE vocabularies)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def _char_backend(tok: CharTokenizer):
+    """One WordLevel token per character: every character is its own pre-token, decoded by plain joining."""
+    t = tokenizers_library()
+    backend = t.Tokenizer(t.models.WordLevel({c: i for i, c in enumerate(tok.chars)}, unk_token="[UNK]"))
+    backend.pre_tokenizer = t.pre_tokenizers.Split(t.Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = t.decoders.Fuse()
+    return backend
+
+
+def _byte_level_bpe(ranks: dict[bytes, int], pattern: str | None):
+    """A byte-level BPE from tiktoken ranks, as transformers' TikTokenConverter builds it: vocabulary in GPT-2's
+    byte alphabet, merges = every split of a token into two tokens, in the order of the merged token's rank."""
+    t = tokenizers_library()
+    alphabet = bytes_to_unicode()
+
+    def text(b: bytes) -> str:
+        return "".join(alphabet[x] for x in b)
+
+    merges = []
+    for token, rank in ranks.items():
+        splits = [(token[:i], token[i:]) for i in range(1, len(token)) if token[:i] in ranks and token[i:] in ranks]
+        merges.extend((ranks[a], ranks[b], rank, a, b) for a, b in splits)
+    merges.sort(key=lambda m: (m[2], m[0], m[1]))
+    backend = t.Tokenizer(t.models.BPE({text(b): r for b, r in ranks.items()},
+                                       [(text(a), text(b)) for *_, a, b in merges], fuse_unk=False,
+                                       ignore_merges=True))  # tiktoken takes a whole word that is a token as is
+    byte_level = t.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=pattern is None)
+    backend.pre_tokenizer = byte_level if pattern is None else t.pre_tokenizers.Sequence(
+        [t.pre_tokenizers.Split(t.Regex(pattern), behavior="isolated"), byte_level])
+    backend.decoder = t.decoders.ByteLevel()
+    backend.post_processor = t.processors.ByteLevel(trim_offsets=False)
+    return backend
+
+
+def _backend_for(tokenizer: Tokenizer) -> tuple[str, str | None, str | None]:
+    """(tokenizer.json text, bos token, eos token) for one of our tokenizers."""
+    t = tokenizers_library()
+    if isinstance(tokenizer, HFTokenizer):
+        return tokenizer.tokenizer_json, tokenizer.token(tokenizer.bos_id), tokenizer.token(tokenizer.eos_id)
+    if isinstance(tokenizer, CharTokenizer):
+        return _char_backend(tokenizer).to_str(), None, None
+    if isinstance(tokenizer, ByteTokenizer):
+        return _byte_level_bpe({bytes([i]): i for i in range(256)}, None).to_str(), None, None
+    if isinstance(tokenizer, TiktokenTokenizer):
+        enc = tokenizer.encoding
+        backend = _byte_level_bpe(enc._mergeable_ranks, enc._pat_str)
+        specials = sorted(enc._special_tokens.items(), key=lambda kv: kv[1])
+        for token, i in specials:  # added at their own ids (they follow the ranks in every tiktoken encoding)
+            if backend.get_vocab_size(with_added_tokens=True) != i:
+                raise UserError(f"the tiktoken encoding {enc.name!r} has special token {token!r} at id {i}, not "
+                                "right after the other tokens, which a Hugging Face tokenizer.json cannot express")
+            backend.add_special_tokens([t.AddedToken(token, special=True, normalized=False)])
+        eot = tokenizer.eot_id
+        eos = next((s for s, i in specials if i == eot), None) if eot is not None else None
+        return backend.to_str(), eos, eos  # GPT-2's convention: <|endoftext|> is BOS and EOS, never added
+    raise UserError(f"the {tokenizer.name} tokenizer ({type(tokenizer).__name__}) cannot be written as a Hugging "
+                    "Face tokenizer.json; only char, byte, tiktoken BPE and Hugging Face tokenizers can")
+
+
+def save_hf_tokenizer(tokenizer: Tokenizer, out_dir: Path) -> None:
+    """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into out_dir, so that
+    transformers.AutoTokenizer.from_pretrained(out_dir) gives the same ids (and decodes to the same text)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer_json, bos, eos = _backend_for(tokenizer)
+    specials = {k: v for k, v in (("bos_token", bos), ("eos_token", eos)) if v is not None}
+    (out_dir / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+    write_json(out_dir / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "clean_up_tokenization_spaces": False,  # decode gives the text back as it was
+        "model_max_length": 1 << 30,
+        **specials,
+    })
+    write_json(out_dir / "special_tokens_map.json", specials)

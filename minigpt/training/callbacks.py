@@ -1,0 +1,154 @@
+"""Training's side jobs, as Lightning callbacks: compiling before the clock, text samples, attention images,
+RNG state."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.seed import isolate_rng
+
+from minigpt.core.checkpoint import RNG_STATE_KEY
+from minigpt.core.generation import generate, prompt_ids
+
+
+def has_cpp_compiler() -> bool:
+    """Whether inductor's CPU backend finds a C++ compiler (it honours $CXX, else tries the usual names)."""
+    names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
+    return any(shutil.which(name) for name in names)
+
+
+class CompileModel(Callback):
+    """torch.compile the model in place (parameter names, and so checkpoints, stay the same), and run one
+    training and one validation step's worth of forward/backward on a dummy batch before the training clock
+    (and max_time) starts, leaving the weights, gradients and RNG state as they were.  Under DDP the first
+    real step compiles instead."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.enabled = True
+        self.seconds: float | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.enabled = pl_module.device.type != "cpu" or has_cpp_compiler()
+        if not self.enabled:  # inductor's CPU backend compiles C++: without a compiler it would die mid-run
+            rank_zero_warn("torch.compile needs a C++ compiler on the CPU and none was found (install g++, e.g. "
+                           "`apt-get install g++`); training without compiling")
+            return
+        pl_module.model.compile()
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.world_size > 1 or not self.enabled:
+            return
+        model, start = pl_module.model, time.perf_counter()
+        batch = torch.zeros(self.batch_size, model.config.block_size + 1, dtype=torch.long, device=pl_module.device)
+        autocast = trainer.precision_plugin.forward_context  # the step's precision
+        with isolate_rng(include_cuda=True):
+            with autocast():
+                _, loss = model(batch[:, :-1], batch[:, 1:])
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+            model.eval()
+            with torch.no_grad(), autocast():
+                model(batch[:, :-1], batch[:, 1:])
+            model.train()
+        self.seconds = time.perf_counter() - start
+        rank_zero_info(f"torch.compile: compiled in {self.seconds:.1f}s (not counted in training time)")
+
+
+def runs_whole_model(trainer: L.Trainer) -> bool:
+    """False under a sharding strategy (FSDP): there a forward pass on rank 0 alone would wait for the other
+    ranks' shards, so the side jobs that run the model outside the training step skip it."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    return not isinstance(trainer.strategy, FSDPStrategy)
+
+
+class TextSamples(Callback):
+    """At each validation, generate `tokens` tokens from the start of a document and log them as text."""
+
+    def __init__(self, tokens: int = 200) -> None:
+        self.tokens = tokens
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        tokenizer = getattr(pl_module, "tokenizer", None)
+        experiment = getattr(trainer.logger, "experiment", None)
+        if (not self.tokens or tokenizer is None or trainer.sanity_checking or not trainer.is_global_zero
+                or not hasattr(experiment, "add_text") or not runs_whole_model(trainer)):
+            return
+        start = prompt_ids(tokenizer, "")
+        idx = torch.tensor([start], dtype=torch.long, device=pl_module.device)
+        g = torch.Generator(device=pl_module.device).manual_seed(0)
+        # eager: generation's growing shapes would each trigger a recompile; isolated: training's RNG is untouched
+        with torch.compiler.set_stance("force_eager"), isolate_rng(include_cuda=True):
+            out = generate(pl_module.model, idx, self.tokens, temperature=0.8, top_k=200, generator=g)
+        text = tokenizer.decode(out[0, len(start):].tolist())
+        experiment.add_text("sample", "```\n" + text + "\n```", trainer.global_step)
+
+
+class AttentionImages(Callback):
+    """At each validation, log the layers x heads grid of attention maps of a fixed probe text as a TensorBoard
+    image ("attention"; row = layer, column = head, colour = sqrt(weight), see minigpt.lab.figures).
+    `enabled`: True, False, or "auto" = only for models of at most AUTO_MAX_HEADS heads in all.  Skipped quietly
+    when no TensorBoard logger is attached."""
+
+    AUTO_MAX_HEADS = 64
+    # a repeated line, so induction heads (attending to what followed the earlier copy) show up
+    PROBE = "def forward(self, x):\n    return self.proj(x) + x\ndef forward(self, x):\n    return self.proj(x) + x\n"
+
+    def __init__(self, enabled: bool | str = "auto", probe: str | None = None) -> None:
+        self.enabled = enabled
+        self.probe = self.PROBE if probe is None else probe
+
+    def active_for(self, n_layer: int, n_head: int) -> bool:
+        return self.enabled is True or (self.enabled == "auto" and n_layer * n_head <= self.AUTO_MAX_HEADS)
+
+    def probe_ids(self, tokenizer: Any, block_size: int) -> list[int]:
+        """The probe's ids, up to block_size; characters a char vocabulary lacks are left out."""
+        chars = getattr(tokenizer, "stoi", None)
+        text = "".join(c for c in self.probe if c in chars) if chars is not None else self.probe
+        return (tokenizer.encode(text) if text else prompt_ids(tokenizer, ""))[:block_size]
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        from minigpt.lab.figures import grid_image  # matplotlib: imported only when images are made
+
+        model, tokenizer = pl_module.model, getattr(pl_module, "tokenizer", None)
+        logger = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+        if (logger is None or tokenizer is None or trainer.sanity_checking or not trainer.is_global_zero
+                or not runs_whole_model(trainer) or not self.active_for(model.config.n_layer, model.config.n_head)):
+            return
+        ids = self.probe_ids(tokenizer, model.config.block_size)
+        idx = torch.tensor([ids], dtype=torch.long, device=pl_module.device)
+        raw = getattr(model, "_orig_mod", model)  # a compiled model's own module: no recompile for this shape
+        with torch.compiler.set_stance("force_eager"), isolate_rng(include_cuda=True):
+            weights = raw.attention_weights(idx)[:, 0]  # (L, H, T, T)
+        logger.experiment.add_image("attention", grid_image(weights.cpu().numpy()), trainer.global_step,
+                                    dataformats="HWC")
+
+
+class RNGState(Callback):
+    """Saves and restores the torch RNG state with each checkpoint, so that dropout after a resume draws what
+    an uninterrupted run would have drawn."""
+
+    @property
+    def state_key(self) -> str:
+        return RNG_STATE_KEY
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        torch.set_rng_state(state_dict["cpu"])
+        if "cuda" in state_dict and torch.cuda.is_available():
+            torch.cuda.set_rng_state(state_dict["cuda"])

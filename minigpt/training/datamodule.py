@@ -1,0 +1,167 @@
+"""LightningDataModule over prepared token files: seeded random training windows, fixed validation windows.
+
+Training batch i is drawn by a generator seeded with (seed, rank, i), and a run resumed at optimizer step s
+continues at batch i = s * accumulate_grad_batches: the data order after a resume is exactly the order
+an uninterrupted run would have seen, and under DDP each rank draws its own windows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from minigpt.core.errors import ConfigError, UserError
+from minigpt.data.prepare import PreparedData, load_prepared, prepare_data
+from minigpt.core.tokenizers import Tokenizer
+
+VAL_STREAM = 1 << 20  # keeps validation generators apart from training ones
+MAX_SEED = 2**32 - 1  # Lightning's seed_everything (numpy's legacy seeding) takes [0, 2**32 - 1]
+
+
+class RandomWindows(Dataset):
+    """Item i is a (batch_size, block_size + 1) batch of windows at offsets drawn from rng(seed, stream, i)."""
+
+    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int, stream: int,
+                 length: int) -> None:
+        self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
+        self.seed, self.stream, self.length = seed, stream, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        rng = np.random.default_rng([self.seed, self.stream, i])
+        starts = rng.integers(0, len(self.tokens) - self.block_size, size=self.batch_size)
+        windows = np.stack([self.tokens[s:s + self.block_size + 1] for s in starts])
+        return torch.from_numpy(windows.astype(np.int64))  # (B, T + 1)
+
+
+class ResumableSampler(Sampler[int]):
+    """Yields `length` consecutive batch indices starting where training stands (read at each epoch start)."""
+
+    def __init__(self, length: int, start: Callable[[], int]) -> None:
+        self.length, self.start = length, start
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Iterator[int]:
+        first = self.start()
+        return iter(range(first, first + self.length))
+
+
+def own_generator() -> torch.Generator:
+    """A DataLoader draws a seed from the global RNG each time it starts iterating unless it has its own
+    generator; that draw would make dropout after --resume differ from an uninterrupted run."""
+    return torch.Generator().manual_seed(0)
+
+
+class TokenDataModule(L.LightningDataModule):
+    def __init__(
+        self,
+        source: str = "stdlib",
+        tokenizer: str = "char",
+        data_root: str = "data",
+        val_fraction: float = 0.1,
+        text_column: str = "text",
+        block_size: int = 256,
+        batch_size: int = 32,
+        val_batches: int = 20,
+        seed: int = 1337,
+        num_workers: int = 0,
+    ) -> None:
+        """
+        Args:
+            source: corpus: "stdlib" (built in: the Python standard library's source), a text file or folder,
+                a URL, or a `datasets` name / local parquet, json or csv file
+            tokenizer: "char", "byte", a tiktoken encoding name (gpt2, cl100k_base, o200k_base, ...), or the path
+                of a tokenizer JSON file (e.g. another prepared data directory's tokenizer.json)
+            data_root: where prepared token files are cached
+            val_fraction: share of the corpus held out for validation
+            text_column: the text column of a `datasets` source
+            block_size: context length (in train.py: set from the model's block_size)
+            batch_size: sequences per batch (per device)
+            val_batches: batches in the fixed validation set (per evaluation, over all devices)
+            seed: fixes the training windows (in train.py: set from the run's seed)
+            num_workers: DataLoader worker processes
+        """
+        super().__init__()
+        # checked here, where they are declared: each would otherwise fail deep inside numpy or Lightning, or
+        # (val_fraction) only after minutes of reading the corpus
+        for name, value, ok, need, example in (
+            ("batch_size", batch_size, batch_size >= 1, "must be >= 1", "32"),
+            ("val_batches", val_batches, val_batches >= 1, "must be >= 1", "20"),
+            ("val_fraction", val_fraction, 0.0 < val_fraction < 1.0, "must be between 0 and 1 (exclusive)", "0.1"),
+            ("num_workers", num_workers, num_workers >= 0, "must be >= 0 (0 = load in the main process)", "0"),
+            ("block_size", block_size, block_size >= 1, "must be >= 1", "256"),
+            ("seed", seed, 0 <= seed <= MAX_SEED, f"must be in [0, {MAX_SEED}]", "1337"),
+        ):
+            if not ok:  # (NaN fails every comparison, so it is refused too)
+                raise ConfigError(f"data.{name}: {need}, got {value}; use e.g. {example}")
+        self.save_hyperparameters()
+        self.prepared: PreparedData | None = None
+
+    # Preparation is needed before the model exists (it sets vocab_size), so it runs on first use.
+    def _load(self) -> PreparedData:
+        if self.prepared is None:
+            hp = self.hparams
+            data_dir = prepare_data(hp.source, hp.tokenizer, data_root=hp.data_root, val_fraction=hp.val_fraction,
+                                    text_column=hp.text_column)
+            self.data_dir = Path(data_dir)
+            self.prepared = load_prepared(data_dir)
+            for split in ("train", "val"):
+                n = len(getattr(self.prepared, split))
+                if n < hp.block_size + 1:
+                    raise UserError(f"the {split} split has {n} tokens, fewer than one window of block_size + 1 = "
+                                    f"{hp.block_size + 1}; use a longer corpus, a smaller block_size"
+                                    + (" or a larger val_fraction" if split == "val" else ""))
+        return self.prepared
+
+    def prepare_data(self) -> None:
+        self._load()
+
+    @property
+    def vocab_size(self) -> int:
+        return self._load().tokenizer.vocab_size
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._load().tokenizer
+
+    def setup(self, stage: str | None = None) -> None:
+        self._load()
+        _, world = self._world()
+        if self.hparams.val_batches < world:  # some device would get no validation batch: Lightning fails deep down
+            raise ConfigError(f"data.val_batches: {self.hparams.val_batches} validation batch(es) cannot be shared "
+                              f"by {world} devices (each needs one); set data.val_batches to at least {world}")
+
+    def _world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def train_dataloader(self) -> DataLoader:
+        hp, data = self.hparams, self._load()
+        rank, _ = self._world()
+        accumulate = self.trainer.accumulate_grad_batches if self.trainer is not None else 1
+        # an "epoch" is about one pass over the training tokens, a whole number of optimizer steps
+        steps = max(1, len(data.train) // (hp.batch_size * hp.block_size * accumulate))
+        length = steps * accumulate
+        windows = RandomWindows(data.train, hp.block_size, hp.batch_size, hp.seed, stream=rank, length=1 << 62)
+        start = (lambda: self.trainer.global_step * accumulate) if self.trainer is not None else (lambda: 0)
+        return DataLoader(windows, batch_size=None, sampler=ResumableSampler(length, start),
+                          num_workers=hp.num_workers, persistent_workers=hp.num_workers > 0,
+                          generator=own_generator())
+
+    def val_dataloader(self) -> DataLoader:
+        hp, data = self.hparams, self._load()
+        rank, world = self._world()
+        # the same windows at every evaluation; each rank takes its share of the batches
+        windows = RandomWindows(data.val, hp.block_size, hp.batch_size, hp.seed, stream=VAL_STREAM,
+                                length=hp.val_batches)
+        return DataLoader(windows, batch_size=None, sampler=list(range(rank, hp.val_batches, world)),
+                          num_workers=hp.num_workers, generator=own_generator())

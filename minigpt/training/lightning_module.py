@@ -1,0 +1,132 @@
+"""The LightningModule: the GPT's training and validation steps, and the optimizer from minigpt.training.optim.
+
+Side jobs live elsewhere: compiling, text samples and the RNG state are callbacks (minigpt.training.callbacks); the
+checkpoint's own section is written by minigpt.core.checkpoint.pack.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import FSDPStrategy
+
+from minigpt.core import checkpoint
+from minigpt.core.config import GPTConfig
+from minigpt.core.errors import UserError
+from minigpt.core.model import GPT
+from minigpt.training.optim import OptimConfig, build_optimizer, build_scheduler, trainer_decay_end
+from minigpt.core.tokenizers import Tokenizer
+
+
+class NonFiniteLossError(UserError):
+    """The loss became NaN or infinite."""
+
+
+class GPTLightningModule(L.LightningModule):
+    def __init__(self, config: GPTConfig, optim: OptimConfig | None = None, tokenizer: Tokenizer | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.optim = optim or OptimConfig()
+        self.tokenizer = tokenizer  # saved into every checkpoint, so sampling needs nothing else
+        self.model = GPT(config)
+        self.flops_per_batch: int | None = None  # read by Lightning's ThroughputMonitor for FLOP/s and MFU
+        self._val_losses: list[torch.Tensor] = []
+        self._losses: list[torch.Tensor] = []  # this optimizer step's training loss, one per (micro-)batch
+        self._steps_before_batch = 0  # global_step when the batch began: it moves only on the batch that steps
+        self._grad_norm: torch.Tensor | None = None  # this step's norm before clipping, if clipping measured it
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        return self.model(idx, targets)
+
+    def on_train_batch_start(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self._steps_before_batch = self.global_step
+        if self.flops_per_batch is None:
+            B, T = batch.size(0), batch.size(1) - 1
+            self.flops_per_batch = self.model.flops_per_token(T) * B * T
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        _, loss = self.model(batch[:, :-1], batch[:, 1:])  # batch: (B, T + 1) windows
+        if not torch.isfinite(loss):  # stop before the bad step touches the weights; checkpoints stay good
+            raise NonFiniteLossError(
+                f"the training loss became {loss.item()} at step {self.global_step}; training stopped and the last "
+                "good checkpoint is kept; lower the learning rate, raise warmup_steps or train in float32 "
+                "(precision 32-true), then resume")
+        self._losses.append(loss.detach())  # logged at the step's end, on the steps Lightning writes
+        return loss
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        _, loss = self.model(batch[:, :-1], batch[:, 1:])
+        self._val_losses.append(loss.detach())
+
+    def on_validation_epoch_end(self) -> None:
+        if not self._val_losses:
+            return
+        val_loss = torch.stack(self._val_losses).mean()
+        self._val_losses.clear()
+        self.log("val_loss", val_loss, prog_bar=True, sync_dist=True)
+        self.log("val_ppl", torch.exp(val_loss), sync_dist=True)
+
+    # train_loss and grad_norm are logged only on the steps Lightning writes to the loggers: every
+    # log_every_n_steps, and the step where the run stops early (max_time).  The curves and progress bar are
+    # unchanged, self.log's cost is saved on the other steps, and no point carries an earlier step's value.
+    # Under gradient accumulation a step's loss is the mean over its micro-batches, as its gradient is.
+
+    def on_train_batch_end(self, outputs: Any, batch: torch.Tensor, batch_idx: int) -> None:
+        if self.global_step == self._steps_before_batch:
+            return  # a micro-batch whose gradient is still accumulating: no optimizer step, nothing written
+        losses, self._losses = self._losses, []
+        every = self.trainer.log_every_n_steps  # global_step already counts this step's optimizer step
+        if every > 0 and (self.global_step % every == 0 or self.trainer.should_stop):
+            self.log("train_loss", torch.stack(losses).mean(), prog_bar=True)
+            # the norm clipping measured; without clipping the gradients are as backward left them: measure them now
+            self.log("grad_norm", self._grad_norm if self._grad_norm is not None else self._total_grad_norm())
+
+    def _total_grad_norm(self) -> torch.Tensor:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in self.parameters() if p.grad is not None])
+        if self._sharded():  # each rank holds a shard of every gradient: the norm spans all of them
+            norm = self.trainer.strategy.reduce(norm.square(), reduce_op="sum").sqrt()
+        return norm
+
+    def _sharded(self) -> bool:
+        return isinstance(self.trainer.strategy, FSDPStrategy)
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Clip as Lightning would, keeping the norm before clipping (logged as grad_norm) if clipping measures it."""
+        self._grad_norm = None
+        if not gradient_clip_val:
+            return
+        plugin = self.trainer.precision_plugin
+        by_norm = gradient_clip_algorithm != "value"
+        if by_norm and self._sharded():
+            # Lightning's FSDP plugin refuses to clip by norm: the norm spans every rank's shard, which only the
+            # FSDP root module computes (torch's FSDP docs, "Gradient Clipping")
+            self._grad_norm = self.trainer.model.clip_grad_norm_(gradient_clip_val)
+        elif by_norm and type(plugin).clip_grad_by_norm is Precision.clip_grad_by_norm:
+            # what Lightning's plugin would call, minus one check: its mixed-precision plugin refuses any fused
+            # optimizer, because under a gradient scaler such an optimizer unscales internally; minigpt never
+            # fuses under a scaler, and bf16-mixed has none (gradients are at their true scale)
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            self._grad_norm = torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+        else:  # by value, or a plugin that clips its own way: measure first
+            self._grad_norm = self._total_grad_norm()
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        # fused: not under a gradient scaler (16-mixed), where a fused optimizer unscales inside step() and
+        # Lightning could not clip before it
+        trainer = self._trainer  # None outside a Trainer (benchmarks' bare loop)
+        if trainer is not None and self.optim.optimizer == "muon" and self._sharded():
+            raise UserError("optim.optimizer muon cannot train under FSDP: Muon orthogonalises whole matrices and FSDP "
+                            "shards them across devices; use --trainer.strategy ddp, or --optim.optimizer adamw")
+        scaler = getattr(trainer.precision_plugin, "scaler", None) if trainer is not None else None
+        optimizer = build_optimizer(self.model, self.optim, fused=self.device.type in ("cuda", "cpu") and scaler is None)
+        decay_end = trainer_decay_end(trainer, self.optim) if trainer is not None else (lambda step: self.optim.decay_steps)
+        scheduler = build_scheduler(optimizer, self.optim, decay_end)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "lr"}}
+
+    def on_save_checkpoint(self, ckpt: dict[str, Any]) -> None:
+        checkpoint.pack(ckpt, self, self.model, self.tokenizer)

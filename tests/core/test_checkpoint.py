@@ -1,0 +1,100 @@
+"""The checkpoint format: one module writes and reads it; checkpoints written before format 2 still load."""
+
+from __future__ import annotations
+
+import pickle
+import time
+import zipfile
+
+import pytest
+import torch
+
+from minigpt import GPT, GPTConfig, load_model
+from minigpt.core.checkpoint import (FORMAT_VERSION, RNG_STATE_KEY, model_checkpoint, model_state_dict, pack,
+                                read_checkpoint, save_file)
+from minigpt.core.errors import CheckpointError
+from minigpt.core.tokenizers import CharTokenizer
+
+
+def tiny_model() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(arch="llama", n_layer=1, n_head=2, n_kv_head=1, n_embd=16, block_size=8, vocab_size=5))
+
+
+def test_format_1_checkpoints_still_load_and_their_rng_state_moves_to_its_callback(tmp_path):
+    """What train.py wrote before the redesign: weights under 'model.', the RNG state in our section."""
+    model, tok = tiny_model(), CharTokenizer("abcde")
+    rng = torch.get_rng_state()
+    old = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+           "minigpt": {"model_config": model.config.to_dict(), "tokenizer": tok.to_dict(), "rng": {"cpu": rng}},
+           "global_step": 3, "epoch": 0}
+    torch.save(old, tmp_path / "old.ckpt")
+    loaded, tokenizer = load_model(tmp_path / "old.ckpt")
+    idx = torch.tensor([[0, 1, 2, 3]])
+    assert torch.equal(loaded(idx)[0], model.eval()(idx)[0])
+    assert tokenizer.encode("cab") == tok.encode("cab")
+    ckpt = read_checkpoint(tmp_path / "old.ckpt")
+    assert ckpt["minigpt"]["format"] == FORMAT_VERSION
+    assert torch.equal(ckpt["callbacks"][RNG_STATE_KEY]["cpu"], rng)
+
+
+def test_the_weights_prefix_is_found_not_assumed(tmp_path):
+    """A LightningModule that keeps the GPT under another attribute name still writes loadable checkpoints."""
+    model, tok = tiny_model(), CharTokenizer("abcde")
+    holder = torch.nn.Module()
+    holder.net = torch.nn.Module()
+    holder.net.gpt = model
+    ckpt = {"state_dict": holder.state_dict(), "global_step": 0}
+    pack(ckpt, holder, model, tok)
+    assert ckpt["minigpt"]["weights_prefix"] == "net.gpt."
+    save_file(ckpt, tmp_path / "x.ckpt")
+    loaded, _ = load_model(tmp_path / "x.ckpt")
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+
+
+def test_model_checkpoint_round_trip(tmp_path):
+    model, tok = tiny_model(), CharTokenizer("abcde")
+    save_file(model_checkpoint(model, tok), tmp_path / "m.ckpt")
+    weights = model_state_dict(read_checkpoint(tmp_path / "m.ckpt"))
+    assert weights.keys() == model.state_dict().keys()
+    assert not list(tmp_path.glob(".*tmp*")), "no temporary file left behind"
+
+
+class _Bomb:
+    """Unpickled by a weights_only load as bytearray(8 GB): a global that weights_only allows."""
+
+    def __reduce__(self):
+        return (bytearray, (8 * 10**9,))
+
+
+def _zip(path, records: dict, compress=zipfile.ZIP_STORED):
+    with zipfile.ZipFile(path, "w", compression=compress) as z:
+        for name, data in records.items():
+            z.writestr(name, data)
+    return path
+
+
+@pytest.mark.parametrize("kind,needle", [
+    ("bare pickle", "bare pickle"),
+    ("zip with an allocating pickle", "its pickle calls bytearray"),
+    ("compressed zip record", "compressed records"),
+    ("absurd config", "n_layer=10000000, over the plausible limit"),
+])
+def test_implausible_checkpoints_are_refused_fast_before_allocating(tmp_path, kind, needle):
+    path = tmp_path / "x.ckpt"
+    if kind == "bare pickle":
+        path.write_bytes(pickle.dumps(_Bomb(), protocol=2))
+        assert path.stat().st_size < 200
+    elif kind == "zip with an allocating pickle":
+        _zip(path, {"archive/data.pkl": pickle.dumps(_Bomb(), protocol=2), "archive/version": "3\n"})
+    elif kind == "compressed zip record":
+        _zip(path, {"archive/data.pkl": pickle.dumps({}, protocol=2), "archive/data/0": b"\0" * (1 << 20)},
+             zipfile.ZIP_DEFLATED)
+    else:
+        ckpt = model_checkpoint(tiny_model(), CharTokenizer("abcde"))
+        ckpt["minigpt"]["model_config"]["n_layer"] = 10**7
+        save_file(ckpt, path)
+    start = time.perf_counter()
+    with pytest.raises(CheckpointError, match=needle):
+        load_model(path)
+    assert time.perf_counter() - start < 1.0

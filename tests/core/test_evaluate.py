@@ -1,0 +1,152 @@
+"""Whole-split evaluation: every token predicted once, checked against a one-prediction-at-a-time reference."""
+
+import math
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, tiny_run_args
+from minigpt import GPT, GPTConfig
+from minigpt.core.checkpoint import model_checkpoint, save_file
+from minigpt.loading import load_model
+from minigpt.core.errors import UserError
+from minigpt.cli.eval import main as eval_main
+from minigpt.core.evaluate import evaluate_tokens
+from minigpt.core.tokenizers import CharTokenizer
+from minigpt.cli.train import main
+
+
+def test_evaluate_tokens_matches_token_by_token_reference():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=11)).eval()
+    tokens = torch.randint(0, 11, (53,))  # 52 predictions: 3 full windows and a partial one of 4
+    nats, n = evaluate_tokens(model, tokens, batch_size=2)
+    expected = 0.0
+    with torch.no_grad():
+        for j in range(1, len(tokens)):
+            start = ((j - 1) // 16) * 16  # the window this prediction falls in
+            logits, _ = model(tokens[start:j][None])
+            expected -= torch.log_softmax(logits[0, -1], -1)[tokens[j]].item()
+    assert n == 52
+    assert math.isclose(nats, expected, rel_tol=1e-5)
+    for batch_size in (1, 100):  # the batch changes the speed, not the result
+        assert math.isclose(evaluate_tokens(model, tokens, batch_size=batch_size)[0], nats, rel_tol=1e-5)
+    for bad in (0, -1):
+        with pytest.raises(UserError, match=f"batch_size must be an integer >= 1, got {bad}"):
+            evaluate_tokens(model, tokens, batch_size=bad)
+    with pytest.raises(UserError, match="nothing to evaluate"):
+        evaluate_tokens(model, tokens[:1])
+
+
+# --------------------------------------------------------------------------------------------------
+# eval.py on a hand-made checkpoint (the train-then-eval test is below)
+
+CHARS = "\n abcdefghijklmnopqrstuvwxyz."
+
+
+@pytest.fixture(scope="module")
+def char_run(tmp_path_factory) -> tuple[Path, Path]:
+    """(run directory with checkpoints/best.ckpt of a random char model, a text file it can read)."""
+    root = tmp_path_factory.mktemp("evalrun")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=len(CHARS)))
+    (root / "run" / "checkpoints").mkdir(parents=True)
+    save_file(model_checkpoint(model, CharTokenizer(CHARS)), root / "run" / "checkpoints" / "best.ckpt")
+    text = root / "text.txt"
+    text.write_text("the cat sat on the mat.\n" * 7, encoding="utf-8")  # 168 characters: 10 windows and a bit
+    return root / "run", text
+
+
+def run_eval_py(monkeypatch, *args: str) -> None:
+    """eval.py as its entry script runs it (in-process: no interpreter start-up)."""
+    monkeypatch.setattr(sys, "argv", ["eval.py", *args])
+    runpy.run_path(str(REPO / "eval.py"), run_name="__main__")
+
+
+def test_eval_py_prints_nats_per_token_and_bits_per_char_of_evaluate_tokens(char_run, monkeypatch, capsys,
+                                                                              tmp_path):
+    run, text = char_run
+    run_eval_py(monkeypatch, "--ckpt", str(run), "--text", str(text), "--batch_size", "3")
+    line = capsys.readouterr().out.strip()
+    model, tokenizer = load_model(run)
+    content = text.read_text(encoding="utf-8")
+    nats, n = evaluate_tokens(model, tokenizer.encode(content))
+    assert n == len(content) - 1
+    # char-level: every character after the first is one predicted token
+    assert line == (f"{text}: {n:,} tokens, {nats / n:.4f} nats/token, "
+                    f"{nats / math.log(2) / n:.4f} bits/char")
+    assert 0 < nats / n < 2 * math.log(len(CHARS))  # a random model: about uniform over the vocabulary
+    config = tmp_path / "eval.yaml"  # the same from a YAML file
+    config.write_text(f"ckpt: {run / 'checkpoints' / 'best.ckpt'}\ntext: {text}\nbatch_size: 1\n", encoding="utf-8")
+    eval_main(["--config", str(config)])
+    assert capsys.readouterr().out.strip() == line
+
+
+def test_eval_py_help_exits_0(monkeypatch, capsys):
+    with pytest.raises(SystemExit) as e:
+        run_eval_py(monkeypatch, "--help")
+    assert e.value.code in (0, None)
+    out = capsys.readouterr().out
+    for flag in ("--ckpt", "--text", "--batch_size", "--device", "--config", "--print_config"):
+        assert flag in out, flag
+
+
+def eval_error(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as e:
+        eval_main(argv)
+    captured = capsys.readouterr()
+    assert e.value.code == 2 and captured.out == ""
+    err = captured.err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("batch_size", ["-1", "0"])
+def test_eval_py_batch_size_below_1_is_one_error_line(char_run, capsys, batch_size):
+    run, text = char_run
+    err = eval_error(capsys, ["--ckpt", str(run), "--text", str(text), "--batch_size", batch_size])
+    assert f"--batch_size must be >= 1, got {batch_size}" in err
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("no_text_flag", "text"), ("missing_text", "text file not found"), ("not_utf8", "is not UTF-8 text"),
+    ("unknown_chars", "2 character(s) outside the model's char vocabulary: '!', 'Z'"),
+    ("one_char", "nothing to evaluate"), ("missing_ckpt", "checkpoint not found"),
+    ("device", "device cuda:3: CUDA is not available here"), ("batch_size_type", "batch_size"),
+])
+def test_eval_py_bad_input_is_one_error_line(char_run, capsys, tmp_path, case, needle):
+    run, text = char_run
+    (tmp_path / "latin1.txt").write_bytes("caf\u00e9\n".encode("latin-1"))
+    (tmp_path / "shout.txt").write_text("Zap!\n", encoding="utf-8")
+    (tmp_path / "one.txt").write_text("a", encoding="utf-8")
+    argv = {
+        "no_text_flag": ["--ckpt", str(run)],
+        "missing_text": ["--ckpt", str(run), "--text", str(tmp_path / "nope.txt")],
+        "not_utf8": ["--ckpt", str(run), "--text", str(tmp_path / "latin1.txt")],
+        "unknown_chars": ["--ckpt", str(run), "--text", str(tmp_path / "shout.txt")],
+        "one_char": ["--ckpt", str(run), "--text", str(tmp_path / "one.txt")],
+        "missing_ckpt": ["--ckpt", str(tmp_path / "nope.ckpt"), "--text", str(text)],
+        "device": ["--ckpt", str(run), "--text", str(text), "--device", "cuda:3"],
+        "batch_size_type": ["--ckpt", str(run), "--text", str(text), "--batch_size", "lots"],
+    }[case]
+    if case == "device" and torch.cuda.device_count() > 3:
+        pytest.skip("cuda:3 exists here")
+    assert needle in eval_error(capsys, argv)
+
+
+def test_train_reports_full_val_loss_and_eval_py_scores_a_text(corpus, data_root, tmp_path, capsys):
+    trainer = main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=20))
+    out = capsys.readouterr().out
+    full = trainer.callback_metrics["full_val_loss"].item()
+    assert f"full val loss {full:.4f} over all" in out
+    text = tmp_path / "held_out.txt"
+    text.write_text("the lazy dog sings while the quick cats sit on warm mats\n" * 20)
+    eval_main(["--ckpt", str(tmp_path / "run"), "--text", str(text)])
+    line = capsys.readouterr().out.strip()
+    nats = float(line.split(" nats/token")[0].split(", ")[-1])
+    bits = float(line.split(" bits/char")[0].split(", ")[-1])
+    assert 0 < nats < math.log(trainer.lightning_module.config.vocab_size)
+    assert math.isclose(bits, nats / math.log(2), rel_tol=0.01)  # char-level: one token per character

@@ -1,0 +1,84 @@
+"""precision: auto picks bf16 only where the device computes it natively, on faked devices of every kind."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import REPO
+from minigpt.core import precision
+from minigpt.core.precision import resolve_precision
+
+
+@pytest.fixture
+def cpu(monkeypatch, tmp_path):
+    """A CPU-only machine whose capability and matmul rates the test sets."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+
+    def machine(capability: str, fp32: float = 200.0, bf16: float = 800.0) -> None:
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+        monkeypatch.setattr(precision, "matmul_gflops", lambda dtype, *a, **k: bf16 if dtype == torch.bfloat16 else fp32)
+
+    return machine
+
+
+def test_avx2_cpu_gets_float32_without_a_probe(cpu, monkeypatch):
+    cpu("AVX2")
+    monkeypatch.setattr(precision, "probe_cpu_bf16", lambda: pytest.fail("AVX2 needs no probe"))
+    chosen, why = resolve_precision("auto", "auto", "manual")
+    assert chosen == "32-true" and "AVX2 has no native bf16" in why
+
+
+def test_avx512_cpu_is_probed_bf16_native_or_not(cpu):
+    cpu("AVX512", fp32=200, bf16=800)  # AMX / AVX512_BF16: bf16 matmuls 4x float32
+    assert resolve_precision("auto", "cpu", "manual")[0] == "bf16-mixed"
+    cpu("AVX512", fp32=200, bf16=60)  # AVX-512 without BF16: emulated
+    precision._cache_file().unlink()
+    chosen, why = resolve_precision("auto", "cpu", "manual")
+    assert chosen == "32-true" and "200 GFLOP/s float32 vs 60 GFLOP/s bf16" in why
+
+
+def test_sdpa_keeps_float32_on_a_bf16_cpu(cpu):
+    cpu("AVX512", fp32=200, bf16=800)
+    chosen, why = resolve_precision("auto", "cpu", "sdpa")
+    assert chosen == "32-true" and "sdpa" in why
+
+
+def test_probe_is_cached_per_machine(cpu, monkeypatch):
+    cpu("AVX512", fp32=200, bf16=800)
+    assert precision.probe_cpu_bf16() == (200, 800)
+    monkeypatch.setattr(precision, "matmul_gflops", lambda *a, **k: pytest.fail("measured again"))
+    assert precision.probe_cpu_bf16() == (200, 800)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # another ISA setting is another machine
+    monkeypatch.setattr(precision, "matmul_gflops", lambda dtype, *a, **k: 1.0 if dtype == torch.bfloat16 else 150.0)
+    assert precision.probe_cpu_bf16() == (150.0, 1.0)
+
+
+@pytest.mark.parametrize("bf16,expected", [(True, "bf16-mixed"), (False, "32-true")])
+def test_cuda_with_and_without_bf16(monkeypatch, bf16, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    chosen, why = resolve_precision("auto", "auto", "sdpa")
+    assert chosen == expected and "Fake GPU" in why
+    assert resolve_precision("auto", "cpu", "sdpa")[0] != "bf16-mixed" or bf16  # accelerator cpu: not the GPU
+
+
+def test_explicit_precision_is_kept(cpu):
+    cpu("AVX2")
+    assert resolve_precision("bf16-mixed", "cpu", "manual")[0] == "bf16-mixed"
+
+
+@pytest.mark.parametrize("capability,fp32,bf16,expected", [("AVX2", 140, 1, "32-true"),
+                                                            ("AVX512", 210, 800, "bf16-mixed")])
+def test_shipped_cpu_recipe_resolves_by_the_cpu(cpu, corpus, data_root, tmp_path, capability, fp32, bf16,
+                                                expected):
+    from minigpt.cli.train import parse
+
+    cpu(capability, fp32, bf16)
+    cli = parse(["--config", str(REPO / "configs" / "shakespeare_char_cpu.yaml"), "--data.source", str(corpus),
+                 "--data.data_root", str(data_root), "--out_dir", str(tmp_path / "run")])
+    assert cli.config["trainer"]["precision"] == "auto"
+    assert cli.trainer.precision == expected

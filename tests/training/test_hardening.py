@@ -1,0 +1,249 @@
+"""Bad input gives one line and exit 2; kills leave loadable checkpoints; resume is exact; NaN stops cleanly."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import REPO, make_corpus, tiny_run_args
+from minigpt.core.checkpoint import model_state_dict, read_checkpoint
+from minigpt.cli.train import main
+from minigpt.core.errors import run_cli
+
+
+def run_train(args, capsys) -> tuple[int, str]:
+    """train.py's entry point in-process: (exit code, stderr)."""
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(lambda: main(args))
+    err = capsys.readouterr().err.strip()
+    return exit_info.value.code, err
+
+
+def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+@pytest.fixture
+def short_corpus(tmp_path):
+    path = tmp_path / "short.txt"
+    path.write_text("just a few characters\n")
+    return path
+
+
+def test_empty_and_too_short_and_binary_corpora(tmp_path, data_root, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    code, err = run_train(tiny_run_args(empty, data_root, tmp_path / "run"), capsys)
+    assert_one_line_error(code, err, "empty")
+
+    short = tmp_path / "short.txt"
+    short.write_text("only a few characters here, far fewer than one window\n")
+    code, err = run_train(tiny_run_args(short, data_root, tmp_path / "run", model__block_size=64), capsys)
+    assert_one_line_error(code, err, "fewer than one window of block_size + 1 = 65")
+
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(bytes(range(256)) * 64)
+    code, err = run_train(tiny_run_args(binary, data_root, tmp_path / "run"), capsys)
+    assert_one_line_error(code, err, "byte")
+
+
+def test_unwritable_out_dir(corpus, data_root, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    code, err = run_train(tiny_run_args(corpus, data_root, blocker / "run"), capsys)
+    assert_one_line_error(code, err, "cannot write to out_dir", "choose a writable --out_dir")
+
+
+def test_resume_mistakes_leave_the_run_untouched(corpus, data_root, tmp_path, capsys):
+    code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "none") + ["--resume"], capsys)
+    assert_one_line_error(code, err, "--resume: no checkpoint at")
+
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))
+    capsys.readouterr()
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    before = last.read_bytes()
+    code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "run", model__n_layer=2) + ["--resume", "true"],
+                          capsys)
+    assert_one_line_error(code, err, "n_layer=1 (this run's config gives 2)")
+    assert last.read_bytes() == before
+
+
+def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(corpus, data_root, tmp_path, capsys,
+                                                                                 monkeypatch):
+    from minigpt.training import lightning_module
+
+    real_step = lightning_module.GPTLightningModule.training_step
+
+    def step(self, batch, batch_idx):
+        if self.global_step == 13:  # as if the weights had blown up
+            with torch.no_grad():
+                self.model.lm_head.weight.fill_(float("nan"))
+        return real_step(self, batch, batch_idx)
+
+    monkeypatch.setattr(lightning_module.GPTLightningModule, "training_step", step)
+    code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "run", steps=30), capsys)
+    assert_one_line_error(code, err, "the training loss became nan at step 13")
+    ckpt = read_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    assert ckpt["global_step"] == 10
+    assert all(torch.isfinite(v).all() for v in model_state_dict(ckpt).values())
+
+
+def test_bad_input_through_the_real_command():
+    result = subprocess.run([sys.executable, "train.py", "--model.attention", "flash3", "--data.source", "/nope"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: ")
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_then_resume_matches_an_uninterrupted_run(tmp_path):
+    """Kill a real training process repeatedly; every kill leaves a loadable last.ckpt, and resuming to the end
+    gives bitwise the weights of a run that was never interrupted (CPU, float32, with dropout)."""
+    corpus = make_corpus(tmp_path / "corpus.txt")
+    steps = 60
+
+    def args(out):
+        return tiny_run_args(corpus, tmp_path / "data", tmp_path / out, steps=steps, checkpoint_every=3,
+                             model__dropout=0.1, trainer__val_check_interval=20, optim__decay_steps=steps)
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "train.py", *args("straight")], cwd=REPO, check=True, env=env,
+                   capture_output=True, timeout=300)
+    rng = random.Random(0)
+    last = tmp_path / "killed" / "checkpoints" / "last.ckpt"
+    kills = 0
+    for attempt in range(3):
+        extra = ["--resume", "true"] if last.exists() else ["--overwrite", "true"]
+        seen = last.stat().st_mtime_ns if last.exists() else None
+        proc = subprocess.Popen([sys.executable, "train.py", *args("killed"), *extra], cwd=REPO, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 120
+        while (not last.exists() or last.stat().st_mtime_ns == seen) and time.time() < deadline \
+                and proc.poll() is None:
+            time.sleep(0.05)  # wait until this process is training and saving, then kill at a random moment
+        time.sleep(rng.uniform(0.0, 1.0))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait()
+        assert read_checkpoint(last)["global_step"] <= steps  # loadable after every kill
+    assert kills >= 2, "the runs ended before they could be killed; make them longer"
+    subprocess.run([sys.executable, "train.py", *args("killed"), "--resume", "true"], cwd=REPO, check=True, env=env,
+                   capture_output=True, timeout=300)
+    a = read_checkpoint(tmp_path / "straight" / "checkpoints" / "last.ckpt")
+    b = read_checkpoint(last)
+    assert a["global_step"] == b["global_step"] == steps
+    wa, wb = model_state_dict(a), model_state_dict(b)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_second_train_py_on_the_same_run_directory_is_refused(corpus, data_root, tmp_path, capsys):
+    from minigpt.cli.train import lock_run_dir
+
+    (tmp_path / "run").mkdir()
+    held = lock_run_dir(tmp_path / "run")  # as another train.py would hold it
+    try:
+        code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5), capsys)
+        assert_one_line_error(code, err, "is in use by another train.py (pid", "choose another --out_dir")
+    finally:
+        held.close()
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))  # free again once the holder is gone
+
+
+def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(corpus, data_root, tmp_path, capsys,
+                                                                        monkeypatch):
+    from minigpt.training import lightning_module
+
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    before = last.read_bytes()
+
+    def broken_step(self, batch, batch_idx):
+        raise RuntimeError("a bug in the new run")
+
+    with monkeypatch.context() as m:
+        m.setattr(lightning_module.GPTLightningModule, "training_step", broken_step)
+        with pytest.raises(RuntimeError, match="a bug in the new run"):
+            main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5) + ["--overwrite"])
+    assert last.read_bytes() == before, "the old run's checkpoints must be put back"
+    assert not list((tmp_path / "run").glob(".checkpoints*")), "nothing left aside"
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=7) + ["--overwrite"])
+    assert read_checkpoint(last)["global_step"] == 7
+    assert not list((tmp_path / "run").glob(".checkpoints*"))
+
+
+def test_sigint_and_sigterm_save_a_checkpoint_at_the_step_and_exit_non_zero(tmp_path):
+    """Both signals end training after the current step: one line, the step's checkpoint, a non-zero exit."""
+    corpus = make_corpus(tmp_path / "corpus.txt")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        args = tiny_run_args(corpus, tmp_path / f"data-{sig.name}", tmp_path / sig.name, steps=100000,
+                             checkpoint_every=3)
+        procs[sig] = subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, env=env, text=True,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    for sig, proc in procs.items():
+        last = tmp_path / sig.name / "checkpoints" / "last.ckpt"
+        deadline = time.time() + 120
+        while not last.exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read()
+        start = time.time()
+        proc.send_signal(sig)
+        err = proc.communicate(timeout=60)[1]
+        assert time.time() - start < 30
+        assert proc.returncode == 128 + sig, err
+        errors = [line for line in err.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1 and f"stopped by {sig.name} at step" in errors[0], err
+        assert "Traceback" not in err
+        step = int(errors[0].split(" at step ")[1].split(";")[0])
+        assert read_checkpoint(last)["global_step"] == step
+
+
+def test_compile_without_a_cpp_compiler_trains_eagerly_with_one_warning(corpus, data_root, tmp_path, monkeypatch):
+    from minigpt.training import callbacks
+    from minigpt.training.callbacks import CompileModel
+
+    monkeypatch.setattr(callbacks.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CXX", raising=False)
+    with pytest.warns(UserWarning, match="torch.compile needs a C\\+\\+ compiler"):
+        trainer = main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=3, compile="true"))
+    compiled = next(c for c in trainer.callbacks if isinstance(c, CompileModel))
+    assert trainer.global_step == 3 and not compiled.enabled and compiled.seconds is None
+    assert getattr(trainer.lightning_module.model, "_compiled_call_impl", None) is None
+
+
+def test_a_full_disk_while_saving_a_checkpoint_is_one_line_and_keeps_the_previous_one(corpus, data_root, tmp_path,
+                                                                                      capsys, monkeypatch):
+    import errno
+
+    from minigpt.core import checkpoint
+
+    real_save, saves = torch.save, []
+
+    def save(obj, f, *args, **kwargs):
+        saves.append(1)
+        if len(saves) > 1:  # the first checkpoint (step 10) fits; the disk is full from then on
+            f.write(b"partial")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.torch, "save", save)
+    code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "run", steps=30), capsys)
+    assert_one_line_error(code, err, "cannot write checkpoint", "No space left on device", "previous checkpoint is kept",
+                          "--resume")
+    monkeypatch.setattr(checkpoint.torch, "save", real_save)
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert read_checkpoint(ckpts / "last.ckpt")["global_step"] == 10
+    assert sorted(p.name for p in ckpts.iterdir() if "tmp" in p.name) == []  # no half-written file left behind

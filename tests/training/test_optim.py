@@ -1,0 +1,149 @@
+"""The learning-rate schedule against its definition (warmup, then cosine / linear / constant / wsd to min_lr), and
+minigpt's Muon against torch.optim.Muon."""
+
+import math
+
+import pytest
+import torch
+
+import minigpt.core.precision
+from minigpt.core.config import GPTConfig
+from minigpt.core.model import GPT
+from minigpt.training.optim import Muon, OptimConfig, build_optimizer, lr_multiplier, newton_schulz, projected_decay_end
+
+
+def test_warmup_is_linear_up_to_the_peak():
+    cfg = OptimConfig(warmup_steps=10, lr_schedule="cosine")
+    assert [lr_multiplier(s, cfg, 100) for s in (0, 4, 9)] == [0.1, 0.5, 1.0]
+
+
+@pytest.mark.parametrize("schedule,midpoint", [("cosine", 0.5), ("linear", 0.5), ("constant", 1.0)])
+def test_decay_ends_at_min_lr(schedule, midpoint):
+    cfg = OptimConfig(warmup_steps=10, lr_schedule=schedule, min_lr_ratio=0.1)
+    assert lr_multiplier(10, cfg, 110) == pytest.approx(1.0)
+    assert lr_multiplier(60, cfg, 110) == pytest.approx(0.1 + 0.9 * midpoint)
+    assert lr_multiplier(110, cfg, 110) == pytest.approx(1.0 if schedule == "constant" else 0.1)
+    assert lr_multiplier(500, cfg, 110) == pytest.approx(1.0 if schedule == "constant" else 0.1)
+
+
+@pytest.mark.parametrize("fraction", [0.2, 0.4, 1.0])
+def test_wsd_holds_the_peak_then_cools_down_over_its_fraction(fraction):
+    """Decay from step 10 to 110: the peak is held until 110 - 100 * fraction, then falls linearly to min_lr."""
+    cfg = OptimConfig(warmup_steps=10, lr_schedule="wsd", min_lr_ratio=0.0, cooldown_fraction=fraction)
+    start = 110 - round(100 * fraction)
+    for step in range(10, 111):
+        expected = 1.0 if step <= start else (110 - step) / (110 - start)
+        assert lr_multiplier(step, cfg, 110) == pytest.approx(expected), step
+
+
+def test_no_known_end_holds_the_peak():
+    cfg = OptimConfig(warmup_steps=10, lr_schedule="cosine")
+    assert lr_multiplier(10_000, cfg, None) == 1.0
+
+
+def test_time_budget_projects_the_end_from_the_speed_so_far():
+    # 100 steps in 10 s with 30 s left: 400 steps by the end of the budget
+    assert projected_decay_end(100, 10.0, 30.0) == 400
+    assert math.isclose(projected_decay_end(50, 25.0, 0.0), 50)
+
+
+def _muon_pair(adjust_lr_fn, nesterov):
+    torch.manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(*shape)) for shape in [(64, 32), (32, 64), (48, 48)]]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    kwargs = dict(lr=0.02, weight_decay=0.1, adjust_lr_fn=adjust_lr_fn, nesterov=nesterov)
+    return ours, Muon(ours, **kwargs), theirs, torch.optim.Muon(theirs, **kwargs)
+
+
+def _steps(ours, opt, theirs, ref, n=3):
+    for _ in range(n):
+        for p, q in zip(ours, theirs):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        opt.step()
+        ref.step()
+
+
+@pytest.mark.parametrize("adjust_lr_fn", [None, "match_rms_adamw"])
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_muon_is_torchs_muon_when_bf16_is_native(monkeypatch, adjust_lr_fn, nesterov):
+    monkeypatch.setattr(minigpt.core.precision, "cpu_has_native_bf16", lambda: (True, "faked"))
+    ours, opt, theirs, ref = _muon_pair(adjust_lr_fn, nesterov)
+    _steps(ours, opt, theirs, ref)
+    assert opt.ns_dtype == torch.bfloat16
+    assert all(torch.equal(p, q) for p, q in zip(ours, theirs))
+    assert opt.state_dict()["state"].keys() == ref.state_dict()["state"].keys()
+    assert all(torch.equal(opt.state[p]["momentum_buffer"], ref.state[q]["momentum_buffer"])
+               for p, q in zip(ours, theirs))
+
+
+def test_muon_iterates_in_float32_where_bf16_is_not_native(monkeypatch):
+    """On a CPU without native bf16 the same update is computed in float32: equal to torch's up to bf16 rounding."""
+    monkeypatch.setattr(minigpt.core.precision, "cpu_has_native_bf16", lambda: (False, "faked"))
+    ours, opt, theirs, ref = _muon_pair("match_rms_adamw", True)
+    start = [p.detach().clone() for p in ours]
+    _steps(ours, opt, theirs, ref, n=1)
+    assert opt.ns_dtype == torch.float32
+    for p, q, p0 in zip(ours, theirs, start):
+        ours_update, torch_update = p - p0, q - p0
+        assert not torch.equal(ours_update, torch_update)  # float32 really ran, not torch's bf16
+        assert (ours_update - torch_update).norm() < 0.02 * torch_update.norm()
+
+
+def test_newton_schulz_orthogonalises():
+    """Five quintic iterations leave a random matrix's singular values within Muon's (0.5, 1.5) band."""
+    g = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
+    s = torch.linalg.svdvals(newton_schulz(g, (3.4445, -4.775, 2.0315), 5, 1e-7, torch.float32))
+    assert s.min() > 0.5 and s.max() < 1.5
+
+
+def test_muon_ns_steps_reaches_the_optimizer():
+    model = GPT(GPTConfig.from_name("tiny"))
+    optimizer = build_optimizer(model, OptimConfig(optimizer="muon", muon_ns_steps=3), fused=False)
+    assert {group["ns_steps"] for group in optimizer.muon.param_groups} == {3}
+
+
+def test_muon_orthogonalises_each_stacked_projection_on_its_own(monkeypatch):
+    """A weight stacking three projections (q/k/v) with row_splits moves exactly as three separate weights would
+    under torch's Muon: each piece orthogonalised, and its learning rate scaled, as the matrix it is."""
+    monkeypatch.setattr(minigpt.core.precision, "cpu_has_native_bf16", lambda: (True, "faked"))
+    torch.manual_seed(0)
+    stacked = torch.nn.Parameter(torch.randn(32 + 16 + 16, 32))
+    pieces = [torch.nn.Parameter(w.detach().clone()) for w in stacked.split([32, 16, 16])]
+    kwargs = dict(lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    opt = Muon([stacked], row_splits={stacked: [32, 16, 16]}, **kwargs)
+    ref = torch.optim.Muon(pieces, **kwargs)
+    whole = Muon([torch.nn.Parameter(stacked.detach().clone())], **kwargs)  # the same weight, not split
+    for _ in range(3):
+        stacked.grad = torch.randn_like(stacked)
+        for p, g in zip(pieces, stacked.grad.split([32, 16, 16])):
+            p.grad = g.clone()
+        whole.param_groups[0]["params"][0].grad = stacked.grad.clone()
+        opt.step(), ref.step(), whole.step()
+    torch.testing.assert_close(stacked.detach(), torch.cat([p.detach() for p in pieces]))
+    assert not torch.allclose(stacked, whole.param_groups[0]["params"][0], atol=1e-3)  # splitting changes Muon
+    assert opt.state[stacked]["momentum_buffer"].shape == stacked.shape  # state stays per parameter
+
+
+def test_newton_schulz_of_a_stack_is_each_matrix_s():
+    g = torch.randn(4, 48, 24, generator=torch.Generator().manual_seed(0))
+    batched = newton_schulz(g, (3.4445, -4.775, 2.0315), 5, 1e-7, torch.float32)
+    single = torch.stack([newton_schulz(m, (3.4445, -4.775, 2.0315), 5, 1e-7, torch.float32) for m in g])
+    torch.testing.assert_close(batched, single)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt"])
+def test_build_optimizer_splits_fused_projections_for_muon(arch):
+    """q/k/v (with fewer key/value heads) and SwiGLU's gate/up reach Muon as separate projections."""
+    config = GPTConfig(arch=arch, n_layer=2, n_head=4, n_kv_head=2 if arch == "llama" else 4, n_embd=32,
+                       mlp_hidden=48, vocab_size=50, block_size=16)
+    model = GPT(config)
+    splits = build_optimizer(model, OptimConfig(optimizer="muon"), fused=False).muon.row_splits
+    block = model.transformer.h[1]
+    kv_rows = 16 if arch == "llama" else 32
+    assert splits[block.attn.c_attn.weight] == [32, kv_rows, kv_rows]
+    if arch == "llama":
+        assert splits[block.mlp.c_fc.weight] == [48, 48]
+    else:
+        assert block.mlp.c_fc.weight not in splits  # one GELU projection: nothing stacked
+    assert block.attn.c_proj.weight not in splits

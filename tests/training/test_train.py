@@ -1,0 +1,288 @@
+"""Training end to end through train.py's entry point: loss falls, checkpoints load, seeds, configs, resume."""
+
+import math
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from lightning.pytorch.plugins.precision import FSDPPrecision
+from lightning.pytorch.strategies import FSDPStrategy
+
+from conftest import REPO, record_training_losses, tiny_run_args
+from minigpt.core.checkpoint import build_model, checkpoint_tokenizer, model_state_dict, read_checkpoint
+from minigpt.core.config import GPTConfig
+from minigpt.training.lightning_module import GPTLightningModule
+from minigpt.training.optim import OptimConfig
+from minigpt.cli.train import main
+from minigpt.training.callbacks import CompileModel
+from minigpt.core.errors import UserError
+
+
+def weights(ckpt_path) -> dict[str, torch.Tensor]:
+    return model_state_dict(read_checkpoint(ckpt_path))
+
+
+def test_tiny_run_learns_and_writes_a_loadable_checkpoint(corpus, data_root, tmp_path, capsys):
+    trainer = main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=40))
+    assert trainer.global_step == 40
+    vocab = trainer.lightning_module.config.vocab_size
+    val_loss = trainer.callback_metrics["val_loss"].item()
+    assert val_loss < math.log(vocab) - 0.7  # well below the uniform guess ln(vocab)
+    out = capsys.readouterr().out
+    assert f"final val loss {val_loss:.4f} after 40 steps; checkpoint: {tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}" in out
+
+    run = tmp_path / "run"
+    for name in ("checkpoints/last.ckpt", "checkpoints/best.ckpt", "config.yaml"):
+        assert (run / name).is_file(), name
+    assert list(run.glob("events.out.tfevents.*")), "TensorBoard logs"
+    ckpt = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    model = build_model(ckpt).eval()
+    tok = checkpoint_tokenizer(ckpt)
+    idx = torch.tensor([tok.encode("the quick brown fox jumps")])
+    with torch.no_grad():
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+    assert loss.item() < math.log(vocab)
+
+
+def test_tensorboard_gets_losses_lr_grad_norm_throughput_and_samples(corpus, data_root, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=20))
+    events = EventAccumulator(str(tmp_path / "run")).Reload()
+    scalars = set(events.Tags()["scalars"])
+    for tag in ("train_loss", "val_loss", "val_ppl", "lr/pg1", "grad_norm"):
+        assert tag in scalars, (tag, scalars)
+    assert "train/device/items_per_sec" in scalars, scalars  # tokens/s (Lightning calls tokens items)
+    assert any("sample" in t for t in events.Tags()["tensors"]), events.Tags()
+
+
+def test_tensorboard_train_loss_is_the_logged_steps_own_loss(corpus, data_root, tmp_path, monkeypatch):
+    """train_loss and grad_norm are logged only on the steps Lightning writes (every log_every_n_steps = 5):
+    each written point is that step's own value, not one left over from an earlier step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    seen = record_training_losses(monkeypatch)
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=20))
+    events = EventAccumulator(str(tmp_path / "run")).Reload()
+    written = {e.step: e.value for e in events.Scalars("train_loss")}
+    assert sorted(written) == [4, 9, 14, 19]
+    assert all(written[step] == pytest.approx(seen[step][1]) for step in written), (written, [s[1] for s in seen])
+    assert sorted(e.step for e in events.Scalars("grad_norm")) == [4, 9, 14, 19]
+
+
+def test_a_run_stopped_early_writes_its_last_steps_own_loss_and_grad_norm(corpus, data_root, tmp_path, monkeypatch):
+    """A max_time stop makes Lightning write the stopping step's metrics off the log_every_n_steps grid: that point
+    holds the stopping step's own loss and gradient norm (before clipping), not those of the last logged step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    seen = record_training_losses(monkeypatch)
+    norms = []
+    real_clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_",
+                        lambda *a, **k: norms.append(real_clip(*a, **k)) or norms[-1])
+    real_end = GPTLightningModule.on_train_batch_end
+
+    def stop_after_12_steps(self, outputs, batch, batch_idx):  # as Lightning's Timer does, in its callback hook
+        self.trainer.should_stop = self.trainer.should_stop or self.global_step == 12
+        return real_end(self, outputs, batch, batch_idx)
+
+    monkeypatch.setattr(GPTLightningModule, "on_train_batch_end", stop_after_12_steps)
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=40))
+    events = EventAccumulator(str(tmp_path / "run")).Reload()
+    loss = {e.step: e.value for e in events.Scalars("train_loss")}
+    grad_norm = {e.step: e.value for e in events.Scalars("grad_norm")}
+    assert sorted(loss) == sorted(grad_norm) == [4, 9, 11]
+    assert all(loss[step] == pytest.approx(seen[step][1]) for step in loss), (loss, [s[1] for s in seen])
+    assert all(grad_norm[step] == pytest.approx(norms[step].item()) for step in grad_norm), (grad_norm, norms)
+
+
+def test_under_gradient_accumulation_train_loss_is_the_mean_over_the_steps_micro_batches(corpus, data_root, tmp_path,
+                                                                                        monkeypatch):
+    """With accumulate_grad_batches=2 an optimizer step's gradient is the mean over two micro-batches: the written
+    train_loss is the mean of their two losses, at each logged step (every 3), not the last micro-batch's loss."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    seen = record_training_losses(monkeypatch)
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=12, trainer__accumulate_grad_batches=2,
+                       trainer__log_every_n_steps=3))
+    assert len(seen) == 24
+    step_loss = [(seen[2 * s][1] + seen[2 * s + 1][1]) / 2 for s in range(12)]
+    events = EventAccumulator(str(tmp_path / "run")).Reload()
+    written = {e.step: e.value for e in events.Scalars("train_loss")}
+    assert sorted(written) == sorted(e.step for e in events.Scalars("grad_norm")) == [2, 5, 8, 11]
+    assert all(written[step] == pytest.approx(step_loss[step]) for step in written), (written, step_loss)
+
+def under_fsdp(module: GPTLightningModule, **trainer_attrs) -> GPTLightningModule:
+    """FSDP itself needs a GPU: Lightning's own FSDP strategy and precision objects stand in for a trainer running it."""
+    module._trainer = SimpleNamespace(strategy=FSDPStrategy(), precision_plugin=FSDPPrecision("32-true"), **trainer_attrs)
+    return module
+
+
+def test_fsdp_clips_by_the_norm_over_every_shard():
+    """Lightning's FSDP plugin refuses to clip by norm (a sharded model's norm spans all ranks): the module clips
+    through the FSDP root module instead, and logs the norm it returns."""
+    clipped = []
+    root = SimpleNamespace(clip_grad_norm_=lambda max_norm: clipped.append(max_norm) or torch.tensor(3.0))
+    module = under_fsdp(GPTLightningModule(GPTConfig.from_name("tiny")), model=root)
+    module.configure_gradient_clipping(torch.optim.SGD(module.parameters()), 0.5, "norm")
+    assert clipped == [0.5] and module._grad_norm.item() == 3.0
+
+
+def test_muon_under_fsdp_is_refused_with_the_fix():
+    """Muon needs whole matrices; FSDP shards them."""
+    module = under_fsdp(GPTLightningModule(GPTConfig.from_name("tiny"), OptimConfig(optimizer="muon")))
+    with pytest.raises(UserError, match="muon cannot train under FSDP.*--trainer.strategy ddp"):
+        module.configure_optimizers()
+
+
+def test_same_seed_same_run_other_seed_other_run(corpus, data_root, tmp_path):
+    for name, seed in (("a", 7), ("b", 7), ("c", 8)):
+        main(tiny_run_args(corpus, data_root, tmp_path / name, steps=12, seed=seed))
+    a, b, c = (weights(tmp_path / n / "checkpoints" / "last.ckpt") for n in "abc")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+@pytest.mark.parametrize("arch,attention,n_kv_head", [
+    ("gpt", "sdpa", 2), ("gpt", "manual", 2), ("gpt", "einops", 2),
+    ("llama", "sdpa", 1), ("llama", "manual", 1), ("llama", "einops", 2),
+])
+def test_every_attention_path_and_block_trains(corpus, data_root, tmp_path, arch, attention, n_kv_head):
+    trainer = main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=10, model__arch=arch,
+                                 model__attention=attention, model__n_kv_head=n_kv_head))
+    cfg = trainer.lightning_module.config
+    assert (cfg.arch, cfg.attention, cfg.n_kv_head) == (arch, attention, n_kv_head)
+    assert math.isfinite(trainer.callback_metrics["val_loss"].item())
+
+
+def test_bf16_mixed_trains_with_gradient_clipping(corpus, data_root, tmp_path, monkeypatch):
+    """Lightning refuses to clip gradients of a fused optimizer under mixed precision; bf16 has no gradient
+    scaler, so the module clips itself.  The clip must really happen: record the norms clip_grad_norm_ sees."""
+    seen = []
+    real = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, max_norm, *a, **k: seen.append(
+        (max_norm, real(params, max_norm, *a, **k))))
+    trainer = main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=10, trainer__precision="bf16-mixed",
+                                 trainer__gradient_clip_val=0.5))
+    assert trainer.global_step == 10 and math.isfinite(trainer.callback_metrics["val_loss"].item())
+    assert len(seen) == 10 and all(max_norm == 0.5 for max_norm, _ in seen)
+
+
+def test_paths_give_the_same_training(corpus, data_root, tmp_path):
+    """Same seed, same data: the sdpa and manual paths train to the same weights (up to float rounding)."""
+    for attention in ("sdpa", "manual"):
+        main(tiny_run_args(corpus, data_root, tmp_path / attention, steps=10, model__attention=attention))
+    a, b = (weights(tmp_path / n / "checkpoints" / "last.ckpt") for n in ("sdpa", "manual"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-4) for k in a)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resume_continues_exactly(corpus, data_root, tmp_path, optimizer):
+    # the first part stops at step 10 of a 20-step schedule, as a run killed there would
+    def args(out, steps):
+        return tiny_run_args(corpus, data_root, tmp_path / out, steps=steps, optim__decay_steps=20,
+                             optim__optimizer=optimizer, model__dropout=0.1)
+
+    main(args("straight", 20))
+    main(args("resumed", 10))
+    trainer = main(args("resumed", 20) + ["--resume", "true"])
+    assert trainer.global_step == 20
+    a = weights(tmp_path / "straight" / "checkpoints" / "last.ckpt")
+    b = weights(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    assert all(torch.equal(a[k], b[k]) for k in a), "a resumed run must match an uninterrupted one bitwise"
+
+
+def test_existing_run_is_not_overwritten_by_accident(corpus, data_root, tmp_path):
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))
+    before = (tmp_path / "run" / "checkpoints" / "last.ckpt").read_bytes()
+    with pytest.raises(UserError, match="already holds a run; continue it with --resume"):
+        main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").read_bytes() == before
+    with pytest.raises(UserError, match="--resume: no checkpoint at"):
+        main(tiny_run_args(corpus, data_root, tmp_path / "empty", steps=5) + ["--resume", "true"])
+
+
+def test_resume_with_another_model_shape_is_refused(corpus, data_root, tmp_path):
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))
+    with pytest.raises(UserError, match=r"was trained with n_embd=32 \(this run's config gives 64\)"):
+        main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=10, model__n_embd=64) + ["--resume", "true"])
+
+
+@pytest.mark.parametrize("flag,value,match", [
+    ("--model.n_layerz", "2", "unrecognized arguments: --model.n_layerz"),
+    ("--model.n_layer", "two", 'Parser key "model.n_layer"'),
+    ("--trainer.max_stepz", "2", "unrecognized arguments: --trainer.max_stepz"),
+])
+def test_unknown_key_or_wrong_type_names_the_key(corpus, data_root, tmp_path, capsys, flag, value, match):
+    with pytest.raises(SystemExit) as exit_info:
+        main(tiny_run_args(corpus, data_root, tmp_path / "run") + [flag, value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert match in err and len(err.splitlines()) == 1
+
+
+def test_overrides_and_config_files(corpus, data_root, tmp_path):
+    config = tmp_path / "cfg.yaml"
+    config.write_text("model:\n  arch: llama\n  n_kv_head: 1\n  n_layer: 2\ndata:\n  tokenizer: byte\n")
+    args = tiny_run_args(corpus, data_root, tmp_path / "run", steps=3)
+    trainer = main(["--config", str(config)] + args + ["--model.n_layer", "1"])
+    cfg = trainer.lightning_module.config
+    assert (cfg.arch, cfg.n_kv_head, cfg.n_layer, cfg.vocab_size, cfg.block_size) == ("llama", 1, 1, 256, 32)
+    assert trainer.datamodule.hparams.block_size == 32  # linked from model.block_size
+
+
+def test_train_py_help_and_print_config():
+    result = subprocess.run([sys.executable, "train.py", "--print_config"], cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    for key in ("attention: sdpa", "arch: gpt", "source: stdlib", "tokenizer: char", "max_steps:", "out_dir:"):
+        assert key in result.stdout, key
+
+
+@pytest.mark.slow
+def test_two_process_ddp_on_cpu_trains(corpus, tmp_path):
+    args = tiny_run_args(corpus, tmp_path / "data", tmp_path / "run", steps=10)
+    result = subprocess.run([sys.executable, "train.py", *args, "--trainer.accelerator", "cpu",
+                             "--trainer.devices", "2", "--trainer.strategy", "ddp"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "final val loss" in result.stdout
+    assert read_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")["global_step"] == 10
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
+def test_every_shipped_config_parses_and_builds_its_model(config, capsys):
+    """Parse each shipped config through train.py, then build its model and optimizer from the parsed
+    sections as train.py does (the vocabulary comes from data we do not download here)."""
+    import yaml
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", str(REPO / "configs" / config), "--print_config"])
+    assert exit_info.value.code == 0
+    parsed = yaml.safe_load(capsys.readouterr().out)
+    vocab = 50257 if parsed["data"]["tokenizer"] == "gpt2" else 65
+    model_section = {k: v for k, v in parsed["model"].items() if k != "vocab_size"}
+    module = GPTLightningModule(GPTConfig(**model_section, vocab_size=vocab), OptimConfig(**parsed["optim"]))
+    assert module.model.num_params() > 0
+    module.configure_optimizers()
+
+
+@pytest.mark.slow
+def test_compiled_training_matches_eager(corpus, data_root, tmp_path, monkeypatch):
+    """--compile true compiles before the clock starts, on a dummy batch that must leave no trace: the compiled
+    run ends where the eager one does (up to kernel rounding).  With dropout, so a warm-up that moved the RNG
+    would show: inductor's fallback_random makes compiled dropout draw from torch's RNG as eager does."""
+    import torch._inductor.config
+
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    runs = {}
+    for compile in (False, True):
+        trainer = main(tiny_run_args(corpus, data_root, tmp_path / str(compile), steps=10, model__arch="llama",
+                                     model__dropout=0.1, compile=compile))
+        runs[compile] = weights(tmp_path / str(compile) / "checkpoints" / "last.ckpt")
+        assert trainer.global_step == 10
+        compiled = [c for c in trainer.callbacks if isinstance(c, CompileModel)]
+        assert (len(compiled) == 1 and compiled[0].seconds is not None) == compile
+    assert all(torch.allclose(runs[False][k], runs[True][k], atol=1e-4) for k in runs[False])
