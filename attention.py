@@ -5,6 +5,7 @@
 
 Writes attention.html (head view, model view, per-head table; opens offline), PNG figures and attention.npz
 into --out (default out/attention).  The command line is minigpt/cli/attention.py; `--help` lists the flags.
+Installed, the same command is `minigpt attention ...`.
 """
 
 from minigpt.cli.attention import main

@@ -4,6 +4,7 @@
     python -c "from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained('hf/my-model')"
 
 The command line is minigpt/cli/export.py, the export minigpt/hf/export.py; `python export.py --help` lists the flags.
+Installed, the same command is `minigpt export ...`.
 """
 
 from minigpt.cli.export import main

@@ -5,7 +5,7 @@
     python sample.py --temperature 0 --no-kv-cache        # greedy, recomputing the context every step
 
 The command line is minigpt/cli/sample.py, the generation minigpt/core/generation.py; `python sample.py --help`
-lists the flags.
+lists the flags.  Installed, the same command is `minigpt sample ...`.
 """
 
 from minigpt.cli.sample import main

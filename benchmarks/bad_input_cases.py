@@ -1,8 +1,8 @@
 """The bad-input table: every user mistake the commands must answer with one `error:` line, exit code 2.
 
 One list, three readers: `benchmarks/bad_inputs.py` runs each case through the real commands and prints the
-README's table; `tests/test_bad_inputs.py` runs each case in-process and checks the expected fragments, and
-checks that the README's table holds exactly these cases with those fragments.
+table in docs/errors.md; `tests/cli/test_bad_inputs.py` runs each case in-process, checks the expected
+fragments, and checks that docs/errors.md's table holds exactly these cases with those fragments.
 
 A case's arguments may name files of the scratch folder that `make_workdir` fills: {w} is that folder,
 {corpus} a small text, {run} a trained tiny run, {ckpt} its last checkpoint.
@@ -25,7 +25,7 @@ TINY = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "
 @dataclass
 class Case:
     command: str  # train.py | sample.py | eval.py | attention.py | export.py
-    case: str  # what the user did wrong, as the README's table says it
+    case: str  # what the user did wrong, as docs/errors.md's table says it
     args: list[str]
     expect: list[str]  # fragments of the one error line
     stdin: str | None = None

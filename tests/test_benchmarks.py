@@ -210,3 +210,28 @@ def test_time_to_loss_runs_the_config_as_shipped_and_validates_at_its_interval(c
     # each validation is logged at the step before it; the last one is where the budget ran out
     periodic = [step for step, _ in row["curve"]][:-1]
     assert len(periodic) >= 2 and periodic == [7 * i + 6 for i in range(len(periodic))], periodic
+
+
+def test_bench_startup_quick(tmp_path, capsys):
+    from benchmarks import bench_startup
+
+    out = tmp_path / "startup.json"
+    timed = ["sample.py --help", "minigpt sample --help", f"sample.py {bench_startup.NEW_TOKENS} tokens"]
+    bench_startup.main(["--quick", "--json", str(out), "--device", "cpu", "--commands", ",".join(timed)])
+    result = read(out)
+    assert result["benchmark"] == "startup" and MACHINE_KEYS <= set(result["machine"])
+    assert result["settings"]["repeats"] == 1 and result["settings"]["goal_s"] == bench_startup.GOAL_S
+    rows = {r["command"]: r for r in result["results"]}
+    assert list(rows) == [bench_startup.BASELINE, *timed]
+    assert rows[bench_startup.BASELINE]["seconds"] == result["baseline_s"] > 0
+    for name in timed:  # the console script may be absent (minigpt not installed): then it says so
+        r = rows[name]
+        if "note" in r:
+            assert name.startswith("minigpt ") and "not installed" in r["note"]
+            continue
+        assert len(r["runs"]) == 1 and r["seconds"] > 0
+        assert r["over_torch_s"] == pytest.approx(r["seconds"] - result["baseline_s"], abs=2e-3)
+        assert r["goal"] == ("PASS" if r["over_torch_s"] <= bench_startup.GOAL_S else "FAIL")
+    assert result["passed"] == all(r["goal"] == "PASS" for r in rows.values() if "goal" in r)
+    printed = capsys.readouterr().out
+    assert "| command | seconds |" in printed and "Goal: every command within" in printed

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from minigpt.lab.figures import save_figures
 from minigpt.lab.html import write_html
 from minigpt.lab.capture import capture_attention, save_npz
 from minigpt.loading import load_model
@@ -57,6 +56,8 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
         out.mkdir(parents=True, exist_ok=True)
         title = f"{len(capture.tokens)} tokens"
         paths = [write_html(capture, out / "attention.html"), save_npz(capture, out / "attention.npz")]
+        from minigpt.lab.figures import save_figures  # matplotlib: ~0.7 s, paid only when figures are drawn
+
         paths += save_figures(capture.weights, capture.tokens, out, title=f"attention, {title}")
     except OSError as e:
         raise UserError(f"cannot write to --out {out} ({e.strerror or type(e).__name__}); choose a writable "

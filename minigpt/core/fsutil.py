@@ -1,8 +1,10 @@
-"""Atomic file-system writes, shared by checkpoints, downloads and prepared data.
+"""Atomic file-system writes, shared by checkpoints, downloads, exports and prepared data, and their one error.
 
 Everything is first written under a temporary name in the destination's own directory (`.NAME.tmp-PID`),
 flushed to disk, then renamed into place: a kill at any moment leaves the old file (or folder) or the new one,
 never half of one.  Leftovers of killed processes are removed by the next writer (`remove_stale`).
+A write that fails because the destination cannot take it (full disk, quota, read-only, forbidden) is the user's
+to fix, not a bug: `write_error` and `write_errors` make it one line, "cannot write X (No space left on device); FIX".
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from minigpt.core.errors import DataError
+from minigpt.core.errors import DataError, UserError
 
 _LEFTOVER = re.compile(r"^\..+\.(?:tmp|old)-(\d+)$")
 
@@ -82,12 +85,23 @@ def remove_stale(folder: Path) -> None:
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
-def write_error(e: OSError, folder: str | Path, what: str) -> Exception | None:
-    """A DataError naming the folder and the fix when e says the folder cannot be written; None otherwise."""
+def write_error(e: OSError, target: str | Path, fix: str, error: type[UserError] = DataError) -> UserError | None:
+    """`error("cannot write TARGET (No space left on device); FIX")` when e says the destination cannot take the
+    data (WRITE_ERRNOS), else None: any other OSError is a bug or another problem, and keeps its traceback."""
     if e.errno not in WRITE_ERRNOS:
         return None
-    return DataError(f"cannot write {what} in {folder} ({os.strerror(e.errno)}); free space there, or set "
-                     "data_root (train.py --data.data_root) to a writable folder with room")
+    return error(f"cannot write {target} ({os.strerror(e.errno)}); {fix}")
+
+
+@contextmanager
+def write_errors(target: str | Path, fix: str, error: type[UserError] = DataError) -> Iterator[None]:
+    """Turn an OSError of the block that write_error recognises into its one-line error; others pass through."""
+    try:
+        yield
+    except OSError as e:
+        if (failure := write_error(e, target, fix, error)) is None:
+            raise
+        raise failure from None
 
 
 def pid_alive(pid: int) -> bool:

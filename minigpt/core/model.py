@@ -210,26 +210,46 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def building_shapes_only() -> bool:
+    """Inside `with torch.device("meta")` (state_shapes, from_weights): tensors hold no values, so nothing is
+    initialised; normal_ on meta would also import torch's compiler, 1.5 s of a sampler's start."""
+    return torch.get_default_device().type == "meta"
+
+
+def embedding(num: int, dim: int) -> nn.Embedding:
+    if building_shapes_only():  # from_pretrained skips the normal_ init that nn.Embedding runs
+        return nn.Embedding.from_pretrained(torch.empty(num, dim), freeze=False)
+    return nn.Embedding(num, dim)
+
+
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         config.validate()
         self.config = config
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wte=embedding(config.vocab_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
             ln_f=make_norm(config, config.n_embd),
         ))
         if config.arch == "gpt":  # learned absolute positions; llama rotates q and k instead
-            self.transformer["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+            self.transformer["wpe"] = embedding(config.block_size, config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight
         if config.arch == "llama":
-            cos, sin = rope_cache(config.block_size, config.head_dim, config.rope_base, config.rope_scaling)
+            if building_shapes_only():  # from_weights computes them for real
+                cos = sin = torch.empty(config.block_size, config.head_dim)
+            else:
+                cos, sin = rope_cache(config.block_size, config.head_dim, config.rope_base, config.rope_scaling)
             self.register_buffer("rope_cos", cos, persistent=False)  # (block_size, hs)
             self.register_buffer("rope_sin", sin, persistent=False)
+        if not building_shapes_only():
+            self.init_weights()
+
+    def init_weights(self) -> None:
+        config = self.config
         self.apply(self._init_weights)
         # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer) so the residual stream's variance
         # does not grow with depth; zero_init_proj starts every block as the identity instead.

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from minigpt.core.fsutil import atomic_write
+
 # CPU capabilities with no native bf16 arithmetic: never worth a probe
 NO_NATIVE_BF16 = {"DEFAULT", "NO AVX", "AVX2", "VSX", "Z VECTOR"}
 PROBE_SIZE = 256
@@ -60,11 +62,9 @@ def probe_cpu_bf16() -> tuple[float, float]:
     except (OSError, ValueError, KeyError, TypeError):
         pass
     rates = matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16)
+    cached = json.dumps({"key": key, "fp32_gflops": rates[0], "bf16_gflops": rates[1]}).encode()
     try:  # a cache is a convenience: an unwritable home must not stop training
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps({"key": key, "fp32_gflops": rates[0], "bf16_gflops": rates[1]}))
-        os.replace(tmp, path)
+        atomic_write(path, lambda f: f.write(cached))
     except OSError:
         pass
     return rates

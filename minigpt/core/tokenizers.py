@@ -1,5 +1,5 @@
 """Tokenizers: char (nanoGPT shakespeare_char), byte (UTF-8 bytes) and tiktoken BPE (gpt2, cl100k_base, ...);
-a Hugging Face model's own tokenizer.json is minigpt.hf.tokenizer_files.HFTokenizer ("hf" in the dicts below).
+a Hugging Face model's own tokenizer.json is HFTokenizer ("hf" in the dicts below).
 
 Every tokenizer serializes to a plain, self-contained dict (`to_dict`) that a checkpoint stores, so sampling
 needs nothing else: no vocabulary file, no download. `tokenizer_from_dict` is the inverse.
@@ -27,7 +27,7 @@ from minigpt.core.errors import CheckpointError, DataError, UnknownCharactersErr
 
 __all__ = ["Tokenizer", "CharTokenizer", "ByteTokenizer", "TiktokenTokenizer", "UnknownCharactersError",
            "tokenizer_from_dict", "tokenizer_names", "resolve_tokenizer", "read_tokenizer_file", "get_tokenizer",
-           "tiktoken_cache_dir"]
+           "tiktoken_cache_dir", "encoding_parts"]
 
 ENDOFTEXT = "<|endoftext|>"
 
@@ -145,16 +145,36 @@ class TiktokenTokenizer(Tokenizer):
         return self.encoding.decode(list(ids))
 
     def to_dict(self) -> dict[str, Any]:
-        enc = self.encoding
+        pat_str, ranks, specials = encoding_parts(self.encoding)
         return {
             "type": "tiktoken",
-            "name": enc.name,
-            "pat_str": enc._pat_str,
+            "name": self.encoding.name,
+            "pat_str": pat_str,
             # JSON keys must be str: each token's bytes as base64 (the .tiktoken file format)
-            "mergeable_ranks": {base64.b64encode(token).decode("ascii"): rank
-                                for token, rank in enc._mergeable_ranks.items()},
-            "special_tokens": dict(enc._special_tokens),
+            "mergeable_ranks": {base64.b64encode(token).decode("ascii"): rank for token, rank in ranks.items()},
+            "special_tokens": specials,
         }
+
+
+def encoding_parts(enc: tiktoken.Encoding) -> tuple[str, dict[bytes, int], dict[str, int]]:
+    """(pat_str, mergeable_ranks, special_tokens): what `tiktoken.Encoding(name, pat_str=..., ...)` was built from,
+    so an encoding can be written out (tokenizer dicts, Hugging Face tokenizer.json) and rebuilt exactly.
+
+    Ranks and special tokens come from tiktoken's public API. The split pattern has no public accessor, so it is
+    read from the private attribute here, and nowhere else (tests/core/test_tokenizers.py fails if that changes).
+    """
+    ranks: dict[bytes, int] = {}
+    specials: dict[str, int] = {}
+    for i in range(enc.n_vocab):  # by id, not by special_tokens_set: a special's text may also be a ranked token
+        try:
+            token = enc.decode_single_token_bytes(i)
+        except KeyError:  # an id that names no token: cl100k_base and o200k_base leave gaps before their specials
+            continue
+        if enc.is_special_token(i):
+            specials[token.decode("utf-8")] = i
+        else:
+            ranks[token] = i
+    return enc._pat_str, ranks, specials
 
 
 def tokenizers_library():

@@ -42,6 +42,8 @@ from minigpt.core.errors import DataError, first_line
 from minigpt.core.fsutil import atomic_write, remove_stale, write_error
 
 DEFAULT_SOURCE = "stdlib"
+# the fix named when data_root cannot take prepared data or a download (full, read-only, forbidden)
+DATA_ROOT_FIX = "free space there, or set data_root (train.py --data.data_root) to a writable folder with room"
 CHUNK_BYTES = 1 << 20  # documents are read (and then decoded and tokenized) this much at a time
 DOWNLOAD_TIMEOUT_S = 30.0
 DOWNLOAD_LIMIT_BYTES = 2 << 30
@@ -345,7 +347,7 @@ def download(url: str, dest_dir: Path, timeout: float = DOWNLOAD_TIMEOUT_S,
         raise DataError(f"could not download {url}: HTTP {e.code} {e.reason}; check the URL, or download the file "
                         "yourself and pass its path") from None
     except (OSError, ValueError) as e:  # URLError, timeouts, connection resets, disk full; ValueError: bad URL
-        if isinstance(e, OSError) and (error := write_error(e, dest_dir, "the download")):
+        if isinstance(e, OSError) and (error := write_error(e, f"the download in {dest_dir}", DATA_ROOT_FIX)):
             raise error from None
         reason = getattr(e, "reason", None) or first_line(e)
         raise DataError(f"could not download {url} ({reason}); check the URL and your network, or download the "

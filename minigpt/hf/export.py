@@ -23,7 +23,7 @@ import torch
 
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError
-from minigpt.core.fsutil import WRITE_ERRNOS, fsync_dir, install_dir, remove_stale, temp_sibling, write_json
+from minigpt.core.fsutil import fsync_dir, install_dir, remove_stale, temp_sibling, write_errors, write_json
 from minigpt.hf.tokenizer_files import save_hf_tokenizer
 from minigpt.hf.weights import to_hf_state_dict
 from minigpt.core.model import GPT
@@ -197,7 +197,7 @@ def export_hf(model: GPT, tokenizer: Tokenizer | None, out_dir: str | Path, over
     check_exportable(model.config)
     check_out_dir(out_dir, overwrite)
     tensors = hf_tensors(model)  # before any file: a failure here leaves nothing behind
-    try:
+    with write_errors(out_dir, "free space there or choose another output folder", UserError):
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         remove_stale(out_dir.parent)
         tmp = temp_sibling(out_dir)
@@ -211,11 +211,6 @@ def export_hf(model: GPT, tokenizer: Tokenizer | None, out_dir: str | Path, over
                 os.rename(old, out_dir)
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    except OSError as e:
-        if e.errno not in WRITE_ERRNOS:
-            raise
-        raise UserError(f"cannot write {out_dir} ({os.strerror(e.errno)}); free space there or choose another "
-                        "output folder") from None
     return out_dir
 
 

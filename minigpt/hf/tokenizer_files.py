@@ -3,11 +3,11 @@
     tok = load_hf_tokenizer(Path("gpt2-dir"), hf_config)   # the source's tokenizer.json (or tiktoken gpt2)
     save_hf_tokenizer(tok, Path("export-dir"))              # AutoTokenizer.from_pretrained("export-dir") works
 
-An HFTokenizer (minigpt.core.tokenizers) wraps a `tokenizers.Tokenizer` (the "fast" tokenizer format of Hugging Face). Its whole JSON travels
-in to_dict(), so a checkpoint of a fine-tuned model needs no other file. Going the other way, each minigpt tokenizer
-is written as a tokenizer.json giving the same ids: char as a WordLevel model over single characters, byte as a
-byte-level BPE without merges, and a tiktoken BPE converted as transformers converts tiktoken files (its byte-level
-vocabulary and the merges read back from the ranks).
+An HFTokenizer (minigpt.core.tokenizers) wraps a `tokenizers.Tokenizer` (the "fast" tokenizer format of Hugging
+Face). Its whole JSON travels in to_dict(), so a checkpoint of a fine-tuned model needs no other file. Going the
+other way, each minigpt tokenizer is written as a tokenizer.json giving the same ids: char as a WordLevel model over
+single characters, byte as a byte-level BPE without merges, and a tiktoken BPE converted as transformers converts
+tiktoken files (its byte-level vocabulary and the merges read back from the ranks, see encoding_parts).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from minigpt.core.errors import DataError, UserError, first_line
 from minigpt.core.fsutil import write_json
 from minigpt.core.tokenizers import (ByteTokenizer, CharTokenizer, HFTokenizer, TiktokenTokenizer, Tokenizer,
-                                     get_tokenizer, tokenizers_library)
+                                     encoding_parts, get_tokenizer, tokenizers_library)
 
 __all__ = ["load_hf_tokenizer", "save_hf_tokenizer"]
 
@@ -150,8 +150,9 @@ def _backend_for(tokenizer: Tokenizer) -> tuple[str, str | None, str | None]:
         return _byte_level_bpe({bytes([i]): i for i in range(256)}, None).to_str(), None, None
     if isinstance(tokenizer, TiktokenTokenizer):
         enc = tokenizer.encoding
-        backend = _byte_level_bpe(enc._mergeable_ranks, enc._pat_str)
-        specials = sorted(enc._special_tokens.items(), key=lambda kv: kv[1])
+        pat_str, ranks, special_tokens = encoding_parts(enc)
+        backend = _byte_level_bpe(ranks, pat_str)
+        specials = sorted(special_tokens.items(), key=lambda kv: kv[1])
         for token, i in specials:  # added at their own ids (they follow the ranks in every tiktoken encoding)
             if backend.get_vocab_size(with_added_tokens=True) != i:
                 raise UserError(f"the tiktoken encoding {enc.name!r} has special token {token!r} at id {i}, not "

@@ -1,5 +1,5 @@
 """The shared bad-input table (benchmarks/bad_input_cases.py): each case gives one `error:` line with the
-expected words and exit code 2, in-process; and the README's table lists exactly these cases."""
+expected words and exit code 2, in-process; and docs/errors.md's table lists exactly these cases."""
 
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ def test_each_bad_input_is_one_clear_line(case, workdir, capsys):
 
 
 def test_readme_table_is_the_case_table():
-    """The README's bad-input table has one row per case, in order, whose message holds the expected words."""
-    readme = (REPO / "README.md").read_text()
+    """docs/errors.md's bad-input table has one row per case, in order, whose message holds the expected words."""
+    readme = (REPO / "docs" / "errors.md").read_text()
     rows = re.findall(r"^\| `(train|sample|eval|attention|export)\.py` \| (.+?) \| (error: .+?) \|$", readme, re.M)
     assert [(f"{cmd}.py", case) for cmd, case, _ in rows] == [(c.command, c.case) for c in CASES]
     for (_, _, message), case in zip(rows, CASES):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 import time
 import zipfile
 
@@ -98,3 +100,20 @@ def test_implausible_checkpoints_are_refused_fast_before_allocating(tmp_path, ki
     with pytest.raises(CheckpointError, match=needle):
         load_model(path)
     assert time.perf_counter() - start < 1.0
+
+
+def test_loading_a_checkpoint_and_sampling_never_start_torchs_compiler(tmp_path):
+    """Building a model from its weights initialises nothing: normal_ on the meta device would import
+    torch._dynamo, 1.5 s of every sampler's start-up (issue 25's start-up goal)."""
+    for arch in ("gpt", "llama"):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(arch=arch, n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=5))
+        save_file(model_checkpoint(model, CharTokenizer("abcde")), tmp_path / f"{arch}.ckpt")
+    code = ("import sys\nimport torch\nfrom minigpt import load_model, generate\n"
+            f"for arch in ('gpt', 'llama'):\n    m, tok = load_model({str(tmp_path)!r} + f'/{{arch}}.ckpt')\n"
+            "    out = generate(m, torch.tensor([tok.encode('ab')]), max_new_tokens=5, temperature=0)\n"
+            "    print(out.shape[1])\n"
+            "print('torch._dynamo' in sys.modules)")
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == ["7", "7", "False"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -54,6 +56,23 @@ def test_probe_is_cached_per_machine(cpu, monkeypatch):
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # another ISA setting is another machine
     monkeypatch.setattr(precision, "matmul_gflops", lambda dtype, *a, **k: 1.0 if dtype == torch.bfloat16 else 150.0)
     assert precision.probe_cpu_bf16() == (150.0, 1.0)
+
+
+
+def test_probe_cache_is_written_whole_and_an_unwritable_cache_does_not_stop_training(cpu):
+    cpu("AVX512", fp32=200, bf16=800)
+    assert precision.probe_cpu_bf16() == (200, 800)
+    folder = precision._cache_file().parent
+    assert [p.name for p in folder.iterdir()] == ["cpu_bf16_probe.json"]  # no temporary file left beside it
+    precision._cache_file().write_text('{"key": ')  # a cut-off cache file is measured again, and replaced
+    cpu("AVX512", fp32=100, bf16=50)
+    assert precision.probe_cpu_bf16() == (100, 50)
+    assert json.loads(precision._cache_file().read_text())["bf16_gflops"] == 50
+    precision._cache_file().unlink()
+    folder.rmdir()
+    folder.write_text("a file where the cache folder should be")  # the cache cannot be written
+    assert precision.probe_cpu_bf16() == (100, 50)
+    assert resolve_precision("auto", "cpu", "manual")[0] == "32-true"  # (bf16 measured slower)
 
 
 @pytest.mark.parametrize("bf16,expected", [(True, "bf16-mixed"), (False, "32-true")])

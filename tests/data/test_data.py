@@ -17,9 +17,11 @@ import tiktoken
 
 import minigpt.data.prepare as prepare_mod
 import minigpt.data.sources as sources_mod
+import minigpt.data.token_files as token_files_mod
 from minigpt.core.errors import CheckpointError, DataError, UnknownCharactersError, UserError
-from minigpt.data.prepare import load_prepared, prepare_data, token_dtype
+from minigpt.data.prepare import load_prepared, prepare_data
 from minigpt.data.sources import iter_documents, resolve_source
+from minigpt.data.token_files import token_dtype
 from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer, get_tokenizer, tokenizer_from_dict
 
 GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -268,7 +270,7 @@ def test_document_split_deterministic(tmp_path, monkeypatch):
     for i in range(20):
         write(folder / f"doc{i:02d}.txt", f"document number {i}\n" * (10 + i))
     a = load_prepared(prepare_data(str(folder), "char", data_root=tmp_path / "d1"))
-    monkeypatch.setattr(prepare_mod, "COPY_TOKENS", 7)  # the split moves tokens a few at a time, over themselves
+    monkeypatch.setattr(token_files_mod, "COPY_TOKENS", 7)  # the split moves tokens a few at a time, over themselves
     b = load_prepared(prepare_data(str(folder), "char", data_root=tmp_path / "d2", force=True))
     assert np.array_equal(a.train, b.train) and np.array_equal(a.val, b.val)
     val_text = a.tokenizer.decode(a.val.tolist())
@@ -289,8 +291,8 @@ def test_cache_and_source_change(tmp_path, monkeypatch):
     src = write(tmp_path / "t.txt", TEXT)
     d = prepare_data(str(src), "char", data_root=tmp_path / "data")
     calls = []
-    real = prepare_mod._write_tokens
-    monkeypatch.setattr(prepare_mod, "_write_tokens", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = prepare_mod.write_tokens
+    monkeypatch.setattr(prepare_mod, "write_tokens", lambda *a, **k: calls.append(1) or real(*a, **k))
     assert prepare_data(str(src), "char", data_root=tmp_path / "data") == d
     assert prepare_data(f"{tmp_path}/./t.txt", "char", data_root=tmp_path / "data") == d  # same file
     assert calls == []
@@ -394,8 +396,8 @@ def test_bpe_tokenizer_file(tmp_path, bpe, bpe_file, monkeypatch):
 
     # the cache knows a tokenizer file by its content: a copy elsewhere is the same tokenizer...
     calls = []
-    real = prepare_mod._write_tokens
-    monkeypatch.setattr(prepare_mod, "_write_tokens", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = prepare_mod.write_tokens
+    monkeypatch.setattr(prepare_mod, "write_tokens", lambda *a, **k: calls.append(1) or real(*a, **k))
     copy = write(tmp_path / "elsewhere" / "test_bpe.json", Path(bpe_file).read_bytes())
     assert prepare_data(str(folder), str(copy), data_root=tmp_path / "data") == d and calls == []
     # ...and another content is another tokenizer, even under the same name and path
@@ -449,8 +451,8 @@ def test_document_keys(tmp_path, hf_cache):
 def test_files_and_rows_go_through_one_writer(tmp_path, hf_cache, bpe, bpe_file, monkeypatch):
     texts = [f"the {i} thing and the other, ünïcødé\n" * (3 + i % 4) for i in range(10)]
     calls = []
-    real = prepare_mod._write_tokens
-    monkeypatch.setattr(prepare_mod, "_write_tokens", lambda *a, **k: calls.append(a[2].kind) or real(*a, **k))
+    real = prepare_mod.write_tokens
+    monkeypatch.setattr(prepare_mod, "write_tokens", lambda *a, **k: calls.append(a[2].kind) or real(*a, **k))
     root = tmp_path / "data"
 
     # the same documents as files named like rows (sorted by name = row order) and as rows: the same keys, so

@@ -23,6 +23,7 @@ import torch
 
 import minigpt.data.prepare as prepare_mod
 import minigpt.data.sources as sources_mod
+import minigpt.data.verify as verify_mod
 from minigpt import GPT, GPTConfig, load_model
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.training.datamodule import TokenDataModule
@@ -109,7 +110,7 @@ def test_damaged_caches_are_prepared_again_and_refused_when_loaded(tmp_path, cap
     d = prepare_data(str(src), "char", data_root=root)
     good = {name: (d / name).read_bytes() for name in ("train.bin", "val.bin", "tokenizer.json")}
     vocab = load_prepared(d).meta["vocab_size"]
-    prepare_mod._VERIFIED.clear()  # (a check that passed is remembered by file stats, which coarse clocks may keep)
+    verify_mod._VERIFIED.clear()  # (a check that passed is remembered by file stats, which coarse clocks may keep)
 
     def damages():
         yield "zeroed train.bin", "train.bin's checksum", lambda: (d / "train.bin").write_bytes(

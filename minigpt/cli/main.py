@@ -1,0 +1,56 @@
+"""`minigpt COMMAND [FLAGS]`: the installed console script, one subcommand per top-level script.
+
+    minigpt train --config configs/X.yaml     # = python train.py --config configs/X.yaml
+    minigpt sample --ckpt out/RUN --prompt "ROMEO:"
+    minigpt eval | export | attention ...     # `minigpt COMMAND --help` lists a command's flags
+
+Only the chosen command's module is imported, so `minigpt sample` starts without Lightning (train's import).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from minigpt import __version__
+from minigpt.core.errors import fail, run_cli
+
+# command -> (module, what it does); each module has main(argv) taking the flags after the command's name
+COMMANDS = {
+    "train": ("minigpt.cli.train", "train a GPT (configs/default.yaml unless --config)"),
+    "sample": ("minigpt.cli.sample", "generate text from a checkpoint"),
+    "eval": ("minigpt.cli.eval", "evaluate a checkpoint on a text file (nats/token, bits/char)"),
+    "export": ("minigpt.cli.export", "write a checkpoint as a Hugging Face model directory"),
+    "attention": ("minigpt.cli.attention", "look at every attention head on one prompt (attention lab)"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"usage: minigpt {{{','.join(COMMANDS)}}} [FLAGS]", "", "A small, readable, fast GPT trainer.", "",
+             "commands:"]
+    lines += [f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items()]
+    lines += ["", "options:", "  -h, --help     show this message", "  --version      show the version", "",
+              "`minigpt COMMAND --help` lists a command's flags."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
+        return
+    if args[0] == "--version":
+        print(f"minigpt {__version__}")
+        return
+    name, flags = args[0], args[1:]
+    if name not in COMMANDS:
+        what = "option" if name.startswith("-") else "command"
+        fail(f"unknown {what} {name!r}; choose one of {', '.join(COMMANDS)} (see `minigpt --help`)")
+    command = importlib.import_module(COMMANDS[name][0])
+    # flags passed on, sys.argv left as it is: a multi-device train relaunches `minigpt train ...` from it
+    run_cli(lambda: command.main(flags))
+
+
+if __name__ == "__main__":
+    main()

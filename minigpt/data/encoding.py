@@ -1,0 +1,152 @@
+"""Encoding: a corpus's documents as a stream of token arrays, a chunk at a time (bounded memory).
+
+    stats = ReadStats(hashlib.sha256())
+    for doc, ids in document_tokens(tokenizer, corpus, stats, num_threads=None):
+        ...  # ids: an array of token ids of `doc`, or None once `doc` has ended
+
+Documents are decoded from UTF-8 incrementally (strictly for the char tokenizer, whose vocabulary must be exact;
+with U+FFFD replacements for BPE, as tiktoken decodes), cut where a BPE cannot merge across, and encoded in
+batches so BPE uses several threads. The byte tokenizer takes the raw bytes as ids, without decoding.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from minigpt.core.errors import DataError, UnknownCharactersError, shown_chars
+from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer, Tokenizer
+from minigpt.data.sources import Corpus, Document, iter_documents
+
+__all__ = ["ReadStats", "char_vocabulary", "document_tokens"]
+
+BATCH_CHARS = 8 << 20  # BPE encodes this much text per call, split across threads
+MAX_CARRY_CHARS = 16 << 20  # text with no BPE-safe cut point is cut anyway past this (bounded memory)
+
+
+@dataclass
+class ReadStats:
+    """What is counted while the documents are read: the content hash (all documents' bytes, in order) and sizes."""
+
+    content: Any  # a hashlib hash object
+    num_bytes: int = 0
+    num_chars: int | None = 0  # None for the byte tokenizer, which never decodes the text
+
+    def read(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        for chunk in chunks:
+            self.content.update(chunk)
+            self.num_bytes += len(chunk)
+            yield chunk
+
+
+def char_vocabulary(corpus: Corpus) -> CharTokenizer:
+    """The char tokenizer of a corpus, whose vocabulary is the set of its characters: a first pass over it."""
+    chars: set[str] = set()
+    for doc in iter_documents(corpus):
+        for text in _decode(doc.chunks, doc.name, strict=True):
+            chars.update(text)
+    return CharTokenizer("".join(chars))
+
+
+def document_tokens(tok: Tokenizer, corpus: Corpus, stats: ReadStats,
+                    num_threads: int | None) -> Iterator[tuple[Document, np.ndarray | None]]:
+    """(document, token ids) for each piece of each document, in order, then (document, None) at its end.
+    Counts what it reads into `stats`; num_threads: BPE encoding threads (None: all cores)."""
+    return _encode(tok, _pieces(tok, corpus, stats), num_threads)
+
+
+def _pieces(tok: Tokenizer, corpus: Corpus, stats: ReadStats) -> Iterator[tuple[Document, str | bytes | None]]:
+    """(document, text or bytes to encode) for each piece of each document, then (document, None) at its end."""
+    for doc in iter_documents(corpus):
+        raw = stats.read(doc.chunks)
+        if isinstance(tok, ByteTokenizer):
+            yield from ((doc, b) for b in raw)  # raw bytes: any file is fine, nothing to decode
+        else:
+            texts = _decode(raw, doc.name, strict=isinstance(tok, CharTokenizer))
+            if isinstance(tok, TiktokenTokenizer):
+                texts = _bpe_safe_pieces(texts)
+            for text in texts:
+                stats.num_chars += len(text)
+                yield doc, text
+        yield doc, None
+
+
+def _encode(tok: Tokenizer, pieces: Iterator[tuple[Document, str | bytes | None]],
+            num_threads: int | None) -> Iterator[tuple[Document, np.ndarray | None]]:
+    """Token arrays for the pieces, in order. Text is encoded in batches so BPE can use several threads."""
+    batch: list[tuple[Document, str | bytes | None]] = []
+    size = 0
+
+    def flush() -> Iterator[tuple[Document, np.ndarray | None]]:
+        texts = [p for _, p in batch if isinstance(p, str)]
+        try:
+            encoded = iter(tok.encode_batch(texts, num_threads) if texts else [])
+        except UnknownCharactersError as e:  # a char tokenizer read from a file: its vocabulary is fixed
+            doc = next(d for d, p in batch if isinstance(p, str) and any(c in p for c in e.chars))
+            raise DataError(f"{doc.name} has {len(e.chars)} character(s) not in the char tokenizer's vocabulary: "
+                            f"{shown_chars(e.chars)}; remove them, use a char tokenizer made from text that has "
+                            "them, or the byte tokenizer, which encodes any text") from None
+        for doc, p in batch:
+            if p is None:
+                yield doc, None
+            elif isinstance(p, bytes):
+                yield doc, np.frombuffer(p, dtype=np.uint8)  # byte tokenizer: the bytes are the ids
+            else:
+                yield doc, next(encoded)
+
+    for doc, piece in pieces:
+        batch.append((doc, piece))
+        size += 0 if piece is None else len(piece)
+        if size >= BATCH_CHARS:
+            yield from flush()
+            batch, size = [], 0
+    yield from flush()
+
+
+def _decode(chunks: Iterable[bytes], name: str, strict: bool) -> Iterator[str]:
+    """UTF-8 text, chunk by chunk. strict (char): invalid UTF-8 is an error (the vocabulary would be wrong); else
+    (BPE) replaced by U+FFFD, as tiktoken itself decodes, so one bad byte does not stop a long preparation."""
+    decoder = codecs.getincrementaldecoder("utf-8")("strict" if strict else "replace")
+    offset = 0
+    try:
+        for chunk in chunks:
+            if text := decoder.decode(chunk):
+                yield text
+            offset += len(chunk)
+        if text := decoder.decode(b"", final=True):
+            yield text
+    except UnicodeDecodeError as e:
+        raise DataError(f"{name} is not UTF-8 text (near byte {offset + e.start}); use the byte tokenizer "
+                        "(tokenizer: byte), which reads any file") from None
+
+
+def _bpe_safe_pieces(chunks: Iterable[str], max_carry: int | None = None) -> Iterator[str]:
+    """Re-cut text just after a newline that follows a non-space character and precedes a letter or digit: the
+    gpt2/cl100k/o200k pre-tokenizers never merge across such a point, so encoding the pieces one by one gives the
+    tokens of the whole document. A text with no such point is cut anyway past max_carry characters (bounded
+    memory; the tokens there may then differ a little from encoding the whole document)."""
+    max_carry = MAX_CARRY_CHARS if max_carry is None else max_carry
+    carry = ""
+    for chunk in chunks:
+        text = carry + chunk
+        cut = _last_safe_cut(text, start=max(len(carry) - 1, 0))  # the carry had no safe point: skip it
+        if cut == 0 and len(text) > max_carry:
+            cut = len(text)
+        if cut:
+            yield text[:cut]
+        carry = text[cut:]
+    if carry:
+        yield carry
+
+
+def _last_safe_cut(text: str, start: int = 0) -> int:
+    i = text.rfind("\n", start)
+    while i > 0:
+        if i + 1 < len(text) and not text[i - 1].isspace() and text[i + 1].isalnum():
+            return i + 1
+        i = text.rfind("\n", start, i)
+    return 0

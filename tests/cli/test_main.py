@@ -1,0 +1,190 @@
+"""The `minigpt` console script (minigpt.cli.main) and what an installed minigpt needs: its subcommands, the
+default config shipped in the package (and in the wheel), and commands that start without Lightning."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+import minigpt
+from minigpt.cli import train
+from minigpt.cli.main import COMMANDS, main
+from minigpt.configs import default_config
+from minigpt.core.config import GPTConfig
+
+REPO = Path(__file__).resolve().parents[2]
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+HEAVY = ("lightning", "pytorch_lightning", "matplotlib", "datasets", "transformers")
+
+
+# --------------------------------------------------------------------------------------------------- dispatch
+
+@pytest.mark.parametrize("argv", [[], ["--help"], ["-h"]])
+def test_help_and_no_arguments_list_every_command(argv, capsys):
+    main(argv)
+    out = capsys.readouterr().out
+    assert out.startswith("usage: minigpt")
+    listed = [line.split()[0] for line in out.split("commands:")[1].split("\n\n")[0].splitlines() if line.strip()]
+    assert listed == ["train", "sample", "eval", "export", "attention"]
+
+
+def test_version_is_the_packages(capsys):
+    main(["--version"])
+    assert capsys.readouterr().out.strip() == f"minigpt {PYPROJECT['project']['version']}"
+    assert minigpt.__version__ == PYPROJECT["project"]["version"]
+
+
+@pytest.mark.parametrize("name,needle", [("trian", "unknown command 'trian'"), ("--verbose", "unknown option")])
+def test_an_unknown_command_is_one_error_line(name, needle, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([name, "--ckpt", "x"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and needle in err
+    assert "train, sample, eval, export, attention" in err
+
+
+def test_the_console_script_is_declared():
+    assert PYPROJECT["project"]["scripts"] == {"minigpt": "minigpt.cli.main:main"}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_each_commands_help_is_its_own(command, capsys):
+    """`minigpt CMD --help` is CMD's parser (named as its script, CMD.py, like every error it prints)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: {command}.py")
+
+
+@pytest.mark.parametrize("command", ["sample", "eval", "export", "attention"])
+def test_flags_reach_the_command(command, tmp_path, capsys):
+    """The flags after the command name are the command's (not sys.argv, not the name itself)."""
+    args = ["--ckpt", str(tmp_path / "missing.ckpt")] + {
+        "eval": ["--text", str(REPO / "README.md")], "export": ["--out", str(tmp_path / "hf")],
+        "attention": ["--prompt", "x", "--out", str(tmp_path / "lab")]}.get(command, [])
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "checkpoint not found" in err and "missing.ckpt" in err
+
+
+# --------------------------------------------------------------------------------------------------- the default config
+
+def test_the_shipped_default_config_is_configs_default_yaml():
+    assert default_config().read_bytes() == (REPO / "configs" / "default.yaml").read_bytes()
+
+
+@pytest.mark.parametrize("entry", ["train.py", "minigpt train"])
+def test_print_config_from_another_folder_shows_the_default_config(entry, tmp_path, monkeypatch, capsys):
+    """The default config is found through the package, not the current folder."""
+    monkeypatch.chdir(tmp_path)
+    run = train.main if entry == "train.py" else (lambda argv: main(["train", *argv]))
+    with pytest.raises(SystemExit) as exit_info:
+        run(["--print_config"])
+    assert exit_info.value.code == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    shipped = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())
+    assert shipped["model"]["n_layer"] != GPTConfig().n_layer  # else this test could not tell them apart
+    for section in ("model", "optim", "data"):
+        for key, value in shipped[section].items():
+            assert printed[section][key] == value, (section, key)
+    assert printed["trainer"]["max_steps"] == shipped["trainer"]["max_steps"]
+
+
+@pytest.mark.parametrize("entry", ["train.py", "minigpt train"])
+def test_a_missing_config_file_is_one_line_naming_it(entry, tmp_path, capsys):
+    run = train.main if entry == "train.py" else (lambda argv: main(["train", *argv]))
+    with pytest.raises(SystemExit) as exit_info:
+        run(["--config", str(tmp_path / "missing.yaml")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "missing.yaml" in err
+
+
+def test_a_wheel_installs_the_default_config_and_the_lab_assets(tmp_path):
+    """A non-editable install (the wheel) carries the data files the package reads at run time, and the
+    installed default_config() finds its default.yaml from any folder."""
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    shutil.copytree(REPO / "minigpt", source / "minigpt", ignore=shutil.ignore_patterns("__pycache__"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            "-w", str(tmp_path / "wheel"), str(source)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = (tmp_path / "wheel").glob("minigpt-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assets = {f"minigpt/lab/assets/{p.name}" for p in (REPO / "minigpt" / "lab" / "assets").iterdir() if p.is_file()}
+    assert assets and assets <= names
+    assert "minigpt/configs/default.yaml" in names
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    assert "minigpt = minigpt.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+    target = tmp_path / "installed"
+    installed = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                                str(wheel)], capture_output=True, text=True)
+    assert installed.returncode == 0, installed.stderr
+    probe = ("import json, minigpt; from minigpt.configs import default_config; "
+             "print(json.dumps([minigpt.__file__, str(default_config()), default_config().read_text()]))")
+    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
+                         env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"})
+    assert ran.returncode == 0, ran.stderr
+    package, config, text = json.loads(ran.stdout)
+    assert Path(package).is_relative_to(target) and Path(config).is_relative_to(target)
+    assert text == (REPO / "configs" / "default.yaml").read_text()
+
+
+# --------------------------------------------------------------------------------------------------- start-up imports
+
+IMPORTED = """
+import json, sys
+heavy = {heavy!r}
+seen, found = set(), {{}}
+for name in {modules!r}:
+    __import__(name)
+    now = {{m.split(".")[0] for m in sys.modules}} & set(heavy)
+    found[name] = sorted(now - seen)
+    seen |= now
+print(json.dumps(found))
+"""
+
+
+@pytest.fixture(scope="module")
+def heavy_imports() -> dict[str, list[str]]:
+    """The heavy libraries each module brings in at import time (in one fresh interpreter, in this order)."""
+    modules = ["minigpt", "minigpt.cli.main", "minigpt.cli.sample", "minigpt.cli.eval", "minigpt.cli.export",
+               "minigpt.cli.attention", "minigpt.cli.train"]
+    ran = subprocess.run([sys.executable, "-c", IMPORTED.format(heavy=HEAVY, modules=modules)], capture_output=True,
+                         text=True, cwd=REPO)
+    assert ran.returncode == 0, ran.stderr
+    return json.loads(ran.stdout)
+
+
+def test_minigpt_and_the_inference_commands_import_no_lightning(heavy_imports):
+    assert heavy_imports["minigpt.cli.train"] and "lightning" in heavy_imports["minigpt.cli.train"]  # it can see one
+    for module in ("minigpt", "minigpt.cli.main", "minigpt.cli.sample", "minigpt.cli.eval", "minigpt.cli.export"):
+        assert heavy_imports[module] == [], module
+    assert not {"lightning", "pytorch_lightning", "datasets", "transformers"} & set(heavy_imports["minigpt.cli.attention"])
+
+
+def test_the_attention_command_imports_matplotlib_only_when_it_draws(heavy_imports):
+    assert heavy_imports["minigpt.cli.attention"] == []
+
+
+def test_minigpt_sample_imports_only_the_sample_command():
+    code = ("import sys\nfrom minigpt.cli.main import main\ntry:\n    main(['sample', '--help'])\n"
+            "except SystemExit:\n    pass\nprint(sorted(m for m in sys.modules if m.startswith('minigpt.cli.') "
+            "or m.split('.')[0] in ('lightning', 'pytorch_lightning')))")
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines()[-1] == "['minigpt.cli.main', 'minigpt.cli.parsing', 'minigpt.cli.sample']"

@@ -1,0 +1,55 @@
+"""A tiktoken encoding read back into its parts (pattern, ranks, special tokens) and rebuilt: what tokenizer dicts in
+checkpoints and exported tokenizer.json files rely on. Offline: the encoding is built here from made-up ranks."""
+
+from __future__ import annotations
+
+import json
+
+import tiktoken
+
+from minigpt.core.tokenizers import TiktokenTokenizer, encoding_parts, tokenizer_from_dict
+
+GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+MERGES = [b"th", b"the", b" t", b" the", b"in", b"ing", b"an", b"and", b" a", b"er", b"12", b"123", b"\n\n"]
+# ids with gaps, as cl100k_base and o200k_base have: one unused id among the ranks, three before the specials
+RANKS = {bytes([i]): i for i in range(256)} | {m: 257 + i for i, m in enumerate(MERGES)}
+SPECIALS = {"<|endoftext|>": 273, "<|fim_prefix|>": 274, "<|endofprompt|>": 280}
+SAMPLES = ["the thing and the other thing's 123 12\n\nin an ending", "  spaces\tand\ttabs  \n",
+           "unicode: naïve café — 東京 🙂", "a document<|endoftext|>the next<|endofprompt|>", ""]
+
+
+def local_encoding(name: str = "local_bpe") -> tiktoken.Encoding:
+    return tiktoken.Encoding(name, pat_str=GPT2_PAT, mergeable_ranks=RANKS, special_tokens=SPECIALS)
+
+
+def test_encoding_parts_are_what_the_encoding_was_built_from():
+    # exactly the constructor's arguments: a tiktoken release that renames or changes the private pattern
+    # attribute, or the public lookups the ranks come from, fails here rather than in a user's export
+    pat_str, ranks, specials = encoding_parts(local_encoding())
+    assert pat_str == GPT2_PAT
+    assert ranks == RANKS and list(ranks.values()) == sorted(ranks.values())  # in rank order, gap skipped
+    assert specials == SPECIALS
+
+
+def test_an_encoding_rebuilt_from_its_parts_encodes_and_decodes_the_same():
+    enc = local_encoding()
+    pat_str, ranks, specials = encoding_parts(enc)
+    copy = tiktoken.Encoding("copy", pat_str=pat_str, mergeable_ranks=ranks, special_tokens=specials)
+    assert copy.n_vocab == enc.n_vocab and copy.special_tokens_set == enc.special_tokens_set
+    for text in SAMPLES:
+        ids = enc.encode(text, allowed_special="all")
+        assert copy.encode(text, allowed_special="all") == ids
+        assert copy.encode_ordinary(text) == enc.encode_ordinary(text)
+        assert copy.decode(ids) == enc.decode(ids) == text
+    assert enc.encode(SAMPLES[0]) != list(SAMPLES[0].encode())  # (the merges are used: the test can tell)
+
+
+def test_tiktoken_tokenizer_dict_survives_json_and_rebuilds_the_same_tokenizer():
+    tok = TiktokenTokenizer(local_encoding())
+    d = json.loads(json.dumps(tok.to_dict()))  # as a checkpoint or tokenizer.json stores it
+    back = tokenizer_from_dict(d)
+    assert isinstance(back, TiktokenTokenizer) and back.name == "local_bpe"
+    assert (back.vocab_size, back.eot_id) == (tok.vocab_size, tok.eot_id) == (281, 273)
+    for text in SAMPLES:
+        assert back.encode(text) == tok.encode(text)  # ('<|endoftext|>' in text is plain text: encode_ordinary)
+    assert back.to_dict() == d
