@@ -8,10 +8,8 @@ import pytest
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-REPO = Path(__file__).resolve().parent.parent
 
-
-def make_corpus(path: Path, n_lines: int = 800, seed: int = 0) -> Path:
+def _make_corpus(path: Path, n_lines: int = 800, seed: int = 0) -> Path:
     """A few dozen KB of text with learnable structure (a small vocabulary of words)."""
     rng = random.Random(seed)
     words = "the quick brown fox jumps over a lazy dog while cats sit on warm mats and birds sing".split()
@@ -20,8 +18,14 @@ def make_corpus(path: Path, n_lines: int = 800, seed: int = 0) -> Path:
 
 
 @pytest.fixture(scope="session")
+def make_corpus():
+    """The corpus builder: make_corpus(path, n_lines=800, seed=0) -> path."""
+    return _make_corpus
+
+
+@pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> Path:
-    return make_corpus(tmp_path_factory.mktemp("corpus") / "words.txt")
+    return _make_corpus(tmp_path_factory.mktemp("corpus") / "words.txt")
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +33,7 @@ def data_root(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("prepared")
 
 
-def tiny_run_args(corpus: Path, data_root: Path, out_dir: Path, steps: int = 30, **overrides: object) -> list[str]:
+def _tiny_run_args(corpus: Path, data_root: Path, out_dir: Path, steps: int = 30, **overrides: object) -> list[str]:
     """train.py flags for a run of a few seconds on the CPU."""
     args = {
         "data.source": corpus, "data.data_root": data_root, "out_dir": out_dir,
@@ -43,8 +47,20 @@ def tiny_run_args(corpus: Path, data_root: Path, out_dir: Path, steps: int = 30,
     return [x for k, v in args.items() for x in (f"--{k}", str(v))]
 
 
-def record_training_losses(monkeypatch) -> list:
-    """Patch the training step to record (batch, loss) of each step; returns the list it fills."""
+@pytest.fixture(scope="session")
+def tiny_run_args():
+    """The flag builder: tiny_run_args(corpus, data_root, out_dir, steps=30, section__key=value, ...) -> argv."""
+    return _tiny_run_args
+
+
+@pytest.fixture(scope="session")
+def record_training_losses():
+    """record_training_losses(monkeypatch) patches the training step to record (batch, loss) of each step and
+    returns the list it fills."""
+    return _record_training_losses
+
+
+def _record_training_losses(monkeypatch) -> list:
     from minigpt.training.lightning_module import GPTLightningModule
 
     seen = []

@@ -165,13 +165,12 @@ def test_peak_matmul_flops_is_the_best_size_and_skips_sizes_whose_matmul_would_t
     assert common.peak_matmul_flops("fp32", "cpu", n=2048)["sizes"] == probed == [64, 128, 256, 512, 1024, 2048]
 
 
-def test_bf16_numerics_runs_the_recipe_as_each_kind_of_cpu_computes_it(corpus, data_root, tmp_path, monkeypatch,
+def test_bf16_numerics_runs_the_recipe_as_each_kind_of_cpu_computes_it(tiny_run_args, corpus, data_root, tmp_path, monkeypatch,
                                                                           capsys):
     # the figure it reports (loss per step with a native-bf16 CPU's numerics, measured on any CPU) is only right if
     # the bf16 run really trains in bf16 autocast with Muon's iteration in bf16, and the float32 run in neither
     import minigpt.training.optim
     from benchmarks import bf16_numerics
-    from conftest import tiny_run_args
 
     monkeypatch.setattr(minigpt.training.optim, "has_native_bf16", minigpt.training.optim.has_native_bf16)  # undone after the test
     ran = {}

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import importlib
 import sys
+from importlib.metadata import version
 
-from minigpt import __version__
 from minigpt.core.errors import fail, run_cli
 
 # command -> (module, what it does); each module has main(argv) taking the flags after the command's name
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
         print(usage())
         return
     if args[0] == "--version":
-        print(f"minigpt {__version__}")
+        print(f"minigpt {version('minigpt')}")
         return
     name, flags = args[0], args[1:]
     if name not in COMMANDS:

@@ -8,8 +8,9 @@ import re
 import sys
 
 import pytest
+from pathlib import Path
 
-from conftest import REPO
+REPO = Path(__file__).resolve().parents[2]  # the repository root
 
 sys.path.insert(0, str(REPO))
 from benchmarks.bad_input_cases import CASES, make_workdir  # noqa: E402

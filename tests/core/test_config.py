@@ -88,8 +88,7 @@ def test_help_shows_each_fields_own_docstring(capsys):
     assert "Peak learning rate." in out
 
 
-def test_vocab_size_is_linked_from_the_data_not_a_flag(corpus, data_root, tmp_path, capsys):
-    from conftest import tiny_run_args
+def test_vocab_size_is_linked_from_the_data_not_a_flag(tiny_run_args, corpus, data_root, tmp_path, capsys):
 
     with pytest.raises(SystemExit) as exit_info:
         main(tiny_run_args(corpus, data_root, tmp_path / "run") + ["--model.vocab_size", "1000"])

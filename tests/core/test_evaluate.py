@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, tiny_run_args
+REPO = Path(__file__).resolve().parents[2]  # the repository root
 from minigpt import GPT, GPTConfig
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.loading import load_model
@@ -137,7 +137,7 @@ def test_eval_py_bad_input_is_one_error_line(char_run, capsys, tmp_path, case, n
     assert needle in eval_error(capsys, argv)
 
 
-def test_train_reports_full_val_loss_and_eval_py_scores_a_text(corpus, data_root, tmp_path, capsys):
+def test_train_reports_full_val_loss_and_eval_py_scores_a_text(tiny_run_args, corpus, data_root, tmp_path, capsys):
     trainer = main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=20))
     out = capsys.readouterr().out
     full = trainer.callback_metrics["full_val_loss"].item()

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from pathlib import Path
 import torch
 
-from conftest import REPO
+REPO = Path(__file__).resolve().parents[2]  # the repository root
 from minigpt.core import precision
 from minigpt.core.precision import resolve_precision
 

@@ -9,10 +9,11 @@ import subprocess
 import sys
 
 import pytest
+from pathlib import Path
 import tiktoken
 import torch
 
-from conftest import REPO
+REPO = Path(__file__).resolve().parents[2]  # the repository root
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError

@@ -10,9 +10,10 @@ import subprocess
 import sys
 
 import pytest
+from pathlib import Path
 import torch
 
-from conftest import REPO, record_training_losses
+REPO = Path(__file__).resolve().parents[2]  # the repository root
 from minigpt.loading import load_model
 from minigpt.core.errors import CheckpointError
 from minigpt.core.generation import generate
@@ -183,10 +184,9 @@ def test_eval_and_sample_take_a_model_directory(saved, tmp_path, capsys):
     assert capsys.readouterr().out.startswith("Hi")
 
 
-def test_train_init_from_a_llama3_directory(saved, corpus, data_root, tmp_path, monkeypatch):
+def test_train_init_from_a_llama3_directory(tiny_run_args, record_training_losses, saved, corpus, data_root, tmp_path, monkeypatch):
     """Fine-tuning starts from the imported weights: the first loss is transformers' on that batch, and the run's
     model config keeps the source's head_dim, RoPE scaling and GQA."""
-    from conftest import tiny_run_args
     from minigpt.cli.train import main
 
     hf_model, path = saved["llama3-rope-scaling"]

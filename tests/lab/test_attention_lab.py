@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import REPO, tiny_run_args
+REPO = Path(__file__).resolve().parents[2]  # the repository root
 from minigpt import GPT, GPTConfig, attention_maps
 from benchmarks.browser import chromium_path, open_page, screenshot
 from minigpt.cli.attention import main as attention_main
@@ -233,7 +233,7 @@ def test_library_call_raises_user_error_for_an_empty_prompt():
 # Training: a TensorBoard image at each validation
 
 
-def test_training_logs_the_attention_grid_to_tensorboard(corpus, data_root, tmp_path):
+def test_training_logs_the_attention_grid_to_tensorboard(tiny_run_args, corpus, data_root, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from minigpt.cli.train import main as train_main

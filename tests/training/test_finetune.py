@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 
-from conftest import make_corpus, record_training_losses, tiny_run_args
 from minigpt.core.checkpoint import model_state_dict, read_checkpoint
 from minigpt.loading import load_model
 from minigpt.core.errors import UserError, run_cli
@@ -16,7 +15,7 @@ from minigpt.cli.train import main
 
 
 @pytest.fixture(scope="module")
-def source_run(corpus, data_root, tmp_path_factory):
+def source_run(tiny_run_args, corpus, data_root, tmp_path_factory):
     """A tiny scratch run: the model every test here fine-tunes."""
     out = tmp_path_factory.mktemp("source") / "run"
     main(tiny_run_args(corpus, data_root, out, steps=20))
@@ -24,20 +23,24 @@ def source_run(corpus, data_root, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def other_corpus(tmp_path_factory):
+def other_corpus(make_corpus, tmp_path_factory):
     """Another corpus written with the source's characters (its words shuffled differently)."""
     return make_corpus(tmp_path_factory.mktemp("other") / "other.txt", n_lines=300, seed=1)
 
 
-def finetune_args(corpus, data_root, out, source, steps=10, **overrides):
-    """tiny_run_args without model keys (the model comes from the source), in float32 so losses compare exactly."""
-    args = tiny_run_args(corpus, data_root, out, steps=steps, trainer__precision="32-true")
-    pairs = [(k, v) for k, v in zip(args[::2], args[1::2]) if not k.startswith("--model.")]
-    pairs += [(f"--{k.replace('__', '.')}", str(v)) for k, v in overrides.items()]
-    return [x for pair in pairs for x in pair] + ["--init_from", str(source)]
+@pytest.fixture(scope="module")
+def finetune_args(tiny_run_args):
+    def build(corpus, data_root, out, source, steps=10, **overrides):
+        """tiny_run_args without model keys (the model comes from the source), in float32 so losses compare
+        exactly."""
+        args = tiny_run_args(corpus, data_root, out, steps=steps, trainer__precision="32-true")
+        pairs = [(k, v) for k, v in zip(args[::2], args[1::2]) if not k.startswith("--model.")]
+        pairs += [(f"--{k.replace('__', '.')}", str(v)) for k, v in overrides.items()]
+        return [x for pair in pairs for x in pair] + ["--init_from", str(source)]
+    return build
 
 
-def test_init_from_starts_from_the_source_weights_and_tokenizer(source_run, other_corpus, data_root, tmp_path,
+def test_init_from_starts_from_the_source_weights_and_tokenizer(record_training_losses, finetune_args, source_run, other_corpus, data_root, tmp_path,
                                                                 monkeypatch):
     seen = record_training_losses(monkeypatch)
     out = tmp_path / "ft"
@@ -59,7 +62,7 @@ def test_init_from_starts_from_the_source_weights_and_tokenizer(source_run, othe
     assert "init_from:" in (out / "config.yaml").read_text()
 
 
-def test_init_from_may_change_attention_dropout_and_shorten_block_size(source_run, other_corpus, data_root,
+def test_init_from_may_change_attention_dropout_and_shorten_block_size(finetune_args, source_run, other_corpus, data_root,
                                                                        tmp_path):
     trainer = main(finetune_args(other_corpus, data_root, tmp_path / "ft", source_run, steps=3,
                                  model__attention="einops", model__dropout=0.1, model__block_size=16))
@@ -73,7 +76,7 @@ def test_init_from_may_change_attention_dropout_and_shorten_block_size(source_ru
 
 @pytest.mark.parametrize("attention,precision", [("sdpa", "32-true"), ("manual", "bf16-mixed"),
                                                   ("einops", "bf16-mixed")])
-def test_every_attention_path_and_precision_fine_tunes(source_run, other_corpus, data_root, tmp_path, monkeypatch,
+def test_every_attention_path_and_precision_fine_tunes(record_training_losses, finetune_args, source_run, other_corpus, data_root, tmp_path, monkeypatch,
                                                        attention, precision):
     seen = record_training_losses(monkeypatch)
     trainer = main(finetune_args(other_corpus, data_root, tmp_path / "ft", source_run, steps=2,
@@ -85,7 +88,7 @@ def test_every_attention_path_and_precision_fine_tunes(source_run, other_corpus,
     assert seen[0][1] == pytest.approx(loss.item(), abs=0.05 if precision == "bf16-mixed" else 1e-5)
 
 
-def test_init_from_refuses_a_conflicting_model_setting(source_run, other_corpus, data_root, tmp_path, capsys):
+def test_init_from_refuses_a_conflicting_model_setting(finetune_args, source_run, other_corpus, data_root, tmp_path, capsys):
     with pytest.raises(UserError, match=r"init_from .*: the model comes from the source, but this run sets "
                                         r"model.n_layer=2 \(the source has 1\); remove these model settings"):
         main(finetune_args(other_corpus, data_root, tmp_path / "ft", source_run, model__n_layer=2))
@@ -97,7 +100,7 @@ def test_init_from_refuses_a_conflicting_model_setting(source_run, other_corpus,
         main(finetune_args(other_corpus, data_root, tmp_path / "ft", tmp_path / "nowhere"))
 
 
-def test_model_keys_from_a_config_file_count_as_set(source_run, other_corpus, data_root, tmp_path):
+def test_model_keys_from_a_config_file_count_as_set(finetune_args, source_run, other_corpus, data_root, tmp_path):
     config = tmp_path / "ft.yaml"
     config.write_text("model:\n  block_size: 16\n  n_head: 4\n  n_embd: 32\n")  # n_embd agrees with the source
     with pytest.raises(UserError, match=r"this run sets model.n_head=4 \(the source has 2\); remove"):
@@ -108,7 +111,7 @@ def test_model_keys_from_a_config_file_count_as_set(source_run, other_corpus, da
     assert trainer.lightning_module.config.block_size == 16
 
 
-def test_a_character_the_source_lacks_is_one_line(source_run, data_root, tmp_path, capsys):
+def test_a_character_the_source_lacks_is_one_line(finetune_args, source_run, data_root, tmp_path, capsys):
     text = tmp_path / "new.txt"
     text.write_text("the quick brown fox says Zzz!\n" * 200)
     with pytest.raises(SystemExit) as exit_info:
@@ -120,7 +123,7 @@ def test_a_character_the_source_lacks_is_one_line(source_run, data_root, tmp_pat
         "tokenizer made from text that has them, or the byte tokenizer, which encodes any text"), err
 
 
-def test_resume_continues_a_finetuning_run_exactly(source_run, other_corpus, data_root, tmp_path, monkeypatch):
+def test_resume_continues_a_finetuning_run_exactly(finetune_args, source_run, other_corpus, data_root, tmp_path, monkeypatch):
     def args(out, steps):
         return finetune_args(other_corpus, data_root, tmp_path / out, source_run, steps=steps, optim__decay_steps=12,
                              model__dropout=0.1)
@@ -138,7 +141,7 @@ def test_resume_continues_a_finetuning_run_exactly(source_run, other_corpus, dat
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None or importlib.util.find_spec("minigpt.hf.load") is None,
                     reason="needs transformers and minigpt.hf.load (the Hugging Face import)")
-def test_init_from_a_hugging_face_gpt2_directory(other_corpus, data_root, tmp_path, monkeypatch):
+def test_init_from_a_hugging_face_gpt2_directory(record_training_losses, finetune_args, other_corpus, data_root, tmp_path, monkeypatch):
     """A small random GPT-2 saved with save_pretrained, with a char-level tokenizer.json of ours."""
     import transformers
 

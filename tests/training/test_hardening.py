@@ -8,9 +8,10 @@ import sys
 import time
 
 import pytest
+from pathlib import Path
 import torch
 
-from conftest import REPO, make_corpus, tiny_run_args
+REPO = Path(__file__).resolve().parents[2]  # the repository root
 from minigpt.core.checkpoint import model_state_dict, read_checkpoint
 from minigpt.cli.train import main
 from minigpt.core.errors import run_cli
@@ -40,7 +41,7 @@ def short_corpus(tmp_path):
     return path
 
 
-def test_empty_and_too_short_and_binary_corpora(tmp_path, data_root, capsys):
+def test_empty_and_too_short_and_binary_corpora(tiny_run_args, tmp_path, data_root, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     code, err = run_train(tiny_run_args(empty, data_root, tmp_path / "run"), capsys)
@@ -57,14 +58,14 @@ def test_empty_and_too_short_and_binary_corpora(tmp_path, data_root, capsys):
     assert_one_line_error(code, err, "byte")
 
 
-def test_unwritable_out_dir(corpus, data_root, tmp_path, capsys):
+def test_unwritable_out_dir(tiny_run_args, corpus, data_root, tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     code, err = run_train(tiny_run_args(corpus, data_root, blocker / "run"), capsys)
     assert_one_line_error(code, err, "cannot write to out_dir", "choose a writable --out_dir")
 
 
-def test_resume_mistakes_leave_the_run_untouched(corpus, data_root, tmp_path, capsys):
+def test_resume_mistakes_leave_the_run_untouched(tiny_run_args, corpus, data_root, tmp_path, capsys):
     code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "none") + ["--resume"], capsys)
     assert_one_line_error(code, err, "--resume: no checkpoint at")
 
@@ -78,7 +79,7 @@ def test_resume_mistakes_leave_the_run_untouched(corpus, data_root, tmp_path, ca
     assert last.read_bytes() == before
 
 
-def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(corpus, data_root, tmp_path, capsys,
+def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tiny_run_args, corpus, data_root, tmp_path, capsys,
                                                                                  monkeypatch):
     from minigpt.training import lightning_module
 
@@ -107,7 +108,7 @@ def test_bad_input_through_the_real_command():
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_moments_then_resume_matches_an_uninterrupted_run(tmp_path):
+def test_sigkill_at_random_moments_then_resume_matches_an_uninterrupted_run(tiny_run_args, make_corpus, tmp_path):
     """Kill a real training process repeatedly; every kill leaves a loadable last.ckpt, and resuming to the end
     gives bitwise the weights of a run that was never interrupted (CPU, float32, with dropout)."""
     corpus = make_corpus(tmp_path / "corpus.txt")
@@ -148,7 +149,7 @@ def test_sigkill_at_random_moments_then_resume_matches_an_uninterrupted_run(tmp_
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_a_second_train_py_on_the_same_run_directory_is_refused(corpus, data_root, tmp_path, capsys):
+def test_a_second_train_py_on_the_same_run_directory_is_refused(tiny_run_args, corpus, data_root, tmp_path, capsys):
     from minigpt.cli.train import lock_run_dir
 
     (tmp_path / "run").mkdir()
@@ -161,7 +162,7 @@ def test_a_second_train_py_on_the_same_run_directory_is_refused(corpus, data_roo
     main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))  # free again once the holder is gone
 
 
-def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(corpus, data_root, tmp_path, capsys,
+def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tiny_run_args, corpus, data_root, tmp_path, capsys,
                                                                         monkeypatch):
     from minigpt.training import lightning_module
 
@@ -183,7 +184,7 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(corpus, 
     assert not list((tmp_path / "run").glob(".checkpoints*"))
 
 
-def test_sigint_and_sigterm_save_a_checkpoint_at_the_step_and_exit_non_zero(tmp_path):
+def test_sigint_and_sigterm_save_a_checkpoint_at_the_step_and_exit_non_zero(tiny_run_args, make_corpus, tmp_path):
     """Both signals end training after the current step: one line, the step's checkpoint, a non-zero exit."""
     corpus = make_corpus(tmp_path / "corpus.txt")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -211,7 +212,7 @@ def test_sigint_and_sigterm_save_a_checkpoint_at_the_step_and_exit_non_zero(tmp_
         assert read_checkpoint(last)["global_step"] == step
 
 
-def test_compile_without_a_cpp_compiler_trains_eagerly_with_one_warning(corpus, data_root, tmp_path, monkeypatch):
+def test_compile_without_a_cpp_compiler_trains_eagerly_with_one_warning(tiny_run_args, corpus, data_root, tmp_path, monkeypatch):
     from minigpt.training import callbacks
     from minigpt.training.callbacks import CompileModel
 
@@ -224,7 +225,7 @@ def test_compile_without_a_cpp_compiler_trains_eagerly_with_one_warning(corpus, 
     assert getattr(trainer.lightning_module.model, "_compiled_call_impl", None) is None
 
 
-def test_a_full_disk_while_saving_a_checkpoint_is_one_line_and_keeps_the_previous_one(corpus, data_root, tmp_path,
+def test_a_full_disk_while_saving_a_checkpoint_is_one_line_and_keeps_the_previous_one(tiny_run_args, corpus, data_root, tmp_path,
                                                                                       capsys, monkeypatch):
     import errno
 

@@ -6,11 +6,12 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from pathlib import Path
 import torch
 from lightning.pytorch.plugins.precision import FSDPPrecision
 from lightning.pytorch.strategies import FSDPStrategy
 
-from conftest import REPO, record_training_losses, tiny_run_args
+REPO = Path(__file__).resolve().parents[2]  # the repository root
 from minigpt.core.checkpoint import build_model, checkpoint_tokenizer, model_state_dict, read_checkpoint
 from minigpt.core.config import GPTConfig
 from minigpt.training.lightning_module import GPTLightningModule
@@ -24,7 +25,7 @@ def weights(ckpt_path) -> dict[str, torch.Tensor]:
     return model_state_dict(read_checkpoint(ckpt_path))
 
 
-def test_tiny_run_learns_and_writes_a_loadable_checkpoint(corpus, data_root, tmp_path, capsys):
+def test_tiny_run_learns_and_writes_a_loadable_checkpoint(tiny_run_args, corpus, data_root, tmp_path, capsys):
     trainer = main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=40))
     assert trainer.global_step == 40
     vocab = trainer.lightning_module.config.vocab_size
@@ -46,7 +47,7 @@ def test_tiny_run_learns_and_writes_a_loadable_checkpoint(corpus, data_root, tmp
     assert loss.item() < math.log(vocab)
 
 
-def test_tensorboard_gets_losses_lr_grad_norm_throughput_and_samples(corpus, data_root, tmp_path):
+def test_tensorboard_gets_losses_lr_grad_norm_throughput_and_samples(tiny_run_args, corpus, data_root, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=20))
@@ -58,7 +59,7 @@ def test_tensorboard_gets_losses_lr_grad_norm_throughput_and_samples(corpus, dat
     assert any("sample" in t for t in events.Tags()["tensors"]), events.Tags()
 
 
-def test_tensorboard_train_loss_is_the_logged_steps_own_loss(corpus, data_root, tmp_path, monkeypatch):
+def test_tensorboard_train_loss_is_the_logged_steps_own_loss(tiny_run_args, record_training_losses, corpus, data_root, tmp_path, monkeypatch):
     """train_loss and grad_norm are logged only on the steps Lightning writes (every log_every_n_steps = 5):
     each written point is that step's own value, not one left over from an earlier step."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -72,7 +73,7 @@ def test_tensorboard_train_loss_is_the_logged_steps_own_loss(corpus, data_root, 
     assert sorted(e.step for e in events.Scalars("grad_norm")) == [4, 9, 14, 19]
 
 
-def test_a_run_stopped_early_writes_its_last_steps_own_loss_and_grad_norm(corpus, data_root, tmp_path, monkeypatch):
+def test_a_run_stopped_early_writes_its_last_steps_own_loss_and_grad_norm(tiny_run_args, record_training_losses, corpus, data_root, tmp_path, monkeypatch):
     """A max_time stop makes Lightning write the stopping step's metrics off the log_every_n_steps grid: that point
     holds the stopping step's own loss and gradient norm (before clipping), not those of the last logged step."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -98,7 +99,7 @@ def test_a_run_stopped_early_writes_its_last_steps_own_loss_and_grad_norm(corpus
     assert all(grad_norm[step] == pytest.approx(norms[step].item()) for step in grad_norm), (grad_norm, norms)
 
 
-def test_under_gradient_accumulation_train_loss_is_the_mean_over_the_steps_micro_batches(corpus, data_root, tmp_path,
+def test_under_gradient_accumulation_train_loss_is_the_mean_over_the_steps_micro_batches(tiny_run_args, record_training_losses, corpus, data_root, tmp_path,
                                                                                         monkeypatch):
     """With accumulate_grad_batches=2 an optimizer step's gradient is the mean over two micro-batches: the written
     train_loss is the mean of their two losses, at each logged step (every 3), not the last micro-batch's loss."""
@@ -137,7 +138,7 @@ def test_muon_under_fsdp_is_refused_with_the_fix():
         module.configure_optimizers()
 
 
-def test_same_seed_same_run_other_seed_other_run(corpus, data_root, tmp_path):
+def test_same_seed_same_run_other_seed_other_run(tiny_run_args, corpus, data_root, tmp_path):
     for name, seed in (("a", 7), ("b", 7), ("c", 8)):
         main(tiny_run_args(corpus, data_root, tmp_path / name, steps=12, seed=seed))
     a, b, c = (weights(tmp_path / n / "checkpoints" / "last.ckpt") for n in "abc")
@@ -149,7 +150,7 @@ def test_same_seed_same_run_other_seed_other_run(corpus, data_root, tmp_path):
     ("gpt", "sdpa", 2), ("gpt", "manual", 2), ("gpt", "einops", 2),
     ("llama", "sdpa", 1), ("llama", "manual", 1), ("llama", "einops", 2),
 ])
-def test_every_attention_path_and_block_trains(corpus, data_root, tmp_path, arch, attention, n_kv_head):
+def test_every_attention_path_and_block_trains(tiny_run_args, corpus, data_root, tmp_path, arch, attention, n_kv_head):
     trainer = main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=10, model__arch=arch,
                                  model__attention=attention, model__n_kv_head=n_kv_head))
     cfg = trainer.lightning_module.config
@@ -157,7 +158,7 @@ def test_every_attention_path_and_block_trains(corpus, data_root, tmp_path, arch
     assert math.isfinite(trainer.callback_metrics["val_loss"].item())
 
 
-def test_bf16_mixed_trains_with_gradient_clipping(corpus, data_root, tmp_path, monkeypatch):
+def test_bf16_mixed_trains_with_gradient_clipping(tiny_run_args, corpus, data_root, tmp_path, monkeypatch):
     """Lightning refuses to clip gradients of a fused optimizer under mixed precision; bf16 has no gradient
     scaler, so the module clips itself.  The clip must really happen: record the norms clip_grad_norm_ sees."""
     seen = []
@@ -170,7 +171,7 @@ def test_bf16_mixed_trains_with_gradient_clipping(corpus, data_root, tmp_path, m
     assert len(seen) == 10 and all(max_norm == 0.5 for max_norm, _ in seen)
 
 
-def test_paths_give_the_same_training(corpus, data_root, tmp_path):
+def test_paths_give_the_same_training(tiny_run_args, corpus, data_root, tmp_path):
     """Same seed, same data: the sdpa and manual paths train to the same weights (up to float rounding)."""
     for attention in ("sdpa", "manual"):
         main(tiny_run_args(corpus, data_root, tmp_path / attention, steps=10, model__attention=attention))
@@ -179,7 +180,7 @@ def test_paths_give_the_same_training(corpus, data_root, tmp_path):
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_resume_continues_exactly(corpus, data_root, tmp_path, optimizer):
+def test_resume_continues_exactly(tiny_run_args, corpus, data_root, tmp_path, optimizer):
     # the first part stops at step 10 of a 20-step schedule, as a run killed there would
     def args(out, steps):
         return tiny_run_args(corpus, data_root, tmp_path / out, steps=steps, optim__decay_steps=20,
@@ -194,7 +195,7 @@ def test_resume_continues_exactly(corpus, data_root, tmp_path, optimizer):
     assert all(torch.equal(a[k], b[k]) for k in a), "a resumed run must match an uninterrupted one bitwise"
 
 
-def test_existing_run_is_not_overwritten_by_accident(corpus, data_root, tmp_path):
+def test_existing_run_is_not_overwritten_by_accident(tiny_run_args, corpus, data_root, tmp_path):
     main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))
     before = (tmp_path / "run" / "checkpoints" / "last.ckpt").read_bytes()
     with pytest.raises(UserError, match="already holds a run; continue it with --resume"):
@@ -204,7 +205,7 @@ def test_existing_run_is_not_overwritten_by_accident(corpus, data_root, tmp_path
         main(tiny_run_args(corpus, data_root, tmp_path / "empty", steps=5) + ["--resume", "true"])
 
 
-def test_resume_with_another_model_shape_is_refused(corpus, data_root, tmp_path):
+def test_resume_with_another_model_shape_is_refused(tiny_run_args, corpus, data_root, tmp_path):
     main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))
     with pytest.raises(UserError, match=r"was trained with n_embd=32 \(this run's config gives 64\)"):
         main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=10, model__n_embd=64) + ["--resume", "true"])
@@ -215,7 +216,7 @@ def test_resume_with_another_model_shape_is_refused(corpus, data_root, tmp_path)
     ("--model.n_layer", "two", 'Parser key "model.n_layer"'),
     ("--trainer.max_stepz", "2", "unrecognized arguments: --trainer.max_stepz"),
 ])
-def test_unknown_key_or_wrong_type_names_the_key(corpus, data_root, tmp_path, capsys, flag, value, match):
+def test_unknown_key_or_wrong_type_names_the_key(tiny_run_args, corpus, data_root, tmp_path, capsys, flag, value, match):
     with pytest.raises(SystemExit) as exit_info:
         main(tiny_run_args(corpus, data_root, tmp_path / "run") + [flag, value])
     assert exit_info.value.code == 2
@@ -223,7 +224,7 @@ def test_unknown_key_or_wrong_type_names_the_key(corpus, data_root, tmp_path, ca
     assert match in err and len(err.splitlines()) == 1
 
 
-def test_overrides_and_config_files(corpus, data_root, tmp_path):
+def test_overrides_and_config_files(tiny_run_args, corpus, data_root, tmp_path):
     config = tmp_path / "cfg.yaml"
     config.write_text("model:\n  arch: llama\n  n_kv_head: 1\n  n_layer: 2\ndata:\n  tokenizer: byte\n")
     args = tiny_run_args(corpus, data_root, tmp_path / "run", steps=3)
@@ -242,7 +243,7 @@ def test_train_py_help_and_print_config():
 
 
 @pytest.mark.slow
-def test_two_process_ddp_on_cpu_trains(corpus, tmp_path):
+def test_two_process_ddp_on_cpu_trains(tiny_run_args, corpus, tmp_path):
     args = tiny_run_args(corpus, tmp_path / "data", tmp_path / "run", steps=10)
     result = subprocess.run([sys.executable, "train.py", *args, "--trainer.accelerator", "cpu",
                              "--trainer.devices", "2", "--trainer.strategy", "ddp"],
@@ -270,7 +271,7 @@ def test_every_shipped_config_parses_and_builds_its_model(config, capsys):
 
 
 @pytest.mark.slow
-def test_compiled_training_matches_eager(corpus, data_root, tmp_path, monkeypatch):
+def test_compiled_training_matches_eager(tiny_run_args, corpus, data_root, tmp_path, monkeypatch):
     """--compile true compiles before the clock starts, on a dummy batch that must leave no trace: the compiled
     run ends where the eager one does (up to kernel rounding).  With dropout, so a warm-up that moved the RNG
     would show: inductor's fallback_random makes compiled dropout draw from torch's RNG as eager does."""
