@@ -5,7 +5,7 @@
     python benchmarks/bench_finetune.py --quick               # a tiny GPT-2-shaped model (seconds; smoke test)
 
 Method.  A GPT-2 124M model with random weights is built here (nothing is downloaded: speed does not depend on
-the values) and imported the way train.py's init_from imports a source (minigpt.cli.train.load_init_weights,
+the values) and imported the way train.py's init_from imports a source (minigpt.training.init_from.load_init_weights,
 which also crops the learned positions to the smaller block_size).  The module is GPTLightningModule with the
 config's optimizer settings; batches are random windows (bench_train.make_loader) of the config's batch size and
 block size; the Trainer and the timing are bench_train.run_lightning's: the median period between successive
@@ -31,7 +31,7 @@ from minigpt.core.config import GPTConfig  # noqa: E402
 from minigpt.training.lightning_module import GPTLightningModule  # noqa: E402
 from minigpt.core.model import GPT  # noqa: E402
 from minigpt.training.optim import OptimConfig  # noqa: E402
-from minigpt.cli.train import load_init_weights  # noqa: E402
+from minigpt.training.init_from import load_init_weights  # noqa: E402
 
 CONFIG = REPO_ROOT / "configs" / "finetune_shakespeare.yaml"
 

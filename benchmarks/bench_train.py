@@ -241,7 +241,7 @@ def run_lightning(module: GPTLightningModule, shape: dict[str, Any], precision: 
     """trainer.fit for warmup + steps batches (+1, to close the last period).
 
     extras: "none", or a '+'-joined subset of tb (TensorBoardLogger), lr (LearningRateMonitor), tput
-    (ThroughputMonitor as in minigpt/cli/train.py), bar (progress bar); "train_py" = tb+lr+tput."""
+    (ThroughputMonitor as in minigpt/training/trainer.py), bar (progress bar); "train_py" = tb+lr+tput."""
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor
     from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -250,8 +250,8 @@ def run_lightning(module: GPTLightningModule, shape: dict[str, Any], precision: 
     parts = set() if extras == "none" else set(extras.replace("train_py", "tb+lr+tput").split("+"))
     tmp = tempfile.TemporaryDirectory(prefix="bench_train_")
     callbacks: list[Callback] = [timer]
-    if "train_cli" in parts:  # exactly what train.py adds: minigpt.cli.train.run_callbacks, with its progress bar
-        from minigpt.cli.train import run_callbacks
+    if "train_cli" in parts:  # exactly what train.py adds: minigpt.training.trainer.run_callbacks, with its progress bar
+        from minigpt.training.trainer import run_callbacks
 
         parts = {"tb", "bar"}
         run_config = dict(out_dir=tmp.name, checkpoint_every=1000, sample_tokens=200, attention_images="auto",

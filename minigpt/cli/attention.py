@@ -20,6 +20,7 @@ from minigpt.lab.html import write_html
 from minigpt.lab.capture import capture_attention, save_npz
 from minigpt.loading import load_model
 from minigpt.cli.parsing import CommandParser, add_prompt_arguments, add_source_argument, read_prompt, resolve_device
+from minigpt.core.seed import check_seed
 from minigpt.core.errors import UserError, run_cli
 
 DEFAULT_OUT = "out/attention"
@@ -38,8 +39,7 @@ def build_parser() -> CommandParser:
 
 def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
     args = build_parser().parse_args(argv)
-    if not 0 <= args.seed < 2**63:
-        raise UserError(f"--seed must be in [0, 2**63 - 1], got {args.seed}")
+    check_seed(args.seed)
     device = resolve_device(args.device)
     prompt = read_prompt(args, stdin)
     if not prompt:

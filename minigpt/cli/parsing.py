@@ -3,10 +3,10 @@ line, and the device option.  Each command has `--help`, `--config FILE` (YAML) 
 
 from __future__ import annotations
 
-import re
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO, get_args, get_origin, get_type_hints
 
 import torch
 from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
@@ -16,21 +16,43 @@ from minigpt.core.errors import UserError
 # --help reads each config field's docstring: a field is documented once, where it is declared
 set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
-_LINKED = re.compile(r'^Linked "([^"]+)" must be given via "([^"]+)"')
-_LITERAL = re.compile(r'^Parser key "([^"]+)":\s*Expected a typing\.Literal\[(.*)\]\.\s*Got value: (.*)$', re.S)
-
-
 def one_line(message: str) -> str:
-    """jsonargparse's multi-line parse errors as one line that names the key (and the choices, for a choice)."""
-    text = " ".join(line.strip() for line in str(message).splitlines() if line.strip()) or "invalid arguments"
-    if m := _LINKED.match(text):
-        return f"{m.group(1)} is not a setting: it is taken from {m.group(2)}; remove it from the config and flags"
-    if m := _LITERAL.match(text):
-        choices = ", ".join(c.strip().strip("'\"") for c in m.group(2).split(","))
-        return f"{m.group(1)}: unknown value {m.group(3).strip()!r}; choose one of {choices}"
-    if text.startswith("Parser key") and "- " in text:  # a union's alternatives: keep the first
-        text = text.split(" - ", 1)[0] + " " + text.split(" - ", 2)[1]
-    return text
+    """A parse error of jsonargparse's (several lines) as one line; the mistakes minigpt names itself (a choice
+    outside its Literal, a linked setting) are found before parsing, by misplaced_setting."""
+    return " ".join(line.strip() for line in str(message).splitlines() if line.strip()) or "invalid arguments"
+
+
+def flag_values(args: Sequence[str]) -> Iterator[tuple[str, str | None]]:
+    """(key, value) of each `--key value` / `--key=value` in a command line (value None when none follows)."""
+    for i, arg in enumerate(args):
+        if arg.startswith("--"):
+            key, eq, value = arg[2:].partition("=")
+            yield key, value if eq else (args[i + 1] if i + 1 < len(args) else None)
+
+
+def literal_choices(section: str, cls: type) -> dict[str, tuple[Any, ...]]:
+    """`section.field` -> its allowed values, for each field of a dataclass declared as a Literal."""
+    choices = {}
+    for name, hint in get_type_hints(cls).items():
+        literals = [a for a in (hint, *get_args(hint)) if get_origin(a) is Literal]  # Literal[...] or Optional of one
+        if literals:
+            optional = (None,) if type(None) in get_args(hint) else ()
+            choices[f"{section}.{name}"] = tuple(v for lit in literals for v in get_args(lit)) + optional
+    return choices
+
+
+def misplaced_setting(args: Sequence[str], choices: dict[str, tuple[Any, ...]],
+                      links: dict[str, str] | None = None) -> str | None:
+    """What is wrong with a command line before it is parsed, in one line, or None: a flag given a value outside
+    its choices (named with the choices), or a setting that a link fills (target -> source) given by hand."""
+    for key, value in flag_values(args):
+        if links and key in links:
+            return f"{key} is not a setting: it is taken from {links[key]}; remove it from the config and flags"
+        allowed = [str(c) for c in choices.get(key, ()) if c is not None]
+        allowed += ["null", "None"] if None in choices.get(key, ()) else []
+        if key in choices and value is not None and value not in allowed:
+            return f"{key}: unknown value {value!r}; choose one of " + ", ".join(allowed[:len(choices[key])])
+    return None
 
 
 class OneLineErrors:

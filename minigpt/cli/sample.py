@@ -12,14 +12,15 @@ The generation itself is minigpt.core.generation; loading is minigpt.loading.loa
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, get_args
 
 import torch
 
 from minigpt.loading import load_model
-from minigpt.cli.parsing import CommandParser, add_prompt_arguments, add_source_argument, read_prompt, resolve_device
+from minigpt.cli.parsing import (CommandParser, add_prompt_arguments, add_source_argument, misplaced_setting,
+                                 read_prompt, resolve_device)
 from minigpt.core.config import Attention
+from minigpt.core.seed import check_seed
 from minigpt.core.errors import UserError, run_cli
 from minigpt.core.generation import check_sampling_args, generate, prompt_ids
 from minigpt.core.tokenizers import Tokenizer
@@ -116,12 +117,14 @@ def build_parser() -> CommandParser:
 
 
 def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if problem := misplaced_setting(sys.argv[1:] if argv is None else argv, {"attention": get_args(Attention)}):
+        parser.error(problem)
+    args = parser.parse_args(argv)
     check_sampling_args(args.temperature, args.top_k, args.top_p, args.max_new_tokens)  # names like the flags
     if args.num_samples < 1:
         raise UserError(f"--num_samples must be >= 1, got {args.num_samples}")
-    if not 0 <= args.seed < 2**64:  # torch.Generator.manual_seed's range; outside it a bare ValueError
-        raise UserError(f"--seed must be in [0, 2**64 - 1], got {args.seed}; use e.g. 1337")
+    check_seed(args.seed)
     device = resolve_device(args.device)
     prompt = read_prompt(args, stdin)
 

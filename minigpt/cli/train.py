@@ -18,49 +18,38 @@ corpus is prepared with it; the model keys a run sets must agree with SRC, excep
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
 import logging
-import os
-import shutil
-import signal
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
-from collections.abc import Iterator
-from typing import IO, Any, Literal
+from typing import Any, Literal
 
 import torch
-from lightning.pytorch import Trainer, seed_everything
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor, Timer, TQDMProgressBar
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from jsonargparse import ActionYesNo
-from jsonargparse._link_arguments import skip_apply_links
 from jsonargparse.typing import NonNegativeInt, PositiveInt
-from lightning.fabric.connector import _PRECISION_INPUT
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
-from minigpt.training.callbacks import AttentionImages, CompileModel, RNGState, TextSamples
-from minigpt.core import checkpoint
-from minigpt.core.checkpoint import check_resumable, read_checkpoint
-from minigpt.loading import load_model
-from minigpt.training.checkpoint_io import SafeCheckpointIO
-from minigpt.cli.parsing import OneLineErrors
+from minigpt.cli.parsing import OneLineErrors, literal_choices, misplaced_setting
 from minigpt.configs import default_config
+from minigpt.core.checkpoint import check_resumable
 from minigpt.core.config import GPTConfig
-from minigpt.training.datamodule import MAX_SEED, TokenDataModule
-from minigpt.core.errors import CheckpointError, UserError, first_line, run_cli
+from minigpt.core.errors import UserError, first_line, run_cli
 from minigpt.core.evaluate import evaluate_tokens
-from minigpt.core.fsutil import atomic_write, temp_sibling
-from minigpt.training.lightning_module import GPTLightningModule
-from minigpt.core.model import GPT
-from minigpt.training.optim import OptimConfig
 from minigpt.core.precision import resolve_precision
+from minigpt.core.seed import check_seed
+from minigpt.training.checkpoint_io import SafeCheckpointIO
+from minigpt.training.datamodule import TokenDataModule
+from minigpt.training.init_from import init_from_source, load_init_weights, read_last
+from minigpt.training.lightning_module import GPTLightningModule
+from minigpt.training.optim import OptimConfig
+from minigpt.training.run_dir import SIGNALS, check_writable, lock_run_dir, replacing, stop_on_signals
+from minigpt.training.trainer import TRAINER_DEFAULTS, MiniGPTTrainer, run_callbacks
 
 # Our sampler restarts exactly where a run stopped (see datamodule.py), so Lightning's caution does not apply.
 warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch ended")
@@ -77,46 +66,18 @@ class _DropAdverts(logging.Filter):
 
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropAdverts())
 
-PROGRESS_REFRESH = 10
-# model fields set by a link rather than by the user (see the module docstring)
-LINKED_MODEL_FIELDS = {"vocab_size"}
-# model fields a fine-tuning run (init_from) may set differently from its source; block_size only smaller
-INIT_OVERRIDABLE = {"attention", "sdpa_backend", "dropout", "block_size"}
+# settings a link fills (target: its source); a user who sets one is told where it comes from
+LINKS = {"data.block_size": "model.block_size", "data.seed": "seed", "seed_everything": "seed",
+         "model.vocab_size": "data.vocab_size"}
+
 
 class TrainArgumentParser(OneLineErrors, LightningArgumentParser):
     """LightningCLI's parser, with parse mistakes as one line."""
 
 
-class MiniGPTTrainer(Trainer):
-    """Lightning's Trainer with one more precision: "auto" (the default), bf16-mixed where the device computes
-    bf16 natively and float32 elsewhere (see minigpt/core/precision.py).  Every other argument is Lightning's."""
-
-    def __init__(self, *args: Any, precision: Literal["auto"] | _PRECISION_INPUT | None = "auto",
-                 **kwargs: Any) -> None:
-        # settings Lightning would divide by (or loop on) before it checks them
-        for key, need in (("accumulate_grad_batches", 1), ("log_every_n_steps", 1), ("val_check_interval", 1e-9)):
-            value = kwargs.get(key)
-            if value is not None and value < need:
-                raise UserError(f"trainer.{key} must be {'>= 1' if need == 1 else '> 0'}, got {value}")
-        precision, _ = resolve_precision(precision, kwargs.get("accelerator", "auto"))
-        super().__init__(*args, precision=precision, **kwargs)
-
-
-TRAINER_DEFAULTS: dict[str, Any] = {
-    "max_steps": 2000,
-    "max_epochs": -1,
-    "check_val_every_n_epoch": None,  # val_check_interval counts batches across epochs
-    "val_check_interval": 250,
-    "log_every_n_steps": 10,
-    "gradient_clip_val": 1.0,
-    "num_sanity_val_steps": 0,
-    "use_distributed_sampler": False,  # the datamodule draws per-rank windows itself
-    "enable_model_summary": False,
-}
-
-
 class MiniGPTCLI(LightningCLI):
     def add_default_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        super().add_default_arguments_to_parser(parser)  # seed_everything, which LINKS fills from --seed
         parser.add_argument("--seed", type=int, default=1337, help="Fixes data order, initialisation and dropout.")
         parser.add_argument("--out_dir", type=str, default="out/default",
                             help="Run directory: checkpoints/, TensorBoard logs, config.yaml.")
@@ -147,24 +108,25 @@ class MiniGPTCLI(LightningCLI):
         parser.add_lightning_class_args(TokenDataModule, "data")
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.link_arguments("model.block_size", "data.block_size")
-        parser.link_arguments("seed", "data.seed")
-        parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
-
-    def _set_seed(self) -> None:
-        seed = self.config["seed"]
-        if not 0 <= seed <= MAX_SEED:  # seed_everything would raise a bare ValueError
-            raise UserError(f"--seed must be in [0, {MAX_SEED}], got {seed}; use e.g. 1337")
-        seed_everything(seed, workers=True)
+        for target, source in LINKS.items():
+            parser.link_arguments(source, target, apply_on="instantiate" if target == "model.vocab_size" else "parse")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        given = sys.argv[1:] if args is None else list(args)
+        # what jsonargparse would refuse in words of its own: checked here, where the values are known
+        choices = literal_choices("model", GPTConfig) | literal_choices("optim", OptimConfig)
+        if problem := misplaced_setting(given, choices, LINKS):
+            parser.error(problem)
         super().parse_arguments(parser, args)
-        # init_from needs to know which settings the user gave (config files and flags), not their defaults
-        # (links skipped: an unset link source is fine here; jsonargparse is pinned, see pyproject.toml)
+        check_seed(self.config["seed"])  # Lightning seeds everything with it next (seed_everything is linked to it)
+        # init_from needs to know which settings the user gave (config files and flags), not their defaults: a
+        # parser without the links (whose sources may be unset) parses them again, without defaults
         self.given = None
         if self.config.get("init_from"):
-            with skip_apply_links():
-                self.given = parser.parse_args(args, defaults=False)
+            settings_only = self.init_parser(**self.parser_kwargs)
+            self.add_default_arguments_to_parser(settings_only)
+            self.add_core_arguments_to_parser(settings_only)
+            self.given = settings_only.parse_args(args, defaults=False)
 
     def instantiate_classes(self) -> None:
         source_config, source_model = None, None
@@ -199,177 +161,6 @@ class MiniGPTCLI(LightningCLI):
             return super().instantiate_trainer(**kwargs)
         except (MisconfigurationException, ValueError) as e:  # Lightning's words for a setting that cannot work
             raise UserError(f"trainer: {first_line(e, 300)}") from None
-
-
-def init_from_source(config: Any, given: Any) -> tuple[GPTConfig, GPT | None]:
-    """init_from: fill config's model section from the source and point data.tokenizer at its tokenizer (written
-    to out_dir/tokenizer.json).  Returns the source's config and model; the model is None when --resume continues
-    the run, whose own checkpoint then supplies config and tokenizer (the source's weights are not read again)."""
-    src, out_dir = config["init_from"], Path(config["out_dir"])
-    last = out_dir / "checkpoints" / "last.ckpt"
-    if config["resume"] and last.is_file():
-        saved = read_last(last)
-        source_model, tokenizer = None, checkpoint.checkpoint_tokenizer(saved)
-        source_config = checkpoint.model_config(saved)
-    else:
-        try:
-            source_model, tokenizer = load_model(src)
-        except UserError as e:
-            raise UserError(f"init_from: {first_line(e, 1000)}") from None
-        source_config = source_model.config
-    if tokenizer is None:
-        raise UserError(f"init_from {src}: it has no tokenizer; fine-tune from a checkpoint written by train.py")
-    tokenizer_file = out_dir / "tokenizer.json"
-    given_tokenizer = given.get("data.tokenizer") if given is not None else None
-    if given_tokenizer is not None and Path(str(given_tokenizer)).resolve() != tokenizer_file.resolve():
-        raise UserError(f"init_from {src}: data.tokenizer is set ({given_tokenizer}), but a fine-tuning run uses its "
-                        "source's tokenizer; remove data.tokenizer")
-    source_keys = source_config.to_dict()
-    user_keys = {k: v for k, v in (given.get("model") or {}).items() if v is not None} if given is not None else {}
-    conflicts = [f"model.{k}={v!r} (the source has {source_keys[k]!r})" for k, v in user_keys.items()
-                 if k in source_keys and k not in INIT_OVERRIDABLE | LINKED_MODEL_FIELDS and v != source_keys[k]]
-    if conflicts:
-        raise UserError(f"init_from {src}: the model comes from the source, but this run sets " + ", ".join(conflicts)
-                        + "; remove these model settings (a fine-tuning run may change only attention, sdpa_backend, "
-                        "dropout and a smaller block_size)")
-    block_size = user_keys.get("block_size", source_config.block_size)
-    if block_size > source_config.block_size:
-        raise UserError(f"init_from {src}: model.block_size={block_size} is larger than the source's "
-                        f"{source_config.block_size}; use a block_size of at most {source_config.block_size}")
-    for key, value in source_keys.items():
-        if key not in LINKED_MODEL_FIELDS:
-            config["model"][key] = user_keys.get(key, value) if key in INIT_OVERRIDABLE else value
-    config["data"]["block_size"] = block_size  # its link from model.block_size ran at parse time
-    check_writable(out_dir)
-    text = json.dumps(tokenizer.to_dict()).encode()  # the data layer keys its cache by this file's content
-    if not tokenizer_file.is_file() or tokenizer_file.read_bytes() != text:
-        atomic_write(tokenizer_file, lambda f: f.write(text))
-    config["data"]["tokenizer"] = str(tokenizer_file)
-    return source_config, source_model
-
-
-def load_init_weights(model: GPT, source: GPT) -> None:
-    """Copy the source's weights into the model being trained; learned positions beyond a smaller block_size are
-    dropped (nanoGPT's crop_block_size)."""
-    state = source.state_dict()
-    if "transformer.wpe.weight" in state:
-        state["transformer.wpe.weight"] = state["transformer.wpe.weight"][:model.config.block_size]
-    model.load_state_dict(state)
-
-
-def read_last(last: Path) -> dict[str, Any]:
-    """The run's last checkpoint for --resume; a damaged one is a one-line error with the way out."""
-    try:
-        return read_checkpoint(last)
-    except CheckpointError as e:
-        raise UserError(f"--resume: {first_line(e, 400)}; copy checkpoints/best.ckpt over it to resume from the "
-                        "best one, or start over with --overwrite") from None
-
-
-def run_callbacks(config: Any, batch_size: int) -> list:
-    checkpoints = Path(config["out_dir"]) / "checkpoints"
-    callbacks = [
-        # best.ckpt: lowest validation loss so far
-        ModelCheckpoint(dirpath=checkpoints, filename="best", monitor="val_loss", mode="min", save_top_k=1,
-                        enable_version_counter=False, auto_insert_metric_name=False),
-        # last.ckpt: every checkpoint_every steps, what --resume continues from
-        ModelCheckpoint(dirpath=checkpoints, filename="last", every_n_train_steps=config["checkpoint_every"],
-                        save_top_k=1, enable_version_counter=False),
-        LearningRateMonitor(logging_interval="step"),
-        ThroughputMonitor(batch_size_fn=lambda batch: batch.size(0), length_fn=lambda batch: batch.size(1) - 1,
-                          window_size=10),  # rates over the last 10 batches
-        RNGState(),
-        TextSamples(config["sample_tokens"]),
-        AttentionImages(config["attention_images"]),
-    ]
-    if config["trainer"].get("enable_progress_bar") is not False:
-        # redrawn every PROGRESS_REFRESH steps, not every step: redrawing cost ~3% of a small CPU model's step
-        callbacks.append(TQDMProgressBar(refresh_rate=PROGRESS_REFRESH))
-    if config["compile"]:
-        callbacks.append(CompileModel(batch_size))
-    if not config["trainer"].get("max_time"):  # Lightning adds its own Timer for max_time; else time the run
-        callbacks.append(Timer())
-    return callbacks
-
-
-def check_writable(out_dir: Path) -> None:
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / f".write-test-{id(out_dir)}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise UserError(f"cannot write to out_dir {out_dir} ({e.strerror or type(e).__name__}); "
-                        "choose a writable --out_dir") from None
-
-
-def lock_run_dir(out_dir: Path) -> IO[str] | None:
-    """An exclusive lock on out_dir for this process's lifetime (the OS drops it when the process ends, however
-    it ends): a second train.py on the same run directory is refused instead of mixing two runs' files.
-    Only the launching process takes it (DDP workers it starts share its run directory)."""
-    if any(os.environ.get(k, "0") != "0" for k in ("RANK", "LOCAL_RANK", "NODE_RANK")):
-        return None
-    handle = open(out_dir / ".train.lock", "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.seek(0)
-        other = handle.read().strip() or "another process"
-        handle.close()
-        raise UserError(f"{out_dir} is in use by another train.py (pid {other}); wait for it to finish or "
-                        "choose another --out_dir") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(str(os.getpid()))
-    handle.flush()
-    return handle
-
-
-@contextlib.contextmanager
-def replacing(checkpoints: Path, enabled: bool) -> Iterator[None]:
-    """--overwrite: the old run's checkpoints are moved aside, not deleted, until the new run has written a
-    checkpoint of its own or finished; if it fails before that, they are put back."""
-    aside = temp_sibling(checkpoints, "old")
-    if enabled:
-        os.rename(checkpoints, aside)
-    try:
-        yield
-    except BaseException:
-        if enabled and aside.exists() and not any(checkpoints.glob("*.ckpt")):
-            shutil.rmtree(checkpoints, ignore_errors=True)
-            os.rename(aside, checkpoints)
-            print(f"the new run failed before its first checkpoint: {checkpoints} is as it was", file=sys.stderr)
-        raise
-    finally:
-        if enabled and aside.exists():
-            shutil.rmtree(aside, ignore_errors=True)
-
-
-SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM}
-
-
-@contextlib.contextmanager
-def stop_on_signals(trainer: Trainer) -> Iterator[list[str]]:
-    """Ctrl-C (SIGINT) ends training after the current step, like SIGTERM (which Lightning handles), so the
-    checkpoint saved then is a whole one; a second Ctrl-C stops at once.  Yields the list of signals received."""
-    received: list[str] = []
-    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
-        yield received
-        return
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        if received:
-            raise KeyboardInterrupt
-        received.append("SIGINT")
-        trainer.should_stop = True
-        print("\nstopping after this step and saving a checkpoint (Ctrl-C again to stop at once)",
-              file=sys.stderr, flush=True)
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield received
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def parse(argv: list[str] | None = None) -> MiniGPTCLI:

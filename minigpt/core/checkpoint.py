@@ -16,7 +16,6 @@ with torch.load(weights_only=True): tensors and plain containers only, never arb
 
 from __future__ import annotations
 
-import os
 import pickle
 import pickletools
 import warnings

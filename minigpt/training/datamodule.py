@@ -15,12 +15,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from minigpt.core.seed import MAX_SEED
 from minigpt.core.errors import ConfigError, UserError
 from minigpt.data.prepare import PreparedData, load_prepared, prepare_data
 from minigpt.core.tokenizers import Tokenizer
 
 VAL_STREAM = 1 << 20  # keeps validation generators apart from training ones
-MAX_SEED = 2**32 - 1  # Lightning's seed_everything (numpy's legacy seeding) takes [0, 2**32 - 1]
 
 
 class RandomWindows(Dataset):

@@ -12,6 +12,7 @@ import lightning as L
 import torch
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.utilities import grad_norm
 
 from minigpt.core import checkpoint
 from minigpt.core.config import GPTConfig
@@ -35,14 +36,13 @@ class GPTLightningModule(L.LightningModule):
         self.flops_per_batch: int | None = None  # read by Lightning's ThroughputMonitor for FLOP/s and MFU
         self._val_losses: list[torch.Tensor] = []
         self._losses: list[torch.Tensor] = []  # this optimizer step's training loss, one per (micro-)batch
-        self._steps_before_batch = 0  # global_step when the batch began: it moves only on the batch that steps
-        self._grad_norm: torch.Tensor | None = None  # this step's norm before clipping, if clipping measured it
+        self._step_logs: dict[str, torch.Tensor] | None = None  # the optimizer step's train_loss (and grad_norm)
+        self._clip_norm: torch.Tensor | None = None  # this step's norm before clipping, if clipping measured it
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         return self.model(idx, targets)
 
     def on_train_batch_start(self, batch: torch.Tensor, batch_idx: int) -> None:
-        self._steps_before_batch = self.global_step
         if self.flops_per_batch is None:
             B, T = batch.size(0), batch.size(1) - 1
             self.flops_per_batch = self.model.flops_per_token(T) * B * T
@@ -74,18 +74,28 @@ class GPTLightningModule(L.LightningModule):
     # unchanged, self.log's cost is saved on the other steps, and no point carries an earlier step's value.
     # Under gradient accumulation a step's loss is the mean over its micro-batches, as its gradient is.
 
-    def on_train_batch_end(self, outputs: Any, batch: torch.Tensor, batch_idx: int) -> None:
-        if self.global_step == self._steps_before_batch:
-            return  # a micro-batch whose gradient is still accumulating: no optimizer step, nothing written
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Once per optimizer step, after its last micro-batch's backward and before clipping."""
         losses, self._losses = self._losses, []
-        every = self.trainer.log_every_n_steps  # global_step already counts this step's optimizer step
+        self._step_logs = {"train_loss": torch.stack(losses).mean()}
+        every = self.trainer.log_every_n_steps
+        if every > 0 and (self.global_step + 1) % every == 0:  # global_step counts this step once it is taken
+            self._step_logs["grad_norm"] = self._total_grad_norm()
+
+    def on_train_batch_end(self, outputs: Any, batch: torch.Tensor, batch_idx: int) -> None:
+        logs, self._step_logs = self._step_logs, None
+        if logs is None:
+            return  # a micro-batch whose gradient is still accumulating: no optimizer step, nothing written
+        every = self.trainer.log_every_n_steps
         if every > 0 and (self.global_step % every == 0 or self.trainer.should_stop):
-            self.log("train_loss", torch.stack(losses).mean(), prog_bar=True)
-            # the norm clipping measured; without clipping the gradients are as backward left them: measure them now
-            self.log("grad_norm", self._grad_norm if self._grad_norm is not None else self._total_grad_norm())
+            if "grad_norm" not in logs:  # a stop off the grid: clipping's measure, or the gradients as they are
+                logs["grad_norm"] = self._clip_norm if self._clip_norm is not None else self._total_grad_norm()
+            self.log("train_loss", logs["train_loss"], prog_bar=True)
+            self.log("grad_norm", logs["grad_norm"])
 
     def _total_grad_norm(self) -> torch.Tensor:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in self.parameters() if p.grad is not None])
+        norms = grad_norm(self.model, norm_type=2)  # per parameter, and their total
+        norm = norms.get("grad_2.0_norm_total", torch.tensor(0.0)).to(self.device)
         if self._sharded():  # each rank holds a shard of every gradient: the norm spans all of them
             norm = self.trainer.strategy.reduce(norm.square(), reduce_op="sum").sqrt()
         return norm
@@ -95,8 +105,9 @@ class GPTLightningModule(L.LightningModule):
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:
-        """Clip as Lightning would, keeping the norm before clipping (logged as grad_norm) if clipping measures it."""
-        self._grad_norm = None
+        """Clip as Lightning would, keeping the norm before clipping if clipping measures it (the grad_norm of a
+        step logged off the log_every_n_steps grid)."""
+        self._clip_norm = None
         if not gradient_clip_val:
             return
         plugin = self.trainer.precision_plugin
@@ -104,15 +115,15 @@ class GPTLightningModule(L.LightningModule):
         if by_norm and self._sharded():
             # Lightning's FSDP plugin refuses to clip by norm: the norm spans every rank's shard, which only the
             # FSDP root module computes (torch's FSDP docs, "Gradient Clipping")
-            self._grad_norm = self.trainer.model.clip_grad_norm_(gradient_clip_val)
+            self._clip_norm = self.trainer.model.clip_grad_norm_(gradient_clip_val)
         elif by_norm and type(plugin).clip_grad_by_norm is Precision.clip_grad_by_norm:
             # what Lightning's plugin would call, minus one check: its mixed-precision plugin refuses any fused
             # optimizer, because under a gradient scaler such an optimizer unscales internally; minigpt never
             # fuses under a scaler, and bf16-mixed has none (gradients are at their true scale)
             params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-            self._grad_norm = torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+            self._clip_norm = torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
         else:  # by value, or a plugin that clips its own way: measure first
-            self._grad_norm = self._total_grad_norm()
+            self._clip_norm = self._total_grad_norm()
             super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self) -> dict[str, Any]:

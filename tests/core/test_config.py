@@ -10,7 +10,8 @@ import yaml
 
 from minigpt.core.config import GPTConfig
 from minigpt.training.optim import OptimConfig
-from minigpt.cli.train import LINKED_MODEL_FIELDS, main
+from minigpt.cli.train import main
+from minigpt.training.init_from import LINKED_MODEL_FIELDS
 
 SECTIONS = {"model": GPTConfig, "optim": OptimConfig}
 

@@ -199,7 +199,7 @@ def test_every_numeric_setting_is_range_checked_where_declared(tmp_path, capsys)
     from minigpt.cli import sample as sample_cli
 
     for main, argv, needle in [
-        (sample_cli.main, ["--seed", "-1"], "--seed must be in [0, 2**64 - 1], got -1"),
+        (sample_cli.main, ["--seed", "-1"], "--seed must be in [0, 4294967295], got -1"),
         (sample_cli.main, ["--num_samples", "0"], "--num_samples must be >= 1"),
         (eval_cli.main, ["--text", "x", "--batch_size", "0"], "--batch_size must be >= 1"),
     ]:

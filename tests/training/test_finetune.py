@@ -131,7 +131,7 @@ def test_resume_continues_a_finetuning_run_exactly(finetune_args, source_run, ot
     main(args("straight", 12))
     main(args("resumed", 6))
     # resuming must not read the source again (nor load its weights over the checkpoint)
-    monkeypatch.setattr("minigpt.cli.train.load_model", lambda *a, **k: pytest.fail("source read on --resume"))
+    monkeypatch.setattr("minigpt.training.init_from.load_model", lambda *a, **k: pytest.fail("source read on --resume"))
     trainer = main(args("resumed", 12) + ["--resume", "true"])
     assert trainer.global_step == 12
     a = model_state_dict(read_checkpoint(tmp_path / "straight" / "checkpoints" / "last.ckpt"))

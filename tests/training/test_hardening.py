@@ -150,7 +150,7 @@ def test_sigkill_at_random_moments_then_resume_matches_an_uninterrupted_run(tiny
 
 
 def test_a_second_train_py_on_the_same_run_directory_is_refused(tiny_run_args, corpus, data_root, tmp_path, capsys):
-    from minigpt.cli.train import lock_run_dir
+    from minigpt.training.run_dir import lock_run_dir
 
     (tmp_path / "run").mkdir()
     held = lock_run_dir(tmp_path / "run")  # as another train.py would hold it

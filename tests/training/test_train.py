@@ -128,7 +128,7 @@ def test_fsdp_clips_by_the_norm_over_every_shard():
     root = SimpleNamespace(clip_grad_norm_=lambda max_norm: clipped.append(max_norm) or torch.tensor(3.0))
     module = under_fsdp(GPTLightningModule(GPTConfig.from_name("tiny")), model=root)
     module.configure_gradient_clipping(torch.optim.SGD(module.parameters()), 0.5, "norm")
-    assert clipped == [0.5] and module._grad_norm.item() == 3.0
+    assert clipped == [0.5] and module._clip_norm.item() == 3.0
 
 
 def test_muon_under_fsdp_is_refused_with_the_fix():

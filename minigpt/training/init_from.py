@@ -1,0 +1,91 @@
+"""Fine-tuning (init_from): a run that starts from another model's weights, model config and tokenizer.
+
+The source is anything minigpt.load_model reads (a .ckpt, a run directory, a Hugging Face model directory or
+hf:ORG/NAME).  Its tokenizer is written to out_dir/tokenizer.json and becomes data.tokenizer, so the corpus is
+prepared with it; the model keys a run sets must agree with the source, except those in INIT_OVERRIDABLE.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from minigpt.core import checkpoint
+from minigpt.core.checkpoint import read_checkpoint
+from minigpt.core.config import GPTConfig
+from minigpt.core.errors import CheckpointError, UserError, first_line
+from minigpt.core.fsutil import atomic_write
+from minigpt.core.model import GPT
+from minigpt.loading import load_model
+from minigpt.training.run_dir import check_writable
+
+# model fields set by a link rather than by the user (data.vocab_size -> model.vocab_size)
+LINKED_MODEL_FIELDS = {"vocab_size"}
+# model fields a fine-tuning run (init_from) may set differently from its source; block_size only smaller
+INIT_OVERRIDABLE = {"attention", "sdpa_backend", "dropout", "block_size"}
+
+
+def init_from_source(config: Any, given: Any) -> tuple[GPTConfig, GPT | None]:
+    """init_from: fill config's model section from the source and point data.tokenizer at its tokenizer (written
+    to out_dir/tokenizer.json).  Returns the source's config and model; the model is None when --resume continues
+    the run, whose own checkpoint then supplies config and tokenizer (the source's weights are not read again)."""
+    src, out_dir = config["init_from"], Path(config["out_dir"])
+    last = out_dir / "checkpoints" / "last.ckpt"
+    if config["resume"] and last.is_file():
+        saved = read_last(last)
+        source_model, tokenizer = None, checkpoint.checkpoint_tokenizer(saved)
+        source_config = checkpoint.model_config(saved)
+    else:
+        try:
+            source_model, tokenizer = load_model(src)
+        except UserError as e:
+            raise UserError(f"init_from: {first_line(e, 1000)}") from None
+        source_config = source_model.config
+    if tokenizer is None:
+        raise UserError(f"init_from {src}: it has no tokenizer; fine-tune from a checkpoint written by train.py")
+    tokenizer_file = out_dir / "tokenizer.json"
+    given_tokenizer = given.get("data.tokenizer") if given is not None else None
+    if given_tokenizer is not None and Path(str(given_tokenizer)).resolve() != tokenizer_file.resolve():
+        raise UserError(f"init_from {src}: data.tokenizer is set ({given_tokenizer}), but a fine-tuning run uses its "
+                        "source's tokenizer; remove data.tokenizer")
+    source_keys = source_config.to_dict()
+    user_keys = {k: v for k, v in (given.get("model") or {}).items() if v is not None} if given is not None else {}
+    conflicts = [f"model.{k}={v!r} (the source has {source_keys[k]!r})" for k, v in user_keys.items()
+                 if k in source_keys and k not in INIT_OVERRIDABLE | LINKED_MODEL_FIELDS and v != source_keys[k]]
+    if conflicts:
+        raise UserError(f"init_from {src}: the model comes from the source, but this run sets " + ", ".join(conflicts)
+                        + "; remove these model settings (a fine-tuning run may change only attention, sdpa_backend, "
+                        "dropout and a smaller block_size)")
+    block_size = user_keys.get("block_size", source_config.block_size)
+    if block_size > source_config.block_size:
+        raise UserError(f"init_from {src}: model.block_size={block_size} is larger than the source's "
+                        f"{source_config.block_size}; use a block_size of at most {source_config.block_size}")
+    for key, value in source_keys.items():
+        if key not in LINKED_MODEL_FIELDS:
+            config["model"][key] = user_keys.get(key, value) if key in INIT_OVERRIDABLE else value
+    config["data"]["block_size"] = block_size  # its link from model.block_size ran at parse time
+    check_writable(out_dir)
+    text = json.dumps(tokenizer.to_dict()).encode()  # the data layer keys its cache by this file's content
+    if not tokenizer_file.is_file() or tokenizer_file.read_bytes() != text:
+        atomic_write(tokenizer_file, lambda f: f.write(text))
+    config["data"]["tokenizer"] = str(tokenizer_file)
+    return source_config, source_model
+
+
+def load_init_weights(model: GPT, source: GPT) -> None:
+    """Copy the source's weights into the model being trained; learned positions beyond a smaller block_size are
+    dropped (nanoGPT's crop_block_size)."""
+    state = source.state_dict()
+    if "transformer.wpe.weight" in state:
+        state["transformer.wpe.weight"] = state["transformer.wpe.weight"][:model.config.block_size]
+    model.load_state_dict(state)
+
+
+def read_last(last: Path) -> dict[str, Any]:
+    """The run's last checkpoint for --resume; a damaged one is a one-line error with the way out."""
+    try:
+        return read_checkpoint(last)
+    except CheckpointError as e:
+        raise UserError(f"--resume: {first_line(e, 400)}; copy checkpoints/best.ckpt over it to resume from the "
+                        "best one, or start over with --overwrite") from None

@@ -1,0 +1,112 @@
+"""The run directory's guards: writable, one train.py at a time, --overwrite that can be undone, Ctrl-C that saves.
+
+A run directory (out_dir) holds checkpoints/, TensorBoard events and config.yaml.  These context managers and
+checks keep it whole whatever happens to the process: a second train.py is refused, an --overwrite run that fails
+before its first checkpoint puts the old checkpoints back, and Ctrl-C stops after the current step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+from lightning.pytorch import Trainer
+
+from minigpt.core.errors import UserError
+from minigpt.core.fsutil import temp_sibling
+
+LOCK_FILE, PID_FILE = ".train.lock", ".train.pid"
+SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM}
+
+
+def check_writable(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / f".write-test-{id(out_dir)}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"cannot write to out_dir {out_dir} ({e.strerror or type(e).__name__}); "
+                        "choose a writable --out_dir") from None
+
+
+class RunLock:
+    """An exclusive lock on out_dir for this process's lifetime (filelock: the OS drops it when the process ends,
+    however it ends, on every platform): a second train.py on the same run directory is refused instead of mixing
+    two runs' files.  The holder's pid sits in a file beside the lock, for the refusal's message."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.lock = FileLock(out_dir / LOCK_FILE)
+        self.pid_file = out_dir / PID_FILE
+        try:
+            self.lock.acquire(timeout=0)
+        except Timeout:
+            try:
+                other = f"pid {self.pid_file.read_text().strip()}"
+            except OSError:
+                other = "pid unknown"
+            raise UserError(f"{out_dir} is in use by another train.py ({other}); wait for it to finish or "
+                            "choose another --out_dir") from None
+        self.pid_file.write_text(str(os.getpid()))
+
+    def close(self) -> None:
+        self.lock.release()
+
+
+def lock_run_dir(out_dir: Path) -> RunLock | None:
+    """Only the launching process takes the lock (DDP workers it starts share its run directory)."""
+    if any(os.environ.get(k, "0") != "0" for k in ("RANK", "LOCAL_RANK", "NODE_RANK")):
+        return None
+    return RunLock(out_dir)
+
+
+@contextlib.contextmanager
+def replacing(checkpoints: Path, enabled: bool) -> Iterator[None]:
+    """--overwrite: the old run's checkpoints are moved aside, not deleted, until the new run has written a
+    checkpoint of its own or finished; if it fails before that, they are put back."""
+    aside = temp_sibling(checkpoints, "old")
+    if enabled:
+        os.rename(checkpoints, aside)
+    try:
+        yield
+    except BaseException:
+        if enabled and aside.exists() and not any(checkpoints.glob("*.ckpt")):
+            shutil.rmtree(checkpoints, ignore_errors=True)
+            os.rename(aside, checkpoints)
+            print(f"the new run failed before its first checkpoint: {checkpoints} is as it was", file=sys.stderr)
+        raise
+    finally:
+        if enabled and aside.exists():
+            shutil.rmtree(aside, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def stop_on_signals(trainer: Trainer) -> Iterator[list[str]]:
+    """Ctrl-C (SIGINT) ends training after the current step, like SIGTERM (which Lightning handles), so the
+    checkpoint saved then is a whole one; a second Ctrl-C stops at once.  Yields the list of signals received."""
+    received: list[str] = []
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+        yield received
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if received:
+            raise KeyboardInterrupt
+        received.append("SIGINT")
+        trainer.should_stop = True
+        print("\nstopping after this step and saving a checkpoint (Ctrl-C again to stop at once)",
+              file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGINT, previous)

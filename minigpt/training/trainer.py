@@ -1,0 +1,73 @@
+"""The Trainer minigpt runs: Lightning's, with precision "auto", its defaults and the run's callbacks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor, Timer, TQDMProgressBar
+
+from minigpt.core.errors import UserError
+from minigpt.core.precision import resolve_precision
+from minigpt.training.callbacks import AttentionImages, CompileModel, RNGState, TextSamples
+
+PROGRESS_REFRESH = 10
+# Lightning's precision settings (its Trainer checks them again) and minigpt's "auto"; declared here because
+# Lightning's own type for them is private
+Precision = Literal["auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true",
+                    "transformer-engine", "transformer-engine-float16", "32", "16", "bf16", "64", 32, 16, 64]
+
+
+class MiniGPTTrainer(Trainer):
+    """Lightning's Trainer with one more precision: "auto" (the default), bf16-mixed where the device computes
+    bf16 natively and float32 elsewhere (see minigpt/core/precision.py).  Every other argument is Lightning's."""
+
+    def __init__(self, *args: Any, precision: Precision | None = "auto",
+                 **kwargs: Any) -> None:
+        # settings Lightning would divide by (or loop on) before it checks them
+        for key, need in (("accumulate_grad_batches", 1), ("log_every_n_steps", 1), ("val_check_interval", 1e-9)):
+            value = kwargs.get(key)
+            if value is not None and value < need:
+                raise UserError(f"trainer.{key} must be {'>= 1' if need == 1 else '> 0'}, got {value}")
+        precision, _ = resolve_precision(precision, kwargs.get("accelerator", "auto"))
+        super().__init__(*args, precision=precision, **kwargs)
+
+
+TRAINER_DEFAULTS: dict[str, Any] = {
+    "max_steps": 2000,
+    "max_epochs": -1,
+    "check_val_every_n_epoch": None,  # val_check_interval counts batches across epochs
+    "val_check_interval": 250,
+    "log_every_n_steps": 10,
+    "gradient_clip_val": 1.0,
+    "num_sanity_val_steps": 0,
+    "use_distributed_sampler": False,  # the datamodule draws per-rank windows itself
+    "enable_model_summary": False,
+}
+
+
+def run_callbacks(config: Any, batch_size: int) -> list:
+    checkpoints = Path(config["out_dir"]) / "checkpoints"
+    callbacks = [
+        # best.ckpt: lowest validation loss so far
+        ModelCheckpoint(dirpath=checkpoints, filename="best", monitor="val_loss", mode="min", save_top_k=1,
+                        enable_version_counter=False, auto_insert_metric_name=False),
+        # last.ckpt: every checkpoint_every steps, what --resume continues from
+        ModelCheckpoint(dirpath=checkpoints, filename="last", every_n_train_steps=config["checkpoint_every"],
+                        save_top_k=1, enable_version_counter=False),
+        LearningRateMonitor(logging_interval="step"),
+        ThroughputMonitor(batch_size_fn=lambda batch: batch.size(0), length_fn=lambda batch: batch.size(1) - 1,
+                          window_size=10),  # rates over the last 10 batches
+        RNGState(),
+        TextSamples(config["sample_tokens"]),
+        AttentionImages(config["attention_images"]),
+    ]
+    if config["trainer"].get("enable_progress_bar") is not False:
+        # redrawn every PROGRESS_REFRESH steps, not every step: redrawing cost ~3% of a small CPU model's step
+        callbacks.append(TQDMProgressBar(refresh_rate=PROGRESS_REFRESH))
+    if config["compile"]:
+        callbacks.append(CompileModel(batch_size))
+    if not config["trainer"].get("max_time"):  # Lightning adds its own Timer for max_time; else time the run
+        callbacks.append(Timer())
+    return callbacks
