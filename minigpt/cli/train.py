@@ -119,6 +119,9 @@ class MiniGPTCLI(LightningCLI):
             parser.error(problem)
         super().parse_arguments(parser, args)
         check_seed(self.config["seed"])  # Lightning seeds everything with it next (seed_everything is linked to it)
+        if self.config.get("init_from") is not None and not str(self.config["init_from"]).strip():
+            parser.error("init_from is empty (an unset shell variable?); name a .ckpt, a run directory, a Hugging "
+                         "Face model directory or hf:ORG/NAME, or leave init_from out to train from scratch")
         # init_from needs to know which settings the user gave (config files and flags), not their defaults: a
         # parser without the links (whose sources may be unset) parses them again, without defaults
         self.given = None

@@ -26,16 +26,25 @@ SDPA_BACKEND = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFF
 
 
 class KVCache:
-    """Keys and values of one layer for the positions already seen, so decoding a token costs O(S), not O(S^2)."""
+    """Keys and values of one layer for the positions already seen, so decoding a token costs O(S), not O(S^2).
+
+    The buffers grow with the sequence (to what is written, doubling past that, never beyond max_len): eight
+    tokens from a model with a 128k context hold eight positions, not the whole context's gigabytes."""
 
     def __init__(self, batch_size: int, max_len: int, n_kv_head: int, head_dim: int,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
-        shape = (batch_size, n_kv_head, max_len, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.max_len = max_len
+        self.k = torch.zeros((batch_size, n_kv_head, 0, head_dim), device=device, dtype=dtype)  # (B, nkv, capacity, hs)
+        self.v = torch.zeros_like(self.k)
 
     def update(self, k: torch.Tensor, v: torch.Tensor, input_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
         end = input_pos + k.size(2)
+        if end > self.max_len:
+            raise ValueError(f"the cache holds {self.max_len} positions; position {end - 1} is past it")
+        if end > self.k.size(2):  # grow: amortised O(1) copies per position
+            extra = min(self.max_len, max(end, 2 * self.k.size(2))) - self.k.size(2)
+            self.k = torch.cat((self.k, self.k.new_zeros(*self.k.shape[:2], extra, self.k.size(3))), dim=2)
+            self.v = torch.cat((self.v, self.v.new_zeros(*self.v.shape[:2], extra, self.v.size(3))), dim=2)
         self.k[:, :, input_pos:end] = k
         self.v[:, :, input_pos:end] = v
         return self.k[:, :, :end], self.v[:, :, :end]  # (B, nkv, S, hs)
@@ -319,7 +328,8 @@ class GPT(nn.Module):
         return logits, loss
 
     def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> list[KVCache]:
-        """An empty cache per layer for `batch_size` sequences of up to `max_len` (default block_size) tokens."""
+        """An empty cache per layer for `batch_size` sequences of up to `max_len` (default block_size) tokens; it
+        allocates as positions are written."""
         p = self.lm_head.weight
         return [KVCache(batch_size, max_len or self.config.block_size, self.config.n_kv_head,
                         self.config.head_dim, device=p.device, dtype=p.dtype)

@@ -25,11 +25,13 @@ class MiniGPTTrainer(Trainer):
 
     def __init__(self, *args: Any, precision: Precision | None = "auto",
                  **kwargs: Any) -> None:
-        # settings Lightning would divide by (or loop on) before it checks them
-        for key, need in (("accumulate_grad_batches", 1), ("log_every_n_steps", 1), ("val_check_interval", 1e-9)):
+        # settings Lightning would divide by (or loop on, or silently misuse) before it checks them
+        for key, need, rule in (("accumulate_grad_batches", 1, ">= 1"), ("log_every_n_steps", 1, ">= 1"),
+                                ("val_check_interval", 1e-9, "> 0"),
+                                ("gradient_clip_val", 0, ">= 0 (0 or null: no clipping)")):  # < 0 ascends
             value = kwargs.get(key)
             if value is not None and value < need:
-                raise UserError(f"trainer.{key} must be {'>= 1' if need == 1 else '> 0'}, got {value}")
+                raise UserError(f"trainer.{key} must be {rule}, got {value}")
         precision, _ = resolve_precision(precision, kwargs.get("accelerator", "auto"))
         super().__init__(*args, precision=precision, **kwargs)
 

@@ -84,6 +84,28 @@ def test_kv_cache_matches_full_forward(attention, arch, n_kv_head):
     assert (incremental - full).abs().max().item() <= 1e-5
 
 
+
+def test_kv_cache_holds_what_is_used_not_the_whole_context():
+    """Eight positions of a long-context model cache eight positions' keys, growing by doubling up to block_size."""
+    model = build(GPTConfig(arch="llama", n_layer=1, n_head=2, n_kv_head=1, n_embd=16, block_size=1 << 14,
+                            vocab_size=256))
+    cache = model.new_kv_cache(batch_size=1)
+    assert cache[0].k.size(2) == 0
+    idx = torch.randint(0, 256, (1, 8))
+    with torch.no_grad():
+        model(idx[:, :5], kv_cache=cache, input_pos=0)
+        assert cache[0].k.size(2) == 5
+        for pos in range(5, 8):
+            model(idx[:, pos:pos + 1], kv_cache=cache, input_pos=pos)
+    assert cache[0].k.size(2) == cache[0].v.size(2) == 10  # 5, then doubled once: not 16384
+    small = model.new_kv_cache(batch_size=1, max_len=6)
+    with torch.no_grad():
+        model(idx[:, :5], kv_cache=small, input_pos=0)
+        model(idx[:, 5:6], kv_cache=small, input_pos=5)
+        assert small[0].k.size(2) == 6  # doubling stops at max_len
+        with pytest.raises(ValueError, match="holds 6 positions"):
+            model(idx[:, 6:7], kv_cache=small, input_pos=6)
+
 def test_gqa_equals_mha_with_repeated_kv():
     """A GQA model equals a plain multi-head model whose K/V projections repeat each shared head."""
     gqa = build(tiny("llama", n_kv_head=2))

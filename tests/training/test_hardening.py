@@ -58,6 +58,19 @@ def test_empty_and_too_short_and_binary_corpora(tiny_run_args, tmp_path, data_ro
     assert_one_line_error(code, err, "byte")
 
 
+
+@pytest.mark.parametrize("flags,fragments", [
+    (["--trainer.gradient_clip_val", "-1"], ["trainer.gradient_clip_val must be >= 0", "got -1"]),
+    (["--init_from", ""], ["init_from is empty", "hf:ORG/NAME"]),
+    (["--init_from", "  "], ["init_from is empty"]),
+])
+def test_values_that_would_train_silently_wrong_are_refused(tiny_run_args, corpus, data_root, tmp_path, capsys, flags,
+                                                            fragments):
+    """A negative clip value would clip to gradient ascent; an empty init_from would silently train from scratch."""
+    code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "run") + flags, capsys)
+    assert_one_line_error(code, err, *fragments)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
 def test_unwritable_out_dir(tiny_run_args, corpus, data_root, tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
