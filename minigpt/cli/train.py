@@ -12,8 +12,8 @@ GPTLightningModule as they are.  Shared values are linked, not copied: model.blo
 seed -> data.seed, and the data's tokenizer -> model.vocab_size.
 
 Fine-tuning (`init_from: SRC`, anything minigpt.loading.load_model reads) takes the model config, the weights
-and the tokenizer from SRC: the tokenizer is written to out_dir/tokenizer.json and becomes data.tokenizer, so the
-corpus is prepared with it; the model keys a run sets must agree with SRC, except those in INIT_OVERRIDABLE.
+and the tokenizer from SRC (minigpt.training.init_from): the tokenizer becomes data.tokenizer, so the corpus is
+prepared with it; the model keys a run sets must agree with SRC, except those in INIT_OVERRIDABLE.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from minigpt.core.checkpoint import check_resumable
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError, first_line, run_cli
 from minigpt.core.evaluate import evaluate_tokens
+from minigpt.core.fsutil import atomic_write
 from minigpt.core.precision import resolve_precision
 from minigpt.core.seed import check_seed
 from minigpt.training.checkpoint_io import SafeCheckpointIO
@@ -209,6 +210,10 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
                             "or pass --overwrite to start over")
         overwrite = cli.trainer.is_global_zero
     trainer = cli.trainer
+    if cli.config.get("init_from") and trainer.is_global_zero:  # the run is accepted: now out_dir gets its tokenizer
+        text = Path(cli.config["data"]["tokenizer"]).read_bytes()
+        if not (out_dir / "tokenizer.json").is_file() or (out_dir / "tokenizer.json").read_bytes() != text:
+            atomic_write(out_dir / "tokenizer.json", lambda f: f.write(text))
     with replacing(out_dir / "checkpoints", overwrite), stop_on_signals(trainer) as stopped_by:
         try:
             trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path, weights_only=True)

@@ -1,12 +1,14 @@
 """Fine-tuning (init_from): a run that starts from another model's weights, model config and tokenizer.
 
 The source is anything minigpt.load_model reads (a .ckpt, a run directory, a Hugging Face model directory or
-hf:ORG/NAME).  Its tokenizer is written to out_dir/tokenizer.json and becomes data.tokenizer, so the corpus is
-prepared with it; the model keys a run sets must agree with the source, except those in INIT_OVERRIDABLE.
+hf:ORG/NAME).  Its tokenizer becomes data.tokenizer (a file under the data root named by its content), so the
+corpus is prepared with it, and out_dir/tokenizer.json once the run is accepted; the model keys a run sets must
+agree with the source, except those in INIT_OVERRIDABLE.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -15,10 +17,9 @@ from minigpt.core import checkpoint
 from minigpt.core.checkpoint import read_checkpoint
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import CheckpointError, UserError, first_line
-from minigpt.core.fsutil import atomic_write
+from minigpt.core.fsutil import atomic_write, write_errors
 from minigpt.core.model import GPT
 from minigpt.loading import load_model
-from minigpt.training.run_dir import check_writable
 
 # model fields set by a link rather than by the user (data.vocab_size -> model.vocab_size)
 LINKED_MODEL_FIELDS = {"vocab_size"}
@@ -28,11 +29,17 @@ INIT_OVERRIDABLE = {"attention", "sdpa_backend", "dropout", "block_size"}
 
 def init_from_source(config: Any, given: Any) -> tuple[GPTConfig, GPT | None]:
     """init_from: fill config's model section from the source and point data.tokenizer at its tokenizer (written
-    to out_dir/tokenizer.json).  Returns the source's config and model; the model is None when --resume continues
-    the run, whose own checkpoint then supplies config and tokenizer (the source's weights are not read again)."""
+    under the data root, keyed by its content; train.py copies it to out_dir/tokenizer.json once the run is
+    accepted, so a refused run writes nothing into out_dir).  Returns the source's config and model; the model is
+    None when --resume continues the run, whose own checkpoint then supplies config and tokenizer (the source's
+    weights are not read again)."""
     src, out_dir = config["init_from"], Path(config["out_dir"])
     last = out_dir / "checkpoints" / "last.ckpt"
-    if config["resume"] and last.is_file():
+    resuming = config["resume"] and last.is_file()
+    if not resuming and Path(str(src)).is_dir() and Path(str(src)).resolve() == out_dir.resolve():
+        raise UserError(f"init_from {src} is out_dir itself: the run would write its files into the source model's "
+                        "folder; choose another --out_dir")
+    if resuming:
         saved = read_last(last)
         source_model, tokenizer = None, checkpoint.checkpoint_tokenizer(saved)
         source_config = checkpoint.model_config(saved)
@@ -44,9 +51,11 @@ def init_from_source(config: Any, given: Any) -> tuple[GPTConfig, GPT | None]:
         source_config = source_model.config
     if tokenizer is None:
         raise UserError(f"init_from {src}: it has no tokenizer; fine-tune from a checkpoint written by train.py")
-    tokenizer_file = out_dir / "tokenizer.json"
+    text = json.dumps(tokenizer.to_dict()).encode()  # the data layer keys its cache by this file's content
+    tokenizer_file = Path(config["data"]["data_root"]) / "tokenizers" / f"{hashlib.sha256(text).hexdigest()[:16]}.json"
     given_tokenizer = given.get("data.tokenizer") if given is not None else None
-    if given_tokenizer is not None and Path(str(given_tokenizer)).resolve() != tokenizer_file.resolve():
+    ours = (tokenizer_file.resolve(), (out_dir / "tokenizer.json").resolve())
+    if given_tokenizer is not None and Path(str(given_tokenizer)).resolve() not in ours:
         raise UserError(f"init_from {src}: data.tokenizer is set ({given_tokenizer}), but a fine-tuning run uses its "
                         "source's tokenizer; remove data.tokenizer")
     source_keys = source_config.to_dict()
@@ -65,10 +74,9 @@ def init_from_source(config: Any, given: Any) -> tuple[GPTConfig, GPT | None]:
         if key not in LINKED_MODEL_FIELDS:
             config["model"][key] = user_keys.get(key, value) if key in INIT_OVERRIDABLE else value
     config["data"]["block_size"] = block_size  # its link from model.block_size ran at parse time
-    check_writable(out_dir)
-    text = json.dumps(tokenizer.to_dict()).encode()  # the data layer keys its cache by this file's content
     if not tokenizer_file.is_file() or tokenizer_file.read_bytes() != text:
-        atomic_write(tokenizer_file, lambda f: f.write(text))
+        with write_errors(tokenizer_file.parent, "choose a writable --data.data_root"):
+            atomic_write(tokenizer_file, lambda f: f.write(text))
     config["data"]["tokenizer"] = str(tokenizer_file)
     return source_config, source_model
 

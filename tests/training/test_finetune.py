@@ -100,6 +100,22 @@ def test_init_from_refuses_a_conflicting_model_setting(finetune_args, source_run
         main(finetune_args(other_corpus, data_root, tmp_path / "ft", tmp_path / "nowhere"))
 
 
+
+def test_a_refused_finetuning_run_writes_nothing_into_out_dir(finetune_args, source_run, other_corpus, data_root,
+                                                             tmp_path):
+    """A run refused because out_dir holds another run leaves that run's tokenizer.json as it was, and a source
+    folder given as its own out_dir is refused before anything is written into it."""
+    other = tmp_path / "other-run"
+    main(finetune_args(other_corpus, data_root, other, source_run, steps=1))
+    (other / "tokenizer.json").write_text("the other run's own file")
+    with pytest.raises(UserError, match="already holds a run"):
+        main(finetune_args(other_corpus, data_root, other, source_run, steps=1))
+    assert (other / "tokenizer.json").read_text() == "the other run's own file"
+    before = {p.name: p.read_bytes() for p in source_run.iterdir() if p.is_file()}
+    with pytest.raises(UserError, match="is out_dir itself"):
+        main(finetune_args(other_corpus, data_root, source_run, source_run, steps=1))
+    assert {p.name: p.read_bytes() for p in source_run.iterdir() if p.is_file()} == before
+
 def test_model_keys_from_a_config_file_count_as_set(finetune_args, source_run, other_corpus, data_root, tmp_path):
     config = tmp_path / "ft.yaml"
     config.write_text("model:\n  block_size: 16\n  n_head: 4\n  n_embd: 32\n")  # n_embd agrees with the source
