@@ -49,7 +49,7 @@ from minigpt.training.datamodule import TokenDataModule
 from minigpt.training.init_from import init_from_source, load_init_weights, read_last
 from minigpt.training.lightning_module import GPTLightningModule
 from minigpt.training.optim import OptimConfig
-from minigpt.training.run_dir import SIGNALS, check_writable, lock_run_dir, replacing, stop_on_signals
+from minigpt.training.run_dir import SIGNALS, check_writable, lock_run_dir, recover, replacing, stop_on_signals
 from minigpt.training.trainer import TRAINER_DEFAULTS, MiniGPTTrainer, run_callbacks
 
 # Our sampler restarts exactly where a run stopped (see datamodule.py), so Lightning's caution does not apply.
@@ -85,7 +85,8 @@ class MiniGPTCLI(LightningCLI):
         parser.add_argument("--resume", action=ActionYesNo, nargs="?", default=False,
                             help="Continue the run in out_dir from checkpoints/last.ckpt.")
         parser.add_argument("--overwrite", action=ActionYesNo, nargs="?", default=False,
-                            help="Start a new run in an out_dir that already holds one (its checkpoints are deleted).")
+                            help="Start a new run in an out_dir that already holds one: its checkpoints and config.yaml "
+                                 "are replaced once the new run has a checkpoint (other files stay).")
         parser.add_argument("--eval_full", action=ActionYesNo, nargs="?", default=True,
                             help="At the end, report the loss over the whole validation split (one device only).")
         parser.add_argument("--checkpoint_every", type=PositiveInt, default=100,
@@ -188,6 +189,8 @@ def main(argv: list[str] | None = None) -> Trainer:
     check_writable(out_dir)
     lock = lock_run_dir(out_dir)
     try:
+        if lock is not None:  # this process owns the run directory: finish what a killed --overwrite left
+            recover(out_dir)
         return _train(cli, out_dir)
     finally:  # released here too, not only at exit: in-process callers (tests, notebooks) run main again
         if lock is not None:
@@ -214,7 +217,7 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         text = Path(cli.config["data"]["tokenizer"]).read_bytes()
         if not (out_dir / "tokenizer.json").is_file() or (out_dir / "tokenizer.json").read_bytes() != text:
             atomic_write(out_dir / "tokenizer.json", lambda f: f.write(text))
-    with replacing(out_dir / "checkpoints", overwrite), stop_on_signals(trainer) as stopped_by:
+    with replacing(out_dir, overwrite), stop_on_signals(trainer) as stopped_by:
         try:
             trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path, weights_only=True)
         except SIGTERMException:  # Lightning's: raised between steps after a SIGTERM, the state is whole

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import sys
@@ -21,7 +22,7 @@ from filelock import FileLock, Timeout
 from lightning.pytorch import Trainer
 
 from minigpt.core.errors import UserError
-from minigpt.core.fsutil import temp_sibling
+from minigpt.core.fsutil import pid_alive, temp_sibling
 
 LOCK_FILE, PID_FILE = ".train.lock", ".train.pid"
 SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM}
@@ -68,24 +69,55 @@ def lock_run_dir(out_dir: Path) -> RunLock | None:
     return RunLock(out_dir)
 
 
+# what train.py itself writes that a new run replaces: --overwrite moves these and nothing else
+RUN_FILES = ("checkpoints/best.ckpt", "checkpoints/last.ckpt", "config.yaml")
+ASIDE = re.compile(r"^\.checkpoints\.old-(\d+)$")  # fsutil.temp_sibling(out_dir / "checkpoints", "old")
+
+
+def _move(names: tuple[str, ...] | list[str], src: Path, dst: Path) -> list[str]:
+    moved = []
+    for name in names:
+        if (src / name).is_file():
+            (dst / name).parent.mkdir(parents=True, exist_ok=True)
+            os.rename(src / name, dst / name)
+            moved.append(name)
+    return moved
+
+
 @contextlib.contextmanager
-def replacing(checkpoints: Path, enabled: bool) -> Iterator[None]:
-    """--overwrite: the old run's checkpoints are moved aside, not deleted, until the new run has written a
-    checkpoint of its own or finished; if it fails before that, they are put back."""
-    aside = temp_sibling(checkpoints, "old")
-    if enabled:
-        os.rename(checkpoints, aside)
+def replacing(out_dir: Path, enabled: bool) -> Iterator[None]:
+    """--overwrite: the old run's files (RUN_FILES; a user's own files stay where they are) are moved aside, not
+    deleted, until the new run has written a checkpoint of its own or finished; if it fails before that, they are
+    put back.  A process killed in between leaves them aside, and the next train.py puts them back (recover)."""
+    aside = temp_sibling(out_dir / "checkpoints", "old")
+    moved = _move(RUN_FILES, out_dir, aside) if enabled else []
     try:
         yield
     except BaseException:
-        if enabled and aside.exists() and not any(checkpoints.glob("*.ckpt")):
-            shutil.rmtree(checkpoints, ignore_errors=True)
-            os.rename(aside, checkpoints)
-            print(f"the new run failed before its first checkpoint: {checkpoints} is as it was", file=sys.stderr)
+        if moved and not any((out_dir / name).is_file() for name in RUN_FILES if name.endswith(".ckpt")):
+            _move(moved, aside, out_dir)
+            print(f"the new run failed before its first checkpoint: {out_dir} is as it was", file=sys.stderr)
         raise
     finally:
-        if enabled and aside.exists():
+        if enabled:
             shutil.rmtree(aside, ignore_errors=True)
+
+
+def recover(out_dir: Path) -> None:
+    """Files an --overwrite run set aside and never took back, because it was killed: put them back where the run
+    that replaced them left no checkpoint, else drop them (the new run had checkpointed: they were replaced)."""
+    for aside in out_dir.glob(".checkpoints.old-*"):
+        m = ASIDE.match(aside.name)
+        if m is None or pid_alive(int(m.group(1))):
+            continue
+        if not any((out_dir / name).is_file() for name in RUN_FILES if name.endswith(".ckpt")):
+            names = [name for name in RUN_FILES if (aside / name).is_file()]
+            for name in names:
+                (out_dir / name).unlink(missing_ok=True)
+            _move(names, aside, out_dir)
+            print(f"put back the previous run's files that an interrupted --overwrite had set aside in {aside.name}",
+                  file=sys.stderr)
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 @contextlib.contextmanager

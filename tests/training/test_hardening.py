@@ -181,7 +181,9 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tiny_run
 
     main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    before = last.read_bytes()
+    before, config_before = last.read_bytes(), (tmp_path / "run" / "config.yaml").read_text()
+    own = tmp_path / "run" / "checkpoints" / "my-notes.txt"  # a user's file: --overwrite never touches it
+    own.write_text("mine")
 
     def broken_step(self, batch, batch_idx):
         raise RuntimeError("a bug in the new run")
@@ -191,10 +193,30 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tiny_run
         with pytest.raises(RuntimeError, match="a bug in the new run"):
             main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5) + ["--overwrite"])
     assert last.read_bytes() == before, "the old run's checkpoints must be put back"
+    assert (tmp_path / "run" / "config.yaml").read_text() == config_before, "and its config"
     assert not list((tmp_path / "run").glob(".checkpoints*")), "nothing left aside"
     main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=7) + ["--overwrite"])
     assert read_checkpoint(last)["global_step"] == 7
     assert not list((tmp_path / "run").glob(".checkpoints*"))
+    assert own.read_text() == "mine"
+
+
+def test_files_a_killed_overwrite_set_aside_are_put_back_by_the_next_run(tiny_run_args, corpus, data_root, tmp_path):
+    """SIGKILL between --overwrite setting the old run aside and the new run's first checkpoint: the next train.py
+    finds the old run where it was, so --resume continues it."""
+    run = tmp_path / "run"
+    main(tiny_run_args(corpus, data_root, run, steps=5))
+    killed = subprocess.Popen([sys.executable, "-c", "pass"])  # a process id that is no longer alive
+    killed.wait()
+    aside = run / f".checkpoints.old-{killed.pid}"
+    (aside / "checkpoints").mkdir(parents=True)
+    for name in ("checkpoints/last.ckpt", "checkpoints/best.ckpt", "config.yaml"):
+        if (run / name).is_file():
+            (run / name).rename(aside / name)  # as a killed --overwrite leaves them
+    (run / "config.yaml").write_text("the killed run's config")
+    trainer = main(tiny_run_args(corpus, data_root, run, steps=8) + ["--resume", "true"])
+    assert trainer.global_step == 8 and not aside.exists()
+    assert read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == 8
 
 
 def test_sigint_and_sigterm_save_a_checkpoint_at_the_step_and_exit_non_zero(tiny_run_args, make_corpus, tmp_path):
