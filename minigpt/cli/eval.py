@@ -22,8 +22,9 @@ def build_parser() -> CommandParser:
     p = CommandParser(prog="eval.py", description="Evaluate a checkpoint on a text file: nats/token, bits/char.")
     add_source_argument(p)
     p.add_argument("--text", type=str, required=True, help="UTF-8 text file to evaluate on")
-    p.add_argument("--batch_size", "--batch-size", type=int, default=32,
-                   help="windows of block_size tokens evaluated at once (speed and memory, not the result)")
+    p.add_argument("--batch_size", "--batch-size", type=int | None, default=None,
+                   help="windows of block_size tokens evaluated at once (speed and memory, not the result); default "
+                        "and upper bound: as many as keep the logits within 512 MiB")
     p.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:N, mps, or auto")
     return p
 
@@ -42,7 +43,7 @@ def read_text(path: Path) -> str:
 def run(argv: list[str] | None = None) -> tuple[float, int]:
     """eval.py without the one-line error handling: prints the result line, returns (total nats, tokens)."""
     args = build_parser().parse_args(argv)
-    if args.batch_size < 1:
+    if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch_size must be >= 1, got {args.batch_size}")
     device = resolve_device(args.device)
     path = Path(args.text)

@@ -12,18 +12,29 @@ import torch.nn.functional as F
 from minigpt.core.errors import UserError
 from minigpt.core.model import GPT
 
+# Bytes of float32 logits one batch may hold: a GPT-2 shape (50,257 x 1024 per window) at batch 32 would take
+# 6.6 GB for the logits alone, 13 GB with the loss's copies.  Fewer windows at once change the speed, not the result.
+LOGITS_BUDGET = 512 * 2**20
+
+
+def windows_per_batch(model: GPT, batch_size: int | None = None) -> int:
+    """batch_size, or fewer: as many block_size windows as keep their logits within LOGITS_BUDGET."""
+    fits = max(1, LOGITS_BUDGET // (model.config.block_size * model.config.vocab_size * 4))
+    return fits if batch_size is None else min(batch_size, fits)
+
 
 @torch.inference_mode()
-def evaluate_tokens(model: GPT, tokens: np.ndarray | torch.Tensor, batch_size: int = 32,
+def evaluate_tokens(model: GPT, tokens: np.ndarray | torch.Tensor, batch_size: int | None = None,
                     device: str | torch.device | None = None) -> tuple[float, int]:
     """(total negative log-likelihood in nats, number of predicted tokens) over the whole sequence.
 
     The sequence is cut into consecutive windows of block_size + 1 tokens that overlap by one, so every token
-    after the first is predicted exactly once, with the context since its window began.  batch_size windows
-    run at once (it changes the speed, not the result).
+    after the first is predicted exactly once, with the context since its window began.  Up to batch_size windows
+    run at once (None: as many as the logits budget allows; never more): the speed changes, not the result.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise UserError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    batch_size = windows_per_batch(model, batch_size)
     T = model.config.block_size
     device = device or next(model.parameters()).device
     tokens = torch.as_tensor(np.asarray(tokens, dtype=np.int64))

@@ -41,6 +41,25 @@ def test_evaluate_tokens_matches_token_by_token_reference():
         evaluate_tokens(model, tokens[:1])
 
 
+
+def test_evaluation_batches_within_the_logits_budget(monkeypatch):
+    """However large the batch asked for, the logits held at once stay within the budget (a GPT-2 shape at batch
+    32 held 13 GB); the result is the same."""
+    from minigpt.core import evaluate
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=11)).eval()
+    tokens = torch.randint(0, 11, (200,))
+    reference, _ = evaluate_tokens(model, tokens, batch_size=1)
+    monkeypatch.setattr(evaluate, "LOGITS_BUDGET", 3 * 16 * 11 * 4)  # three windows' logits
+    batches = []
+    real_forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda idx, *a, **k: batches.append(idx.size(0)) or real_forward(idx, *a, **k))
+    for asked in (None, 1000):
+        batches.clear()
+        assert math.isclose(evaluate_tokens(model, tokens, batch_size=asked)[0], reference, rel_tol=1e-5)
+        assert max(batches) == 3 and sum(batches) == 13  # 12 full windows and the rest
+
 # --------------------------------------------------------------------------------------------------
 # eval.py on a hand-made checkpoint (the train-then-eval test is below)
 
