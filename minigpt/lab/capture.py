@@ -20,12 +20,14 @@ Rendering lives elsewhere: minigpt.lab.html (the page), minigpt.lab.figures (PNG
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError
 from minigpt.core.generation import prompt_ids
 from minigpt.core.model import GPT
@@ -45,14 +47,26 @@ METRICS: dict[str, tuple[str, str]] = {
 }
 
 
-def lab_prompt_ids(tokenizer: Tokenizer, text: str, block_size: int) -> list[int]:
-    """The prompt's ids, or a UserError naming the problem: empty, too long, or characters the vocabulary lacks."""
+# The (L, H, T, T) float32 weights a capture holds: a TinyLlama shape (22 x 32 heads) over 1,900 tokens is 10 GB
+WEIGHTS_BUDGET = 2 * 2**30
+
+
+def lab_prompt_ids(tokenizer: Tokenizer, text: str, config: GPTConfig) -> list[int]:
+    """The prompt's ids, or a UserError naming the problem: empty, too long for the model or for the weights'
+    memory budget, or characters the vocabulary lacks."""
     if not text:
         raise UserError("the prompt is empty; give some text with --prompt, --prompt-file or --prompt - (stdin)")
     ids = prompt_ids(tokenizer, text)  # unknown characters: the same one-line error as sample.py
-    if len(ids) > block_size:
-        raise UserError(f"the prompt is {len(ids)} tokens but the model reads at most block_size={block_size}; "
-                        f"shorten it to {block_size} tokens or fewer")
+    if len(ids) > config.block_size:
+        raise UserError(f"the prompt is {len(ids)} tokens but the model reads at most block_size={config.block_size}; "
+                        f"shorten it to {config.block_size} tokens or fewer")
+    heads = config.n_layer * config.n_head
+    size = heads * len(ids) ** 2 * 4
+    if size > WEIGHTS_BUDGET:  # refused, not approximated
+        fits = math.isqrt(WEIGHTS_BUDGET // (heads * 4))
+        raise UserError(f"the prompt is {len(ids)} tokens: its attention weights ({config.n_layer} layers x "
+                        f"{config.n_head} heads x {len(ids)}^2 floats) would take {size / 2**30:.1f} GiB, over the "
+                        f"lab's {WEIGHTS_BUDGET / 2**30:.0f} GiB; shorten it to {fits} tokens or fewer")
     return ids
 
 
@@ -69,7 +83,7 @@ def _weights(model: GPT, ids: list[int]) -> torch.Tensor:
 def attention_maps(model: GPT, tokenizer: Tokenizer, text: str) -> tuple[list[str], torch.Tensor]:
     """(model, tokenizer, text) -> (tokens, weights): the text's tokens as strings and every layer's and head's
     attention weights, float32 (L, H, T, T); row t holds query t's weights over keys 0..t."""
-    ids = lab_prompt_ids(tokenizer, text, model.config.block_size)
+    ids = lab_prompt_ids(tokenizer, text, model.config)
     return token_strings(tokenizer, ids), _weights(model, ids)
 
 
@@ -146,7 +160,7 @@ class AttentionCapture:
 
 def capture_attention(model: GPT, tokenizer: Tokenizer, text: str, seed: int = 0) -> AttentionCapture:
     """Run the prompt once and the repeated random sequence once; every layer's and head's weights and metrics."""
-    ids = lab_prompt_ids(tokenizer, text, model.config.block_size)
+    ids = lab_prompt_ids(tokenizer, text, model.config)
     weights = _weights(model, ids)
     metrics = head_metrics(weights)
     n = induction_length(model.config.block_size)

@@ -217,6 +217,20 @@ def test_bad_prompts_are_one_line_errors(ckpt, tmp_path, capsys, args, message):
     assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1 and message in err, err
 
 
+
+def test_a_capture_over_the_memory_budget_is_refused_before_running(monkeypatch):
+    """The (L, H, T, T) weights are computed in full or not at all: a TinyLlama shape over 1,900 tokens would take
+    10 GB, so a prompt over the budget is one line naming the size and the longest prompt that fits."""
+    from minigpt.lab import capture
+
+    model = random_model()  # 2 layers x 4 heads
+    monkeypatch.setattr(capture, "WEIGHTS_BUDGET", 2 * 4 * 10 ** 2 * 4)  # exactly 10 tokens' weights
+    assert attention_maps(model, CharTokenizer(CHARS), "a" * 10)[1].shape[-1] == 10
+    monkeypatch.setattr(model, "attention_weights", lambda *a, **k: pytest.fail("computed despite the budget"))
+    with pytest.raises(UserError, match=r"the prompt is 11 tokens: its attention weights \(2 layers x 4 heads x "
+                                        r"11\^2 floats\) .* shorten it to 10 tokens or fewer"):
+        attention_maps(model, CharTokenizer(CHARS), "a" * 11)
+
 def test_missing_checkpoint_is_one_line_without_traceback(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "attention.py"), "--ckpt", str(tmp_path / "nope.ckpt"),
                            "--prompt", "abc"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
