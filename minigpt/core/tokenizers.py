@@ -297,14 +297,15 @@ def resolve_tokenizer(name: str | Path) -> str | Path:
     if path.is_file():
         return path.resolve()
     if name.endswith(".json") or "/" in name or os.sep in name:  # meant as a path
-        raise DataError(f"tokenizer file not found: {name}; give the path of a tokenizer JSON file written by "
-                        "minigpt (e.g. a prepared data directory's tokenizer.json)")
+        raise DataError(f"tokenizer file not found: {name}; give the path of a tokenizer JSON file (a prepared "
+                        "data directory's tokenizer.json, or one made by Hugging Face tokenizers)")
     raise DataError(f"unknown tokenizer {name!r}; choose one of: {', '.join(tokenizer_names())}, or give the path "
                     "of a tokenizer JSON file (e.g. a prepared data directory's tokenizer.json)")
 
 
 def read_tokenizer_file(path: str | Path) -> Tokenizer:
-    """The tokenizer a tokenizer file (JSON of Tokenizer.to_dict()) holds. Raises DataError naming the file."""
+    """The tokenizer a tokenizer file holds: minigpt's (JSON of Tokenizer.to_dict()) or any tokenizer.json the
+    Hugging Face `tokenizers` library reads.  Raises DataError naming the file."""
     try:
         d = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as e:
@@ -312,10 +313,28 @@ def read_tokenizer_file(path: str | Path) -> Tokenizer:
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise DataError(f"tokenizer file {path} is not JSON ({first_line(e)}); give a tokenizer.json written by "
                         "minigpt") from None
+    if isinstance(d, dict) and isinstance(d.get("model"), dict) and "type" not in d:  # the `tokenizers` library's
+        return hf_tokenizer_file(Path(path).read_text(encoding="utf-8"), d, path)
     try:
         return tokenizer_from_dict(d)
     except CheckpointError as e:
         raise DataError(f"tokenizer file {path} does not hold a minigpt tokenizer ({first_line(e)})") from None
+
+
+# end-of-text tokens of common Hugging Face tokenizers, in the order they are looked for
+EOS_TOKENS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "<|im_end|>")
+
+
+def hf_tokenizer_file(text: str, d: dict[str, Any], path: str | Path) -> HFTokenizer:
+    """A tokenizer.json made by Hugging Face `tokenizers` (trained by the user, or a model's): its end-of-text id is
+    the first special token of EOS_TOKENS it registers."""
+    specials = {t.get("content"): t.get("id") for t in d.get("added_tokens") or []
+                if isinstance(t, dict) and t.get("special")}
+    eos = next((specials[t] for t in EOS_TOKENS if isinstance(specials.get(t), int)), None)
+    try:
+        return HFTokenizer(text, name="hf", eos_id=eos)
+    except DataError as e:
+        raise DataError(f"tokenizer file {path}: {first_line(e)}") from None
 
 
 def tiktoken_cache_dir() -> str:

@@ -80,7 +80,8 @@ class TokenDataModule(L.LightningDataModule):
             source: corpus: "stdlib" (built in: the Python standard library's source), a text file or folder,
                 a URL, or a `datasets` name / local parquet, json or csv file
             tokenizer: "char", "byte", a tiktoken encoding name (gpt2, cl100k_base, o200k_base, ...), or the path
-                of a tokenizer JSON file (e.g. another prepared data directory's tokenizer.json)
+                of a tokenizer JSON file (another prepared data directory's tokenizer.json, or any tokenizer.json
+                of Hugging Face `tokenizers`)
             data_root: where prepared token files are cached
             val_fraction: share of the corpus held out for validation
             text_column: the text column of a `datasets` source
