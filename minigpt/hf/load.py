@@ -246,14 +246,47 @@ def _hub_cache() -> str:
     return f"HF_HUB_CACHE={constants.HF_HUB_CACHE}"
 
 
+HUB_TIMEOUT_S = 20  # connect and read: a hub (or proxy) that accepts and never answers must not hang a command
+
+
+def _bounded_timeouts(request: Any) -> None:
+    """An httpx request hook: huggingface_hub asks for no timeout (None) on its metadata calls; give each phase
+    (connect, read, write, pool) HUB_TIMEOUT_S instead, through the request's documented `timeout` extension."""
+    asked = request.extensions.get("timeout") or {}
+    request.extensions["timeout"] = {phase: asked.get(phase) or HUB_TIMEOUT_S
+                                     for phase in ("connect", "read", "write", "pool")}
+
+
+def _cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
+    """The model's snapshot when the cache already holds its config and weights: used without the network."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        path = Path(snapshot_download(repo_id, revision=revision, local_files_only=True,
+                                      allow_patterns=META_FILES + SAFETENSORS_FILES + BIN_FILES))
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        return None
+    weights = any(path.glob("model*.safetensors")) or any(path.glob("pytorch_model*.bin"))
+    return path if (path / "config.json").is_file() and weights else None
+
+
 def download_hf(repo_id: str, revision: str | None = None) -> Path:
     """hf:ORG/NAME -> the local snapshot directory in huggingface_hub's cache (downloaded if absent and online).
     Only the config, tokenizer and one weight format are fetched (safetensors when the repository has it)."""
-    from huggingface_hub import snapshot_download
+    import httpx2
+    from huggingface_hub import constants, get_session, snapshot_download
     from huggingface_hub.errors import (GatedRepoError, HFValidationError, LocalEntryNotFoundError,
                                         RepositoryNotFoundError, RevisionNotFoundError)
 
     where = f"hf:{repo_id}" + (f"@{revision}" if revision else "")
+    if (cached := _cached_snapshot(repo_id, revision)) is not None:
+        return cached
+    hooks = get_session().event_hooks  # huggingface_hub's shared client: waits forever unless bounded
+    if _bounded_timeouts not in hooks["request"]:
+        get_session().event_hooks = {**hooks, "request": [*hooks["request"], _bounded_timeouts]}
+    beforehand = (f"set HF_HUB_OFFLINE=1 to use the cache only, or download the model beforehand with "
+                  f"`hf download {repo_id}` (or pass a local model directory)")
     try:
         path = Path(snapshot_download(repo_id, revision=revision, allow_patterns=META_FILES + SAFETENSORS_FILES))
         if not any(path.glob("model*.safetensors")):  # an older repository: PyTorch weights only
@@ -271,9 +304,19 @@ def download_hf(repo_id: str, revision: str | None = None) -> Path:
         raise CheckpointError(f"{where}: the repository has no revision {revision!r}; leave out @REVISION for "
                               "the newest") from None
     except LocalEntryNotFoundError:  # offline (HF_HUB_OFFLINE=1 or no network) and not in the cache
-        raise CheckpointError(f"{where} is not in the Hugging Face cache ({_hub_cache()}) and the hub cannot be "
-                              f"reached (offline?); download it beforehand with `hf download {repo_id}` (or run "
-                              "this once online), or pass a local model directory") from None
+        reach = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else
+                 f"the hub at {constants.ENDPOINT} cannot be reached or did not answer in {HUB_TIMEOUT_S} s: offline? "
+                 "check HF_ENDPOINT")
+        raise CheckpointError(f"{where} is not in the Hugging Face cache ({_hub_cache()}) and {reach}; download it "
+                              f"beforehand with `hf download {repo_id}` (or run this once online), or pass a local "
+                              "model directory") from None
+    except httpx2.TimeoutException:
+        raise CheckpointError(f"the hub at {constants.ENDPOINT} did not answer for {where} within {HUB_TIMEOUT_S} s "
+                              f"(check HF_ENDPOINT and the network); {beforehand}") from None
+    except (ValueError, KeyError, TypeError, httpx2.HTTPError) as e:  # HTML from a captive portal, `{}`, a cut answer
+        raise CheckpointError(f"the hub at {constants.ENDPOINT} gave an answer for {where} that is not the hub's "
+                              f"({type(e).__name__}; a proxy or captive portal? check HF_ENDPOINT); "
+                              f"{beforehand}") from None
     except OSError as e:  # HTTP errors are OSErrors too: the hub is down, a proxy refuses, the disk is full
         raise CheckpointError(f"cannot download {where} ({first_line(e, 160)}); try again, or download it with "
                               f"`hf download {repo_id}` and pass the directory") from None

@@ -3,11 +3,15 @@ save_pretrained load through load_model and compute what transformers computes (
 paths, KV-cache decoding, greedy generation); the hub path runs against a pre-filled cache; every bad input is
 one line.  Offline: every model and vocabulary is built here."""
 
+import contextlib
+import http.server
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from pathlib import Path
@@ -354,7 +358,9 @@ def test_hub_downloads_fetch_one_weight_format(saved, tmp_path, monkeypatch):
     (repo / "flax_model.msgpack").write_text("not wanted")
     calls = []
 
-    def snapshot_download(repo_id, revision=None, allow_patterns=None, **kwargs):
+    def snapshot_download(repo_id, revision=None, allow_patterns=None, local_files_only=False, **kwargs):
+        if local_files_only:  # the cache is looked at first: empty here
+            raise huggingface_hub.errors.LocalEntryNotFoundError("not in the cache")
         calls.append((repo_id, revision, allow_patterns))
         out = tmp_path / "snapshot"
         out.mkdir(exist_ok=True)
@@ -394,6 +400,76 @@ def test_sample_cli_offline_hub_id_is_one_line_and_exit_2(tmp_path):
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.startswith("error: hf:someorg/absent-model is not in the Hugging Face cache (HF_HOME=")
 
+
+
+@contextlib.contextmanager
+def misbehaving_hub(mode: str):
+    """A hub endpoint on 127.0.0.1 that accepts and never answers ("stall"), answers a captive portal's HTML
+    ("html") or an empty JSON object ("json"); yields its URL."""
+    stop = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if mode == "stall":
+                stop.wait(60)
+                return
+            body = b"<html>sign in to the wifi</html>" if mode == "html" else b"{}"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
+
+
+HUB_SAMPLE = ("import minigpt.hf.load as hub\nhub.HUB_TIMEOUT_S = 2\nfrom minigpt.cli.sample import main\n"
+              "main(['--ckpt', 'hf:someorg/tiny-llama', '--max_new_tokens', '3', '--prompt', 'ab'])")
+
+
+@pytest.mark.parametrize("mode,fragments", [
+    ("stall", ["is not in the Hugging Face cache", "did not answer in 2 s", "HF_ENDPOINT", "`hf download"]),
+    ("html", ["is not the hub's (JSONDecodeError", "captive portal", "HF_ENDPOINT", "HF_HUB_OFFLINE=1"]),
+    ("json", ["is not the hub's (KeyError", "HF_ENDPOINT", "`hf download someorg/tiny-llama`"]),
+])
+def test_a_hub_that_stalls_or_lies_is_one_line_in_bounded_time(tmp_path, mode, fragments):
+    with misbehaving_hub(mode) as endpoint:
+        env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_ENDPOINT": endpoint, "PYTHONPATH": str(REPO)}
+        env.pop("HF_HUB_OFFLINE", None)
+        env.pop("HF_HUB_CACHE", None)
+        start = time.perf_counter()
+        result = subprocess.run([sys.executable, "-c", HUB_SAMPLE], capture_output=True, text=True, env=env,
+                                timeout=120)
+    assert time.perf_counter() - start < 40
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, (fragment, result.stderr)
+
+
+def test_a_model_complete_in_the_cache_never_waits_on_the_hub(saved, tmp_path):
+    """Online (no HF_HUB_OFFLINE) but with the model whole in the cache, a stalled hub costs nothing."""
+    fill_hub_cache(tmp_path / "hf_home" / "hub", "someorg/tiny-llama", saved["llama-gqa-tied"][1])
+    with misbehaving_hub("stall") as endpoint:
+        env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_ENDPOINT": endpoint, "PYTHONPATH": str(REPO)}
+        env.pop("HF_HUB_OFFLINE", None)
+        env.pop("HF_HUB_CACHE", None)
+        start = time.perf_counter()
+        result = subprocess.run([sys.executable, "-c", HUB_SAMPLE.replace("'ab'", "'x'")], capture_output=True,
+                                text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert time.perf_counter() - start < 30
 
 # ------------------------------------------------------------------------------------------- bad input
 
