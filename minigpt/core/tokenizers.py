@@ -205,14 +205,30 @@ class HFTokenizer(Tokenizer):
         self.eot_id = eos_id
 
     def encode(self, text: str) -> list[int]:
-        return self.backend.encode(text).ids
+        try:
+            return self.backend.encode(text).ids
+        except Exception:  # the library's own type: a vocabulary without an unknown token (a char-level export)
+            unknown = sorted({c for c in text if not self._encodes(c)})
+            if not unknown:
+                raise
+            raise UnknownCharactersError(unknown) from None
+
+    def _encodes(self, char: str) -> bool:
+        try:
+            self.backend.encode(char)
+        except Exception:
+            return False
+        return True
 
     def encode_array(self, text: str) -> np.ndarray:
-        return np.asarray(self.backend.encode(text).ids, dtype=np.int64)
+        return np.asarray(self.encode(text), dtype=np.int64)
 
     def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[np.ndarray]:
         # the Rust core encodes a batch in parallel (its thread pool: TOKENIZERS_PARALLELISM / RAYON_NUM_THREADS)
-        return [np.asarray(e.ids, dtype=np.int64) for e in self.backend.encode_batch(texts)]
+        try:
+            return [np.asarray(e.ids, dtype=np.int64) for e in self.backend.encode_batch(texts)]
+        except Exception:  # one text the vocabulary cannot encode: find and name its characters
+            return [self.encode_array(text) for text in texts]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=False)

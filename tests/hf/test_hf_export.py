@@ -16,9 +16,10 @@ import torch
 REPO = Path(__file__).resolve().parents[2]  # the repository root
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.core.config import GPTConfig
-from minigpt.core.errors import UserError
+from minigpt.core.errors import UnknownCharactersError, UserError
 from minigpt.hf.export import EXPORT_FILES, export_hf
 from minigpt.cli.export import main as export_main
+from minigpt.loading import load_model
 from minigpt.core.generation import generate
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
@@ -206,6 +207,25 @@ def test_export_command_writes_a_folder_transformers_loads(tmp_path, capsys):
         torch.testing.assert_close(hf(ids).logits, model(ids)[0], atol=1e-4, rtol=0)
 
 
+
+def test_a_char_export_read_back_names_characters_outside_its_vocabulary(tmp_path):
+    """The export's tokenizer.json has no unknown token (transformers' ids stay ours); read back by minigpt, a
+    character outside the vocabulary is the same one-line error as with the checkpoint, not the tokenizers
+    library's 'Missing [UNK] token' traceback."""
+    write_checkpoint(tmp_path / "model.ckpt")
+    export_main(["--ckpt", str(tmp_path / "model.ckpt"), "--out", str(tmp_path / "hf")])
+    _, tokenizer = load_model(tmp_path / "hf")
+    with pytest.raises(UnknownCharactersError) as e:
+        tokenizer.encode(SAMPLE[:10] + "\u00a9\u2602")
+    assert e.value.chars == ["\u00a9", "\u2602"]
+    with pytest.raises(UnknownCharactersError):
+        tokenizer.encode_batch([SAMPLE[:10], "\u00a9"])
+    assert tokenizer.encode(SAMPLE[:10]) == CharTokenizer(SAMPLE).encode(SAMPLE[:10])
+    done = subprocess.run([sys.executable, str(REPO / "sample.py"), "--ckpt", str(tmp_path / "hf"), "--prompt",
+                           "\u00a9", "--max_new_tokens", "2"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "outside the model's char vocabulary" in \
+        done.stderr, done.stderr
+
 def test_export_command_mistakes_are_one_line_exit_2(tmp_path):
     write_checkpoint(tmp_path / "qk.ckpt", qk_norm=True)
     (tmp_path / "taken").mkdir()
@@ -235,8 +255,6 @@ def test_export_command_mistakes_are_one_line_exit_2(tmp_path):
 @pytest.mark.parametrize("name", ["gpt-untied-tanh", "llama-untied-mqa-head_dim", "llama-rope-scaling"])
 def test_importing_an_export_gives_back_the_same_logits(exported, name, tmp_path):
     pytest.importorskip("minigpt.hf.load", reason="minigpt.hf.load (the Hugging Face import) is not in this tree yet")
-    from minigpt.loading import load_model
-
     model, path = exported[name]
     back, tokenizer = load_model(path)
     assert back.config == model.config and tokenizer.encode(SAMPLE) == list(SAMPLE.encode("utf-8"))
