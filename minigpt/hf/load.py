@@ -14,7 +14,6 @@ the equality checks against transformers all start from float32 weights, as they
 
 from __future__ import annotations
 
-import json
 import pickle
 import re
 import zipfile
@@ -26,6 +25,7 @@ import torch
 from minigpt.core.checkpoint import CONFIG_LIMITS
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import CheckpointError, UserError, first_line
+from minigpt.hf.files import check_config_fields, read_json_object, shard_paths
 from minigpt.hf.tokenizer_files import load_hf_tokenizer
 from minigpt.hf.weights import from_hf_state_dict
 from minigpt.core.model import GPT
@@ -163,15 +163,11 @@ def config_from_hf(hf_config: dict[str, Any], block_size: int | None = None, **o
 
 def read_hf_config(model_dir: Path) -> dict[str, Any]:
     path = model_dir / "config.json"
-    try:
-        hf_config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not path.is_file():
         raise CheckpointError(f"{model_dir} has no config.json; a Hugging Face model directory holds config.json "
-                              "and the weight files (as written by save_pretrained)") from None
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"cannot read {path} ({first_line(e)}); download the model again") from None
-    if not isinstance(hf_config, dict):
-        raise CheckpointError(f"{path} is not a JSON object; download the model again")
+                              "and the weight files (as written by save_pretrained)")
+    hf_config = read_json_object(path)
+    check_config_fields(hf_config, path)
     return hf_config
 
 
@@ -184,17 +180,12 @@ def weight_files(model_dir: Path) -> list[Path]:
         if (model_dir / single).is_file():
             return [model_dir / single]
         if (model_dir / index).is_file():
-            try:
-                weight_map = json.loads((model_dir / index).read_text(encoding="utf-8"))["weight_map"]
-                shards = sorted(set(weight_map.values()))
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-                raise CheckpointError(f"cannot read {model_dir / index} ({type(e).__name__}); download the model "
-                                      "again") from None
-            missing = [s for s in shards if not (model_dir / s).is_file()]
+            shards = shard_paths(model_dir / index, model_dir)
+            missing = [s.name for s in shards if not s.is_file()]
             if missing:
                 raise CheckpointError(f"{model_dir} lacks the weight shard {missing[0]} that {index} lists "
                                       f"({len(missing)} of {len(shards)} missing); download the model again")
-            return [model_dir / s for s in shards]
+            return shards
     raise CheckpointError(f"{model_dir} has no weight file (model.safetensors, its sharded index, or "
                           "pytorch_model.bin); download the weights into it, e.g. `hf download ORG/NAME "
                           f"--local-dir {model_dir}`")

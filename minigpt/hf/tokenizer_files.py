@@ -12,12 +12,12 @@ tiktoken files (its byte-level vocabulary and the merges read back from the rank
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from minigpt.core.errors import DataError, UserError, first_line
 from minigpt.core.fsutil import write_json
+from minigpt.hf.files import read_json_object
 from minigpt.core.tokenizers import (ByteTokenizer, CharTokenizer, HFTokenizer, TiktokenTokenizer, Tokenizer,
                                      encoding_parts, get_tokenizer, tokenizers_library)
 
@@ -27,13 +27,8 @@ __all__ = ["load_hf_tokenizer", "save_hf_tokenizer"]
 # ------------------------------------------------------------------------------------------------- reading
 
 def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DataError(f"cannot read {path} ({first_line(e)}); download the model again") from None
-    return d if isinstance(d, dict) else {}
+    """A JSON object file of the model folder, or {} when the folder has none (checked whole: minigpt.hf.files)."""
+    return read_json_object(path) if path.is_file() else {}
 
 
 def _token_text(value: Any) -> str | None:
