@@ -95,9 +95,29 @@ def _ours_from_llama(hf: dict[str, torch.Tensor], config: GPTConfig) -> dict[str
     return out
 
 
+
+MATRICES = ("c_attn.weight", "c_proj.weight", "c_fc.weight", "_proj.weight", "wte.weight", "wpe.weight",
+            "embed_tokens.weight", "lm_head.weight")
+VECTORS = ("c_attn.bias", "c_proj.bias", "c_fc.bias", "_proj.bias")
+
+
+def expected_rank(name: str) -> int | None:
+    """2 for a projection or embedding matrix, 1 for its bias or a norm's gain, None for anything else a file may
+    hold and the conversion does not read (GPT-2's causal-mask buffer attn.bias, a rotary inv_freq)."""
+    if name.endswith(MATRICES):
+        return 2
+    if name.endswith(VECTORS) or (("ln_" in name or "norm" in name) and name.endswith((".weight", ".bias"))):
+        return 1
+    return None
+
 def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
     """HF tensors (GPT-2 or Llama/Mistral names) -> our state_dict for `config`, every name and shape checked:
     a missing tensor or a shape that disagrees with the config is one line naming it."""
+    for name, tensor in hf_state.items():  # before any transpose or concatenation would trip over it
+        rank = expected_rank(name)
+        if rank is not None and isinstance(tensor, torch.Tensor) and tensor.dim() != rank:
+            raise CheckpointError(f"tensor {name} has {tensor.dim()} dimension(s) {tuple(tensor.shape)}, where this "
+                                  f"kind of weight has {rank}; the weight files are damaged or belong to another model")
     ours = _ours_from_gpt2(hf_state) if config.arch == "gpt" else _ours_from_llama(hf_state, config)
     expected = GPT.state_shapes(config)
     if config.tie_embeddings:

@@ -102,3 +102,22 @@ def test_the_sampler_says_it_in_one_line(hf_folder, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert "nested too deeply" in done.stderr
+
+
+@pytest.mark.parametrize("arch,name,shape", [
+    ("gpt", "transformer.h.0.attn.c_attn.weight", (2, 16, 48)),
+    ("llama", "model.layers.0.self_attn.q_proj.weight", (256,)),
+])
+def test_a_tensor_of_the_wrong_rank_is_one_line_naming_it(tmp_path, arch, name, shape):
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(arch=arch, n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=256))
+    folder = tmp_path / arch
+    export_hf(model, ByteTokenizer(), folder)
+    tensors = load_file(folder / "model.safetensors")
+    assert name in tensors
+    tensors[name] = torch.zeros(shape)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=rf"tensor {name} has {len(shape)} dimension\(s\)"):
+        load_model(folder)
