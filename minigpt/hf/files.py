@@ -1,5 +1,7 @@
-"""The JSON documents of a Hugging Face folder minigpt did not write (config.json, tokenizer_config.json, index
-files): each read whole and checked before any field is used, so a damaged or hostile file is one line naming it."""
+"""The files of a Hugging Face folder minigpt did not write.  Its JSON documents (config.json,
+tokenizer_config.json, special_tokens_map.json, index files) are each read whole and checked before any field is
+used, and its weight files are found inside the folder only, so a damaged or hostile folder is one line naming
+the file (and the field)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,21 @@ from typing import Any
 
 from minigpt.core.errors import CheckpointError, first_line
 
-# fields minigpt reads from config.json, and the JSON type each must have
-CONFIG_FIELD_TYPES = {"model_type": str, "activation_function": str, "hidden_act": str, "architectures": list,
-                      "rope_scaling": (dict, type(None)), "tie_word_embeddings": bool}
+# (single file, index of shards) per weight format, in the order they are looked for
+WEIGHT_LAYOUTS = (("model.safetensors", "model.safetensors.index.json"),
+                  ("pytorch_model.bin", "pytorch_model.bin.index.json"))
+# fields minigpt reads from config.json: the Python types `json` gives for the JSON types each may hold
+TEXT, FLAG = ((str,), "a string"), ((bool,), "true or false")
+SIZE = ((int, type(None)), "an integer or null")
+NUMBER = ((int, float, type(None)), "a number or null")
+OBJECT, NAMES = ((dict, type(None)), "an object or null"), ((list, type(None)), "an array of names or null")
+CONFIG_FIELD_TYPES = {
+    "model_type": TEXT, "activation_function": TEXT, "hidden_act": TEXT, "architectures": NAMES,
+    "tie_word_embeddings": FLAG, "rope_scaling": OBJECT, "rope_parameters": OBJECT, "rope_theta": NUMBER,
+    "layer_norm_epsilon": NUMBER, "rms_norm_eps": NUMBER,
+    **dict.fromkeys(("n_layer", "num_hidden_layers", "n_head", "num_attention_heads", "num_key_value_heads",
+                     "n_embd", "hidden_size", "head_dim", "n_positions", "n_ctx", "max_position_embeddings",
+                     "vocab_size", "n_inner", "intermediate_size", "sliding_window"), SIZE)}
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
@@ -30,22 +44,61 @@ def read_json_object(path: Path) -> dict[str, Any]:
 
 
 def check_config_fields(config: dict[str, Any], path: Path) -> None:
-    for key, kind in CONFIG_FIELD_TYPES.items():
-        if key in config and not isinstance(config[key], kind):
-            raise CheckpointError(f"{path}: field {key!r} is a {type(config[key]).__name__}, not what a model's "
-                                  "config holds; download the model again")
+    """Every field minigpt reads holds its JSON type: a list where a name belongs, or a string where a size does,
+    is one line naming the field, not a TypeError deep in the conversion."""
+    for key, (types, described) in CONFIG_FIELD_TYPES.items():
+        value = config.get(key)
+        if key in config and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+            raise CheckpointError(f"{path}: field {key!r} is a {type(value).__name__} ({str(value)[:40]}), where a "
+                                  f"model's config.json has {described}; fix the field or download the model again")
+
+
+def _confines(model_dir: Path) -> list[Path]:
+    """Where the folder's files may really live: the folder, and for a snapshot of huggingface_hub's cache
+    (REPO/snapshots/COMMIT, whose files are links to REPO/blobs/HASH) its repository's blobs."""
+    root = model_dir.resolve()
+    return [root, root.parent.parent / "blobs"] if root.parent.name == "snapshots" else [root]
 
 
 def shard_paths(index: Path, model_dir: Path) -> list[Path]:
-    """The weight shards a *.index.json lists, each a file name inside model_dir (symlinks resolved)."""
+    """The weight shards a *.index.json lists, each a file of the index's format inside model_dir (symlinks
+    resolved): a name leading outside, to the folder itself, or of another format is one line naming it."""
     weight_map = read_json_object(index).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CheckpointError(f"{index}: its weight_map is not a map of tensor names to file names; download the "
                               "model again")
-    root = model_dir.resolve()
+    suffix = ".safetensors" if index.name.startswith("model.safetensors") else ".bin"
+    confines = _confines(model_dir)
     shards = sorted(set(weight_map.values()))
     for shard in shards:
-        if not (model_dir / shard).resolve().is_relative_to(root):
-            raise CheckpointError(f"{index} points outside the model's folder ({shard!r}); refusing to read it: "
-                                  "download the model again from a source you trust")
+        try:
+            real = (model_dir / shard).resolve()
+            real.is_file()  # an absent shard is named later; a name no file can have raises here
+        except (OSError, ValueError, RuntimeError):  # a NUL byte, a name too long, a symlink loop
+            real = None
+        if real is None or real in confines or not any(real.is_relative_to(c) for c in confines):
+            raise CheckpointError(f"{index}: its weight_map names {shard[:80]!r}, which points outside the model's "
+                                  "folder or is no file name; refusing to read it: download the model again from a "
+                                  "source you trust")
+        if not shard.endswith(suffix):
+            raise CheckpointError(f"{index}: its weight_map names {shard[:80]!r}, not a {suffix} file as the index's "
+                                  "format says; download the model again")
     return [model_dir / s for s in shards]
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    """The files holding the weights: model.safetensors, the shards its index lists, or pytorch_model.bin (or its
+    shards).  A shard the index names but the directory lacks is an error naming it."""
+    for single, index in WEIGHT_LAYOUTS:
+        if (model_dir / single).is_file():
+            return [model_dir / single]
+        if (model_dir / index).is_file():
+            shards = shard_paths(model_dir / index, model_dir)
+            missing = [s.name for s in shards if not s.is_file()]
+            if missing:
+                raise CheckpointError(f"{model_dir} lacks the weight shard {missing[0]} that {index} lists "
+                                      f"({len(missing)} of {len(shards)} missing); download the model again")
+            return shards
+    raise CheckpointError(f"{model_dir} has no weight file (model.safetensors, its sharded index, or "
+                          "pytorch_model.bin); download the weights into it, e.g. `hf download ORG/NAME "
+                          f"--local-dir {model_dir}`")

@@ -6,7 +6,8 @@
 
 minigpt.loading.load_model sends such sources here, so sample.py --ckpt, eval.py --ckpt and train.py's
 init_from take them too.  The tensor renaming lives in minigpt.hf.weights, the tokenizer in minigpt.hf.tokenizer_files;
-this module maps config.json onto GPTConfig, finds and reads the weight files, and fetches hub models.
+this module maps config.json onto GPTConfig and reads the weight files (minigpt.hf.files finds them,
+minigpt.hf.hub fetches hub models).
 
 Imported models are float32 whatever the files hold (bf16 sources are upcast): training, precision handling and
 the equality checks against transformers all start from float32 weights, as they do for our own checkpoints.
@@ -25,7 +26,8 @@ import torch
 from minigpt.core.checkpoint import CONFIG_LIMITS
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import CheckpointError, UserError, first_line
-from minigpt.hf.files import check_config_fields, read_json_object, shard_paths
+from minigpt.hf.files import check_config_fields, read_json_object, weight_files
+from minigpt.hf.hub import download_hf
 from minigpt.hf.tokenizer_files import load_hf_tokenizer
 from minigpt.hf.weights import from_hf_state_dict
 from minigpt.core.model import GPT
@@ -40,14 +42,6 @@ MODEL_TYPES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral"
 # GPT-2's activation_function -> our gelu_approximate (gelu_new, gelu_fast and gelu_pytorch_tanh are one formula)
 GPT2_GELU = {"gelu_new": "tanh", "gelu_fast": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none",
              "gelu_python": "none"}
-# hub files worth fetching: the config, the tokenizer, and one of the two weight formats (safetensors first)
-META_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-              "special_tokens_map.json"]
-SAFETENSORS_FILES = ["model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors"]
-BIN_FILES = ["pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*-of-*.bin"]
-# (single file, index of shards) per weight format, in the order they are looked for
-WEIGHT_LAYOUTS = (("model.safetensors", "model.safetensors.index.json"),
-                  ("pytorch_model.bin", "pytorch_model.bin.index.json"))
 
 
 # ------------------------------------------------------------------------------------------------ config.json
@@ -173,24 +167,6 @@ def read_hf_config(model_dir: Path) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------ weight files
 
-def weight_files(model_dir: Path) -> list[Path]:
-    """The files holding the weights: model.safetensors, the shards its index lists, or pytorch_model.bin (or its
-    shards).  A shard the index names but the directory lacks is an error naming it."""
-    for single, index in WEIGHT_LAYOUTS:
-        if (model_dir / single).is_file():
-            return [model_dir / single]
-        if (model_dir / index).is_file():
-            shards = shard_paths(model_dir / index, model_dir)
-            missing = [s.name for s in shards if not s.is_file()]
-            if missing:
-                raise CheckpointError(f"{model_dir} lacks the weight shard {missing[0]} that {index} lists "
-                                      f"({len(missing)} of {len(shards)} missing); download the model again")
-            return shards
-    raise CheckpointError(f"{model_dir} has no weight file (model.safetensors, its sharded index, or "
-                          "pytorch_model.bin); download the weights into it, e.g. `hf download ORG/NAME "
-                          f"--local-dir {model_dir}`")
-
-
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError, safe_open
 
@@ -224,94 +200,6 @@ def read_hf_weights(files: list[Path]) -> dict[str, torch.Tensor]:
     for path in files:
         state.update(_read_safetensors(path) if path.suffix == ".safetensors" else _read_bin(path))
     return state
-
-
-# ------------------------------------------------------------------------------------------------ the hub
-
-def _hub_cache() -> str:
-    """Where huggingface_hub keeps downloads, as the variable that sets it."""
-    from huggingface_hub import constants
-
-    if Path(constants.HF_HUB_CACHE) == Path(constants.HF_HOME) / "hub":
-        return f"HF_HOME={constants.HF_HOME}"
-    return f"HF_HUB_CACHE={constants.HF_HUB_CACHE}"
-
-
-HUB_TIMEOUT_S = 20  # connect and read: a hub (or proxy) that accepts and never answers must not hang a command
-
-
-def _bounded_timeouts(request: Any) -> None:
-    """An httpx request hook: huggingface_hub asks for no timeout (None) on its metadata calls; give each phase
-    (connect, read, write, pool) HUB_TIMEOUT_S instead, through the request's documented `timeout` extension."""
-    asked = request.extensions.get("timeout") or {}
-    request.extensions["timeout"] = {phase: asked.get(phase) or HUB_TIMEOUT_S
-                                     for phase in ("connect", "read", "write", "pool")}
-
-
-def _cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
-    """The model's snapshot when the cache already holds its config and weights: used without the network."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    try:
-        path = Path(snapshot_download(repo_id, revision=revision, local_files_only=True,
-                                      allow_patterns=META_FILES + SAFETENSORS_FILES + BIN_FILES))
-    except (LocalEntryNotFoundError, OSError, ValueError):
-        return None
-    weights = any(path.glob("model*.safetensors")) or any(path.glob("pytorch_model*.bin"))
-    return path if (path / "config.json").is_file() and weights else None
-
-
-def download_hf(repo_id: str, revision: str | None = None) -> Path:
-    """hf:ORG/NAME -> the local snapshot directory in huggingface_hub's cache (downloaded if absent and online).
-    Only the config, tokenizer and one weight format are fetched (safetensors when the repository has it)."""
-    import httpx2
-    from huggingface_hub import constants, get_session, snapshot_download
-    from huggingface_hub.errors import (GatedRepoError, HFValidationError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
-
-    where = f"hf:{repo_id}" + (f"@{revision}" if revision else "")
-    if (cached := _cached_snapshot(repo_id, revision)) is not None:
-        return cached
-    hooks = get_session().event_hooks  # huggingface_hub's shared client: waits forever unless bounded
-    if _bounded_timeouts not in hooks["request"]:
-        get_session().event_hooks = {**hooks, "request": [*hooks["request"], _bounded_timeouts]}
-    beforehand = (f"set HF_HUB_OFFLINE=1 to use the cache only, or download the model beforehand with "
-                  f"`hf download {repo_id}` (or pass a local model directory)")
-    try:
-        path = Path(snapshot_download(repo_id, revision=revision, allow_patterns=META_FILES + SAFETENSORS_FILES))
-        if not any(path.glob("model*.safetensors")):  # an older repository: PyTorch weights only
-            path = Path(snapshot_download(repo_id, revision=revision, allow_patterns=META_FILES + BIN_FILES))
-    except HFValidationError as e:
-        raise CheckpointError(f"{where} is not a valid hub model id ({first_line(e, 120)}); write hf:ORG/NAME, "
-                              "e.g. hf:openai-community/gpt2") from None
-    except GatedRepoError:
-        raise CheckpointError(f"{where} is gated: accept its license on huggingface.co and log in with "
-                              "`hf auth login`, then try again") from None
-    except RepositoryNotFoundError:
-        raise CheckpointError(f"{where} was not found on the Hugging Face hub (or is private); check the name, "
-                              "or log in with `hf auth login` for a private model") from None
-    except RevisionNotFoundError:
-        raise CheckpointError(f"{where}: the repository has no revision {revision!r}; leave out @REVISION for "
-                              "the newest") from None
-    except LocalEntryNotFoundError:  # offline (HF_HUB_OFFLINE=1 or no network) and not in the cache
-        reach = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else
-                 f"the hub at {constants.ENDPOINT} cannot be reached or did not answer in {HUB_TIMEOUT_S} s: offline? "
-                 "check HF_ENDPOINT")
-        raise CheckpointError(f"{where} is not in the Hugging Face cache ({_hub_cache()}) and {reach}; download it "
-                              f"beforehand with `hf download {repo_id}` (or run this once online), or pass a local "
-                              "model directory") from None
-    except httpx2.TimeoutException:
-        raise CheckpointError(f"the hub at {constants.ENDPOINT} did not answer for {where} within {HUB_TIMEOUT_S} s "
-                              f"(check HF_ENDPOINT and the network); {beforehand}") from None
-    except (ValueError, KeyError, TypeError, httpx2.HTTPError) as e:  # HTML from a captive portal, `{}`, a cut answer
-        raise CheckpointError(f"the hub at {constants.ENDPOINT} gave an answer for {where} that is not the hub's "
-                              f"({type(e).__name__}; a proxy or captive portal? check HF_ENDPOINT); "
-                              f"{beforehand}") from None
-    except OSError as e:  # HTTP errors are OSErrors too: the hub is down, a proxy refuses, the disk is full
-        raise CheckpointError(f"cannot download {where} ({first_line(e, 160)}); try again, or download it with "
-                              f"`hf download {repo_id}` and pass the directory") from None
-    return path
 
 
 def resolve_hf_source(source: str | Path) -> tuple[Path, str]:

@@ -95,7 +95,6 @@ def _ours_from_llama(hf: dict[str, torch.Tensor], config: GPTConfig) -> dict[str
     return out
 
 
-
 MATRICES = ("c_attn.weight", "c_proj.weight", "c_fc.weight", "_proj.weight", "wte.weight", "wpe.weight",
             "embed_tokens.weight", "lm_head.weight")
 VECTORS = ("c_attn.bias", "c_proj.bias", "c_fc.bias", "_proj.bias")
@@ -110,14 +109,28 @@ def expected_rank(name: str) -> int | None:
         return 1
     return None
 
+
+def hf_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of each tensor a Hugging Face file of `config` holds, by its HF name (our shapes, converted on
+    the meta device: nothing is allocated)."""
+    meta = {name: torch.empty(shape, device="meta") for name, shape in GPT.state_shapes(config).items()}
+    try:
+        return {name: tuple(t.shape) for name, t in to_hf_state_dict(meta, config).items()}
+    except ValueError:  # an option with no HF name: the import refuses such configs before this
+        return {}
+
+
 def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
     """HF tensors (GPT-2 or Llama/Mistral names) -> our state_dict for `config`, every name and shape checked:
     a missing tensor or a shape that disagrees with the config is one line naming it."""
+    wanted = hf_shapes(config)
     for name, tensor in hf_state.items():  # before any transpose or concatenation would trip over it
         rank = expected_rank(name)
         if rank is not None and isinstance(tensor, torch.Tensor) and tensor.dim() != rank:
-            raise CheckpointError(f"tensor {name} has {tensor.dim()} dimension(s) {tuple(tensor.shape)}, where this "
-                                  f"kind of weight has {rank}; the weight files are damaged or belong to another model")
+            shape = wanted.get(name, wanted.get("transformer." + name))  # GPT2Model files lack the prefix
+            expected = f"config.json implies {shape}" if shape else f"this kind of weight has {rank}"
+            raise CheckpointError(f"tensor {name} has {tensor.dim()} dimension(s) {tuple(tensor.shape)}, where "
+                                  f"{expected}; the weight files are damaged or belong to another model")
     ours = _ours_from_gpt2(hf_state) if config.arch == "gpt" else _ours_from_llama(hf_state, config)
     expected = GPT.state_shapes(config)
     if config.tie_embeddings:
