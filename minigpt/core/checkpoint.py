@@ -29,6 +29,7 @@ from torch import nn
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import CheckpointError, UserError, first_line, shown_chars
 from minigpt.core.fsutil import atomic_write
+from minigpt.core.limits import check_config_size
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import Tokenizer, tokenizer_from_dict
 
@@ -37,10 +38,6 @@ SECTION = "minigpt"
 RNG_STATE_KEY = "RNGState"  # Lightning's callback-state key of callbacks.RNGState (format 1 kept it in SECTION)
 DEFAULT_OUT_ROOT = "out"
 ALLOCATING_GLOBALS = {"bytearray", "bytes"}  # weights_only allows them; a number argument allocates that much
-# Bounds on a checkpoint's config, checked before a model is built from it: a crafted n_layer=10**7 would build
-# for minutes.  Generous enough for any model that fits in memory (e.g. 128k contexts, 256k vocabularies).
-CONFIG_LIMITS = {"n_layer": 1024, "n_head": 1024, "n_embd": 65536, "block_size": 1 << 21, "vocab_size": 1 << 22,
-                 "mlp_hidden": 1 << 20}
 # Settings a resumed run or a sampler may change without changing the weights' shapes or meaning.
 RESUMABLE_FIELDS = {"attention", "sdpa_backend", "dropout"}
 
@@ -166,10 +163,7 @@ def build_model(ckpt: dict[str, Any], **config_overrides: Any) -> GPT:
     """The GPT a checkpoint describes, with its weights (on the CPU, in train mode).  The config is checked for
     plausible sizes and against the weights' shapes (on the meta device: nothing allocated) before building."""
     config = model_config(ckpt, **config_overrides)
-    for name, limit in CONFIG_LIMITS.items():
-        if getattr(config, name) > limit:
-            raise CheckpointError(f"its config says {name}={getattr(config, name)}, over the plausible limit {limit}; "
-                                  "the checkpoint is damaged or crafted")
+    check_config_size(config, "its config", CheckpointError)
     weights = model_state_dict(ckpt)
     expected = {k: tuple(v) for k, v in GPT.state_shapes(config).items()}
     found = {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from minigpt.core.checkpoint import CONFIG_LIMITS
+from minigpt.core.limits import check_config_size
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import CheckpointError, UserError, first_line
 from minigpt.hf.files import check_config_fields, read_json_object, weight_files
@@ -249,11 +249,8 @@ def load_hf_model(source: str | Path, device: str | torch.device = "cpu", attent
         hf_config = read_hf_config(model_dir)
         overrides = {"attention": attention} if attention is not None else {}
         source_config = config_from_hf(hf_config, **overrides)  # the shapes the files must have
-        for key, limit in CONFIG_LIMITS.items():  # before anything is built from a crafted config.json
-            if getattr(source_config, key) > limit:
-                raise CheckpointError(f"its config.json says {key}={getattr(source_config, key)}, over the "
-                                      f"plausible limit {limit}; the config is damaged")
         config = config_from_hf(hf_config, block_size, **overrides)
+        check_config_size(config, "its config.json", CheckpointError)  # before anything is built or read
         files = weight_files(model_dir)  # missing weights are named before the tokenizer may reach for a download
         tokenizer = load_hf_tokenizer(model_dir, {**hf_config, "_name_or_path": name})  # before the big read
         model = GPT.from_weights(config, _our_weights(read_hf_weights(files), source_config, config))

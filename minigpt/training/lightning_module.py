@@ -16,7 +16,8 @@ from lightning.pytorch.utilities import grad_norm
 
 from minigpt.core import checkpoint
 from minigpt.core.config import GPTConfig
-from minigpt.core.errors import UserError
+from minigpt.core.errors import ConfigError, UserError
+from minigpt.core.limits import check_config_size
 from minigpt.core.model import GPT
 from minigpt.training.optim import OptimConfig, build_optimizer, build_scheduler, trainer_decay_end
 from minigpt.core.tokenizers import Tokenizer
@@ -32,6 +33,7 @@ class GPTLightningModule(L.LightningModule):
         self.config = config
         self.optim = optim or OptimConfig()
         self.tokenizer = tokenizer  # saved into every checkpoint, so sampling needs nothing else
+        check_config_size(config, "the model config", ConfigError, cause="choose smaller sizes")
         self.model = GPT(config)
         self.flops_per_batch: int | None = None  # read by Lightning's ThroughputMonitor for FLOP/s and MFU
         self._val_losses: list[torch.Tensor] = []
