@@ -16,7 +16,8 @@ import json
 import os
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +188,35 @@ def tokenizers_library():
     return tokenizers
 
 
+@contextmanager
+def rust_panics_as_errors(name: str, failed: str = "cannot encode this text") -> Iterator[None]:
+    """A tokenizer.json the library cannot apply (a pre-tokenizer regex that backtracks past Oniguruma's retry
+    limit on this text) makes its Rust code panic: a PanicException, which derives from BaseException, after the
+    panic's message and backtrace on the process's stderr.  That is the file's fault, not the user's text's: one
+    DataError line naming it, the Rust report held back (anything else written to stderr meanwhile goes through)."""
+    saved, held = os.dup(2), tempfile.TemporaryFile()
+    os.dup2(held.fileno(), 2)
+    panic = None
+    try:
+        yield
+    except BaseException as e:  # noqa: B036 - pyo3's PanicException is a BaseException and cannot be imported
+        if type(e).__name__ != "PanicException":
+            raise
+        panic = e
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        with held:
+            held.seek(0)
+            report = held.read()
+        if panic is None and report:
+            os.write(2, report)
+    if panic is not None:
+        raise DataError(f"the tokenizer {name} {failed}: the tokenizers library gave up inside it "
+                        f"({first_line(panic, 100)}), as a pre-tokenizer regular expression that backtracks "
+                        "catastrophically does; use a well-formed tokenizer.json (e.g. the model's original)")
+
+
 class HFTokenizer(Tokenizer):
     """A Hugging Face tokenizer.json, applied by the `tokenizers` library exactly as transformers applies it
     (a BOS is prepended where the source's post-processor does so)."""
@@ -194,7 +224,10 @@ class HFTokenizer(Tokenizer):
     def __init__(self, tokenizer_json: str, name: str = "hf", vocab_size: int | None = None,
                  bos_id: int | None = None, eos_id: int | None = None) -> None:
         try:
-            self.backend = tokenizers_library().Tokenizer.from_str(tokenizer_json)
+            with rust_panics_as_errors(name, "cannot be read"):
+                self.backend = tokenizers_library().Tokenizer.from_str(tokenizer_json)
+        except DataError:
+            raise
         except Exception as e:  # the library raises its own Exception type for a bad tokenizer.json
             raise DataError(f"not a Hugging Face tokenizer.json ({first_line(e)}); give the tokenizer.json "
                             "saved with the model") from None
@@ -206,7 +239,10 @@ class HFTokenizer(Tokenizer):
 
     def encode(self, text: str) -> list[int]:
         try:
-            return self.backend.encode(text).ids
+            with rust_panics_as_errors(self.name):
+                return self.backend.encode(text).ids
+        except DataError:
+            raise
         except Exception:  # the library's own type: a vocabulary without an unknown token (a char-level export)
             unknown = sorted({c for c in text if not self._encodes(c)})
             if not unknown:
@@ -215,7 +251,10 @@ class HFTokenizer(Tokenizer):
 
     def _encodes(self, char: str) -> bool:
         try:
-            self.backend.encode(char)
+            with rust_panics_as_errors(self.name):
+                self.backend.encode(char)
+        except DataError:
+            raise
         except Exception:
             return False
         return True
@@ -226,7 +265,10 @@ class HFTokenizer(Tokenizer):
     def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[np.ndarray]:
         # the Rust core encodes a batch in parallel (its thread pool: TOKENIZERS_PARALLELISM / RAYON_NUM_THREADS)
         try:
-            return [np.asarray(e.ids, dtype=np.int64) for e in self.backend.encode_batch(texts)]
+            with rust_panics_as_errors(self.name):
+                return [np.asarray(e.ids, dtype=np.int64) for e in self.backend.encode_batch(texts)]
+        except DataError:
+            raise
         except Exception:  # one text the vocabulary cannot encode: find and name its characters
             return [self.encode_array(text) for text in texts]
 

@@ -4,9 +4,14 @@ checkpoints and exported tokenizer.json files rely on. Offline: the encoding is 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
+import pytest
 import tiktoken
 
+from minigpt.core.errors import DataError
 from minigpt.core.tokenizers import TiktokenTokenizer, encoding_parts, tokenizer_from_dict
 
 GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -53,3 +58,43 @@ def test_tiktoken_tokenizer_dict_survives_json_and_rebuilds_the_same_tokenizer()
     for text in SAMPLES:
         assert back.encode(text) == tok.encode(text)  # ('<|endoftext|>' in text is plain text: encode_ordinary)
     assert back.to_dict() == d
+
+
+# --------------------------------------------------------------------------------- a tokenizer.json that panics
+
+EVIL_TOKENIZER = """
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+tok = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+tok.pre_tokenizer = pre_tokenizers.Split(Regex("(a|a)+$"), behavior="isolated")  # backtracks exponentially
+"""
+
+
+def evil_tokenizer_json() -> str:
+    scope: dict = {}
+    exec(EVIL_TOKENIZER, scope)
+    return scope["tok"].to_str()
+
+
+def test_a_tokenizer_whose_regex_gives_up_is_one_line_naming_it():
+    """Oniguruma's retry limit makes the Rust core panic (a BaseException, PanicException): a DataError instead,
+    for single texts and batches, while texts the regex handles still encode."""
+    from minigpt.core.tokenizers import HFTokenizer
+
+    tok = HFTokenizer(evil_tokenizer_json(), name="evil/tokenizer.json")
+    assert tok.encode("ab") == [2]
+    for encode in (lambda: tok.encode("a" * 40 + "b"), lambda: tok.encode_batch(["ab", "a" * 40 + "b"])):
+        with pytest.raises(DataError, match=r"^the tokenizer evil/tokenizer.json cannot encode this text: the "
+                                            r"tokenizers library gave up inside it \(Onig: Regex search error"):
+            encode()
+
+
+def test_the_rust_panic_report_is_held_back_and_other_stderr_goes_through():
+    code = (EVIL_TOKENIZER + "import os, sys\nfrom minigpt.core.tokenizers import HFTokenizer, rust_panics_as_errors\n"
+            "h = HFTokenizer(tok.to_str(), name='evil')\n"
+            "with rust_panics_as_errors('x'):\n    os.write(2, b'kept\\n')\n"
+            "try:\n    h.encode('a' * 40 + 'b')\nexcept Exception as e:\n    print(type(e).__name__)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "RUST_BACKTRACE": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "DataError\n"
+    assert done.stderr == "kept\n"  # no 'panicked at', no stack backtrace
