@@ -63,13 +63,22 @@ def test_empty_and_too_short_and_binary_corpora(tiny_run_args, tmp_path, data_ro
     (["--trainer.gradient_clip_val", "-1"], ["trainer.gradient_clip_val must be >= 0", "got -1"]),
     (["--init_from", ""], ["init_from is empty", "hf:ORG/NAME"]),
     (["--init_from", "  "], ["init_from is empty"]),
+    (["--trainer.check_val_every_n_epoch", "0"], ["trainer.check_val_every_n_epoch must be >= 1 or null"]),  # was
+    (["--trainer.min_steps", "-3"], ["trainer.min_steps must be >= 0"]),                            # ZeroDivisionError
+    (["--trainer.num_sanity_val_steps", "-2"], ["trainer.num_sanity_val_steps must be >= -1"]),
+    (["--trainer.max_steps", "0"], ["trainer.max_steps=0 trains nothing"]),  # each of these three exited 0
+    (["--trainer.max_epochs", "0"], ["trainer.max_epochs=0 trains nothing"]),
+    (["--trainer.limit_train_batches", "0"], ["trainer.limit_train_batches=0 trains nothing"]),
 ])
 def test_values_that_would_train_silently_wrong_are_refused(tiny_run_args, corpus, data_root, tmp_path, capsys, flags,
                                                             fragments):
-    """A negative clip value would clip to gradient ascent; an empty init_from would silently train from scratch."""
+    """A negative clip value would clip to gradient ascent; an empty init_from would silently train from scratch;
+    a zero check_val_every_n_epoch divided by zero; a zero length or limit ended the run before its first step with
+    exit code 0, as if it had trained."""
     code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "run") + flags, capsys)
     assert_one_line_error(code, err, *fragments)
     assert not (tmp_path / "run" / "checkpoints").exists()
+
 
 def test_unwritable_out_dir(tiny_run_args, corpus, data_root, tmp_path, capsys):
     blocker = tmp_path / "a-file"
