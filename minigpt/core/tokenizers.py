@@ -15,50 +15,20 @@ import base64
 import json
 import os
 import tempfile
-from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tiktoken
 
-from minigpt.core.errors import CheckpointError, DataError, UnknownCharactersError, UserError, first_line, shown_chars
+from minigpt.core.errors import CheckpointError, DataError, UnknownCharactersError, first_line, shown_chars
+from minigpt.core.hf_tokenizer import EOS_TOKENS, HFTokenizer, hf_tokenizer_file, tokenizers_library
+from minigpt.core.tokenizer_base import ENDOFTEXT, Tokenizer
 
-__all__ = ["Tokenizer", "CharTokenizer", "ByteTokenizer", "TiktokenTokenizer", "UnknownCharactersError",
+__all__ = ["Tokenizer", "CharTokenizer", "ByteTokenizer", "TiktokenTokenizer", "HFTokenizer", "UnknownCharactersError",
            "tokenizer_from_dict", "tokenizer_names", "resolve_tokenizer", "read_tokenizer_file", "get_tokenizer",
-           "tiktoken_cache_dir", "encoding_parts"]
-
-ENDOFTEXT = "<|endoftext|>"
-
-
-class Tokenizer(ABC):
-    """What the data pipeline, the trainer and the sampler need from a tokenizer."""
-
-    name: str
-    vocab_size: int
-    eot_id: int | None  # appended after each document when not None
-
-    @abstractmethod
-    def encode(self, text: str) -> list[int]: ...
-
-    @abstractmethod
-    def decode(self, ids: Sequence[int]) -> str: ...
-
-    @abstractmethod
-    def to_dict(self) -> dict[str, Any]:
-        """Plain str/int/list/dict only, enough to rebuild the tokenizer with tokenizer_from_dict."""
-
-    def encode_array(self, text: str) -> np.ndarray:
-        """encode() as an int64 array; subclasses override it with something faster."""
-        return np.asarray(self.encode(text), dtype=np.int64)
-
-    def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[np.ndarray]:
-        return [self.encode_array(t) for t in texts]
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size}, eot_id={self.eot_id})"
+           "tiktoken_cache_dir", "encoding_parts", "EOS_TOKENS", "tokenizers_library"]
 
 
 class CharTokenizer(Tokenizer):
@@ -178,122 +148,6 @@ def encoding_parts(enc: tiktoken.Encoding) -> tuple[str, dict[bytes, int], dict[
     return enc._pat_str, ranks, specials
 
 
-def tokenizers_library():
-    """The `tokenizers` library, imported on first use (only HF sources and exports need it)."""
-    try:
-        import tokenizers
-    except ImportError:
-        raise UserError("Hugging Face tokenizers need the `tokenizers` package; install it with "
-                        "`python3 -m pip install tokenizers`") from None
-    return tokenizers
-
-
-@contextmanager
-def rust_panics_as_errors(name: str, failed: str = "cannot encode this text") -> Iterator[None]:
-    """A tokenizer.json the library cannot apply (a pre-tokenizer regex that backtracks past Oniguruma's retry
-    limit on this text) makes its Rust code panic: a PanicException, which derives from BaseException, after the
-    panic's message and backtrace on the process's stderr.  That is the file's fault, not the user's text's: one
-    DataError line naming it, the Rust report held back (anything else written to stderr meanwhile goes through)."""
-    saved, held = os.dup(2), tempfile.TemporaryFile()
-    os.dup2(held.fileno(), 2)
-    panic = None
-    try:
-        yield
-    except BaseException as e:  # noqa: B036 - pyo3's PanicException is a BaseException and cannot be imported
-        if type(e).__name__ != "PanicException":
-            raise
-        panic = e
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        with held:
-            held.seek(0)
-            report = held.read()
-        if panic is None and report:
-            os.write(2, report)
-    if panic is not None:
-        raise DataError(f"the tokenizer {name} {failed}: the tokenizers library gave up inside it "
-                        f"({first_line(panic, 100)}), as a pre-tokenizer regular expression that backtracks "
-                        "catastrophically does; use a well-formed tokenizer.json (e.g. the model's original)")
-
-
-class HFTokenizer(Tokenizer):
-    """A Hugging Face tokenizer.json, applied by the `tokenizers` library exactly as transformers applies it
-    (a BOS is prepended where the source's post-processor does so)."""
-
-    def __init__(self, tokenizer_json: str, name: str = "hf", vocab_size: int | None = None,
-                 bos_id: int | None = None, eos_id: int | None = None) -> None:
-        try:
-            with rust_panics_as_errors(name, "cannot be read"):
-                self.backend = tokenizers_library().Tokenizer.from_str(tokenizer_json)
-        except DataError:
-            raise
-        except Exception as e:  # the library raises its own Exception type for a bad tokenizer.json
-            raise DataError(f"not a Hugging Face tokenizer.json ({first_line(e)}); give the tokenizer.json "
-                            "saved with the model") from None
-        self.tokenizer_json = tokenizer_json
-        self.name = name
-        self.vocab_size = int(vocab_size or self.backend.get_vocab_size(with_added_tokens=True))
-        self.bos_id, self.eos_id = bos_id, eos_id
-        self.eot_id = eos_id
-
-    def encode(self, text: str) -> list[int]:
-        try:
-            with rust_panics_as_errors(self.name):
-                return self.backend.encode(text).ids
-        except DataError:
-            raise
-        except Exception:  # the library's own type: a vocabulary without an unknown token (a char-level export)
-            unknown = sorted({c for c in text if not self._encodes(c)})
-            if not unknown:
-                raise
-            raise UnknownCharactersError(unknown) from None
-
-    def _encodes(self, char: str) -> bool:
-        try:
-            with rust_panics_as_errors(self.name):
-                self.backend.encode(char)
-        except DataError:
-            raise
-        except Exception:
-            return False
-        return True
-
-    def encode_array(self, text: str) -> np.ndarray:
-        return np.asarray(self.encode(text), dtype=np.int64)
-
-    def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[np.ndarray]:
-        # the Rust core encodes a batch in parallel (its thread pool: TOKENIZERS_PARALLELISM / RAYON_NUM_THREADS)
-        try:
-            with rust_panics_as_errors(self.name):
-                return [np.asarray(e.ids, dtype=np.int64) for e in self.backend.encode_batch(texts)]
-        except DataError:
-            raise
-        except Exception:  # one text the vocabulary cannot encode: find and name its characters
-            return [self.encode_array(text) for text in texts]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.backend.decode(list(ids), skip_special_tokens=False)
-
-    def token(self, i: int | None) -> str | None:
-        return None if i is None else self.backend.id_to_token(i)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": "hf", "name": self.name, "tokenizer_json": self.tokenizer_json,
-                "vocab_size": self.vocab_size, "bos_id": self.bos_id, "eos_id": self.eos_id}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> HFTokenizer:
-        """The inverse of to_dict (tokenizer_from_dict calls it); raises KeyError/TypeError for a damaged dict."""
-        if not isinstance(d["tokenizer_json"], str):
-            raise TypeError("'tokenizer_json' is not a string")
-        ids = [d.get(k) for k in ("vocab_size", "bos_id", "eos_id")]
-        if any(i is not None and (not isinstance(i, int) or isinstance(i, bool)) for i in ids):
-            raise TypeError("'vocab_size', 'bos_id' and 'eos_id' must be integers or null")
-        return cls(d["tokenizer_json"], name=str(d.get("name", "hf")), vocab_size=ids[0], bos_id=ids[1],
-                   eos_id=ids[2])
-
-
 def tokenizer_from_dict(d: Any) -> Tokenizer:
     """Rebuild a tokenizer from its to_dict(); needs no file and no network.
 
@@ -345,19 +199,42 @@ def tokenizer_names() -> list[str]:
     return ["char", "byte", *tiktoken.list_encoding_names()]
 
 
+# `bpe:VOCAB` (minigpt.data.bpe): a byte-level BPE trained on the corpus, with these special tokens
+BPE_PREFIX = "bpe:"
+BPE_SPECIALS = (ENDOFTEXT,)
+BPE_MIN_VOCAB = 256 + len(BPE_SPECIALS) + 1  # the byte alphabet, the specials, and at least one merge
+BPE_MAX_VOCAB = 1 << 22
+
+
+def bpe_vocab_size(spec: str) -> int:
+    """VOCAB of a "bpe:VOCAB" setting, checked: one line naming the problem for bpe:0, bpe:100, bpe:lots."""
+    text = spec[len(BPE_PREFIX):].strip().replace("_", "")
+    if not text.isdigit():
+        raise DataError(f"tokenizer {spec!r}: VOCAB must be a whole number of tokens, e.g. bpe:4096")
+    if not BPE_MIN_VOCAB <= int(text) <= BPE_MAX_VOCAB:
+        raise DataError(f"tokenizer {spec!r}: a byte-level BPE needs a vocabulary of at least {BPE_MIN_VOCAB} (256 "
+                        f"bytes, {len(BPE_SPECIALS)} special token, one merge) and at most {BPE_MAX_VOCAB:,}; "
+                        "e.g. bpe:4096")
+    return int(text)
+
+
 def resolve_tokenizer(name: str | Path) -> str | Path:
-    """A tokenizer setting as get_tokenizer reads it: a built-in name as is, else the absolute Path of a tokenizer
-    file. Built-in names win over files of the same name. Raises DataError for an unknown name or a missing file."""
+    """A tokenizer setting as get_tokenizer reads it: a built-in name as is ("bpe:VOCAB" normalised), else the
+    absolute Path of a tokenizer file. Built-in names win over files of the same name. Raises DataError for an
+    unknown name, a bad bpe:VOCAB or a missing file."""
     name = str(name)
     if name in tokenizer_names():
         return name
+    if name.startswith(BPE_PREFIX):
+        return f"{BPE_PREFIX}{bpe_vocab_size(name)}"
     path = Path(name).expanduser()
     if path.is_file():
         return path.resolve()
     if name.endswith(".json") or "/" in name or os.sep in name:  # meant as a path
         raise DataError(f"tokenizer file not found: {name}; give the path of a tokenizer JSON file (a prepared "
                         "data directory's tokenizer.json, or one made by Hugging Face tokenizers)")
-    raise DataError(f"unknown tokenizer {name!r}; choose one of: {', '.join(tokenizer_names())}, or give the path "
+    raise DataError(f"unknown tokenizer {name!r}; choose one of: {', '.join(tokenizer_names())}, bpe:VOCAB (trained "
+                    "on the corpus, e.g. bpe:4096), or give the path "
                     "of a tokenizer JSON file (e.g. a prepared data directory's tokenizer.json)")
 
 
@@ -379,22 +256,6 @@ def read_tokenizer_file(path: str | Path) -> Tokenizer:
         raise DataError(f"tokenizer file {path} does not hold a minigpt tokenizer ({first_line(e)})") from None
 
 
-# end-of-text tokens of common Hugging Face tokenizers, in the order they are looked for
-EOS_TOKENS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "<|im_end|>")
-
-
-def hf_tokenizer_file(text: str, d: dict[str, Any], path: str | Path) -> HFTokenizer:
-    """A tokenizer.json made by Hugging Face `tokenizers` (trained by the user, or a model's): its end-of-text id is
-    the first special token of EOS_TOKENS it registers."""
-    specials = {t.get("content"): t.get("id") for t in d.get("added_tokens") or []
-                if isinstance(t, dict) and t.get("special")}
-    eos = next((specials[t] for t in EOS_TOKENS if isinstance(specials.get(t), int)), None)
-    try:
-        return HFTokenizer(text, name="hf", eos_id=eos)
-    except DataError as e:
-        raise DataError(f"tokenizer file {path}: {first_line(e)}") from None
-
-
 def tiktoken_cache_dir() -> str:
     """Where tiktoken looks for (and stores) its downloaded encoding files (same rule as tiktoken.load)."""
     return (os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
@@ -414,6 +275,9 @@ def get_tokenizer(name: str | Path, texts: Iterable[str] | None = None) -> Token
         return CharTokenizer.from_texts(texts)
     if spec == "byte":
         return ByteTokenizer()
+    if spec.startswith(BPE_PREFIX):
+        raise DataError(f"{spec} is trained on a corpus while it is prepared; give it as the data's tokenizer "
+                        "(--data.tokenizer), or pass the prepared folder's tokenizer.json")
     try:
         encoding = tiktoken.get_encoding(spec)
     except OSError as e:  # requests/urllib/socket errors all derive from OSError; programming errors pass through

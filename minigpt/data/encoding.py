@@ -22,10 +22,11 @@ from minigpt.core.errors import DataError, UnknownCharactersError, shown_chars
 from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer, Tokenizer
 from minigpt.data.sources import Corpus, Document, iter_documents
 
-__all__ = ["ReadStats", "char_vocabulary", "document_tokens"]
+__all__ = ["CUT", "ReadStats", "char_vocabulary", "decoded_text", "document_tokens"]
 
 BATCH_CHARS = 8 << 20  # BPE encodes this much text per call, split across threads
 MAX_CARRY_CHARS = 16 << 20  # text with no BPE-safe cut point is cut anyway past this (bounded memory)
+CUT = object()  # in place of token ids: a document's text so far is its training text (see document_tokens)
 
 
 @dataclass
@@ -52,14 +53,22 @@ def char_vocabulary(corpus: Corpus) -> CharTokenizer:
     return CharTokenizer("".join(chars))
 
 
-def document_tokens(tok: Tokenizer, corpus: Corpus, stats: ReadStats,
-                    num_threads: int | None) -> Iterator[tuple[Document, np.ndarray | None]]:
+def document_tokens(tok: Tokenizer, corpus: Corpus, stats: ReadStats, num_threads: int | None,
+                    cut_chars: int | None = None) -> Iterator[tuple[Document, Any]]:
     """(document, token ids) for each piece of each document, in order, then (document, None) at its end.
-    Counts what it reads into `stats`; num_threads: BPE encoding threads (None: all cores)."""
-    return _encode(tok, _pieces(tok, corpus, stats), num_threads)
+    Counts what it reads into `stats`; num_threads: BPE encoding threads (None: all cores).  cut_chars (a single
+    document's planned training text, minigpt.data.bpe): the text is cut there, encoded on each side separately,
+    and (document, CUT) marks the cut."""
+    return _encode(tok, _pieces(tok, corpus, stats, cut_chars), num_threads)
 
 
-def _pieces(tok: Tokenizer, corpus: Corpus, stats: ReadStats) -> Iterator[tuple[Document, str | bytes | None]]:
+def decoded_text(doc: Document) -> Iterator[str]:
+    """A document's text as BPE reads it (invalid UTF-8 replaced), chunk by chunk."""
+    return _decode(doc.chunks, doc.name, strict=False)
+
+
+def _pieces(tok: Tokenizer, corpus: Corpus, stats: ReadStats,
+            cut_chars: int | None) -> Iterator[tuple[Document, Any]]:
     """(document, text or bytes to encode) for each piece of each document, then (document, None) at its end."""
     for doc in iter_documents(corpus):
         raw = stats.read(doc.chunks)
@@ -69,9 +78,18 @@ def _pieces(tok: Tokenizer, corpus: Corpus, stats: ReadStats) -> Iterator[tuple[
             texts = _decode(raw, doc.name, strict=isinstance(tok, CharTokenizer))
             if isinstance(tok, TiktokenTokenizer):
                 texts = _bpe_safe_pieces(texts)
+            left = cut_chars
             for text in texts:
                 stats.num_chars += len(text)
-                yield doc, text
+                if left is not None and left <= len(text):  # the cut falls in this piece
+                    if text[:left]:
+                        yield doc, text[:left]
+                    yield doc, CUT
+                    text, left = text[left:], None
+                elif left is not None:
+                    left -= len(text)
+                if text:
+                    yield doc, text
         yield doc, None
 
 
@@ -91,8 +109,8 @@ def _encode(tok: Tokenizer, pieces: Iterator[tuple[Document, str | bytes | None]
                             f"{shown_chars(e.chars)}; remove them, use a char tokenizer made from text that has "
                             "them, or the byte tokenizer, which encodes any text") from None
         for doc, p in batch:
-            if p is None:
-                yield doc, None
+            if p is None or p is CUT:
+                yield doc, p
             elif isinstance(p, bytes):
                 yield doc, np.frombuffer(p, dtype=np.uint8)  # byte tokenizer: the bytes are the ids
             else:
@@ -100,7 +118,7 @@ def _encode(tok: Tokenizer, pieces: Iterator[tuple[Document, str | bytes | None]
 
     for doc, piece in pieces:
         batch.append((doc, piece))
-        size += 0 if piece is None else len(piece)
+        size += len(piece) if isinstance(piece, (str, bytes)) else 0
         if size >= BATCH_CHARS:
             yield from flush()
             batch, size = [], 0

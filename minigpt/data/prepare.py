@@ -29,7 +29,8 @@ import numpy as np
 
 from minigpt.core.errors import DataError, UserError, first_line
 from minigpt.core.fsutil import fsync_dir, install_dir, remove_stale, temp_sibling, write_errors, write_json
-from minigpt.core.tokenizers import Tokenizer, get_tokenizer, resolve_tokenizer, tokenizer_from_dict
+from minigpt.core.tokenizers import BPE_PREFIX, Tokenizer, get_tokenizer, resolve_tokenizer, tokenizer_from_dict
+from minigpt.data.bpe import plan_split, train_bpe
 from minigpt.data.encoding import char_vocabulary
 from minigpt.data.sources import DATA_ROOT_FIX, DEFAULT_SOURCE, resolve_source, sha256_json, slugify
 from minigpt.data.token_files import token_dtype, write_tokens
@@ -58,8 +59,9 @@ def prepare_data(source: str = DEFAULT_SOURCE, tokenizer: str = "char", data_roo
                  force: bool = False) -> Path:
     """Tokenize `source` into data_root/<name>-<tokenizer>-<hash>/ and return that directory.
 
-    tokenizer: "char" (vocabulary: the corpus's characters), "byte", a tiktoken encoding name, or the path of a
-    tokenizer file (see minigpt.core.tokenizers; a char tokenizer file keeps its vocabulary).
+    tokenizer: "char" (vocabulary: the corpus's characters), "byte", a tiktoken encoding name, "bpe:VOCAB" (a
+    byte-level BPE trained on the training documents, minigpt.data.bpe), or the path of a tokenizer file (see
+    minigpt.core.tokenizers; a char tokenizer file keeps its vocabulary).
     Returns at once when the directory already holds a preparation of the same, unchanged source with the same
     options (force=True redoes it). With several documents the validation split takes whole documents (a
     deterministic pseudo-random ~val_fraction of the tokens); a single document is split on tokens: the first
@@ -98,8 +100,15 @@ def prepare_data(source: str = DEFAULT_SOURCE, tokenizer: str = "char", data_roo
         with write_errors(f"prepared data in {data_root}", DATA_ROOT_FIX):
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
-            tok = char_vocabulary(corpus) if spec == "char" else get_tokenizer(spec)
-            stats = write_tokens(tmp, tok, corpus, val_fraction, num_proc)
+            planned = None
+            if spec == "char":
+                tok = char_vocabulary(corpus)
+            elif str(spec).startswith(BPE_PREFIX):  # trained here, on the training text only
+                planned = plan_split(corpus, val_fraction)
+                tok = train_bpe(corpus, planned, spec)
+            else:
+                tok = get_tokenizer(spec)
+            stats = write_tokens(tmp, tok, corpus, val_fraction, num_proc, planned)
             seconds = time.perf_counter() - t0
             write_json(tmp / "tokenizer.json", tok.to_dict())
             meta = {"format_version": FORMAT_VERSION, "source": source, "kind": corpus.kind,

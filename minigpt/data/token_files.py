@@ -18,11 +18,11 @@ import numpy as np
 
 from minigpt.core.errors import DataError
 from minigpt.core.tokenizers import ByteTokenizer, Tokenizer
-from minigpt.data.encoding import ReadStats, document_tokens
-from minigpt.data.sources import Corpus
+from minigpt.data.encoding import CUT, ReadStats, document_tokens
+from minigpt.data.sources import Corpus, Document
 from minigpt.data.verify import scan_tokens
 
-__all__ = ["split_tokens", "token_dtype", "write_tokens"]
+__all__ = ["choose_val_docs", "document_key", "split_tokens", "token_dtype", "write_tokens"]
 
 COPY_TOKENS = 1 << 20  # the split moves tokens this many at a time
 
@@ -32,21 +32,32 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.uint32)
 
 
+def document_key(doc: Document) -> int:
+    """The number a document is placed by in the split: a hash of its key (its path, or its row)."""
+    return int.from_bytes(hashlib.sha256(doc.key.encode()).digest()[:8], "little")
+
+
 def write_tokens(out: Path, tok: Tokenizer, corpus: Corpus, val_fraction: float,
-                 num_threads: int | None) -> dict[str, Any]:
+                 num_threads: int | None, planned: Any = None) -> dict[str, Any]:
     """Every document's tokens into out/train.bin, then the validation ones moved to out/val.bin (see
-    split_tokens). Returns what meta.json records of them: counts, sizes, the content hash and the checksums."""
+    split_tokens). Returns what meta.json records of them: counts, sizes, the content hash and the checksums.
+    planned: a minigpt.data.bpe.DocumentSplit decided before tokenizing (for a tokenizer trained on the training
+    text), kept exactly instead of splitting on token counts."""
     dtype = token_dtype(tok.vocab_size)
     stats = ReadStats(hashlib.sha256(), num_chars=None if isinstance(tok, ByteTokenizer) else 0)
     keys, counts = array("Q"), array("q")  # per document: split key and token count (bounded: 16 bytes each)
     eot = None if tok.eot_id is None else np.array([tok.eot_id], dtype=np.int64)
-    current = None
+    current, cut_tokens = None, None
+    cut_chars = planned.train_chars if planned is not None else None
     with open(out / "train.bin", "wb") as f:
-        for doc, ids in document_tokens(tok, corpus, stats, num_threads):
+        for doc, ids in document_tokens(tok, corpus, stats, num_threads, cut_chars):
             if doc is not current:
                 current = doc
-                keys.append(int.from_bytes(hashlib.sha256(doc.key.encode()).digest()[:8], "little"))
+                keys.append(document_key(doc))
                 counts.append(0)
+            if ids is CUT:  # the single document's planned end of training text
+                cut_tokens = counts[-1]
+                continue
             if ids is None:  # the end of the document
                 if eot is None:
                     continue
@@ -56,8 +67,12 @@ def write_tokens(out: Path, tok: Tokenizer, corpus: Corpus, val_fraction: float,
     if not counts:
         what = f"column {corpus.text_column!r} of {corpus.source}" if corpus.is_dataset else corpus.origin
         raise DataError(f"corpus is empty: {what} holds no text; pass a source with text in it")
-    split = split_tokens(out / "train.bin", out / "val.bin", dtype, np.array(keys, dtype=np.uint64),
-                         np.array(counts, dtype=np.int64), val_fraction)
+    keys_array = np.array(keys, dtype=np.uint64)
+    if planned is not None and not np.array_equal(keys_array, planned.keys):
+        raise DataError(f"{corpus.origin} changed while it was being prepared (its documents differ from the first "
+                        "pass); prepare it again once it is complete")
+    split = split_tokens(out / "train.bin", out / "val.bin", dtype, keys_array, np.array(counts, dtype=np.int64),
+                         val_fraction, is_val=planned.is_val if planned is not None else None, n_train=cut_tokens)
     if split["train_tokens"] == 0 or split["val_tokens"] == 0:
         raise DataError(f"corpus too small: {sum(counts)} token(s), too few for a train/val split; "
                         "use a larger corpus")
@@ -68,19 +83,20 @@ def write_tokens(out: Path, tok: Tokenizer, corpus: Corpus, val_fraction: float,
 
 
 def split_tokens(train_path: Path, val_path: Path, dtype: np.dtype, keys: np.ndarray, counts: np.ndarray,
-                 val_fraction: float) -> dict[str, Any]:
+                 val_fraction: float, is_val: np.ndarray | None = None, n_train: int | None = None) -> dict[str, Any]:
     """Move the validation tokens from train.bin (which holds every document's tokens, in order) to val.bin.
 
-    Several documents: whole documents, chosen by _choose_val_docs. One document: its last val_fraction of
-    tokens (nanoGPT: first 90% / last 10%).
+    Several documents: whole documents, chosen by choose_val_docs (or given: is_val). One document: its last
+    val_fraction of tokens (nanoGPT: first 90% / last 10%), or all but its first n_train tokens when given.
     """
     n = int(counts.sum())
     if len(counts) == 1:
-        n_train = min(max(int(n * (1 - val_fraction)), 1), n - 1) if n >= 2 else n
+        if n_train is None:
+            n_train = min(max(int(n * (1 - val_fraction)), 1), n - 1) if n >= 2 else n
         train_runs, val_runs = [(0, n_train)], [(n_train, n)]
         is_val = np.zeros(1, dtype=bool)
     else:
-        is_val = _choose_val_docs(keys, counts, val_fraction)
+        is_val = choose_val_docs(keys, counts, val_fraction) if is_val is None else is_val
         # runs of consecutive documents on the same side, as token ranges
         ends = np.cumsum(counts)
         firsts = np.concatenate([[0], np.flatnonzero(np.diff(is_val.astype(np.int8))) + 1])
@@ -121,7 +137,7 @@ def _move_runs(train_path: Path, val_path: Path, dtype: np.dtype, train_runs: li
     return n_val
 
 
-def _choose_val_docs(keys: np.ndarray, counts: np.ndarray, val_fraction: float) -> np.ndarray:
+def choose_val_docs(keys: np.ndarray, counts: np.ndarray, val_fraction: float) -> np.ndarray:
     """Which documents go to val: a deterministic pseudo-random set of about val_fraction of the tokens.
     Documents are visited in the order of their key's hash (not the listing order, so adding a file or row moves
     few others) and taken when that brings the val size closer to the target; each side gets >= 1 document."""

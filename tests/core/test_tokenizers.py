@@ -89,7 +89,7 @@ def test_a_tokenizer_whose_regex_gives_up_is_one_line_naming_it():
 
 
 def test_the_rust_panic_report_is_held_back_and_other_stderr_goes_through():
-    code = (EVIL_TOKENIZER + "import os, sys\nfrom minigpt.core.tokenizers import HFTokenizer, rust_panics_as_errors\n"
+    code = (EVIL_TOKENIZER + "import os, sys\nfrom minigpt.core.hf_tokenizer import HFTokenizer, rust_panics_as_errors\n"
             "h = HFTokenizer(tok.to_str(), name='evil')\n"
             "with rust_panics_as_errors('x'):\n    os.write(2, b'kept\\n')\n"
             "try:\n    h.encode('a' * 40 + 'b')\nexcept Exception as e:\n    print(type(e).__name__)\n")

@@ -1,0 +1,150 @@
+"""A Hugging Face tokenizer.json (a model's, or one trained with the `tokenizers` library, e.g. bpe:VOCAB), applied by
+that library exactly as transformers applies it, behind minigpt's Tokenizer interface."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from minigpt.core.errors import DataError, UnknownCharactersError, UserError, first_line
+from minigpt.core.tokenizer_base import Tokenizer
+
+__all__ = ["EOS_TOKENS", "HFTokenizer", "hf_tokenizer_file", "rust_panics_as_errors", "tokenizers_library"]
+
+
+def tokenizers_library():
+    """The `tokenizers` library, imported on first use (only HF sources and exports need it)."""
+    try:
+        import tokenizers
+    except ImportError:
+        raise UserError("Hugging Face tokenizers need the `tokenizers` package; install it with "
+                        "`python3 -m pip install tokenizers`") from None
+    return tokenizers
+
+
+@contextmanager
+def rust_panics_as_errors(name: str, failed: str = "cannot encode this text") -> Iterator[None]:
+    """A tokenizer.json the library cannot apply (a pre-tokenizer regex that backtracks past Oniguruma's retry
+    limit on this text) makes its Rust code panic: a PanicException, which derives from BaseException, after the
+    panic's message and backtrace on the process's stderr.  That is the file's fault, not the user's text's: one
+    DataError line naming it, the Rust report held back (anything else written to stderr meanwhile goes through)."""
+    saved, held = os.dup(2), tempfile.TemporaryFile()
+    os.dup2(held.fileno(), 2)
+    panic = None
+    try:
+        yield
+    except BaseException as e:  # noqa: B036 - pyo3's PanicException is a BaseException and cannot be imported
+        if type(e).__name__ != "PanicException":
+            raise
+        panic = e
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        with held:
+            held.seek(0)
+            report = held.read()
+        if panic is None and report:
+            os.write(2, report)
+    if panic is not None:
+        raise DataError(f"the tokenizer {name} {failed}: the tokenizers library gave up inside it "
+                        f"({first_line(panic, 100)}), as a pre-tokenizer regular expression that backtracks "
+                        "catastrophically does; use a well-formed tokenizer.json (e.g. the model's original)")
+
+
+class HFTokenizer(Tokenizer):
+    """A Hugging Face tokenizer.json, applied by the `tokenizers` library exactly as transformers applies it
+    (a BOS is prepended where the source's post-processor does so)."""
+
+    def __init__(self, tokenizer_json: str, name: str = "hf", vocab_size: int | None = None,
+                 bos_id: int | None = None, eos_id: int | None = None) -> None:
+        try:
+            with rust_panics_as_errors(name, "cannot be read"):
+                self.backend = tokenizers_library().Tokenizer.from_str(tokenizer_json)
+        except DataError:
+            raise
+        except Exception as e:  # the library raises its own Exception type for a bad tokenizer.json
+            raise DataError(f"not a Hugging Face tokenizer.json ({first_line(e)}); give the tokenizer.json "
+                            "saved with the model") from None
+        self.tokenizer_json = tokenizer_json
+        self.name = name
+        self.vocab_size = int(vocab_size or self.backend.get_vocab_size(with_added_tokens=True))
+        self.bos_id, self.eos_id = bos_id, eos_id
+        self.eot_id = eos_id
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            with rust_panics_as_errors(self.name):
+                return self.backend.encode(text).ids
+        except DataError:
+            raise
+        except Exception:  # the library's own type: a vocabulary without an unknown token (a char-level export)
+            unknown = sorted({c for c in text if not self._encodes(c)})
+            if not unknown:
+                raise
+            raise UnknownCharactersError(unknown) from None
+
+    def _encodes(self, char: str) -> bool:
+        try:
+            with rust_panics_as_errors(self.name):
+                self.backend.encode(char)
+        except DataError:
+            raise
+        except Exception:
+            return False
+        return True
+
+    def encode_array(self, text: str) -> np.ndarray:
+        return np.asarray(self.encode(text), dtype=np.int64)
+
+    def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[np.ndarray]:
+        # the Rust core encodes a batch in parallel (its thread pool: TOKENIZERS_PARALLELISM / RAYON_NUM_THREADS)
+        try:
+            with rust_panics_as_errors(self.name):
+                return [np.asarray(e.ids, dtype=np.int64) for e in self.backend.encode_batch(texts)]
+        except DataError:
+            raise
+        except Exception:  # one text the vocabulary cannot encode: find and name its characters
+            return [self.encode_array(text) for text in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=False)
+
+    def token(self, i: int | None) -> str | None:
+        return None if i is None else self.backend.id_to_token(i)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "hf", "name": self.name, "tokenizer_json": self.tokenizer_json,
+                "vocab_size": self.vocab_size, "bos_id": self.bos_id, "eos_id": self.eos_id}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HFTokenizer:
+        """The inverse of to_dict (tokenizer_from_dict calls it); raises KeyError/TypeError for a damaged dict."""
+        if not isinstance(d["tokenizer_json"], str):
+            raise TypeError("'tokenizer_json' is not a string")
+        ids = [d.get(k) for k in ("vocab_size", "bos_id", "eos_id")]
+        if any(i is not None and (not isinstance(i, int) or isinstance(i, bool)) for i in ids):
+            raise TypeError("'vocab_size', 'bos_id' and 'eos_id' must be integers or null")
+        return cls(d["tokenizer_json"], name=str(d.get("name", "hf")), vocab_size=ids[0], bos_id=ids[1],
+                   eos_id=ids[2])
+
+
+# end-of-text tokens of common Hugging Face tokenizers, in the order they are looked for
+EOS_TOKENS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "<|im_end|>")
+
+
+def hf_tokenizer_file(text: str, d: dict[str, Any], path: str | Path) -> HFTokenizer:
+    """A tokenizer.json made by Hugging Face `tokenizers` (trained by the user, or a model's): its end-of-text id is
+    the first special token of EOS_TOKENS it registers."""
+    specials = {t.get("content"): t.get("id") for t in d.get("added_tokens") or []
+                if isinstance(t, dict) and t.get("special")}
+    eos = next((specials[t] for t in EOS_TOKENS if isinstance(specials.get(t), int)), None)
+    try:
+        return HFTokenizer(text, name="hf", eos_id=eos)
+    except DataError as e:
+        raise DataError(f"tokenizer file {path}: {first_line(e)}") from None

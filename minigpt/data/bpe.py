@@ -1,0 +1,108 @@
+"""`bpe:VOCAB`: a byte-level BPE trained on the corpus's training documents, never on its validation ones.
+
+    split = plan_split(corpus, val_fraction)           # which documents (or which prefix) are training text
+    tokenizer = train_bpe(corpus, split, vocab_size)   # an HFTokenizer; its tokenizer.json is transformers'
+
+A tokenizer trained on the validation text would flatter the validation loss, so the split is decided first,
+from the documents' lengths in characters (the token counts it is usually decided from do not exist yet), and
+the token files then keep exactly that split (minigpt.data.token_files).  The BPE is Hugging Face `tokenizers`'
+(Rust, multi-threaded, deterministic for the same text): GPT-2's byte-level pre-tokenization, so any text
+encodes, and `<|endoftext|>` as its one special token, after each document as with the tiktoken encodings.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from minigpt.core.errors import DataError
+from minigpt.core.tokenizers import BPE_SPECIALS, HFTokenizer, bpe_vocab_size, tokenizers_library
+from minigpt.data.encoding import decoded_text
+from minigpt.data.sources import Corpus, iter_documents
+from minigpt.data.token_files import choose_val_docs, document_key
+
+__all__ = ["DocumentSplit", "plan_split", "train_bpe"]
+
+
+@dataclass
+class DocumentSplit:
+    """The train/val split, decided before any token exists: whole documents (is_val, one flag per document in
+    corpus order), or for a single document its first train_chars characters."""
+
+    keys: np.ndarray  # each document's split key (document_key), to check the corpus did not change meanwhile
+    is_val: np.ndarray | None = None
+    train_chars: int | None = None
+
+
+def plan_split(corpus: Corpus, val_fraction: float) -> DocumentSplit:
+    """A first pass over the corpus: each document's length in characters, and the split they give (the same
+    rule as the token split: whole documents for several, the first 1 - val_fraction of a single one)."""
+    keys, chars = [], []
+    for doc in iter_documents(corpus):
+        keys.append(document_key(doc))
+        chars.append(sum(len(text) for text in decoded_text(doc)))
+    if not keys:
+        what = f"column {corpus.text_column!r} of {corpus.source}" if corpus.is_dataset else corpus.origin
+        raise DataError(f"corpus is empty: {what} holds no text; pass a source with text in it")
+    keys_array = np.array(keys, dtype=np.uint64)
+    if len(keys) == 1:
+        train_chars = int(chars[0] * (1 - val_fraction))
+        if train_chars == 0 or train_chars == chars[0]:
+            raise DataError(f"corpus too small: {chars[0]} character(s), too few for a train/val split; use a "
+                            "larger corpus")
+        return DocumentSplit(keys_array, train_chars=train_chars)
+    return DocumentSplit(keys_array, is_val=choose_val_docs(keys_array, np.array(chars, dtype=np.int64),
+                                                            val_fraction))
+
+
+def training_texts(corpus: Corpus, split: DocumentSplit) -> Iterator[str]:
+    """The text of the training documents (or of the single document's training prefix), chunk by chunk."""
+    for i, doc in enumerate(iter_documents(corpus)):
+        if split.is_val is not None and split.is_val[i]:
+            continue
+        left = split.train_chars
+        for text in decoded_text(doc):
+            if left is not None:
+                text, left = text[:left], left - min(left, len(text))
+            if text:
+                yield text
+            if left == 0:
+                break
+
+
+def train_bpe(corpus: Corpus, split: DocumentSplit, spec: str, quiet: bool = False) -> HFTokenizer:
+    """The byte-level BPE of `spec` ("bpe:VOCAB") trained on the training text of `split`.  Refuses, in one line,
+    a vocabulary the text cannot fill (fewer distinct merges than asked for)."""
+    vocab_size = bpe_vocab_size(spec)
+    tk = tokenizers_library()
+    backend = tk.Tokenizer(tk.models.BPE())
+    backend.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)  # GPT-2's regex
+    backend.decoder = tk.decoders.ByteLevel()
+    trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(BPE_SPECIALS),
+                                     initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
+                                     show_progress=not quiet and sys.stderr.isatty())  # its own bars, on a terminal
+    started = time.perf_counter()
+    chars = 0
+
+    def counted() -> Iterator[str]:
+        nonlocal chars
+        for text in training_texts(corpus, split):
+            chars += len(text)
+            yield text
+
+    backend.train_from_iterator(counted(), trainer=trainer)
+    if chars == 0:
+        raise DataError(f"{spec}: the training split holds no text to train a tokenizer on; use a larger corpus")
+    got = backend.get_vocab_size()
+    if got < vocab_size:
+        merges = got - 256 - len(BPE_SPECIALS)
+        raise DataError(f"{spec}: the training text ({chars:,} characters) fills only {got} tokens ({merges} merges); "
+                        f"ask for bpe:{got} or fewer, or give more text")
+    if not quiet:
+        print(f"data: trained {spec} on {chars / 1e6:.1f} M characters of training text in "
+              f"{time.perf_counter() - started:.1f}s")
+    return HFTokenizer(backend.to_str(), name=spec, eos_id=backend.token_to_id(BPE_SPECIALS[0]))
