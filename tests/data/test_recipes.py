@@ -1,0 +1,64 @@
+"""The data/ recipes, run on local stand-ins (never the network): they write the corpus a user then trains on."""
+
+from __future__ import annotations
+
+import http.server
+import importlib.util
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def recipe(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "data" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_fineweb_recipe_streams_the_first_rows_with_text(tmp_path, capsys):
+    rows = tmp_path / "stand-in.jsonl"
+    rows.write_text("".join(json.dumps({"text": t, "url": "u"}) + "\n" for t in ["first", "  ", "second", "third"]))
+    out = tmp_path / "corpus" / "sample.jsonl"
+    recipe("fineweb_edu").main(["--docs", "2", "--dataset", "json", "--data_files", str(rows), "--out", str(out)])
+    assert [json.loads(line)["text"] for line in out.read_text().splitlines()] == ["first", "second"]
+    assert f"python3 train.py --data.source {out}" in capsys.readouterr().out
+    assert [p.name for p in out.parent.iterdir()] == ["sample.jsonl"]  # no temporary file left
+
+
+def test_the_shakespeare_recipe_fetches_the_text_whole(tmp_path):
+    body = ("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 200).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out = tmp_path / "data" / "tinyshakespeare.txt"
+        recipe("tinyshakespeare").main(["--out", str(out), "--url", f"http://127.0.0.1:{server.server_port}/input.txt"])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out.read_bytes() == body
+    assert [p.name for p in out.parent.iterdir()] == ["tinyshakespeare.txt"]  # the download cache moved, not copied
+
+
+def test_the_shakespeare_recipe_fails_in_one_line_offline(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        recipe("tinyshakespeare").main(["--out", str(tmp_path / "t.txt"), "--url", "http://127.0.0.1:9/input.txt"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("error: ") and "\n" not in err
+    assert not (tmp_path / "t.txt").exists()
