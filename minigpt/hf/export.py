@@ -6,7 +6,8 @@
 The `gpt` block becomes `GPT2LMHeadModel`, the `llama` block `LlamaForCausalLM` (tied or untied, with GQA, an
 explicit head size and Llama 3 RoPE scaling). The directory holds what `save_pretrained` writes: config.json,
 model.safetensors, generation_config.json, and the tokenizer (tokenizer.json, tokenizer_config.json,
-special_tokens_map.json; see minigpt.hf.tokenizer_files). The tensor names are minigpt.hf.weights.
+special_tokens_map.json; see minigpt.hf.tokenizer_files), and minigpt_export.json, the manifest that lets
+`--overwrite` replace it (minigpt.hf.export_folder). The tensor names are minigpt.hf.weights.
 
 A model option the target class cannot express (qk_norm, relu2, ...) is refused before anything is written.
 The directory is written whole or not at all: into a hidden sibling folder, then renamed into place.
@@ -14,6 +15,7 @@ The directory is written whole or not at all: into a hidden sibling folder, then
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -23,7 +25,9 @@ import torch
 
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError
-from minigpt.core.fsutil import fsync_dir, install_dir, remove_stale, temp_sibling, write_errors, write_json
+from minigpt.core.fsutil import remove_stale, temp_sibling, write_json
+from minigpt.hf.export_folder import (MANIFEST, FolderState, check_out_path, check_previous_export, folder_state,
+                                      install_export, restore_interrupted, seal_export, storage_errors)
 from minigpt.hf.tokenizer_files import save_hf_tokenizer
 from minigpt.hf.weights import to_hf_state_dict
 from minigpt.core.model import GPT
@@ -31,9 +35,9 @@ from minigpt.core.tokenizers import Tokenizer
 
 __all__ = ["EXPORT_FILES", "check_exportable", "export_hf", "hf_config"]
 
-# everything an export writes; --overwrite replaces a folder only if it holds nothing else (never a user's folder)
+# everything an export writes; --overwrite trusts the manifest's sizes and hashes, never these names
 EXPORT_FILES = {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-                "tokenizer_config.json", "special_tokens_map.json"}
+                "tokenizer_config.json", "special_tokens_map.json", MANIFEST}
 HF_CLASS = {"gpt": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
 
 
@@ -168,67 +172,70 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------------- the directory
 
-def check_out_dir(out_dir: Path, overwrite: bool) -> None:
-    """An empty or missing folder is fine; a previous export only with overwrite; anything else never."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"{out_dir} exists and is not a folder; choose another output folder")
-    if not out_dir.is_dir():
-        return
-    present = sorted(p.name for p in out_dir.iterdir())
-    if not present:
-        return
-    if not overwrite:
-        raise UserError(f"{out_dir} already holds files ({', '.join(present[:3])}{', ...' if len(present) > 3 else ''}"
-                        "); choose another output folder, or pass --overwrite to replace a previous export")
-    foreign = [name for name in present if name not in EXPORT_FILES]
-    if foreign:  # overwrite deletes the folder: only ever one this function wrote
-        raise UserError(f"{out_dir} holds files an export does not write ({', '.join(foreign[:3])}), so "
-                        "--overwrite would delete them; choose another output folder, or move them away")
+def check_out_dir(out_dir: str | Path, overwrite: bool, checked: FolderState | None = None) -> FolderState:
+    """An empty or missing folder is fine; with overwrite, a previous export proven by its manifest; else never.
+
+    Returns the folder's state as approved: export_hf replaces the folder only in that state, and a call given the
+    state an earlier call returned (`checked`: the command line checks before loading the model) does not read the
+    files again when nothing changed since.
+    """
+    out_dir = Path(out_dir)
+    check_out_path(out_dir)
+    restore_interrupted(out_dir)  # an export killed between its renames: its old folder goes back first
+    try:
+        state = folder_state(out_dir)
+        if not state:
+            return frozenset()
+        if not overwrite:
+            present = sorted(name for name, *_ in state)
+            raise UserError(f"{out_dir} already holds files ({', '.join(present[:3])}"
+                            f"{', ...' if len(present) > 3 else ''}); choose another output folder, or pass "
+                            "--overwrite to replace a previous export")
+        if state != checked:
+            check_previous_export(out_dir)  # overwrite deletes the folder: only ever an export, unchanged
+    except OSError as e:  # a folder or file we may not read
+        raise UserError(f"cannot read {e.filename or out_dir} ({e.strerror}); choose another output folder") from None
+    return state
 
 
-def export_hf(model: GPT, tokenizer: Tokenizer | None, out_dir: str | Path, overwrite: bool = False) -> Path:
+def export_hf(model: GPT, tokenizer: Tokenizer | None, out_dir: str | Path, overwrite: bool = False,
+              checked: FolderState | None = None) -> Path:
     """Write `model` (and `tokenizer`) as a Hugging Face model directory; returns its path.
 
     Refuses, before writing anything, an option the HF class cannot express and an `out_dir` that already holds
-    files (unless overwrite, and then only a previous export). The folder appears whole or not at all; with
-    overwrite, the old one is replaced only once the new one is complete.
+    files (unless overwrite, and then only an unchanged previous export; `checked`: see check_out_dir). The folder
+    appears whole or not at all; with overwrite, the old one is replaced only once the new one is complete. A full
+    disk, Ctrl-C or any failure leaves the old folder as it was and no temporary folder.
     """
     out_dir = Path(out_dir).resolve()  # ".." or a symlink: the temporary sibling must sit beside the real folder
     check_exportable(model.config)
-    check_out_dir(out_dir, overwrite)
+    approved = check_out_dir(out_dir, overwrite, checked)
     tensors = hf_tensors(model)  # before any file: a failure here leaves nothing behind
-    with write_errors(out_dir, "free space there or choose another output folder", UserError):
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale(out_dir.parent)
-        tmp = temp_sibling(out_dir)
+    created = [p for p in out_dir.parents if not p.exists()]  # removed again if the export fails
+    tmp = temp_sibling(out_dir)
+    with storage_errors(out_dir):
         try:
+            out_dir.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale(out_dir.parent)
             tmp.mkdir()
             write_files(tmp, model.config, tokenizer, tensors)
-            install_dir(tmp, out_dir)  # renames the old export away, the new one in, then deletes the old
+            install_export(tmp, out_dir, approved)
         except BaseException:  # Ctrl-C included: leave no half export, and never lose the old one
-            old = temp_sibling(out_dir, "old")
-            if old.is_dir() and not out_dir.exists():  # stopped between install_dir's two renames
-                os.rename(old, out_dir)
+            restore_interrupted(out_dir, pid=os.getpid())  # stopped between install_export's two renames
             shutil.rmtree(tmp, ignore_errors=True)
+            for parent in created:  # deepest first; only if still empty
+                with contextlib.suppress(OSError):
+                    parent.rmdir()
             raise
     return out_dir
 
 
 def write_files(folder: Path, config: GPTConfig, tokenizer: Tokenizer | None, tensors: dict[str, torch.Tensor]) -> None:
-    """Every file of the export into `folder`, flushed to disk."""
+    """Every file of the export into `folder`, flushed to disk, and last the manifest listing them."""
     dtype = next(iter(tensors.values())).dtype
     write_json(folder / "config.json", hf_config(config, tokenizer, dtype))
     write_json(folder / "generation_config.json", generation_config(config, tokenizer))
     save_safetensors(tensors, folder / "model.safetensors")
     if tokenizer is not None:
         save_hf_tokenizer(tokenizer, folder)
-    mode = (folder / "config.json").stat().st_mode & 0o777  # the umask's; safetensors writes 0600
-    for path in folder.iterdir():  # safetensors and tokenizers write without fsync
-        path.chmod(mode)
-        fsync_file(path)
-    fsync_dir(folder)
-
-
-def fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
+    seal_export(folder)

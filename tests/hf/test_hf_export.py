@@ -151,8 +151,8 @@ def test_an_existing_out_is_kept_unless_overwrite_and_overwrite_replaces_only_an
     with pytest.raises(UserError, match=r"already holds files \(notes.txt\); choose another output folder, or "
                                         r"pass --overwrite"):
         export_hf(model, ByteTokenizer(), out)
-    with pytest.raises(UserError, match=r"holds files an export does not write \(notes.txt\), so --overwrite would "
-                                        r"delete them"):
+    with pytest.raises(UserError, match=r"holds no minigpt_export.json .* so its files may be yours and --overwrite "
+                                        r"would delete notes.txt; choose another output folder"):
         export_hf(model, ByteTokenizer(), out, overwrite=True)
     assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
 
@@ -230,10 +230,18 @@ def test_export_command_mistakes_are_one_line_exit_2(tmp_path):
     write_checkpoint(tmp_path / "qk.ckpt", qk_norm=True)
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "config.json").write_text("{}")
+    (tmp_path / "notes.txt").write_text("mine")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    missing = ["--ckpt", str(tmp_path / "missing.ckpt")]  # --out is checked before the checkpoint is looked at
     cases = [(["--ckpt", str(tmp_path / "qk.ckpt"), "--out", str(tmp_path / "out")], "qk_norm=true"),
              (["--ckpt", str(tmp_path / "qk.ckpt"), "--out", str(tmp_path / "taken")], "already holds files"),
-             (["--ckpt", str(tmp_path / "missing.ckpt"), "--out", str(tmp_path / "out")], "checkpoint not found")]
+             ([*missing, "--out", str(tmp_path / "taken"), "--overwrite"], "holds no minigpt_export.json"),
+             ([*missing, "--out", str(tmp_path / "notes.txt" / "sub" / "hf")],
+              f"{tmp_path / 'notes.txt'} is a file, not a folder, so {tmp_path / 'notes.txt' / 'sub' / 'hf'} cannot "
+              "be created in it; choose another output folder"),
+             ([*missing, "--out", str(tmp_path / "notes.txt")], "notes.txt exists and is not a folder"),
+             ([*missing, "--out", ""], "--out is empty"),
+             ([*missing, "--out", str(tmp_path / "out")], "checkpoint not found")]
     # one interpreter runs export.py three times, as `python export.py ARGS` would (its exit code and stderr)
     script = ("import contextlib, io, json, runpy, sys\nresults = []\n"
               "for argv in json.loads(sys.argv[1]):\n"
@@ -250,6 +258,7 @@ def test_export_command_mistakes_are_one_line_exit_2(tmp_path):
         assert code == 2 and err.startswith("error: ") and expected in err, err
         assert err.count("\n") == 1 and "Traceback" not in err
     assert not (tmp_path / "out").exists() and [p.name for p in (tmp_path / "taken").iterdir()] == ["config.json"]
+    assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
 @pytest.mark.parametrize("name", ["gpt-untied-tanh", "llama-untied-mqa-head_dim", "llama-rope-scaling"])
