@@ -32,6 +32,7 @@ from minigpt.core.fsutil import fsync_dir, install_dir, remove_stale, temp_sibli
 from minigpt.core.tokenizers import BPE_PREFIX, Tokenizer, get_tokenizer, resolve_tokenizer, tokenizer_from_dict
 from minigpt.data.bpe import plan_split, train_bpe
 from minigpt.data.encoding import char_vocabulary
+from minigpt.data.progress import Progress
 from minigpt.data.sources import DATA_ROOT_FIX, DEFAULT_SOURCE, resolve_source, sha256_json, slugify
 from minigpt.data.token_files import token_dtype, write_tokens
 from minigpt.data.verify import file_sha256, verify_prepared
@@ -108,7 +109,11 @@ def prepare_data(source: str = DEFAULT_SOURCE, tokenizer: str = "char", data_roo
                 tok = train_bpe(corpus, planned, spec)
             else:
                 tok = get_tokenizer(spec)
-            stats = write_tokens(tmp, tok, corpus, val_fraction, num_proc, planned)
+            progress = Progress(sum(f.size for f in corpus.files) or None, f"{corpus.name} ({tok.name})")
+            try:
+                stats = write_tokens(tmp, tok, corpus, val_fraction, num_proc, planned, progress)
+            finally:
+                progress.close()
             seconds = time.perf_counter() - t0
             write_json(tmp / "tokenizer.json", tok.to_dict())
             meta = {"format_version": FORMAT_VERSION, "source": source, "kind": corpus.kind,

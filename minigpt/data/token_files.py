@@ -19,6 +19,7 @@ import numpy as np
 from minigpt.core.errors import DataError
 from minigpt.core.tokenizers import ByteTokenizer, Tokenizer
 from minigpt.data.encoding import CUT, ReadStats, document_tokens
+from minigpt.data.progress import Progress
 from minigpt.data.sources import Corpus, Document
 from minigpt.data.verify import scan_tokens
 
@@ -38,7 +39,7 @@ def document_key(doc: Document) -> int:
 
 
 def write_tokens(out: Path, tok: Tokenizer, corpus: Corpus, val_fraction: float,
-                 num_threads: int | None, planned: Any = None) -> dict[str, Any]:
+                 num_threads: int | None, planned: Any = None, progress: Progress | None = None) -> dict[str, Any]:
     """Every document's tokens into out/train.bin, then the validation ones moved to out/val.bin (see
     split_tokens). Returns what meta.json records of them: counts, sizes, the content hash and the checksums.
     planned: a minigpt.data.bpe.DocumentSplit decided before tokenizing (for a tokenizer trained on the training
@@ -47,7 +48,7 @@ def write_tokens(out: Path, tok: Tokenizer, corpus: Corpus, val_fraction: float,
     stats = ReadStats(hashlib.sha256(), num_chars=None if isinstance(tok, ByteTokenizer) else 0)
     keys, counts = array("Q"), array("q")  # per document: split key and token count (bounded: 16 bytes each)
     eot = None if tok.eot_id is None else np.array([tok.eot_id], dtype=np.int64)
-    current, cut_tokens = None, None
+    current, cut_tokens, total = None, None, 0
     cut_chars = planned.train_chars if planned is not None else None
     with open(out / "train.bin", "wb") as f:
         for doc, ids in document_tokens(tok, corpus, stats, num_threads, cut_chars):
@@ -64,6 +65,9 @@ def write_tokens(out: Path, tok: Tokenizer, corpus: Corpus, val_fraction: float,
                 ids = eot
             f.write(ids.astype(dtype, copy=False).data)  # (buffered: ndarray.tofile writes unbuffered)
             counts[-1] += len(ids)
+            total += len(ids)
+            if progress is not None:
+                progress.update(stats.num_bytes, total)
     if not counts:
         what = f"column {corpus.text_column!r} of {corpus.source}" if corpus.is_dataset else corpus.origin
         raise DataError(f"corpus is empty: {what} holds no text; pass a source with text in it")
