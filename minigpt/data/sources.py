@@ -16,6 +16,8 @@ A source is one of
 A file is read as text whatever its container or encoding: *.gz / *.bz2 / *.xz are decompressed, and UTF-16 or
 UTF-32 with a byte-order mark is converted to UTF-8 (a UTF-8 BOM is dropped). Empty files, empty rows and a
 folder's binary files (and archives) hold no document: they are skipped, counted and named in corpus.skipped_files.
+Only regular files (or symlinks to them) are read: a FIFO, socket or device (/dev/zero) could block or never end,
+so one given as the source or found in a folder is refused. A URL is fetched by minigpt.data.download.
 """
 
 from __future__ import annotations
@@ -29,24 +31,22 @@ import json
 import lzma
 import os
 import re
+import stat
 import sysconfig
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from minigpt.core.errors import DataError, first_line
-from minigpt.core.fsutil import atomic_write, remove_stale, write_error
+from minigpt.core.fsutil import remove_stale
+from minigpt.data.download import DOWNLOAD_LIMIT_BYTES, DOWNLOAD_TIMEOUT_S, fetch
 
 DEFAULT_SOURCE = "stdlib"
 # the fix named when data_root cannot take prepared data or a download (full, read-only, forbidden)
 DATA_ROOT_FIX = "free space there, or set data_root (train.py --data.data_root) to a writable folder with room"
 CHUNK_BYTES = 1 << 20  # documents are read (and then decoded and tokenized) this much at a time
-DOWNLOAD_TIMEOUT_S = 30.0
-DOWNLOAD_LIMIT_BYTES = 2 << 30
 DATASET_BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
 # compressed text is read through its decompressor (never as compressed bytes); archives hold many files: refused
 DECOMPRESSORS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
@@ -57,9 +57,6 @@ BOMS = [(codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"), 
 # Local sources up to this size are fingerprinted by their content too, not only by size and mtime (which an edit
 # can keep): sha256 of 256 MB costs about 0.2-0.6 s at each start; larger sources rely on size + mtime.
 CONTENT_HASH_LIMIT = 256 << 20
-# an HTML page where data was expected: a sign-in wall, an error page, a "download" page around the file
-HTML_TYPES = ("text/html", "application/xhtml+xml")
-HTML_STARTS = (b"<!doctype html", b"<html", b"<head")
 # The test suites (test/, tests/, idlelib/idle_test/) are 19 of the stdlib's 31 MB of *.py; without them ~12 MB.
 STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
 _HUB_NAME = re.compile(r"^[\w.-]+(/[\w.-]+)?(:[\w.-]+)?$")
@@ -264,6 +261,7 @@ def _local_corpus(source: str, path: Path, text_column: str) -> Corpus:
     if path.is_dir():
         return Corpus(source, "folder", str(path), slugify(path.name), _walk(path), skip_binary=True)
     st = path.stat()
+    _require_regular(source, st)
     files = [SourceFile(path.name, path, st.st_size, st.st_mtime_ns)]
     builder = DATASET_BUILDERS.get(path.suffix.lower())
     return Corpus(source, "dataset" if builder else "file", str(path), slugify(path.stem), files, builder=builder,
@@ -283,9 +281,21 @@ def _walk(root: Path, suffix: str | None = None, skip_dirs: Collection[str] = ()
                 st = path.stat()
             except OSError:  # broken symlink, vanished file
                 continue
-            if path.is_file():
-                found.append(SourceFile(path.relative_to(root).as_posix(), path, st.st_size, st.st_mtime_ns))
+            _require_regular(path, st)
+            found.append(SourceFile(path.relative_to(root).as_posix(), path, st.st_size, st.st_mtime_ns))
     return sorted(found, key=lambda f: f.relpath)
+
+
+# what a path that is not a regular file is, for the message that refuses it
+_SPECIAL_FILES = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+                  stat.S_IFBLK: "a block device"}
+
+
+def _require_regular(path: str | Path, st: os.stat_result) -> None:
+    """Refuse a FIFO, socket or device (st: of a symlink's target): reading one blocks or never ends (/dev/zero)."""
+    if not stat.S_ISREG(st.st_mode):
+        raise DataError(f"{path} is {_SPECIAL_FILES.get(stat.S_IFMT(st.st_mode), 'a special file')}, not a regular "
+                        "file: it could block or never end; pass a regular text file (save the data into one first)")
 
 
 def slugify(text: str) -> str:
@@ -302,54 +312,13 @@ def sha256_json(obj: Any) -> str:
 
 def download(url: str, dest_dir: Path, timeout: float = DOWNLOAD_TIMEOUT_S,
              max_bytes: int = DOWNLOAD_LIMIT_BYTES) -> Path:
-    """Fetch url into dest_dir/<sha-of-url>-<basename> once; later calls return the cached file. The data goes to
-    a temporary file renamed into place when complete, so a failed or killed download is never mistaken for one;
-    complete means all of its Content-Length. An HTML page (a sign-in wall, an error page) is refused."""
+    """Fetch url into dest_dir/<sha-of-url>-<basename> once (minigpt.data.download.fetch: kept only when whole);
+    later calls return the cached file."""
     basename = slugify(Path(urllib.parse.urlparse(url).path).name) or "download"
     dest = dest_dir / f"{hashlib.sha256(url.encode()).hexdigest()[:16]}-{basename}"
     if dest.is_file():
         return dest
     dest_dir.mkdir(parents=True, exist_ok=True)
     remove_stale(dest_dir)
-    too_big = (f"{url} is over the {max_bytes / 2**30:.1f} GiB download limit; download it yourself and pass the "
-               "file path")
-
-    def copy(response: Any, f: Any, length: int | None) -> None:
-        done = 0
-        while chunk := response.read(CHUNK_BYTES):
-            if done == 0 and chunk.lstrip()[:64].lower().startswith(HTML_STARTS):
-                raise DataError(html_page("its content starts like HTML"))
-            done += len(chunk)
-            if done > max_bytes:
-                raise DataError(too_big)
-            f.write(chunk)
-        # urllib's read() returns short data, without an error, when the connection ends early
-        if length is not None and done != length:
-            raise DataError(f"the download of {url} is incomplete: {done:,} of its {length:,} bytes arrived; "
-                            "try again, or download it yourself and pass the file path")
-
-    def html_page(why: str) -> str:
-        return (f"{url} returned an HTML page ({why}), not a data file: a sign-in, error or download page?; pass "
-                "the direct link to the raw file, or download it yourself and pass the file path")
-
-    try:
-        request = urllib.request.Request(url, headers={"User-Agent": "minigpt"})
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            length = response.headers.get("Content-Length", "").strip()
-            length = int(length) if length.isdigit() else None
-            if length is not None and length > max_bytes:
-                raise DataError(too_big)
-            content_type = response.headers.get_content_type()  # lowercased, without parameters
-            if content_type in HTML_TYPES:
-                raise DataError(html_page(f"Content-Type {content_type}"))
-            atomic_write(dest, lambda f: copy(response, f, length))
-    except urllib.error.HTTPError as e:
-        raise DataError(f"could not download {url}: HTTP {e.code} {e.reason}; check the URL, or download the file "
-                        "yourself and pass its path") from None
-    except (OSError, ValueError) as e:  # URLError, timeouts, connection resets, disk full; ValueError: bad URL
-        if isinstance(e, OSError) and (error := write_error(e, f"the download in {dest_dir}", DATA_ROOT_FIX)):
-            raise error from None
-        reason = getattr(e, "reason", None) or first_line(e)
-        raise DataError(f"could not download {url} ({reason}); check the URL and your network, or download the "
-                        "file yourself and pass its path") from None
+    fetch(url, dest, timeout, max_bytes, write_fix=DATA_ROOT_FIX)
     return dest

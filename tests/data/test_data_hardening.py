@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import torch
 
+import minigpt.data.download as download_mod
 import minigpt.data.prepare as prepare_mod
-import minigpt.data.sources as sources_mod
 import minigpt.data.verify as verify_mod
 from minigpt import GPT, GPTConfig, load_model
 from minigpt.core.checkpoint import model_checkpoint, save_file
@@ -249,14 +249,15 @@ def test_a_full_or_read_only_disk_is_one_line_and_leaves_no_partial_cache(tmp_pa
     def full_download(path, write):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(sources_mod, "atomic_write", full_download)
-    monkeypatch.setattr(sources_mod.urllib.request, "urlopen", lambda *a, **k: _FakeResponse())
+    monkeypatch.setattr(download_mod, "atomic_write", full_download)
+    monkeypatch.setattr(download_mod.urllib.request, "urlopen", lambda *a, **k: _FakeResponse())
     with pytest.raises(DataError, match=r"cannot write the download in .*downloads \(No space left on device\)"):
         prepare_data("http://127.0.0.1:9/t.txt", "char", data_root=root)
 
 
 class _FakeResponse:
     headers = http.client.HTTPMessage()
+    headers["Content-Length"] = "3"  # (a body of unproven length is refused before anything is written)
 
     def __enter__(self):
         return self

@@ -1,0 +1,134 @@
+"""URL sources: a file fetched over HTTP(S) and kept only when it is provably whole and the file's own bytes.
+
+    fetch("https://host/corpus.txt", dest, timeout=30, max_bytes=2 << 30, write_fix="free space there")
+    # DataError when refused (one line), and nothing at dest
+
+The body goes to a temporary file renamed into place when complete, so a failed or killed download is never
+mistaken for one. Complete means proven whole by the HTTP framing: all of its Content-Length, or a chunked body up
+to its last chunk; a body that only ends when the connection closes (HTTP/1.0 style) looks the same cut short, so
+it is refused: what cannot be checked exactly is not guessed. A gzip-encoded body is stored decoded (its CRC
+checked); other encodings, an HTML page where data was expected and a server that trickles are refused. Every
+refusal is one line naming the way around it: download the file yourself (e.g. with curl) and pass its path.
+"""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import time
+import urllib.error
+import urllib.request
+import zlib
+from pathlib import Path
+from typing import Any
+
+from minigpt.core.errors import DataError, first_line
+from minigpt.core.fsutil import atomic_write, write_error
+
+DOWNLOAD_TIMEOUT_S = 30.0  # for connecting and for each read from the server
+DOWNLOAD_LIMIT_BYTES = 2 << 30
+# A server that trickles (a byte every 20 s never trips the per-read timeout) is given up on: every
+# DOWNLOAD_RATE_WINDOW_S of the body must bring at least DOWNLOAD_MIN_RATE bytes per second (~130 kbit/s).
+DOWNLOAD_RATE_WINDOW_S = 60.0
+DOWNLOAD_MIN_RATE = 16 << 10
+READ_BYTES = 1 << 20  # written this much at a time
+# an HTML page where data was expected: a sign-in wall, an error page, a "download" page around the file
+HTML_TYPES = ("text/html", "application/xhtml+xml")
+HTML_STARTS = (b"<!doctype html", b"<html", b"<head")
+
+
+def fetch(url: str, dest: Path, timeout: float, max_bytes: int, write_fix: str) -> None:
+    """Download url into dest (see the module docstring), or raise DataError and leave nothing; write_fix is the fix
+    named when dest's folder cannot take the file (full, read-only)."""
+    yourself = "download it yourself (e.g. with curl) and pass the file path"
+    too_big = f"{url} is over the {max_bytes / 2**30:.1f} GiB download limit; {yourself}"
+
+    def html_page(why: str) -> str:
+        return (f"{url} returned an HTML page ({why}), not a data file: a sign-in, error or download page?; pass "
+                f"the direct link to the raw file, or {yourself}")
+
+    def copy(response: Any, f: Any, length: int | None, gzipped: bool) -> None:
+        body = _Body(response, url)
+        stream = gzip.GzipFile(fileobj=body, mode="rb") if gzipped else body
+        written = 0
+        while True:
+            try:
+                chunk = stream.read(READ_BYTES)
+            except (EOFError, zlib.error, gzip.BadGzipFile) as e:  # (raised by the gzip decoder only)
+                if isinstance(e, EOFError) and length is not None and body.received < length:
+                    break  # the body ended early: reported below
+                raise DataError(f"the gzip-encoded download of {url} does not decode ({first_line(e)}); try again, "
+                                f"or {yourself}") from None
+            if not chunk:
+                break
+            if written == 0 and chunk.lstrip()[:64].lower().startswith(HTML_STARTS):
+                raise DataError(html_page("its content starts like HTML"))
+            written += len(chunk)
+            if written > max_bytes:  # (of the decoded data: a gzip bomb stops here too)
+                raise DataError(too_big)
+            f.write(chunk)
+        # urllib's read returns short data, without an error, when the connection ends early
+        if length is not None and body.received != length:
+            raise DataError(f"the download of {url} is incomplete: {body.received:,} of its {length:,} bytes "
+                            f"arrived; try again, or {yourself}")
+
+    try:
+        # identity: the file's own bytes are asked for; a server that gzips them anyway is decoded in copy()
+        request = urllib.request.Request(url, headers={"User-Agent": "minigpt", "Accept-Encoding": "identity"})
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            length = response.headers.get("Content-Length", "").strip()
+            length = int(length) if length.isdigit() else None
+            if length is not None and length > max_bytes:
+                raise DataError(too_big)
+            content_type = response.headers.get_content_type()  # lowercased, without parameters
+            if content_type in HTML_TYPES:
+                raise DataError(html_page(f"Content-Type {content_type}"))
+            encoding = response.headers.get("Content-Encoding", "").strip().lower() or "identity"
+            if encoding not in ("identity", "gzip", "x-gzip"):
+                raise DataError(f"{url} was sent with Content-Encoding {encoding!r}, which minigpt does not decode "
+                                f"(only gzip); {yourself}")
+            if encoding != "identity" and dest.suffix == ".gz":  # (Apache's AddEncoding labels .gz files so)
+                raise DataError(f"{url} is a .gz file sent with Content-Encoding gzip: whether the server compressed "
+                                f"it once more or only labelled its own compression cannot be told; {yourself}")
+            if length is None and not getattr(response, "chunked", False):  # (a chunked body's end is marked)
+                raise DataError(f"{url} was sent with neither a Content-Length nor chunked encoding, so a download "
+                                "cut short could not be told from a whole one; download it yourself (e.g. with "
+                                "curl), check that it is whole, and pass the file path")
+            atomic_write(dest, lambda f: copy(response, f, length, encoding != "identity"))
+    except urllib.error.HTTPError as e:
+        raise DataError(f"could not download {url}: HTTP {e.code} {e.reason}; check the URL, or download the file "
+                        "yourself and pass its path") from None
+    except (OSError, ValueError) as e:  # URLError, timeouts, connection resets, disk full; ValueError: bad URL
+        if isinstance(e, OSError) and (error := write_error(e, f"the download in {dest.parent}", write_fix)):
+            raise error from None
+        reason = getattr(e, "reason", None) or first_line(e)
+        raise DataError(f"could not download {url} ({reason}); check the URL and your network, or download the "
+                        "file yourself and pass its path") from None
+    except http.client.IncompleteRead:  # a chunked body cut before its last chunk
+        raise DataError(f"the download of {url} is incomplete: the connection closed before its last chunk; try "
+                        f"again, or {yourself}") from None
+    except http.client.HTTPException as e:  # a reply that is not HTTP: a bad status line, over-long headers
+        raise DataError(f"could not download {url}: the reply is not valid HTTP ({type(e).__name__}: "
+                        f"{first_line(e)}); check the URL, or {yourself}") from None
+
+
+class _Body:
+    """A response's body as it arrives (still content-encoded), counted. read() returns what one read from the
+    socket gives (read1; read would wait for all n bytes), so a trickle is seen between reads: every
+    DOWNLOAD_RATE_WINDOW_S must bring DOWNLOAD_MIN_RATE bytes a second, a bound the per-read timeout cannot give."""
+
+    def __init__(self, response: Any, url: str) -> None:
+        self.response, self.url, self.received = response, url, 0
+        self.window_start, self.window_bytes = time.monotonic(), 0
+
+    def read(self, n: int = -1) -> bytes:
+        chunk = self.response.read1(n if n > 0 else READ_BYTES)
+        self.received += len(chunk)
+        self.window_bytes += len(chunk)
+        if chunk and (elapsed := time.monotonic() - self.window_start) >= DOWNLOAD_RATE_WINDOW_S:
+            if self.window_bytes < DOWNLOAD_MIN_RATE * elapsed:
+                raise DataError(f"the download of {self.url} is too slow: {self.window_bytes:,} bytes in the last "
+                                f"{elapsed:.0f} s, under the minimum of {DOWNLOAD_MIN_RATE // 1024} KiB/s; try again "
+                                "later, or download it yourself (e.g. with curl) and pass the file path")
+            self.window_start, self.window_bytes = time.monotonic(), 0
+        return chunk
