@@ -23,13 +23,14 @@ from typing import Any
 
 import torch
 
+from minigpt.core.checkpoint import PICKLE_STREAM_ERRORS, check_torch_archive
 from minigpt.core.limits import check_config_size
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import CheckpointError, UserError, first_line
 from minigpt.hf.files import check_config_fields, read_json_object, weight_files
 from minigpt.hf.hub import download_hf
 from minigpt.hf.tokenizer_files import load_hf_tokenizer
-from minigpt.hf.weights import from_hf_state_dict
+from minigpt.hf.weights import check_unquantized, from_hf_state_dict
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import Tokenizer
 
@@ -39,6 +40,8 @@ __all__ = ["HUB_PREFIX", "SUPPORTED_ARCHITECTURES", "config_from_hf", "load_hf_m
 HUB_PREFIX = "hf:"
 SUPPORTED_ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM")
 MODEL_TYPES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
+# where config.json says its weights are quantized (compressed-tensors models wrote the second)
+QUANTIZATION_KEYS = ("quantization_config", "compression_config")
 # GPT-2's activation_function -> our gelu_approximate (gelu_new, gelu_fast and gelu_pytorch_tanh are one formula)
 GPT2_GELU = {"gelu_new": "tanh", "gelu_fast": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none",
              "gelu_python": "none"}
@@ -90,20 +93,46 @@ def _gpt2_fields(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _rope(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    """(rope theta, scaling dict or None).  transformers 5 writes both into `rope_parameters`; older configs have
-    a top-level `rope_theta` and a `rope_scaling` dict (whose kind is `rope_type`, or `type` before that)."""
-    params = _get(hf, "rope_parameters", "rope_scaling", default={})
-    if not isinstance(params, dict):
-        raise CheckpointError(f"its rope_parameters/rope_scaling is {params!r}, not a dict; the config.json is damaged")
-    theta = _get(hf, "rope_theta", default=params.get("rope_theta", 10000.0))
+    """(rope theta, scaling dict or None), read as every transformers version reads config.json, else refused.
+
+    transformers 5 writes `rope_parameters` with rope_theta inside; older versions wrote a top-level `rope_theta`
+    and a `rope_scaling` dict (whose kind is `rope_type`, or `type` before that).  A file holding both forms, or
+    two rope_theta, is read one way by transformers 4 (rope_scaling and the top-level rope_theta) and another by
+    transformers 5 (rope_scaling over rope_parameters, the rope_theta inside over the top-level one): unless the
+    two agree, it is refused, never guessed.  Every rope_type but llama3 is refused too (linear, dynamic, yarn...)."""
+    top_theta = hf.get("rope_theta")
+    readings = {}  # field -> (theta, kind, the other parameters)
+    for key in ("rope_parameters", "rope_scaling"):
+        params = hf.get(key)
+        if not params:  # null or {}: transformers takes it for absent
+            continue
+        if not isinstance(params, dict):
+            raise CheckpointError(f"its {key} is {str(params)[:60]}, not a dict; the config.json is damaged")
+        theta = params.get("rope_theta", top_theta)
+        if top_theta is not None and theta != top_theta:
+            raise CheckpointError(f"its config.json gives rope_theta {top_theta} at the top level and {theta} in "
+                                  f"{key}; transformers 4 reads the first, transformers 5 the second: keep the one "
+                                  "the model was trained with")
+        kind = params.get("rope_type", params.get("type", "default"))
+        readings[key] = (theta, kind, {k: v for k, v in params.items() if k not in ("rope_theta", "rope_type", "type")})
+    if len(readings) == 2 and readings["rope_parameters"] != readings["rope_scaling"]:
+        raise CheckpointError(f"its config.json holds both rope_parameters ({str(hf['rope_parameters'])[:80]}) and "
+                              f"rope_scaling ({str(hf['rope_scaling'])[:80]}), which disagree; transformers 5 reads "
+                              "rope_scaling over rope_parameters, other versions one or the other: keep the one the "
+                              "model was trained with")
+    theta, kind, rest = next(iter(readings.values()), (top_theta, "default", {}))
+    theta = 10000.0 if theta is None else theta
     theta = float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else theta
-    kind = params.get("rope_type", params.get("type", "default"))
+    partial = rest.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise CheckpointError(f"its config.json sets partial_rotary_factor {partial}; minigpt's RoPE rotates the "
+                              "whole head (factor 1.0) only")
     if kind == "default":
         return theta, None
     if kind != "llama3":
         raise CheckpointError(f"its RoPE scaling is {kind!r}, which minigpt does not compute; it imports plain RoPE "
                               "and rope_type llama3 (Llama 3.1/3.2)")
-    return theta, {k: v for k, v in params.items() if k not in ("rope_theta", "type")} | {"rope_type": kind}
+    return theta, {k: v for k, v in rest.items() if k != "partial_rotary_factor"} | {"rope_type": kind}
 
 
 def _llama_fields(hf: dict[str, Any]) -> dict[str, Any]:
@@ -123,6 +152,20 @@ def _llama_fields(hf: dict[str, Any]) -> dict[str, Any]:
                 tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
 
 
+def _refuse_quantized(hf: dict[str, Any]) -> None:
+    """A quantized model's weights need their scales, which minigpt's float model has no place for: refused from
+    config.json before a weight is read (check_unquantized refuses the tensors of one that does not say so)."""
+    for key in QUANTIZATION_KEYS:
+        spec = hf.get(key)
+        if spec is None:
+            continue
+        method = spec.get("quant_method") if isinstance(spec, dict) else None
+        if method is None and isinstance(spec, dict) and (spec.get("load_in_4bit") or spec.get("load_in_8bit")):
+            method = "bitsandbytes"
+        raise CheckpointError(f"its config.json has {key} ({str(method or spec)[:40]}): minigpt imports unquantized "
+                              "float weights only; use the original (bf16/fp32) model")
+
+
 def config_from_hf(hf_config: dict[str, Any], block_size: int | None = None, **overrides: Any) -> GPTConfig:
     """A Hugging Face config.json (as a dict) -> the GPTConfig computing the same function.
 
@@ -131,6 +174,7 @@ def config_from_hf(hf_config: dict[str, Any], block_size: int | None = None, **o
     overrides: other GPTConfig fields, e.g. attention='manual'.
     """
     architecture = hf_architecture(hf_config)
+    _refuse_quantized(hf_config)
     fields = _gpt2_fields(hf_config) if architecture == "GPT2LMHeadModel" else _llama_fields(hf_config)
     source_block = fields["block_size"]
     if architecture == "MistralForCausalLM":
@@ -181,14 +225,18 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _read_bin(path: Path) -> dict[str, torch.Tensor]:
+    """A pytorch_model.bin, with the checks minigpt's own checkpoints get (check_torch_archive): what it may allocate
+    is bounded by its size before torch.load runs, and a malformed pickle is one line."""
+    check_torch_archive(path, fix="use the model's safetensors weights, or download it again",
+                        damaged_fix="download the model again")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain data only
     except pickle.UnpicklingError as e:
         raise CheckpointError(f"refusing to load {path}: it holds objects other than tensors "
                               f"({first_line(e, 120)}); use the model's safetensors weights instead") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
+    except (zipfile.BadZipFile, OSError) + PICKLE_STREAM_ERRORS as e:
         raise CheckpointError(f"cannot read {path}: it is truncated or not a PyTorch weight file "
-                              f"({type(e).__name__}); download the model again") from None
+                              f"({type(e).__name__}: {first_line(e, 100)}); download the model again") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path} is not a state dict of tensors; download the model again")
     return state
@@ -198,7 +246,9 @@ def read_hf_weights(files: list[Path]) -> dict[str, torch.Tensor]:
     """Every tensor of the weight files (see weight_files), by its Hugging Face name."""
     state: dict[str, torch.Tensor] = {}
     for path in files:
-        state.update(_read_safetensors(path) if path.suffix == ".safetensors" else _read_bin(path))
+        tensors = _read_safetensors(path) if path.suffix == ".safetensors" else _read_bin(path)
+        check_unquantized(tensors, str(path))  # before the next shard is read
+        state.update(tensors)
     return state
 
 

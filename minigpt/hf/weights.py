@@ -11,13 +11,15 @@ Both layouts rotate q and k the same way (pairs i and i + hs/2), so no permutati
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import CheckpointError
 from minigpt.core.model import GPT
 
-__all__ = ["from_hf_state_dict", "to_hf_state_dict"]
+__all__ = ["check_unquantized", "from_hf_state_dict", "to_hf_state_dict"]
 
 # minigpt name -> HF name, per block ({i} = layer); GPT-2's HF names equal ours
 GPT2_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # stored (in, out) by HF
@@ -93,6 +95,32 @@ def _ours_from_llama(hf: dict[str, torch.Tensor], config: GPTConfig) -> dict[str
                 raise CheckpointError(f"the weights have no {missing}; the weight files are incomplete or belong "
                                       "to another model")
     return out
+
+
+UNQUANTIZED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# the extra tensors quantized checkpoints hold beside their weights (the last part of the name): fp8's
+# weight_scale_inv / input_scale, GPTQ and AWQ's qweight, qzeros, scales and g_idx, bitsandbytes' absmax, quant_map,
+# SCB and quant_state.bitsandbytes__nf4, compressed-tensors' weight_packed and weight_zero_point
+QUANTIZATION_TENSOR = re.compile(r"\w*_scale(_inv)?|scales|qweight|qzeros|g_idx|(nested_)?absmax|(nested_)?quant_map"
+                                 r"|SCB|\w*_packed|\w*_zero_point|bitsandbytes__\w+")
+GPT2_MASK_BUFFERS = (".attn.bias", ".attn.masked_bias")  # old GPT-2 files' causal mask, bool or uint8 at times
+
+
+def check_unquantized(tensors: dict[str, torch.Tensor], source: str) -> None:
+    """Refuse quantized weights (fp8, int8, 4-bit: a low-bit dtype, or the scales they come with), which the import
+    would otherwise take without their scales: a model computing something else, silently."""
+    for name, tensor in tensors.items():
+        if QUANTIZATION_TENSOR.fullmatch(name.rsplit(".", 1)[-1]):
+            raise CheckpointError(f"{source}: tensor {name} is a quantization's scale or index, so the weights are "
+                                  "quantized: minigpt imports unquantized float weights only; use the original "
+                                  "(bf16/fp32) model")
+        if tensor.dtype in UNQUANTIZED or name.endswith(GPT2_MASK_BUFFERS):
+            continue
+        low_bit = tensor.dtype.itemsize == 1  # fp8, int8, uint8, the packed 4-bit dtypes
+        if low_bit or expected_rank(name) is not None:  # extra integer buffers (position ids) are not read
+            kind = str(tensor.dtype).removeprefix("torch.")
+            raise CheckpointError(f"{source}: tensor {name} is {kind}{' (quantized)' if low_bit else ''}: minigpt "
+                                  "imports unquantized float weights only; use the original (bf16/fp32) model")
 
 
 MATRICES = ("c_attn.weight", "c_proj.weight", "c_fc.weight", "_proj.weight", "wte.weight", "wpe.weight",

@@ -117,3 +117,50 @@ def test_loading_a_checkpoint_and_sampling_never_start_torchs_compiler(tmp_path)
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split() == ["7", "7", "False"]
+
+
+def _with_data_pkl(path, data: bytes):
+    """The torch.save archive at `path` with its data.pkl replaced, every other record kept."""
+    with zipfile.ZipFile(path) as archive:
+        records = {r.filename: archive.read(r) for r in archive.infolist()}
+    name = next(n for n in records if n.endswith("data.pkl"))
+    return _zip(path, {**records, name: data})
+
+
+MALFORMED_PICKLES = {  # damaged rather than malicious; torch.load's own answer in the comment
+    "PROTO then STOP": lambda good: b"\x80\x02.",  # IndexError: pop from empty list
+    "an unset memo slot": lambda good: b"\x80\x02h\x05.",  # BINGET of a slot never PUT: KeyError
+    "cut mid-opcode": lambda good: good[:len(good) // 3],  # EOFError
+    "an unknown opcode": lambda good: b"\x80\x02\xff.",
+    "a dict missing its value": lambda good: b"\x80\x02}X\x01\x00\x00\x00as.",  # IndexError
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED_PICKLES)
+def test_a_malformed_pickle_in_a_checkpoint_is_one_line(tmp_path, case):
+    path = tmp_path / "m.ckpt"
+    save_file(model_checkpoint(tiny_model(), CharTokenizer("abcde")), path)
+    with zipfile.ZipFile(path) as archive:
+        good = archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
+    _with_data_pkl(path, MALFORMED_PICKLES[case](good))
+    with pytest.raises(CheckpointError, match=f"cannot read {path}: it is truncated or damaged") as e:
+        load_model(path)
+    assert "\n" not in str(e.value)
+
+
+def test_a_checkpoint_with_a_sparse_tensor_or_a_lying_storage_is_refused(tmp_path):
+    ckpt = model_checkpoint(tiny_model(), CharTokenizer("abcde"))
+    weights = ckpt["state_dict"]
+    weights["model.transformer.ln_f.weight"] = weights["model.transformer.ln_f.weight"].to_sparse()
+    save_file(ckpt, tmp_path / "sparse.ckpt")
+    with pytest.raises(CheckpointError, match="it holds a sparse tensor"):
+        load_model(tmp_path / "sparse.ckpt")
+    # a record's size edited in the pickle: 10**9 floats asked of a record holding 64 bytes
+    save_file({"state_dict": {"w": torch.zeros(16)}, "minigpt": {}}, tmp_path / "lying.ckpt")
+    with zipfile.ZipFile(tmp_path / "lying.ckpt") as archive:
+        good = archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
+    assert good.count(b"K\x10t") == 1  # the persistent id's element count, 16, closing its tuple
+    _with_data_pkl(tmp_path / "lying.ckpt", good.replace(b"K\x10t", b"J\x00\xca\x9a\x3bt"))
+    with pytest.raises(CheckpointError, match="asks for 4000000000 bytes of torch.float32 from the record data/0, "
+                                              "which holds 64 bytes"):
+        load_model(tmp_path / "lying.ckpt")
