@@ -2,6 +2,7 @@
 JSON it promises.  The figures themselves are not checked: they depend on the machine."""
 
 import json
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -234,3 +235,21 @@ def test_bench_startup_quick(tmp_path, capsys):
     assert result["passed"] == all(r["goal"] == "PASS" for r in rows.values() if "goal" in r)
     printed = capsys.readouterr().out
     assert "| command | seconds |" in printed and "Goal: every command within" in printed
+
+
+def test_bench_prepare_quick(tmp_path, capsys):
+    """Preparation and the bare encoder see the same text: the same number of tokens (and so does the tiktoken
+    twin of the trained BPE, offline), and every rate is a positive figure."""
+    from benchmarks import bench_prepare
+
+    corpus = tmp_path / "seed.txt"
+    rng = random.Random(0)
+    words = ["".join(rng.choice("etaoinshrdlucmfw") for _ in range(rng.randint(2, 8))) for _ in range(3000)]
+    corpus.write_text("\n".join(" ".join(rng.choices(words, k=12)) + "." for _ in range(3000)) + "\n")
+    out = tmp_path / "prepare.json"
+    result = bench_prepare.main(["--quick", "--corpus", str(corpus), "--json", str(out)])
+    assert read(out) == json.loads(json.dumps(result))
+    rows = result["rows"]
+    assert len({row["tokens"] for row in rows}) == 1 and rows[0]["tokens"] > 0
+    assert rows[0]["prepare_mb_s"] > 0 and rows[0]["bare_mb_s"] > 0 and rows[0]["peak_rss_mb"] > 0
+    assert "preparation / bare" in capsys.readouterr().out
