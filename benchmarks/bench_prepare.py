@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--mb", type=float, default=100.0, help="megabytes of text (default 100)")
     p.add_argument("--vocab", type=int, default=8192, help="the trained BPE's vocabulary (default 8192)")
     p.add_argument("--tokenizers", default="bpe,gpt2", help="which rows: bpe, gpt2 (default both)")
+    p.add_argument("--tiktoken", default="gpt2", help="the tiktoken encoding of the gpt2 row (default gpt2; "
+                   "r50k_base has the same ranks, for a cache seeded by hand)")
     args = p.parse_args(argv)
     if args.quick:
         args.mb, args.vocab = 2.0, 1024
@@ -151,7 +153,8 @@ def main(argv: list[str] | None = None) -> dict:
             import tiktoken
 
             try:
-                encoding, name, setting = tiktoken.get_encoding("gpt2"), "gpt2 (tiktoken)", "gpt2"
+                encoding, setting = tiktoken.get_encoding(args.tiktoken), args.tiktoken
+                name = f"{setting} (tiktoken)"
             except OSError:  # offline: the same merges as the trained BPE, through tiktoken's code
                 encoding, name = tiktoken_twin(tokenizer_json), f"{spec}'s merges (tiktoken, gpt2 offline)"
                 setting = None
