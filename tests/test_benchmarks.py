@@ -253,3 +253,23 @@ def test_bench_prepare_quick(tmp_path, capsys):
     assert len({row["tokens"] for row in rows}) == 1 and rows[0]["tokens"] > 0
     assert rows[0]["prepare_mb_s"] > 0 and rows[0]["bare_mb_s"] > 0 and rows[0]["peak_rss_mb"] > 0
     assert "preparation / bare" in capsys.readouterr().out
+
+
+def test_tokens_per_char_quick(tmp_path, capsys):
+    """Char is one token per character and byte one per UTF-8 byte (1 in English, ~2 in Cyrillic); a BPE trained
+    on the text spends fewer tokens than characters."""
+    from benchmarks import tokens_per_char
+
+    rng = random.Random(0)
+    texts = {}
+    for name, alphabet in (("english", "etaoinshrdlucmfw"), ("russian", "оеаинтсрвлкмдпу")):
+        words = ["".join(rng.choice(alphabet) for _ in range(rng.randint(2, 7))) for _ in range(400)]
+        texts[name] = tmp_path / f"{name}.txt"
+        texts[name].write_text("\n".join(" ".join(rng.choices(words, k=10)) for _ in range(2000)) + "\n")
+    result = tokens_per_char.main(["--quick", "--json", str(tmp_path / "t.json"),
+                                   *(f"--text={name}={path}" for name, path in texts.items())])
+    rows = {row["tokenizer"]: row for row in result["tokens_per_char"]}
+    assert rows["char"]["english"] == rows["char"]["russian"] == 1.0
+    assert rows["byte"]["english"] == 1.0 and 1.8 < rows["byte"]["russian"] < 2.0  # spaces and newlines: 1 byte
+    assert rows["bpe:300"]["english"] < 1.0 and rows["bpe:300"]["russian"] < 1.0
+    assert "Tokens per character" in capsys.readouterr().out
