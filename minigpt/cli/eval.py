@@ -1,10 +1,13 @@
-"""The `eval.py` command line: a checkpoint's exact loss on a text file, in nats/token and bits/char.
+"""The `eval.py` command line: a checkpoint's exact loss on a text file, in nats/token and bits/char, or the
+lm-evaluation-harness's tasks on it.
 
     python eval.py --ckpt out/default --text some.txt
+    python eval.py --ckpt hf:openai-community/gpt2 --tasks hellaswag,arc_easy --limit 100 --output results.json
     python eval.py --config eval.yaml                 # the same options from YAML (see --print_config)
 
-The evaluation itself is minigpt.core.evaluate.evaluate_tokens; loading is minigpt.loading.load_model.  Every
-user mistake (a bad flag, checkpoint or text file) ends in one `error:` line and exit code 2.
+The loss is minigpt.core.evaluate.evaluate_tokens; the tasks run in process through minigpt.harness (the `eval`
+extra, imported only for --tasks); loading is minigpt.loading.load_model.  Every user mistake (a bad flag,
+checkpoint, text file or task) ends in one `error:` line and exit code 2.
 """
 
 from __future__ import annotations
@@ -19,12 +22,20 @@ from minigpt.core.evaluate import evaluate_tokens
 
 
 def build_parser() -> CommandParser:
-    p = CommandParser(prog="eval.py", description="Evaluate a checkpoint on a text file: nats/token, bits/char.")
+    p = CommandParser(prog="eval.py", description="Evaluate a checkpoint on a text file (nats/token, bits/char), "
+                                                  "or on lm-evaluation-harness tasks (--tasks).")
     add_source_argument(p)
-    p.add_argument("--text", type=str, required=True, help="UTF-8 text file to evaluate on")
+    p.add_argument("--text", type=str | None, default=None, help="UTF-8 text file to evaluate on")
+    p.add_argument("--tasks", type=str | None, default=None,
+                   help="lm-evaluation-harness tasks instead of --text: names (hellaswag,arc_easy,...) and paths of "
+                        "task YAML files, comma-separated (needs the eval extra: pip install -e \".[eval]\")")
+    p.add_argument("--limit", type=int | None, default=None, help="--tasks: at most this many examples per task")
+    p.add_argument("--num_fewshot", "--num-fewshot", type=int | None, default=None,
+                   help="--tasks: examples shown before each question (default: each task's own)")
+    p.add_argument("--output", type=str | None, default=None, help="--tasks: write the harness's results JSON here")
     p.add_argument("--batch_size", "--batch-size", type=int | None, default=None,
-                   help="windows of block_size tokens evaluated at once (speed and memory, not the result); default "
-                        "and upper bound: as many as keep the logits within 512 MiB")
+                   help="windows of block_size tokens (--text) or requests (--tasks, default 1) evaluated at once: "
+                        "speed and memory, not the result; at most as many as keep the logits within 512 MiB")
     p.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:N, mps, or auto")
     return p
 
@@ -40,11 +51,37 @@ def read_text(path: Path) -> str:
         raise UserError(f"cannot read --text {path}: {type(e).__name__}") from None
 
 
-def run(argv: list[str] | None = None) -> tuple[float, int]:
-    """eval.py without the one-line error handling: prints the result line, returns (total nats, tokens)."""
+def run_tasks(args) -> dict:
+    """--tasks: the harness's tasks on the model, in process; prints the harness's table, writes --output."""
+    if args.limit is not None and args.limit < 1:
+        raise UserError(f"--limit must be >= 1 (examples per task), got {args.limit}; leave it out for every example")
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+        raise UserError(f"--num_fewshot must be >= 0, got {args.num_fewshot}")
+    if args.output is not None and Path(args.output).is_dir():
+        raise UserError(f"--output {args.output} is a directory; give the path of the JSON file to write")
+    from minigpt.harness import MiniGPTLM, evaluate_tasks, resolve_tasks, results_table, write_results
+
+    tasks = resolve_tasks(args.tasks.split(","))  # before loading the model: a wrong name costs nothing
+    model, tokenizer = load_model(args.ckpt, device=resolve_device(args.device))
+    results = evaluate_tasks(MiniGPTLM(model, tokenizer, batch_size=args.batch_size or 1), tasks, limit=args.limit,
+                             num_fewshot=args.num_fewshot)
+    print(results_table(results), flush=True)
+    if args.output is not None:
+        print(f"results: {write_results(results, args.output)}", flush=True)
+    return results
+
+
+def run(argv: list[str] | None = None) -> tuple[float, int] | dict:
+    """eval.py without the one-line error handling: prints the result line and returns (total nats, tokens), or
+    with --tasks prints the harness's table and returns its results."""
     args = build_parser().parse_args(argv)
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch_size must be >= 1, got {args.batch_size}")
+    if (args.text is None) == (args.tasks is None):
+        raise UserError("give either --text FILE (the loss on a text) or --tasks NAMES (lm-evaluation-harness tasks)"
+                        + ("" if args.text is None else ", not both"))
+    if args.tasks is not None:
+        return run_tasks(args)
     device = resolve_device(args.device)
     path = Path(args.text)
     text = read_text(path)

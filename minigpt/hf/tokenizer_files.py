@@ -8,6 +8,14 @@ Face). Its whole JSON travels in to_dict(), so a checkpoint of a fine-tuned mode
 other way, each minigpt tokenizer is written as a tokenizer.json giving the same ids: char as a WordLevel model over
 single characters, byte as a byte-level BPE without merges, and a tiktoken BPE converted as transformers converts
 tiktoken files (its byte-level vocabulary and the merges read back from the ranks, see encoding_parts).
+
+A text's start token (BOS) is what the lm-evaluation-harness puts before a text it scores from its first token:
+a tokenizer with end-of-text uses it (GPT-2's way); a char tokenizer registers the character minigpt's sampler
+starts from, the newline (minigpt.core.generation.prompt_ids), which precedes most documents of a corpus read as
+one stream.  No id is added: a new one would need an embedding row the model never trained, and a row of the
+softmax that changes every other token's probability.  A byte tokenizer registers none: transformers matches a
+special token's text in the raw input, and every text that names a byte in a byte-level vocabulary ("Ċ" for the
+newline) is also a character a text can hold, so it would be read as that byte.
 """
 
 from __future__ import annotations
@@ -17,11 +25,12 @@ from typing import Any
 
 from minigpt.core.errors import DataError, UserError, first_line
 from minigpt.core.fsutil import write_json
+from minigpt.core.generation import prompt_ids
 from minigpt.hf.files import read_json_object
 from minigpt.core.tokenizers import (ByteTokenizer, CharTokenizer, HFTokenizer, TiktokenTokenizer, Tokenizer,
                                      encoding_parts, get_tokenizer, tokenizers_library)
 
-__all__ = ["load_hf_tokenizer", "save_hf_tokenizer"]
+__all__ = ["load_hf_tokenizer", "save_hf_tokenizer", "NO_LENGTH"]
 
 
 # ------------------------------------------------------------------------------------------------- reading
@@ -140,7 +149,11 @@ def _backend_for(tokenizer: Tokenizer) -> tuple[str, str | None, str | None]:
     if isinstance(tokenizer, HFTokenizer):
         return tokenizer.tokenizer_json, tokenizer.token(tokenizer.bos_id), tokenizer.token(tokenizer.eos_id)
     if isinstance(tokenizer, CharTokenizer):
-        return _char_backend(tokenizer).to_str(), None, None
+        backend = _char_backend(tokenizer)
+        bos = tokenizer.chars[prompt_ids(tokenizer, "")[0]]  # the newline, else the first character
+        # registered at its own id (it is in the vocabulary): the same ids, and a start token for the harness
+        backend.add_special_tokens([t.AddedToken(bos, special=True, normalized=False)])
+        return backend.to_str(), bos, None  # no end-of-text: generation would stop at every newline
     if isinstance(tokenizer, ByteTokenizer):
         return _byte_level_bpe({bytes([i]): i for i in range(256)}, None).to_str(), None, None
     if isinstance(tokenizer, TiktokenTokenizer):
@@ -160,9 +173,23 @@ def _backend_for(tokenizer: Tokenizer) -> tuple[str, str | None, str | None]:
                     "Face tokenizer.json; only char, byte, tiktoken BPE and Hugging Face tokenizers can")
 
 
-def save_hf_tokenizer(tokenizer: Tokenizer, out_dir: Path) -> None:
+NO_LENGTH = 1 << 30  # model_max_length when the context is unknown: transformers' "no limit" is as large
+
+
+def model_context(out_dir: Path) -> int | None:
+    """The context of the model saved in out_dir (config.json's n_positions or max_position_embeddings), if any."""
+    config = _read_json(out_dir / "config.json")
+    length = config.get("n_positions", config.get("max_position_embeddings"))
+    return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+
+
+def save_hf_tokenizer(tokenizer: Tokenizer, out_dir: Path, model_max_length: int | None = None) -> None:
     """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into out_dir, so that
-    transformers.AutoTokenizer.from_pretrained(out_dir) gives the same ids (and decodes to the same text)."""
+    transformers.AutoTokenizer.from_pretrained(out_dir) gives the same ids (and decodes to the same text).
+
+    model_max_length: the model's context (block_size); by default that of the model already saved in out_dir
+    (an export writes config.json first), else unlimited.  Tools such as the lm-evaluation-harness cut inputs to it.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer_json, bos, eos = _backend_for(tokenizer)
@@ -171,7 +198,7 @@ def save_hf_tokenizer(tokenizer: Tokenizer, out_dir: Path) -> None:
     write_json(out_dir / "tokenizer_config.json", {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "clean_up_tokenization_spaces": False,  # decode gives the text back as it was
-        "model_max_length": 1 << 30,
+        "model_max_length": model_max_length or model_context(out_dir) or NO_LENGTH,
         **specials,
     })
     write_json(out_dir / "special_tokens_map.json", specials)
