@@ -45,10 +45,12 @@ from minigpt.core.fsutil import atomic_write
 from minigpt.core.precision import resolve_precision
 from minigpt.core.seed import check_seed
 from minigpt.training.checkpoint_io import SafeCheckpointIO
+from minigpt.training.callbacks import harness_callbacks
 from minigpt.training.datamodule import TokenDataModule
 from minigpt.training.init_from import init_from_source, load_init_weights, read_last
 from minigpt.training.lightning_module import GPTLightningModule
 from minigpt.training.optim import OptimConfig
+from minigpt.training.sft import chat_loss, check_chat_resumable
 from minigpt.training.run_dir import SIGNALS, check_writable, lock_run_dir, recover, replacing, stop_on_signals
 from minigpt.training.trainer import TRAINER_DEFAULTS, MiniGPTTrainer, run_callbacks
 
@@ -98,6 +100,11 @@ class MiniGPTCLI(LightningCLI):
         parser.add_argument("--attention_images", type=bool | Literal["auto"], default="auto",
                             help="Log the attention maps of a probe text as a TensorBoard image at each validation "
                                  "(auto = for models of at most 64 heads in all, n_layer * n_head).")
+        parser.add_argument("--eval_tasks", type=str | None, default=None,
+                            help="lm-evaluation-harness tasks run at each validation and logged as eval/TASK/METRIC: "
+                                 "names or task YAML paths, comma-separated (needs pip install -e \".[eval]\").")
+        parser.add_argument("--eval_limit", type=PositiveInt | None, default=100,
+                            help="--eval_tasks: examples per task at each validation (null = all of them).")
         parser.add_argument("--init_from", type=str | None, default=None,
                             help="Fine-tune: start from this model's weights, config and tokenizer (a .ckpt, a run "
                                  "directory, a Hugging Face model directory or hf:ORG/NAME).")
@@ -140,8 +147,10 @@ class MiniGPTCLI(LightningCLI):
         self.config_init = self.parser.instantiate_classes(self.config)
         self.datamodule = self.config_init["data"]
         config = self.config_init["model"]
-        if source_config is not None:  # the source's vocabulary may be larger than its tokenizer's (padded)
-            config = GPTConfig.from_dict({**config.to_dict(), "vocab_size": source_config.vocab_size})
+        if source_config is not None:  # the source's vocabulary may be larger than its tokenizer's (padded), or
+            # smaller than a chat tokenizer's (added tokens: load_init_weights grows it)
+            vocab_size = max(source_config.vocab_size, self.datamodule.vocab_size)
+            config = GPTConfig.from_dict({**config.to_dict(), "vocab_size": vocab_size})
         self.model = GPTLightningModule(config, self.config_init["optim"], tokenizer=self.datamodule.tokenizer)
         if source_model is not None:
             load_init_weights(self.model.model, source_model)
@@ -156,7 +165,8 @@ class MiniGPTCLI(LightningCLI):
         kwargs["default_root_dir"] = str(out_dir)
         kwargs["plugins"] = [SafeCheckpointIO()]
         user_callbacks = self.config_init["trainer"].get("callbacks") or []
-        kwargs["callbacks"] = list(user_callbacks) + run_callbacks(self.config, self.datamodule.hparams.batch_size)
+        kwargs["callbacks"] = (list(user_callbacks) + run_callbacks(self.config, self.datamodule.hparams.batch_size)
+                               + harness_callbacks(self.config))
         # resolved here, where the attention path is known (bf16 does not pay for sdpa on a CPU)
         kwargs["precision"], reason = resolve_precision(trainer_config.get("precision"),
                                                         trainer_config.get("accelerator"), self.model.config.attention)
@@ -205,6 +215,7 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
             raise UserError(f"--resume: no checkpoint at {last}; start the run without --resume "
                             "(or point --out_dir at the run to continue)")
         saved = read_last(last)
+        check_chat_resumable(saved, cli.model.tokenizer, last)
         check_resumable(saved, cli.model.config, cli.model.tokenizer, last)
         ckpt_path = str(last)
     elif (out_dir / "checkpoints").is_dir() and any((out_dir / "checkpoints").glob("*.ckpt")):
@@ -237,8 +248,11 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
     if cli.config["eval_full"] and trainer.world_size == 1:
         start = time.perf_counter()
         with torch.compiler.set_stance("force_eager"):  # a ragged last batch would trigger a recompile
-            nats, n = evaluate_tokens(cli.model.model, cli.datamodule.prepared.val,
-                                      cli.datamodule.hparams.batch_size)
+            if cli.datamodule.hparams.format == "chat":  # the assistant's tokens of every conversation
+                nats, n = chat_loss(cli.model.model, cli.datamodule.prepared.val, cli.datamodule.hparams.batch_size)
+            else:
+                nats, n = evaluate_tokens(cli.model.model, cli.datamodule.prepared.val,
+                                          cli.datamodule.hparams.batch_size)
         trainer.callback_metrics["full_val_loss"] = torch.tensor(nats / n)
         print(f"full val loss {nats / n:.4f} over all {n:,} validation tokens "
               f"({time.perf_counter() - start:.1f}s to evaluate)")

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import tiktoken
 
+from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.errors import CheckpointError, DataError, UnknownCharactersError, first_line, shown_chars
 from minigpt.core.hf_tokenizer import EOS_TOKENS, HFTokenizer, hf_tokenizer_file, tokenizers_library
 from minigpt.core.tokenizer_base import ENDOFTEXT, Tokenizer
@@ -190,8 +191,14 @@ def tokenizer_from_dict(d: Any) -> Tokenizer:
         except (KeyError, TypeError, DataError) as e:
             raise CheckpointError(f"damaged hf tokenizer dict ({type(e).__name__}: {first_line(e)}); the "
                                   "checkpoint or tokenizer.json was not written by minigpt or is damaged") from None
-    raise CheckpointError(f"unknown tokenizer type {kind!r} in tokenizer dict (expected char, byte, tiktoken or hf); "
-                          "the checkpoint or tokenizer.json was not written by minigpt or is damaged")
+    if kind == "chat":  # a base tokenizer with a chat template and added tokens (minigpt.core.chat_template)
+        try:
+            return ChatTokenizer.from_dict(d, tokenizer_from_dict)
+        except (KeyError, TypeError, ValueError, AttributeError, DataError) as e:
+            raise CheckpointError(f"damaged chat tokenizer dict ({type(e).__name__}: {first_line(e)}); the "
+                                  "checkpoint or tokenizer.json was not written by minigpt or is damaged") from None
+    raise CheckpointError(f"unknown tokenizer type {kind!r} in tokenizer dict (expected char, byte, tiktoken, hf or "
+                          "chat); the checkpoint or tokenizer.json was not written by minigpt or is damaged")
 
 
 def tokenizer_names() -> list[str]:

@@ -1,5 +1,8 @@
 """LightningDataModule over prepared token files: seeded random training windows, fixed validation windows.
 
+With format "chat" the source holds conversations instead (minigpt.training.sft): one padded conversation per
+row, the loss on what the assistant says.
+
 Training batch i is drawn by a generator seeded with (seed, rank, i), and a run resumed at optimizer step s
 continues at batch i = s * accumulate_grad_batches: the data order after a resume is exactly the order
 an uninterrupted run would have seen, and under DDP each rank draws its own windows.
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Literal
 
 import lightning as L
 import numpy as np
@@ -19,6 +23,7 @@ from minigpt.core.seed import MAX_SEED
 from minigpt.core.errors import ConfigError, UserError
 from minigpt.data.prepare import PreparedData, load_prepared, prepare_data
 from minigpt.core.tokenizers import Tokenizer
+from minigpt.training.sft import FixedConversations, RandomConversations, load_chat_data
 
 VAL_STREAM = 1 << 20  # keeps validation generators apart from training ones
 
@@ -74,6 +79,9 @@ class TokenDataModule(L.LightningDataModule):
         val_batches: int = 20,
         seed: int = 1337,
         num_workers: int = 0,
+        format: Literal["text", "chat"] = "text",
+        train_on_prompt: bool = False,
+        chat_template: str | None = None,
     ) -> None:
         """
         Args:
@@ -91,6 +99,13 @@ class TokenDataModule(L.LightningDataModule):
             val_batches: batches in the fixed validation set (per evaluation, over all devices)
             seed: fixes the training windows (in train.py: set from the run's seed)
             num_workers: DataLoader worker processes
+            format: "text" (a corpus read as one stream) or "chat": source holds conversations, rows of
+                {"messages": [{"role": "system"|"user"|"assistant", "content": ...}]} or Alpaca's
+                instruction/input/output, in a .jsonl/.json/.parquet file or a datasets name; the loss is on the
+                assistant's replies only (docs/chat.md)
+            train_on_prompt: chat: train on every token, the prompts too, not only the assistant's replies
+            chat_template: chat: a Jinja chat template file (default: the source model's own, else ChatML with
+                <|im_start|>/<|im_end|> added as special tokens)
         """
         super().__init__()
         # checked here, where they are declared: each would otherwise fail deep inside numpy or Lightning, or
@@ -110,6 +125,10 @@ class TokenDataModule(L.LightningDataModule):
 
     # Preparation is needed before the model exists (it sets vocab_size), so it runs on first use.
     def _load(self) -> PreparedData:
+        if self.prepared is None and self.hparams.format == "chat":
+            hp = self.hparams
+            self.prepared = load_chat_data(hp.source, hp.tokenizer, hp.chat_template, hp.val_fraction, hp.block_size,
+                                           hp.seed, hp.train_on_prompt)
         if self.prepared is None:
             hp = self.hparams
             data_dir = prepare_data(hp.source, hp.tokenizer, data_root=hp.data_root, val_fraction=hp.val_fraction,
@@ -151,9 +170,13 @@ class TokenDataModule(L.LightningDataModule):
         rank, _ = self._world()
         accumulate = self.trainer.accumulate_grad_batches if self.trainer is not None else 1
         # an "epoch" is about one pass over the training tokens, a whole number of optimizer steps
-        steps = max(1, len(data.train) // (hp.batch_size * hp.block_size * accumulate))
+        if hp.format == "chat":  # an epoch is about one pass over the conversations
+            steps = max(1, len(data.train) // (hp.batch_size * accumulate))
+            windows = RandomConversations(data.train, hp.batch_size, hp.seed, stream=rank, length=1 << 62)
+        else:
+            steps = max(1, len(data.train) // (hp.batch_size * hp.block_size * accumulate))
+            windows = RandomWindows(data.train, hp.block_size, hp.batch_size, hp.seed, stream=rank, length=1 << 62)
         length = steps * accumulate
-        windows = RandomWindows(data.train, hp.block_size, hp.batch_size, hp.seed, stream=rank, length=1 << 62)
         start = (lambda: self.trainer.global_step * accumulate) if self.trainer is not None else (lambda: 0)
         return DataLoader(windows, batch_size=None, sampler=ResumableSampler(length, start),
                           num_workers=hp.num_workers, persistent_workers=hp.num_workers > 0,
@@ -163,7 +186,12 @@ class TokenDataModule(L.LightningDataModule):
         hp, data = self.hparams, self._load()
         rank, world = self._world()
         # the same windows at every evaluation; each rank takes its share of the batches
-        windows = RandomWindows(data.val, hp.block_size, hp.batch_size, hp.seed, stream=VAL_STREAM,
-                                length=hp.val_batches)
-        return DataLoader(windows, batch_size=None, sampler=list(range(rank, hp.val_batches, world)),
+        if hp.format == "chat":
+            windows = FixedConversations(data.val, hp.batch_size)
+            n_batches = min(hp.val_batches, len(windows))
+        else:
+            windows = RandomWindows(data.val, hp.block_size, hp.batch_size, hp.seed, stream=VAL_STREAM,
+                                    length=hp.val_batches)
+            n_batches = hp.val_batches
+        return DataLoader(windows, batch_size=None, sampler=list(range(rank, n_batches, world)),
                           num_workers=hp.num_workers, generator=own_generator())

@@ -4,6 +4,9 @@ The source is anything minigpt.load_model reads (a .ckpt, a run directory, a Hug
 hf:ORG/NAME).  Its tokenizer becomes data.tokenizer (a file under the data root named by its content), so the
 corpus is prepared with it, and out_dir/tokenizer.json once the run is accepted; the model keys a run sets must
 agree with the source, except those in INIT_OVERRIDABLE.
+
+A chat run (data.format chat) from a Hugging Face model that carries a chat template takes that template with the
+tokenizer; a vocabulary the chat format grows (minigpt.training.sft) starts its new rows at the mean embedding.
 """
 
 from __future__ import annotations
@@ -14,12 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from minigpt.core import checkpoint
+from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.checkpoint import read_checkpoint
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import CheckpointError, UserError, first_line
 from minigpt.core.fsutil import atomic_write, write_errors
 from minigpt.core.model import GPT
-from minigpt.loading import load_model
+from minigpt.hf.chat_files import read_chat_template
+from minigpt.hf.load import resolve_hf_source
+from minigpt.loading import is_hf_source, load_model
+from minigpt.training.sft import grow_vocabulary
 
 # model fields set by a link rather than by the user (data.vocab_size -> model.vocab_size)
 LINKED_MODEL_FIELDS = {"vocab_size"}
@@ -49,6 +56,9 @@ def init_from_source(config: Any, given: Any) -> tuple[GPTConfig, GPT | None]:
         except UserError as e:
             raise UserError(f"init_from: {first_line(e, 1000)}") from None
         source_config = source_model.config
+        if config["data"].get("format") == "chat" and tokenizer is not None and is_hf_source(src) \
+                and (template := read_chat_template(resolve_hf_source(src)[0])) is not None:
+            tokenizer = ChatTokenizer.for_base(tokenizer, template)  # the source's own chat format
     if tokenizer is None:
         raise UserError(f"init_from {src}: it has no tokenizer; fine-tune from a checkpoint written by train.py")
     text = json.dumps(tokenizer.to_dict()).encode()  # the data layer keys its cache by this file's content
@@ -83,8 +93,8 @@ def init_from_source(config: Any, given: Any) -> tuple[GPTConfig, GPT | None]:
 
 def load_init_weights(model: GPT, source: GPT) -> None:
     """Copy the source's weights into the model being trained; learned positions beyond a smaller block_size are
-    dropped (nanoGPT's crop_block_size)."""
-    state = source.state_dict()
+    dropped (nanoGPT's crop_block_size), and tokens a chat format adds get rows at the mean embedding."""
+    state = grow_vocabulary(source.state_dict(), model.config.vocab_size)
     if "transformer.wpe.weight" in state:
         state["transformer.wpe.weight"] = state["transformer.wpe.weight"][:model.config.block_size]
     model.load_state_dict(state)

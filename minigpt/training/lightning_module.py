@@ -19,6 +19,7 @@ from minigpt.core.config import GPTConfig
 from minigpt.core.errors import ConfigError, UserError
 from minigpt.core.limits import check_config_size
 from minigpt.core.model import GPT
+from minigpt.training.sft import split_batch
 from minigpt.training.optim import OptimConfig, build_optimizer, build_scheduler, trainer_decay_end
 from minigpt.core.tokenizers import Tokenizer
 
@@ -50,7 +51,7 @@ class GPTLightningModule(L.LightningModule):
             self.flops_per_batch = self.model.flops_per_token(T) * B * T
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        _, loss = self.model(batch[:, :-1], batch[:, 1:])  # batch: (B, T + 1) windows
+        _, loss = self.model(*split_batch(batch))  # batch: (B, T + 1) windows (chat rows: ~id = not a target)
         if not torch.isfinite(loss):  # stop before the bad step touches the weights; checkpoints stay good
             raise NonFiniteLossError(
                 f"the training loss became {loss.item()} at step {self.global_step}; training stopped and the last "
@@ -60,7 +61,7 @@ class GPTLightningModule(L.LightningModule):
         return loss
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
-        _, loss = self.model(batch[:, :-1], batch[:, 1:])
+        _, loss = self.model(*split_batch(batch))
         self._val_losses.append(loss.detach())
 
     def on_validation_epoch_end(self) -> None:

@@ -1,0 +1,332 @@
+"""Chat: one template turns a conversation into token ids and the mask of what the assistant says.
+
+    tok = ChatTokenizer.for_base(base_tokenizer)           # ChatML, <|im_start|>/<|im_end|> added as special tokens
+    ids, mask = tok.encode_chat([{"role": "user", "content": "2+2"}, {"role": "assistant", "content": "4"}])
+    prompt = tok.encode_chat(messages, add_generation_prompt=True)[0]
+
+The template is Jinja, rendered here and nowhere else, the way transformers renders `chat_template`: jinja2's
+ImmutableSandboxedEnvironment (templates from the hub are untrusted code) with trim_blocks / lstrip_blocks,
+loop controls, the `{% generation %}` tag and the same helpers (tojson, raise_exception, strftime_now).  Text
+inside `{% generation %}` is what the assistant says: its tokens are the mask (transformers'
+return_assistant_tokens_mask gives the same mask from the exported template).  A source model's own template
+without that tag gets the mask from prefix renders: each assistant turn is what its render adds to the render of the
+turns before it with the generation prompt, up to and including the end-of-turn token.
+
+ChatTokenizer wraps any minigpt tokenizer (char, byte, tiktoken, Hugging Face): tokens it adds (the turn markers
+a base lacks, and for a char base the characters its corpus never had) take the ids after the base's own, and are
+split out of a text before the base encodes the rest, as `tokenizers` treats added tokens.  Its dict (to_dict)
+holds the base's dict, the added tokens and the template, so a checkpoint carries the chat format whole.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from minigpt.core.errors import DataError, UserError, first_line
+from minigpt.core.tokenizer_base import Tokenizer
+
+__all__ = ["ChatTokenizer", "DEFAULT_CHAT_TEMPLATE", "IM_START", "IM_END", "ROLES", "compile_template"]
+
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+ROLES = ("system", "user", "assistant")
+# ChatML (as SmolLM2-Instruct and Qwen write it), with the assistant's content and end-of-turn marked for the mask
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
+    "{% else %}{{ message['content'] + '<|im_end|>' + '\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+class AssistantTracker(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}`: records the character span of its output (transformers' tag)."""
+
+    tags = {"generation"}
+
+    def __init__(self, environment: jinja2.Environment) -> None:
+        super().__init__(environment)
+        environment.extend(track_generation=self.track)
+        self._blocks: list[str] | None = None
+        self._spans: list[tuple[int, int]] | None = None
+
+    def parse(self, parser: Any) -> jinja2.nodes.CallBlock:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_generation", []), [], [], body).set_lineno(lineno)
+
+    def _generation(self, caller: Callable[[], str]) -> str:
+        text = caller()
+        if self._blocks is not None:
+            start = sum(map(len, self._blocks))
+            self._spans.append((start, start + len(text)))
+        return text
+
+    @contextmanager
+    def track(self, blocks: list[str], spans: list[tuple[int, int]]):
+        self._blocks, self._spans = blocks, spans
+        try:
+            yield
+        finally:
+            self._blocks = self._spans = None
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def compile_template(text: str) -> jinja2.Template:
+    """A chat template compiled as transformers compiles it; a syntax error is one DataError line."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[AssistantTracker, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise DataError(f"the chat template does not compile (line {e.lineno}: {first_line(e)}); fix its Jinja "
+                        "syntax") from None
+
+
+def _kind(tokenizer: Tokenizer) -> str:
+    """char, byte, tiktoken or hf, read from the object (core.tokenizers imports this module, not the reverse)."""
+    if hasattr(tokenizer, "backend"):
+        return "hf"
+    if hasattr(tokenizer, "encoding"):
+        return "tiktoken"
+    return "char" if hasattr(tokenizer, "chars") else "byte"
+
+
+class ChatTokenizer(Tokenizer):
+    """A base tokenizer plus the tokens a chat format adds to it and the chat template (see the module docstring)."""
+
+    def __init__(self, base: Tokenizer, template: str = DEFAULT_CHAT_TEMPLATE, added: Sequence[str] = (),
+                 specials: Iterable[str] = (), end_of_turn: str = IM_END) -> None:
+        if isinstance(base, ChatTokenizer):
+            raise ValueError("a ChatTokenizer's base is a plain tokenizer")
+        self.base, self.template, self.added = base, template, list(added)
+        self.specials = sorted(set(specials))  # added tokens that are markers (special), not text characters
+        self.end_of_turn = end_of_turn
+        self.kind = _kind(base)
+        self.name = base.name
+        self.first_added = base.backend.get_vocab_size(with_added_tokens=True) if self.kind == "hf" else base.vocab_size
+        self.added_ids = {t: self.first_added + i for i, t in enumerate(self.added)}
+        self.vocab_size = max(base.vocab_size, self.first_added + len(self.added))
+        if self.kind == "char":  # every character this vocabulary encodes (the attention probe filters by it)
+            self.stoi = {**base.stoi, **{t: i for t, i in self.added_ids.items() if len(t) == 1}}
+        self.bos_id = getattr(base, "bos_id", None)
+        self.eot_id = self.eos_id = self.token_id(end_of_turn)
+        if self.eot_id is None:
+            raise DataError(f"the chat template's end-of-turn token {end_of_turn!r} is not in the tokenizer; the "
+                            "model cannot end a reply")
+        # added tokens, longest first, are matched before the base sees the text
+        self._split = re.compile("(" + "|".join(map(re.escape, sorted(self.added, key=len, reverse=True))) + ")") \
+            if self.added else None
+        self._compiled: jinja2.Template | None = None
+
+    # ------------------------------------------------------------------------------------- building and storing
+
+    @classmethod
+    def for_base(cls, base: Tokenizer, template: str | None = None,
+                 conversations: Iterable[list[dict[str, str]]] = ()) -> ChatTokenizer:
+        """A chat tokenizer over `base` (a ChatTokenizer keeps its own template and tokens): the default ChatML
+        template with its markers added where the base lacks them, and, for a char base, every character of the
+        rendered `conversations` its vocabulary lacks."""
+        if isinstance(base, ChatTokenizer):
+            chat = base
+        else:
+            template = template or DEFAULT_CHAT_TEMPLATE
+            markers = [m for m in (IM_START, IM_END) if m in template]
+            end = IM_END if IM_END in template else cls._base_token(base, getattr(base, "eos_id", None))
+            if end is None:
+                raise DataError("the chat template writes no <|im_end|> and the tokenizer has no end-of-text token "
+                                "to end a turn with; end each turn with <|im_end|>")
+            chat = cls(base, template, [m for m in markers if cls._base_token_id(base, m) is None], markers, end)
+        if chat.kind != "char":
+            return chat
+        new: set[str] = set()
+        for messages in conversations:
+            text = chat._split.sub("", chat.render(messages)[0]) if chat._split else chat.render(messages)[0]
+            new.update(c for c in set(text) if c not in chat.base.stoi)
+        new -= set(chat.added)
+        if not new:
+            return chat
+        return cls(chat.base, chat.template, chat.added + sorted(new), chat.specials, chat.end_of_turn)
+
+    @staticmethod
+    def _base_token_id(base: Tokenizer, token: str) -> int | None:
+        kind = _kind(base)
+        if kind == "hf":
+            return base.backend.token_to_id(token)
+        if kind == "tiktoken":
+            return base.encoding._special_tokens.get(token) if hasattr(base.encoding, "_special_tokens") else None
+        return None
+
+    @staticmethod
+    def _base_token(base: Tokenizer, i: int | None) -> str | None:
+        return base.token(i) if i is not None and _kind(base) == "hf" else None
+
+    def token_id(self, token: str) -> int | None:
+        """The id of one whole token (an added one, or the base's own special token)."""
+        return self.added_ids.get(token, self._base_token_id(self.base, token))
+
+    def token(self, i: int | None) -> str | None:
+        """The text of one token id, for the export's special tokens."""
+        if i is None:
+            return None
+        if i >= self.first_added and i - self.first_added < len(self.added):
+            return self.added[i - self.first_added]
+        return self._base_token(self.base, i)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "chat", "name": self.name, "base": self.base.to_dict(), "chat_template": self.template,
+                "added_tokens": list(self.added), "special_tokens": list(self.specials),
+                "end_of_turn": self.end_of_turn}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], base_from_dict: Callable[[Any], Tokenizer]) -> ChatTokenizer:
+        """The inverse of to_dict; raises KeyError/TypeError/ValueError for a damaged dict."""
+        fields = (d["chat_template"], d["end_of_turn"], *d["added_tokens"], *d["special_tokens"])
+        if not all(isinstance(x, str) for x in fields):
+            raise TypeError("its template, end-of-turn and added tokens must be strings")
+        if d["base"].get("type") == "chat":
+            raise ValueError("a chat tokenizer's base is a chat tokenizer")
+        return cls(base_from_dict(d["base"]), d["chat_template"], d["added_tokens"], d["special_tokens"],
+                   d["end_of_turn"])
+
+    # ------------------------------------------------------------------------------------- text <-> ids
+
+    def encode_with_spans(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids of `text` and each token's character span (start, end) in it."""
+        ids: list[int] = []
+        spans: list[tuple[int, int]] = []
+        pos = 0
+        for piece in (self._split.split(text) if self._split else [text]):
+            if not piece:
+                continue
+            if piece in self.added_ids:
+                ids.append(self.added_ids[piece])
+                spans.append((pos, pos + len(piece)))
+            else:
+                piece_ids, piece_spans = self._base_encode(piece)
+                ids += piece_ids
+                spans += [(pos + a, pos + b) for a, b in piece_spans]
+            pos += len(piece)
+        return ids, spans
+
+    def _base_encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        if self.kind == "hf":  # as transformers encodes a rendered chat: add_special_tokens=False
+            encoding = self.base.backend.encode(text, add_special_tokens=False)
+            return list(encoding.ids), [tuple(o) for o in encoding.offsets]
+        ids = self.base.encode(text)
+        if self.kind == "char":
+            return ids, [(i, i + 1) for i in range(len(ids))]
+        if self.kind == "byte":
+            lengths = [1] * len(ids)
+        else:
+            lengths = [len(self.base.encoding.decode_single_token_bytes(i)) for i in ids]
+        char_starts = [0]  # byte offset where each character starts
+        for c in text:
+            char_starts.append(char_starts[-1] + len(c.encode("utf-8", "surrogatepass")))
+        spans, at = [], 0
+        for n in lengths:
+            first = bisect.bisect_right(char_starts, at) - 1
+            last = bisect.bisect_right(char_starts, at + n - 1) - 1
+            spans.append((first, last + 1))
+            at += n
+        return ids, spans
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_with_spans(text)[0]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        out: list[str] = []
+        run: list[int] = []
+        for i in ids:
+            token = self.token(i) if i >= self.first_added else None
+            if token is None:
+                run.append(i)
+                continue
+            if run:
+                out.append(self.base.decode(run))
+                run = []
+            out.append(token)
+        if run:
+            out.append(self.base.decode(run))
+        return "".join(out)
+
+    # ------------------------------------------------------------------------------------- conversations
+
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> tuple[str, list]:
+        """The template's text for `messages`, and the character spans its `{% generation %}` blocks wrote."""
+        if self._compiled is None:
+            self._compiled = compile_template(self.template)
+        specials = {f"{k}_token": self._base_token(self.base, getattr(self.base, f"{k}_id", None)) or ""
+                    for k in ("bos", "eos")}
+        blocks: list[str] = []
+        spans: list[tuple[int, int]] = []
+        try:
+            with self._compiled.environment.track_generation(blocks, spans):
+                for block in self._compiled.generate(messages=messages, add_generation_prompt=add_generation_prompt,
+                                                     **specials):
+                    blocks.append(block)
+        except UserError:
+            raise
+        except Exception as e:  # a template is the user's (or the hub's) code: any failure in it is theirs
+            raise DataError(f"the chat template fails to render it ({type(e).__name__}: {first_line(e)}); fix the "
+                            "conversation or the template") from None
+        return "".join(blocks), spans
+
+    def assistant_spans(self, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered text and the character spans of what the assistant says (content and end-of-turn)."""
+        text, spans = self.render(messages)
+        if spans or "generation" in self.template:
+            return text, spans
+        spans = []  # a template without the tag: each assistant turn is what its render adds
+        for k, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            start = len(self.render(messages[:k], add_generation_prompt=True)[0])
+            end = len(self.render(messages[:k + 1])[0])
+            cut = text.find(self.end_of_turn, start, end)
+            spans.append((start, cut + len(self.end_of_turn) if cut >= 0 else end))
+        return text, spans
+
+    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = False,
+                    train_on_prompt: bool = False) -> tuple[list[int], list[bool]]:
+        """(ids, mask): mask[i] is True where token i is trained on (what the assistant says, or everything with
+        train_on_prompt).  A token is the assistant's if its characters overlap an assistant span (as
+        transformers' char_to_token mapping makes it)."""
+        if add_generation_prompt:
+            text = self.render(messages, add_generation_prompt=True)[0]
+            ids = self.encode_with_spans(text)[0]
+            return ids, [train_on_prompt] * len(ids)
+        text, assistant = self.assistant_spans(messages)
+        ids, token_spans = self.encode_with_spans(text)
+        if train_on_prompt:
+            return ids, [True] * len(ids)
+        starts = [a for a, _ in assistant]
+        mask = []
+        for a, b in token_spans:
+            b = max(b, a + 1)
+            k = bisect.bisect_right(starts, b - 1) - 1  # the last span starting before the token ends
+            mask.append(k >= 0 and a < assistant[k][1])
+        return ids, mask

@@ -1,0 +1,116 @@
+"""Conversation data for chat fine-tuning (train.py --data.format chat): rows of messages, checked one by one.
+
+A row is {"messages": [{"role": "system" | "user" | "assistant", "content": "..."}, ...]} (the format of Hugging
+Face chat datasets and OpenAI's), or an Alpaca row {"instruction", "input", "output"}, which becomes a user turn
+(the instruction, then the input after a blank line when there is one) and the assistant's answer.
+
+Sources: a local *.jsonl (one row per line) or *.json (an array of rows, or one row per line) file read with the
+json module, so that a bad row is named by its line; a *.parquet file or a `datasets` hub name ("name" or
+"name:config", split "train") read with `datasets`.  Every problem is one DataError naming the source and the row.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from minigpt.core.chat_template import ROLES
+from minigpt.core.errors import DataError, first_line
+
+__all__ = ["read_conversations", "to_messages"]
+
+Messages = list[dict[str, str]]
+FIX = ("each row needs \"messages\": [{\"role\": \"user\", \"content\": \"...\"}, {\"role\": \"assistant\", "
+       "\"content\": \"...\"}] or Alpaca's \"instruction\"/\"input\"/\"output\"")
+
+
+def to_messages(row: Any, where: str) -> Messages:
+    """One row as a checked list of messages; `where` names the row in the error ("data.jsonl line 3")."""
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: a row must be a JSON object, got {type(row).__name__}; {FIX}")
+    if "messages" in row:
+        messages = row["messages"]
+    elif "instruction" in row and "output" in row:
+        prompt = "\n\n".join(str(row[k]) for k in ("instruction", "input") if row.get(k))
+        messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": row["output"]}]
+    else:
+        raise DataError(f"{where}: no \"messages\" (and no Alpaca \"instruction\"/\"output\") in the row, only "
+                        f"{', '.join(map(repr, list(row)[:6])) or 'nothing'}; {FIX}")
+    if not isinstance(messages, list) or not messages:
+        raise DataError(f"{where}: the conversation is empty (\"messages\" must be a non-empty list); {FIX}")
+    checked = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or "role" not in message or "content" not in message:
+            raise DataError(f"{where}: message {i} has no \"role\" or no \"content\"; give every message both")
+        role, content = message["role"], message["content"]
+        if role not in ROLES:
+            raise DataError(f"{where}: message {i} has the unknown role {role!r}; use one of {', '.join(ROLES)}")
+        if not isinstance(content, str):
+            raise DataError(f"{where}: message {i}'s content is {type(content).__name__}, not text; give a string")
+        checked.append({"role": role, "content": content})
+    if not any(m["role"] == "assistant" for m in checked):
+        raise DataError(f"{where}: the conversation has no assistant turn, so there is nothing to learn from it; "
+                        "add the assistant's reply or drop the row")
+    return checked
+
+
+def _json_rows(path: Path) -> Iterator[tuple[Any, str]]:
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"cannot read {path} ({first_line(e)}); give a UTF-8 JSON Lines file") from None
+    if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except ValueError as e:
+            raise DataError(f"{path} is not JSON ({first_line(e)}); fix the file, or write one row per line "
+                            "(JSON Lines)") from None
+        for i, row in enumerate(rows, 1):
+            yield row, f"{path} row {i}"
+        return
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise DataError(f"{path} line {n}: not JSON ({first_line(e)}); write one JSON object per line") from None
+        yield row, f"{path} line {n}"
+
+
+def _dataset_rows(source: str) -> Iterator[tuple[Any, str]]:
+    import datasets  # slow to import; only parquet files and hub names need it
+
+    local = Path(source).expanduser()
+    try:
+        if local.suffix.lower() == ".parquet":
+            ds = datasets.load_dataset("parquet", data_files=[str(local)], split="train")
+        else:
+            name, _, config = source.partition(":")
+            ds = datasets.load_dataset(name, config or None, split="train")
+    except Exception as e:  # datasets raises many types (hub, network, parsing): each is one line here
+        raise DataError(f"cannot read the conversations {source} ({type(e).__name__}: {first_line(e)}); give a "
+                        ".jsonl, .json or .parquet file, or a datasets name") from None
+    for i, row in enumerate(ds, 1):
+        yield row, f"{source} row {i}"
+
+
+def read_conversations(source: str) -> list[Messages]:
+    """Every conversation of `source`, checked (see the module docstring)."""
+    path = Path(str(source)).expanduser()
+    if path.suffix.lower() in (".jsonl", ".json"):
+        if not path.is_file():
+            raise DataError(f"conversation file not found: {source}; give a .jsonl, .json or .parquet file, or a "
+                            "datasets name")
+        rows = _json_rows(path)
+    elif path.suffix.lower() != ".parquet" and path.exists():
+        raise DataError(f"{source}: chat data (--data.format chat) is read from .jsonl, .json or .parquet files or "
+                        "a datasets name; convert it to JSON Lines with one {\"messages\": [...]} per line")
+    else:
+        rows = _dataset_rows(str(source))
+    conversations = [to_messages(row, where) for row, where in rows]
+    if not conversations:
+        raise DataError(f"{source} holds no conversations; {FIX}")
+    return conversations
