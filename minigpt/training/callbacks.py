@@ -1,5 +1,5 @@
 """Training's side jobs, as Lightning callbacks: compiling before the clock, text samples, attention images,
-RNG state."""
+lm-evaluation-harness tasks, RNG state."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.seed import isolate_rng
 
 from minigpt.core.checkpoint import RNG_STATE_KEY
+from minigpt.core.errors import UserError
 from minigpt.core.generation import generate, prompt_ids
 
 
@@ -132,6 +133,49 @@ class AttentionImages(Callback):
             weights = raw.attention_weights(idx)[:, 0]  # (L, H, T, T)
         logger.experiment.add_image("attention", grid_image(weights.cpu().numpy()), trainer.global_step,
                                     dataformats="HWC")
+
+
+class HarnessTasks(Callback):
+    """At each validation, lm-evaluation-harness tasks (minigpt.harness) on the model being trained, at most `limit`
+    examples each, logged as eval/<task>/<metric> at the step.  Under DDP every rank scores its share of each
+    task's examples (the harness splits them and gathers the scores over torch.distributed) and rank 0 logs; FSDP
+    is refused: its model is whole only inside a forward pass of the wrapped module, which generation does not use.
+    Tasks are checked when the callback is made, so a misspelt task stops the run before training starts."""
+
+    def __init__(self, tasks: list[str], limit: int | None = 100, batch_size: int = 8) -> None:
+        from minigpt.harness import resolve_tasks  # one line naming the eval extra when lm-eval is missing
+
+        self.tasks = resolve_tasks(tasks)
+        self.limit, self.batch_size = limit, batch_size
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if not runs_whole_model(trainer):
+            raise UserError("--eval_tasks cannot run under FSDP (the harness's generation runs the model outside "
+                            "the wrapped forward); train with ddp or one device, or run eval.py --tasks on the "
+                            "checkpoints")
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        tokenizer = getattr(pl_module, "tokenizer", None)
+        if trainer.sanity_checking or tokenizer is None:
+            return
+        from minigpt.harness import MiniGPTLM, evaluate_tasks, flat_metrics
+
+        lm = MiniGPTLM(pl_module.model, tokenizer, self.batch_size, distributed=trainer.world_size > 1)
+        # eager: the harness's shapes would each recompile; isolated: the harness seeds every RNG, training's stay
+        with torch.compiler.set_stance("force_eager"), isolate_rng(include_cuda=True):
+            results = evaluate_tasks(lm, self.tasks, limit=self.limit, bootstrap_iters=0)
+        if results is None or not trainer.is_global_zero:  # the harness gathers the results on rank 0
+            return
+        metrics = {f"eval/{name}": value for name, value in flat_metrics(results).items()}
+        for logger in pl_module.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+        rank_zero_info("harness: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
+
+
+def harness_callbacks(config: Any) -> list[Callback]:
+    """[HarnessTasks] when the run's config names --eval_tasks (comma-separated), else []."""
+    tasks = config.get("eval_tasks")
+    return [HarnessTasks(tasks.split(","), config.get("eval_limit"))] if tasks else []
 
 
 class RNGState(Callback):
