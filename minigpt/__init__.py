@@ -1,6 +1,8 @@
 """minigpt: a small, readable, fast GPT trainer.
 
     from minigpt import GPT, GPTConfig, load_model, generate
+    model, tokenizer = minigpt.load_chat_model("out/sft")       # a chat run, or a HF model with a chat template
+    minigpt.chat(model, tokenizer, "What is 2 + 2?")             # one reply; ChatSession for several turns
 
 The package is layered (each imports only those before it): core (config, model, generation, tokenizers, the
 checkpoint format), then data, hf (Hugging Face interop) and lab (the attention lab), then loading (load_model),
@@ -9,13 +11,15 @@ training (Lightning) and cli (the commands).
 
 from typing import Any
 
+from minigpt.core.chat import ChatSession, chat
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import ConfigError, UserError
 from minigpt.core.generation import generate
 from minigpt.core.model import GPT, KVCache
 from minigpt.loading import load_model
 
-__all__ = ["GPT", "attention_maps", "GPTConfig", "ConfigError", "KVCache", "UserError", "generate", "load_model"]
+__all__ = ["GPT", "attention_maps", "ChatSession", "GPTConfig", "ConfigError", "KVCache", "UserError", "chat",
+           "generate", "load_chat_model", "load_model"]
 __version__ = "0.1.0"
 
 
@@ -24,4 +28,8 @@ def __getattr__(name: str) -> Any:
         from minigpt.lab.capture import attention_maps
 
         return attention_maps
+    if name == "load_chat_model":  # the command's loader: a chat run, or a Hugging Face model's own template
+        from minigpt.cli.sample import load_chat_model
+
+        return load_chat_model
     raise AttributeError(f"module 'minigpt' has no attribute {name!r}")

@@ -4,6 +4,7 @@
     python sample.py --prompt - < prompt.txt --num_samples 3 --temperature 0.9 --top_p 0.95
     python sample.py --temperature 0 --no-kv-cache        # greedy, recomputing the context every step
     python sample.py --config sample.yaml                 # the same options from YAML (see --print_config)
+    python sample.py --ckpt out/sft --chat --system "Answer briefly."   # talk to a chat model, turn by turn
 
 The generation itself is minigpt.core.generation; loading is minigpt.loading.load_model.  Every user mistake
 (a bad flag, checkpoint or prompt) ends in one `error:` line and exit code 2.
@@ -16,7 +17,11 @@ from typing import Any, TextIO, get_args
 
 import torch
 
-from minigpt.loading import load_model
+from minigpt.core.chat import ChatSession
+from minigpt.core.chat_template import ChatTokenizer
+from minigpt.hf.chat_files import read_chat_template
+from minigpt.hf.load import resolve_hf_source
+from minigpt.loading import is_hf_source, load_model
 from minigpt.cli.parsing import (CommandParser, add_prompt_arguments, add_source_argument, misplaced_setting,
                                  read_prompt, resolve_device)
 from minigpt.core.config import Attention
@@ -109,7 +114,57 @@ def build_parser() -> CommandParser:
                    help="recompute the whole context every step (slow; for comparison). In YAML: kv_cache: false")
     p.add_argument("--no-stop", "--no_stop", dest="stop", action="store_false",
                    help="do not stop at end-of-text (BPE models stop there by default). In YAML: stop: false")
+    p.add_argument("--chat", action="store_true",
+                   help="talk to a chat model: your turns from the terminal (or one per line from stdin), each reply "
+                        "streamed until its end-of-turn token; earlier turns stay in the KV cache")
+    p.add_argument("--system", type=str | None, default=None, help="--chat: the system prompt")
     return p
+
+
+# ---------------------------------------------------------------------------------------------------
+# Chat
+
+
+def load_chat_model(source: str | None, device: str = "cpu", attention: str | None = None):
+    """(model, chat tokenizer): a chat run's own, or a Hugging Face model's tokenizer with its chat template."""
+    model, tokenizer = load_model(source, device=device, attention=attention)
+    if not isinstance(tokenizer, ChatTokenizer) and is_hf_source(source):
+        template = read_chat_template(resolve_hf_source(source)[0])
+        if template is not None:
+            tokenizer = ChatTokenizer.for_base(tokenizer, template)
+    return model, tokenizer
+
+
+def run_chat(args: Any, device: str, stdout: TextIO, stdin: TextIO) -> None:
+    """One reply per user line, streamed; a terminal gets a `> ` prompt, stdin read as lines gets none."""
+    model, tokenizer = load_chat_model(args.ckpt, device, args.attention)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    session = ChatSession(model, tokenizer, args.system, args.max_new_tokens, args.temperature, args.top_k,
+                          args.top_p, generator, use_kv_cache=args.kv_cache)
+    interactive = stdin.isatty()
+
+    def write(text: str) -> None:
+        stdout.write(text)
+        stdout.flush()
+
+    # --prompt TEXT (or --prompt-file) is the first turn; stdin holds the turns anyway, so --prompt - adds none
+    first = read_prompt(args, stdin) if args.prompt_file or args.prompt not in ("", "-") else None
+    while True:
+        if first is not None:
+            line, first = first, None
+        else:
+            if interactive:
+                write("> ")
+            line = stdin.readline()
+            if not line:  # end of input
+                break
+        line = line.rstrip("\n")
+        if not line.strip():
+            continue
+        try:
+            session.reply(line, on_text=write)
+        finally:  # an error or Ctrl-C mid-reply still ends the line
+            write("\n")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -126,6 +181,9 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
         raise UserError(f"--num_samples must be >= 1, got {args.num_samples}")
     check_seed(args.seed)
     device = resolve_device(args.device)
+    if args.chat:
+        run_chat(args, device, stdout, stdin)
+        return
     prompt = read_prompt(args, stdin)
 
     model, tokenizer = load_model(args.ckpt, device=device, attention=args.attention)

@@ -132,7 +132,7 @@ class ChatTokenizer(Tokenizer):
         self.vocab_size = max(base.vocab_size, self.first_added + len(self.added))
         if self.kind == "char":  # every character this vocabulary encodes (the attention probe filters by it)
             self.stoi = {**base.stoi, **{t: i for t, i in self.added_ids.items() if len(t) == 1}}
-        self.bos_id = getattr(base, "bos_id", None)
+        self.bos_id = getattr(base, "bos_id", base.eot_id)  # as the export reads a base's (GPT-2: end-of-text)
         self.eot_id = self.eos_id = self.token_id(end_of_turn)
         if self.eot_id is None:
             raise DataError(f"the chat template's end-of-turn token {end_of_turn!r} is not in the tokenizer; the "

@@ -23,9 +23,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.errors import DataError, UserError, first_line
 from minigpt.core.fsutil import write_json
 from minigpt.core.generation import prompt_ids
+from minigpt.hf.chat_files import chat_tokenizer_json
 from minigpt.hf.files import read_json_object
 from minigpt.core.tokenizers import (ByteTokenizer, CharTokenizer, HFTokenizer, TiktokenTokenizer, Tokenizer,
                                      encoding_parts, get_tokenizer, tokenizers_library)
@@ -192,7 +194,10 @@ def save_hf_tokenizer(tokenizer: Tokenizer, out_dir: Path, model_max_length: int
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer_json, bos, eos = _backend_for(tokenizer)
+    chat = tokenizer if isinstance(tokenizer, ChatTokenizer) else None
+    tokenizer_json, bos, eos = _backend_for(chat.base if chat else tokenizer)
+    if chat is not None:  # its added tokens registered, its end-of-turn the EOS, its template in the config
+        tokenizer_json, eos = chat_tokenizer_json(chat, tokenizer_json), chat.end_of_turn
     specials = {k: v for k, v in (("bos_token", bos), ("eos_token", eos)) if v is not None}
     (out_dir / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
     write_json(out_dir / "tokenizer_config.json", {
@@ -200,5 +205,6 @@ def save_hf_tokenizer(tokenizer: Tokenizer, out_dir: Path, model_max_length: int
         "clean_up_tokenization_spaces": False,  # decode gives the text back as it was
         "model_max_length": model_max_length or model_context(out_dir) or NO_LENGTH,
         **specials,
+        **({"chat_template": chat.template} if chat is not None else {}),
     })
     write_json(out_dir / "special_tokens_map.json", specials)

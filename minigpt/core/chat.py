@@ -1,0 +1,127 @@
+"""Talking to a chat model: multi-turn replies that stream, stop at the end-of-turn token, and keep earlier turns in
+the KV cache.
+
+    session = ChatSession(model, tokenizer, system="Answer briefly.", temperature=0)
+    session.reply("What is 12 + 30?")                 # "42"; on_text=print streams it
+    session.reply("And 42 + 1?")                      # only the new turn's tokens are run through the model
+
+    chat(model, tokenizer, "What is 12 + 30?")        # one reply, to a text or a list of messages
+
+Each turn renders the whole conversation with the chat template (minigpt.core.chat_template) and compares its ids
+with those already in the cache: the common prefix stays, and only the rest is run through the model (when the
+template re-tokenizes an earlier reply differently, the cache is overwritten from the first difference).  When the
+conversation no longer fits block_size, its oldest turns (after the system prompt) are dropped and the cache is
+filled again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from minigpt.core.chat_template import ChatTokenizer
+from minigpt.core.errors import UnknownCharactersError, UserError, shown_chars
+from minigpt.core.generation import check_sampling_args, sample_next
+from minigpt.core.model import GPT
+from minigpt.core.tokenizer_base import Tokenizer
+
+__all__ = ["ChatSession", "chat", "NO_CHAT_TEMPLATE"]
+
+NO_CHAT_TEMPLATE = ("has no chat template; fine-tune it on conversations first (train.py --init_from MODEL "
+                    "--data.format chat --data.source CHATS.jsonl), or use a model that ships one (an Instruct model)")
+
+
+class ChatSession:
+    """One conversation with a model (see the module docstring)."""
+
+    def __init__(self, model: GPT, tokenizer: Tokenizer, system: str | None = None, max_new_tokens: int = 256,
+                 temperature: float = 0.8, top_k: int | None = 200, top_p: float | None = None,
+                 generator: torch.Generator | None = None, use_kv_cache: bool = True) -> None:
+        if not isinstance(tokenizer, ChatTokenizer):
+            raise UserError(f"this model {NO_CHAT_TEMPLATE}")
+        check_sampling_args(temperature, top_k, top_p, max_new_tokens)
+        self.model, self.tokenizer = model, tokenizer
+        self.messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+        self.settings = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        self.max_new_tokens, self.use_kv_cache = max_new_tokens, use_kv_cache
+        self.cache = model.new_kv_cache(1) if use_kv_cache else None
+        self.cached: list[int] = []  # the ids whose keys and values the cache holds, at positions 0..
+        self.prefilled = 0  # tokens run through the model so far (what the cache saves shows here)
+
+    def _prompt(self) -> list[int]:
+        """The conversation's ids with the generation prompt, its oldest turns dropped until a reply has room."""
+        block_size = self.model.config.block_size
+        while True:
+            try:
+                ids = self.tokenizer.encode_chat(self.messages, add_generation_prompt=True)[0]
+            except UnknownCharactersError as e:
+                self.messages.pop()
+                raise UserError(f"the message has {len(e.chars)} character(s) outside the model's char vocabulary: "
+                                f"{shown_chars(e.chars)}; a char-level model reads only the characters it was "
+                                "trained on, so remove or replace them") from None
+            if len(ids) < block_size:
+                return ids
+            first = 1 if self.messages[0]["role"] == "system" else 0
+            if len(self.messages) - first <= 1:  # only the new message is left, and it does not fit
+                self.messages.pop()
+                raise UserError(f"the message is {len(ids)} tokens with the chat markup, and the model reads at most "
+                                f"{block_size - 1} before its reply; write a shorter message")
+            del self.messages[first:first + 2]  # the oldest user turn and its reply
+
+    def _run(self, ids: list[int]) -> torch.Tensor:
+        """Logits of the last of `ids` (the whole conversation), running only what the cache does not hold."""
+        device = self.model.lm_head.weight.device
+        if self.cache is None:
+            self.prefilled += len(ids)
+            return self.model(torch.tensor([ids], device=device))[0][0, -1]
+        same = 0
+        for a, b in zip(self.cached, ids):
+            if a != b:
+                break
+            same += 1
+        same = min(same, len(ids) - 1)  # at least one token runs, to give the next token's logits
+        new = ids[same:]
+        self.prefilled += len(new)
+        logits = self.model(torch.tensor([new], device=device), kv_cache=self.cache, input_pos=same)[0][0, -1]
+        self.cached = list(ids)
+        return logits
+
+    @torch.inference_mode()
+    def reply(self, text: str, on_text: Callable[[str], object] | None = None) -> str:
+        """The assistant's reply to the user's `text` (streamed to on_text as it grows), added to the conversation."""
+        self.messages.append({"role": "user", "content": text})
+        ids = self._prompt()
+        budget = min(self.max_new_tokens, self.model.config.block_size - len(ids))
+        reply: list[int] = []
+        shown = 0
+        for _ in range(budget):
+            logits = self._run(ids + reply)
+            token = int(sample_next(logits[None, :self.tokenizer.vocab_size], **self.settings)[0])
+            if token == self.tokenizer.eot_id:
+                break
+            reply.append(token)
+            stable = self.tokenizer.decode(reply).rstrip("\ufffd")  # a token can end inside a UTF-8 character
+            if on_text is not None and len(stable) > shown:
+                on_text(stable[shown:])
+                shown = len(stable)
+        answer = self.tokenizer.decode(reply)
+        if on_text is not None and len(answer) > shown:
+            on_text(answer[shown:])
+        self.messages.append({"role": "assistant", "content": answer})
+        return answer
+
+
+def chat(model: GPT, tokenizer: Tokenizer, messages: str | list[dict[str, str]], system: str | None = None,
+         max_new_tokens: int = 256, temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+         seed: int | None = None) -> str:
+    """The model's reply to `messages` (a user's text, or a conversation ending with a user turn); greedy by
+    default.  For several turns that reuse the KV cache, use ChatSession."""
+    generator = torch.Generator(device=model.lm_head.weight.device).manual_seed(seed) if seed is not None else None
+    session = ChatSession(model, tokenizer, system, max_new_tokens, temperature, top_k, top_p, generator)
+    if isinstance(messages, str):
+        return session.reply(messages)
+    if not messages or messages[-1].get("role") != "user":
+        raise UserError("chat: the conversation must end with a user message for the model to answer")
+    session.messages += [dict(m) for m in messages[:-1]]
+    return session.reply(messages[-1]["content"])
