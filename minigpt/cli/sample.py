@@ -26,7 +26,7 @@ from minigpt.cli.parsing import (CommandParser, add_prompt_arguments, add_source
                                  read_prompt, resolve_device)
 from minigpt.core.config import Attention
 from minigpt.core.seed import check_seed
-from minigpt.core.errors import UserError, run_cli
+from minigpt.core.errors import UserError, first_line, run_cli
 from minigpt.core.generation import check_sampling_args, generate, prompt_ids
 from minigpt.core.tokenizers import Tokenizer
 
@@ -163,6 +163,10 @@ def run_chat(args: Any, device: str, stdout: TextIO, stdin: TextIO) -> None:
             continue
         try:
             session.reply(line, on_text=write)
+        except UserError as e:  # on a terminal, a turn the model cannot read is skipped, not the end of the chat
+            if not interactive:
+                raise
+            print(f"error: {first_line(e, 2000)}", file=sys.stderr, flush=True)
         finally:  # an error or Ctrl-C mid-reply still ends the line
             write("\n")
 

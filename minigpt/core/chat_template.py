@@ -298,7 +298,7 @@ class ChatTokenizer(Tokenizer):
     def assistant_spans(self, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
         """The rendered text and the character spans of what the assistant says (content and end-of-turn)."""
         text, spans = self.render(messages)
-        if spans or "generation" in self.template:
+        if spans or re.search(r"\{%-?\s*generation\b", self.template):
             return text, spans
         spans = []  # a template without the tag: each assistant turn is what its render adds
         for k, message in enumerate(messages):

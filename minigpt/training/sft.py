@@ -82,8 +82,9 @@ def load_chat_data(source: str, tokenizer: str, chat_template: str | None, val_f
     base = base_tokenizer(tokenizer, conversations)
     template = read_template(chat_template)
     if isinstance(base, ChatTokenizer) and template is not None and template != base.template:
-        raise DataError(f"data.chat_template {chat_template}: the model already has a chat template, and a model "
-                        "answers in the format it was trained in; remove data.chat_template")
+        raise DataError(f"data.chat_template {chat_template}: the model already has a chat template (its source's, "
+                        "or the one this run was trained with), and a model answers in the format it was trained in; "
+                        "remove data.chat_template")
     try:
         chat = ChatTokenizer.for_base(base, template, conversations)
     except DataError as e:

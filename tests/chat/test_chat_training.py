@@ -1,0 +1,123 @@
+"""Chat fine-tuning end to end on tiny models: a char base grows its vocabulary, the loss is on the assistant's
+tokens only, resume is checked against the template, and sample.py --chat talks to the result turn by turn."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+
+from minigpt.cli.sample import main as sample_main
+from minigpt.cli.train import main as train_main
+from minigpt.core.chat import ChatSession
+from minigpt.core.chat_template import IM_END, ChatTokenizer
+from minigpt.core.config import GPTConfig
+from minigpt.core.errors import DataError, UserError
+from minigpt.core.model import GPT
+from minigpt.core.tokenizers import CharTokenizer
+from minigpt.loading import load_model
+from minigpt.training.sft import grow_vocabulary, load_chat_data, split_batch
+
+
+def write_chats(path, n: int = 60, long: int = 0):
+    rows = [{"messages": [{"role": "user", "content": f"What is {a} + {a + 1}?"},
+                          {"role": "assistant", "content": str(2 * a + 1)}]} for a in range(n)]
+    rows += [{"messages": [{"role": "user", "content": "x" * 200}, {"role": "assistant", "content": "y"}]}] * long
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def sft_args(chats, data_root, out_dir, steps=10, **extra):
+    args = {"data.source": chats, "data.format": "chat", "data.data_root": data_root, "out_dir": out_dir,
+            "data.batch_size": 4, "data.val_batches": 2, "trainer.max_steps": steps, "trainer.val_check_interval": 5,
+            "trainer.enable_progress_bar": False, "sample_tokens": 4, "checkpoint_every": 5, **extra}
+    return [x for k, v in args.items() for x in (f"--{k}", str(v))]
+
+
+@pytest.mark.slow  # about 20 s: a base, a fine-tune, a resume, a chat
+def test_a_char_base_learns_to_chat_and_resumes_and_talks(tmp_path, corpus, data_root, tiny_run_args,
+                                                        record_training_losses, monkeypatch):
+    train_main(tiny_run_args(corpus, data_root, tmp_path / "base", steps=5, model__block_size=64))
+    base_model, base_tok = load_model(tmp_path / "base")
+    chats = write_chats(tmp_path / "chats.jsonl")
+    seen = record_training_losses(monkeypatch)
+    sft = dict(init_from=tmp_path / "base")
+    train_main(sft_args(chats, data_root, tmp_path / "sft", **sft))
+
+    model, tok = load_model(tmp_path / "sft")
+    assert isinstance(tok, ChatTokenizer) and tok.base.chars == base_tok.chars  # the base's ids kept
+    assert set("0123456789+?") <= set(tok.added) and model.config.vocab_size == tok.vocab_size
+    inputs, targets = split_batch(seen[0][0])
+    for row_in, row_t in zip(inputs.tolist(), targets.tolist()):  # the loss reads the assistant's tokens only
+        learned = tok.decode([t for t in row_t if t >= 0])
+        assert learned.endswith(IM_END) and learned[:-len(IM_END)].isdigit()
+        assert tok.decode(row_in).startswith("<|im_start|>user\nWhat is ")
+
+    train_main(sft_args(chats, data_root, tmp_path / "sft", steps=15, resume="true", **sft))
+    assert torch.load(tmp_path / "sft" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 15
+    other = tmp_path / "other.jinja"
+    other.write_text("{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}")
+    with pytest.raises(UserError, match="already has a chat template.*remove data.chat_template") as e:
+        train_main(sft_args(chats, data_root, tmp_path / "sft", steps=20, resume="true", **sft,
+                            **{"data.chat_template": other}))
+    assert "\n" not in str(e.value)
+
+    out = io.StringIO()
+    sample_main(["--ckpt", str(tmp_path / "sft"), "--chat", "--temperature", "0", "--max_new_tokens", "6",
+                 "--system", "add"], stdout=out, stdin=io.StringIO("What is 1 + 2?\n\nWhat is 3 + 4?\n"))
+    assert len(out.getvalue().splitlines()) == 2  # one reply line per user line (the blank line is no turn)
+
+
+def test_a_chat_run_from_scratch_resumes_only_with_its_template(tmp_path, data_root):
+    chats = write_chats(tmp_path / "chats.jsonl", n=20)
+    small = {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 16, "model.block_size": 48, "data.tokenizer": "char"}
+    train_main(sft_args(chats, data_root, tmp_path / "run", steps=4, **small))
+    other = tmp_path / "other.jinja"
+    other.write_text("{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}")
+    with pytest.raises(UserError, match="another chat template than this run's .data.chat_template.") as e:
+        train_main(sft_args(chats, data_root, tmp_path / "run", steps=8, resume="true", **small,
+                            **{"data.chat_template": other}))
+    assert "\n" not in str(e.value)
+    train_main(sft_args(chats, data_root, tmp_path / "run", steps=8, resume="true", **small))
+    assert torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
+
+
+def test_conversations_longer_than_the_block_are_cut_or_skipped_and_counted(tmp_path):
+    chats = write_chats(tmp_path / "chats.jsonl", n=10, long=3)
+    data = load_chat_data(str(chats), "char", None, 0.2, 48, seed=0)
+    assert data.counts["truncated"] == 3 and data.counts["skipped"] == 3  # the reply is past the cut: no target
+    assert data.counts["train"] + data.counts["val"] == 10 and all(len(r) <= 49 for r in data.train + data.val)
+    whole = load_chat_data(str(chats), "char", None, 0.2, 48, seed=0, train_on_prompt=True)
+    assert whole.counts["skipped"] == 0 and all((r >= 0).all() for r in whole.train)
+
+
+def test_bad_chat_data_in_train_py_is_one_line(tmp_path, data_root):
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
+                     '{"messages": [{"role": "user", "content": "hi"}, {"role": "bot", "content": "yo"}]}\n')
+    with pytest.raises(DataError, match=r"chats.jsonl line 2: message 1 has the unknown role 'bot'"):
+        train_main(sft_args(chats, data_root, tmp_path / "run"))
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_new_rows_start_at_the_mean_embedding():
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=10, tie_embeddings=False))
+    state = grow_vocabulary(model.state_dict(), 13)
+    for name in ("transformer.wte.weight", "lm_head.weight"):
+        old = model.state_dict()[name]
+        assert torch.equal(state[name][:10], old) and torch.allclose(state[name][10:], old.mean(0).expand(3, -1))
+
+
+def test_later_turns_reuse_the_kv_cache_and_reply_as_without_it():
+    tok = ChatTokenizer.for_base(CharTokenizer("abcdefghijklmnopqrstuvwxyz \n?"))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=256, vocab_size=tok.vocab_size)).eval()
+    cached, plain = (ChatSession(model, tok, "be kind", max_new_tokens=8, temperature=0, use_kv_cache=c)
+                     for c in (True, False))
+    for turn in ("hello", "how are you", "bye"):
+        assert cached.reply(turn) == plain.reply(turn)
+    total = len(tok.encode_chat(cached.messages)[0])
+    assert cached.prefilled <= total  # each token ran once (plain re-ran the conversation at every step)
+    assert plain.prefilled > 3 * total
