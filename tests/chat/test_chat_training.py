@@ -121,3 +121,17 @@ def test_later_turns_reuse_the_kv_cache_and_reply_as_without_it():
     total = len(tok.encode_chat(cached.messages)[0])
     assert cached.prefilled <= total  # each token ran once (plain re-ran the conversation at every step)
     assert plain.prefilled > 3 * total
+
+
+@pytest.mark.slow  # about 10 s: the demo benchmark at toy size
+def test_the_sft_demo_runs_at_toy_size(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "sft_demo.py"
+    spec = importlib.util.spec_from_file_location("sft_demo", path)
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    result = demo.main(["--smoke", "--base", str(tmp_path / "base"), "--out", str(tmp_path / "sft"),
+                        "--data", str(tmp_path / "data")])
+    assert result["steps"] == 4 and result["test_conversations"] == 10 and 0 <= result["after"] <= 1
