@@ -313,3 +313,14 @@ def test_without_lm_eval_tasks_is_one_line_saying_how_to_install(char_ckpt, task
     assert ran.stderr.strip().splitlines() == [
         'error: the lm-evaluation-harness is not installed; install the eval extra: pip install -e ".[eval]" '
         "(or python3 -m pip install lm-eval)"]
+
+
+@pytest.mark.slow  # ~12 s: a tiny model through both backends
+def test_bench_eval_quick_measures_both_backends_on_the_same_answers(tmp_path, capsys):
+    sys.path.insert(0, str(REPO))
+    from benchmarks import bench_eval
+
+    result = bench_eval.main(["--quick", "--json", str(tmp_path / "b.json"), "--device", "cpu"])
+    assert [r["requests"] for r in result["rows"]] == [16, 16] and result["same_accuracy"]
+    assert all(r["requests_per_s"] > 0 for r in result["rows"])
+    assert "get_cpu_capability(): " in capsys.readouterr().out
