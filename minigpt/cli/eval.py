@@ -12,13 +12,12 @@ checkpoint, text file or task) ends in one `error:` line and exit code 2.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from minigpt.loading import load_model
 from minigpt.cli.parsing import CommandParser, add_source_argument, resolve_device
 from minigpt.core.errors import UnknownCharactersError, UserError, run_cli, shown_chars
-from minigpt.core.evaluate import evaluate_tokens
+from minigpt.core.evaluate import bits_per_char_and_byte, evaluate_tokens
 
 
 def build_parser() -> CommandParser:
@@ -93,9 +92,8 @@ def run(argv: list[str] | None = None) -> tuple[float, int] | dict:
                         f"{shown_chars(e.chars)}; a char-level model can only score text made of its training "
                         "text's characters") from None
     nats, n = evaluate_tokens(model, tokens, args.batch_size)
-    # bits per character counts every character after the first token's, the ones that were predicted
-    predicted_chars = max(1, len(text) - len(tokenizer.decode(tokens[:1])))
-    print(f"{path}: {n:,} tokens, {nats / n:.4f} nats/token, {nats / math.log(2) / predicted_chars:.4f} bits/char",
+    per_char, per_byte = bits_per_char_and_byte(nats, tokenizer, tokens)
+    print(f"{path}: {n:,} tokens, {nats / n:.4f} nats/token, {per_char:.4f} bits/char, {per_byte:.4f} bits/byte",
           flush=True)
     return nats, n
 

@@ -40,7 +40,7 @@ from minigpt.configs import default_config
 from minigpt.core.checkpoint import check_resumable
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError, first_line, run_cli
-from minigpt.core.evaluate import evaluate_tokens
+from minigpt.core.evaluate import bits_per_char_and_byte, evaluate_tokens
 from minigpt.core.fsutil import atomic_write
 from minigpt.core.precision import resolve_precision
 from minigpt.core.seed import check_seed
@@ -250,11 +250,14 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         with torch.compiler.set_stance("force_eager"):  # a ragged last batch would trigger a recompile
             if cli.datamodule.hparams.format == "chat":  # the assistant's tokens of every conversation
                 nats, n = chat_loss(cli.model.model, cli.datamodule.prepared.val, cli.datamodule.hparams.batch_size)
+                per_text = ""  # padded conversations: no running text to count characters of
             else:
-                nats, n = evaluate_tokens(cli.model.model, cli.datamodule.prepared.val,
-                                          cli.datamodule.hparams.batch_size)
+                prepared = cli.datamodule.prepared
+                nats, n = evaluate_tokens(cli.model.model, prepared.val, cli.datamodule.hparams.batch_size)
+                per_char, per_byte = bits_per_char_and_byte(nats, prepared.tokenizer, prepared.val)
+                per_text = f", {per_char:.4f} bits/char, {per_byte:.4f} bits/byte"
         trainer.callback_metrics["full_val_loss"] = torch.tensor(nats / n)
-        print(f"full val loss {nats / n:.4f} over all {n:,} validation tokens "
+        print(f"full val loss {nats / n:.4f} over all {n:,} validation tokens{per_text} "
               f"({time.perf_counter() - start:.1f}s to evaluate)")
     return trainer
 

@@ -5,12 +5,16 @@ Used at the end of training (the whole validation split) and by `eval.py` (minig
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from minigpt.core.errors import UserError
 from minigpt.core.model import GPT
+from minigpt.core.tokenizer_base import Tokenizer
 
 # Bytes of float32 logits one batch may hold: a GPT-2 shape (50,257 x 1024 per window) at batch 32 would take
 # 6.6 GB for the logits alone, 13 GB with the loss's copies.  Fewer windows at once change the speed, not the result.
@@ -59,3 +63,18 @@ def evaluate_tokens(model: GPT, tokens: np.ndarray | torch.Tensor, batch_size: i
     finally:
         model.train(was_training)
     return total, n
+
+
+def bits_per_char_and_byte(nats: float, tokenizer: Tokenizer, ids: Sequence[int] | np.ndarray) -> tuple[float, float]:
+    """The loss `nats` over `ids` in bits per character and per UTF-8 byte of the text they stand for: units every
+    tokenizer shares, so runs with different tokenizers compare.  The first token is never predicted, so its text is
+    not counted; end-of-text tokens are predicted but stand for no text."""
+    ids = [int(i) for i in ids]
+    text = tokenizer.decode([i for i in ids if i != tokenizer.eot_id])
+    first = tokenizer.decode(ids[:1]) if ids and ids[0] != tokenizer.eot_id else ""
+    if not text.startswith(first):  # a byte-level first token that is part of a character: at least one byte
+        first_chars, first_bytes = 0, 1
+    else:
+        first_chars, first_bytes = len(first), len(first.encode("utf-8"))
+    chars, utf8 = max(1, len(text) - first_chars), max(1, len(text.encode("utf-8")) - first_bytes)
+    return nats / math.log(2) / chars, nats / math.log(2) / utf8

@@ -14,8 +14,8 @@ from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.loading import load_model
 from minigpt.core.errors import UserError
 from minigpt.cli.eval import main as eval_main
-from minigpt.core.evaluate import evaluate_tokens
-from minigpt.core.tokenizers import CharTokenizer
+from minigpt.core.evaluate import bits_per_char_and_byte, evaluate_tokens
+from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer
 from minigpt.cli.train import main
 
 
@@ -79,6 +79,20 @@ def char_run(tmp_path_factory) -> tuple[Path, Path]:
     return root / "run", text
 
 
+def test_bits_per_char_and_byte_count_the_predicted_text_only():
+    # a byte tokenizer on Russian text: 2 bytes (tokens) per letter; the first token is never predicted
+    tokenizer, text = ByteTokenizer(), "да нет"
+    ids = tokenizer.encode(text)
+    per_char, per_byte = bits_per_char_and_byte(10 * math.log(2), tokenizer, ids)  # 10 bits in all
+    assert len(ids) == 11
+    assert math.isclose(per_byte, 10 / 10) and math.isclose(per_char, 10 / 6)  # "д" is partly predicted
+    # end-of-text tokens are predicted but stand for no text
+    char = CharTokenizer("ab")
+    char.eot_id = 2
+    per_char, per_byte = bits_per_char_and_byte(3 * math.log(2), char, [0, 1, 2, 0])
+    assert per_char == per_byte == 3 / 2
+
+
 def run_eval_py(monkeypatch, *args: str) -> None:
     """eval.py as its entry script runs it (in-process: no interpreter start-up)."""
     monkeypatch.setattr(sys, "argv", ["eval.py", *args])
@@ -96,7 +110,7 @@ def test_eval_py_prints_nats_per_token_and_bits_per_char_of_evaluate_tokens(char
     assert n == len(content) - 1
     # char-level: every character after the first is one predicted token
     assert line == (f"{text}: {n:,} tokens, {nats / n:.4f} nats/token, "
-                    f"{nats / math.log(2) / n:.4f} bits/char")
+                    f"{nats / math.log(2) / n:.4f} bits/char, {nats / math.log(2) / n:.4f} bits/byte")  # ASCII
     assert 0 < nats / n < 2 * math.log(len(CHARS))  # a random model: about uniform over the vocabulary
     config = tmp_path / "eval.yaml"  # the same from a YAML file
     config.write_text(f"ckpt: {run / 'checkpoints' / 'best.ckpt'}\ntext: {text}\nbatch_size: 1\n", encoding="utf-8")
@@ -161,6 +175,9 @@ def test_train_reports_full_val_loss_and_eval_py_scores_a_text(tiny_run_args, co
     out = capsys.readouterr().out
     full = trainer.callback_metrics["full_val_loss"].item()
     assert f"full val loss {full:.4f} over all" in out
+    # char-level on ASCII text: a predicted token is a character and a byte
+    per_text = f"validation tokens, {full / math.log(2):.4f} bits/char, {full / math.log(2):.4f} bits/byte ("
+    assert per_text in out
     text = tmp_path / "held_out.txt"
     text.write_text("the lazy dog sings while the quick cats sit on warm mats\n" * 20)
     eval_main(["--ckpt", str(tmp_path / "run"), "--text", str(text)])
