@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from anywhere without installing
 
+from benchmarks.common import describe_machine, machine_label  # noqa: E402
 from minigpt.cli.train import main as train_main  # noqa: E402
 from minigpt.core.chat import chat  # noqa: E402
 from minigpt.core.chat_template import ChatTokenizer  # noqa: E402
@@ -95,9 +95,10 @@ def main(argv: list[str] | None = None) -> dict:
     wall = time.perf_counter() - start
     model, tokenizer = load_model(args.out)
     accuracy_after = accuracy(model, tokenizer, test)
+    label = machine_label("cpu")  # the CPU capability and matmul rates the minutes were measured on
     result = {"before": accuracy_before, "after": accuracy_after, "steps": trainer.global_step,
-              "wall_s": round(wall, 1), "test_conversations": len(test), "threads": torch.get_num_threads(),
-              "cpus": os.cpu_count()}
+              "wall_s": round(wall, 1), "test_conversations": len(test), "machine": label}
+    print(describe_machine(label))
     print(f"after {trainer.global_step} SFT steps ({wall:.0f} s in train.py, {torch.get_num_threads()} threads): "
           f"{accuracy_after:.1%} exact match (before: {accuracy_before:.1%})")
     print(json.dumps(result))

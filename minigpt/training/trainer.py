@@ -65,7 +65,7 @@ def run_callbacks(config: Any, batch_size: int) -> list:
         ModelCheckpoint(dirpath=checkpoints, filename="last", every_n_train_steps=config["checkpoint_every"],
                         save_top_k=1, enable_version_counter=False),
         LearningRateMonitor(logging_interval="step"),
-        ThroughputMonitor(batch_size_fn=lambda batch: batch.size(0), length_fn=lambda batch: batch.size(1) - 1,
+        ThroughputMonitor(batch_size_fn=lambda batch: batch.size(0), length_fn=lambda batch: batch[:, 1:].numel(),
                           window_size=10),  # rates over the last 10 batches
         RNGState(),
         TextSamples(config["sample_tokens"]),

@@ -50,12 +50,15 @@ def test_tiny_run_learns_and_writes_a_loadable_checkpoint(tiny_run_args, corpus,
 def test_tensorboard_gets_losses_lr_grad_norm_throughput_and_samples(tiny_run_args, corpus, data_root, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=20))
+    trainer = main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=20))
     events = EventAccumulator(str(tmp_path / "run")).Reload()
     scalars = set(events.Tags()["scalars"])
     for tag in ("train_loss", "val_loss", "val_ppl", "lr/pg1", "grad_norm"):
         assert tag in scalars, (tag, scalars)
     assert "train/device/items_per_sec" in scalars, scalars  # tokens/s (Lightning calls tokens items)
+    # items are the batch's tokens, not one row's: every sample (window) is block_size predicted tokens
+    tokens, samples = (events.Scalars(f"train/device/{rate}_per_sec")[-1].value for rate in ("items", "samples"))
+    assert tokens == pytest.approx(samples * trainer.lightning_module.config.block_size, rel=1e-4)
     assert any("sample" in t for t in events.Tags()["tensors"]), events.Tags()
 
 
