@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import sysconfig
@@ -54,17 +53,19 @@ def make_text(corpus: Path | None, mb: float, out: Path) -> Path:
 
 
 def prepare_in_child(text: Path, tokenizer: str, data_root: Path) -> tuple[float, float]:
-    """(seconds, peak RSS in MB) of prepare_data in a fresh interpreter (its own peak, not this process's)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    done = subprocess.run([sys.executable, "-c", PREPARE, str(text), tokenizer, str(data_root)],
-                          capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
-    if done.returncode != 0:
-        raise SystemExit(f"preparation failed:\n{done.stderr[-2000:]}")
-    seconds = float(next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("SECONDS")))
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    if peak <= before:  # ru_maxrss of children is the largest child so far: a smaller one does not show
-        print(f"note: peak RSS of this run is at most {before / 1024:.0f} MB (an earlier child's)", file=sys.stderr)
-    return seconds, peak / 1024  # KiB on Linux
+    """(seconds, peak RSS in MB) of prepare_data in a fresh interpreter: that child's own peak (os.wait4), not the
+    largest of all children so far."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen([sys.executable, "-c", PREPARE, str(text), tokenizer, str(data_root)],
+                                 stdout=out, stderr=err, text=True, cwd=Path(__file__).resolve().parent.parent)
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if child.returncode != 0:
+        raise SystemExit(f"preparation failed:\n{stderr[-2000:]}")
+    seconds = float(next(line.split()[1] for line in stdout.splitlines() if line.startswith("SECONDS")))
+    return seconds, usage.ru_maxrss / 1024  # KiB on Linux
 
 
 def batches(text: Path) -> list[list[str]]:
@@ -117,7 +118,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--corpus", type=Path, help="a text file to repeat (default: the standard library's sources)")
     p.add_argument("--mb", type=float, default=100.0, help="megabytes of text (default 100)")
     p.add_argument("--vocab", type=int, default=8192, help="the trained BPE's vocabulary (default 8192)")
-    p.add_argument("--tokenizers", default="bpe,gpt2", help="which rows: bpe, gpt2 (default both)")
+    p.add_argument("--tokenizers", default="bpe,gpt2",
+                   help="which rows beside the training one: bpe, gpt2 (default both), none")
     p.add_argument("--tiktoken", default="gpt2", help="the tiktoken encoding of the gpt2 row (default gpt2; "
                    "r50k_base has the same ranks, for a cache seeded by hand)")
     args = p.parse_args(argv)
@@ -131,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
         tmp = Path(tmp)
         text = make_text(args.corpus, args.mb, tmp / "text.txt")
         mb = text.stat().st_size / 1e6
-        text_batches = batches(text)
+        text_batches = batches(text) if args.tokenizers != "none" else []
         spec = f"bpe:{args.vocab}"
         t = time.perf_counter()
         prepared = prepare_in_child(text, spec, tmp / "trained")  # trains on 90 %, then encodes everything
@@ -140,6 +142,8 @@ def main(argv: list[str] | None = None) -> dict:
         tokenizer_json = json.loads(tokenizer_file.read_text())["tokenizer_json"]
         (tmp / "bpe.json").write_text(tokenizer_json)
         print(f"{spec}: trained and prepared in {train_s:.1f}s ({time.perf_counter() - t:.1f}s with start-up)")
+        rows.append({"tokenizer": f"{spec} trained on the text, then preparing it", "tokens": None, "bare_mb_s": None,
+                     "prepare_mb_s": mb / train_s, "ratio": None, "peak_rss_mb": prepared[1]})
 
         from minigpt.core.hf_tokenizer import tokenizers_library
 

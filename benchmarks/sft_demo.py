@@ -5,8 +5,8 @@ questions before and after.
     python benchmarks/sft_demo.py --minutes 2 --base out/my_char_run
     python benchmarks/sft_demo.py --smoke              # tiny everything (seconds; the test suite runs it)
 
-Method.  data/addition_chat.py makes 20,000 training conversations ("What is 347 + 589?" -> "936", operands of 1
-to 3 digits) and 200 held out by a hash of the pair, so no test question is ever trained on.  The base is the
+Method.  data/addition_chat.py makes 9,000 training conversations ("What is 47 + 89?" -> "136", operands of 0
+to 99) and 200 held out by a hash of the pair, so no test question is ever trained on.  The base is the
 default recipe's char model (out/default, pretrained on the standard library's source if absent).  Fine-tuning is
 configs/sft_addition.yaml (train.py --init_from BASE --data.format chat), stopped after --minutes of training.
 Accuracy is exact match of the greedy reply (minigpt.chat, stopping at <|im_end|>) with the sum, over the 200
@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--minutes", type=float, default=5.0, help="training time of the fine-tune")
     p.add_argument("--smoke", action="store_true", help="tiny base, data and steps: checks that it runs")
     args = p.parse_args(argv)
-    n_train, n_test = (200, 10) if args.smoke else (20_000, 200)
-    train, test = recipe().make(n_train, n_test, digits=3, seed=0)
+    n_train, n_test = (200, 10) if args.smoke else (9_000, 200)
+    train, test = recipe().make(n_train, n_test, digits=2, seed=0)
     args.data.mkdir(parents=True, exist_ok=True)
     recipe().write_jsonl(train, args.data / "train.jsonl")
     tiny = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "16", "--model.block_size", "64",

@@ -1,11 +1,11 @@
 """Recipe: a chat skill a base model lacks, multi-digit addition, as conversations with held-out prompts.
 
-    python3 data/addition_chat.py                     # data/addition/train.jsonl (20,000) and test.jsonl (200)
+    python3 data/addition_chat.py                     # data/addition/train.jsonl (9,000) and test.jsonl (200)
     python3 train.py --config configs/sft_addition.yaml
     python3 sample.py --ckpt out/sft_addition --chat --temperature 0
 
-Each row is {"messages": [{"role": "user", "content": "What is 347 + 589?"}, {"role": "assistant", "content":
-"936"}]}.  A pair (a, b) goes to the test set or the training set by a hash of the pair itself, so no test
+Each row is {"messages": [{"role": "user", "content": "What is 47 + 89?"}, {"role": "assistant", "content":
+"136"}]}.  A pair (a, b) goes to the test set or the training set by a hash of the pair itself, so no test
 question (in either order) is ever seen in training, whatever the sizes asked for.  No network needed.
 """
 
@@ -30,14 +30,14 @@ def conversation(a: int, b: int) -> dict:
 
 
 def make(n_train: int, n_test: int, digits: int, seed: int, share: float = 0.05) -> tuple[list[dict], list[dict]]:
-    """n_train training and n_test held-out conversations, operands of 1 to `digits` digits (each length equally
-    likely, so short sums are not drowned out)."""
+    """n_train training and n_test held-out conversations, distinct pairs of operands drawn uniformly from 0 to
+    10**digits - 1."""
     rng = random.Random(seed)
     train, test, seen = [], [], set()
     for _ in range(100 * (n_train + n_test)):
         if len(train) >= n_train and len(test) >= n_test:
             break
-        a, b = (rng.randrange(10 ** (rng.randint(1, digits) - 1) if digits > 1 else 0, 10 ** digits) for _ in "ab")
+        a, b = rng.randrange(10 ** digits), rng.randrange(10 ** digits)
         side = test if is_held_out(a, b, share) else train
         if (a, b) in seen or len(side) >= (n_test if side is test else n_train):
             continue
@@ -58,9 +58,9 @@ def write_jsonl(rows: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "addition")
-    p.add_argument("--train", type=int, default=20_000, help="training conversations")
+    p.add_argument("--train", type=int, default=9_000, help="training conversations")
     p.add_argument("--test", type=int, default=200, help="held-out conversations")
-    p.add_argument("--digits", type=int, default=3, help="at most this many digits per operand")
+    p.add_argument("--digits", type=int, default=2, help="at most this many digits per operand")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if not 1 <= args.digits <= 9 or args.train < 1 or args.test < 1:

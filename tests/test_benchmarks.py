@@ -249,7 +249,8 @@ def test_bench_prepare_quick(tmp_path, capsys):
     out = tmp_path / "prepare.json"
     result = bench_prepare.main(["--quick", "--corpus", str(corpus), "--json", str(out)])
     assert read(out) == json.loads(json.dumps(result))
-    rows = result["rows"]
+    trained, *rows = result["rows"]  # bpe:VOCAB trained and prepared, then the prepared-with-a-file rows
+    assert trained["prepare_mb_s"] > 0 and trained["peak_rss_mb"] > 0 and trained["tokens"] is None
     assert len({row["tokens"] for row in rows}) == 1 and rows[0]["tokens"] > 0
     assert rows[0]["prepare_mb_s"] > 0 and rows[0]["bare_mb_s"] > 0 and rows[0]["peak_rss_mb"] > 0
     assert "preparation / bare" in capsys.readouterr().out

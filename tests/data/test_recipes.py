@@ -62,3 +62,25 @@ def test_the_shakespeare_recipe_fails_in_one_line_offline(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and err.startswith("error: ") and "\n" not in err
     assert not (tmp_path / "t.txt").exists()
+
+
+def test_the_addition_recipe_holds_out_whole_pairs_and_writes_chat_rows(tmp_path, capsys):
+    addition = recipe("addition_chat")
+    addition.main(["--out", str(tmp_path), "--train", "3000", "--test", "100", "--digits", "2"])
+    train, test = ([json.loads(line) for line in (tmp_path / f"{side}.jsonl").read_text().splitlines()]
+                   for side in ("train", "test"))
+    assert (len(train), len(test)) == (3000, 100)
+    assert "configs/sft_addition.yaml" in capsys.readouterr().out
+
+    def pair(row):
+        (user, assistant) = row["messages"]
+        assert user["role"] == "user" and assistant["role"] == "assistant"
+        a, b = map(int, user["content"].removeprefix("What is ").removesuffix("?").split(" + "))
+        assert assistant["content"] == str(a + b) and 0 <= a < 100 and 0 <= b < 100
+        return frozenset((a, b))
+
+    seen = [pair(row) for row in train]
+    assert len({row["messages"][0]["content"] for row in train}) == 3000  # no question twice
+    assert not set(seen) & {pair(row) for row in test}, "a held-out pair (in either order) was trained on"
+    with pytest.raises(SystemExit, match="too few distinct sums"):  # 1-digit operands: 100 questions in all
+        addition.make(200, 10, digits=1, seed=0)
