@@ -29,9 +29,14 @@ from benchmarks.common import (common_parser, describe_machine, machine_label, m
                                wait_for_quiet, write_json)
 
 GOAL = 0.85
-PREPARE = ("import sys, time\nfrom minigpt.data.prepare import prepare_data\nt = time.perf_counter()\n"
+# The child reports its own peak from VmHWM: the high-water mark of its own address space.  Its ru_maxrss would not
+# do: Linux carries the parent's peak across fork and exec, and this parent holds the whole text in memory.
+PREPARE = ("import resource, sys, time\nfrom minigpt.data.prepare import prepare_data\nt = time.perf_counter()\n"
            "prepare_data(sys.argv[1], sys.argv[2], data_root=sys.argv[3], force=True)\n"
-           "print('SECONDS', time.perf_counter() - t)\n")
+           "print('SECONDS', time.perf_counter() - t)\n"
+           "try:\n    status = open('/proc/self/status').read()\n"
+           "    print('PEAK_KB', next(l.split()[1] for l in status.splitlines() if l.startswith('VmHWM:')))\n"
+           "except OSError:\n    print('PEAK_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
 
 
 def make_text(corpus: Path | None, mb: float, out: Path) -> Path:
@@ -53,19 +58,13 @@ def make_text(corpus: Path | None, mb: float, out: Path) -> Path:
 
 
 def prepare_in_child(text: Path, tokenizer: str, data_root: Path) -> tuple[float, float]:
-    """(seconds, peak RSS in MB) of prepare_data in a fresh interpreter: that child's own peak (os.wait4), not the
-    largest of all children so far."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        child = subprocess.Popen([sys.executable, "-c", PREPARE, str(text), tokenizer, str(data_root)],
-                                 stdout=out, stderr=err, text=True, cwd=Path(__file__).resolve().parent.parent)
-        _, status, usage = os.wait4(child.pid, 0)
-        child.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0), err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    if child.returncode != 0:
-        raise SystemExit(f"preparation failed:\n{stderr[-2000:]}")
-    seconds = float(next(line.split()[1] for line in stdout.splitlines() if line.startswith("SECONDS")))
-    return seconds, usage.ru_maxrss / 1024  # KiB on Linux
+    """(seconds, peak RSS in MB) of prepare_data in a fresh interpreter, as that interpreter measures them."""
+    done = subprocess.run([sys.executable, "-c", PREPARE, str(text), tokenizer, str(data_root)],
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    if done.returncode != 0:
+        raise SystemExit(f"preparation failed:\n{done.stderr[-2000:]}")
+    said = dict(line.split(maxsplit=1) for line in done.stdout.splitlines() if line.startswith(("SECONDS", "PEAK_KB")))
+    return float(said["SECONDS"]), int(said["PEAK_KB"]) / 1024
 
 
 def batches(text: Path) -> list[list[str]]:

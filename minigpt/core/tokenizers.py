@@ -16,6 +16,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -106,12 +107,14 @@ class TiktokenTokenizer(Tokenizer):
         return self.encoding.encode_ordinary(text)
 
     def encode_array(self, text: str) -> np.ndarray:
-        return np.asarray(self.encoding.encode_ordinary(text), dtype=np.int64)
+        # straight into an array (no list of Python ints: a quarter of the time at tiktoken's speed); with no
+        # special token allowed or disallowed, the tokens are encode_ordinary's
+        return self.encoding.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
 
     def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[np.ndarray]:
-        # tiktoken's Rust core releases the GIL, so threads encode in parallel
-        ids = self.encoding.encode_ordinary_batch(texts, num_threads=num_threads or os.cpu_count() or 1)
-        return [np.asarray(x, dtype=np.int64) for x in ids]
+        # tiktoken's Rust core releases the GIL, so threads encode in parallel (as its encode_ordinary_batch does)
+        with ThreadPoolExecutor(num_threads or os.cpu_count() or 1) as pool:
+            return list(pool.map(self.encode_array, texts))
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.encoding.decode(list(ids))
