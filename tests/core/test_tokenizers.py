@@ -49,6 +49,17 @@ def test_an_encoding_rebuilt_from_its_parts_encodes_and_decodes_the_same():
     assert enc.encode(SAMPLES[0]) != list(SAMPLES[0].encode())  # (the merges are used: the test can tell)
 
 
+def test_tiktoken_batches_give_encode_ordinarys_ids_special_token_text_included():
+    """Preparation encodes batches straight into arrays (encode_to_numpy on threads): the ids must be those of
+    encode_ordinary, '<|endoftext|>' written in a document included (plain text, not the special token)."""
+    enc = local_encoding()
+    tok = TiktokenTokenizer(enc)
+    arrays = tok.encode_batch(SAMPLES * 3, num_threads=2)
+    assert [a.tolist() for a in arrays] == [enc.encode_ordinary(text) for text in SAMPLES * 3]
+    assert 273 not in arrays[3] and 280 not in arrays[3]  # the special tokens' text stays text
+    assert tok.encode_array(SAMPLES[2]).tolist() == tok.encode(SAMPLES[2])
+
+
 def test_tiktoken_tokenizer_dict_survives_json_and_rebuilds_the_same_tokenizer():
     tok = TiktokenTokenizer(local_encoding())
     d = json.loads(json.dumps(tok.to_dict()))  # as a checkpoint or tokenizer.json stores it
