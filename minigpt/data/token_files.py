@@ -116,28 +116,43 @@ def split_tokens(train_path: Path, val_path: Path, dtype: np.dtype, keys: np.nda
 def _move_runs(train_path: Path, val_path: Path, dtype: np.dtype, train_runs: list[tuple[int, int]],
                val_runs: list[tuple[int, int]]) -> int:
     """Append the val_runs token ranges of train.bin to val.bin, then compact the train_runs to the front of
-    train.bin in place (each moves towards the start, so nothing is overwritten before it is read)."""
-    tokens = np.memmap(train_path, dtype=dtype, mode="r+")
+    train.bin in place (each moves towards the start, so nothing is overwritten before it is read).  Through one
+    buffer of COPY_TOKENS, not a memmap, whose pages would count in the RSS as the file is walked."""
+    size = dtype.itemsize
+    buffer = memoryview(bytearray(COPY_TOKENS * size))
+
+    def read(f, token: int, n: int) -> memoryview:
+        f.seek(token * size)
+        view, got = buffer[:n * size], 0
+        while got < len(view):
+            more = f.readinto(view[got:])
+            if not more:
+                raise DataError(f"{train_path} became shorter while the validation split was moved out of it; "
+                                "prepare the data again")
+            got += more
+        return view
+
     n_val = 0
-    with open(val_path, "wb") as f:
-        for start, end in val_runs:
+    with open(train_path, "r+b") as tokens:
+        with open(val_path, "wb") as f:
+            for start, end in val_runs:
+                for i in range(start, end, COPY_TOKENS):
+                    f.write(read(tokens, i, min(COPY_TOKENS, end - i)))
+                n_val += end - start
+            f.flush()
+            os.fsync(f.fileno())
+        w = 0
+        for start, end in train_runs:
             for i in range(start, end, COPY_TOKENS):
-                f.write(tokens[i:min(i + COPY_TOKENS, end)].data)
-            n_val += end - start
-        f.flush()
-        os.fsync(f.fileno())
-    w = 0
-    for start, end in train_runs:
-        for i in range(start, end, COPY_TOKENS):
-            k = min(COPY_TOKENS, end - i)
-            if w != i:
-                tokens[w:w + k] = tokens[i:i + k]
-            w += k
-    tokens.flush()
-    del tokens
-    with open(train_path, "r+b") as f:
-        f.truncate(w * dtype.itemsize)
-        os.fsync(f.fileno())
+                k = min(COPY_TOKENS, end - i)
+                if w != i:
+                    chunk = read(tokens, i, k)
+                    tokens.seek(w * size)
+                    tokens.write(chunk)
+                w += k
+        tokens.flush()
+        tokens.truncate(w * size)
+        os.fsync(tokens.fileno())
     return n_val
 
 

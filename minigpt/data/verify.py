@@ -31,12 +31,15 @@ def scan_tokens(path: Path, dtype: np.dtype) -> tuple[int, int]:
     """(CRC-32 of the file, largest token id in it), reading VERIFY_TOKENS at a time (bounded memory). CRC-32,
     not sha256: this runs at every start over the whole split, and it only has to catch damage, not forgery."""
     crc, top = 0, -1
-    tokens = np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
-    for i in range(0, len(tokens), VERIFY_TOKENS):
-        part = np.ascontiguousarray(tokens[i:i + VERIFY_TOKENS])
-        crc = zlib.crc32(part.data, crc)
-        top = max(top, int(part.max()))
-    del tokens
+    # read into one buffer, not a memmap: a memmap's pages count in the process's RSS as it walks the file, so a
+    # check of a 1 GB file would look (and, under memory pressure, act) like 1 GB of memory
+    buffer = np.empty(VERIFY_TOKENS, dtype=dtype)
+    raw = memoryview(buffer).cast("B")
+    with open(path, "rb") as f:
+        while n := f.readinto(raw):
+            crc = zlib.crc32(raw[:n], crc)
+            if n >= dtype.itemsize:
+                top = max(top, int(buffer[:n // dtype.itemsize].max()))
     return crc, top
 
 
