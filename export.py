@@ -3,7 +3,7 @@
     python export.py --ckpt out/RUN --out hf/my-model
     python -c "from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained('hf/my-model')"
 
-The command line is minigpt/cli/export.py, the export minigpt/hf/export.py; `python export.py --help` lists the flags.
+The command line is minigpt/cli/export.py, the export minigpt/export/hf.py; `python export.py --help` lists the flags.
 Installed, the same command is `minigpt export ...`.
 """
 

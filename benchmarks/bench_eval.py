@@ -1,4 +1,4 @@
-"""The lm-evaluation-harness on a multiple-choice task: requests per second through minigpt (minigpt.harness's
+"""The lm-evaluation-harness on a multiple-choice task: requests per second through minigpt (minigpt.evaluation.harness's
 MiniGPTLM: minigpt's own forward pass) and through the harness's HFLM on the model's Hugging Face export, same
 machine, same run, and what a 500-item task takes at that rate.
 
@@ -107,8 +107,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from minigpt import GPT, GPTConfig
     from minigpt.core.tokenizers import CharTokenizer
-    from minigpt.harness import MiniGPTLM
-    from minigpt.hf.export import export_hf
+    from minigpt.evaluation.harness import MiniGPTLM
+    from minigpt.export.hf import export_hf
 
     tokenizer = CharTokenizer(LETTERS + " \n")
     torch.manual_seed(0)

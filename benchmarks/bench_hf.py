@@ -10,7 +10,7 @@ scaling, Mistral), EVERY weight drawn at std 0.5, saved with save_pretrained and
 minigpt.loading.load_model.  For each attention path: the max abs difference of the logits against
 transformers (float32, eager attention, 2 x 48 tokens), of KV-cache decoding (prefill 16, then one token at a
 time) against transformers' full forward, and whether 24 greedy tokens equal transformers' generate().  Export:
-the imported model written with minigpt.hf.export.export_hf and read back by AutoModelForCausalLM.from_pretrained,
+the imported model written with minigpt.export.hf.export_hf and read back by AutoModelForCausalLM.from_pretrained,
 against our logits.
 
 Cost.  A GPT-2 124M-shaped model (GPT2Config() defaults, random weights; the values do not change the cost) is
@@ -101,7 +101,7 @@ def agreement(name: str, hf_config: Any, work: Path) -> list[dict[str, Any]]:
     import transformers
 
     from minigpt.loading import load_model
-    from minigpt.hf.export import export_hf
+    from minigpt.export.hf import export_hf
     from minigpt.core.generation import generate
     from minigpt.hf.tokenizer_files import save_hf_tokenizer
     from minigpt.core.tokenizers import ByteTokenizer
@@ -183,7 +183,7 @@ def child(what: str, src: str, out: str) -> None:
         result = measure(lambda: loaded.append(
             transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()))
     else:  # export of a model in memory: the GPT-2 config the import gives, random weights
-        from minigpt.hf.export import export_hf
+        from minigpt.export.hf import export_hf
         from minigpt.hf.load import config_from_hf, read_hf_config
         from minigpt.core.model import GPT
         from minigpt.core.tokenizers import ByteTokenizer

@@ -19,7 +19,7 @@ URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshake
 
 
 def fetch(out: Path, url: str = URL) -> Path:
-    from minigpt.core.errors import run_cli
+    from minigpt.cli.errors import run_cli
     from minigpt.data.sources import download
 
     def copy() -> None:

@@ -5,8 +5,9 @@
     minigpt.chat(model, tokenizer, "What is 2 + 2?")             # one reply; ChatSession for several turns
 
 The package is layered (each imports only those before it): core (config, model, generation, tokenizers, the
-checkpoint format), then data, hf (Hugging Face interop) and lab (the attention lab), then loading (load_model),
-training (Lightning) and cli (the commands).
+checkpoint format), then data, hf (Hugging Face interop), lab (the attention lab) and evaluation (loss, lm-eval),
+then loading (load_model, load_chat_model) and export (one module per format), training (Lightning), serve (the
+OpenAI-compatible server) and cli (the commands and their exit codes).
 """
 
 from typing import Any
@@ -16,7 +17,7 @@ from minigpt.core.config import GPTConfig
 from minigpt.core.errors import ConfigError, UserError
 from minigpt.core.generation import generate
 from minigpt.core.model import GPT, KVCache
-from minigpt.loading import load_model
+from minigpt.loading import load_chat_model, load_model
 
 __all__ = ["GPT", "attention_maps", "ChatSession", "GPTConfig", "ConfigError", "KVCache", "UserError", "chat",
            "generate", "load_chat_model", "load_model"]
@@ -28,8 +29,4 @@ def __getattr__(name: str) -> Any:
         from minigpt.lab.capture import attention_maps
 
         return attention_maps
-    if name == "load_chat_model":  # the command's loader: a chat run, or a Hugging Face model's own template
-        from minigpt.cli.sample import load_chat_model
-
-        return load_chat_model
     raise AttributeError(f"module 'minigpt' has no attribute {name!r}")

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import torch
 
+from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.checkpoint import load_checkpoint, run_checkpoints
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import Tokenizer
-from minigpt.hf.load import load_hf_model
+from minigpt.hf.chat_files import read_chat_template
+from minigpt.hf.load import load_hf_model, resolve_hf_source
 
 
 def is_hf_source(source: str | Path | None) -> bool:
@@ -38,3 +40,14 @@ def load_model(source: str | Path | None = None, device: str | torch.device = "c
     if is_hf_source(source):
         return load_hf_model(source, device=device, attention=attention)
     return load_checkpoint(source, device=device, attention=attention)
+
+
+def load_chat_model(source: str | Path | None = None, device: str | torch.device = "cpu",
+                    attention: str | None = None) -> tuple[GPT, Tokenizer]:
+    """(model, chat tokenizer): a chat run's own, or a Hugging Face model's tokenizer with its chat template."""
+    model, tokenizer = load_model(source, device=device, attention=attention)
+    if not isinstance(tokenizer, ChatTokenizer) and is_hf_source(source):
+        template = read_chat_template(resolve_hf_source(source)[0])
+        if template is not None:
+            tokenizer = ChatTokenizer.for_base(tokenizer, template)
+    return model, tokenizer

@@ -14,7 +14,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minigpt"
 # lowest first; a layer may import itself and the layers before it.  Layers sharing a rank are siblings and must
 # not import each other.
 LAYERS = {"minigpt.configs": 0, "minigpt.core": 0, "minigpt.data": 1, "minigpt.hf": 1, "minigpt.lab": 1,
-          "minigpt.loading": 2, "minigpt.harness": 2, "minigpt.training": 3, "minigpt.cli": 4, "minigpt": 5}
+          "minigpt.evaluation": 1, "minigpt.loading": 2, "minigpt.export": 2, "minigpt.training": 3,
+          "minigpt.serve": 4, "minigpt.cli": 5, "minigpt": 6}
 CORE_MUST_NOT_IMPORT = {"lightning", "pytorch_lightning", "matplotlib", "datasets"}
 MAX_LINES = 400
 

@@ -21,7 +21,8 @@ from minigpt.lab.capture import capture_attention, save_npz
 from minigpt.loading import load_model
 from minigpt.cli.parsing import CommandParser, add_prompt_arguments, add_source_argument, read_prompt, resolve_device
 from minigpt.core.seed import check_seed
-from minigpt.core.errors import UserError, run_cli
+from minigpt.core.errors import UserError
+from minigpt.cli.errors import run_cli
 
 DEFAULT_OUT = "out/attention"
 

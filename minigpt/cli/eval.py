@@ -5,7 +5,7 @@ lm-evaluation-harness's tasks on it.
     python eval.py --ckpt hf:openai-community/gpt2 --tasks hellaswag,arc_easy --limit 100 --output results.json
     python eval.py --config eval.yaml                 # the same options from YAML (see --print_config)
 
-The loss is minigpt.core.evaluate.evaluate_tokens; the tasks run in process through minigpt.harness (the `eval`
+The loss is minigpt.evaluation.loss.evaluate_tokens; the tasks run in process through minigpt.evaluation.harness (the `eval`
 extra, imported only for --tasks); loading is minigpt.loading.load_model.  Every user mistake (a bad flag,
 checkpoint, text file or task) ends in one `error:` line and exit code 2.
 """
@@ -16,8 +16,9 @@ from pathlib import Path
 
 from minigpt.loading import load_model
 from minigpt.cli.parsing import CommandParser, add_source_argument, resolve_device
-from minigpt.core.errors import UnknownCharactersError, UserError, run_cli, shown_chars
-from minigpt.core.evaluate import bits_per_char_and_byte, evaluate_tokens
+from minigpt.core.errors import UnknownCharactersError, UserError, shown_chars
+from minigpt.cli.errors import run_cli
+from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens
 
 
 def build_parser() -> CommandParser:
@@ -58,7 +59,7 @@ def run_tasks(args) -> dict:
         raise UserError(f"--num_fewshot must be >= 0, got {args.num_fewshot}")
     if args.output is not None and Path(args.output).is_dir():
         raise UserError(f"--output {args.output} is a directory; give the path of the JSON file to write")
-    from minigpt.harness import MiniGPTLM, evaluate_tasks, resolve_tasks, results_table, write_results
+    from minigpt.evaluation.harness import MiniGPTLM, evaluate_tasks, resolve_tasks, results_table, write_results
 
     tasks = resolve_tasks(args.tasks.split(","))  # before loading the model: a wrong name costs nothing
     model, tokenizer = load_model(args.ckpt, device=resolve_device(args.device))

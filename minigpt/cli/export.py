@@ -3,7 +3,7 @@
     python export.py --ckpt out/RUN --out hf/my-model          # then AutoModelForCausalLM.from_pretrained(...)
     python export.py --ckpt out/RUN --out hf/my-model --overwrite
 
-The export itself is minigpt.hf.export.export_hf; loading is minigpt.loading.load_model.  Every user mistake
+The export itself is minigpt.export.hf.export_hf; loading is minigpt.loading.load_model.  Every user mistake
 (a bad flag, checkpoint, an option Hugging Face cannot express, an --out that holds files or lies below a file, a
 full disk) ends in one `error:` line and exit code 2; Ctrl-C in one `error: interrupted` line and exit code 130,
 leaving a previous export as it was.
@@ -16,8 +16,9 @@ from pathlib import Path
 
 from minigpt.loading import load_model
 from minigpt.cli.parsing import CommandParser, add_source_argument
-from minigpt.core.errors import UserError, run_cli
-from minigpt.hf.export import HF_CLASS, check_exportable, check_out_dir, export_hf
+from minigpt.core.errors import UserError
+from minigpt.cli.errors import run_cli
+from minigpt.export.hf import HF_CLASS, check_exportable, check_out_dir, export_hf
 
 
 def build_parser() -> CommandParser:

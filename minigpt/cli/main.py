@@ -13,7 +13,7 @@ import importlib
 import sys
 from importlib.metadata import version
 
-from minigpt.core.errors import fail, run_cli
+from minigpt.cli.errors import fail, run_cli
 
 # command -> (module, what it does); each module has main(argv) taking the flags after the command's name
 COMMANDS = {

@@ -18,15 +18,13 @@ from typing import Any, TextIO, get_args
 import torch
 
 from minigpt.core.chat import ChatSession
-from minigpt.core.chat_template import ChatTokenizer
-from minigpt.hf.chat_files import read_chat_template
-from minigpt.hf.load import resolve_hf_source
-from minigpt.loading import is_hf_source, load_model
+from minigpt.loading import load_chat_model, load_model
 from minigpt.cli.parsing import (CommandParser, add_prompt_arguments, add_source_argument, misplaced_setting,
                                  read_prompt, resolve_device)
 from minigpt.core.config import Attention
 from minigpt.core.seed import check_seed
-from minigpt.core.errors import UserError, first_line, run_cli
+from minigpt.core.errors import UserError, first_line
+from minigpt.cli.errors import run_cli
 from minigpt.core.generation import check_sampling_args, generate, prompt_ids
 from minigpt.core.tokenizers import Tokenizer
 
@@ -123,16 +121,6 @@ def build_parser() -> CommandParser:
 
 # ---------------------------------------------------------------------------------------------------
 # Chat
-
-
-def load_chat_model(source: str | None, device: str = "cpu", attention: str | None = None):
-    """(model, chat tokenizer): a chat run's own, or a Hugging Face model's tokenizer with its chat template."""
-    model, tokenizer = load_model(source, device=device, attention=attention)
-    if not isinstance(tokenizer, ChatTokenizer) and is_hf_source(source):
-        template = read_chat_template(resolve_hf_source(source)[0])
-        if template is not None:
-            tokenizer = ChatTokenizer.for_base(tokenizer, template)
-    return model, tokenizer
 
 
 def run_chat(args: Any, device: str, stdout: TextIO, stdin: TextIO) -> None:

@@ -39,8 +39,9 @@ from minigpt.cli.parsing import OneLineErrors, literal_choices, misplaced_settin
 from minigpt.configs import default_config
 from minigpt.core.checkpoint import check_resumable
 from minigpt.core.config import GPTConfig
-from minigpt.core.errors import UserError, first_line, run_cli
-from minigpt.core.evaluate import bits_per_char_and_byte, evaluate_tokens
+from minigpt.core.errors import UserError, first_line
+from minigpt.cli.errors import run_cli
+from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens
 from minigpt.core.fsutil import atomic_write
 from minigpt.core.precision import resolve_precision
 from minigpt.core.seed import check_seed

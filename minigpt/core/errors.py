@@ -6,10 +6,6 @@ Library code names concepts ("temperature", "n_embd", "the byte tokenizer"); the
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
-from typing import NoReturn
-
 
 class UserError(Exception):
     """A mistake in what the user asked for or gave us; the message names the problem and the fix."""
@@ -45,18 +41,3 @@ def first_line(e: BaseException, limit: int = 200) -> str:
     """The first non-empty line of an exception's message (torch and datasets write paragraphs), or its type."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     return lines[0][:limit] if lines else type(e).__name__
-
-
-def fail(message: str, code: int = 2) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(code)
-
-
-def run_cli(main: Callable[[], object]) -> None:
-    """Run an entry point: a UserError prints one `error:` line and exits 2; Ctrl-C exits 130 with one line."""
-    try:
-        main()
-    except KeyboardInterrupt:
-        fail("interrupted", code=130)
-    except UserError as e:
-        fail(first_line(e, limit=2000))

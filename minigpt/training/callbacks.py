@@ -136,14 +136,14 @@ class AttentionImages(Callback):
 
 
 class HarnessTasks(Callback):
-    """At each validation, lm-evaluation-harness tasks (minigpt.harness) on the model being trained, at most `limit`
+    """At each validation, lm-evaluation-harness tasks (minigpt.evaluation.harness) on the model being trained, at most `limit`
     examples each, logged as eval/<task>/<metric> at the step.  Under DDP every rank scores its share of each
     task's examples (the harness splits them and gathers the scores over torch.distributed) and rank 0 logs; FSDP
     is refused: its model is whole only inside a forward pass of the wrapped module, which generation does not use.
     Tasks are checked when the callback is made, so a misspelt task stops the run before training starts."""
 
     def __init__(self, tasks: list[str], limit: int | None = 100, batch_size: int = 8) -> None:
-        from minigpt.harness import resolve_tasks  # one line naming the eval extra when lm-eval is missing
+        from minigpt.evaluation.harness import resolve_tasks  # one line naming the eval extra when lm-eval is missing
 
         self.tasks = resolve_tasks(tasks)
         self.limit, self.batch_size = limit, batch_size
@@ -158,7 +158,7 @@ class HarnessTasks(Callback):
         tokenizer = getattr(pl_module, "tokenizer", None)
         if trainer.sanity_checking or tokenizer is None:
             return
-        from minigpt.harness import MiniGPTLM, evaluate_tasks, flat_metrics
+        from minigpt.evaluation.harness import MiniGPTLM, evaluate_tasks, flat_metrics
 
         lm = MiniGPTLM(pl_module.model, tokenizer, self.batch_size, distributed=trainer.world_size > 1)
         # eager: the harness's shapes would each recompile; isolated: the harness seeds every RNG, training's stay

@@ -13,7 +13,7 @@ from minigpt.core.chat import chat
 from minigpt.core.chat_template import IM_END, ChatTokenizer
 from minigpt.core.config import GPTConfig
 from minigpt.core.model import GPT
-from minigpt.hf.export import export_hf
+from minigpt.export.hf import export_hf
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_chat_template import BASES, CONVERSATION, SMOL_TEMPLATE, hf_base  # noqa: E402

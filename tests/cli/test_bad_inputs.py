@@ -19,7 +19,7 @@ from minigpt.cli import eval as eval_cli  # noqa: E402
 from minigpt.cli import export as export_cli  # noqa: E402
 from minigpt.cli import sample as sample_cli  # noqa: E402
 from minigpt.cli import train as train_cli  # noqa: E402
-from minigpt.core.errors import run_cli  # noqa: E402
+from minigpt.cli.errors import run_cli  # noqa: E402
 
 RUN = {
     "train.py": lambda argv, stdin: run_cli(lambda: train_cli.main(argv)),

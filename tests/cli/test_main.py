@@ -187,4 +187,4 @@ def test_minigpt_sample_imports_only_the_sample_command():
             "or m.split('.')[0] in ('lightning', 'pytorch_lightning')))")
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.splitlines()[-1] == "['minigpt.cli.main', 'minigpt.cli.parsing', 'minigpt.cli.sample']"
+    assert ran.stdout.splitlines()[-1] == "['minigpt.cli.errors', 'minigpt.cli.main', 'minigpt.cli.parsing', 'minigpt.cli.sample']"

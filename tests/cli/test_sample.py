@@ -19,7 +19,8 @@ import torch
 from minigpt import GPT, GPTConfig
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.loading import load_model
-from minigpt.core.errors import UserError, run_cli
+from minigpt.core.errors import UserError
+from minigpt.cli.errors import run_cli
 from minigpt.core.generation import filter_logits, generate, prompt_ids, refill_length, sample_next
 from minigpt.cli.sample import TextStreamer, main
 from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer

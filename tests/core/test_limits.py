@@ -18,7 +18,7 @@ from minigpt.core.errors import CheckpointError, ConfigError, UserError
 from minigpt.core.limits import MAX_MODEL_GB_ENV, check_config_size, implied_bytes
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import ByteTokenizer
-from minigpt.hf.export import export_hf
+from minigpt.export.hf import export_hf
 from minigpt.loading import load_model
 
 REPO = Path(__file__).resolve().parents[2]

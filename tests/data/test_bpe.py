@@ -100,7 +100,7 @@ def test_a_vocabulary_the_corpus_cannot_fill_says_what_it_got_and_leaves_nothing
 
 def test_train_py_takes_bpe_and_refuses_bad_sizes_in_one_line(tiny_run_args, corpus, data_root, tmp_path, capsys):
     from minigpt.cli.train import main
-    from minigpt.core.errors import run_cli
+    from minigpt.cli.errors import run_cli
 
     with pytest.raises(SystemExit) as e:
         run_cli(lambda: main(tiny_run_args(corpus, data_root, tmp_path / "bad", data__tokenizer="bpe:100")))
@@ -119,7 +119,7 @@ def test_an_exported_bpe_gives_transformers_the_same_ids(folder_corpus, tmp_path
 
     from minigpt.core.config import GPTConfig
     from minigpt.core.model import GPT
-    from minigpt.hf.export import export_hf
+    from minigpt.export.hf import export_hf
 
     folder, words = folder_corpus
     tok = load_prepared(prepare_data(str(folder), VOCAB, data_root=tmp_path / "data")).tokenizer

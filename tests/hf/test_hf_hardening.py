@@ -19,7 +19,7 @@ from minigpt.core.config import GPTConfig
 from minigpt.core.errors import CheckpointError
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import ByteTokenizer
-from minigpt.hf.export import export_hf
+from minigpt.export.hf import export_hf
 from minigpt.loading import load_model
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,8 @@ import torch
 
 from minigpt.core.checkpoint import model_state_dict, read_checkpoint
 from minigpt.loading import load_model
-from minigpt.core.errors import UserError, run_cli
+from minigpt.core.errors import UserError
+from minigpt.cli.errors import run_cli
 from minigpt.cli.train import main
 
 

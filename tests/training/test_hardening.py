@@ -14,7 +14,7 @@ import torch
 REPO = Path(__file__).resolve().parents[2]  # the repository root
 from minigpt.core.checkpoint import model_state_dict, read_checkpoint
 from minigpt.cli.train import main
-from minigpt.core.errors import run_cli
+from minigpt.cli.errors import run_cli
 
 
 def run_train(args, capsys) -> tuple[int, str]:

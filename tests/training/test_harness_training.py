@@ -77,7 +77,7 @@ def test_eval_tasks_are_logged_at_each_validation_and_leave_training_as_it_was(t
 
 
 def test_a_misspelt_eval_task_stops_the_run_before_training(tiny_run_args, corpus, data_root, tmp_path, capsys):
-    from minigpt.core.errors import run_cli
+    from minigpt.cli.errors import run_cli
 
     with pytest.raises(SystemExit) as exit_info:
         run_cli(lambda: main([*tiny_run_args(corpus, data_root, tmp_path / "run"),

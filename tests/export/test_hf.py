@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]  # the repository root
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UnknownCharactersError, UserError
-from minigpt.hf.export import EXPORT_FILES, export_hf
+from minigpt.export.hf import EXPORT_FILES, export_hf
 from minigpt.cli.export import main as export_main
 from minigpt.loading import load_model
 from minigpt.core.generation import generate
@@ -177,7 +177,7 @@ def test_a_failed_export_leaves_nothing_and_keeps_the_old_export(tmp_path, monke
         path.write_bytes(b"half a file")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("minigpt.hf.export.save_safetensors", full_disk)
+    monkeypatch.setattr("minigpt.export.hf.save_safetensors", full_disk)
     with pytest.raises(UserError, match=r"^cannot write .*out \(No space left on device\); free space there"):
         export_hf(random_model(seed=3), ByteTokenizer(), out, overwrite=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before

@@ -8,7 +8,7 @@ MiniGPTLM is an `lm_eval` model over minigpt's own forward pass and KV-cache gen
 over the model exported in memory: it runs every model load_model reads, options that no Hugging Face class can
 express included (qk_norm, relu2, GQA with the gpt block), on any attention path, with no copy of the weights and
 no transformers.  Its requests are cut as HFLM cuts them (the same context windows, truncation and start token),
-so its scores equal HFLM's on the export (tests/cli/test_harness.py).
+so its scores equal HFLM's on the export (tests/evaluation/test_harness.py).
 
 Tasks are the harness's names or paths of task YAML files (e.g. `dataset_path: json` with local data_files).
 Naming a built-in task makes the harness index its ~15,000 task files (about 15 s on 2 cores); YAML files alone
@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from minigpt.core.errors import UnknownCharactersError, UserError, first_line, shown_chars
-from minigpt.core.evaluate import LOGITS_BUDGET
+from minigpt.evaluation.loss import LOGITS_BUDGET
 from minigpt.core.fsutil import atomic_write, write_errors
 from minigpt.core.generation import generate, prompt_ids
 from minigpt.core.model import GPT

@@ -1,4 +1,4 @@
-"""The lm-evaluation-harness on minigpt models (minigpt.harness, eval.py --tasks), offline: tasks built here as
+"""The lm-evaluation-harness on minigpt models (minigpt.evaluation.harness, eval.py --tasks), offline: tasks built here as
 YAML + JSONL (`dataset_path: json`), a multiple-choice, a rolling-perplexity and a generate-until task.  Scores
 through minigpt equal those of transformers on the export (HFLM, no extra arguments) and eval.py's own loss."""
 
@@ -27,8 +27,8 @@ from minigpt import GPT, GPTConfig  # noqa: E402
 from minigpt.cli import eval as eval_cli  # noqa: E402
 from minigpt.core.checkpoint import model_checkpoint, save_file  # noqa: E402
 from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer  # noqa: E402
-from minigpt.harness import MiniGPTLM, evaluate_tasks, flat_metrics  # noqa: E402
-from minigpt.hf.export import export_hf  # noqa: E402
+from minigpt.evaluation.harness import MiniGPTLM, evaluate_tasks, flat_metrics  # noqa: E402
+from minigpt.export.hf import export_hf  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 os.environ["HF_DATASETS_OFFLINE"] = os.environ["HF_HUB_OFFLINE"] = "1"  # never download (conftest sets them too)

@@ -14,7 +14,7 @@ from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.loading import load_model
 from minigpt.core.errors import UserError
 from minigpt.cli.eval import main as eval_main
-from minigpt.core.evaluate import bits_per_char_and_byte, evaluate_tokens
+from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens
 from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer
 from minigpt.cli.train import main
 
@@ -45,7 +45,7 @@ def test_evaluate_tokens_matches_token_by_token_reference():
 def test_evaluation_batches_within_the_logits_budget(monkeypatch):
     """However large the batch asked for, the logits held at once stay within the budget (a GPT-2 shape at batch
     32 held 13 GB); the result is the same."""
-    from minigpt.core import evaluate
+    from minigpt.evaluation import loss as evaluate
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=11)).eval()

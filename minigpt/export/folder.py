@@ -1,4 +1,4 @@
-"""The folder of an export (minigpt.hf.export): what proves it is one, and how it replaces an old one safely.
+"""The folder of an export (minigpt.export.hf): what proves it is one, and how it replaces an old one safely.
 
 Every export ends with a manifest, minigpt_export.json, listing each file it wrote with its size and SHA-256,
 written last.  `--overwrite` deletes a folder only if that manifest says every entry in it is an export's file,

@@ -20,8 +20,8 @@ from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import ByteTokenizer
-from minigpt.hf.export import EXPORT_FILES, check_out_dir, export_hf
-from minigpt.hf.export_folder import MANIFEST
+from minigpt.export.hf import EXPORT_FILES, check_out_dir, export_hf
+from minigpt.export.folder import MANIFEST
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=256)  # model.safetensors is ~100 KB
@@ -153,7 +153,7 @@ def test_a_damaged_or_foreign_manifest_is_one_line(previous, manifest, why):
 
 def test_a_file_added_while_the_export_is_written_is_kept(previous, monkeypatch):
     out, before = previous
-    import minigpt.hf.export as export
+    import minigpt.export.hf as export
 
     def write_files_while_user_adds_a_file(folder, *args):
         real_write_files(folder, *args)
@@ -169,8 +169,8 @@ def test_a_file_added_while_the_export_is_written_is_kept(previous, monkeypatch)
 @pytest.mark.parametrize("where", ["write_files", "between the renames"])
 def test_ctrl_c_during_an_export_keeps_the_old_one(previous, monkeypatch, where):
     out, before = previous
-    import minigpt.hf.export as export
-    import minigpt.hf.export_folder as export_folder
+    import minigpt.export.hf as export
+    import minigpt.export.folder as export_folder
 
     def interrupt(*args):
         raise KeyboardInterrupt
@@ -213,7 +213,7 @@ def test_a_library_write_error_of_a_full_disk_is_one_line_and_keeps_the_old_expo
         path.write_bytes(b"half a file")
         raise failure
 
-    monkeypatch.setattr("minigpt.hf.export.save_safetensors", full_disk)
+    monkeypatch.setattr("minigpt.export.hf.save_safetensors", full_disk)
     for target, overwrite in [(out, True), (out.parent / "new" / "deeper" / "hf", False)]:
         with pytest.raises(UserError) as e:
             export_hf(tiny_model(1), ByteTokenizer(), target, overwrite=overwrite)
@@ -227,7 +227,7 @@ def test_a_library_error_that_is_no_write_failure_keeps_its_traceback(previous, 
     def bug(tensors, path):
         raise SafetensorError("Error while serializing: a tensor is not contiguous")
 
-    monkeypatch.setattr("minigpt.hf.export.save_safetensors", bug)
+    monkeypatch.setattr("minigpt.export.hf.save_safetensors", bug)
     with pytest.raises(SafetensorError):
         export_hf(tiny_model(1), ByteTokenizer(), out, overwrite=True)
     assert contents(out) == before and hidden_leftovers(out.parent) == []
@@ -237,7 +237,7 @@ def test_a_library_error_that_is_no_write_failure_keeps_its_traceback(previous, 
 # `trap '' XFSZ`), then a real SIGINT in the middle of writing the weights; each run of export.py as from a shell
 CHILD = r"""
 import contextlib, io, json, os, resource, runpy, signal, sys, time
-import minigpt.hf.export as export
+import minigpt.export.hf as export
 results = []
 
 def export_py(*argv):

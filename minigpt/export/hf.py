@@ -7,7 +7,7 @@ The `gpt` block becomes `GPT2LMHeadModel`, the `llama` block `LlamaForCausalLM` 
 explicit head size and Llama 3 RoPE scaling). The directory holds what `save_pretrained` writes: config.json,
 model.safetensors, generation_config.json, and the tokenizer (tokenizer.json, tokenizer_config.json,
 special_tokens_map.json; see minigpt.hf.tokenizer_files), and minigpt_export.json, the manifest that lets
-`--overwrite` replace it (minigpt.hf.export_folder). The tensor names are minigpt.hf.weights.
+`--overwrite` replace it (minigpt.export.folder). The tensor names are minigpt.hf.weights.
 
 A model option the target class cannot express (qk_norm, relu2, ...) is refused before anything is written.
 The directory is written whole or not at all: into a hidden sibling folder, then renamed into place.
@@ -26,7 +26,7 @@ import torch
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError
 from minigpt.core.fsutil import remove_stale, temp_sibling, write_json
-from minigpt.hf.export_folder import (MANIFEST, FolderState, check_out_path, check_previous_export, folder_state,
+from minigpt.export.folder import (MANIFEST, FolderState, check_out_path, check_previous_export, folder_state,
                                       install_export, restore_interrupted, seal_export, storage_errors)
 from minigpt.hf.tokenizer_files import save_hf_tokenizer
 from minigpt.hf.weights import to_hf_state_dict
