@@ -11,49 +11,30 @@ A minigpt checkpoint is a Lightning checkpoint (a dict written by torch.save) wi
 
 Everything else (optimizer, schedulers, loop and callback state, the RNG state for exact resume) is
 Lightning's.  Format 1 (before the prefix and version were written) is upgraded when read.  Files are read
-with torch.load(weights_only=True): tensors and plain containers only, never arbitrary objects.
+with torch.load(weights_only=True) after the checks of minigpt.core.torch_files: tensors and plain containers
+only, never arbitrary objects, and never more memory than the file's size.
 """
 
 from __future__ import annotations
 
-import io
-import pickle
-import struct
-import warnings
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch._utils import IMPORT_MAPPING, NAME_MAPPING
-from torch._weights_only_unpickler import _get_allowed_globals, _get_user_allowed_globals
 
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import CheckpointError, UserError, first_line, shown_chars
 from minigpt.core.fsutil import atomic_write
 from minigpt.core.limits import check_config_size
 from minigpt.core.model import GPT
+from minigpt.core.torch_files import load_torch_file
 from minigpt.core.tokenizers import Tokenizer, tokenizer_from_dict
 
 FORMAT_VERSION = 2
 SECTION = "minigpt"
 RNG_STATE_KEY = "RNGState"  # Lightning's callback-state key of callbacks.RNGState (format 1 kept it in SECTION)
 DEFAULT_OUT_ROOT = "out"
-ALLOCATING_GLOBALS = {"bytearray", "bytes"}  # weights_only allows them; a number argument allocates that much
-# globals weights_only allows that rebuild a tensor other than a dense one with storage, which no weights are
-NOT_DENSE = {"torch._utils._rebuild_sparse_tensor": "a sparse tensor",
-             "torch._utils._rebuild_meta_tensor_no_storage": "a meta-device tensor (no data)",
-             "torch._utils._rebuild_wrapper_subclass": "a tensor subclass without storage",
-             "torch._utils._rebuild_device_tensor_from_cpu_tensor": "a tensor moved to another device as it loads",
-             "torch._utils._rebuild_device_tensor_from_numpy": "a tensor moved to another device as it loads",
-             "torch._utils._rebuild_nested_tensor": "a nested tensor",
-             "torch.nested._internal.nested_tensor._rebuild_njt": "a nested tensor",
-             "torch._utils._rebuild_qtensor": "a quantized tensor"}
-# what torch.load and pickle raise on a stream that is malformed rather than malicious (PROTO+STOP: IndexError; an
-# unset memo slot: KeyError; a cut: EOFError), caught where a user's file is read, and only there
-PICKLE_STREAM_ERRORS = (pickle.UnpicklingError, EOFError, LookupError, TypeError, AttributeError, ValueError,
-                        RuntimeError, OverflowError, struct.error)
 # Settings a resumed run or a sampler may change without changing the weights' shapes or meaning.
 RESUMABLE_FIELDS = {"attention", "sdpa_backend", "dropout"}
 
@@ -104,143 +85,13 @@ def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not head.startswith(b"PK\x03\x04"):
         raise CheckpointError(f"{path} is not a checkpoint (not a file written by torch.save); "
                               "pass a .ckpt file or a run directory")
-    check_torch_archive(path)
-    try:
-        with warnings.catch_warnings():  # a foreign pickle protocol only matters if the load fails (below)
-            warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        # torch's message is a paragraph; the line naming the refused object is what helps
-        what = next((line for line in lines if "Unsupported" in line or "GLOBAL" in line), lines[0] if lines else "")
-        raise CheckpointError(f"refusing to load {path}: it holds objects other than tensors and plain data "
-                              f"({what[:160]}); only load checkpoints written by minigpt") from None
-    except (zipfile.BadZipFile, OSError) + PICKLE_STREAM_ERRORS as e:
-        raise CheckpointError(f"cannot read checkpoint {path}: it is truncated or not a checkpoint "
-                              f"({type(e).__name__}: {first_line(e, 100)}); use another checkpoint file") from None
+    ckpt = load_torch_file(path, fix="only load checkpoints written by minigpt", damaged_fix="use another checkpoint file",
+                           map_location=map_location)
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict) \
             or not isinstance(ckpt.get(SECTION), dict):
         raise CheckpointError(f"{path} is not a minigpt checkpoint (no model weights/config in it); "
                               "pass a .ckpt written by train.py")
     return _upgrade(ckpt, path)
-
-
-class _Refused(Exception):
-    """What check_torch_archive refuses, as the middle of its message (it adds the file and the fix)."""
-
-
-def check_torch_archive(path: Path, fix: str = "only load checkpoints written by minigpt",
-                        damaged_fix: str = "use another checkpoint file") -> None:
-    """Refuse, before torch.load reads anything, what torch.save never writes but a crafted or damaged file can hold.
-
-    Shared by minigpt checkpoints and Hugging Face pytorch_model.bin files; `fix` ends a refusal's message,
-    `damaged_fix` that of a file cut short or damaged.  Refused: a file that is no zip archive (torch's legacy
-    format, or damage); compressed records (a few MB that inflate to GBs); records adding up to more than the file;
-    a pickle stream that is malformed (it is run once first, every global a recorder and no tensor built: torch's
-    own loader answers a bad stream with IndexError and KeyError tracebacks), that names a global weights_only
-    refuses, that calls one allocating from a number (bytearray(8e9), torch.FloatTensor(8e9)), that asks a storage
-    for other than the bytes its record holds, or that rebuilds a tensor other than a dense one with storage
-    (sparse, meta-device, nested, quantized).  So what torch.load then allocates is bounded by the file's size.
-    """
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            if f.read(4) != b"PK\x03\x04":
-                raise _Refused("it is not a zip archive as torch.save writes it (a legacy-format or damaged file)")
-        with zipfile.ZipFile(path) as archive:
-            records = {r.filename: r for r in archive.infolist()}
-            if len(records) != len(archive.infolist()):
-                raise _Refused("it holds two records of one name, which torch.save never writes")
-            if any(r.compress_type != zipfile.ZIP_STORED for r in records.values()):
-                raise _Refused("it holds compressed records, which torch.save never writes")
-            if sum(r.file_size for r in records.values()) > size:
-                raise _Refused("its records add up to more bytes than the file holds")
-            pickles = [name for name in records if name.endswith("data.pkl")]
-            if len(pickles) != 1:
-                raise _Refused("it has no data.pkl (or several), so torch.save did not write it")
-            prefix = pickles[0][:-len("data.pkl")]
-            names, calls, storages = _dry_run(archive.read(pickles[0]))
-    except _Refused as e:
-        raise CheckpointError(f"refusing to load {path}: {e}; {fix}") from None
-    except (zipfile.BadZipFile, OSError) + PICKLE_STREAM_ERRORS as e:
-        raise CheckpointError(f"cannot read {path}: it is truncated or damaged ({type(e).__name__}: "
-                              f"{first_line(e, 100)}); {damaged_fix}") from None
-    problem = _pickle_problem(names, calls, storages, {name[len(prefix):]: r.file_size for name, r in records.items()
-                                                       if name.startswith(prefix)})
-    if problem:
-        raise CheckpointError(f"refusing to load {path}: {problem}; {fix}")
-
-
-def _dry_run(data: bytes) -> tuple[set[str], list[tuple[str, tuple]], list[Any]]:
-    """Run a torch.save pickle with every global a recorder: (the globals it names, the calls it makes as (global,
-    args), the persistent ids it asks for).  Nothing is imported, allocated from a number or built."""
-    allowed = set(_get_allowed_globals()) | set(_get_user_allowed_globals())
-    names: set[str] = set()
-    calls: list[tuple[str, tuple]] = []
-    storages: list[Any] = []
-    recorders: dict[str, type] = {}
-
-    class Recorder(dict):  # a dict, so that an OrderedDict() call takes its SETITEMS
-        global_name = ""
-        __hash__ = object.__hash__
-
-        def __new__(cls, *args, **kwargs):  # REDUCE calls the class; NEWOBJ its __new__
-            calls.append((cls.global_name, args))
-            return super().__new__(cls)
-
-        def __init__(self, *args, **kwargs):
-            super().__init__()
-
-        def __setstate__(self, state):  # BUILD
-            pass
-
-        def append(self, item):  # APPEND(S) on a call's result
-            pass
-
-    class DryRun(pickle.Unpickler):
-        def find_class(self, module, name):
-            module, name = NAME_MAPPING.get((module, name), (IMPORT_MAPPING.get(module, module), name))  # as torch
-            full = f"{module}.{name}"
-            if full not in allowed:  # as torch.load(weights_only=True) would
-                raise _Refused(f"it holds objects other than tensors and plain data (GLOBAL {full[:100]})")
-            names.add(full)
-            return recorders.setdefault(full, type(name, (Recorder,), {"global_name": full}))
-
-        def persistent_load(self, pid):
-            storages.append(pid)
-            return pid
-
-    DryRun(io.BytesIO(data), encoding="utf-8").load()  # the encoding torch.load reads protocol-2 strings with
-    return names, calls, storages
-
-
-def _pickle_problem(names: set[str], calls: list[tuple[str, tuple]], storages: list[Any],
-                    record_sizes: dict[str, int]) -> str | None:
-    """What a dry run (see _dry_run) found that torch.save never writes, or None."""
-    for name in sorted(names):
-        if name in NOT_DENSE:
-            return f"it holds {NOT_DENSE[name]} ({name}), where minigpt reads dense tensors only"
-        if name.rsplit(".", 1)[-1] in ALLOCATING_GLOBALS:
-            return f"its pickle calls {name.rsplit('.', 1)[-1]}, which torch.save never writes"
-    for name, args in calls:
-        if name == "torch._tensor._rebuild_from_type_v2" and args and isinstance(args[0], type):
-            name = getattr(args[0], "global_name", name)  # it calls its first argument
-        if name.rsplit(".", 1)[-1].endswith(("Tensor", "Storage")):  # a constructor: torch.FloatTensor(8e9)
-            return f"its pickle calls {name}, which allocates from a number and which torch.save never writes"
-    for pid in storages:
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[2], str)
-                and isinstance(pid[4], int) and not isinstance(pid[4], bool) and pid[4] >= 0):
-            return f"its pickle asks for a storage as {str(pid)[:80]}, which torch.save never writes"
-        storage_type = _get_allowed_globals().get(getattr(pid[1], "global_name", None))
-        dtype = torch.uint8 if storage_type is torch.UntypedStorage else getattr(storage_type, "dtype", None)
-        if not isinstance(dtype, torch.dtype):
-            return f"its pickle asks for a storage of type {str(pid[1])[:80]}, which torch.save never writes"
-        record, wanted = f"data/{pid[2]}", pid[4] * dtype.itemsize
-        if record_sizes.get(record) != wanted:
-            held = f"{record_sizes[record]} bytes" if record in record_sizes else "no such record"
-            return (f"its pickle asks for {wanted} bytes of {dtype} from the record {record[:40]}, which holds "
-                    f"{held}; the file is damaged or crafted")
-    return None
 
 
 def _upgrade(ckpt: dict[str, Any], path: Path) -> dict[str, Any]:

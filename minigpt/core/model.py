@@ -7,6 +7,9 @@ checkpoint trained with one runs with the others.
 
 Shapes: B batch, T query length, S key length (T, or cached + T while decoding), C n_embd,
 nh query heads, nkv key/value heads, g = nh // nkv query heads per key/value head, hs head size.
+
+Decoding with the KV cache (minigpt.core.kv_cache), `input_pos` is where idx starts: one int for every row, or a
+(B,) tensor, one start per row, so a server can decode requests of different lengths as one batch.
 """
 
 from __future__ import annotations
@@ -20,34 +23,10 @@ from einops import einsum, rearrange
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from minigpt.core.config import GPTConfig
+from minigpt.core.kv_cache import KVCache
 
 SDPA_BACKEND = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                 "math": SDPBackend.MATH, "cudnn": SDPBackend.CUDNN_ATTENTION}
-
-
-class KVCache:
-    """Keys and values of one layer for the positions already seen, so decoding a token costs O(S), not O(S^2).
-
-    The buffers grow with the sequence (to what is written, doubling past that, never beyond max_len): eight
-    tokens from a model with a 128k context hold eight positions, not the whole context's gigabytes."""
-
-    def __init__(self, batch_size: int, max_len: int, n_kv_head: int, head_dim: int,
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
-        self.max_len = max_len
-        self.k = torch.zeros((batch_size, n_kv_head, 0, head_dim), device=device, dtype=dtype)  # (B, nkv, capacity, hs)
-        self.v = torch.zeros_like(self.k)
-
-    def update(self, k: torch.Tensor, v: torch.Tensor, input_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
-        end = input_pos + k.size(2)
-        if end > self.max_len:
-            raise ValueError(f"the cache holds {self.max_len} positions; position {end - 1} is past it")
-        if end > self.k.size(2):  # grow: amortised O(1) copies per position
-            extra = min(self.max_len, max(end, 2 * self.k.size(2))) - self.k.size(2)
-            self.k = torch.cat((self.k, self.k.new_zeros(*self.k.shape[:2], extra, self.k.size(3))), dim=2)
-            self.v = torch.cat((self.v, self.v.new_zeros(*self.v.shape[:2], extra, self.v.size(3))), dim=2)
-        self.k[:, :, input_pos:end] = k
-        self.v[:, :, input_pos:end] = v
-        return self.k[:, :, :end], self.v[:, :, :end]  # (B, nkv, S, hs)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -81,9 +60,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x * cos + rotated * sin).type_as(x)
 
 
-def causal_mask(T: int, S: int, input_pos: int = 0, device: torch.device | str | None = None) -> torch.Tensor:
-    """(T, S) bool, True where query t (at absolute position input_pos + t) may see key s: s <= input_pos + t.
+def causal_mask(T: int, S: int, input_pos: int | torch.Tensor = 0,
+                device: torch.device | str | None = None) -> torch.Tensor:
+    """(T, S) bool, True where query t (at absolute position input_pos + t) may see key s: s <= input_pos + t;
+    with per-row starts, input_pos (B,), it is (B, 1, T, S), one mask per row, broadcast over the heads.
     Built per call, not stored per layer: a long-context model would otherwise hold n_layer x block_size^2."""
+    if isinstance(input_pos, torch.Tensor):
+        query_pos = input_pos[:, None] + torch.arange(T, device=device)  # (B, T)
+        return (torch.arange(S, device=device) <= query_pos[..., None])[:, None]  # (B, 1, T, S)
     return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=input_pos)
 
 
@@ -105,7 +89,7 @@ class CausalSelfAttention(nn.Module):
         self.k_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                kv_cache: KVCache | None = None, input_pos: int = 0,
+                kv_cache: KVCache | None = None, input_pos: int | torch.Tensor = 0,
                 return_weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         B, T, C = x.shape
         hs = self.head_dim
@@ -119,9 +103,12 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if kv_cache is not None:
             k, v = kv_cache.update(k, v, input_pos)  # (B, nkv, S, hs), S = input_pos + T
-        # sdpa's is_causal covers training and prefill; every other case gets an explicit (T, S) mask
+        # sdpa's is_causal covers training and prefill, and one new token with one start sees every cached key;
+        # every other case gets an explicit mask: (T, S), or (B, 1, T, S) when each row has its own start
         S = k.size(2)
-        mask = None if self.attention == "sdpa" and (T == S or T == 1) else causal_mask(T, S, input_pos, x.device)
+        one_start = not isinstance(input_pos, torch.Tensor)
+        mask = None if self.attention == "sdpa" and one_start and (T == S or T == 1) else \
+            causal_mask(T, S, input_pos, x.device)
 
         if return_weights and self.attention == "sdpa":
             raise ValueError("attention weights are not available from the 'sdpa' path (the fused kernel "
@@ -139,10 +126,9 @@ class CausalSelfAttention(nn.Module):
         T, S = q.size(2), k.size(2)
         # is_causal=True aligns the triangle top-left, which is right only when queries and keys start at
         # the same position (training, prefill); a cached decode step passes its slice of the mask instead.
-        is_causal = T == S
-        attn_mask = None if is_causal or T == 1 else mask  # one new token may see every cached key
+        is_causal = mask is None and T == S
         # enable_gqa lets the kernel read each K/V head for its g query heads without copying K/V g times
-        kwargs = dict(attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0,
+        kwargs = dict(attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
                       is_causal=is_causal, enable_gqa=self.n_kv_head != self.n_head)
         if self.sdpa_backend is None:  # let torch pick flash / memory-efficient / math
             return F.scaled_dot_product_attention(q, k, v, **kwargs), None
@@ -163,6 +149,8 @@ class CausalSelfAttention(nn.Module):
         # named axes make GQA a broadcast over g: no K/V copy
         q = rearrange(q, "b (kv g) t d -> b kv g t d", kv=self.n_kv_head)
         scores = einsum(q, k, "b kv g t d, b kv s d -> b kv g t s") / math.sqrt(self.head_dim)
+        if mask.dim() == 4:  # one mask per row, (B, 1, T, S): give it the g axis too
+            mask = mask[:, :, None]
         scores = scores.masked_fill(~mask, float("-inf"))
         att = scores.float().softmax(dim=-1).to(q.dtype)
         y = einsum(F.dropout(att, self.dropout, self.training), v, "b kv g t s, b kv s d -> b kv g t d")
@@ -208,8 +196,8 @@ class Block(nn.Module):
         self.ln_2 = make_norm(config, config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, rope=None, kv_cache: KVCache | None = None, input_pos: int = 0,
-                attn_weights: list[torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope=None, kv_cache: KVCache | None = None,
+                input_pos: int | torch.Tensor = 0, attn_weights: list[torch.Tensor] | None = None) -> torch.Tensor:
         if attn_weights is None:
             x = x + self.attn(self.ln_1(x), rope, kv_cache, input_pos)
         else:  # inspection: keep this layer's (B, nh, T, S) weights
@@ -299,25 +287,29 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
-                kv_cache: list[KVCache] | None = None, input_pos: int = 0,
+                kv_cache: list[KVCache] | None = None, input_pos: int | torch.Tensor = 0,
                 attn_weights: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) token ids -> logits (B, T, vocab), and the mean cross-entropy if targets (B, T) are given.
 
         With `kv_cache` (from `new_kv_cache`), idx holds positions input_pos .. input_pos + T - 1 and the
-        keys/values of the earlier positions come from the cache.  With a list as `attn_weights`, each layer
+        keys/values of the earlier positions come from the cache; input_pos (B,) gives each row its own start.  With a list as `attn_weights`, each layer
         appends its attention weights (B, nh, T, S) to it (manual and einops paths only; see `attention_weights`).
         """
         B, T = idx.shape
-        if input_pos + T > self.config.block_size:
-            raise ValueError(f"sequence of {input_pos + T} tokens is longer than block_size="
+        per_row = isinstance(input_pos, torch.Tensor)
+        end = (int(input_pos.max()) if per_row else input_pos) + T
+        if end > self.config.block_size:
+            raise ValueError(f"sequence of {end} tokens is longer than block_size="
                              f"{self.config.block_size}; crop it to the last {self.config.block_size} tokens")
+        pos = torch.arange(T, device=idx.device) + (input_pos[:, None] if per_row else input_pos)  # (T,) or (B, T)
         x = self.transformer.wte(idx)  # (B, T, C)
         rope = None
         if self.config.arch == "gpt":
-            pos = torch.arange(input_pos, input_pos + T, device=idx.device)
             x = x + self.transformer.wpe(pos)
-        else:
-            rope = (self.rope_cos[input_pos:input_pos + T], self.rope_sin[input_pos:input_pos + T])
+        else:  # (T, hs), or (B, 1, T, hs) to broadcast over the heads of each row
+            rope = (self.rope_cos[pos], self.rope_sin[pos])
+            if per_row:
+                rope = (rope[0][:, None], rope[1][:, None])
         x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
             x = block(x, rope, kv_cache[i] if kv_cache is not None else None, input_pos, attn_weights)

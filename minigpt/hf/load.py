@@ -15,15 +15,13 @@ the equality checks against transformers all start from float32 weights, as they
 
 from __future__ import annotations
 
-import pickle
 import re
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from minigpt.core.checkpoint import PICKLE_STREAM_ERRORS, check_torch_archive
+from minigpt.core.torch_files import load_torch_file
 from minigpt.core.limits import check_config_size
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import CheckpointError, UserError, first_line
@@ -225,18 +223,9 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _read_bin(path: Path) -> dict[str, torch.Tensor]:
-    """A pytorch_model.bin, with the checks minigpt's own checkpoints get (check_torch_archive): what it may allocate
-    is bounded by its size before torch.load runs, and a malformed pickle is one line."""
-    check_torch_archive(path, fix="use the model's safetensors weights, or download it again",
-                        damaged_fix="download the model again")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain data only
-    except pickle.UnpicklingError as e:
-        raise CheckpointError(f"refusing to load {path}: it holds objects other than tensors "
-                              f"({first_line(e, 120)}); use the model's safetensors weights instead") from None
-    except (zipfile.BadZipFile, OSError) + PICKLE_STREAM_ERRORS as e:
-        raise CheckpointError(f"cannot read {path}: it is truncated or not a PyTorch weight file "
-                              f"({type(e).__name__}: {first_line(e, 100)}); download the model again") from None
+    """A pytorch_model.bin, read as minigpt's own checkpoints are (minigpt.core.torch_files)."""
+    state = load_torch_file(path, fix="use the model's safetensors weights, or download it again",
+                            damaged_fix="download the model again")
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path} is not a state dict of tensors; download the model again")
     return state

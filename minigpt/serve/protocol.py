@@ -1,0 +1,83 @@
+"""The request bodies of OpenAI's Chat Completions and Completions APIs that minigpt serves, as pydantic models.
+
+Each body is checked once, here, as FastAPI reads it: a wrong type, a value out of range or a field OpenAI does not
+know is a 400 naming the field (minigpt.serve.app turns pydantic's errors into OpenAI's error JSON).  Fields that
+OpenAI knows but minigpt cannot honour (tools, logprobs, n > 1, penalties) are refused the same way rather than
+silently ignored; a penalty of 0 and `user` are accepted, since many clients always send them.  `top_k` is an
+extension, as in vLLM and llama.cpp.  Strict mode: a number given as a string is a wrong type, not converted.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ChatRequest", "CompletionRequest", "Message"]
+
+MAX_SEED = 2**63 - 1
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class TextPart(Body):
+    type: Literal["text"]
+    text: str
+
+
+class Message(Body):
+    role: Literal["system", "developer", "user", "assistant"]  # developer: OpenAI's newer name for system
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def as_template_message(self) -> dict[str, str]:
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+class StreamOptions(Body):
+    include_usage: bool = False
+
+
+Stop = str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=4)] | None
+
+
+class Sampling(Body):
+    """What both endpoints share."""
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int | None = Field(None, ge=1)
+    stop: Stop = None
+    seed: int | None = Field(None, ge=-MAX_SEED - 1, le=MAX_SEED)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Literal[1] = 1
+    presence_penalty: float = Field(0.0, ge=0, le=0)
+    frequency_penalty: float = Field(0.0, ge=0, le=0)
+    user: str | None = None
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class ChatRequest(Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
+    logprobs: Literal[False] = False
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(Sampling):
+    prompt: str
+    echo: Literal[False] = False
+    logprobs: None = None
+
+    def token_limit(self) -> int:
+        return 16 if self.max_tokens is None else self.max_tokens  # OpenAI's default for completions

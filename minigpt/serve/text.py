@@ -1,0 +1,61 @@
+"""A request's generated tokens as text that is safe to send while it grows, and its stop sequences.
+
+OpenAI's `stop`: generation ends where the text first contains one of the stop sequences, and the text returned
+ends just before it.  While streaming, the text that could still turn out to be the start of a stop sequence is
+held back (as is a token that ends inside a UTF-8 character); what has been sent is never taken back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from minigpt.core.tokenizer_base import Tokenizer
+
+__all__ = ["TextStream"]
+
+
+class TextStream:
+    """push(token) -> (new text, whether a stop sequence ended it); finish() -> the text held back until the end."""
+
+    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = ()) -> None:
+        self.tokenizer, self.stop = tokenizer, [s for s in stop if s]
+        self.ids: list[int] = []
+        self.sent = 0  # characters of the text already given out
+        self.stopped = False
+
+    def push(self, token: int) -> tuple[str, bool]:
+        self.ids.append(token)
+        # the whole text each time: a tokenizer's decode need not split at token boundaries (SentencePiece's
+        # leading space); a token can end inside a UTF-8 character, shown as U+FFFD until the next one completes it
+        text = self.tokenizer.decode(self.ids).rstrip("\ufffd")
+        # a match cannot start in the text already sent: what could begin a stop sequence is held back
+        hits = [i for s in self.stop if (i := text.find(s, self.sent)) >= 0]
+        if hits:
+            self.stopped = True
+            return self._take(text, min(hits)), True
+        return self._take(text, len(text) - self._held(text)), False
+
+    def finish(self) -> str:
+        """The rest of the text once generation ended without a stop sequence (held-back text included)."""
+        return "" if self.stopped else self._take(self.tokenizer.decode(self.ids), None)
+
+    def _held(self, text: str) -> int:
+        """Length of the longest end of `text` (past what was sent) that a stop sequence starts with."""
+        longest = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(text) - self.sent), longest, -1):
+                if text.endswith(s[:n]):
+                    longest = n
+                    break
+        return longest
+
+    def _take(self, text: str, end: int | None) -> str:
+        end = len(text) if end is None else end
+        new = text[self.sent:end]
+        self.sent = max(self.sent, end)
+        return new
+
+    @property
+    def text(self) -> str:
+        """The text given out so far."""
+        return self.tokenizer.decode(self.ids)[:self.sent]
