@@ -13,7 +13,7 @@ seed -> data.seed, and the data's tokenizer -> model.vocab_size.
 
 Fine-tuning (`init_from: SRC`, anything minigpt.loading.load_model reads) takes the model config, the weights
 and the tokenizer from SRC (minigpt.training.init_from): the tokenizer becomes data.tokenizer, so the corpus is
-prepared with it; the model keys a run sets must agree with SRC, except those in INIT_OVERRIDABLE.
+prepared with it; the model keys a run sets must agree with SRC, except minigpt.core.config.FINETUNE_FIELDS.
 """
 
 from __future__ import annotations
@@ -143,8 +143,11 @@ class MiniGPTCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         source_config, source_model = None, None
+        last = Path(self.config["out_dir"]) / "checkpoints" / "last.ckpt"
+        # --resume reads the run's last checkpoint once: its checks, init_from and Lightning's restore share it
+        self.resume_checkpoint = read_last(last) if self.config["resume"] and last.is_file() else None
         if self.config.get("init_from"):  # fills the model section and data.tokenizer from the source
-            source_config, source_model = init_from_source(self.config, self.given)
+            source_config, source_model = init_from_source(self.config, self.given, self.resume_checkpoint)
         self.config_init = self.parser.instantiate_classes(self.config)
         self.datamodule = self.config_init["data"]
         config = self.config_init["model"]
@@ -164,7 +167,8 @@ class MiniGPTCLI(LightningCLI):
             # save_dir/name/version flattened: events and config.yaml sit in out_dir itself
             kwargs["logger"] = TensorBoardLogger(save_dir=str(out_dir), name="", version="")
         kwargs["default_root_dir"] = str(out_dir)
-        kwargs["plugins"] = [SafeCheckpointIO()]
+        last = out_dir / "checkpoints" / "last.ckpt"
+        kwargs["plugins"] = [SafeCheckpointIO({str(last): self.resume_checkpoint} if self.resume_checkpoint else None)]
         user_callbacks = self.config_init["trainer"].get("callbacks") or []
         kwargs["callbacks"] = (list(user_callbacks) + run_callbacks(self.config, self.datamodule.hparams.batch_size)
                                + harness_callbacks(self.config))
@@ -215,7 +219,8 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         if not last.is_file():
             raise UserError(f"--resume: no checkpoint at {last}; start the run without --resume "
                             "(or point --out_dir at the run to continue)")
-        saved = read_last(last)
+        # read at parse time, unless the run was restored since (recover: a killed --overwrite put it back)
+        saved = cli.resume_checkpoint or read_last(last)
         check_chat_resumable(saved, cli.model.tokenizer, last)
         check_resumable(saved, cli.model.config, cli.model.tokenizer, last)
         ckpt_path = str(last)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from minigpt.core.config import GPTConfig
+from minigpt.core.config import RUNTIME_FIELDS, GPTConfig
 from minigpt.core.errors import CheckpointError, UserError, first_line, shown_chars
 from minigpt.core.fsutil import atomic_write
 from minigpt.core.limits import check_config_size
@@ -35,8 +35,6 @@ FORMAT_VERSION = 2
 SECTION = "minigpt"
 RNG_STATE_KEY = "RNGState"  # Lightning's callback-state key of callbacks.RNGState (format 1 kept it in SECTION)
 DEFAULT_OUT_ROOT = "out"
-# Settings a resumed run or a sampler may change without changing the weights' shapes or meaning.
-RESUMABLE_FIELDS = {"attention", "sdpa_backend", "dropout"}
 
 
 # --------------------------------------------------------------------------------------------------- writing
@@ -213,7 +211,7 @@ def check_resumable(ckpt: dict[str, Any], config: GPTConfig, tokenizer: Tokenize
                         "new run in another out_dir")
     saved, current = ckpt[SECTION]["model_config"], config.to_dict()
     diff = [f"{k}={saved[k]!r} (this run's config gives {current[k]!r})" for k in saved
-            if k in current and k not in RESUMABLE_FIELDS and saved[k] != current[k]]
+            if k in current and k not in RUNTIME_FIELDS and saved[k] != current[k]]
     if diff:
         raise UserError(f"{path} was trained with " + ", ".join(diff) + "; remove the conflicting model settings "
                         "to resume, or start a new run in another out_dir")

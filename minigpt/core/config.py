@@ -19,6 +19,11 @@ SdpaBackend = Literal["flash", "efficient", "math", "cudnn"]
 ARCHS, ATTENTIONS, MLPS, SDPA_BACKENDS = (get_args(t) for t in (Arch, Attention, Mlp, SdpaBackend))
 # RoPE scalings minigpt computes (Hugging Face's rope_type names) and the keys each needs
 ROPE_SCALINGS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+# The fields a run may set differently from the weights it starts from, declared once: RUNTIME_FIELDS change how
+# the same weights compute (a resumed run, a sampler), and fine-tuning (init_from) may also shrink block_size
+# (learned positions are cropped, RoPE tables rebuilt).
+RUNTIME_FIELDS = ("attention", "sdpa_backend", "dropout")
+FINETUNE_FIELDS = (*RUNTIME_FIELDS, "block_size")
 
 
 @dataclass

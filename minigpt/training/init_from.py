@@ -3,7 +3,7 @@
 The source is anything minigpt.load_model reads (a .ckpt, a run directory, a Hugging Face model directory or
 hf:ORG/NAME).  Its tokenizer becomes data.tokenizer (a file under the data root named by its content), so the
 corpus is prepared with it, and out_dir/tokenizer.json once the run is accepted; the model keys a run sets must
-agree with the source, except those in INIT_OVERRIDABLE.
+agree with the source, except those in FINETUNE_FIELDS.
 
 A chat run (data.format chat) from a Hugging Face model that carries a chat template takes that template with the
 tokenizer; a vocabulary the chat format grows (minigpt.training.sft) starts its new rows at the mean embedding.
@@ -19,7 +19,7 @@ from typing import Any
 from minigpt.core import checkpoint
 from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.checkpoint import read_checkpoint
-from minigpt.core.config import GPTConfig
+from minigpt.core.config import FINETUNE_FIELDS, RUNTIME_FIELDS, GPTConfig
 from minigpt.core.errors import CheckpointError, UserError, first_line
 from minigpt.core.fsutil import atomic_write, write_errors
 from minigpt.core.model import GPT
@@ -30,26 +30,22 @@ from minigpt.training.sft import grow_vocabulary
 
 # model fields set by a link rather than by the user (data.vocab_size -> model.vocab_size)
 LINKED_MODEL_FIELDS = {"vocab_size"}
-# model fields a fine-tuning run (init_from) may set differently from its source; block_size only smaller
-INIT_OVERRIDABLE = {"attention", "sdpa_backend", "dropout", "block_size"}
 
 
-def init_from_source(config: Any, given: Any) -> tuple[GPTConfig, GPT | None]:
+def init_from_source(config: Any, given: Any, resumed: dict[str, Any] | None = None) -> tuple[GPTConfig, GPT | None]:
     """init_from: fill config's model section from the source and point data.tokenizer at its tokenizer (written
     under the data root, keyed by its content; train.py copies it to out_dir/tokenizer.json once the run is
     accepted, so a refused run writes nothing into out_dir).  Returns the source's config and model; the model is
-    None when --resume continues the run, whose own checkpoint then supplies config and tokenizer (the source's
-    weights are not read again)."""
+    None when --resume continues the run (`resumed`: its last checkpoint, already read), whose own checkpoint then
+    supplies config and tokenizer (the source's weights are not read again)."""
     src, out_dir = config["init_from"], Path(config["out_dir"])
-    last = out_dir / "checkpoints" / "last.ckpt"
-    resuming = config["resume"] and last.is_file()
+    resuming = resumed is not None
     if not resuming and Path(str(src)).is_dir() and Path(str(src)).resolve() == out_dir.resolve():
         raise UserError(f"init_from {src} is out_dir itself: the run would write its files into the source model's "
                         "folder; choose another --out_dir")
     if resuming:
-        saved = read_last(last)
-        source_model, tokenizer = None, checkpoint.checkpoint_tokenizer(saved)
-        source_config = checkpoint.model_config(saved)
+        source_model, tokenizer = None, checkpoint.checkpoint_tokenizer(resumed)
+        source_config = checkpoint.model_config(resumed)
     else:
         try:
             source_model, tokenizer = load_model(src)
@@ -71,18 +67,18 @@ def init_from_source(config: Any, given: Any) -> tuple[GPTConfig, GPT | None]:
     source_keys = source_config.to_dict()
     user_keys = {k: v for k, v in (given.get("model") or {}).items() if v is not None} if given is not None else {}
     conflicts = [f"model.{k}={v!r} (the source has {source_keys[k]!r})" for k, v in user_keys.items()
-                 if k in source_keys and k not in INIT_OVERRIDABLE | LINKED_MODEL_FIELDS and v != source_keys[k]]
+                 if k in source_keys and k not in (*FINETUNE_FIELDS, *LINKED_MODEL_FIELDS) and v != source_keys[k]]
     if conflicts:
         raise UserError(f"init_from {src}: the model comes from the source, but this run sets " + ", ".join(conflicts)
-                        + "; remove these model settings (a fine-tuning run may change only attention, sdpa_backend, "
-                        "dropout and a smaller block_size)")
+                        + "; remove these model settings (a fine-tuning run may change only "
+                        f"{', '.join(RUNTIME_FIELDS)} and a smaller block_size)")
     block_size = user_keys.get("block_size", source_config.block_size)
     if block_size > source_config.block_size:
         raise UserError(f"init_from {src}: model.block_size={block_size} is larger than the source's "
                         f"{source_config.block_size}; use a block_size of at most {source_config.block_size}")
     for key, value in source_keys.items():
         if key not in LINKED_MODEL_FIELDS:
-            config["model"][key] = user_keys.get(key, value) if key in INIT_OVERRIDABLE else value
+            config["model"][key] = user_keys.get(key, value) if key in FINETUNE_FIELDS else value
     config["data"]["block_size"] = block_size  # its link from model.block_size ran at parse time
     if not tokenizer_file.is_file() or tokenizer_file.read_bytes() != text:
         with write_errors(tokenizer_file.parent, "choose a writable --data.data_root"):

@@ -8,10 +8,12 @@ from types import SimpleNamespace
 import pytest
 from pathlib import Path
 import torch
+
 from lightning.pytorch.plugins.precision import FSDPPrecision
 from lightning.pytorch.strategies import FSDPStrategy
 
 REPO = Path(__file__).resolve().parents[2]  # the repository root
+from minigpt.core import checkpoint
 from minigpt.core.checkpoint import build_model, checkpoint_tokenizer, model_state_dict, read_checkpoint
 from minigpt.core.config import GPTConfig
 from minigpt.training.lightning_module import GPTLightningModule
@@ -183,7 +185,7 @@ def test_paths_give_the_same_training(tiny_run_args, corpus, data_root, tmp_path
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_resume_continues_exactly(tiny_run_args, corpus, data_root, tmp_path, optimizer):
+def test_resume_continues_exactly(tiny_run_args, corpus, data_root, tmp_path, optimizer, monkeypatch):
     # the first part stops at step 10 of a 20-step schedule, as a run killed there would
     def args(out, steps):
         return tiny_run_args(corpus, data_root, tmp_path / out, steps=steps, optim__decay_steps=20,
@@ -191,8 +193,13 @@ def test_resume_continues_exactly(tiny_run_args, corpus, data_root, tmp_path, op
 
     main(args("straight", 20))
     main(args("resumed", 10))
+    reads = []
+    load_torch_file = checkpoint.load_torch_file
+    monkeypatch.setattr(checkpoint, "load_torch_file", lambda path, *a, **k: reads.append(path) or
+                        load_torch_file(path, *a, **k))
     trainer = main(args("resumed", 20) + ["--resume", "true"])
     assert trainer.global_step == 20
+    assert len(reads) == 1, "minigpt's resume checks and Lightning's restore share one read of last.ckpt"
     a = weights(tmp_path / "straight" / "checkpoints" / "last.ckpt")
     b = weights(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
     assert all(torch.equal(a[k], b[k]) for k in a), "a resumed run must match an uninterrupted one bitwise"
