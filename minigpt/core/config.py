@@ -7,7 +7,9 @@ Each field is declared once, here: its type (choices as `Literal`), its default 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal, get_args
+import functools
+from collections.abc import Iterator
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from minigpt.core.errors import ConfigError
 
@@ -91,50 +93,50 @@ class GPTConfig:
         self.validate()
 
     def validate(self) -> None:
-        def bad(field: str, problem: str, fix: str) -> ConfigError:
-            return ConfigError(f"model.{field}: {problem}; {fix}")
+        """Raise ConfigError naming the first field that cannot work (a config from a file or a checkpoint comes
+        through here; the command line's parser checks the same declarations first)."""
+        for field, problem, fix in self.problems():
+            raise ConfigError(f"model.{field}: {problem}; {fix}")
 
-        for name, choices in (("arch", ARCHS), ("attention", ATTENTIONS), ("mlp", MLPS)):
-            if getattr(self, name) not in choices:
-                raise bad(name, f"unknown value {getattr(self, name)!r}", f"choose one of {', '.join(choices)}")
-        if self.sdpa_backend is not None and self.sdpa_backend not in SDPA_BACKENDS:
-            raise bad("sdpa_backend", f"unknown value {self.sdpa_backend!r}",
-                      f"choose one of {', '.join(SDPA_BACKENDS)} or leave it unset")
-        if self.gelu_approximate not in get_args(GeluApproximate):
-            raise bad("gelu_approximate", f"unknown value {self.gelu_approximate!r}", "choose none or tanh")
+    def problems(self) -> Iterator[tuple[str, str, str]]:
+        """(field, problem, fix) for every rule this config breaks: first the choices its Literal types declare,
+        then the rules no type can say."""
+        for name, (choices, optional) in literal_fields().items():
+            value = getattr(self, name)
+            if value not in choices and not (value is None and optional):
+                unset = " or leave it unset" if optional else ""
+                yield name, f"unknown value {value!r}", f"choose one of {', '.join(choices)}{unset}"
         for name in ("n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "block_size", "vocab_size",
                      "mlp_hidden"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise bad(name, f"must be a positive integer, got {value!r}", "set it to 1 or more")
+                yield name, f"must be a positive integer, got {value!r}", "set it to 1 or more"
+                return  # the rules below divide by these
         if self.n_head % self.n_kv_head:
-            raise bad("n_kv_head", f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}",
-                      "choose n_kv_head as a divisor of n_head")
+            yield ("n_kv_head", f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}",
+                   "choose n_kv_head as a divisor of n_head")
         if self.arch == "llama" and self.head_dim % 2:
-            raise bad("head_dim", f"head size {self.head_dim} is odd but RoPE rotates pairs",
-                      "choose n_embd and n_head so that n_embd/n_head is even")
+            yield ("head_dim", f"head size {self.head_dim} is odd but RoPE rotates pairs",
+                   "choose n_embd and n_head so that n_embd/n_head is even")
         if not 0.0 <= self.dropout < 1.0:
-            raise bad("dropout", f"must be in [0, 1), got {self.dropout}", "use e.g. 0.0 or 0.1")
+            yield "dropout", f"must be in [0, 1), got {self.dropout}", "use e.g. 0.0 or 0.1"
         if not self.rope_base > 1.0:
-            raise bad("rope_base", f"must be > 1, got {self.rope_base}", "use e.g. 10000")
+            yield "rope_base", f"must be > 1, got {self.rope_base}", "use e.g. 10000"
         if not 0.0 < self.norm_eps < 1.0:
-            raise bad("norm_eps", f"must be in (0, 1), got {self.norm_eps}", "use e.g. 1e-5")
+            yield "norm_eps", f"must be in (0, 1), got {self.norm_eps}", "use e.g. 1e-5"
         if self.rope_scaling is not None:
-            self._validate_rope_scaling(bad)
+            yield from self._rope_scaling_problems()
 
-    def _validate_rope_scaling(self, bad) -> None:
-        scaling = self.rope_scaling
+    def _rope_scaling_problems(self) -> Iterator[tuple[str, str, str]]:
+        scaling, copy = self.rope_scaling, "copy the rope_scaling dict of the model's config.json"
         kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
         if kind not in ROPE_SCALINGS:
-            raise bad("rope_scaling", f"unsupported RoPE scaling {kind!r}",
-                      f"minigpt computes rope_type {', '.join(ROPE_SCALINGS)}; leave it unset for plain RoPE")
-        missing = [k for k in ROPE_SCALINGS[kind] if not isinstance(scaling.get(k), (int, float))]
-        if missing:
-            raise bad("rope_scaling", f"rope_type {kind} needs numbers for {', '.join(missing)}",
-                      "copy the rope_scaling dict of the model's config.json")
-        if not (scaling["factor"] > 0 and scaling["high_freq_factor"] > scaling["low_freq_factor"] > 0):
-            raise bad("rope_scaling", "needs factor > 0 and high_freq_factor > low_freq_factor > 0",
-                      "copy the rope_scaling dict of the model's config.json")
+            yield ("rope_scaling", f"unsupported RoPE scaling {kind!r}",
+                   f"minigpt computes rope_type {', '.join(ROPE_SCALINGS)}; leave it unset for plain RoPE")
+        elif missing := [k for k in ROPE_SCALINGS[kind] if not isinstance(scaling.get(k), (int, float))]:
+            yield "rope_scaling", f"rope_type {kind} needs numbers for {', '.join(missing)}", copy
+        elif not (scaling["factor"] > 0 and scaling["high_freq_factor"] > scaling["low_freq_factor"] > 0):
+            yield "rope_scaling", "needs factor > 0 and high_freq_factor > low_freq_factor > 0", copy
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -153,6 +155,17 @@ class GPTConfig:
         if name not in PRESETS:
             raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})
+
+
+@functools.cache
+def literal_fields() -> dict[str, tuple[tuple[Any, ...], bool]]:
+    """field -> (the choices its Literal type declares, whether it may be unset), for GPTConfig's Literal fields."""
+    found = {}
+    for name, hint in get_type_hints(GPTConfig).items():
+        choices = tuple(v for a in (hint, *get_args(hint)) if get_origin(a) is Literal for v in get_args(a))
+        if choices:
+            found[name] = (choices, type(None) in get_args(hint))
+    return found
 
 
 # Presets are keyword dicts, not instances, so derived defaults (n_kv_head, mlp_hidden) follow overrides.
