@@ -72,7 +72,7 @@ def check_archive(path: Path) -> str | None:
     is no zip archive (torch's legacy format, or damage); compressed records (a few MB that inflate to GBs); records
     adding up to more than the file; a pickle that calls a global allocating from a number (bytearray(8e9),
     torch.FloatTensor(8e9)), asks a storage for other than the bytes its record holds, or rebuilds a tensor other
-    than a dense one with storage."""
+    than a dense one with storage; and, as torch.load(weights_only=True) would, a global it does not allow."""
     with open(path, "rb") as f:
         if f.read(4) != b"PK\x03\x04":
             return "it is not a zip archive as torch.save writes it (a legacy-format or damaged file)"
@@ -88,6 +88,8 @@ def check_archive(path: Path) -> str | None:
         if len(pickles) != 1:
             return "it has no data.pkl (or several), so torch.save did not write it"
         prefix = pickles[0][:-len("data.pkl")]
+        if unsafe := torch.serialization.get_unsafe_globals_in_checkpoint(path):  # a static scan: runs nothing
+            return f"it holds objects other than tensors and plain data (GLOBAL {unsafe[0][:100]})"
         calls, storages = _dry_run(archive.read(pickles[0]))
     sizes = {name[len(prefix):]: r.file_size for name, r in records.items() if name.startswith(prefix)}
     return _call_problem(calls) or _storage_problem(storages, sizes)

@@ -1,11 +1,9 @@
-"""Generation (minigpt.core.generation): KV cache vs full recompute, long generation, seeds, top-k/top-p, stop tokens;
-and sample.py (minigpt.cli.sample) end to end: streaming, stdin, batches, YAML config, unsafe or broken
-checkpoints, bad flags."""
+"""sample.py (minigpt.cli.sample) end to end: streaming, stdin, batches, YAML config, unsafe or broken checkpoints,
+bad flags.  The generation loop itself is tested in tests/core/test_generation.py."""
 
 from __future__ import annotations
 
 import io
-import math
 import os
 import runpy
 import subprocess
@@ -13,15 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
-import tiktoken
 import torch
+from support import byte_bpe, varied_gpt
 
-from minigpt import GPT, GPTConfig
+from minigpt import GPT
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.loading import load_model
 from minigpt.core.errors import UserError
 from minigpt.cli.errors import run_cli
-from minigpt.core.generation import filter_logits, generate, prompt_ids, refill_length, sample_next
+from minigpt.core.generation import generate, sample_next
 from minigpt.cli.sample import TextStreamer, main
 from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
 
@@ -29,27 +27,6 @@ REPO = Path(__file__).resolve().parents[2]
 PATHS = ["sdpa", "manual", "einops"]
 # "Z" is left out on purpose: a prompt with it must be refused
 CHARS = "\n !',.:;?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXY"
-BLOCK = 32
-
-
-def tiny(arch: str = "gpt", n_kv_head: int = 4, attention: str = "sdpa", vocab_size: int = len(CHARS),
-         **kw) -> GPTConfig:
-    return GPTConfig(arch=arch, n_layer=2, n_head=4, n_kv_head=n_kv_head, n_embd=32, block_size=BLOCK,
-                     vocab_size=vocab_size, attention=attention, **kw)
-
-
-def build(cfg: GPTConfig, seed: int = 0) -> GPT:
-    """A random model with larger-than-init weights: its greedy output varies from token to token, so a
-    cache that fed wrong positions or keys would change it (at init scale greedy repeats one token)."""
-    torch.manual_seed(seed)
-    model = GPT(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0, 0.02)
-            elif p.dim() >= 2:
-                p.normal_(0, 2 / math.sqrt(p.shape[-1]))
-    return model.eval()
 
 
 def write_ckpt(path: Path, model: GPT, tokenizer) -> Path:
@@ -74,7 +51,7 @@ def one_thread():
 @pytest.fixture(scope="module")
 def char_ckpt(tmp_path_factory) -> Path:
     return write_ckpt(tmp_path_factory.mktemp("run") / "checkpoints" / "best.ckpt",
-                      build(tiny("llama", 2)), CharTokenizer(CHARS))
+                      varied_gpt("llama", 2), CharTokenizer(CHARS))
 
 
 def greedy_text(ckpt: Path, prompt: str, n: int) -> str:
@@ -88,22 +65,8 @@ def greedy_text(ckpt: Path, prompt: str, n: int) -> str:
 # The generation loop
 
 
-@pytest.mark.parametrize("attention", PATHS)
-@pytest.mark.parametrize("arch,n_kv_head", [("gpt", 4), ("gpt", 2), ("llama", 4), ("llama", 2)])
-def test_greedy_with_cache_equals_without(arch, n_kv_head, attention):
-    model = build(tiny(arch, n_kv_head, attention))
-    idx = prompts()
-    n = BLOCK - idx.size(1)  # fill the block exactly: no refill, so both must compute the same function
-    with_cache = generate(model, idx, n, temperature=0, use_kv_cache=True)
-    without = generate(model, idx, n, temperature=0, use_kv_cache=False)
-    assert with_cache.shape == (2, BLOCK)
-    assert torch.equal(with_cache[:, :5], idx)
-    assert torch.equal(with_cache, without)
-    assert len(set(with_cache[0, 5:].tolist())) > 4  # varied output, so the comparison means something
-
-
 def test_attention_override_at_load_gives_same_greedy_output(tmp_path):
-    ckpt = write_ckpt(tmp_path / "a.ckpt", build(tiny("llama", 2, "sdpa")), CharTokenizer(CHARS))
+    ckpt = write_ckpt(tmp_path / "a.ckpt", varied_gpt("llama", 2, "sdpa"), CharTokenizer(CHARS))
     idx = prompts()
     outputs = {}
     for attention in [None, *PATHS]:
@@ -113,149 +76,15 @@ def test_attention_override_at_load_gives_same_greedy_output(tmp_path):
         outputs[attention] = generate(model, idx, 20, temperature=0)
     for attention in PATHS:
         assert torch.equal(outputs[attention], outputs[None]), attention
-    assert not torch.equal(outputs[None], generate(build(tiny("llama", 2), seed=5), idx, 20, temperature=0))
-
-
-@pytest.mark.parametrize("use_kv_cache", [True, False])
-@pytest.mark.parametrize("arch", ["gpt", "llama"])
-def test_generation_longer_than_block_size(arch, use_kv_cache):
-    model = build(tiny(arch, 2))
-    idx = prompts(length=7)
-    n = 2 * BLOCK + 5  # past the block twice: three refills of the cache
-    out = generate(model, idx, n, temperature=0.8, use_kv_cache=use_kv_cache,
-                   generator=torch.Generator().manual_seed(0))
-    assert out.shape == (2, 7 + n)
-    assert torch.equal(out[:, :7], idx)
-    assert out.min() >= 0 and out.max() < model.config.vocab_size
-    # a prompt longer than the block is cropped to its last block_size tokens, and kept in the output
-    long_prompt = prompts(batch=1, length=BLOCK + 10)
-    out = generate(model, long_prompt, 10, temperature=0, use_kv_cache=use_kv_cache)
-    assert out.shape == (1, BLOCK + 20) and torch.equal(out[:, :BLOCK + 10], long_prompt)
-    cropped = generate(model, long_prompt[:, -BLOCK:], 1, temperature=0, use_kv_cache=use_kv_cache)
-    assert out[0, BLOCK + 10] == cropped[0, -1]
-
-
-@pytest.mark.parametrize("arch", ["gpt", "llama"])
-def test_cache_refill_is_a_fresh_prefill_of_the_last_tokens(arch):
-    """When the cache is full, the loop re-fills it from the last block_size // 2 tokens at positions 0..
-    and decodes on from there: until it is full again, every token is what a plain forward over the
-    window starting at the refill point predicts."""
-    model = build(tiny(arch, 2))
-    keep = refill_length(BLOCK)
-    assert keep == BLOCK // 2
-    idx = prompts(batch=1, length=4)
-    # the cache holds tokens 0..BLOCK-1 when token BLOCK is sampled; the next step is the refill
-    n = BLOCK + 1 + keep - 4  # fill the block, refill, then fill it again
-    out = generate(model, idx, n, temperature=0)
-    assert torch.equal(out[:, :BLOCK + 1], generate(model, idx, BLOCK + 1 - 4, temperature=0, use_kv_cache=False))
-    start = BLOCK + 1 - keep  # the refill sees out[start:BLOCK+1] at positions 0..keep-1
-    with torch.inference_mode():
-        expected = model(out[:, start:BLOCK + keep])[0].argmax(-1)  # predicts tokens start+1 .. BLOCK+keep
-    assert torch.equal(out[0, BLOCK + 1:], expected[0, keep - 1:])
-
-
-def test_same_seed_same_samples_different_seed_different():
-    model = build(tiny("gpt", 4))
-    idx = prompts()
-
-    def sample(seed, **kw):
-        return generate(model, idx, 25, temperature=1.0, generator=torch.Generator().manual_seed(seed), **kw)
-
-    a, b, c = sample(1337), sample(1337), sample(7)
-    assert torch.equal(a, b)
-    assert not torch.equal(a, c)
-    assert torch.equal(sample(3, top_k=5, top_p=0.9), sample(3, top_k=5, top_p=0.9))
-    # with the cache or without, the same seed draws the same tokens (within the block)
-    assert torch.equal(sample(1337, use_kv_cache=False), a)
-
-
-def test_stop_token_stops_pads_and_streams():
-    model = build(tiny("gpt", 4))
-    idx = prompts(batch=3, length=3, seed=4)
-    free = generate(model, idx, 20, temperature=0)[:, 3:]
-    stop = int(free[0, 4])  # row 0 produces it at step 4
-    firsts = [row.index(stop) if stop in row else None for row in free.tolist()]
-    seen = []
-    out = generate(model, idx, 20, temperature=0, stop_token=stop, on_token=lambda t: seen.append(t.clone()))
-    gen = out[:, 3:]
-    # every row is the free-running output up to its first stop token, then padding with the stop token
-    expected_len = 20 if None in firsts else max(firsts) + 1
-    assert gen.size(1) == expected_len
-    for row, first in enumerate(firsts):
-        if first is None:
-            assert torch.equal(gen[row], free[row, :expected_len])
-        else:
-            assert torch.equal(gen[row, :first + 1], free[row, :first + 1])
-            assert (gen[row, first:] == stop).all()
-    assert torch.equal(torch.stack(seen, dim=1), gen)  # on_token saw every step, in order
-    # a single sequence ends right at its stop token
-    one = generate(model, idx[:1], 20, temperature=0, stop_token=stop)
-    assert one.size(1) == 3 + 5 and one[0, -1] == stop
-
-
-def test_vocab_size_limits_sampled_ids():
-    model = build(tiny("gpt", 4))
-    out = generate(model, prompts(), 40, temperature=2.0, generator=torch.Generator().manual_seed(0),
-                   vocab_size=3)
-    assert out[:, 5:].max() < 3
+    assert not torch.equal(outputs[None], generate(varied_gpt("llama", 2, seed=5), idx, 20, temperature=0))
 
 
 # --------------------------------------------------------------------------------------------------
 # Logit filters
 
 
-def test_top_k_keeps_exactly_k_even_with_ties():
-    logits = torch.tensor([[1.0, 3.0, 3.0, 3.0, 0.0, 2.0], [5.0, 4.0, 3.0, 2.0, 1.0, 0.0]])
-    out = filter_logits(logits, top_k=2)
-    kept = torch.isfinite(out)
-    assert kept.sum(dim=1).tolist() == [2, 2]
-    assert set(kept[0].nonzero().flatten().tolist()) <= {1, 2, 3}  # two of the three tied maxima
-    assert kept[1].nonzero().flatten().tolist() == [0, 1]
-    assert torch.equal(out[kept], logits[kept])  # kept logits unchanged
-    out = filter_logits(logits, top_k=4)
-    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [1, 2, 3, 5]
-    assert torch.isfinite(filter_logits(logits, top_k=1)).sum().item() == 2
-    assert torch.equal(filter_logits(logits, top_k=100), logits)  # k past the vocabulary keeps everything
-    with pytest.raises(UserError, match="top_k must be >= 1"):
-        filter_logits(logits, top_k=0)
-
-
-def test_top_p_keeps_the_smallest_set_reaching_p():
-    probs = torch.tensor([0.15, 0.5, 0.05, 0.3])  # shuffled: sorted it is 0.5, 0.3, 0.15, 0.05
-    logits = probs.log().repeat(2, 1)
-    logits[1] = logits[1] * 2 + 1  # a sharper second row: probs 0.735, 0.265... of the same order
-
-    def kept(top_p):
-        return [torch.isfinite(row).nonzero().flatten().tolist() for row in filter_logits(logits, top_p=top_p)]
-
-    assert kept(0.8)[0] == [1, 3]  # 0.5 + 0.3 reaches 0.8 exactly
-    assert kept(0.81)[0] == [0, 1, 3]
-    assert kept(0.95)[0] == [0, 1, 3]
-    assert kept(0.951)[0] == [0, 1, 2, 3]
-    assert kept(1.0)[0] == [0, 1, 2, 3]
-    assert kept(0.1)[0] == [1]  # the top token always stays
-    sharp = (logits[1]).softmax(-1)
-    assert sharp[1] < 0.8 < sharp[1] + sharp[3]
-    assert kept(0.8)[1] == [1, 3]
-    out = filter_logits(logits, top_p=0.8)
-    assert torch.equal(out[torch.isfinite(out)], logits[torch.isfinite(out)])
-    # both filters: top-k first, then the nucleus of what is left
-    assert torch.isfinite(filter_logits(logits, top_k=3, top_p=0.99)[0]).nonzero().flatten().tolist() == [0, 1, 3]
-    for bad in (0.0, 1.5, -0.1):
-        with pytest.raises(UserError, match="top_p must be in"):
-            filter_logits(logits, top_p=bad)
-
-
 # --------------------------------------------------------------------------------------------------
 # Text: prompt start, streaming
-
-
-def test_empty_prompt_starts_from_newline_or_end_of_text():
-    assert prompt_ids(CharTokenizer(CHARS), "") == CharTokenizer(CHARS).encode("\n")
-    assert prompt_ids(ByteTokenizer(), "") == [10]
-    bpe = TiktokenTokenizer(tiny_bpe())
-    assert prompt_ids(bpe, "") == [bpe.eot_id] == [256]
-    assert prompt_ids(CharTokenizer("ab"), "") == [0]  # no newline in the vocabulary: token 0
 
 
 def test_streamer_holds_back_partial_utf8():
@@ -281,20 +110,14 @@ def test_streamer_holds_back_partial_utf8():
     assert buf.getvalue() == "ab"
 
 
-def tiny_bpe() -> tiktoken.Encoding:
-    """A byte-level BPE with no merges and an end-of-text token 256, built in-process (no download)."""
-    return tiktoken.Encoding("tiny-bpe", pat_str=r"\S+|\s+", mergeable_ranks={bytes([i]): i for i in range(256)},
-                             special_tokens={"<|endoftext|>": 256})
-
-
 def test_bpe_model_stops_at_end_of_text_unless_no_stop(tmp_path, capsys):
     """A model that always predicts end-of-text: BPE sampling stops there; --no-stop keeps going."""
-    model = build(tiny("gpt", 4, vocab_size=257, tie_embeddings=False))
+    model = varied_gpt("gpt", 4, vocab_size=257, tie_embeddings=False)
     with torch.no_grad():
         model.transformer.ln_f.weight.zero_()
         model.transformer.ln_f.bias.normal_()
         model.lm_head.weight[256] = 100 * model.transformer.ln_f.bias
-    ckpt = write_ckpt(tmp_path / "bpe.ckpt", model, TiktokenTokenizer(tiny_bpe()))
+    ckpt = write_ckpt(tmp_path / "bpe.ckpt", model, TiktokenTokenizer(byte_bpe()))
     out = io.StringIO()
     main(["--ckpt", str(ckpt), "--prompt", "héllo", "--max_new_tokens", "5"], stdout=out)
     assert out.getvalue() == "héllo\n"
@@ -448,19 +271,19 @@ def bad_files(tmp: Path, good: Path) -> dict[str, Path]:
     plain = tmp / "plain.ckpt"
     torch.save({"weights": torch.zeros(3), "epoch": 1}, plain)
     no_weights = tmp / "no_weights.ckpt"  # our section, but no weights
-    torch.save({"state_dict": {}, "minigpt": {"model_config": tiny().to_dict()}}, no_weights)
+    torch.save({"state_dict": {}, "minigpt": {"model_config": varied_gpt().config.to_dict()}}, no_weights)
     hollow = tmp / "hollow.ckpt"  # weights and config, but no tokenizer
-    torch.save(model_checkpoint(build(tiny()), None), hollow)
+    torch.save(model_checkpoint(varied_gpt(), None), hollow)
     wrong = tmp / "wrong.ckpt"  # config and tokenizer, but the weights of another shape
-    ckpt = model_checkpoint(build(tiny()), CharTokenizer(CHARS))
+    ckpt = model_checkpoint(varied_gpt(), CharTokenizer(CHARS))
     ckpt["minigpt"]["model_config"]["n_embd"] = 64
     torch.save(ckpt, wrong)
     bad_config = tmp / "bad_config.ckpt"  # a model config that cannot work
-    ckpt = model_checkpoint(build(tiny()), CharTokenizer(CHARS))
+    ckpt = model_checkpoint(varied_gpt(), CharTokenizer(CHARS))
     ckpt["minigpt"]["model_config"]["n_head"] = 5
     torch.save(ckpt, bad_config)
     future = tmp / "future.ckpt"  # written by a newer minigpt
-    ckpt = model_checkpoint(build(tiny()), CharTokenizer(CHARS))
+    ckpt = model_checkpoint(varied_gpt(), CharTokenizer(CHARS))
     ckpt["minigpt"]["format"] = 99
     torch.save(ckpt, future)
     return dict(missing=tmp / "missing.ckpt", truncated=truncated, text=text, plain=plain, no_weights=no_weights,
@@ -533,7 +356,7 @@ def test_unknown_prompt_characters_are_all_named(capsys, char_ckpt):
 
 def test_nan_weights_are_a_user_error_not_a_crash(tmp_path, capsys):
     """A checkpoint whose weights are NaN (training diverged) is bad input: one line, not a traceback."""
-    model = build(tiny())
+    model = varied_gpt()
     with torch.no_grad():
         model.lm_head.weight.fill_(float("nan"))
     ckpt = write_ckpt(tmp_path / "nan.ckpt", model, CharTokenizer(CHARS))
@@ -546,7 +369,7 @@ def test_nan_weights_are_a_user_error_not_a_crash(tmp_path, capsys):
 
 def test_programming_errors_keep_their_traceback(capsys):
     """run_cli flattens only UserError: a caller's bug (idx of the wrong shape) propagates as it is."""
-    model = build(tiny())
+    model = varied_gpt()
     for idx in (torch.zeros(3, dtype=torch.long), torch.zeros(2, 0, dtype=torch.long)):
         with pytest.raises(ValueError, match="idx must be"):
             run_cli(lambda idx=idx: generate(model, idx, 1))

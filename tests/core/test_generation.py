@@ -1,0 +1,178 @@
+"""Generation (minigpt.core.generation): KV cache vs full recompute, generation past block_size and the cache's
+refill, seeds, stop tokens, top-k/top-p, the empty prompt."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from support import byte_bpe, varied_gpt
+
+from minigpt.core.errors import UserError
+from minigpt.core.generation import filter_logits, generate, prompt_ids, refill_length
+from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
+
+PATHS = ["sdpa", "manual", "einops"]
+CHARS = "\n !',.:;?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXY"
+BLOCK = 32  # varied_gpt's block_size
+
+
+def prompts(batch: int = 2, length: int = 5, vocab: int = len(CHARS), seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run faster on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("attention", PATHS)
+@pytest.mark.parametrize("arch,n_kv_head", [("gpt", 4), ("gpt", 2), ("llama", 4), ("llama", 2)])
+def test_greedy_with_cache_equals_without(arch, n_kv_head, attention):
+    model = varied_gpt(arch, n_kv_head, attention)
+    idx = prompts()
+    n = BLOCK - idx.size(1)  # fill the block exactly: no refill, so both must compute the same function
+    with_cache = generate(model, idx, n, temperature=0, use_kv_cache=True)
+    without = generate(model, idx, n, temperature=0, use_kv_cache=False)
+    assert with_cache.shape == (2, BLOCK)
+    assert torch.equal(with_cache[:, :5], idx)
+    assert torch.equal(with_cache, without)
+    assert len(set(with_cache[0, 5:].tolist())) > 4  # varied output, so the comparison means something
+
+
+@pytest.mark.parametrize("use_kv_cache", [True, False])
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+def test_generation_longer_than_block_size(arch, use_kv_cache):
+    model = varied_gpt(arch, 2)
+    idx = prompts(length=7)
+    n = 2 * BLOCK + 5  # past the block twice: three refills of the cache
+    out = generate(model, idx, n, temperature=0.8, use_kv_cache=use_kv_cache,
+                   generator=torch.Generator().manual_seed(0))
+    assert out.shape == (2, 7 + n)
+    assert torch.equal(out[:, :7], idx)
+    assert out.min() >= 0 and out.max() < model.config.vocab_size
+    # a prompt longer than the block is cropped to its last block_size tokens, and kept in the output
+    long_prompt = prompts(batch=1, length=BLOCK + 10)
+    out = generate(model, long_prompt, 10, temperature=0, use_kv_cache=use_kv_cache)
+    assert out.shape == (1, BLOCK + 20) and torch.equal(out[:, :BLOCK + 10], long_prompt)
+    cropped = generate(model, long_prompt[:, -BLOCK:], 1, temperature=0, use_kv_cache=use_kv_cache)
+    assert out[0, BLOCK + 10] == cropped[0, -1]
+
+
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+def test_cache_refill_is_a_fresh_prefill_of_the_last_tokens(arch):
+    """When the cache is full, the loop re-fills it from the last block_size // 2 tokens at positions 0..
+    and decodes on from there: until it is full again, every token is what a plain forward over the
+    window starting at the refill point predicts."""
+    model = varied_gpt(arch, 2)
+    keep = refill_length(BLOCK)
+    assert keep == BLOCK // 2
+    idx = prompts(batch=1, length=4)
+    # the cache holds tokens 0..BLOCK-1 when token BLOCK is sampled; the next step is the refill
+    n = BLOCK + 1 + keep - 4  # fill the block, refill, then fill it again
+    out = generate(model, idx, n, temperature=0)
+    assert torch.equal(out[:, :BLOCK + 1], generate(model, idx, BLOCK + 1 - 4, temperature=0, use_kv_cache=False))
+    start = BLOCK + 1 - keep  # the refill sees out[start:BLOCK+1] at positions 0..keep-1
+    with torch.inference_mode():
+        expected = model(out[:, start:BLOCK + keep])[0].argmax(-1)  # predicts tokens start+1 .. BLOCK+keep
+    assert torch.equal(out[0, BLOCK + 1:], expected[0, keep - 1:])
+
+
+def test_same_seed_same_samples_different_seed_different():
+    model = varied_gpt("gpt", 4)
+    idx = prompts()
+
+    def sample(seed, **kw):
+        return generate(model, idx, 25, temperature=1.0, generator=torch.Generator().manual_seed(seed), **kw)
+
+    a, b, c = sample(1337), sample(1337), sample(7)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+    assert torch.equal(sample(3, top_k=5, top_p=0.9), sample(3, top_k=5, top_p=0.9))
+    # with the cache or without, the same seed draws the same tokens (within the block)
+    assert torch.equal(sample(1337, use_kv_cache=False), a)
+
+
+def test_stop_token_stops_pads_and_streams():
+    model = varied_gpt("gpt", 4)
+    idx = prompts(batch=3, length=3, seed=4)
+    free = generate(model, idx, 20, temperature=0)[:, 3:]
+    stop = int(free[0, 4])  # row 0 produces it at step 4
+    firsts = [row.index(stop) if stop in row else None for row in free.tolist()]
+    seen = []
+    out = generate(model, idx, 20, temperature=0, stop_token=stop, on_token=lambda t: seen.append(t.clone()))
+    gen = out[:, 3:]
+    # every row is the free-running output up to its first stop token, then padding with the stop token
+    expected_len = 20 if None in firsts else max(firsts) + 1
+    assert gen.size(1) == expected_len
+    for row, first in enumerate(firsts):
+        if first is None:
+            assert torch.equal(gen[row], free[row, :expected_len])
+        else:
+            assert torch.equal(gen[row, :first + 1], free[row, :first + 1])
+            assert (gen[row, first:] == stop).all()
+    assert torch.equal(torch.stack(seen, dim=1), gen)  # on_token saw every step, in order
+    # a single sequence ends right at its stop token
+    one = generate(model, idx[:1], 20, temperature=0, stop_token=stop)
+    assert one.size(1) == 3 + 5 and one[0, -1] == stop
+
+
+def test_vocab_size_limits_sampled_ids():
+    model = varied_gpt("gpt", 4)
+    out = generate(model, prompts(), 40, temperature=2.0, generator=torch.Generator().manual_seed(0),
+                   vocab_size=3)
+    assert out[:, 5:].max() < 3
+
+
+def test_top_k_keeps_exactly_k_even_with_ties():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 3.0, 0.0, 2.0], [5.0, 4.0, 3.0, 2.0, 1.0, 0.0]])
+    out = filter_logits(logits, top_k=2)
+    kept = torch.isfinite(out)
+    assert kept.sum(dim=1).tolist() == [2, 2]
+    assert set(kept[0].nonzero().flatten().tolist()) <= {1, 2, 3}  # two of the three tied maxima
+    assert kept[1].nonzero().flatten().tolist() == [0, 1]
+    assert torch.equal(out[kept], logits[kept])  # kept logits unchanged
+    out = filter_logits(logits, top_k=4)
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [1, 2, 3, 5]
+    assert torch.isfinite(filter_logits(logits, top_k=1)).sum().item() == 2
+    assert torch.equal(filter_logits(logits, top_k=100), logits)  # k past the vocabulary keeps everything
+    with pytest.raises(UserError, match="top_k must be >= 1"):
+        filter_logits(logits, top_k=0)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    probs = torch.tensor([0.15, 0.5, 0.05, 0.3])  # shuffled: sorted it is 0.5, 0.3, 0.15, 0.05
+    logits = probs.log().repeat(2, 1)
+    logits[1] = logits[1] * 2 + 1  # a sharper second row: probs 0.735, 0.265... of the same order
+
+    def kept(top_p):
+        return [torch.isfinite(row).nonzero().flatten().tolist() for row in filter_logits(logits, top_p=top_p)]
+
+    assert kept(0.8)[0] == [1, 3]  # 0.5 + 0.3 reaches 0.8 exactly
+    assert kept(0.81)[0] == [0, 1, 3]
+    assert kept(0.95)[0] == [0, 1, 3]
+    assert kept(0.951)[0] == [0, 1, 2, 3]
+    assert kept(1.0)[0] == [0, 1, 2, 3]
+    assert kept(0.1)[0] == [1]  # the top token always stays
+    sharp = (logits[1]).softmax(-1)
+    assert sharp[1] < 0.8 < sharp[1] + sharp[3]
+    assert kept(0.8)[1] == [1, 3]
+    out = filter_logits(logits, top_p=0.8)
+    assert torch.equal(out[torch.isfinite(out)], logits[torch.isfinite(out)])
+    # both filters: top-k first, then the nucleus of what is left
+    assert torch.isfinite(filter_logits(logits, top_k=3, top_p=0.99)[0]).nonzero().flatten().tolist() == [0, 1, 3]
+    for bad in (0.0, 1.5, -0.1):
+        with pytest.raises(UserError, match="top_p must be in"):
+            filter_logits(logits, top_p=bad)
+
+
+def test_empty_prompt_starts_from_newline_or_end_of_text():
+    assert prompt_ids(CharTokenizer(CHARS), "") == CharTokenizer(CHARS).encode("\n")
+    assert prompt_ids(ByteTokenizer(), "") == [10]
+    bpe = TiktokenTokenizer(byte_bpe())
+    assert prompt_ids(bpe, "") == [bpe.eot_id] == [256]
+    assert prompt_ids(CharTokenizer("ab"), "") == [0]  # no newline in the vocabulary: token 0
