@@ -73,3 +73,15 @@ def _record_training_losses(monkeypatch) -> list:
 
     monkeypatch.setattr(GPTLightningModule, "training_step", training_step)
     return seen
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run faster on one thread (and a test's subprocesses get the other core): a module opts in with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -32,3 +32,8 @@ def byte_bpe() -> tiktoken.Encoding:
     """A tiktoken byte-level BPE with no merges and an end-of-text token 256, built in-process (no download)."""
     return tiktoken.Encoding("tiny-bpe", pat_str=r"\S+|\s+", mergeable_ranks={bytes([i]): i for i in range(256)},
                              special_tokens={"<|endoftext|>": 256})
+
+
+def random_ids(batch: int = 2, length: int = 5, vocab: int = 60, seed: int = 1) -> torch.Tensor:
+    """(batch, length) token ids below vocab, the same for a seed."""
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))

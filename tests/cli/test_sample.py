@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import byte_bpe, varied_gpt
+from support import byte_bpe, random_ids, varied_gpt
 
 from minigpt import GPT
 from minigpt.core.checkpoint import model_checkpoint, save_file
@@ -35,17 +35,7 @@ def write_ckpt(path: Path, model: GPT, tokenizer) -> Path:
     return path
 
 
-def prompts(batch: int = 2, length: int = 5, vocab: int = len(CHARS), seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread, and the CLI subprocesses get the other core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +57,7 @@ def greedy_text(ckpt: Path, prompt: str, n: int) -> str:
 
 def test_attention_override_at_load_gives_same_greedy_output(tmp_path):
     ckpt = write_ckpt(tmp_path / "a.ckpt", varied_gpt("llama", 2, "sdpa"), CharTokenizer(CHARS))
-    idx = prompts()
+    idx = random_ids()
     outputs = {}
     for attention in [None, *PATHS]:
         model, _ = load_model(ckpt, attention=attention)
@@ -375,7 +365,7 @@ def test_programming_errors_keep_their_traceback(capsys):
             run_cli(lambda idx=idx: generate(model, idx, 1))
     assert capsys.readouterr().err == ""  # no 'error:' line: the exception went on, traceback and all
     with pytest.raises(UserError) as e:  # a user's setting, by contrast, is a UserError naming the concept
-        generate(model, prompts(), 1, temperature=-1.0)
+        generate(model, random_ids(), 1, temperature=-1.0)
     assert not isinstance(e.value, ValueError)
     assert str(e.value) == "temperature must be >= 0 (0 = greedy), got -1.0"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from support import byte_bpe, varied_gpt
+from support import byte_bpe, random_ids, varied_gpt
 
 from minigpt.core.errors import UserError
 from minigpt.core.generation import filter_logits, generate, prompt_ids, refill_length
@@ -17,24 +17,14 @@ CHARS = "\n !',.:;?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXY"
 BLOCK = 32  # varied_gpt's block_size
 
 
-def prompts(batch: int = 2, length: int = 5, vocab: int = len(CHARS), seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("attention", PATHS)
 @pytest.mark.parametrize("arch,n_kv_head", [("gpt", 4), ("gpt", 2), ("llama", 4), ("llama", 2)])
 def test_greedy_with_cache_equals_without(arch, n_kv_head, attention):
     model = varied_gpt(arch, n_kv_head, attention)
-    idx = prompts()
+    idx = random_ids()
     n = BLOCK - idx.size(1)  # fill the block exactly: no refill, so both must compute the same function
     with_cache = generate(model, idx, n, temperature=0, use_kv_cache=True)
     without = generate(model, idx, n, temperature=0, use_kv_cache=False)
@@ -48,7 +38,7 @@ def test_greedy_with_cache_equals_without(arch, n_kv_head, attention):
 @pytest.mark.parametrize("arch", ["gpt", "llama"])
 def test_generation_longer_than_block_size(arch, use_kv_cache):
     model = varied_gpt(arch, 2)
-    idx = prompts(length=7)
+    idx = random_ids(length=7)
     n = 2 * BLOCK + 5  # past the block twice: three refills of the cache
     out = generate(model, idx, n, temperature=0.8, use_kv_cache=use_kv_cache,
                    generator=torch.Generator().manual_seed(0))
@@ -56,7 +46,7 @@ def test_generation_longer_than_block_size(arch, use_kv_cache):
     assert torch.equal(out[:, :7], idx)
     assert out.min() >= 0 and out.max() < model.config.vocab_size
     # a prompt longer than the block is cropped to its last block_size tokens, and kept in the output
-    long_prompt = prompts(batch=1, length=BLOCK + 10)
+    long_prompt = random_ids(batch=1, length=BLOCK + 10)
     out = generate(model, long_prompt, 10, temperature=0, use_kv_cache=use_kv_cache)
     assert out.shape == (1, BLOCK + 20) and torch.equal(out[:, :BLOCK + 10], long_prompt)
     cropped = generate(model, long_prompt[:, -BLOCK:], 1, temperature=0, use_kv_cache=use_kv_cache)
@@ -71,7 +61,7 @@ def test_cache_refill_is_a_fresh_prefill_of_the_last_tokens(arch):
     model = varied_gpt(arch, 2)
     keep = refill_length(BLOCK)
     assert keep == BLOCK // 2
-    idx = prompts(batch=1, length=4)
+    idx = random_ids(batch=1, length=4)
     # the cache holds tokens 0..BLOCK-1 when token BLOCK is sampled; the next step is the refill
     n = BLOCK + 1 + keep - 4  # fill the block, refill, then fill it again
     out = generate(model, idx, n, temperature=0)
@@ -84,7 +74,7 @@ def test_cache_refill_is_a_fresh_prefill_of_the_last_tokens(arch):
 
 def test_same_seed_same_samples_different_seed_different():
     model = varied_gpt("gpt", 4)
-    idx = prompts()
+    idx = random_ids()
 
     def sample(seed, **kw):
         return generate(model, idx, 25, temperature=1.0, generator=torch.Generator().manual_seed(seed), **kw)
@@ -99,7 +89,7 @@ def test_same_seed_same_samples_different_seed_different():
 
 def test_stop_token_stops_pads_and_streams():
     model = varied_gpt("gpt", 4)
-    idx = prompts(batch=3, length=3, seed=4)
+    idx = random_ids(batch=3, length=3, seed=4)
     free = generate(model, idx, 20, temperature=0)[:, 3:]
     stop = int(free[0, 4])  # row 0 produces it at step 4
     firsts = [row.index(stop) if stop in row else None for row in free.tolist()]
@@ -123,7 +113,7 @@ def test_stop_token_stops_pads_and_streams():
 
 def test_vocab_size_limits_sampled_ids():
     model = varied_gpt("gpt", 4)
-    out = generate(model, prompts(), 40, temperature=2.0, generator=torch.Generator().manual_seed(0),
+    out = generate(model, random_ids(), 40, temperature=2.0, generator=torch.Generator().manual_seed(0),
                    vocab_size=3)
     assert out[:, 5:].max() < 3
 

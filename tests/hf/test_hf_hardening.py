@@ -141,19 +141,6 @@ def test_a_tensor_of_the_wrong_rank_is_one_line_naming_it(tmp_path, arch, name, 
 
 # ------------------------------------------------------------------------------------------- the hub's cache
 
-@pytest.fixture
-def hub_cache(tmp_path, monkeypatch):
-    """An empty huggingface_hub cache, offline (the variables as huggingface_hub read them at import)."""
-    from huggingface_hub import constants
-
-    cache = tmp_path / "hf_home" / "hub"
-    cache.mkdir(parents=True)
-    monkeypatch.setattr(constants, "HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    return cache
-
-
 def sharded_in_cache(folder: Path, cache: Path, repo_id: str, commit: str = "0" * 40) -> Path:
     """`folder`'s weights as two shards, laid out as huggingface_hub's cache lays out a download: every snapshot
     file a relative link into the repository's blobs/."""

@@ -321,19 +321,6 @@ def fill_hub_cache(cache, repo_id, model_dir, commit="0123456789abcdef0123456789
     (repo / "refs" / "main").write_text(commit)
 
 
-@pytest.fixture
-def hub_cache(tmp_path, monkeypatch):
-    """An empty huggingface_hub cache, offline (the variables as huggingface_hub read them at import)."""
-    from huggingface_hub import constants
-
-    cache = tmp_path / "hf_home" / "hub"
-    cache.mkdir(parents=True)
-    monkeypatch.setattr(constants, "HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    return cache
-
-
 def test_hub_ids_load_from_the_cache_offline(saved, hub_cache):
     hf_model, path = saved["llama-gqa-tied"]
     fill_hub_cache(hub_cache, "someorg/tiny-llama", path)
