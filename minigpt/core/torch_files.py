@@ -157,7 +157,9 @@ def _storage_dtype(storage_type: Any) -> torch.dtype | None:
         return torch.uint8
     if module not in ("torch", "torch.cuda") or not name.endswith("Storage"):
         return None
-    dtype = getattr(getattr(torch if module == "torch" else torch.cuda, name, None), "dtype", None)
+    with warnings.catch_warnings():  # the legacy classes warn that TypedStorage is deprecated when asked
+        warnings.simplefilter("ignore", UserWarning)
+        dtype = getattr(getattr(torch if module == "torch" else torch.cuda, name, None), "dtype", None)
     return dtype if isinstance(dtype, torch.dtype) else None
 
 
