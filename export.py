@@ -1,9 +1,12 @@
-"""Export a minigpt checkpoint as a Hugging Face model directory (GPT2LMHeadModel or LlamaForCausalLM).
+"""Export a minigpt checkpoint as a Hugging Face model directory (GPT2LMHeadModel or LlamaForCausalLM), or as one
+GGUF file for llama.cpp, Ollama and LM Studio.
 
     python export.py --ckpt out/RUN --out hf/my-model
     python -c "from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained('hf/my-model')"
+    python export.py --ckpt out/RUN --format gguf --out my-model.gguf --gguf_type q8_0   # llama-cli -m my-model.gguf
 
-The command line is minigpt/cli/export.py, the export minigpt/export/hf.py; `python export.py --help` lists the flags.
+The command line is minigpt/cli/export.py, the exports minigpt/export/hf.py and gguf.py; `python export.py --help`
+lists the flags.
 Installed, the same command is `minigpt export ...`.
 """
 

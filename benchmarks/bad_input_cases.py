@@ -133,11 +133,15 @@ CASES: list[Case] = [
            expect=["max_new_tokens must be >= 0"]),
     sample("unknown attention path", "--ckpt", "{ckpt}", "--attention", "flash",
            expect=["attention: unknown value 'flash'"]),
+    sample("unknown --quantize", "--ckpt", "{ckpt}", "--quantize", "int4",
+           expect=["quantize: unknown value 'int4'; choose one of int8"]),
     sample("a device this machine lacks", "--ckpt", "{ckpt}", "--device", "mps", expect=["device mps"]),
     sample("seed below 0", "--ckpt", "{ckpt}", "--seed", "-1", expect=["--seed must be in [0, 4294967295]"]),
     evaluate("batch_size below 1", "--ckpt", "{ckpt}", "--text", "{corpus}", "--batch_size", "-1",
              expect=["batch_size must be >= 1"]),
     evaluate("missing text file", "--ckpt", "{ckpt}", "--text", "{w}/nope.txt", expect=["nope.txt"]),
+    evaluate("unknown --quantize", "--ckpt", "{ckpt}", "--text", "{corpus}", "--quantize", "fp8",
+             expect=["quantize: unknown value 'fp8'; choose one of int8"]),
     evaluate("text outside the char vocabulary", "--ckpt", "{ckpt}", "--text", "{w}/other.txt",
              expect=["outside the model's char vocabulary"]),
     train("init_from with a model setting that differs from the source's", "--init_from", "{run}",
@@ -151,6 +155,48 @@ CASES: list[Case] = [
     attention("empty prompt", "--ckpt", "{ckpt}", "--prompt", "", "--out", "{w}/lab", expect=["prompt is empty"]),
     export("--out already holds files", "--ckpt", "{ckpt}", "--out", "{w}/occupied",
            expect=["already holds files", "--overwrite"]),
+    train("--finetune lora without init_from", "--finetune", "lora", expect=["--finetune lora", "--init_from"]),
+    train("LoRA rank 0", "--init_from", "{run}", "--finetune", "lora", "--lora.rank", "0",
+          expect=["lora.rank: must be a positive integer, got 0"]),
+    train("LoRA rank larger than the layer", "--init_from", "{run}", "--finetune", "lora", "--lora.rank", "64",
+          expect=["lora.rank: 64 is larger than the q projection (32 x 32)", "at most 32"]),
+    train("LoRA alpha not positive", "--init_from", "{run}", "--finetune", "lora", "--lora.alpha", "0",
+          expect=["lora.alpha: must be a positive number"]),
+    train("unknown LoRA target", "--init_from", "{run}", "--finetune", "lora", "--lora.targets", "[q,ffn]",
+          expect=['"lora.targets"', "ffn"]),
+    train("resuming a LoRA run as a full one", "--out_dir", "{w}/lora_run", "--init_from", "{run}", "--resume",
+          expect=["is a LoRA run", "--finetune lora"]),
+    train("resuming a LoRA run on another base", "--out_dir", "{w}/lora_run", "--init_from", "{w}/other_base.ckpt",
+          "--finetune", "lora", "--resume", expect=["was trained on the base", "is another model", "--init_from"]),
+    export("--format peft of a run without adapters", "--ckpt", "{ckpt}", "--format", "peft", "--out", "{w}/adapter",
+           expect=["is not a LoRA run", "--finetune lora"]),
+    # user data is bounded where it is read: JSON depth, template render budget, file kinds, memory (issue 40)
+    train("chat data nested 100,000 deep", "--data.format", "chat", "--data.source", "{w}/deep.jsonl",
+          expect=["deep.jsonl line 1: not JSON", "nested more than 100 levels deep"]),
+    train("a JSON file nested 100,000 deep as the corpus", "--data.source", "{w}/deep.json",
+          expect=["could not read", "nested more than 100 levels deep"]),
+    train("a tokenizer file nested 100,000 deep", "--data.tokenizer", "{w}/deep.json",
+          expect=["tokenizer file", "nested more than 100 levels deep"]),
+    train("bpe:VOCAB in Unicode digits", "--data.tokenizer", "bpe:²⁵⁸", expect=["'bpe:²⁵⁸'", "in the digits 0-9"]),
+    train("a BPE trained on a 1 MB run of one character", "--data.source", "{w}/one_run.txt", "--data.tokenizer",
+          "bpe:4096", expect=["bpe:4096", "fills only", "ask for bpe:"]),
+    train("chat template with loops of 10**10 steps", "--data.format", "chat", "--data.source", "{w}/chats.jsonl",
+          "--data.chat_template", "{w}/loops.jinja", expect=["loops.jinja", "render budget of 1,000,000 steps"]),
+    train("chat template that builds 300 MB", "--data.format", "chat", "--data.source", "{w}/chats.jsonl",
+          "--data.chat_template", "{w}/huge.jinja", expect=["builds a text of 300,000,000 characters"]),
+    train("/dev/zero as the chat template", "--data.format", "chat", "--data.source", "{w}/chats.jsonl",
+          "--data.chat_template", "/dev/zero", expect=["cannot read /dev/zero", "character device"]),
+    sample("--config nested 100,000 deep", "--config", "{w}/deep.yaml", expect=["nested more than 100 levels deep"]),
+    sample("/dev/zero as the prompt file", "--ckpt", "{ckpt}", "--prompt-file", "/dev/zero",
+           expect=["cannot read prompt file /dev/zero", "character device"]),
+    sample("--num_samples past this machine's memory", "--ckpt", "{ckpt}", "--num_samples", "100000000",
+           expect=["generating 100,000,000 sequence(s)", "draw fewer samples"]),
+    evaluate("--num_fewshot past a task's documents", "--ckpt", "{ckpt}", "--tasks", "{w}/quiz.yaml",
+             "--num_fewshot", "1000", expect=["num_fewshot=1000", "task quiz has 5 document(s)"]),
+    evaluate("a task's !function hook that raises", "--ckpt", "{ckpt}", "--tasks", "{w}/hooked.yaml",
+             expect=["task hooked: its hook !function hooks.broken", "ZeroDivisionError"]),
+    evaluate("a task hook from outside the task file's folder", "--ckpt", "{ckpt}", "--tasks", "{w}/outside.yaml",
+             expect=["!function os.system", "the one place task hooks are read from"]),
 ]
 
 
@@ -179,6 +225,42 @@ def _write_edited_tokenizer_checkpoint(src: Path, dest: Path, edit: Callable[[st
     tok = ckpt["minigpt"]["tokenizer"]
     tok["chars"] = edit(tok["chars"])
     save_file(ckpt, dest)
+
+
+def _write_other_base(src: Path, dest: Path) -> None:
+    """The tiny run with one weight changed: another model of the same shape (a LoRA run's wrong base)."""
+    from minigpt.core.checkpoint import read_checkpoint, save_file
+
+    ckpt = read_checkpoint(src)
+    ckpt["state_dict"]["model.lm_head.weight"][0, 0] += 1.0
+    save_file(ckpt, dest)
+
+
+def _write_hostile_inputs(w: Path) -> None:
+    """The files of issue 40's cases: JSON and YAML nested 100,000 deep, a 1 MB run of one character, chat data
+    with templates that loop or grow without end, and harness tasks (few documents, hooks that fail or come from
+    elsewhere)."""
+    deep = 100_000
+    (w / "deep.jsonl").write_text("[" * deep + "]" * deep + "\n")
+    (w / "deep.json").write_text('{"a":' * deep + "1" + "}" * deep)  # a tokenizer.json's shape, gone deep
+    (w / "deep.yaml").write_text("seed: " + "[" * deep + "]" * deep + "\n")
+    (w / "one_run.txt").write_text("a" * 1_000_000)
+    (w / "chats.jsonl").write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"{a} + {a}?"},
+                                                                   {"role": "assistant", "content": str(2 * a)}]})
+                                           + "\n" for a in range(8)))
+    (w / "loops.jinja").write_text("{% for i in range(10**5) %}{% for j in range(10**5) %}{% endfor %}{% endfor %}"
+                                   "<|im_end|>")
+    (w / "huge.jinja").write_text("{{ 'x' * 3*10**8 }}<|im_end|>")
+    (w / "quiz.jsonl").write_text("".join(json.dumps({"question": f"the {i}", "choices": ["fox", "dog"], "answer": 0})
+                                          + "\n" for i in range(5)))
+    quiz = (f"task: quiz\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {w / 'quiz.jsonl'}\n"
+            "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{question}}'\n"
+            "doc_to_choice: '{{choices}}'\ndoc_to_target: '{{answer}}'\nmetric_list:\n  - metric: acc\n"
+            "    aggregation: mean\n    higher_is_better: true\n")
+    (w / "quiz.yaml").write_text(quiz)
+    (w / "hooked.yaml").write_text(quiz.replace("task: quiz", "task: hooked\nprocess_docs: !function hooks.broken"))
+    (w / "hooks.py").write_text("def broken(docs):\n    return 1 / 0\n")
+    (w / "outside.yaml").write_text(quiz.replace("task: quiz", "task: outside\nprocess_docs: !function os.system"))
 
 
 def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
@@ -212,4 +294,8 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
     _write_huge_config_checkpoint(ckpt, w / "huge.ckpt")
     _write_edited_tokenizer_checkpoint(ckpt, w / "dup_chars.ckpt", lambda chars: chars[:-1] + chars[0])
     _write_edited_tokenizer_checkpoint(ckpt, w / "few_chars.ckpt", lambda chars: chars[:-1])
+    _write_hostile_inputs(w)
+    _write_other_base(ckpt, w / "other_base.ckpt")
+    train_tiny_run(["--data.source", str(w / "words.txt"), "--data.data_root", str(w / "data"), *TINY,
+                    "--out_dir", str(w / "lora_run"), "--init_from", str(w / "run"), "--finetune", "lora"])
     return w

@@ -1,8 +1,9 @@
 """load_model: any model a user names -> (model, tokenizer), whatever its format.
 
 A minigpt checkpoint or run directory is read by minigpt.core.checkpoint; a Hugging Face model directory or
-hf:ORG/NAME is imported by minigpt.hf.load.  The commands, fine-tuning (init_from) and `minigpt.load_model` all
-come through here.
+hf:ORG/NAME is imported by minigpt.hf.load.  A LoRA run (train.py --finetune lora) holds adapters only: its base is
+loaded from where the run found it, checked against the fingerprint the run recorded, and the adapters merged.
+The commands, fine-tuning (init_from) and `minigpt.load_model` all come through here.
 """
 
 from __future__ import annotations
@@ -12,8 +13,12 @@ from pathlib import Path
 import torch
 
 from minigpt.core.chat_template import ChatTokenizer
-from minigpt.core.checkpoint import load_checkpoint, run_checkpoints
+from minigpt.core.checkpoint import (checkpoint_model, find_checkpoint, model_config, model_state_dict,
+                                     read_checkpoint, run_checkpoints)
+from minigpt.core.errors import CheckpointError, UserError, first_line
+from minigpt.core.lora import LoRAConfig, adapter_names, checkpoint_lora, fingerprint, lora_model, merge_lora
 from minigpt.core.model import GPT
+from minigpt.core.quantize import Quantization, quantize_model
 from minigpt.core.tokenizers import Tokenizer
 from minigpt.hf.chat_files import read_chat_template
 from minigpt.hf.load import load_hf_model, resolve_hf_source
@@ -30,22 +35,61 @@ def is_hf_source(source: str | Path | None) -> bool:
 
 
 def load_model(source: str | Path | None = None, device: str | torch.device = "cpu",
-               attention: str | None = None) -> tuple[GPT, Tokenizer]:
+               attention: str | None = None, quantize: Quantization | None = None) -> tuple[GPT, Tokenizer]:
     """A checkpoint file, a run directory, None (the newest run under out/), a Hugging Face model directory or
     hf:ORG/NAME -> (model in eval mode, tokenizer).
 
     `attention` picks another attention path for the same weights (same outputs; e.g. 'manual' to get the
-    attention weights).
+    attention weights).  `quantize="int8"`: the weights as loaded, then stored as int8 with a scale per row, for
+    inference (minigpt.core.quantize): a quarter of the memory, and faster decoding where bandwidth is the limit.
     """
+    if quantize is not None:
+        model, tokenizer = load_model(source, device=device, attention=attention)
+        return quantize_model(model, quantize), tokenizer
     if is_hf_source(source):
         return load_hf_model(source, device=device, attention=attention)
-    return load_checkpoint(source, device=device, attention=attention)
+    path = find_checkpoint(source)
+    ckpt = read_checkpoint(path, map_location="cpu")
+    if checkpoint_lora(ckpt) is None:
+        return checkpoint_model(ckpt, path, device, attention)
+    return checkpoint_model(ckpt, path, device, attention, build=lambda c, **o: merge_lora(lora_run_model(c, **o)))
+
+
+def load_lora_run(source: str | Path | None, device: str | torch.device = "cpu") -> tuple[GPT, Tokenizer, LoRAConfig]:
+    """A LoRA run as trained: (its model on its base, adapters not merged, in eval mode; tokenizer; LoRA config)."""
+    path = find_checkpoint(source)
+    ckpt = read_checkpoint(path, map_location="cpu")
+    if (lora := checkpoint_lora(ckpt)) is None:
+        raise UserError(f"{path} is not a LoRA run (it holds a whole model); only a run of train.py --finetune lora "
+                        "has adapters to export")
+    return *checkpoint_model(ckpt, path, device, build=lora_run_model), lora[0]
+
+
+def lora_run_model(ckpt: dict, **config_overrides) -> GPT:
+    """A LoRA run's model from its checkpoint: the base, read from where the run found it and checked against its
+    fingerprint, with the run's adapters (not merged)."""
+    cfg, base = checkpoint_lora(ckpt)
+    try:
+        model, _ = load_model(base["source"], attention=config_overrides.get("attention"))
+    except UserError as e:
+        raise CheckpointError(f"it is a LoRA run whose base {base['source']} cannot be loaded ({first_line(e, 300)}); "
+                              "put the base it was trained on back there") from None
+    if (found := fingerprint(model)) != base["fingerprint"]:
+        raise CheckpointError(f"it is a LoRA run whose base {base['source']} changed since (fingerprint {found[:12]}, "
+                              f"trained on {base['fingerprint'][:12]}); put the base it was trained on back there")
+    model = lora_model(model, model_config(ckpt, **config_overrides), cfg)
+    adapters = model_state_dict(ckpt)
+    if set(adapters) != set(adapter_names(model)):
+        raise CheckpointError("its adapters do not match its LoRA config; the checkpoint is damaged or from another "
+                              "program")
+    model.load_state_dict(adapters, strict=False)
+    return model
 
 
 def load_chat_model(source: str | Path | None = None, device: str | torch.device = "cpu",
-                    attention: str | None = None) -> tuple[GPT, Tokenizer]:
+                    attention: str | None = None, quantize: Quantization | None = None) -> tuple[GPT, Tokenizer]:
     """(model, chat tokenizer): a chat run's own, or a Hugging Face model's tokenizer with its chat template."""
-    model, tokenizer = load_model(source, device=device, attention=attention)
+    model, tokenizer = load_model(source, device=device, attention=attention, quantize=quantize)
     if not isinstance(tokenizer, ChatTokenizer) and is_hf_source(source):
         template = read_chat_template(resolve_hf_source(source)[0])
         if template is not None:

@@ -12,7 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # `benchmarks` is a folder of scripts, not an installed package
 
-from benchmarks import bench_attention, bench_sampling, bench_train, common  # noqa: E402
+from benchmarks import bench_attention, bench_decode, bench_sampling, bench_train, common  # noqa: E402
 
 MACHINE_KEYS = {"cpu", "cores", "torch_threads", "torch", "python", "dtype", "device", "load_avg_1m"}
 
@@ -53,7 +53,8 @@ def test_bench_train_quick(tmp_path, capsys):
         for key in ("step_ms", "tokens_per_s", "mfu", "bare_step_ms", "bare_tokens_per_s", "overhead_pct",
                     "flops_per_token", "warmup_s"):
             assert key in r, key
-        assert r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1
+        # mfu has 4 decimals: the quick shape's 232 tokens/s on a busy machine (load 10) is 0.0
+        assert r["tokens_per_s"] > 0 and 0 <= r["mfu"] < 1
     assert {a["impl"] for a in result["adamw"]} == {"fused", "foreach", "for-loop"}
     assert "| shape | precision | compile |" in capsys.readouterr().out
 
@@ -94,6 +95,19 @@ def test_bench_sampling_quick(tmp_path, capsys):
     assert [r["kv_cache"] for r in result["results"]] == [False, True]
     assert all(r["tokens_per_s"] > 0 for r in result["results"])
     assert "| no KV cache |" in capsys.readouterr().out
+
+
+def test_bench_long_context_quick(tmp_path, capsys, one_thread):
+    from benchmarks import bench_long_context
+
+    out = tmp_path / "long_context.json"
+    bench_long_context.main(["--quick", "--json", str(out), "--device", "cpu"])
+    result = read(out)
+    assert result["benchmark"] == "long_context" and MACHINE_KEYS <= set(result["machine"])
+    assert [(r["arch"], r["tokens"]) for r in result["sampling"]] == [("gpt", 64), ("llama", 64)]  # 4 blocks of 16
+    assert all(len(r["ms_per_token_windows"]) == 8 and r["ms_once_full"] > 0 for r in result["sampling"])
+    assert len(result["chat"]["windows"]) == 8 and all(w["prefilled_per_turn"] > 0 for w in result["chat"]["windows"])
+    assert "tokens run per turn" in capsys.readouterr().out
 
 
 def test_cpu_peak_memory_tracks_the_timeline():
@@ -196,20 +210,20 @@ def test_time_to_loss_runs_the_config_as_shipped_and_validates_at_its_interval(c
     config["trainer"]["val_check_interval"] = 7
     config_path = tmp_path / "recipe.yaml"
     config_path.write_text(yaml.safe_dump(config))
+    # a fixed step count, not the benchmark's time budget: what a busy machine trains in 3 s is not a test's to know
     tiny = ["--data.data_root", data_root, "--model.n_layer", 1, "--model.n_embd", 32, "--model.n_head", 2,
             "--model.mlp_hidden", 64, "--model.block_size", 32, "--data.batch_size", 8, "--data.val_batches", 2,
-            "--compile", "false"]
+            "--compile", "false", "--trainer.max_steps", 21, "--trainer.max_time", "null"]
     extra = [f"--extra={flag}={value}" for flag, value in zip(tiny[::2], tiny[1::2])]
     out = tmp_path / "ttl.json"
     time_to_loss.main(["--quick", "--corpus", str(corpus), "--config", str(config_path), "--json", str(out), *extra])
     result = read(out)
     assert result["val_every"] == 7 and "validation every 7 steps" in capsys.readouterr().out
     (row,) = result["results"]
-    assert row["variant"] == "recipe" and row["steps"] >= 14, row
+    assert row["variant"] == "recipe" and row["steps"] == 21, row
     assert 0 < row["full_val_loss"] < 10
-    # each validation is logged at the step before it; the last one is where the budget ran out
-    periodic = [step for step, _ in row["curve"]][:-1]
-    assert len(periodic) >= 2 and periodic == [7 * i + 6 for i in range(len(periodic))], periodic
+    # every 7 steps, as the config says (each validation is logged at the step before it)
+    assert [step for step, _ in row["curve"]] == [6, 13, 20], row["curve"]
 
 
 def test_bench_startup_quick(tmp_path, capsys):
@@ -274,3 +288,61 @@ def test_tokens_per_char_quick(tmp_path, capsys):
     assert rows["byte"]["english"] == 1.0 and 1.8 < rows["byte"]["russian"] < 2.0  # spaces and newlines: 1 byte
     assert rows["bpe:300"]["english"] < 1.0 and rows["bpe:300"]["russian"] < 1.0
     assert "Tokens per character" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # about 45 s of CPU: eight train.py children
+def test_bench_lora_quick(tmp_path, capsys):
+    from benchmarks import bench_lora
+
+    result = bench_lora.main(["--quick", "--work", str(tmp_path), "--json", str(tmp_path / "lora.json")])
+    assert read(tmp_path / "lora.json")["benchmark"] == "bench_lora" and MACHINE_KEYS <= set(result["machine"])
+    rows = {(r["variant"], r["n_layer"]): r for r in result["results"]}
+    full, lora = rows[("full (extrapolated from n_layer 1/2)", 3)], rows[("lora8", 3)]
+    assert lora["trainable"] == 3 * 8 * (2 * (64 + 64) + 2 * (64 + 32) + 3 * (64 + 128))  # rank 8: q o, k v, mlp
+    assert full["trainable"] == pytest.approx(sum(p.numel() for p in bench_lora_model().parameters()))
+    assert lora["checkpoint_bytes"] < full["checkpoint_bytes"] / 2
+    for r in result["results"]:
+        assert r["peak_rss"] > 2**20 and r["s_per_step"] > 0
+    assert "| shape | layers | run |" in capsys.readouterr().out
+
+
+def bench_lora_model():
+    from benchmarks.bench_lora import SHAPES
+    from minigpt.core.config import GPTConfig
+    from minigpt.core.model import GPT
+
+    return GPT(GPTConfig(**SHAPES["tiny"], block_size=32))
+
+
+def test_bench_serve_quick(tmp_path, capsys):
+    """Tiny shapes, 1 and 2 concurrent clients through the real server; every client gets all its tokens."""
+    from benchmarks import bench_serve
+
+    out = tmp_path / "serve.json"
+    result = bench_serve.main(["--quick", "--json", str(out), "--device", "cpu"])
+    printed = capsys.readouterr().out
+    assert "torch.backends.cpu.get_cpu_capability()" in printed and "TTFT" in printed
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["shape"], r["clients"]) for r in rows] == [("124m", 1), ("124m", 2), ("char", 1), ("char", 2)]
+    for r in rows:  # the random models never stop early
+        assert r["completion_tokens"] == 8 * r["clients"] and r["tokens_per_s"] > 0 and r["ttft_max_s"] > 0
+    assert result["results"] == rows
+
+
+@pytest.mark.slow  # compiles the decode step of four tiny models
+def test_bench_decode_quick(tmp_path, capsys):
+    out = tmp_path / "decode.json"
+    bench_decode.main(["--quick", "--json", str(out)])
+    result = read(out)
+    assert result["benchmark"] == "decode" and MACHINE_KEYS <= set(result["machine"])
+    rows = result["rows"]
+    ways = ("minigpt float32, compiled step", "minigpt float32, eager", "minigpt int8, compiled step",
+            "transformers float32")
+    assert [(r["shape"], r["way"]) for r in rows] == [(s, w) for s in ("GPT-2-124M", "SmolLM2-135M") for w in ways]
+    for r in rows:
+        assert r["tokens_per_s"] > 0 and r["prefill_tokens_per_s"] > 0 and r["bound_tokens_per_s"] > 0
+        if "float32" in r["way"]:  # the same weights and the same greedy ids as transformers
+            assert r["ids_equal_transformers"], r["way"]
+    int8, fp32 = rows[2], rows[0]
+    assert int8["weight_bytes"] < 0.3 * fp32["weight_bytes"]  # int8 weights and per-row scales: about a quarter
+    assert "| shape | way | tokens/s |" in capsys.readouterr().out

@@ -12,10 +12,12 @@ checkpoint, text file or task) ends in one `error:` line and exit code 2.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from minigpt.loading import load_model
-from minigpt.cli.parsing import CommandParser, add_source_argument, resolve_device
+from minigpt.cli.parsing import (QUANTIZE_CHOICES, CommandParser, add_quantize_argument, add_source_argument,
+                                 misplaced_setting, resolve_device)
 from minigpt.core.errors import UnknownCharactersError, UserError, shown_chars
 from minigpt.cli.errors import run_cli
 from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens
@@ -28,7 +30,9 @@ def build_parser() -> CommandParser:
     p.add_argument("--text", type=str | None, default=None, help="UTF-8 text file to evaluate on")
     p.add_argument("--tasks", type=str | None, default=None,
                    help="lm-evaluation-harness tasks instead of --text: names (hellaswag,arc_easy,...) and paths of "
-                        "task YAML files, comma-separated (needs the eval extra: pip install -e \".[eval]\")")
+                        "task YAML files (ending in .yaml), comma-separated (needs the eval extra: pip install -e "
+                        "\".[eval]\"). A task file is code, like a script: its `!function module.fn` hooks run, "
+                        "read from module.py beside the file and nowhere else; give only task files you trust")
     p.add_argument("--limit", type=int | None, default=None, help="--tasks: at most this many examples per task")
     p.add_argument("--num_fewshot", "--num-fewshot", type=int | None, default=None,
                    help="--tasks: examples shown before each question (default: each task's own)")
@@ -37,6 +41,7 @@ def build_parser() -> CommandParser:
                    help="windows of block_size tokens (--text) or requests (--tasks, default 1) evaluated at once: "
                         "speed and memory, not the result; at most as many as keep the logits within 512 MiB")
     p.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:N, mps, or auto")
+    add_quantize_argument(p)
     return p
 
 
@@ -62,7 +67,7 @@ def run_tasks(args) -> dict:
     from minigpt.evaluation.harness import MiniGPTLM, evaluate_tasks, resolve_tasks, results_table, write_results
 
     tasks = resolve_tasks(args.tasks.split(","))  # before loading the model: a wrong name costs nothing
-    model, tokenizer = load_model(args.ckpt, device=resolve_device(args.device))
+    model, tokenizer = load_model(args.ckpt, device=resolve_device(args.device), quantize=args.quantize)
     results = evaluate_tasks(MiniGPTLM(model, tokenizer, batch_size=args.batch_size or 1), tasks, limit=args.limit,
                              num_fewshot=args.num_fewshot)
     print(results_table(results), flush=True)
@@ -74,7 +79,10 @@ def run_tasks(args) -> dict:
 def run(argv: list[str] | None = None) -> tuple[float, int] | dict:
     """eval.py without the one-line error handling: prints the result line and returns (total nats, tokens), or
     with --tasks prints the harness's table and returns its results."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if problem := misplaced_setting(sys.argv[1:] if argv is None else argv, QUANTIZE_CHOICES):
+        parser.error(problem)
+    args = parser.parse_args(argv)
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch_size must be >= 1, got {args.batch_size}")
     if (args.text is None) == (args.tasks is None):
@@ -85,7 +93,7 @@ def run(argv: list[str] | None = None) -> tuple[float, int] | dict:
     device = resolve_device(args.device)
     path = Path(args.text)
     text = read_text(path)
-    model, tokenizer = load_model(args.ckpt, device=device)
+    model, tokenizer = load_model(args.ckpt, device=device, quantize=args.quantize)
     try:
         tokens = tokenizer.encode(text)
     except UnknownCharactersError as e:

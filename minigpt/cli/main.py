@@ -2,6 +2,7 @@
 
     minigpt train --config configs/X.yaml     # = python train.py --config configs/X.yaml
     minigpt sample --ckpt out/RUN --prompt "ROMEO:"
+    minigpt serve --ckpt out/RUN              # OpenAI-compatible server and chat page on 127.0.0.1:8000
     minigpt eval | export | attention ...     # `minigpt COMMAND --help` lists a command's flags
 
 Only the chosen command's module is imported, so `minigpt sample` starts without Lightning (train's import).
@@ -20,8 +21,9 @@ COMMANDS = {
     "train": ("minigpt.cli.train", "train a GPT (configs/default.yaml unless --config)"),
     "sample": ("minigpt.cli.sample", "generate text from a checkpoint"),
     "eval": ("minigpt.cli.eval", "evaluate a checkpoint on a text file (nats/token, bits/char)"),
-    "export": ("minigpt.cli.export", "write a checkpoint as a Hugging Face model directory"),
+    "export": ("minigpt.cli.export", "write a checkpoint as a Hugging Face model directory or a GGUF file"),
     "attention": ("minigpt.cli.attention", "look at every attention head on one prompt (attention lab)"),
+    "serve": ("minigpt.cli.serve", "serve a model over OpenAI's API, with a chat page (needs the serve extra)"),
 }
 
 

@@ -4,18 +4,36 @@ the --ckpt / --prompt options and the device option.  Each command has `--help`,
 
 from __future__ import annotations
 
+import io
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, TextIO, get_args, get_origin, get_type_hints
 
 import torch
-from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
+import yaml
+from jsonargparse import ActionConfigFile, ArgumentParser, get_loader, set_loader, set_parsing_settings
 
-from minigpt.core.errors import UserError
+from minigpt.core.errors import UserError, first_line
+from minigpt.core.quantize import QUANTIZATIONS, Quantization
+from minigpt.core.user_files import DOCUMENT_BYTES, MAX_JSON_DEPTH, TOO_DEEP, json_depth, read_user_text
 
 # --help reads each config field's docstring: a field is documented once, where it is declared
 set_parsing_settings(docstring_parse_attribute_docstrings=True)
+
+
+def bounded_yaml_load(text: str) -> Any:
+    """jsonargparse's YAML loader (for --config files and flag values) behind the JSON depth bound: libyaml's
+    parser, its default, crashes the interpreter on brackets nested ~100,000 deep."""
+    if isinstance(text, str) and json_depth(io.BytesIO(text.encode("utf-8", "surrogatepass"))) > MAX_JSON_DEPTH:
+        raise yaml.YAMLError(TOO_DEEP)
+    return yaml_load(text)
+
+
+if get_loader("yaml") is not bounded_yaml_load:  # (this module imported twice: tests reload it)
+    yaml_load = get_loader("yaml")
+    set_loader("yaml", bounded_yaml_load, exceptions=(yaml.YAMLError,))
+
 
 def one_line(message: str) -> str:
     """A parse error of jsonargparse's (several lines) as one line; the mistakes minigpt names itself (a choice
@@ -56,10 +74,25 @@ def misplaced_setting(args: Sequence[str], choices: dict[str, tuple[Any, ...]],
     return None
 
 
+def invoked_as(prog: str | None) -> str | None:
+    """A command's name as the user ran it, for its usage line and errors: `minigpt train` through the console
+    script (minigpt.cli.main), else as given (`train.py`)."""
+    command = (prog or "").removesuffix(".py")
+    runner = sys.argv[0] if sys.argv else ""
+    via_main = Path(runner).name in ("minigpt", "minigpt.exe") or runner.endswith(str(Path("minigpt/cli/main.py")))
+    return f"minigpt {command}" if prog and prog.endswith(".py") and via_main and sys.argv[1:2] == [command] else prog
+
+
 class OneLineErrors:
-    """Parse mistakes (unknown key, wrong type, bad choice) end in one line naming the key, not a usage dump."""
+    """Parse mistakes (unknown key, wrong type, bad choice) end in one line naming the key, not a usage dump; the
+    usage line names the command as it was run (invoked_as)."""
 
     prog: str
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if "prog" in kwargs:
+            kwargs["prog"] = invoked_as(kwargs["prog"])
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> None:  # type: ignore[override]
         print(f"error: {one_line(message)} (see `{self.prog} --help`)", file=sys.stderr)
@@ -79,6 +112,17 @@ def add_source_argument(p: ArgumentParser) -> None:
     p.add_argument("--ckpt", type=str | None, default=None,
                    help="checkpoint file, run directory, Hugging Face model directory or hf:ORG/NAME "
                         "(default: the newest run under out/)")
+
+
+def add_quantize_argument(p: ArgumentParser) -> None:
+    """--quantize: minigpt.core.quantize's Quantization (sample, chat, eval, serve share it); its choices are also
+    checked before parsing (misplaced_setting with QUANTIZE_CHOICES), for a one-line error naming them."""
+    p.add_argument("--quantize", type=Quantization | None, default=None,
+                   help="int8: every weight as int8 with a scale per row, for inference: a quarter of the memory and "
+                        "faster decoding on a CPU, nearly always float32's next token (docs/performance.md#decode)")
+
+
+QUANTIZE_CHOICES = {"quantize": QUANTIZATIONS}
 
 
 def add_prompt_arguments(p: ArgumentParser, what: str) -> None:
@@ -107,17 +151,39 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def read_prompt(args: Any, stdin: TextIO) -> str:
+def typed(stdin: TextIO | None, line: bool = False) -> str:
+    """What the user typed or piped: all of standard input, or its next line, with Windows (and old Mac) line
+    endings read as "\n".  Standard input that is closed (`<&-`) or cannot be read (a directory) holds nothing,
+    like an empty prompt; bytes that are not UTF-8 are one error line."""
+    try:
+        text = (stdin.readline() if line else stdin.read()) if stdin is not None else ""
+        text.encode("utf-8")  # the bytes Python could not decode come as lone surrogates (surrogateescape)
+    except UnicodeError as e:
+        raise UserError(f"standard input is not UTF-8 text (a byte that is not UTF-8 near character {e.start}); pipe "
+                        "UTF-8 text, or give the prompt with --prompt-file") from None
+    except (OSError, ValueError):  # closed (ValueError: I/O operation on closed file), a directory (EISDIR)
+        return ""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def is_terminal(stdin: TextIO | None) -> bool:
+    try:
+        return stdin is not None and stdin.isatty()
+    except (OSError, ValueError):  # closed
+        return False
+
+
+def read_prompt(args: Any, stdin: TextIO | None) -> str:
     if args.prompt_file is not None:
         if args.prompt:
             raise UserError("give the prompt with --prompt or --prompt-file, not both")
         path = Path(args.prompt_file)
-        if not path.is_file():
+        if not path.exists():
             raise UserError(f"prompt file not found: {path}")
         try:
-            return path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserError(f"cannot read prompt file {path}: {type(e).__name__}") from None
+            return read_user_text(path, DOCUMENT_BYTES)
+        except (OSError, ValueError) as e:  # ValueError: not UTF-8, too large, a device
+            raise UserError(f"cannot read prompt file {path}: {first_line(e)}") from None
     if args.prompt == "-":
-        return stdin.read()
+        return typed(stdin)
     return args.prompt

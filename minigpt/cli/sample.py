@@ -5,6 +5,7 @@
     python sample.py --temperature 0 --no-kv-cache        # greedy, recomputing the context every step
     python sample.py --config sample.yaml                 # the same options from YAML (see --print_config)
     python sample.py --ckpt out/sft --chat --system "Answer briefly."   # talk to a chat model, turn by turn
+    python sample.py --quantize int8 --compile            # faster decoding on a CPU (docs/performance.md#decode)
 
 The generation itself is minigpt.core.generation; loading is minigpt.loading.load_model.  Every user mistake
 (a bad flag, checkpoint or prompt) ends in one `error:` line and exit code 2.
@@ -19,13 +20,15 @@ import torch
 
 from minigpt.core.chat import ChatSession
 from minigpt.loading import load_chat_model, load_model
-from minigpt.cli.parsing import (CommandParser, add_prompt_arguments, add_source_argument, misplaced_setting,
-                                 read_prompt, resolve_device)
+from minigpt.cli.parsing import (QUANTIZE_CHOICES, CommandParser, add_prompt_arguments, add_quantize_argument,
+                                 add_source_argument, is_terminal, misplaced_setting, read_prompt, resolve_device,
+                                 typed)
 from minigpt.core.config import Attention
 from minigpt.core.seed import check_seed
 from minigpt.core.errors import UserError, first_line
 from minigpt.cli.errors import run_cli
 from minigpt.core.generation import check_sampling_args, generate, prompt_ids
+from minigpt.core.limits import check_sampling_size
 from minigpt.core.tokenizers import Tokenizer
 
 # ---------------------------------------------------------------------------------------------------
@@ -97,9 +100,12 @@ def build_parser() -> CommandParser:
     add_source_argument(p)
     add_prompt_arguments(p, "text to continue")
     p.add_argument("--num_samples", "--num-samples", type=int, default=1,
-                   help="samples to draw, generated together as one batch")
+                   help="samples to draw, generated together as one batch (refused up front if the batch's memory "
+                        "would pass this machine's)")
     p.add_argument("--max_new_tokens", "--max-new-tokens", type=int, default=500,
-                   help="tokens to generate per sample (BPE models may stop earlier at end-of-text)")
+                   help="tokens to generate per sample (BPE models may stop earlier at end-of-text). Past the "
+                        "model's block_size the context rolls: every block_size/2 tokens the last block_size/2 are "
+                        "read again, about one extra token of work per token, the same however long it runs")
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     p.add_argument("--top_k", "--top-k", type=TopK(), default=200,
                    help="sample from the k most likely tokens only ('none' = all)")
@@ -108,6 +114,11 @@ def build_parser() -> CommandParser:
     p.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:N, mps, or auto")
     p.add_argument("--attention", type=Attention, default=None,
                    help="attention implementation (default: the checkpoint's); all give the same output")
+    add_quantize_argument(p)
+    p.add_argument("--compile", action="store_true",
+                   help="decode through a step compiled with torch.compile: tens of seconds once (then cached on "
+                        "disk), then faster tokens; the same output. Needs a C++ compiler (else a note, and no "
+                        "compile). Not used by --chat. In YAML: compile: true")
     p.add_argument("--no-kv-cache", "--no_kv_cache", dest="kv_cache", action="store_false",
                    help="recompute the whole context every step (slow; for comparison). In YAML: kv_cache: false")
     p.add_argument("--no-stop", "--no_stop", dest="stop", action="store_false",
@@ -125,11 +136,11 @@ def build_parser() -> CommandParser:
 
 def run_chat(args: Any, device: str, stdout: TextIO, stdin: TextIO) -> None:
     """One reply per user line, streamed; a terminal gets a `> ` prompt, stdin read as lines gets none."""
-    model, tokenizer = load_chat_model(args.ckpt, device, args.attention)
+    model, tokenizer = load_chat_model(args.ckpt, device, args.attention, args.quantize)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     session = ChatSession(model, tokenizer, args.system, args.max_new_tokens, args.temperature, args.top_k,
                           args.top_p, generator, use_kv_cache=args.kv_cache)
-    interactive = stdin.isatty()
+    interactive = is_terminal(stdin)
 
     def write(text: str) -> None:
         stdout.write(text)
@@ -143,8 +154,8 @@ def run_chat(args: Any, device: str, stdout: TextIO, stdin: TextIO) -> None:
         else:
             if interactive:
                 write("> ")
-            line = stdin.readline()
-            if not line:  # end of input
+            line = typed(stdin, line=True)
+            if not line:  # end of input (or standard input closed)
                 break
         line = line.rstrip("\n")
         if not line.strip():
@@ -165,7 +176,8 @@ def run_chat(args: Any, device: str, stdout: TextIO, stdin: TextIO) -> None:
 
 def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
     parser = build_parser()
-    if problem := misplaced_setting(sys.argv[1:] if argv is None else argv, {"attention": get_args(Attention)}):
+    choices = {"attention": get_args(Attention), **QUANTIZE_CHOICES}
+    if problem := misplaced_setting(sys.argv[1:] if argv is None else argv, choices):
         parser.error(problem)
     args = parser.parse_args(argv)
     check_sampling_args(args.temperature, args.top_k, args.top_p, args.max_new_tokens)  # names like the flags
@@ -178,13 +190,14 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
         return
     prompt = read_prompt(args, stdin)
 
-    model, tokenizer = load_model(args.ckpt, device=device, attention=args.attention)
+    model, tokenizer = load_model(args.ckpt, device=device, attention=args.attention, quantize=args.quantize)
     ids = prompt_ids(tokenizer, prompt)
+    check_sampling_size(model.config, args.num_samples, len(ids), args.max_new_tokens, args.kv_cache)
     stop_token = tokenizer.eot_id if args.stop else None
     idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, use_kv_cache=args.kv_cache,
-                    stop_token=stop_token, generator=generator, vocab_size=tokenizer.vocab_size)
+                    stop_token=stop_token, generator=generator, vocab_size=tokenizer.vocab_size, compile=args.compile)
 
     if args.num_samples == 1:
         stream = TextStreamer(tokenizer, stdout, stop_token)

@@ -4,6 +4,7 @@
     python train.py --config configs/X.yaml --model.attention manual --trainer.max_steps 500
     python train.py --out_dir out/run1 --resume true # continue a run from its last checkpoint
     python train.py --config configs/finetune_shakespeare.yaml  # fine-tune: init_from another model's weights
+    python train.py --config configs/sft_addition.yaml --finetune lora  # adapters only (minigpt.core.lora)
 
 How a setting travels: each field of GPTConfig (section `model`) and OptimConfig (section `optim`) is a YAML
 key and a `--model.FIELD` / `--optim.FIELD` flag because jsonargparse reads the dataclasses themselves (types,
@@ -48,6 +49,8 @@ from minigpt.core.seed import check_seed
 from minigpt.training.checkpoint_io import SafeCheckpointIO
 from minigpt.training.callbacks import harness_callbacks
 from minigpt.training.datamodule import TokenDataModule
+from minigpt.core.lora import Finetune, LoRAConfig
+from minigpt.training.finetune_lora import check_finetune_resumable, load_base, lora_run_model
 from minigpt.training.init_from import init_from_source, load_init_weights, read_last
 from minigpt.training.lightning_module import GPTLightningModule
 from minigpt.training.optim import OptimConfig
@@ -57,8 +60,6 @@ from minigpt.training.trainer import TRAINER_DEFAULTS, MiniGPTTrainer, run_callb
 
 # Our sampler restarts exactly where a run stopped (see datamodule.py), so Lightning's caution does not apply.
 warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch ended")
-# A torch-internal deprecation inside Lightning, not something a user can act on.
-warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
 
 
 class _DropAdverts(logging.Filter):
@@ -109,12 +110,16 @@ class MiniGPTCLI(LightningCLI):
         parser.add_argument("--init_from", type=str | None, default=None,
                             help="Fine-tune: start from this model's weights, config and tokenizer (a .ckpt, a run "
                                  "directory, a Hugging Face model directory or hf:ORG/NAME).")
+        parser.add_argument("--finetune", type=Finetune, default="full",
+                            help="With init_from: full (every weight trains) or lora (the source stays frozen and "
+                                 "low-rank adapters train: settings in the lora section; docs/lora.md).")
 
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(self.trainer_class, "trainer")
         parser.set_defaults({f"trainer.{k}": v for k, v in self.trainer_defaults.items()})
         parser.add_class_arguments(GPTConfig, "model")  # every field of the dataclass, as declared there
         parser.add_class_arguments(OptimConfig, "optim")
+        parser.add_class_arguments(LoRAConfig, "lora")  # read with --finetune lora only
         parser.add_lightning_class_args(TokenDataModule, "data")
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -124,7 +129,8 @@ class MiniGPTCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         given = sys.argv[1:] if args is None else list(args)
         # what jsonargparse would refuse in words of its own: checked here, where the values are known
-        choices = literal_choices("model", GPTConfig) | literal_choices("optim", OptimConfig)
+        choices = literal_choices("model", GPTConfig) | literal_choices("optim", OptimConfig) | \
+            {"finetune": ("full", "lora"), "lora.base_dtype": ("float32", "bfloat16", None)}
         if problem := misplaced_setting(given, choices, LINKS):
             parser.error(problem)
         super().parse_arguments(parser, args)
@@ -132,6 +138,9 @@ class MiniGPTCLI(LightningCLI):
         if self.config.get("init_from") is not None and not str(self.config["init_from"]).strip():
             parser.error("init_from is empty (an unset shell variable?); name a .ckpt, a run directory, a Hugging "
                          "Face model directory or hf:ORG/NAME, or leave init_from out to train from scratch")
+        if self.config["finetune"] == "lora" and not self.config.get("init_from"):
+            parser.error("--finetune lora trains adapters on a model: name it with --init_from (a .ckpt, a run "
+                         "directory, a Hugging Face model directory or hf:ORG/NAME), or drop --finetune lora")
         # init_from needs to know which settings the user gave (config files and flags), not their defaults: a
         # parser without the links (whose sources may be unset) parses them again, without defaults
         self.given = None
@@ -146,6 +155,9 @@ class MiniGPTCLI(LightningCLI):
         last = Path(self.config["out_dir"]) / "checkpoints" / "last.ckpt"
         # --resume reads the run's last checkpoint once: its checks, init_from and Lightning's restore share it
         self.resume_checkpoint = read_last(last) if self.config["resume"] and last.is_file() else None
+        lora = LoRAConfig(**self.config["lora"]) if self.config["finetune"] == "lora" else None
+        if self.resume_checkpoint is not None:  # before the source is read: a LoRA run resumes as one, and back
+            check_finetune_resumable(self.resume_checkpoint, lora, last)
         if self.config.get("init_from"):  # fills the model section and data.tokenizer from the source
             source_config, source_model = init_from_source(self.config, self.given, self.resume_checkpoint)
         self.config_init = self.parser.instantiate_classes(self.config)
@@ -155,7 +167,13 @@ class MiniGPTCLI(LightningCLI):
             # smaller than a chat tokenizer's (added tokens: load_init_weights grows it)
             vocab_size = max(source_config.vocab_size, self.datamodule.vocab_size)
             config = GPTConfig.from_dict({**config.to_dict(), "vocab_size": vocab_size})
-        self.model = GPTLightningModule(config, self.config_init["optim"], tokenizer=self.datamodule.tokenizer)
+        model, entry = None, None
+        if lora is not None:  # the source's own tensors, frozen, with adapters (a resumed run reads it again)
+            base = source_model if source_model is not None else load_base(self.config["init_from"])
+            source_model = None  # lora_run_model takes the weights: no reference here may keep them
+            model, entry = lora_run_model(self.config["init_from"], base, config, lora, self.resume_checkpoint, last)
+        self.model = GPTLightningModule(config, self.config_init["optim"], tokenizer=self.datamodule.tokenizer,
+                                        model=model, lora=entry)
         if source_model is not None:
             load_init_weights(self.model.model, source_model)
         self.trainer = self.instantiate_trainer()
@@ -244,11 +262,13 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         print(f"error: stopped by {stopped_by[0]} at step {trainer.global_step}; saved {last}; continue the run "
               "with --resume", file=sys.stderr, flush=True)
         raise SystemExit(128 + SIGNALS[stopped_by[0]])
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
     if trainer.is_global_zero:
         val_loss = trainer.callback_metrics.get("val_loss")
         shown = f"{val_loss.item():.4f}" if val_loss is not None else "n/a"
-        print(f"final val loss {shown} after {trainer.global_step} steps; checkpoint: {last}")
-        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+        # the last periodic validation's val_batches windows: an estimate (the full split's loss follows)
+        print(f"estimated val loss {shown} ({cli.datamodule.hparams.val_batches} batches) after {trainer.global_step} "
+              f"steps; checkpoint: {last}")
         if timer is not None:  # fit loop only (validation included): not data preparation, not the final eval
             print(f"training time {timer.time_elapsed('train'):.1f}s")
     if cli.config["eval_full"] and trainer.world_size == 1:
@@ -265,6 +285,11 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         trainer.callback_metrics["full_val_loss"] = torch.tensor(nats / n)
         print(f"full val loss {nats / n:.4f} over all {n:,} validation tokens{per_text} "
               f"({time.perf_counter() - start:.1f}s to evaluate)")
+    remaining = timer.time_remaining() if timer is not None else None  # None: no max_time
+    if trainer.is_global_zero and remaining is not None and remaining <= 0 and \
+            not 0 < trainer.max_steps <= trainer.global_step:  # the time budget ended the run, not max_steps
+        of = f" of {trainer.max_steps:,}" if trainer.max_steps > 0 else ""
+        print(f"stopped by max_time ({cli.config['trainer']['max_time']}) after {trainer.global_step:,}{of} steps")
     return trainer
 
 

@@ -9,9 +9,11 @@ the KV cache.
 
 Each turn renders the whole conversation with the chat template (minigpt.core.chat_template) and compares its ids
 with those already in the cache: the common prefix stays, and only the rest is run through the model (when the
-template re-tokenizes an earlier reply differently, the cache is overwritten from the first difference).  When the
-conversation no longer fits block_size, its oldest turns (after the system prompt) are dropped and the cache is
-filled again.
+template re-tokenizes an earlier reply differently, the cache is overwritten from the first difference); a reply's
+own tokens then run one at a time.  When a reply no longer has room in block_size, the oldest turns (after the
+system prompt) are dropped until the conversation fills at most half of it, and the cache is filled again from the
+first dropped turn: once per half a block of conversation, so a long chat costs the same per token throughout
+(benchmarks/bench_long_context.py), instead of refilling the whole block at every turn.
 """
 
 from __future__ import annotations
@@ -50,8 +52,13 @@ class ChatSession:
         self.prefilled = 0  # tokens run through the model so far (what the cache saves shows here)
 
     def _prompt(self) -> list[int]:
-        """The conversation's ids with the generation prompt, its oldest turns dropped until a reply has room."""
+        """The conversation's ids with the generation prompt.  When a reply no longer has room (min(max_new_tokens,
+        block_size / 2) tokens), its oldest turns are dropped until it fills at most half the block: the cache is
+        then filled again from the first dropped turn on, once per half a block of conversation, not every turn."""
         block_size = self.model.config.block_size
+        room = min(self.max_new_tokens, block_size // 2)
+        first = 1 if self.messages[0]["role"] == "system" else 0
+        fits = block_size - room  # the prompt's bound until turns are dropped; then half the block
         while True:
             try:
                 ids = self.tokenizer.encode_chat(self.messages, add_generation_prompt=True)[0]
@@ -60,32 +67,40 @@ class ChatSession:
                 raise UserError(f"the message has {len(e.chars)} character(s) outside the model's char vocabulary: "
                                 f"{shown_chars(e.chars)}; a char-level model reads only the characters it was "
                                 "trained on, so remove or replace them") from None
-            if len(ids) < block_size:
+            if len(ids) <= fits or (len(ids) < block_size and len(self.messages) - first <= 1):
                 return ids
-            first = 1 if self.messages[0]["role"] == "system" else 0
             if len(self.messages) - first <= 1:  # only the new message is left, and it does not fit
                 self.messages.pop()
                 raise UserError(f"the message is {len(ids)} tokens with the chat markup, and the model reads at most "
                                 f"{block_size - 1} before its reply; write a shorter message")
             del self.messages[first:first + 2]  # the oldest user turn and its reply
+            fits = block_size // 2
 
     def _run(self, ids: list[int]) -> torch.Tensor:
         """Logits of the last of `ids` (the whole conversation), running only what the cache does not hold."""
-        device = self.model.lm_head.weight.device
-        if self.cache is None:
-            self.prefilled += len(ids)
-            return self.model(torch.tensor([ids], device=device))[0][0, -1]
         same = 0
-        for a, b in zip(self.cached, ids):
-            if a != b:
-                break
-            same += 1
-        same = min(same, len(ids) - 1)  # at least one token runs, to give the next token's logits
-        new = ids[same:]
-        self.prefilled += len(new)
-        logits = self.model(torch.tensor([new], device=device), kv_cache=self.cache, input_pos=same)[0][0, -1]
-        self.cached = list(ids)
-        return logits
+        if self.cache is not None:
+            for a, b in zip(self.cached, ids):
+                if a != b:
+                    break
+                same += 1
+            same = min(same, len(ids) - 1)  # at least one token runs, to give the next token's logits
+        self.cached = self.cached[:same] + ids[same:]
+        return self._forward(same)
+
+    def _next(self, token: int) -> torch.Tensor:
+        """Logits after one more token of the reply: one position through the cache (the reply's tokens need no
+        comparison with the cache, unlike a new turn's)."""
+        self.cached.append(token)
+        return self._forward(len(self.cached) - 1 if self.cache is not None else 0)
+
+    def _forward(self, start: int) -> torch.Tensor:
+        """Run self.cached[start:] (through the cache from position `start`, or all of it without one)."""
+        new = torch.tensor([self.cached[start:]], device=self.model.lm_head.weight.device)
+        self.prefilled += new.size(1)
+        if self.cache is None:
+            return self.model(new)[0][0, -1]
+        return self.model(new, kv_cache=self.cache, input_pos=start)[0][0, -1]
 
     @torch.inference_mode()
     def reply(self, text: str, on_text: Callable[[str], object] | None = None) -> str:
@@ -95,8 +110,8 @@ class ChatSession:
         budget = min(self.max_new_tokens, self.model.config.block_size - len(ids))
         reply: list[int] = []
         shown = 0
-        for _ in range(budget):
-            logits = self._run(ids + reply)
+        logits = self._run(ids) if budget > 0 else None
+        for step in range(budget):
             token = int(sample_next(logits[None, :self.tokenizer.vocab_size], **self.settings)[0])
             if token == self.tokenizer.eot_id:
                 break
@@ -105,6 +120,8 @@ class ChatSession:
             if on_text is not None and len(stable) > shown:
                 on_text(stable[shown:])
                 shown = len(stable)
+            if step + 1 < budget:
+                logits = self._next(token)
         answer = self.tokenizer.decode(reply)
         if on_text is not None and len(answer) > shown:
             on_text(answer[shown:])

@@ -5,7 +5,8 @@
     prompt = tok.encode_chat(messages, add_generation_prompt=True)[0]
 
 The template is Jinja, rendered here and nowhere else, the way transformers renders `chat_template`: jinja2's
-ImmutableSandboxedEnvironment (templates from the hub are untrusted code) with trim_blocks / lstrip_blocks,
+ImmutableSandboxedEnvironment (templates from the hub are untrusted code), with a budget per render in steps and
+characters (minigpt.core.template_sandbox), trim_blocks / lstrip_blocks,
 loop controls, the `{% generation %}` tag and the same helpers (tojson, raise_exception, strftime_now).  Text
 inside `{% generation %}` is what the assistant says: its tokens are the mask (transformers'
 return_assistant_tokens_mask gives the same mask from the exported template).  A source model's own template
@@ -31,9 +32,9 @@ from typing import Any
 import jinja2
 import jinja2.ext
 import jinja2.nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from minigpt.core.errors import DataError, UserError, first_line
+from minigpt.core.template_sandbox import TemplateSandbox
 from minigpt.core.tokenizer_base import Tokenizer
 
 __all__ = ["ChatTokenizer", "DEFAULT_CHAT_TEMPLATE", "IM_START", "IM_END", "ROLES", "compile_template"]
@@ -94,8 +95,7 @@ def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separ
 
 def compile_template(text: str) -> jinja2.Template:
     """A chat template compiled as transformers compiles it; a syntax error is one DataError line."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[AssistantTracker, jinja2.ext.loopcontrols])
+    env = TemplateSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[AssistantTracker, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -283,10 +283,13 @@ class ChatTokenizer(Tokenizer):
                     for k in ("bos", "eos")}
         blocks: list[str] = []
         spans: list[tuple[int, int]] = []
+        env = self._compiled.environment
+        chars = sum(len(m.get("content") or "") for m in messages if isinstance(m, dict))
         try:
-            with self._compiled.environment.track_generation(blocks, spans):
+            with env.budget(chars) as budget, env.track_generation(blocks, spans):
                 for block in self._compiled.generate(messages=messages, add_generation_prompt=add_generation_prompt,
                                                      **specials):
+                    budget.emit(block)
                     blocks.append(block)
         except UserError:
             raise

@@ -7,6 +7,7 @@ A minigpt checkpoint is a Lightning checkpoint (a dict written by torch.save) wi
         "model_config": GPTConfig.to_dict(),      # what builds the model
         "tokenizer": Tokenizer.to_dict(),         # plain data: sampling needs no other file
         "weights_prefix": "model.",               # where the GPT's weights sit in ckpt["state_dict"]
+        "lora": {"config": ..., "base": ...},     # a LoRA run only: state_dict holds its adapters (core/lora.py)
     }
 
 Everything else (optimizer, schedulers, loop and callback state, the RNG state for exact resume) is
@@ -17,6 +18,7 @@ only, never arbitrary objects, and never more memory than the file's size.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -140,19 +142,24 @@ def checkpoint_tokenizer(ckpt: dict[str, Any]) -> Tokenizer | None:
 
 
 def run_checkpoints(run_dir: Path) -> tuple[Path, ...]:
-    """Where a run directory keeps its checkpoints, in the order load_model prefers them."""
+    """Where a run directory keeps its checkpoints, in the order load_model prefers them.  Last, those an
+    --overwrite run killed before its first checkpoint left set aside (.checkpoints.old-PID/checkpoints/, which the
+    next train.py puts back): until then they are still the run's, and every reader finds them."""
+    aside = sorted(Path(run_dir).glob(".checkpoints.old-*/checkpoints/*.ckpt"), key=lambda p: p.name)  # best, last
     return (run_dir / "checkpoints" / "best.ckpt", run_dir / "checkpoints" / "last.ckpt",
-            run_dir / "best.ckpt", run_dir / "last.ckpt")
+            run_dir / "best.ckpt", run_dir / "last.ckpt", *aside)
 
 
 def find_checkpoint(path: str | Path | None = None, out_root: str | Path = DEFAULT_OUT_ROOT) -> Path:
     """A .ckpt file as given; a run directory -> its best checkpoint (else last); None -> the newest run."""
     if path is None:
-        found = sorted(Path(out_root).glob("*/checkpoints/*.ckpt"), key=lambda p: p.stat().st_mtime)
+        runs = Path(out_root)  # each run's checkpoints, and those set aside (see run_checkpoints)
+        found = sorted([*runs.glob("*/checkpoints/*.ckpt"), *runs.glob("*/.checkpoints.old-*/checkpoints/*.ckpt")],
+                       key=lambda p: p.stat().st_mtime)
         if not found:
             raise CheckpointError(f"no checkpoint found under {out_root}/; train one with `python train.py` "
                                   "or name a checkpoint")
-        return find_checkpoint(found[-1].parent.parent)
+        return find_checkpoint(Path(out_root) / found[-1].relative_to(out_root).parts[0])
     path = Path(path)
     if path.is_dir():
         for candidate in run_checkpoints(path):
@@ -174,11 +181,17 @@ def load_checkpoint(source: str | Path | None = None, device: str | torch.device
     attention weights).
     """
     path = find_checkpoint(source)
-    ckpt = read_checkpoint(path, map_location="cpu")
+    return checkpoint_model(read_checkpoint(path, map_location="cpu"), path, device, attention)
+
+
+def checkpoint_model(ckpt: dict[str, Any], path: Path, device: str | torch.device = "cpu", attention: str | None = None,
+                     build: Callable[..., GPT] = build_model) -> tuple[GPT, Tokenizer]:
+    """load_checkpoint for a checkpoint already read: `build(ckpt, **config_overrides)` makes its model (a LoRA
+    run's is its base with the adapters merged: minigpt.loading)."""
     overrides = {"attention": attention} if attention is not None else {}
     try:
         tokenizer = checkpoint_tokenizer(ckpt)
-        model = build_model(ckpt, **overrides)
+        model = build(ckpt, **overrides)
     except UserError as e:  # a bad config or tokenizer inside the file
         raise CheckpointError(f"{path}: {first_line(e)}") from None
     except (KeyError, TypeError, AttributeError, RuntimeError) as e:  # a damaged or foreign dict

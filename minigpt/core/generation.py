@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import torch
 
+from minigpt.core.compiled import decode_forward
 from minigpt.core.errors import UnknownCharactersError, UserError, shown_chars
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import Tokenizer
@@ -104,7 +105,7 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, temperature: fl
              top_k: int | None = None, top_p: float | None = None, use_kv_cache: bool = True,
              stop_token: int | None = None, generator: torch.Generator | None = None,
              on_token: Callable[[torch.Tensor], object] | None = None,
-             vocab_size: int | None = None) -> torch.Tensor:
+             vocab_size: int | None = None, compile: bool = False) -> torch.Tensor:
     """idx (B, T) prompt ids -> (B, T + n) ids, n <= max_new_tokens.
 
     stop_token: a sequence that samples it is finished; later positions of it are padded with stop_token,
@@ -112,6 +113,9 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, temperature: fl
     every step (e.g. to stream text).  Pass a seeded torch.Generator to make sampling reproducible.
     vocab_size: sample only ids below it (a model vocabulary padded past the tokenizer's, e.g. 50304 > 50257).
     The model is used as it is (call .eval() first to sample without dropout).
+    compile: each decode step runs through torch.compile (minigpt.core.compiled): compiled once per model (tens
+    of seconds on a CPU, then cached on disk), then little Python per token; the same ids.  Where no compiler is
+    found, the plain loop runs (a note says so).
     """
     check_sampling_args(temperature, top_k, top_p, max_new_tokens)
     if idx.dim() != 2 or idx.size(1) < 1:
@@ -124,18 +128,21 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, temperature: fl
     n = T0  # tokens in seq so far
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     cache = model.new_kv_cache(B) if use_kv_cache else None
+    for layer in cache or []:  # the whole generation's room at once: no growing copies, one buffer to compile for
+        layer.reserve(min(block_size, T0 + max_new_tokens))
+    decode = decode_forward(model, device) if compile and cache is not None else model
     cached = 0  # positions in the cache: it holds seq[:, n - 1 - cached : n - 1] at positions 0..cached-1
 
     for step in range(max_new_tokens):
         if cache is None:  # full (cropped) context every step, as nanoGPT does
-            logits = model(seq[:, max(0, n - block_size):n])[0][:, -1]
+            logits = model(seq[:, max(0, n - block_size):n], last_only=True)[0][:, -1]
         elif step == 0 or cached == block_size:
             # (re)fill: prefill the last tokens at positions 0..; the prompt keeps up to block_size of them
             keep = min(n, block_size if step == 0 else refill_length(block_size))
-            logits = model(seq[:, n - keep:n], kv_cache=cache, input_pos=0)[0][:, -1]
+            logits = model(seq[:, n - keep:n], kv_cache=cache, input_pos=0, last_only=True)[0][:, -1]
             cached = keep
         else:  # decode: one token at the next position
-            logits = model(seq[:, n - 1:n], kv_cache=cache, input_pos=cached)[0][:, -1]
+            logits = decode(seq[:, n - 1:n], kv_cache=cache, input_pos=cached)[0][:, -1]
             cached += 1
         if vocab_size is not None:
             logits = logits[:, :vocab_size]

@@ -8,6 +8,10 @@ Two checks, both on the config alone (a model on the meta device: nothing alloca
   this machine's memory.  Fields that each look plausible can still multiply to terabytes (head_dim 65536 with a
   2^21 context: 1.1 TB of RoPE tables), which the allocator would meet long after the command started.
 
+Sampling is bounded the same way, from the sizes alone, before anything is allocated (check_sampling_size): a
+batch of sequences needs its prefill's logits and activations, its KV cache and its token buffer, which grow with
+the number of samples; --num_samples 10**6 would otherwise meet the allocator minutes later.
+
 A user who really means it raises the memory bound with MINIGPT_MAX_MODEL_GB (e.g. on a machine with swap).
 """
 
@@ -20,7 +24,8 @@ import torch
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError
 
-__all__ = ["CONFIG_LIMITS", "MAX_MODEL_GB_ENV", "check_config_size", "implied_bytes", "memory_limit"]
+__all__ = ["CONFIG_LIMITS", "MAX_MODEL_GB_ENV", "check_config_size", "implied_bytes", "memory_limit", "sampling_bytes",
+           "check_sampling_size"]
 
 # Generous enough for any model that fits in memory (e.g. 128k contexts, 256k vocabularies).
 CONFIG_LIMITS = {"n_layer": 1024, "n_head": 1024, "n_embd": 65536, "block_size": 1 << 21, "vocab_size": 1 << 22,
@@ -76,3 +81,34 @@ def check_config_size(config: GPTConfig, what: str, error: type[UserError] = Use
         shown = ", ".join(f"{name} {gb(n)}" for name, n in parts.items())
         raise error(f"{what} implies a model of {gb(total)} ({shown}), more than {bound} ({gb(limit)}); {cause}, "
                     f"or set {MAX_MODEL_GB_ENV}=GB to build it anyway")
+
+
+def sampling_bytes(config: GPTConfig, batch: int, prompt_tokens: int, new_tokens: int,
+                   kv_cache: bool = True) -> dict[str, int]:
+    """Bytes a generation of `batch` sequences needs beyond the weights (float32, an upper bound): the longest
+    forward pass (the prefill, or each step without the cache: block_size tokens at most) holds the logits of every
+    position, the hidden activations and, on the manual paths, the attention scores; the cache holds keys and
+    values of every layer for the positions written; the token buffer holds prompt and new tokens; sampling sorts
+    the vocabulary."""
+    T = max(1, min(prompt_tokens if kv_cache else prompt_tokens + new_tokens, config.block_size))
+    width = 4 * config.n_embd + 3 * (config.mlp_hidden or 4 * config.n_embd)  # residual, q/k/v/out, the MLP's
+    # the cache grows with the positions written, doubling, up to block_size (minigpt.core.kv_cache)
+    cached = min(config.block_size, 2 * (prompt_tokens + new_tokens)) if kv_cache else 0
+    return {"logits": FLOAT32_BYTES * batch * T * config.vocab_size,
+            "activations": FLOAT32_BYTES * batch * T * width + FLOAT32_BYTES * batch * config.n_head * T * T,
+            "KV cache": FLOAT32_BYTES * 2 * config.n_layer * batch * config.n_kv_head * cached * config.head_dim,
+            "tokens": 8 * batch * (prompt_tokens + new_tokens),
+            "sampling": 5 * 8 * batch * config.vocab_size}
+
+
+def check_sampling_size(config: GPTConfig, batch: int, prompt_tokens: int, new_tokens: int,
+                        kv_cache: bool = True) -> None:
+    """Refuse (one line) a generation whose memory (sampling_bytes) and the model's pass memory_limit()."""
+    parts = sampling_bytes(config, batch, prompt_tokens, new_tokens, kv_cache)
+    total = sum(parts.values()) + sum(implied_bytes(config).values())
+    limit, bound = memory_limit()
+    if total > limit:
+        shown = ", ".join(f"{name} {gb(n)}" for name, n in parts.items() if n)
+        raise UserError(f"generating {batch:,} sequence(s) of {prompt_tokens:,} + {new_tokens:,} tokens at once needs "
+                        f"about {gb(total)} with the model ({shown}), more than {bound} ({gb(limit)}); draw fewer "
+                        f"samples at once, or set {MAX_MODEL_GB_ENV}=GB to try anyway")

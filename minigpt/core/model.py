@@ -102,12 +102,12 @@ class CausalSelfAttention(nn.Module):
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if kv_cache is not None:
-            k, v = kv_cache.update(k, v, input_pos)  # (B, nkv, S, hs), S = input_pos + T
+            k, v = kv_cache.update(k, v, input_pos)  # (B, nkv, S, hs), S = input_pos + T (per row: the longest)
         # sdpa's is_causal covers training and prefill, and one new token with one start sees every cached key;
         # every other case gets an explicit mask: (T, S), or (B, 1, T, S) when each row has its own start
         S = k.size(2)
         one_start = not isinstance(input_pos, torch.Tensor)
-        mask = None if self.attention == "sdpa" and one_start and (T == S or T == 1) else \
+        mask = None if self.attention == "sdpa" and one_start and (T == 1 or T == S) else \
             causal_mask(T, S, input_pos, x.device)
 
         if return_weights and self.attention == "sdpa":
@@ -125,8 +125,9 @@ class CausalSelfAttention(nn.Module):
     def _sdpa(self, q, k, v, mask):
         T, S = q.size(2), k.size(2)
         # is_causal=True aligns the triangle top-left, which is right only when queries and keys start at
-        # the same position (training, prefill); a cached decode step passes its slice of the mask instead.
-        is_causal = mask is None and T == S
+        # the same position (training, prefill: T == S); one new token (T == 1) sees every key, no mask at all.
+        # Decided from T alone: a compiled decode step's S is symbolic, and sdpa takes a plain bool.
+        is_causal = mask is None and T > 1
         # enable_gqa lets the kernel read each K/V head for its g query heads without copying K/V g times
         kwargs = dict(attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
                       is_causal=is_causal, enable_gqa=self.n_kv_head != self.n_head)
@@ -288,12 +289,16 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
                 kv_cache: list[KVCache] | None = None, input_pos: int | torch.Tensor = 0,
-                attn_weights: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                attn_weights: list[torch.Tensor] | None = None,
+                last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) token ids -> logits (B, T, vocab), and the mean cross-entropy if targets (B, T) are given.
+        last_only: the last position's logits only, (B, 1, vocab), which is all generating needs (the head over
+        every position of a 512-token prompt would be a third of a GPT-2-124M prefill's work).
 
         With `kv_cache` (from `new_kv_cache`), idx holds positions input_pos .. input_pos + T - 1 and the
-        keys/values of the earlier positions come from the cache; input_pos (B,) gives each row its own start.  With a list as `attn_weights`, each layer
-        appends its attention weights (B, nh, T, S) to it (manual and einops paths only; see `attention_weights`).
+        keys/values of the earlier positions come from the cache; input_pos (B,) gives each row its own start.
+        With a list as `attn_weights`, each layer appends its attention weights (B, nh, T, S) to it (manual and
+        einops paths only; see `attention_weights`).
         """
         B, T = idx.shape
         per_row = isinstance(input_pos, torch.Tensor)
@@ -313,6 +318,8 @@ class GPT(nn.Module):
         x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
             x = block(x, rope, kv_cache[i] if kv_cache is not None else None, input_pos, attn_weights)
+        if last_only:
+            x = x[:, -1:]  # (B, 1, C)
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
         loss = None
         if targets is not None:
@@ -322,7 +329,7 @@ class GPT(nn.Module):
     def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> list[KVCache]:
         """An empty cache per layer for `batch_size` sequences of up to `max_len` (default block_size) tokens; it
         allocates as positions are written."""
-        p = self.lm_head.weight
+        p = self.transformer.ln_f.weight  # a float tensor also where the linear weights are int8 (core/quantize)
         return [KVCache(batch_size, max_len or self.config.block_size, self.config.n_kv_head,
                         self.config.head_dim, device=p.device, dtype=p.dtype)
                 for _ in range(self.config.n_layer)]

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from minigpt.core.fsutil import atomic_write
+from minigpt.core.user_files import TEMPLATE_BYTES, loads, read_user_bytes
 
 # CPU capabilities with no native bf16 arithmetic: never worth a probe
 NO_NATIVE_BF16 = {"DEFAULT", "NO AVX", "AVX2", "VSX", "Z VECTOR"}
@@ -56,7 +57,7 @@ def probe_cpu_bf16() -> tuple[float, float]:
     """(float32, bfloat16) matmul GFLOP/s on this CPU, measured once per machine and cached."""
     path, key = _cache_file(), _machine_key()
     try:
-        cached = json.loads(path.read_text())
+        cached = loads(read_user_bytes(path, TEMPLATE_BYTES))
         if cached.get("key") == key:
             return float(cached["fp32_gflops"]), float(cached["bf16_gflops"])
     except (OSError, ValueError, KeyError, TypeError):

@@ -12,8 +12,8 @@ vocabulary as it is. A char tokenizer read from a file is fixed: it is not rebui
 from __future__ import annotations
 
 import base64
-import json
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +27,7 @@ from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.errors import CheckpointError, DataError, UnknownCharactersError, first_line, shown_chars
 from minigpt.core.hf_tokenizer import EOS_TOKENS, HFTokenizer, hf_tokenizer_file, tokenizers_library
 from minigpt.core.tokenizer_base import ENDOFTEXT, Tokenizer
+from minigpt.core.user_files import DOCUMENT_BYTES, loads, read_user_text
 
 __all__ = ["Tokenizer", "CharTokenizer", "ByteTokenizer", "TiktokenTokenizer", "HFTokenizer", "UnknownCharactersError",
            "tokenizer_from_dict", "tokenizer_names", "resolve_tokenizer", "read_tokenizer_file", "get_tokenizer",
@@ -214,13 +215,15 @@ BPE_PREFIX = "bpe:"
 BPE_SPECIALS = (ENDOFTEXT,)
 BPE_MIN_VOCAB = 256 + len(BPE_SPECIALS) + 1  # the byte alphabet, the specials, and at least one merge
 BPE_MAX_VOCAB = 1 << 22
+BPE_VOCAB = re.compile(r"[0-9]+")  # the VOCAB of bpe:VOCAB (its underscores, as in 4_096, dropped first)
 
 
 def bpe_vocab_size(spec: str) -> int:
     """VOCAB of a "bpe:VOCAB" setting, checked: one line naming the problem for bpe:0, bpe:100, bpe:lots."""
     text = spec[len(BPE_PREFIX):].strip().replace("_", "")
-    if not text.isdigit():
-        raise DataError(f"tokenizer {spec!r}: VOCAB must be a whole number of tokens, e.g. bpe:4096")
+    if not BPE_VOCAB.fullmatch(text):  # ASCII digits: str.isdigit() also takes '²⁵⁸', which int() refuses
+        raise DataError(f"tokenizer {spec!r}: VOCAB must be a whole number of tokens, e.g. bpe:4096 (in the "
+                        "digits 0-9)")
     if not BPE_MIN_VOCAB <= int(text) <= BPE_MAX_VOCAB:
         raise DataError(f"tokenizer {spec!r}: a byte-level BPE needs a vocabulary of at least {BPE_MIN_VOCAB} (256 "
                         f"bytes, {len(BPE_SPECIALS)} special token, one merge) and at most {BPE_MAX_VOCAB:,}; "
@@ -252,14 +255,15 @@ def read_tokenizer_file(path: str | Path) -> Tokenizer:
     """The tokenizer a tokenizer file holds: minigpt's (JSON of Tokenizer.to_dict()) or any tokenizer.json the
     Hugging Face `tokenizers` library reads.  Raises DataError naming the file."""
     try:
-        d = json.loads(Path(path).read_text(encoding="utf-8"))
+        text = read_user_text(path, DOCUMENT_BYTES)
+        d = loads(text)
     except OSError as e:
         raise DataError(f"cannot read tokenizer file {path} ({e.strerror or type(e).__name__})") from None
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, nested past MAX_JSON_DEPTH, a device, too large
         raise DataError(f"tokenizer file {path} is not JSON ({first_line(e)}); give a tokenizer.json written by "
                         "minigpt") from None
     if isinstance(d, dict) and isinstance(d.get("model"), dict) and "type" not in d:  # the `tokenizers` library's
-        return hf_tokenizer_file(Path(path).read_text(encoding="utf-8"), d, path)
+        return hf_tokenizer_file(text, d, path)
     try:
         return tokenizer_from_dict(d)
     except CheckpointError as e:

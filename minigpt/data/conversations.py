@@ -11,13 +11,13 @@ json module, so that a bad row is named by its line; a *.parquet file or a `data
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from minigpt.core.chat_template import ROLES
 from minigpt.core.errors import DataError, first_line
+from minigpt.core.user_files import DOCUMENT_BYTES, json_lines, loads, read_user_text
 
 __all__ = ["read_conversations", "to_messages"]
 
@@ -56,28 +56,24 @@ def to_messages(row: Any, where: str) -> Messages:
     return checked
 
 
+def _parse(text: str, where: str, fix: str) -> Any:
+    try:
+        return loads(text)
+    except ValueError as e:  # not JSON, or nested past MAX_JSON_DEPTH
+        raise DataError(f"{where}: not JSON ({first_line(e)}); {fix}") from None
+
+
 def _json_rows(path: Path) -> Iterator[tuple[Any, str]]:
     try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
+        text = read_user_text(path, DOCUMENT_BYTES)
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8, too large, a device
         raise DataError(f"cannot read {path} ({first_line(e)}); give a UTF-8 JSON Lines file") from None
-    if path.suffix.lower() == ".json" and text.lstrip().startswith("["):
-        try:
-            rows = json.loads(text)
-        except ValueError as e:
-            raise DataError(f"{path} is not JSON ({first_line(e)}); fix the file, or write one row per line "
-                            "(JSON Lines)") from None
-        for i, row in enumerate(rows, 1):
-            yield row, f"{path} row {i}"
+    if path.suffix.lower() == ".json" and text.lstrip().startswith("["):  # one array of rows
+        rows = _parse(text, str(path), "fix the file, or write one row per line (JSON Lines)")
+        yield from ((row, f"{path} row {i}") for i, row in enumerate(rows, 1))
         return
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise DataError(f"{path} line {n}: not JSON ({first_line(e)}); write one JSON object per line") from None
-        yield row, f"{path} line {n}"
+    for n, line in json_lines(text):
+        yield _parse(line, f"{path} line {n}", "write one JSON object per line"), f"{path} line {n}"
 
 
 def _dataset_rows(source: str) -> Iterator[tuple[Any, str]]:

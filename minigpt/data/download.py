@@ -77,7 +77,7 @@ def fetch(url: str, dest: Path, timeout: float, max_bytes: int, write_fix: str) 
         request = urllib.request.Request(url, headers={"User-Agent": "minigpt", "Accept-Encoding": "identity"})
         with urllib.request.urlopen(request, timeout=timeout) as response:
             length = response.headers.get("Content-Length", "").strip()
-            length = int(length) if length.isdigit() else None
+            length = int(length) if length.isascii() and length.isdigit() else None  # not "²"
             if length is not None and length > max_bytes:
                 raise DataError(too_big)
             content_type = response.headers.get_content_type()  # lowercased, without parameters

@@ -17,7 +17,6 @@ checksums and ids, the tokenizer file's hash): a damaged one is prepared again, 
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ import numpy as np
 
 from minigpt.core.errors import DataError, UserError, first_line
 from minigpt.core.fsutil import fsync_dir, install_dir, remove_stale, temp_sibling, write_errors, write_json
+from minigpt.core.user_files import DOCUMENT_BYTES, loads, read_user_bytes
 from minigpt.core.tokenizers import BPE_PREFIX, Tokenizer, get_tokenizer, resolve_tokenizer, tokenizer_from_dict
 from minigpt.data.bpe import plan_split, train_bpe
 from minigpt.data.encoding import char_vocabulary
@@ -147,8 +147,8 @@ def load_prepared(data_dir: str | Path) -> PreparedData:
         raise DataError(f"no prepared data at {data_dir} (no meta.json); prepare it first "
                         "(minigpt.data.prepare.prepare_data(source, tokenizer)), or train with a data source")
     try:
-        meta = json.loads((data_dir / "meta.json").read_text())
-        tokenizer = tokenizer_from_dict(json.loads((data_dir / "tokenizer.json").read_text()))
+        meta = loads(read_user_bytes(data_dir / "meta.json", DOCUMENT_BYTES))
+        tokenizer = tokenizer_from_dict(loads(read_user_bytes(data_dir / "tokenizer.json", DOCUMENT_BYTES)))
         if meta.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"format_version {meta.get('format_version')}, expected {FORMAT_VERSION}")
         dtype = np.dtype(meta["dtype"])
@@ -178,7 +178,7 @@ def _tokenizer_key(spec: str | Path) -> str:
 def _complete_meta(out: Path, fingerprint: str) -> dict[str, Any] | None:
     """meta.json of a whole preparation with this fingerprint at out, else None (its files: see verify_prepared)."""
     try:
-        meta = json.loads((out / "meta.json").read_text())
+        meta = loads(read_user_bytes(out / "meta.json", DOCUMENT_BYTES))
         if isinstance(meta, dict) and meta.get("format_version") == FORMAT_VERSION \
                 and meta.get("fingerprint") == fingerprint:
             return meta

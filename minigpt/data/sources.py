@@ -41,6 +41,7 @@ from typing import Any
 
 from minigpt.core.errors import DataError, first_line
 from minigpt.core.fsutil import remove_stale
+from minigpt.core.user_files import check_json_file
 from minigpt.data.download import DOWNLOAD_LIMIT_BYTES, DOWNLOAD_TIMEOUT_S, fetch
 
 DEFAULT_SOURCE = "stdlib"
@@ -131,6 +132,8 @@ class Corpus:
         import datasets  # imported lazily: slow to import, and only needed for dataset sources
 
         try:
+            if self.builder == "json":  # before `datasets`' parsers (ujson: no depth bound) see it
+                check_json_file(self.origin)
             if self.builder:
                 self._dataset = datasets.load_dataset(self.builder, data_files=[self.origin], split="train")
             else:

@@ -10,7 +10,8 @@ express included (qk_norm, relu2, GQA with the gpt block), on any attention path
 no transformers.  Its requests are cut as HFLM cuts them (the same context windows, truncation and start token),
 so its scores equal HFLM's on the export (tests/evaluation/test_harness.py).
 
-Tasks are the harness's names or paths of task YAML files (e.g. `dataset_path: json` with local data_files).
+Tasks are the harness's names or paths of task YAML files (e.g. `dataset_path: json` with local data_files), read
+by minigpt.evaluation.task_files: a task file is code (its `!function` hooks run), loaded only from where it is.
 Naming a built-in task makes the harness index its ~15,000 task files (about 15 s on 2 cores); YAML files alone
 skip that.  Distributed (Lightning DDP): each rank scores its share of the documents and rank 0 gets the results.
 """
@@ -25,10 +26,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from minigpt.core.errors import UnknownCharactersError, UserError, first_line, shown_chars
 from minigpt.evaluation.loss import LOGITS_BUDGET
+from minigpt.evaluation.task_files import read_task_file, resolve_tasks
 from minigpt.core.fsutil import atomic_write, write_errors
 from minigpt.core.generation import generate, prompt_ids
 from minigpt.core.model import GPT
@@ -229,52 +230,6 @@ class MiniGPTLM(TemplateLM):
 # -------------------------------------------------------------------------------------------- tasks
 
 
-def read_task_file(task: str) -> dict:
-    """A task YAML file as the harness reads it (`include:` and `!function` resolved); UserError naming the file
-    when it is missing, does not parse or holds no task."""
-    import yaml
-    from lm_eval.tasks._yaml_loader import load_yaml
-
-    path = Path(task).expanduser()
-    if not path.is_file():
-        raise UserError(f"task file not found: {task}; give an existing task YAML file or a task name")
-    try:
-        config = load_yaml(path, resolve_func=True)
-    except yaml.YAMLError as e:
-        raise UserError(f"task file {task} is not valid YAML ({' '.join(first_line(e).split())}); fix it (the "
-                        "harness's task format: task, dataset_path, output_type, doc_to_text, ...)") from None
-    except ValueError as e:  # the harness's loader: a list or a scalar at the top
-        raise UserError(f"task file {task} is not a harness task ({first_line(e, 300)}); a task file is a YAML "
-                        "mapping: task, dataset_path, output_type, doc_to_text, doc_to_target, ...") from None
-    except (OSError, UnicodeDecodeError, ImportError, AttributeError) as e:  # an include or a !function
-        raise UserError(f"task file {task} cannot be read ({type(e).__name__}: {first_line(e)}); fix it or the "
-                        "files it includes") from None
-    if not isinstance(config, dict) or not isinstance(config.get("task", config.get("group")), str):
-        raise UserError(f"task file {task} is not a harness task (no `task: NAME` in it); see the harness's task "
-                        "guide: task, dataset_path, output_type, doc_to_text, doc_to_target, ...")
-    return config
-
-
-def resolve_tasks(tasks: Sequence[str]) -> tuple[list[str | dict], Any]:
-    """(task specs for simple_evaluate, the TaskManager): names checked against the harness's index, YAML files
-    read.  Raises UserError for an unknown name or a task file that cannot be used."""
-    from lm_eval.tasks import TaskManager
-
-    tasks = [t.strip() for t in tasks if t.strip()]
-    if not tasks:
-        raise UserError("no task given; pass --tasks NAME[,NAME...] (e.g. hellaswag,arc_easy) or the path of a "
-                        "task YAML file")
-    is_file = [t.endswith((".yaml", ".yml")) or Path(t).expanduser().is_file() for t in tasks]
-    specs = [read_task_file(t) if f else t for t, f in zip(tasks, is_file)]
-    names = [t for t, f in zip(tasks, is_file) if not f]
-    manager = TaskManager(include_defaults=bool(names))  # indexing the built-in tasks takes ~15 s: only for names
-    unknown = [name for name in names if not manager.match_tasks([name])]
-    if unknown:
-        raise UserError(f"unknown task {unknown[0]!r}; `lm-eval ls tasks` lists the harness's tasks, or give the path "
-                        "of a task YAML file")
-    return specs, manager
-
-
 def evaluate_tasks(lm: MiniGPTLM, tasks: Sequence[str] | tuple[list, Any], limit: int | None = None,
                    num_fewshot: int | None = None, bootstrap_iters: int = 100_000) -> dict | None:
     """lm_eval.simple_evaluate on `tasks` (names and YAML paths, or what resolve_tasks returned); the harness's
@@ -286,6 +241,7 @@ def evaluate_tasks(lm: MiniGPTLM, tasks: Sequence[str] | tuple[list, Any], limit
     if num_fewshot is not None and num_fewshot < 0:
         raise UserError(f"num_fewshot must be >= 0, got {num_fewshot}")
     specs, manager = tasks if isinstance(tasks, tuple) else resolve_tasks(tasks)
+    manager.num_fewshot = num_fewshot  # each task's few-shot examples are checked as the harness builds it
     model = lm.model
     was_training = model.training
     model.eval()

@@ -15,7 +15,6 @@ import errno
 import glob
 import hashlib
 import importlib.metadata
-import json
 import os
 import re
 import shutil
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from minigpt.core.errors import UserError, first_line
 from minigpt.core.fsutil import WRITE_ERRNOS, fsync_dir, pid_alive, temp_sibling, write_json
+from minigpt.core.user_files import loads
 
 __all__ = ["MANIFEST", "FolderState", "check_out_path", "check_previous_export", "folder_state", "install_export",
            "restore_interrupted", "seal_export", "storage_errors"]
@@ -119,10 +119,8 @@ def read_manifest(out_dir: Path) -> dict[str, tuple[int, str]]:
     if not stat.S_ISREG(info.st_mode) or info.st_size > MANIFEST_MAX_BYTES:
         raise not_ours("not a regular file" if not stat.S_ISREG(info.st_mode) else f"{info.st_size:,} bytes")
     try:
-        doc = json.loads(path.read_bytes())
-    except RecursionError:
-        raise not_ours("nested too deeply") from None
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        doc = loads(path.read_bytes())
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, nested past MAX_JSON_DEPTH
         raise not_ours(first_line(e)) from None
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT or not isinstance(doc.get("files"), list):
         raise not_ours(f"no format {MANIFEST_FORMAT!r} with a list of files")
@@ -139,10 +137,10 @@ def read_manifest(out_dir: Path) -> dict[str, tuple[int, str]]:
 
 # ------------------------------------------------------------------------------------------------- writing
 
-def seal_export(folder: Path) -> None:
+def seal_export(folder: Path, mode_from: str = "config.json") -> None:
     """Give every file of a finished export the umask's mode, flush it to disk, then write the manifest listing it
-    (last: a folder with a manifest is a complete export)."""
-    mode = (folder / "config.json").stat().st_mode & 0o777  # the umask's; safetensors writes 0600
+    (last: a folder with a manifest is a complete export).  mode_from: a file of the folder that write_json wrote."""
+    mode = (folder / mode_from).stat().st_mode & 0o777  # the umask's; safetensors writes 0600
     files = []
     for path in sorted(folder.iterdir()):
         path.chmod(mode)
@@ -175,7 +173,8 @@ def restore_interrupted(out_dir: Path, pid: int | None = None) -> None:
     process is gone), or with `pid`, that process's own (stopped by an exception)."""
     for old in out_dir.parent.glob(f".{glob.escape(out_dir.name)}.old-*"):
         owner = old.name.rpartition("-")[2]
-        if owner.isdigit() and not os.path.lexists(out_dir) and (int(owner) == pid or not pid_alive(int(owner))):
+        if owner.isascii() and owner.isdigit() and not os.path.lexists(out_dir) \
+                and (int(owner) == pid or not pid_alive(int(owner))):
             os.rename(old, out_dir)
 
 

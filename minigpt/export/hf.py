@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,10 +127,11 @@ def special_ids(tokenizer: Tokenizer | None) -> tuple[int | None, int | None]:
 
 
 def generation_config(config: GPTConfig, tokenizer: Tokenizer | None) -> dict:
-    """generation_config.json: greedy by default (transformers' default), stopping at EOS, within the context."""
+    """generation_config.json: greedy by default (transformers' default), stopping at EOS.  No max_length: the
+    context is config.json's, and a max_length here makes transformers warn at every generate(max_new_tokens=...)
+    that both are set."""
     bos, eos = special_ids(tokenizer)
-    return {k: v for k, v in {"bos_token_id": bos, "eos_token_id": eos, "max_length": config.block_size}.items()
-            if v is not None}
+    return {k: v for k, v in {"bos_token_id": bos, "eos_token_id": eos}.items() if v is not None}
 
 
 # ------------------------------------------------------------------------------------------------- weights
@@ -211,6 +213,13 @@ def export_hf(model: GPT, tokenizer: Tokenizer | None, out_dir: str | Path, over
     check_exportable(model.config)
     approved = check_out_dir(out_dir, overwrite, checked)
     tensors = hf_tensors(model)  # before any file: a failure here leaves nothing behind
+    write_folder(out_dir, approved, lambda tmp: write_files(tmp, model.config, tokenizer, tensors))
+    return out_dir
+
+
+def write_folder(out_dir: Path, approved: FolderState, write: Callable[[Path], None]) -> None:
+    """write(folder) into a hidden sibling of out_dir, then rename it into place (minigpt.export.folder): the folder
+    appears whole or not at all, and a full disk, Ctrl-C or any failure leaves the old one and no temporary folder."""
     created = [p for p in out_dir.parents if not p.exists()]  # removed again if the export fails
     tmp = temp_sibling(out_dir)
     with storage_errors(out_dir):
@@ -218,7 +227,7 @@ def export_hf(model: GPT, tokenizer: Tokenizer | None, out_dir: str | Path, over
             out_dir.parent.mkdir(parents=True, exist_ok=True)
             remove_stale(out_dir.parent)
             tmp.mkdir()
-            write_files(tmp, model.config, tokenizer, tensors)
+            write(tmp)
             install_export(tmp, out_dir, approved)
         except BaseException:  # Ctrl-C included: leave no half export, and never lose the old one
             restore_interrupted(out_dir, pid=os.getpid())  # stopped between install_export's two renames
@@ -227,7 +236,6 @@ def export_hf(model: GPT, tokenizer: Tokenizer | None, out_dir: str | Path, over
                 with contextlib.suppress(OSError):
                     parent.rmdir()
             raise
-    return out_dir
 
 
 def write_files(folder: Path, config: GPTConfig, tokenizer: Tokenizer | None, tensors: dict[str, torch.Tensor]) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.errors import CheckpointError, UserError, first_line
 from minigpt.core.hf_tokenizer import tokenizers_library
+from minigpt.core.user_files import TEMPLATE_BYTES, read_user_text
 from minigpt.hf.files import read_json_object
 
 __all__ = ["read_chat_template", "chat_tokenizer_json"]
@@ -20,10 +21,10 @@ def read_chat_template(model_dir: Path) -> str | None:
     """The folder's chat template, or None when it has none."""
     model_dir = Path(model_dir)
     jinja = model_dir / "chat_template.jinja"
-    if jinja.is_file():
+    if jinja.exists():  # (a device or FIFO there is refused by read_user_text, not skipped)
         try:
-            return jinja.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
+            return read_user_text(jinja, TEMPLATE_BYTES)
+        except (OSError, ValueError) as e:  # ValueError: not UTF-8, too large, a device
             raise CheckpointError(f"cannot read {jinja} ({first_line(e)}); download the model again") from None
     config_path = model_dir / "tokenizer_config.json"
     template = read_json_object(config_path).get("chat_template") if config_path.is_file() else None

@@ -5,11 +5,11 @@ the file (and the field)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from minigpt.core.errors import CheckpointError, first_line
+from minigpt.core.user_files import DOCUMENT_BYTES, loads, read_user_bytes
 
 # (single file, index of shards) per weight format, in the order they are looked for
 WEIGHT_LAYOUTS = (("model.safetensors", "model.safetensors.index.json"),
@@ -29,14 +29,11 @@ CONFIG_FIELD_TYPES = {
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
-    """The JSON object in `path`: anything else (not JSON, nested past Python's recursion limit, not an object) is
-    one CheckpointError naming the file."""
+    """The JSON object in `path`: anything else (not JSON, nested past MAX_JSON_DEPTH, not an object, a device or a
+    file too large) is one CheckpointError naming the file."""
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except RecursionError:
-        raise CheckpointError(f"cannot read {path}: it is nested too deeply to be a model's file; download the model "
-                              "again") from None
-    except (OSError, ValueError) as e:  # ValueError: JSONDecodeError, UnicodeDecodeError
+        value = loads(read_user_bytes(path, DOCUMENT_BYTES))
+    except (OSError, ValueError) as e:  # ValueError: JSONDecodeError, UnicodeDecodeError, too deep or too large
         raise CheckpointError(f"cannot read {path} ({first_line(e)}); download the model again") from None
     if not isinstance(value, dict):
         raise CheckpointError(f"{path} is not a JSON object; download the model again")

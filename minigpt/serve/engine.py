@@ -108,15 +108,20 @@ class Engine:
             generator.seed()  # a random seed of its own
         ticket = Ticket(request, on_update, generator, TextStream(self.tokenizer, request.stop))
         with self._wake:
-            if len(self.waiting) >= self.max_queue:
-                raise QueueFull(f"{len(self.waiting)} requests are already waiting")
+            if self.queued() >= self.max_queue:
+                raise QueueFull(f"{self.queued()} requests are already waiting")
             self.waiting.append(ticket)
             self._wake.notify()
         return ticket
 
+    def queued(self) -> int:
+        """Requests waiting for a place (one whose client left has given up its place already)."""
+        return sum(not t.cancelled for t in self.waiting)
+
     def stats(self) -> dict[str, int]:
-        return {"running": len(self.running), "waiting": len(self.waiting), "max_batch": self.max_batch,
-                "max_queue": self.max_queue}
+        with self._wake:  # the waiting queue changes under this lock
+            return {"running": sum(not t.cancelled for t in self.running), "waiting": self.queued(),
+                    "max_batch": self.max_batch, "max_queue": self.max_queue}
 
     def start(self) -> None:
         self._stopping = False
@@ -152,13 +157,14 @@ class Engine:
                         self._step()
                 except Exception as e:  # a bug, or the device out of memory: fail what runs, keep serving
                     log.exception("decoding failed")
-                    for ticket in self.running + [t for t in joining if t not in self.running and not t.finished]:
-                        self._finish(ticket, "error", f"decoding failed: {first_line(e)}")
+                    failed = self.running + [t for t in joining if t not in self.running and not t.finished]
                     self.running, self.cache = [], None
-        for ticket in self.running + list(self.waiting):
+                    for ticket in failed:
+                        self._finish(ticket, "error", f"decoding failed: {first_line(e)}")
+        with self._wake:
+            left, self.running, self.waiting, self.cache = self.running + list(self.waiting), [], deque(), None
+        for ticket in left:
             self._finish(ticket, "error", "the server is shutting down")
-        self.running, self.cache = [], None
-        self.waiting.clear()
 
     def _drop_cancelled(self) -> None:
         self.waiting = deque(t for t in self.waiting if not t.cancelled)
@@ -201,7 +207,7 @@ class Engine:
                 token = greedy if greedy is not None else int(logits.argmax(dim=-1))
             else:
                 token = int(sample_next(logits, request.temperature, request.top_k, request.top_p, ticket.generator))
-        except UserError as e:  # NaN logits: this request's weights are no better than the next one's, but say so
+        except UserError as e:  # NaN/inf logits (broken weights): this request ends with the message, others go on
             self._finish(ticket, "error", first_line(e, 2000))
             return False
         ticket.sampled += 1

@@ -4,14 +4,15 @@ Each body is checked once, here, as FastAPI reads it: a wrong type, a value out 
 know is a 400 naming the field (minigpt.serve.app turns pydantic's errors into OpenAI's error JSON).  Fields that
 OpenAI knows but minigpt cannot honour (tools, logprobs, n > 1, penalties) are refused the same way rather than
 silently ignored; a penalty of 0 and `user` are accepted, since many clients always send them.  `top_k` is an
-extension, as in vLLM and llama.cpp.  Strict mode: a number given as a string is a wrong type, not converted.
+extension, as in vLLM and llama.cpp.  Strict mode: a number given as a string is a wrong type, not converted; a
+field set to null counts as left out, as OpenAI reads it.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["ChatRequest", "CompletionRequest", "Message"]
 
@@ -20,6 +21,12 @@ MAX_SEED = 2**63 - 1
 
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def null_is_not_given(cls, data: object) -> object:
+        """OpenAI reads a field set to null as a field left out (clients send `"temperature": null`)."""
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
 class TextPart(Body):
@@ -78,6 +85,3 @@ class CompletionRequest(Sampling):
     prompt: str
     echo: Literal[False] = False
     logprobs: None = None
-
-    def token_limit(self) -> int:
-        return 16 if self.max_tokens is None else self.max_tokens  # OpenAI's default for completions

@@ -54,8 +54,3 @@ class TextStream:
         new = text[self.sent:end]
         self.sent = max(self.sent, end)
         return new
-
-    @property
-    def text(self) -> str:
-        """The text given out so far."""
-        return self.tokenizer.decode(self.ids)[:self.sent]

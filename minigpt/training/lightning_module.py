@@ -18,7 +18,9 @@ from minigpt.core import checkpoint
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import ConfigError, UserError
 from minigpt.core.limits import check_config_size
+from minigpt.core.lora import training_flops_per_token
 from minigpt.core.model import GPT
+from minigpt.training.finetune_lora import keep_trained, restore_frozen
 from minigpt.training.sft import split_batch
 from minigpt.training.optim import OptimConfig, build_optimizer, build_scheduler, trainer_decay_end
 from minigpt.core.tokenizers import Tokenizer
@@ -29,13 +31,15 @@ class NonFiniteLossError(UserError):
 
 
 class GPTLightningModule(L.LightningModule):
-    def __init__(self, config: GPTConfig, optim: OptimConfig | None = None, tokenizer: Tokenizer | None = None) -> None:
+    def __init__(self, config: GPTConfig, optim: OptimConfig | None = None, tokenizer: Tokenizer | None = None,
+                 model: GPT | None = None, lora: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.config = config
         self.optim = optim or OptimConfig()
         self.tokenizer = tokenizer  # saved into every checkpoint, so sampling needs nothing else
         check_config_size(config, "the model config", ConfigError, cause="choose smaller sizes")
-        self.model = GPT(config)
+        self.model = model if model is not None else GPT(config)  # model: a LoRA run's (finetune_lora)
+        self.lora = lora  # a LoRA run's checkpoint entry: where its base is
         self.flops_per_batch: int | None = None  # read by Lightning's ThroughputMonitor for FLOP/s and MFU
         self._val_losses: list[torch.Tensor] = []
         self._losses: list[torch.Tensor] = []  # this optimizer step's training loss, one per (micro-)batch
@@ -48,7 +52,8 @@ class GPTLightningModule(L.LightningModule):
     def on_train_batch_start(self, batch: torch.Tensor, batch_idx: int) -> None:
         if self.flops_per_batch is None:
             B, T = batch.size(0), batch.size(1) - 1
-            self.flops_per_batch = self.model.flops_per_token(T) * B * T
+            flops = training_flops_per_token if self.lora is not None else GPT.flops_per_token
+            self.flops_per_batch = flops(self.model, T) * B * T
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         _, loss = self.model(*split_batch(batch))  # batch: (B, T + 1) windows (chat rows: ~id = not a target)
@@ -144,3 +149,9 @@ class GPTLightningModule(L.LightningModule):
 
     def on_save_checkpoint(self, ckpt: dict[str, Any]) -> None:
         checkpoint.pack(ckpt, self, self.model, self.tokenizer)
+        if self.lora is not None:  # the adapters only, and where their base is
+            keep_trained(ckpt, self, self.lora)
+
+    def on_load_checkpoint(self, ckpt: dict[str, Any]) -> None:
+        if self.lora is not None:  # the frozen base is this run's, read from init_from
+            restore_frozen(ckpt, self)

@@ -32,6 +32,7 @@ from minigpt.core.checkpoint import SECTION
 from minigpt.core.errors import DataError, UserError, first_line
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import CharTokenizer, Tokenizer, get_tokenizer, resolve_tokenizer
+from minigpt.core.user_files import TEMPLATE_BYTES, read_user_text
 from minigpt.data.conversations import read_conversations
 
 PAD = -1  # ~0: input id 0, no target
@@ -63,8 +64,8 @@ def read_template(path: str | None) -> str | None:
     if path is None:
         return None
     try:
-        return Path(path).expanduser().read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        return read_user_text(Path(path).expanduser(), TEMPLATE_BYTES)
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8, too large, a device (/dev/zero)
         raise DataError(f"data.chat_template: cannot read {path} ({first_line(e)}); give a Jinja template "
                         "file") from None
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+import lightning.pytorch.utilities._pytree as lightning_pytree
+import torch.utils._pytree as torch_pytree
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor, Timer, TQDMProgressBar
 
@@ -13,6 +15,11 @@ from minigpt.core.precision import resolve_precision
 from minigpt.training.callbacks import AttentionImages, CompileModel, RNGState, TextSamples
 
 PROGRESS_REFRESH = 10
+
+# Lightning 2.6 builds a leaf of its data loaders' tree as LeafSpec(), which torch 2.13 deprecates (a FutureWarning
+# per fit/validate, ~60 in the test suite); torch's own treespec_leaf() is the same leaf, without the warning.
+if hasattr(torch_pytree, "treespec_leaf") and getattr(lightning_pytree, "LeafSpec", None) is torch_pytree.LeafSpec:
+    lightning_pytree.LeafSpec = torch_pytree.treespec_leaf
 # Lightning's precision settings (its Trainer checks them again) and minigpt's "auto"; declared here because
 # Lightning's own type for them is private
 Precision = Literal["auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true",

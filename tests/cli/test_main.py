@@ -33,7 +33,7 @@ def test_help_and_no_arguments_list_every_command(argv, capsys):
     out = capsys.readouterr().out
     assert out.startswith("usage: minigpt")
     listed = [line.split()[0] for line in out.split("commands:")[1].split("\n\n")[0].splitlines() if line.strip()]
-    assert listed == ["train", "sample", "eval", "export", "attention"]
+    assert listed == ["train", "sample", "eval", "export", "attention", "serve"]
 
 
 def test_version_is_the_packages(capsys):

@@ -85,6 +85,32 @@ def test_kv_cache_matches_full_forward(attention, arch, n_kv_head):
 
 
 
+@pytest.mark.parametrize("attention", PATHS)
+@pytest.mark.parametrize("arch,n_kv_head", VARIANTS)
+def test_rows_at_their_own_positions_decode_as_each_would_alone(attention, arch, n_kv_head):
+    """input_pos as a (B,) tensor: a server's batch, each row at its own length, prefilled one by one into a cache
+    with more rows than the batch uses; every row's logits are those of its sequence run alone."""
+    model = build(tiny(arch, n_kv_head, attention=attention))
+    g = torch.Generator().manual_seed(4)
+    lengths = [9, 3, 14]
+    seqs = [torch.randint(0, 256, (n + 7,), generator=g) for n in lengths]
+    with torch.no_grad():
+        alone = [model(s[None])[0][0] for s in seqs]  # (T, vocab) each
+        cache = model.new_kv_cache(batch_size=4)
+        for row, (s, n) in enumerate(zip(seqs, lengths)):
+            one = model.new_kv_cache(batch_size=1)
+            model(s[None, :n], kv_cache=one, input_pos=0)
+            for layer, source in zip(cache, one):
+                layer.copy_row(row, source, 0, n)
+        pos = torch.tensor(lengths)
+        for width in (2, 1, 1, 1, 1, 1):  # two tokens per row, then one at a time
+            idx = torch.stack([s[p:p + width] for s, p in zip(seqs, pos.tolist())])  # (B, width)
+            logits = model(idx, kv_cache=cache, input_pos=pos)[0]
+            for row, p in enumerate(pos.tolist()):
+                assert (logits[row] - alone[row][p:p + width]).abs().max().item() <= 1e-5, (row, p)
+            pos = pos + width
+
+
 def test_kv_cache_holds_what_is_used_not_the_whole_context():
     """Eight positions of a long-context model cache eight positions' keys, growing by doubling up to block_size."""
     model = build(GPTConfig(arch="llama", n_layer=1, n_head=2, n_kv_head=1, n_embd=16, block_size=1 << 14,

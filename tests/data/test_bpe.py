@@ -83,6 +83,8 @@ def test_training_is_deterministic_and_cached(folder_corpus, tmp_path, capsys):
     ("bpe:", "VOCAB must be a whole number of tokens, e.g. bpe:4096"),
     ("bpe:lots", "VOCAB must be a whole number of tokens"),
     ("bpe:-5", "VOCAB must be a whole number of tokens"),
+    ("bpe:²⁵⁸", "VOCAB must be a whole number of tokens, e.g. bpe:4096 .in the digits 0-9."),  # isdigit(), not int()
+    ("bpe:٤٠٩٦", "in the digits 0-9"),
 ])
 def test_a_bad_vocabulary_size_is_one_line_before_any_reading(tmp_path, spec, message):
     with pytest.raises(DataError, match=message) as e:

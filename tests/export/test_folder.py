@@ -133,7 +133,7 @@ def test_an_export_the_user_edited_is_refused(previous, edit, why):
 
 @pytest.mark.parametrize("manifest, why", [
     (b"not json", "Expecting value"),
-    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested more than 100 levels deep"),
     (b'{"format": "something-else", "files": []}', "no format 'minigpt-hf-export'"),
     (b'{"format": "minigpt-hf-export", "files": [{"name": "../config.json", "size": 1, "sha256": "00"}]}',
      "a file entry is not a unique plain name"),

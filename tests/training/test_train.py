@@ -34,7 +34,9 @@ def test_tiny_run_learns_and_writes_a_loadable_checkpoint(tiny_run_args, corpus,
     val_loss = trainer.callback_metrics["val_loss"].item()
     assert val_loss < math.log(vocab) - 0.7  # well below the uniform guess ln(vocab)
     out = capsys.readouterr().out
-    assert f"final val loss {val_loss:.4f} after 40 steps; checkpoint: {tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}" in out
+    assert (f"estimated val loss {val_loss:.4f} (2 batches) after 40 steps; checkpoint: "
+            f"{tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}") in out
+    assert "stopped by max_time" not in out  # max_steps ended it
 
     run = tmp_path / "run"
     for name in ("checkpoints/last.ckpt", "checkpoints/best.ckpt", "config.yaml"):
@@ -259,7 +261,7 @@ def test_two_process_ddp_on_cpu_trains(tiny_run_args, corpus, tmp_path):
                              "--trainer.devices", "2", "--trainer.strategy", "ddp"],
                             cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "final val loss" in result.stdout
+    assert "estimated val loss" in result.stdout
     assert read_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")["global_step"] == 10
 
 

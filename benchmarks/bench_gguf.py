@@ -1,0 +1,169 @@
+"""GGUF export: file size and decode speed in llama.cpp (through xllamacpp) next to minigpt's own sampler, on the
+same model.
+
+    python benchmarks/bench_gguf.py              # GPT-2 124M and SmolLM2-135M shapes, random weights (minutes)
+    python benchmarks/bench_gguf.py --quick      # tiny shapes (seconds; smoke test)
+
+Each shape is built locally with random weights (minigpt's init; the values do not change the cost): GPT-2 124M
+(gpt block, 12 x 768, vocab 50257, tied) and SmolLM2-135M (llama block, 30 x 576, 9 query / 3 key-value heads,
+SwiGLU 1536, vocab 49152, tied, RoPE theta 100000).  The byte tokenizer goes in the file, padded to the model's
+vocabulary with unused tokens: decode speed does not depend on it.  Each model is exported with export_gguf as
+f32, f16, q8_0 and q4_0 (file size, export seconds including fsync), then run by llama.cpp on the CPU with the same
+--threads as torch: a 16-token prompt, then --tokens new tokens greedily (end-of-sequence ignored); the decode
+rate is llama.cpp's own (its timings' predicted_per_second, the prompt excluded), the median of --repeats runs.
+minigpt's rate is generate() (what sample.py runs: float32, KV cache, greedy) on the same model, prompt and token
+count, with the prompt's cost taken out: (time for N tokens - time for 1 token) / (N - 1), median of --repeats.
+Both use llama.cpp's default f16 KV cache / minigpt's float32 cache, as a user gets them.
+
+Agreement: the two small models tests/export/test_gguf.py trains (a char-level llama with GQA and a byte-level gpt,
+width 64, a few seconds on lines of words; tests/export/gguf_models.py), exported in each type and scored by
+llama.cpp teacher-forced over 95 positions of held-out text (f32 KV cache, no flash attention): the share of
+positions where the type's greedy choice is f32's, and its perplexity over f32's.  The test asserts q8_0 >= 95 %
+and within 2 %; this prints the figures.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "export"))  # the GGUF tests' helpers
+
+from benchmarks.common import (common_parser, describe_machine, machine_label, markdown_table, mib,  # noqa: E402
+                               wait_for_quiet, write_json)
+from minigpt.core.config import GPTConfig  # noqa: E402
+from minigpt.core.generation import generate  # noqa: E402
+from minigpt.core.model import GPT  # noqa: E402
+from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer  # noqa: E402
+from minigpt.export.gguf import export_gguf  # noqa: E402
+from gguf_models import trained_model, words_text  # noqa: E402
+from llamacpp_server import LlamaCpp  # noqa: E402
+
+SHAPES = {
+    "gpt2-124M": dict(arch="gpt", n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257),
+    "smollm2-135M": dict(arch="llama", n_layer=30, n_head=9, n_kv_head=3, n_embd=576, mlp_hidden=1536,
+                         block_size=2048, vocab_size=49152, rope_base=100000.0),
+}
+QUICK = {
+    "gpt-tiny": dict(arch="gpt", n_layer=2, n_head=4, n_embd=64, block_size=128, vocab_size=300),
+    "llama-tiny": dict(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=64, block_size=128, vocab_size=300),
+}
+TYPES = ("f32", "f16", "q8_0", "q4_0")
+PROMPT = list(range(32, 48))  # 16 tokens
+
+
+def llama_cpp_decode(path: Path, tokens: int, repeats: int, threads: int) -> float:
+    """llama.cpp's decode tokens/s (median of `repeats` runs, each from an empty cache), its default KV cache."""
+    with LlamaCpp(path, n_ctx=len(PROMPT) + tokens + 16, threads=threads, f32_cache=False) as llama:
+        llama.completion(PROMPT, 4, ignore_eos=True)  # warm-up
+        rates = []
+        for _ in range(repeats):
+            result = llama.completion(PROMPT, tokens, ignore_eos=True, cache_prompt=False)
+            assert result["tokens_predicted"] == tokens, result["tokens_predicted"]
+            rates.append(result["timings"]["predicted_per_second"])
+    return statistics.median(rates)
+
+
+def agreement(root: Path, steps: int) -> list[dict]:
+    """Each type's greedy agreement with f32 and perplexity ratio, on the two small trained models of the tests."""
+    text, rows = words_text(), []
+    for kind, tokenizer, config in (("char-llama", CharTokenizer(text), dict(arch="llama", n_kv_head=2)),
+                                    ("byte-gpt", ByteTokenizer(), dict(arch="gpt", tie_embeddings=False))):
+        model = trained_model(tokenizer.encode(text), tokenizer.vocab_size, steps=steps, **config)
+        held_out = tokenizer.encode(words_text(n_lines=20, seed=1))[:model.config.block_size]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([held_out]))[0][0].double(), -1)
+        minigpt_nll = -sum(logp[t - 1, held_out[t]].item() for t in range(33, len(held_out)))
+        runs = {}
+        for gguf_type in ("f32", "f16", "bf16", "q8_0", "q4_0"):
+            path = export_gguf(model, tokenizer, root / f"{kind}-{gguf_type}.gguf", gguf_type).path
+            with LlamaCpp(path) as llama:
+                runs[gguf_type] = llama.scores(held_out, 33, tokenizer.vocab_size)
+        (f32_choices, f32_lp) = runs["f32"]
+        for gguf_type, (choices, lp) in runs.items():
+            same = sum(a == b for a, b in zip(choices, f32_choices)) / len(choices)
+            rows.append(dict(model=kind, weights=gguf_type, positions=len(choices), agreement_pct=100 * same,
+                             ppl=math.exp(-sum(lp) / len(lp)), ppl_ratio=math.exp((sum(f32_lp) - sum(lp)) / len(lp)),
+                             minigpt_ppl=math.exp(minigpt_nll / len(lp))))
+    return rows
+
+
+def minigpt_decode(model: GPT, tokens: int, repeats: int) -> float:
+    """minigpt's decode tokens/s: generate() as sample.py runs it, the prompt's share taken out."""
+    prompt = torch.tensor([PROMPT])
+
+    def seconds(n: int) -> float:
+        start = time.perf_counter()
+        generate(model, prompt, max_new_tokens=n, temperature=0)
+        return time.perf_counter() - start
+
+    seconds(4)  # warm-up
+    rates = []
+    for _ in range(repeats):
+        rates.append((tokens - 1) / (seconds(tokens) - seconds(1)))
+    return statistics.median(rates)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = common_parser(__doc__.splitlines()[0], "gguf")
+    p.add_argument("--tokens", type=int, default=128, help="new tokens per decode run")
+    p.add_argument("--repeats", type=int, default=3, help="runs per measurement (the median is reported)")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                   help="CPU threads for both runtimes (default: torch's); 1 keeps a shared, busy machine fair")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    shapes, tokens, repeats = (QUICK, 8, 1) if args.quick else (SHAPES, args.tokens, args.repeats)
+    loads = wait_for_quiet(tries=args.wait_quiet)
+    machine = machine_label("cpu", "float32")
+    threads = args.threads
+    print(describe_machine(machine), f"| threads {threads} (torch and llama.cpp)", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-gguf-") as tmp:
+        for shape, config in shapes.items():
+            torch.manual_seed(0)
+            model = GPT(GPTConfig(**config)).eval()
+            with torch.inference_mode():
+                rate = minigpt_decode(model, tokens, repeats)
+            rows.append(dict(shape=shape, runtime="minigpt generate (sample.py)", weights="float32", file_mib=None,
+                             export_s=None, decode_tok_s=round(rate, 1)))
+            print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
+            for gguf_type in TYPES:
+                path = Path(tmp) / f"{shape}-{gguf_type}.gguf"
+                start = time.perf_counter()
+                export_gguf(model, ByteTokenizer(), path, gguf_type)
+                export_s = time.perf_counter() - start
+                rate = llama_cpp_decode(path, tokens, repeats, threads)
+                rows.append(dict(shape=shape, runtime="llama.cpp (xllamacpp)", weights=gguf_type,
+                                 file_mib=round(mib(path.stat().st_size), 1), export_s=round(export_s, 2),
+                                 decode_tok_s=round(rate, 1)))
+                print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
+                path.unlink()
+            del model
+        agreed = agreement(Path(tmp), steps=20 if args.quick else 150)
+    print()
+    print(markdown_table(rows, COLUMNS))
+    print()
+    print(markdown_table(agreed, AGREEMENT_COLUMNS))
+    result = dict(benchmark="gguf", machine=machine, load_avg_readings=loads,
+                  settings=dict(tokens=tokens, repeats=repeats, prompt_tokens=len(PROMPT), threads=threads,
+                                shapes=shapes),
+                  results=rows, agreement=agreed)
+    print(f"wrote {write_json(result, args.json)}")
+    return result
+
+
+COLUMNS = [("shape", "shape", ""), ("runtime", "runtime", ""), ("weights", "weights", ""),
+           ("file_mib", "file MiB", ".1f"), ("export_s", "export s", ".2f"), ("decode_tok_s", "decode tokens/s", ".1f")]
+AGREEMENT_COLUMNS = [("model", "model", ""), ("weights", "weights", ""), ("positions", "positions", "d"),
+                     ("agreement_pct", "greedy = f32 %", ".1f"), ("ppl", "perplexity", ".4f"),
+                     ("ppl_ratio", "ppl / f32", ".4f"), ("minigpt_ppl", "minigpt ppl", ".4f")]
+
+if __name__ == "__main__":
+    main()

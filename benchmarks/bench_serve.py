@@ -1,0 +1,170 @@
+"""The server under load: total decode tokens/s and time to first token at 1, 4, 8 and 16 concurrent clients.
+
+    python benchmarks/bench_serve.py                         # GPT-2-124M shape and a small char model, random weights
+    python benchmarks/bench_serve.py --shapes 124m --clients 1 8 --tokens 64
+    python benchmarks/bench_serve.py --quick                 # seconds: a smoke test of the script
+
+Each level starts its clients together: every client streams one greedy completion (POST /v1/completions,
+stream=true) of `--tokens` tokens from its own `--prompt_tokens`-token prompt, through the real server
+(minigpt.serve.app on uvicorn, in this process, 127.0.0.1) and an HTTP client, as a user's program would.
+Total tokens/s = every client's completion tokens / the wall time from the first request to the last [DONE].
+Time to first token (TTFT) = from a client's request to its first text chunk: queueing, its prompt's prefill
+and the prefills of the clients admitted with it.  ms/token after the first (TPOT, the median client's) = the
+pace of its stream once it started.  --max_batch is the largest level, so every client decodes at
+once (no queue); one warm-up level of 2 clients runs first; with --repeat N each level runs N times and the
+fastest turn is reported.  The models are random, float32, and both read
+tinyshakespeare's 65 characters (the 124M shape runs its full 50,257-wide head, and sampling keeps the first 65
+ids: every token is a character, so text streams from the first token on).  Goal (issue 37): at 8 clients, total
+tokens/s >= 3x one client's on the 124M shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
+
+import httpx  # noqa: E402
+import uvicorn  # noqa: E402
+
+from benchmarks.common import (common_parser, describe_machine, load_avg, machine_label,  # noqa: E402
+                               markdown_table, pick_device, wait_for_quiet, write_json)
+from minigpt.core.config import GPTConfig  # noqa: E402
+from minigpt.core.model import GPT  # noqa: E402
+from minigpt.core.tokenizers import CharTokenizer  # noqa: E402
+from minigpt.serve.app import create_app  # noqa: E402
+
+CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # tinyshakespeare's 65
+SHAPES = {
+    "124m": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257),
+    "char": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65),
+}
+QUICK = dict(n_layer=1, n_head=2, n_embd=32, block_size=64)
+COLUMNS = [("clients", "clients", "d"), ("tokens_per_s", "total tokens/s", ".1f"),
+           ("vs_one_client", "x one client", ".2f"), ("per_client_tokens_per_s", "tokens/s per client", ".1f"), ("ttft_median_s", "TTFT median s", ".3f"),
+           ("ttft_max_s", "TTFT max s", ".3f"), ("tpot_ms", "ms/token after the first", ".1f"),
+           ("seconds", "wall s", ".2f")]
+
+
+class Served:
+    """The app on uvicorn in a thread, on a free 127.0.0.1 port."""
+
+    def __init__(self, app) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs=dict(sockets=[self.sock]), daemon=True)
+
+    def __enter__(self) -> Served:
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join()
+
+
+async def one_client(http: httpx.AsyncClient, prompt: str, tokens: int) -> dict:
+    body = dict(model="bench", prompt=prompt, max_tokens=tokens, temperature=0, stream=True,
+                stream_options=dict(include_usage=True))
+    t0 = time.perf_counter()
+    first = None
+    usage = None
+    async with http.stream("POST", "/v1/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            elif first is None and chunk["choices"] and chunk["choices"][0]["text"]:
+                first = time.perf_counter()
+    end = time.perf_counter()
+    first = first or end
+    tokens = usage["completion_tokens"]
+    return dict(ttft=first - t0, end=end, tokens=tokens, tpot=(end - first) / max(1, tokens - 1))
+
+
+async def level(url: str, prompts: list[str], tokens: int) -> dict:
+    limits = httpx.Limits(max_connections=len(prompts) + 1)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+        t0 = time.perf_counter()
+        runs = await asyncio.gather(*(one_client(http, p, tokens) for p in prompts))
+    wall = max(r["end"] for r in runs) - t0
+    total = sum(r["tokens"] for r in runs)
+    ttfts = [r["ttft"] for r in runs]
+    return dict(clients=len(prompts), completion_tokens=total, seconds=round(wall, 3),
+                tokens_per_s=round(total / wall, 2), per_client_tokens_per_s=round(total / wall / len(prompts), 2),
+                ttft_median_s=round(statistics.median(ttfts), 3), ttft_max_s=round(max(ttfts), 3),
+                tpot_ms=round(1000 * statistics.median(r["tpot"] for r in runs), 1))
+
+
+def bench_shape(name: str, args, device: torch.device) -> tuple[str, list[dict]]:
+    shape = dict(SHAPES[name], **QUICK) if args.quick else SHAPES[name]
+    torch.manual_seed(args.seed)
+    model = GPT(GPTConfig(**shape)).to(device).eval()
+    tokenizer = CharTokenizer(CHARS)
+    cfg = model.config
+    g = torch.Generator().manual_seed(args.seed)
+    prompts = [tokenizer.decode(torch.randint(len(CHARS), (args.prompt_tokens,), generator=g).tolist())
+               for _ in range(max(args.clients))]
+    tokens = min(args.tokens, cfg.block_size - args.prompt_tokens)
+    app = create_app(model, tokenizer, "bench", max_batch=max(args.clients), max_queue=max(args.clients))
+    rows = []
+    with Served(app) as served:
+        asyncio.run(level(served.url, prompts[:2], min(tokens, 8)))  # warm-up
+        for n in args.clients:  # the fastest of --repeat turns: a busy machine only ever slows a turn down
+            turns = [asyncio.run(level(served.url, prompts[:n], tokens)) for _ in range(args.repeat)]
+            rows.append(dict(shape=name, **max(turns, key=lambda turn: turn["tokens_per_s"]), turns=len(turns)))
+    for r in rows:
+        r["vs_one_client"] = round(r["tokens_per_s"] / rows[0]["tokens_per_s"], 2) if rows[0]["clients"] == 1 else None
+    desc = (f"{name}: {cfg.arch} {cfg.n_layer} layers x {cfg.n_head} heads, n_embd {cfg.n_embd}, block_size "
+            f"{cfg.block_size}, vocab {cfg.vocab_size} ({model.num_params() / 1e6:.1f}M parameters), "
+            f"{type(tokenizer).__name__}; {args.prompt_tokens}-token prompts, {tokens} new tokens per client")
+    return desc, rows
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = common_parser(__doc__.splitlines()[0], "serve")
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--clients", nargs="+", type=int, default=[1, 4, 8, 16], help="concurrency levels")
+    p.add_argument("--tokens", type=int, default=128, help="new tokens per client (default 128)")
+    p.add_argument("--prompt_tokens", type=int, default=32, help="prompt tokens per client (default 32)")
+    p.add_argument("--repeat", type=int, default=1, help="turns per level; the fastest is reported (default 1)")
+    p.add_argument("--seed", type=int, default=1337)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.clients, args.tokens, args.prompt_tokens = [1, 2], 8, 4
+    device = pick_device(args.device)
+    load_readings = wait_for_quiet(tries=args.wait_quiet)
+    label = machine_label(device, "float32")
+    print(describe_machine(label))
+    print(f"torch.backends.cpu.get_cpu_capability(): {torch.backends.cpu.get_cpu_capability()}\n")
+    models, rows = [], []
+    for name in args.shapes:
+        desc, shape_rows = bench_shape(name, args, device)
+        models.append(desc)
+        rows += shape_rows
+        print(f"Model {desc}")
+        print(markdown_table(shape_rows, COLUMNS))
+        print()
+    result = dict(benchmark="serve", machine=label, load_avg_1m_before=load_readings, load_avg_1m_after=load_avg(),
+                  models=models, tokens=args.tokens, prompt_tokens=args.prompt_tokens, results=rows)
+    print(f"wrote {write_json(result, args.json)}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

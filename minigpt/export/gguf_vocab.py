@@ -1,0 +1,274 @@
+"""The tokenizer inside a GGUF file, written so that llama.cpp's own tokenizer gives minigpt's ids.
+
+llama.cpp does not run a tokenizer.json: it applies byte-level BPE ("gpt2" model) with merges ranked by their
+order, after a pre-tokenizer it picks by name from the regular expressions it hard-codes.  So the GGUF vocabulary
+is derived, as llama.cpp's convert_hf_to_gguf.py derives it, from the tokenizer.json that the Hugging Face export
+writes (minigpt.hf.tokenizer_files): tokens in id order, added tokens as control (special) or user-defined tokens,
+the merges, and the pre-tokenizer's name, found from the tokenizer.json's split pattern (PRE_TOKENIZERS).
+
+    tiktoken / HF byte-level BPE: the byte-level vocabulary and merges as they are, the pattern's llama.cpp name.
+    byte: the 256 byte tokens in GPT-2's byte alphabet, at their byte values, and no merge that can ever apply.
+    char: each character as the bytes of its UTF-8 spelling, with merges that join exactly those bytes again (a
+          character is never split by the pre-tokenizer, and a merge never crosses two characters).
+
+A tokenizer llama.cpp cannot reproduce is refused in one line (check_gguf_tokenizer): a split pattern it has no
+name for, a normaliser, a vocabulary that is not byte-level (SentencePiece style), a vocabulary larger than the
+model's.  llama.cpp always has an end-of-sequence token; for vocabularies without one see gguf_specials.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from minigpt.core.chat_template import ChatTokenizer
+from minigpt.core.errors import UserError
+from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, HFTokenizer, Tokenizer
+from minigpt.hf.tokenizer_files import bytes_to_unicode, save_hf_tokenizer
+
+__all__ = ["GGUFVocab", "PRE_TOKENIZERS", "gguf_vocab", "gguf_chat_template", "pre_tokenizer_name"]
+
+NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5  # gguf.TokenType
+BYTE_LEVEL = bytes_to_unicode()
+ALPHABET = set(BYTE_LEVEL.values())
+NEVER_MERGED = f"{BYTE_LEVEL[0xFF]} {BYTE_LEVEL[0xFF]}"  # two 0xFF bytes: never adjacent in UTF-8 text
+
+GPT2_REGEX = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# split patterns (tokenizer.json's Split regex, or a tiktoken pat_str) -> the llama.cpp pre-tokenizer that splits
+# text the same way; each is proven on llama.cpp by tests/export/test_gguf_tokenizers.py
+PRE_TOKENIZERS = {
+    GPT2_REGEX: "gpt-2",
+    # tiktoken's gpt2 / r50k_base / p50k_base (the GPT-2 pattern, written faster)
+    r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s""": "gpt-2",
+    # Llama 3's tokenizer.json
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
+    r"""|\s+(?!\S)|\s+""": "llama-bpe",
+    # tiktoken's cl100k_base: Llama 3's pattern (possessive forms)
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]"""
+    r"""|\s+(?!\S)|\s""": "llama-bpe",
+    # tiktoken's o200k_base
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+    r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+    r"""|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+""": "gpt-4o",
+    # Qwen2 / SmolLM3-style: single digits
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)"""
+    r"""|\s+""": "qwen2",
+}
+REFUSED = "llama.cpp would encode text to other ids than minigpt, so the GGUF could not be run as trained"
+
+
+@dataclass
+class GGUFVocab:
+    """What a GGUF file says about its tokenizer (the tokenizer.ggml.* keys)."""
+
+    tokens: list[str]
+    types: list[int]
+    merges: list[str]
+    pre: str
+    bos: int | None
+    eos: int | None
+    add_bos: bool = False
+    add_eos: bool = False
+    end_of_turn: int | None = None
+    chat_template: str | None = None
+    kind: str = ""  # "char" or "bpe": how a character added by a chat tokenizer is spelled
+
+    def write(self, writer: Any) -> None:
+        """Add the tokenizer keys to a gguf.GGUFWriter."""
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(self.pre)
+        writer.add_token_list(self.tokens)
+        writer.add_token_types(self.types)
+        writer.add_token_merges(self.merges or [NEVER_MERGED])  # llama.cpp requires the key; gguf-py drops empty arrays
+        for key, value in (("bos", self.bos), ("eos", self.eos), ("eot", self.end_of_turn)):
+            if value is not None:
+                getattr(writer, f"add_{key}_token_id")(value)
+        writer.add_add_bos_token(self.add_bos)
+        writer.add_add_eos_token(self.add_eos)
+        if self.chat_template is not None:
+            writer.add_chat_template(self.chat_template)
+
+
+# ------------------------------------------------------------------------------------------------- entry points
+
+def gguf_vocab(tokenizer: Tokenizer | None, vocab_size: int, chat_template: str | None = None,
+               char_eos: int | None = None) -> GGUFVocab:
+    """The GGUF vocabulary of `tokenizer` for a model with `vocab_size` logits (padded with unused tokens to it);
+    UserError, before anything is written, if llama.cpp cannot reproduce its ids.  `char_eos`: the end-of-sequence
+    id to name for a char vocabulary, which has none (see _set_specials)."""
+    if tokenizer is None:
+        raise UserError("the checkpoint holds no tokenizer, and a GGUF file must carry one (llama.cpp tokenizes the "
+                        "prompt itself); export a checkpoint saved with its tokenizer")
+    with tempfile.TemporaryDirectory(prefix="minigpt-gguf-") as tmp:  # the HF export's files, as llama.cpp converts
+        save_hf_tokenizer(tokenizer, Path(tmp))
+        doc = json.loads((Path(tmp) / "tokenizer.json").read_text(encoding="utf-8"))
+        config = json.loads((Path(tmp) / "tokenizer_config.json").read_text(encoding="utf-8"))
+    model = doc.get("model") or {}
+    base = tokenizer.base if isinstance(tokenizer, ChatTokenizer) else tokenizer
+    if model.get("type") == "WordLevel" and isinstance(base, CharTokenizer):
+        vocab = _char_vocab(model["vocab"])
+    elif model.get("type") == "BPE":
+        vocab = _bpe_vocab(doc, model, isinstance(base, ByteTokenizer))
+    else:
+        raise UserError(f"the tokenizer ({base.name}) is a {model.get('type')} model; llama.cpp reads byte-level BPE "
+                        f"vocabularies from a GGUF file, and {REFUSED}")
+    _add_tokens(vocab, doc.get("added_tokens") or [])
+    if len(vocab.tokens) > vocab_size:
+        raise UserError(f"the tokenizer has {len(vocab.tokens)} tokens but the model only {vocab_size} logits; the "
+                        "tokenizer is not this model's")
+    vocab.tokens += [f"[PAD{i}]" for i in range(len(vocab.tokens), vocab_size)]  # as convert_hf_to_gguf pads
+    vocab.types += [UNUSED] * (vocab_size - len(vocab.types))
+    _check_unique(vocab.tokens)
+    _set_specials(vocab, tokenizer, base, config, char_eos)
+    template = chat_template if chat_template is not None else config.get("chat_template")
+    vocab.chat_template = gguf_chat_template(template) if template else None
+    return vocab
+
+
+# ------------------------------------------------------------------------------------------------- vocabularies
+
+def _byte_level(text: str) -> str:
+    return "".join(BYTE_LEVEL[b] for b in text.encode("utf-8"))
+
+
+def _char_vocab(word_level: dict[str, int]) -> GGUFVocab:
+    """Each character spelled in byte-level form, and the merges that join the bytes of each multi-byte character
+    (every prefix with its next byte), so llama.cpp's BPE gives one token per character."""
+    by_id = sorted(word_level.items(), key=lambda kv: kv[1])
+    if [i for _, i in by_id] != list(range(len(by_id))):
+        raise UserError("the char vocabulary's ids are not 0..N-1; the checkpoint's tokenizer is damaged")
+    vocab = GGUFVocab([], [], [], pre="gpt-2", bos=None, eos=None, kind="char")
+    for char, _ in by_id:
+        _add_char(vocab, char)
+    return vocab
+
+
+def _add_char(vocab: GGUFVocab, char: str) -> None:
+    try:
+        raw = char.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError(f"the char vocabulary holds {char!r}, a lone surrogate that UTF-8 cannot spell, and llama.cpp "
+                        f"reads UTF-8 text; {REFUSED}") from None
+    vocab.tokens.append(_byte_level(char))
+    vocab.types.append(NORMAL)
+    for k in range(1, len(raw)):
+        merge = "".join(BYTE_LEVEL[b] for b in raw[:k]) + " " + BYTE_LEVEL[raw[k]]
+        if merge not in vocab.merges:
+            vocab.merges.append(merge)
+
+
+def _bpe_vocab(doc: dict, model: dict, byte_vocab: bool) -> GGUFVocab:
+    """A byte-level BPE tokenizer.json: its tokens, merges and the llama.cpp name of its pre-tokenizer."""
+    vocab = model.get("vocab") or {}
+    by_id = sorted(vocab.items(), key=lambda kv: kv[1])
+    not_byte_level = next((t for t, _ in by_id if not set(t) <= ALPHABET), None)
+    decoder = (doc.get("decoder") or {}).get("type")
+    if not_byte_level is not None or decoder != "ByteLevel":
+        raise UserError(f"the tokenizer is not a byte-level BPE (token {not_byte_level!r}, decoder {decoder}): a "
+                        "SentencePiece-style vocabulary, which this export does not convert (llama.cpp would need "
+                        f"its piece scores); {REFUSED}")
+    if doc.get("normalizer"):
+        raise UserError(f"the tokenizer normalises text first ({doc['normalizer'].get('type')}), which llama.cpp's "
+                        f"BPE does not; {REFUSED}")
+    n = (by_id[-1][1] + 1) if by_id else 0
+    tokens, types = [f"[PAD{i}]" for i in range(n)], [UNUSED] * n
+    for token, i in by_id:
+        tokens[i], types[i] = token, NORMAL
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+    pre = "gpt-2" if byte_vocab else pre_tokenizer_name(doc.get("pre_tokenizer"))
+    return GGUFVocab(tokens, types, merges, pre=pre, bos=None, eos=None, kind="bpe")
+
+
+def pre_tokenizer_name(pre: dict | None) -> str:
+    """llama.cpp's name for a tokenizer.json pre-tokenizer that splits text as it does; UserError if it has none."""
+    parts = pre.get("pretokenizers", []) if pre and pre.get("type") == "Sequence" else [pre] if pre else []
+    kinds = [p.get("type") for p in parts]
+    byte_level = parts[-1] if kinds and kinds[-1] == "ByteLevel" else None
+    if byte_level is not None and byte_level.get("add_prefix_space"):
+        raise UserError(f"the tokenizer adds a space before each text (ByteLevel add_prefix_space), which llama.cpp's "
+                        f"BPE does not; {REFUSED}")
+    if kinds == ["ByteLevel"] and byte_level.get("use_regex", True):
+        return "gpt-2"
+    if kinds == ["Digits", "ByteLevel"] and parts[0].get("individual_digits") and byte_level.get("use_regex", True):
+        return "smollm"
+    if kinds == ["Split", "ByteLevel"] and not byte_level.get("use_regex", True):
+        split = parts[0]
+        pattern = (split.get("pattern") or {}).get("Regex")
+        if split.get("behavior") == "Isolated" and not split.get("invert") and pattern in PRE_TOKENIZERS:
+            return PRE_TOKENIZERS[pattern]
+        raise UserError(f"the tokenizer splits text with a pattern llama.cpp has no pre-tokenizer for "
+                        f"({str(pattern)[:60]!r}...; llama.cpp hard-codes its patterns by name); {REFUSED}")
+    raise UserError(f"the tokenizer's pre-tokenizer ({' + '.join(map(str, kinds)) or 'none'}) has no llama.cpp "
+                    f"counterpart; {REFUSED}")
+
+
+def _add_tokens(vocab: GGUFVocab, added: list[dict]) -> None:
+    """Added tokens at their ids: special ones as control tokens (matched in a prompt only as markers), the others
+    (a char chat model's new characters) as user-defined tokens, matched in any text as minigpt matches them."""
+    for item in added:
+        i, text, special = item["id"], item["content"], item.get("special", False)
+        kind = CONTROL if special else USER_DEFINED
+        if vocab.kind == "char" and not special and i == len(vocab.tokens):  # one more character: spelled alike
+            _add_char(vocab, text)
+            continue
+        if i > len(vocab.tokens):
+            raise UserError(f"added token {text!r} has id {i}, past the vocabulary's {len(vocab.tokens)} tokens; the "
+                            "checkpoint's tokenizer is inconsistent")
+        if i == len(vocab.tokens):
+            vocab.tokens.append(text)
+            vocab.types.append(kind)
+        else:
+            vocab.tokens[i], vocab.types[i] = text, kind
+
+
+def _check_unique(tokens: list[str]) -> None:
+    seen: dict[str, int] = {}
+    for i, token in enumerate(tokens):
+        if token in seen:
+            raise UserError(f"tokens {seen[token]} and {i} have the same text {token!r} in llama.cpp's spelling, and "
+                            f"a GGUF vocabulary cannot hold a token twice; {REFUSED}")
+        seen[token] = i
+
+
+# ------------------------------------------------------------------------------------------------- special tokens
+
+def _set_specials(vocab: GGUFVocab, tokenizer: Tokenizer, base: Tokenizer, config: dict, char_eos: int | None) -> None:
+    """BOS/EOS as the HF export names them; a chat model's end of turn is its EOS.  llama.cpp always has an EOS (the
+    key's absence means id 11) and stops where it is sampled (its --ignore-eos bans it), so a vocabulary without
+    one names a token the model does not write: 0xFF for bytes (no UTF-8 text holds it), `char_eos` for chars."""
+    ids = {t: i for i, t in enumerate(vocab.tokens)}
+
+    def token_id(text: str | None) -> int | None:
+        if text is None:
+            return None
+        return ids.get(_byte_level(text) if vocab.kind == "char" else text, ids.get(text))
+
+    vocab.bos, vocab.eos = token_id(config.get("bos_token")), token_id(config.get("eos_token"))
+    if isinstance(base, ByteTokenizer):
+        vocab.bos = 10
+        vocab.eos = vocab.eos if isinstance(tokenizer, ChatTokenizer) else 0xFF
+    elif isinstance(base, CharTokenizer) and vocab.eos is None:
+        vocab.eos = char_eos
+    if isinstance(tokenizer, ChatTokenizer):
+        vocab.end_of_turn = vocab.eos
+    if isinstance(base, HFTokenizer):  # the post-processor's BOS/EOS, as minigpt's encode adds them
+        plain = base.backend.encode("a", add_special_tokens=False).ids
+        full = base.backend.encode("a").ids
+        vocab.add_bos = len(full) > len(plain) and full[0] == base.bos_id
+        vocab.add_eos = len(full) > len(plain) and full[-1] == base.eos_id
+        if len(full) - len(plain) != vocab.add_bos + vocab.add_eos:
+            raise UserError(f"the tokenizer adds tokens around each text ({full} for 'a') that are not its BOS/EOS; "
+                            f"{REFUSED}")
+
+
+GENERATION_TAG = re.compile(r"\{%(-?)\s*(end)?generation\s*(-?)%\}")
+
+
+def gguf_chat_template(template: str) -> str:
+    """The chat template as llama.cpp's Jinja reads it: transformers' {% generation %} tags (they only mark the
+    assistant's tokens for training) become an always-true block, keeping their whitespace control."""
+    return GENERATION_TAG.sub(lambda m: "{%" + m[1] + (" endif " if m[2] else " if true ") + m[3] + "%}", template)

@@ -1,0 +1,341 @@
+"""The HTTP side: OpenAI's Chat Completions and Completions over FastAPI, the chat page at `/`, and the limits.
+
+    app = create_app(model, tokenizer, "my-model", api_key="secret")
+    uvicorn.run(app, host="127.0.0.1", port=8000)          # what `minigpt serve` does
+
+Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /health, GET / (the page).
+Every error is OpenAI's JSON, {"error": {"message", "type", "param", "code"}}: a bad request is a 400 naming the
+field (bodies are checked once, by the pydantic models of minigpt.serve.protocol), a missing or wrong key 401, an
+unknown model or path 404, a body over the size limit 413, a full queue 503; the server keeps serving.
+Decoding is minigpt.serve.engine's, in its own thread; here each request waits on an asyncio queue that the
+engine's thread fills.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from importlib.resources import files
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from minigpt.core.chat import NO_CHAT_TEMPLATE
+from minigpt.core.chat_template import ChatTokenizer
+from minigpt.core.errors import UserError, first_line
+from minigpt.core.generation import prompt_ids
+from minigpt.core.model import GPT
+from minigpt.core.tokenizer_base import Tokenizer
+from minigpt.serve.engine import Engine, QueueFull, Request as Generation, Ticket, Update
+from minigpt.serve.protocol import ChatRequest, CompletionRequest
+
+__all__ = ["APIError", "create_app"]
+
+# the page may load nothing but itself and talk to nothing but this server
+PAGE_POLICY = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+               "img-src data:; base-uri 'none'; form-action 'none'")
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def response(self) -> JSONResponse:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        return JSONResponse({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}},
+                            status_code=self.status, headers=headers)
+
+
+def union_member(part: object) -> bool:
+    """A part of pydantic's error location that names the union member it tried: a type, CamelCase or with brackets."""
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool", "none") or "[" in part or
+                                      part[:1].isupper())
+
+
+def field_path(loc: tuple) -> str | None:
+    """pydantic's location of an error as the request's field: messages.0.content, not body.messages.0.content.str."""
+    return ".".join(str(part) for part in loc[1:] if not union_member(part)) or None
+
+
+def validation_error(e: RequestValidationError) -> APIError:
+    """pydantic's complaint about a body, as one 400 naming the field.  Of a union's complaints, the one about the
+    member the value has the type of (a list of 5 stop sequences is too long, not "not a string")."""
+    error = min(e.errors(), key=lambda error: error["type"].endswith("_type"))
+    param = field_path(error["loc"])
+    if error["type"] == "json_invalid":
+        return APIError(400, "the request body is not valid JSON; send a JSON object "
+                             "(Content-Type: application/json)", code="invalid_json")
+    if error["type"] == "extra_forbidden":
+        return APIError(400, f"unrecognized request argument supplied: {param} (not an OpenAI field, or one this "
+                             "server does not support)", param, "unsupported_parameter")
+    if error["type"] == "missing":
+        return APIError(400, f"missing required parameter: {param}", param, "missing_required_parameter")
+    return APIError(400, f"{param or 'body'}: {error['msg']}", param, "invalid_value")
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over max_bytes is refused with 413 before any of it is parsed."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        too_large = APIError(413, f"the request body is over {self.max_bytes:,} bytes; send a shorter one "
+                                  "(minigpt serve --max_body_bytes)", code="request_too_large").response()
+        body = bytearray()
+        while True:  # read it whole (bounded), then hand it on
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes:
+                return await too_large(scope, receive, send)
+            if not message.get("more_body"):
+                break
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+def sse(data: dict | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+class Server:
+    """What the routes share: the model's name and limits, the engine, and the request -> Generation checks."""
+
+    def __init__(self, model: GPT, tokenizer: Tokenizer, name: str, engine: Engine) -> None:
+        self.model, self.tokenizer, self.name, self.engine = model, tokenizer, name, engine
+        self.context = model.config.block_size
+        self.created = int(time.time())
+        self.is_chat = isinstance(tokenizer, ChatTokenizer)
+
+    def check_model(self, model: str) -> None:
+        if model != self.name:
+            raise APIError(404, f"the model '{model}' does not exist; this server serves '{self.name}' "
+                                "(GET /v1/models)", "model", "model_not_found")
+
+    def generation(self, body: ChatRequest | CompletionRequest, ids: list[int], limit: int | None,
+                   default: int | None = None) -> Generation:
+        """The engine's request: max_tokens as asked (it must fit the context), else `default` (or all the room)."""
+        room = self.context - len(ids)
+        if room < 1:
+            param = "messages" if isinstance(body, ChatRequest) else "prompt"
+            raise APIError(400, f"the prompt is {len(ids)} tokens, and this model's context of {self.context} tokens "
+                                "must also hold the reply; send a shorter prompt", param, "context_length_exceeded")
+        if limit is not None and limit > room:
+            raise APIError(400, f"max_tokens is {limit}, but the prompt ({len(ids)} tokens) leaves room for {room} "
+                                f"in this model's context of {self.context}; ask for at most {room}",
+                           "max_tokens", "context_length_exceeded")
+        stop_tokens = frozenset() if self.tokenizer.eot_id is None else frozenset({self.tokenizer.eot_id})
+        if limit is None:
+            limit = room if default is None else min(default, room)
+        return Generation(ids, limit, body.temperature, body.top_k, body.top_p, body.seed, body.stops(), stop_tokens)
+
+    def chat_ids(self, body: ChatRequest) -> list[int]:
+        if not self.is_chat:
+            raise APIError(400, f"the model '{self.name}' is a base model: it {NO_CHAT_TEMPLATE}; or send the text "
+                                "to POST /v1/completions", "messages", "model_not_chat")
+        try:
+            return self.tokenizer.encode_chat([m.as_template_message() for m in body.messages],
+                                              add_generation_prompt=True)[0]
+        except UserError as e:  # characters outside a char vocabulary, a template that refuses the roles
+            raise APIError(400, first_line(e, 2000), "messages", "invalid_value") from None
+
+    def completion_ids(self, body: CompletionRequest) -> list[int]:
+        try:
+            return prompt_ids(self.tokenizer, body.prompt)
+        except UserError as e:
+            raise APIError(400, first_line(e, 2000), "prompt", "invalid_value") from None
+
+    def submit(self, generation: Generation, request: Request) -> AsyncIterator[Update]:
+        """Queue the request now (a full queue is a 503 before any response starts) -> its updates."""
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+        try:
+            ticket = self.engine.submit(generation, lambda u: loop.call_soon_threadsafe(queue.put_nowait, u))
+        except QueueFull:
+            raise APIError(503, f"the server is busy ({self.engine.max_batch} requests decoding, "
+                                f"{self.engine.max_queue} waiting); try again shortly", code="server_busy") from None
+        return self.updates(ticket, queue, request)
+
+    @staticmethod
+    async def updates(ticket: Ticket, queue: asyncio.Queue, request: Request) -> AsyncIterator[Update]:
+        """The engine's updates for one request, ending with the one that has a finish_reason.  The request
+        leaves the batch when the client goes away (a streaming response is cancelled; otherwise polled)."""
+        try:
+            while True:
+                try:
+                    update = await asyncio.wait_for(queue.get(), timeout=0.5)
+                except asyncio.TimeoutError:  # the builtin TimeoutError from Python 3.11 on
+                    if await request.is_disconnected():
+                        return
+                    continue
+                yield update
+                if update.finish_reason is not None:
+                    return
+        finally:
+            ticket.cancel()  # nothing once it finished; a client gone mid-way frees its row before the next step
+
+
+def usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def create_app(model: GPT, tokenizer: Tokenizer, name: str, api_key: str | None = None,
+               cors_origins: Sequence[str] = (), max_batch: int = 8, max_queue: int = 64,
+               max_body_bytes: int = 1 << 20) -> FastAPI:
+    """The server's app; its engine thread starts and stops with the app (uvicorn runs the lifespan)."""
+    server = Server(model, tokenizer, name, Engine(model, tokenizer, max_batch, max_queue))
+    page = (files("minigpt.serve") / "static" / "index.html").read_text(encoding="utf-8")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        server.engine.start()
+        yield
+        await asyncio.to_thread(server.engine.stop)
+
+    app = FastAPI(title="minigpt", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = server
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    if cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError) -> JSONResponse:
+        return e.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_body(request: Request, e: RequestValidationError) -> JSONResponse:
+        return validation_error(e).response()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException) -> JSONResponse:  # an unknown path or method
+        code = "not_found" if e.status_code == 404 else None
+        return APIError(e.status_code, f"{request.method} {request.url.path}: {e.detail}", code=code).response()
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, e: Exception) -> JSONResponse:  # logged with its traceback by the server
+        return APIError(500, f"internal error ({type(e).__name__}); the server's log has the details").response()
+
+    def authorized(request: Request) -> None:
+        if api_key is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
+            raise APIError(401, "a valid API key is required: send the header 'Authorization: Bearer KEY'",
+                           code="invalid_api_key")
+
+    v1 = [Depends(authorized)]
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def index() -> HTMLResponse:
+        return HTMLResponse(page, headers={"Content-Security-Policy": PAGE_POLICY})
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": name, "chat": server.is_chat, "context_length": server.context,
+                "api_key_required": api_key is not None, **server.engine.stats()}
+
+    @app.get("/v1/models", dependencies=v1)
+    async def models() -> dict:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}", dependencies=v1)
+    async def model_info(model_id: str) -> dict:
+        server.check_model(model_id)
+        return model_card()
+
+    def model_card() -> dict:
+        return {"id": name, "object": "model", "created": server.created, "owned_by": "minigpt"}
+
+    @app.post("/v1/chat/completions", dependencies=v1)
+    async def chat_completions(body: ChatRequest, request: Request):
+        server.check_model(body.model)
+        ids = server.chat_ids(body)
+        generation = server.generation(body, ids, body.token_limit())
+        updates = server.submit(generation, request)
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name}
+        if body.stream:
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            return streamed(updates, head | {"object": "chat.completion.chunk"}, len(ids), include_usage,
+                            lambda text: {"delta": {"content": text}}, {"delta": {"role": "assistant", "content": ""}})
+        text, last = await collected(updates)
+        return head | {"object": "chat.completion", "choices": [{
+            "index": 0, "message": {"role": "assistant", "content": text, "refusal": None}, "logprobs": None,
+            "finish_reason": last.finish_reason}], "usage": usage(len(ids), last.completion_tokens)}
+
+    @app.post("/v1/completions", dependencies=v1)
+    async def completions(body: CompletionRequest, request: Request):
+        server.check_model(body.model)
+        ids = server.completion_ids(body)
+        generation = server.generation(body, ids, body.max_tokens, default=16)  # OpenAI's default for completions
+        updates = server.submit(generation, request)
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name,
+                "object": "text_completion"}
+        if body.stream:
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            return streamed(updates, head, len(ids), include_usage, lambda text: {"text": text, "logprobs": None})
+        text, last = await collected(updates)
+        return head | {"choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": last.finish_reason}],
+                       "usage": usage(len(ids), last.completion_tokens)}
+
+    return app
+
+
+async def collected(updates: AsyncIterator[Update]) -> tuple[str, Update]:
+    parts, update = [], None
+    async for update in updates:
+        parts.append(update.text)
+    if update is None or update.finish_reason is None:  # nobody is listening any more
+        raise APIError(499, "the client closed the request", code="client_closed_request")
+    if update.finish_reason == "error":
+        raise APIError(500, update.error or "decoding failed", code="decoding_failed")
+    return "".join(parts), update
+
+
+def streamed(updates: AsyncIterator[Update], head: dict, prompt_tokens: int, include_usage: bool,
+             choice, first: dict | None = None) -> StreamingResponse:
+    """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`."""
+    extra = {"usage": None} if include_usage else {}
+
+    def chunk(fields: dict, finish_reason: str | None = None) -> str:
+        return sse(head | {"choices": [{"index": 0, **fields, "finish_reason": finish_reason}]} | extra)
+
+    async def events() -> AsyncIterator[str]:
+        if first is not None:
+            yield chunk(first)
+        async for update in updates:
+            if update.finish_reason == "error":
+                yield sse({"error": {"message": update.error, "type": "server_error", "param": None,
+                                     "code": "decoding_failed"}})
+                return
+            if update.text:
+                yield chunk(choice(update.text))
+            if update.finish_reason is not None:
+                yield chunk(choice("") if first is None else {"delta": {}}, update.finish_reason)
+                if include_usage:
+                    yield sse(head | {"choices": [], "usage": usage(prompt_tokens, update.completion_tokens)})
+        yield sse("[DONE]")
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

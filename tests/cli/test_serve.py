@@ -1,0 +1,94 @@
+"""`minigpt serve` (minigpt.cli.serve) end to end: a checkpoint served by the command until Ctrl-C, and its mistakes
+as one `error:` line with exit code 2.  The server itself is tested in tests/serve/."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+import openai
+import pytest
+from support import varied_gpt
+
+from minigpt import ChatSession
+from minigpt.cli.serve import default_name, main
+from minigpt.core.chat_template import ChatTokenizer
+from minigpt.core.checkpoint import model_checkpoint, save_file
+from minigpt.core.tokenizers import CharTokenizer
+
+
+@pytest.fixture(scope="module")
+def chat_model():
+    tokenizer = ChatTokenizer.for_base(CharTokenizer("\n !',.:;?abcdefghijklmnopqrstuvwxyz"))
+    return varied_gpt("llama", n_kv_head=2, vocab_size=tokenizer.vocab_size, block_size=96), tokenizer
+
+
+@pytest.fixture(scope="module")
+def chat_ckpt(tmp_path_factory, chat_model):
+    path = tmp_path_factory.mktemp("out") / "sft" / "checkpoints" / "best.ckpt"
+    path.parent.mkdir(parents=True)
+    save_file(model_checkpoint(*chat_model), path)
+    return path
+
+
+def test_minigpt_serve_answers_with_the_checkpoints_replies_until_interrupted(chat_ckpt, chat_model):
+    env = os.environ | {"MINIGPT_API_KEY": "sesame"}
+    command = [sys.executable, "-m", "minigpt.cli.main", "serve", "--ckpt", str(chat_ckpt), "--port", "0",
+               "--log_level", "warning"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    watchdog = threading.Timer(120, process.kill)  # a server that never starts must not hang the suite
+    watchdog.start()
+    try:
+        before = []
+        while not (line := process.stderr.readline()).startswith("serving "):
+            assert line, f"minigpt serve ended before serving: {''.join(before)}"
+            before.append(line)
+        assert line.startswith("serving sft at http://127.0.0.1:"), line
+        url = re.search(r"at (\S+)/v1", line).group(1)
+        with pytest.raises(openai.AuthenticationError):  # the key from the environment is required
+            openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="sesame", max_retries=0, timeout=60)
+        reply = client.chat.completions.create(model="sft", messages=[{"role": "user", "content": "hi"}],
+                                               temperature=0, max_tokens=12)
+        expected = ChatSession(*chat_model, max_new_tokens=12, temperature=0, top_k=None).reply("hi")
+        assert reply.choices[0].message.content == expected
+        process.send_signal(signal.SIGINT)  # Ctrl-C: uvicorn shuts down cleanly
+        assert process.wait(timeout=30) == 0
+    finally:
+        watchdog.cancel()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stderr.close()
+
+
+def one_error_line(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    assert exit.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def test_mistakes_are_one_error_line(capsys, chat_ckpt, tmp_path):
+    assert "port" in one_error_line(capsys, ["--port", "70000"])
+    assert "max_batch" in one_error_line(capsys, ["--max_batch", "0"])
+    assert "attention" in one_error_line(capsys, ["--attention", "flash"])
+    assert "checkpoint not found" in one_error_line(capsys, ["--ckpt", str(tmp_path / "none.ckpt"), "--port", "0"])
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = str(taken.getsockname()[1])
+        line = one_error_line(capsys, ["--ckpt", str(chat_ckpt), "--port", port])
+        assert f"cannot listen on 127.0.0.1:{port}" in line and "--port" in line
+
+
+def test_the_models_default_name():
+    assert default_name("out/sft/checkpoints/best.ckpt") == "sft"
+    assert default_name("out/sft") == "sft"
+    assert default_name("hf:HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert default_name(None) == "minigpt"

@@ -1,0 +1,231 @@
+"""minigpt.serve.app through the official `openai` client: replies equal ChatSession's and generate's, usage counts,
+stop sequences, seeds; every bad request is a 4xx with OpenAI's error JSON; the API key and CORS."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+import torch
+from serve_support import BLOCK, alone, serving
+
+from minigpt import ChatSession
+from minigpt.core.generation import prompt_ids
+from minigpt.serve.app import create_app
+
+
+
+@pytest.fixture(scope="module")
+def chat_url(chat_model):
+    with serving(create_app(*chat_model, "tiny-chat")) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def base_url(base_model):
+    with serving(create_app(*base_model, "tiny-base")) as url:
+        yield url
+
+
+def client(url: str, api_key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0, timeout=60)
+
+
+def streamed_chat(url: str, **kw) -> tuple[str, str, object, int]:
+    """(text, finish_reason, usage, chunks with text) of a streamed chat completion."""
+    text, finish, usage, chunks = "", None, None, 0
+    for chunk in client(url).chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+        if chunk.usage is not None:
+            assert chunk.choices == []  # OpenAI's usage chunk: the last, with no choices
+            usage = chunk.usage
+            continue
+        delta = chunk.choices[0].delta.content or ""
+        text, chunks = text + delta, chunks + bool(delta)
+        finish = chunk.choices[0].finish_reason or finish
+    return text, finish, usage, chunks
+
+
+def streamed_completion(url: str, **kw) -> tuple[str, str, object]:
+    text, finish, usage = "", None, None
+    for chunk in client(url).completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        if chunk.choices:
+            text += chunk.choices[0].text
+            finish = chunk.choices[0].finish_reason or finish
+    return text, finish, usage
+
+
+# --------------------------------------------------------------------------------------------------
+# Replies
+
+
+def test_greedy_chat_equals_chat_session_and_generate(chat_url, chat_model):
+    model, tok = chat_model
+    reasons = set()
+    conversations = [("hello there", None), ("what is two plus two?", None), ("tell me a story", "You are a poet.")]
+    for text, system in conversations:
+        session = ChatSession(model, tok, system, max_new_tokens=BLOCK, temperature=0, top_k=None)
+        expected = session.reply(text)
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+        ids = tok.encode_chat(messages, add_generation_prompt=True)[0]
+        tokens = alone(model, tok, ids, BLOCK - len(ids), stop_token=tok.eot_id)
+        reason = "stop" if tokens[-1] == tok.eot_id else "length"  # the end-of-turn token, or the context is full
+        reasons.add(reason)
+
+        reply = client(chat_url).chat.completions.create(model="tiny-chat", messages=messages, temperature=0)
+        assert reply.choices[0].message.content == expected
+        assert reply.choices[0].message.role == "assistant"
+        assert reply.choices[0].finish_reason == reason
+        assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len(ids), len(tokens))
+        assert reply.usage.total_tokens == len(ids) + len(tokens)
+
+        streamed, finish, usage, chunks = streamed_chat(chat_url, model="tiny-chat", messages=messages, temperature=0)
+        assert (streamed, finish) == (expected, reason)
+        assert (usage.prompt_tokens, usage.completion_tokens) == (len(ids), len(tokens))
+        assert chunks > 1  # it did stream
+
+        if reason == "length":  # the context is full: no room for a second turn
+            continue
+        # a second turn: the conversation so far, as a client sends it, gets ChatSession's next reply
+        follow = messages + [{"role": "assistant", "content": expected}, {"role": "user", "content": "and then?"}]
+        again = client(chat_url).chat.completions.create(model="tiny-chat", messages=follow, temperature=0,
+                                                         max_completion_tokens=12)
+        session.max_new_tokens = 12
+        assert again.choices[0].message.content == session.reply("and then?")
+    assert reasons == {"stop", "length"}  # both endings were seen
+
+
+def test_greedy_completions_equal_generate(base_url, base_model):
+    model, tok = base_model
+    for prompt, max_tokens in [("ROMEO:", 20), ("", 7), ("the cat sat", None)]:
+        ids = prompt_ids(tok, prompt)
+        tokens = alone(model, tok, ids, 16 if max_tokens is None else max_tokens)  # OpenAI's default: 16
+        kw = dict(model="tiny-base", prompt=prompt, temperature=0) | ({"max_tokens": max_tokens} if max_tokens else {})
+        reply = client(base_url).completions.create(**kw)
+        assert reply.choices[0].text == tok.decode(tokens)
+        assert reply.choices[0].finish_reason == "length"
+        assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len(ids), len(tokens))
+        assert streamed_completion(base_url, **kw)[:2] == (tok.decode(tokens), "length")
+
+
+def test_stop_sequences_end_the_text_before_them(base_url, base_model, chat_url, chat_model):
+    model, tok = base_model
+    full = tok.decode(alone(model, tok, prompt_ids(tok, "ROMEO:"), 40))
+    stop = full[12:15]  # three characters: three tokens, so the stream must hold back a partial match
+    expected = full[:full.index(stop)]
+    for stops in (stop, ["never", stop], [stop, full[20:22]]):
+        kw = dict(model="tiny-base", prompt="ROMEO:", max_tokens=40, temperature=0, stop=stops)
+        reply = client(base_url).completions.create(**kw)
+        assert (reply.choices[0].text, reply.choices[0].finish_reason) == (expected, "stop")
+        assert streamed_completion(base_url, **kw)[:2] == (expected, "stop")
+    unmatched = client(base_url).completions.create(model="tiny-base", prompt="ROMEO:", max_tokens=40, temperature=0,
+                                                     stop=["never"])
+    assert (unmatched.choices[0].text, unmatched.choices[0].finish_reason) == (full, "length")
+
+    model, tok = chat_model
+    messages = [{"role": "user", "content": "hi"}]
+    reply = ChatSession(model, tok, max_new_tokens=BLOCK, temperature=0, top_k=None).reply("hi")
+    stop = reply[5:7]
+    text, finish, _, _ = streamed_chat(chat_url, model="tiny-chat", messages=messages, temperature=0, stop=stop)
+    assert (text, finish) == (reply[:reply.index(stop)], "stop")
+
+
+def test_seeded_sampling_is_each_requests_own(base_url, base_model):
+    model, tok = base_model
+    ids = prompt_ids(tok, "the")
+    settings = dict(temperature=0.9, top_p=0.9)
+    expected = alone(model, tok, ids, 30, generator=torch.Generator().manual_seed(7), top_k=20, **settings)
+    kw = dict(model="tiny-base", prompt="the", max_tokens=30, seed=7, extra_body={"top_k": 20}, **settings)
+    first = client(base_url).completions.create(**kw).choices[0].text
+    assert first == tok.decode(expected)
+    assert streamed_completion(base_url, **kw)[0] == first
+    assert client(base_url).completions.create(**(kw | {"seed": 8})).choices[0].text != first
+
+
+def test_models_and_health(chat_url):
+    models = client(chat_url).models.list()
+    assert [m.id for m in models.data] == ["tiny-chat"]
+    assert client(chat_url).models.retrieve("tiny-chat").owned_by == "minigpt"
+    health = httpx.get(f"{chat_url}/health").json()
+    assert health | {"running": 0, "waiting": 0} == health
+    assert (health["status"], health["chat"], health["context_length"]) == ("ok", True, BLOCK)
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad requests
+
+
+CHAT = "/v1/chat/completions"
+GOOD = {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+BAD = [  # (path, body, status, param, words in the message)
+    (CHAT, b"{not json", 400, None, "not valid JSON"),
+    (CHAT, b"[1, 2]", 400, None, "dictionary"),
+    (CHAT, GOOD | {"temperature": "hot"}, 400, "temperature", "number"),
+    (CHAT, GOOD | {"temperature": "0.5"}, 400, "temperature", "number"),  # a number as a string is no number
+    (CHAT, GOOD | {"temperature": 3}, 400, "temperature", "less than or equal to 2"),
+    (CHAT, GOOD | {"max_tokens": 0}, 400, "max_tokens", "greater than or equal to 1"),
+    (CHAT, GOOD | {"max_tokens": 1000}, 400, "max_tokens", "leaves room for"),
+    (CHAT, GOOD | {"stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "at most 4"),
+    (CHAT, GOOD | {"n": 2}, 400, "n", "1"),
+    (CHAT, GOOD | {"tools": []}, 400, "tools", "unrecognized request argument"),
+    (CHAT, GOOD | {"presence_penalty": 0.5}, 400, "presence_penalty", "less than or equal to 0"),
+    (CHAT, {"model": "tiny-chat"}, 400, "messages", "missing required parameter"),
+    (CHAT, GOOD | {"messages": []}, 400, "messages", "at least 1"),
+    (CHAT, GOOD | {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages.0.role", "system"),
+    (CHAT, GOOD | {"messages": [{"role": "user"}]}, 400, "messages.0.content", "missing"),
+    (CHAT, GOOD | {"messages": [{"role": "user", "content": "Zebra"}]}, 400, "messages", "'Z'"),
+    (CHAT, GOOD | {"messages": [{"role": "user", "content": "a" * BLOCK}], "max_tokens": None}, 400, "messages",
+     "context of 160 tokens"),
+    (CHAT, GOOD | {"model": "gpt-4o"}, 404, "model", "serves 'tiny-chat'"),
+    (CHAT, b"{" + b" " * (2 << 20) + b"}", 413, None, "over 1,048,576 bytes"),
+    ("/v1/nowhere", GOOD, 404, None, "Not Found"),
+]
+
+
+def test_every_bad_request_is_a_4xx_with_openais_error_json(chat_url):
+    for path, body, status, param, words in BAD:
+        content = body if isinstance(body, bytes) else None
+        response = httpx.post(chat_url + path, content=content, json=None if content else body,
+                              headers={"Content-Type": "application/json"})
+        assert response.status_code == status, (body, response.text)
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["type"] == "invalid_request_error" and error["param"] == param, (body, error)
+        assert words in error["message"], (body, error)
+    assert httpx.get(chat_url + CHAT).status_code == 405
+    with pytest.raises(openai.BadRequestError, match="at least 1"):  # the client raises OpenAI's own error
+        client(chat_url).chat.completions.create(model="tiny-chat", messages=[])
+    assert httpx.post(chat_url + CHAT, json=GOOD).status_code == 200  # and the server kept serving
+
+
+def test_a_base_model_refuses_chat_and_names_completions(base_url):
+    response = httpx.post(f"{base_url}{CHAT}", json=GOOD | {"model": "tiny-base"})
+    assert response.status_code == 400
+    message = response.json()["error"]["message"]
+    assert "no chat template" in message and "/v1/completions" in message
+    bad = httpx.post(f"{base_url}/v1/completions", json={"model": "tiny-base", "prompt": "Zoo", "echo": True})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "echo"
+    bad = httpx.post(f"{base_url}/v1/completions", json={"model": "tiny-base", "prompt": "Zoo"})
+    assert bad.status_code == 400 and "char vocabulary" in bad.json()["error"]["message"]
+
+
+def test_api_key_is_required_when_set_and_cors_only_when_asked(base_model):
+    app = create_app(*base_model, "tiny-base", api_key="sesame", cors_origins=["http://allowed.test"])
+    with serving(app) as url:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"}):
+            response = httpx.get(f"{url}/v1/models", headers=headers)
+            assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            client(url, api_key="wrong").models.list()
+        assert client(url, api_key="sesame").completions.create(model="tiny-base", prompt="a", max_tokens=2).usage
+        assert httpx.get(f"{url}/health").status_code == 200  # the page and the health check need no key
+        assert httpx.get(f"{url}/").status_code == 200
+        allowed = httpx.get(f"{url}/health", headers={"Origin": "http://allowed.test"})
+        assert allowed.headers["access-control-allow-origin"] == "http://allowed.test"
+        other = httpx.get(f"{url}/health", headers={"Origin": "http://evil.test"})
+        assert "access-control-allow-origin" not in other.headers
+    with serving(create_app(*base_model, "tiny-base")) as url:  # by default no origin is allowed
+        response = httpx.options(f"{url}/v1/models", headers={"Origin": "http://allowed.test",
+                                                               "Access-Control-Request-Method": "GET"})
+        assert "access-control-allow-origin" not in response.headers

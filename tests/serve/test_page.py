@@ -1,0 +1,58 @@
+"""The chat page at `/`, in headless Chromium: a user types a message, sees the reply stream in, sends a second turn;
+the page loads nothing from the network."""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+import httpx
+import pytest
+from serve_support import serving
+
+from benchmarks.browser import Browser, chromium_path
+from minigpt import ChatSession
+from minigpt.serve.app import create_app
+
+# the reply as the user saw it grow: the last assistant bubble's text at every change of the conversation
+WATCH = """window.seen = [];
+new MutationObserver(() => {
+  const replies = document.querySelectorAll('.assistant');
+  if (replies.length) window.seen.push(replies[replies.length - 1].textContent);
+}).observe(document.getElementById('log'), {childList: true, subtree: true, characterData: true});"""
+LAST_REPLY = "[...document.querySelectorAll('.assistant')].at(-1).textContent"
+
+
+def test_the_page_is_one_file_that_names_no_other_site():
+    page = (files("minigpt.serve") / "static" / "index.html").read_text(encoding="utf-8")
+    for outside in ("http://", "https://", "//cdn", "src=", "@import"):
+        assert outside not in page, outside
+
+
+def test_a_user_chats_two_turns_in_chromium_and_the_replies_stream(chat_model):
+    if chromium_path() is None:
+        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
+    model, tok = chat_model
+    session = ChatSession(model, tok, system="You are a poet.", max_new_tokens=30, temperature=0, top_k=None)
+    with serving(create_app(model, tok, "tiny-chat")) as url, Browser() as page:
+        assert "default-src 'none'" in httpx.get(f"{url}/").headers["content-security-policy"]
+        page.goto(f"{url}/")
+        page.wait_for("document.getElementById('status').textContent.includes('tiny-chat')")
+        page.type_text("#system", "You are a poet.")
+        page.evaluate("document.getElementById('temperature').value = '0'")  # greedy, to compare with ChatSession
+        page.type_text("#max_tokens", "30")
+        for turn, text in enumerate(["tell me a story", "and then?"], start=1):
+            page.evaluate(WATCH)
+            page.type_text("#input", text)
+            page.press("Enter")
+            page.wait_for(f"document.querySelectorAll('.assistant').length === {turn} && "
+                          "document.body.dataset.busy === '0'")
+            expected = session.reply(text)
+            assert page.evaluate(LAST_REPLY) == expected
+            grew = [t for t in dict.fromkeys(page.evaluate("window.seen")) if t]  # distinct, in order
+            assert len(grew) >= 3 and grew[-1] == expected, grew  # streamed: seen in parts before the whole
+            assert all(expected.startswith(t) for t in grew)
+        assert page.evaluate("document.querySelectorAll('.user').length") == 2
+        assert page.evaluate("document.querySelectorAll('.error').length") == 0
+        assert page.errors == []
+    assert page.requests and all(r.startswith(f"{url}/") for r in page.requests), page.requests
+    assert sum(r == f"{url}/v1/chat/completions" for r in page.requests) == 2
