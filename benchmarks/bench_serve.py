@@ -7,15 +7,19 @@
 Each level starts its clients together: every client streams one greedy completion (POST /v1/completions,
 stream=true) of `--tokens` tokens from its own `--prompt_tokens`-token prompt, through the real server
 (minigpt.serve.app on uvicorn, in this process, 127.0.0.1) and an HTTP client, as a user's program would.
+--max_batch is the largest level, so every client decodes at once (no queue); one warm-up level of 2 clients
+runs first; with --repeat N the levels take N turns in rotation and each level's fastest turn is reported.
+
 Total tokens/s = every client's completion tokens / the wall time from the first request to the last [DONE].
-Time to first token (TTFT) = from a client's request to its first text chunk: queueing, its prompt's prefill
-and the prefills of the clients admitted with it.  ms/token after the first (TPOT, the median client's) = the
-pace of its stream once it started.  --max_batch is the largest level, so every client decodes at
-once (no queue); one warm-up level of 2 clients runs first; with --repeat N each level runs N times and the
-fastest turn is reported.  The models are random, float32, and both read
-tinyshakespeare's 65 characters (the 124M shape runs its full 50,257-wide head, and sampling keeps the first 65
-ids: every token is a character, so text streams from the first token on).  Goal (issue 37): at 8 clients, total
-tokens/s >= 3x one client's on the 124M shape.
+Time to first token (TTFT) = from a client's request to its first text chunk: queueing, its prompt's prefill and
+the prefills of the clients admitted with it.  ms/token after the first (TPOT, the median client's) = the pace of
+its stream once it started.  Model step ms = one decode step of that many rows run by the model alone (no
+server); "step bound x one" = clients x step(1) / step(N), the most batching could give over one client, which
+the server's "x one client" approaches as decoding outweighs the prefills.
+
+The models are random, float32, and both read tinyshakespeare's 65 characters (the 124M shape runs its full
+50,257-wide head, and sampling keeps the first 65 ids: every token is a character, so text streams from the
+first token on).  Goal (issue 37): at 8 clients, total tokens/s >= 3x one client's on the 124M shape.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import httpx  # noqa: E402
 import uvicorn  # noqa: E402
 
 from benchmarks.common import (common_parser, describe_machine, load_avg, machine_label,  # noqa: E402
-                               markdown_table, pick_device, wait_for_quiet, write_json)
+                               markdown_table, pick_device, synchronize, wait_for_quiet, write_json)
 from minigpt.core.config import GPTConfig  # noqa: E402
 from minigpt.core.model import GPT  # noqa: E402
 from minigpt.core.tokenizers import CharTokenizer  # noqa: E402
@@ -50,9 +54,10 @@ SHAPES = {
 }
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, block_size=64)
 COLUMNS = [("clients", "clients", "d"), ("tokens_per_s", "total tokens/s", ".1f"),
-           ("vs_one_client", "x one client", ".2f"), ("per_client_tokens_per_s", "tokens/s per client", ".1f"), ("ttft_median_s", "TTFT median s", ".3f"),
-           ("ttft_max_s", "TTFT max s", ".3f"), ("tpot_ms", "ms/token after the first", ".1f"),
-           ("seconds", "wall s", ".2f")]
+           ("vs_one_client", "x one client", ".2f"), ("per_client_tokens_per_s", "tokens/s per client", ".1f"),
+           ("ttft_median_s", "TTFT median s", ".3f"), ("ttft_max_s", "TTFT max s", ".3f"),
+           ("tpot_ms", "ms/token after the first", ".1f"), ("step_ms", "model step ms", ".1f"),
+           ("step_x_one", "step bound x one", ".2f"), ("seconds", "wall s", ".2f")]
 
 
 class Served:
@@ -111,6 +116,24 @@ async def level(url: str, prompts: list[str], tokens: int) -> dict:
                 tpot_ms=round(1000 * statistics.median(r["tpot"] for r in runs), 1))
 
 
+@torch.inference_mode()
+def step_ms(model: GPT, batch: int, prompt_tokens: int, device: torch.device, steps: int = 8) -> float:
+    """The model alone: ms of one decode step of `batch` rows at their own positions (the engine's call), the
+    fastest of `steps`.  batch / step time is what the server's total tokens/s approaches when prefills are few."""
+    cache = model.new_kv_cache(batch)
+    model(torch.zeros(batch, prompt_tokens, dtype=torch.long, device=device), kv_cache=cache, input_pos=0)
+    tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    times = []
+    for i in range(steps + 1):  # the first is a warm-up
+        input_pos = torch.arange(batch, device=device) % 4 + prompt_tokens + i  # rows at different positions
+        synchronize(device)
+        t0 = time.perf_counter()
+        model(tokens, kv_cache=cache, input_pos=input_pos)
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return 1000 * min(times[1:])
+
+
 def bench_shape(name: str, args, device: torch.device) -> tuple[str, list[dict]]:
     shape = dict(SHAPES[name], **QUICK) if args.quick else SHAPES[name]
     torch.manual_seed(args.seed)
@@ -125,11 +148,18 @@ def bench_shape(name: str, args, device: torch.device) -> tuple[str, list[dict]]
     rows = []
     with Served(app) as served:
         asyncio.run(level(served.url, prompts[:2], min(tokens, 8)))  # warm-up
-        for n in args.clients:  # the fastest of --repeat turns: a busy machine only ever slows a turn down
-            turns = [asyncio.run(level(served.url, prompts[:n], tokens)) for _ in range(args.repeat)]
-            rows.append(dict(shape=name, **max(turns, key=lambda turn: turn["tokens_per_s"]), turns=len(turns)))
+        turns = {n: [] for n in args.clients}
+        for _ in range(args.repeat):  # levels take turns, so a busy spell slows them alike
+            for n in args.clients:
+                turns[n].append(asyncio.run(level(served.url, prompts[:n], tokens)))
+        for n, runs in turns.items():  # the fastest turn: a busy machine only ever slows one down
+            rows.append(dict(shape=name, **max(runs, key=lambda run: run["tokens_per_s"]), turns=len(runs)))
     for r in rows:
-        r["vs_one_client"] = round(r["tokens_per_s"] / rows[0]["tokens_per_s"], 2) if rows[0]["clients"] == 1 else None
+        r["step_ms"] = round(step_ms(model, r["clients"], args.prompt_tokens + 4, device), 2)
+    for r in rows:
+        first = rows[0] if rows[0]["clients"] == 1 else None
+        r["vs_one_client"] = round(r["tokens_per_s"] / first["tokens_per_s"], 2) if first else None
+        r["step_x_one"] = round(r["clients"] / r["step_ms"] * first["step_ms"], 2) if first else None
     desc = (f"{name}: {cfg.arch} {cfg.n_layer} layers x {cfg.n_head} heads, n_embd {cfg.n_embd}, block_size "
             f"{cfg.block_size}, vocab {cfg.vocab_size} ({model.num_params() / 1e6:.1f}M parameters), "
             f"{type(tokenizer).__name__}; {args.prompt_tokens}-token prompts, {tokens} new tokens per client")
