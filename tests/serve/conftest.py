@@ -1,10 +1,8 @@
-"""The serve tests' fixtures: a tiny random chat model and base model (tests/support.py's varied_gpt), one torch
-thread."""
+"""The serve tests' fixtures: a tiny random chat model and base model (tests/support.py's varied_gpt)."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 from serve_support import BLOCK, CHARS
 from support import varied_gpt
 
@@ -24,12 +22,3 @@ def chat_model() -> tuple[GPT, ChatTokenizer]:
 def base_model() -> tuple[GPT, CharTokenizer]:
     """GPT-2 blocks (learned positions), a char vocabulary, no chat template."""
     return varied_gpt("gpt", vocab_size=len(CHARS), block_size=BLOCK, seed=1), CharTokenizer(CHARS)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run faster on one torch thread; the server's event loop and the clients get the other core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)

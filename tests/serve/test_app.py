@@ -13,6 +13,8 @@ from minigpt import ChatSession
 from minigpt.core.generation import prompt_ids
 from minigpt.serve.app import create_app
 
+# tiny models run faster on one torch thread; the server's event loop and the clients get the other core
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

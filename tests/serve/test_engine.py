@@ -8,11 +8,15 @@ import time
 
 import httpx
 import openai
+import pytest
 import torch
 from serve_support import BLOCK, serving
 
 from minigpt import ChatSession
 from minigpt.serve.app import create_app
+
+# tiny models run faster on one torch thread; the server's event loop and the clients get the other core
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # eight clients, each with its own conversation and settings: greedy, two seeded samplers, stops, lengths
 CLIENTS = [

@@ -13,6 +13,9 @@ from benchmarks.browser import Browser, chromium_path
 from minigpt import ChatSession
 from minigpt.serve.app import create_app
 
+# tiny models run faster on one torch thread; the server's event loop and the clients get the other core
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 # the reply as the user saw it grow: the last assistant bubble's text at every change of the conversation
 WATCH = """window.seen = [];
 new MutationObserver(() => {
