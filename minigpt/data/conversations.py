@@ -28,52 +28,60 @@ FIX = ("each row needs \"messages\": [{\"role\": \"user\", \"content\": \"...\"}
 
 def to_messages(row: Any, where: str) -> Messages:
     """One row as a checked list of messages; `where` names the row in the error ("data.jsonl line 3")."""
+    for problem in row_problems(row):
+        raise DataError(f"{where}: {problem}")
+    return [{"role": m["role"], "content": m["content"]} for m in _given_messages(row)]
+
+
+def row_problems(row: Any) -> Iterator[str]:
+    """What is wrong with a row, first problem first, each with its fix."""
     if not isinstance(row, dict):
-        raise DataError(f"{where}: a row must be a JSON object, got {type(row).__name__}; {FIX}")
-    if "messages" in row:
-        messages = row["messages"]
-    elif "instruction" in row and "output" in row:
-        prompt = "\n\n".join(str(row[k]) for k in ("instruction", "input") if row.get(k))
-        messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": row["output"]}]
-    else:
-        raise DataError(f"{where}: no \"messages\" (and no Alpaca \"instruction\"/\"output\") in the row, only "
-                        f"{', '.join(map(repr, list(row)[:6])) or 'nothing'}; {FIX}")
+        yield f"a row must be a JSON object, got {type(row).__name__}; {FIX}"
+        return
+    if "messages" not in row and not ("instruction" in row and "output" in row):
+        yield (f"no \"messages\" (and no Alpaca \"instruction\"/\"output\") in the row, only "
+               f"{', '.join(map(repr, list(row)[:6])) or 'nothing'}; {FIX}")
+        return
+    messages = _given_messages(row)
     if not isinstance(messages, list) or not messages:
-        raise DataError(f"{where}: the conversation is empty (\"messages\" must be a non-empty list); {FIX}")
-    checked = []
+        yield f"the conversation is empty (\"messages\" must be a non-empty list); {FIX}"
+        return
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or "role" not in message or "content" not in message:
-            raise DataError(f"{where}: message {i} has no \"role\" or no \"content\"; give every message both")
-        role, content = message["role"], message["content"]
-        if role not in ROLES:
-            raise DataError(f"{where}: message {i} has the unknown role {role!r}; use one of {', '.join(ROLES)}")
-        if not isinstance(content, str):
-            raise DataError(f"{where}: message {i}'s content is {type(content).__name__}, not text; give a string")
-        checked.append({"role": role, "content": content})
-    if not any(m["role"] == "assistant" for m in checked):
-        raise DataError(f"{where}: the conversation has no assistant turn, so there is nothing to learn from it; "
-                        "add the assistant's reply or drop the row")
-    return checked
+            yield f"message {i} has no \"role\" or no \"content\"; give every message both"
+        elif message["role"] not in ROLES:
+            yield f"message {i} has the unknown role {message['role']!r}; use one of {', '.join(ROLES)}"
+        elif not isinstance(message["content"], str):
+            yield f"message {i}'s content is {type(message['content']).__name__}, not text; give a string"
+    if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages):
+        yield ("the conversation has no assistant turn, so there is nothing to learn from it; add the assistant's "
+               "reply or drop the row")
 
 
-def _parse(text: str, where: str, fix: str) -> Any:
-    try:
-        return loads(text)
-    except ValueError as e:  # not JSON, or nested past MAX_JSON_DEPTH
-        raise DataError(f"{where}: not JSON ({first_line(e)}); {fix}") from None
+def _given_messages(row: dict[str, Any]) -> Any:
+    """The row's "messages" as given, or an Alpaca row as a user turn and the assistant's answer."""
+    if "messages" in row:
+        return row["messages"]
+    prompt = "\n\n".join(str(row[k]) for k in ("instruction", "input") if row.get(k))
+    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": row["output"]}]
 
 
 def _json_rows(path: Path) -> Iterator[tuple[Any, str]]:
+    """The rows of a .json/.jsonl file; a problem reading or parsing it is one line naming where it is."""
+    where, problem, fix = str(path), "cannot read it", "give a UTF-8 JSON Lines file"
     try:
-        text = read_user_text(path, DOCUMENT_BYTES)
-    except (OSError, ValueError) as e:  # ValueError: not UTF-8, too large, a device
-        raise DataError(f"cannot read {path} ({first_line(e)}); give a UTF-8 JSON Lines file") from None
-    if path.suffix.lower() == ".json" and text.lstrip().startswith("["):  # one array of rows
-        rows = _parse(text, str(path), "fix the file, or write one row per line (JSON Lines)")
-        yield from ((row, f"{path} row {i}") for i, row in enumerate(rows, 1))
-        return
-    for n, line in json_lines(text):
-        yield _parse(line, f"{path} line {n}", "write one JSON object per line"), f"{path} line {n}"
+        text = read_user_text(path, DOCUMENT_BYTES)  # ValueError: not UTF-8, too large, a device
+        problem = "not JSON"  # (or nested past MAX_JSON_DEPTH)
+        if path.suffix.lower() == ".json" and text.lstrip().startswith("["):  # one array of rows
+            fix = "fix the file, or write one row per line (JSON Lines)"
+            yield from ((row, f"{path} row {i}") for i, row in enumerate(loads(text), 1))
+            return
+        fix = "write one JSON object per line"
+        for n, line in json_lines(text):
+            where = f"{path} line {n}"
+            yield loads(line), where
+    except (OSError, ValueError) as e:
+        raise DataError(f"{where}: {problem} ({first_line(e)}); {fix}") from None
 
 
 def _dataset_rows(source: str) -> Iterator[tuple[Any, str]]:
@@ -97,10 +105,7 @@ def read_conversations(source: str) -> list[Messages]:
     """Every conversation of `source`, checked (see the module docstring)."""
     path = Path(str(source)).expanduser()
     if path.suffix.lower() in (".jsonl", ".json"):
-        if not path.is_file():
-            raise DataError(f"conversation file not found: {source}; give a .jsonl, .json or .parquet file, or a "
-                            "datasets name")
-        rows = _json_rows(path)
+        rows = _json_rows(path)  # (a missing file: its reader's "cannot read it")
     elif path.suffix.lower() != ".parquet" and path.exists():
         raise DataError(f"{source}: chat data (--data.format chat) is read from .jsonl, .json or .parquet files or "
                         "a datasets name; convert it to JSON Lines with one {\"messages\": [...]} per line")

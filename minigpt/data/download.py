@@ -22,7 +22,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from minigpt.core.errors import DataError, first_line
+from minigpt.core.errors import DataError, UserError, first_line
 from minigpt.core.fsutil import atomic_write, write_error
 
 DOWNLOAD_TIMEOUT_S = 30.0  # for connecting and for each read from the server
@@ -35,32 +35,23 @@ READ_BYTES = 1 << 20  # written this much at a time
 # an HTML page where data was expected: a sign-in wall, an error page, a "download" page around the file
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 HTML_STARTS = (b"<!doctype html", b"<html", b"<head")
+YOURSELF = "download it yourself (e.g. with curl) and pass the file path"  # the way around every refusal
 
 
 def fetch(url: str, dest: Path, timeout: float, max_bytes: int, write_fix: str) -> None:
     """Download url into dest (see the module docstring), or raise DataError and leave nothing; write_fix is the fix
     named when dest's folder cannot take the file (full, read-only)."""
-    yourself = "download it yourself (e.g. with curl) and pass the file path"
-    too_big = f"{url} is over the {max_bytes / 2**30:.1f} GiB download limit; {yourself}"
+    too_big = f"{url} is over the {max_bytes / 2**30:.1f} GiB download limit; {YOURSELF}"
+    body: _Body | None = None  # the response's body, once the headers pass
 
     def html_page(why: str) -> str:
         return (f"{url} returned an HTML page ({why}), not a data file: a sign-in, error or download page?; pass "
-                f"the direct link to the raw file, or {yourself}")
+                f"the direct link to the raw file, or {YOURSELF}")
 
-    def copy(response: Any, f: Any, length: int | None, gzipped: bool) -> None:
-        body = _Body(response, url)
+    def copy(f: Any, gzipped: bool) -> None:
         stream = gzip.GzipFile(fileobj=body, mode="rb") if gzipped else body
         written = 0
-        while True:
-            try:
-                chunk = stream.read(READ_BYTES)
-            except (EOFError, zlib.error, gzip.BadGzipFile) as e:  # (raised by the gzip decoder only)
-                if isinstance(e, EOFError) and length is not None and body.received < length:
-                    break  # the body ended early: reported below
-                raise DataError(f"the gzip-encoded download of {url} does not decode ({first_line(e)}); try again, "
-                                f"or {yourself}") from None
-            if not chunk:
-                break
+        while chunk := stream.read(READ_BYTES):  # (a gzip decoder's errors are told apart in _refusal)
             if written == 0 and chunk.lstrip()[:64].lower().startswith(HTML_STARTS):
                 raise DataError(html_page("its content starts like HTML"))
             written += len(chunk)
@@ -68,9 +59,8 @@ def fetch(url: str, dest: Path, timeout: float, max_bytes: int, write_fix: str) 
                 raise DataError(too_big)
             f.write(chunk)
         # urllib's read returns short data, without an error, when the connection ends early
-        if length is not None and body.received != length:
-            raise DataError(f"the download of {url} is incomplete: {body.received:,} of its {length:,} bytes "
-                            f"arrived; try again, or {yourself}")
+        if message := body.cut_short():
+            raise DataError(message)
 
     try:
         # identity: the file's own bytes are asked for; a server that gzips them anyway is decoded in copy()
@@ -78,38 +68,52 @@ def fetch(url: str, dest: Path, timeout: float, max_bytes: int, write_fix: str) 
         with urllib.request.urlopen(request, timeout=timeout) as response:
             length = response.headers.get("Content-Length", "").strip()
             length = int(length) if length.isascii() and length.isdigit() else None  # not "²"
-            if length is not None and length > max_bytes:
-                raise DataError(too_big)
             content_type = response.headers.get_content_type()  # lowercased, without parameters
-            if content_type in HTML_TYPES:
-                raise DataError(html_page(f"Content-Type {content_type}"))
             encoding = response.headers.get("Content-Encoding", "").strip().lower() or "identity"
-            if encoding not in ("identity", "gzip", "x-gzip"):
-                raise DataError(f"{url} was sent with Content-Encoding {encoding!r}, which minigpt does not decode "
-                                f"(only gzip); {yourself}")
-            if encoding != "identity" and dest.suffix == ".gz":  # (Apache's AddEncoding labels .gz files so)
-                raise DataError(f"{url} is a .gz file sent with Content-Encoding gzip: whether the server compressed "
-                                f"it once more or only labelled its own compression cannot be told; {yourself}")
-            if length is None and not getattr(response, "chunked", False):  # (a chunked body's end is marked)
-                raise DataError(f"{url} was sent with neither a Content-Length nor chunked encoding, so a download "
-                                "cut short could not be told from a whole one; download it yourself (e.g. with "
-                                "curl), check that it is whole, and pass the file path")
-            atomic_write(dest, lambda f: copy(response, f, length, encoding != "identity"))
-    except urllib.error.HTTPError as e:
-        raise DataError(f"could not download {url}: HTTP {e.code} {e.reason}; check the URL, or download the file "
-                        "yourself and pass its path") from None
-    except (OSError, ValueError) as e:  # URLError, timeouts, connection resets, disk full; ValueError: bad URL
-        if isinstance(e, OSError) and (error := write_error(e, f"the download in {dest.parent}", write_fix)):
-            raise error from None
-        reason = getattr(e, "reason", None) or first_line(e)
-        raise DataError(f"could not download {url} ({reason}); check the URL and your network, or download the "
-                        "file yourself and pass its path") from None
-    except http.client.IncompleteRead:  # a chunked body cut before its last chunk
-        raise DataError(f"the download of {url} is incomplete: the connection closed before its last chunk; try "
-                        f"again, or {yourself}") from None
-    except http.client.HTTPException as e:  # a reply that is not HTTP: a bad status line, over-long headers
-        raise DataError(f"could not download {url}: the reply is not valid HTTP ({type(e).__name__}: "
-                        f"{first_line(e)}); check the URL, or {yourself}") from None
+            # the headers' rules, checked before any of the body is read: (refused when, the message)
+            rules = [
+                (length is not None and length > max_bytes, too_big),
+                (content_type in HTML_TYPES, html_page(f"Content-Type {content_type}")),
+                (encoding not in ("identity", "gzip", "x-gzip"),
+                 f"{url} was sent with Content-Encoding {encoding!r}, which minigpt does not decode (only gzip); "
+                 f"{YOURSELF}"),
+                (encoding != "identity" and dest.suffix == ".gz",  # (Apache's AddEncoding labels .gz files so)
+                 f"{url} is a .gz file sent with Content-Encoding gzip: whether the server compressed it once more "
+                 f"or only labelled its own compression cannot be told; {YOURSELF}"),
+                (length is None and not getattr(response, "chunked", False),  # (a chunked body's end is marked)
+                 f"{url} was sent with neither a Content-Length nor chunked encoding, so a download cut short could "
+                 "not be told from a whole one; download it yourself (e.g. with curl), check that it is whole, and "
+                 "pass the file path"),
+            ]
+            if broken := [message for refused, message in rules if refused]:
+                raise DataError(broken[0])
+            body = _Body(response, url, length)
+            atomic_write(dest, lambda f: copy(f, encoding != "identity"))
+    except (OSError, ValueError, EOFError, zlib.error, http.client.HTTPException) as e:
+        raise _refusal(e, url, dest, write_fix, body) from None
+
+
+def _refusal(e: Exception, url: str, dest: Path, write_fix: str, body: _Body | None) -> UserError:
+    """The one-line error for what the network, the server, the gzip decoder or the disk raised during fetch."""
+    if isinstance(e, urllib.error.HTTPError):
+        return DataError(f"could not download {url}: HTTP {e.code} {e.reason}; check the URL, or download the file "
+                         "yourself and pass its path")
+    if isinstance(e, http.client.IncompleteRead):  # a chunked body cut before its last chunk
+        return DataError(f"the download of {url} is incomplete: the connection closed before its last chunk; try "
+                         f"again, or {YOURSELF}")
+    if isinstance(e, http.client.HTTPException):  # a reply that is not HTTP: a bad status line, over-long headers
+        return DataError(f"could not download {url}: the reply is not valid HTTP ({type(e).__name__}: "
+                         f"{first_line(e)}); check the URL, or {YOURSELF}")
+    if isinstance(e, EOFError) and body and body.cut_short():  # the gzip decoder's, at a body cut short
+        return DataError(body.cut_short())
+    if isinstance(e, (EOFError, zlib.error, gzip.BadGzipFile)):  # (raised by the gzip decoder only)
+        return DataError(f"the gzip-encoded download of {url} does not decode ({first_line(e)}); try again, or "
+                         f"{YOURSELF}")
+    if isinstance(e, OSError) and (error := write_error(e, f"the download in {dest.parent}", write_fix)):
+        return error
+    reason = getattr(e, "reason", None) or first_line(e)  # URLError, timeouts, resets; ValueError: a bad URL
+    return DataError(f"could not download {url} ({reason}); check the URL and your network, or download the "
+                     "file yourself and pass its path")
 
 
 class _Body:
@@ -117,8 +121,8 @@ class _Body:
     socket gives (read1; read would wait for all n bytes), so a trickle is seen between reads: every
     DOWNLOAD_RATE_WINDOW_S must bring DOWNLOAD_MIN_RATE bytes a second, a bound the per-read timeout cannot give."""
 
-    def __init__(self, response: Any, url: str) -> None:
-        self.response, self.url, self.received = response, url, 0
+    def __init__(self, response: Any, url: str, length: int | None) -> None:
+        self.response, self.url, self.length, self.received = response, url, length, 0
         self.window_start, self.window_bytes = time.monotonic(), 0
 
     def read(self, n: int = -1) -> bytes:
@@ -132,3 +136,10 @@ class _Body:
                                 "later, or download it yourself (e.g. with curl) and pass the file path")
             self.window_start, self.window_bytes = time.monotonic(), 0
         return chunk
+
+    def cut_short(self) -> str:
+        """The message when fewer bytes arrived than the Content-Length promised (else "")."""
+        if self.length is None or self.received == self.length:
+            return ""
+        return (f"the download of {self.url} is incomplete: {self.received:,} of its {self.length:,} bytes arrived; "
+                f"try again, or {YOURSELF}")

@@ -9,7 +9,7 @@ so far, so a time-budgeted run still ends cooled down.  When no end is known, th
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -51,30 +51,33 @@ class OptimConfig:
     """Step at which the decay ends; unset = trainer.max_steps, or projected from the speed under max_time."""
 
     def __post_init__(self) -> None:
-        def bad(field: str, problem: str, fix: str) -> ConfigError:
-            return ConfigError(f"optim.{field}: {problem}; {fix}")
+        for name, problem, fix in self.problems():
+            raise ConfigError(f"optim.{name}: {problem}; {fix}")
 
+    def problems(self) -> Iterator[tuple[str, str, str]]:
+        """(field, problem, fix) for each rule this config breaks (a config built in Python is checked here too,
+        not only by the parser's Literal types). NaN fails every range below, so it is refused too."""
         for name, choices in (("optimizer", OPTIMIZERS), ("lr_schedule", SCHEDULES)):
             if getattr(self, name) not in choices:
-                raise bad(name, f"unknown value {getattr(self, name)!r}", f"choose one of {', '.join(choices)}")
+                yield name, f"unknown value {getattr(self, name)!r}", f"choose one of {', '.join(choices)}"
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
-            raise bad("learning_rate", f"must be a positive number, got {self.learning_rate}", "use e.g. 1e-3")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise bad("min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}", "use e.g. 0.1 (or 0 to decay to zero)")
-        if not 0.0 <= self.weight_decay < 10.0:
-            raise bad("weight_decay", f"must be in [0, 10), got {self.weight_decay}", "use e.g. 0.1")
-        for name in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise bad(name, f"must be in [0, 1), got {getattr(self, name)}", "use e.g. 0.9 / 0.95")
-        if not 1 <= self.muon_ns_steps <= 10:
-            raise bad("muon_ns_steps", f"must be in [1, 10], got {self.muon_ns_steps}", "use e.g. 5")
+            yield "learning_rate", f"must be a positive number, got {self.learning_rate}", "use e.g. 1e-3"
+        for name, value, ok, need, fix in (
+            ("min_lr_ratio", self.min_lr_ratio, 0.0 <= self.min_lr_ratio <= 1.0, "[0, 1]",
+             "use e.g. 0.1 (or 0 to decay to zero)"),
+            ("weight_decay", self.weight_decay, 0.0 <= self.weight_decay < 10.0, "[0, 10)", "use e.g. 0.1"),
+            ("beta1", self.beta1, 0.0 <= self.beta1 < 1.0, "[0, 1)", "use e.g. 0.9 / 0.95"),
+            ("beta2", self.beta2, 0.0 <= self.beta2 < 1.0, "[0, 1)", "use e.g. 0.9 / 0.95"),
+            ("muon_ns_steps", self.muon_ns_steps, 1 <= self.muon_ns_steps <= 10, "[1, 10]", "use e.g. 5"),
+            ("cooldown_fraction", self.cooldown_fraction, 0.0 < self.cooldown_fraction <= 1.0, "(0, 1]",
+             "use e.g. 0.2 (1 = a linear decay from the end of warmup)"),
+        ):
+            if not ok:
+                yield name, f"must be in {need}, got {value}", fix
         if self.warmup_steps < 0:
-            raise bad("warmup_steps", f"must be >= 0, got {self.warmup_steps}", "use e.g. 100")
-        if not 0.0 < self.cooldown_fraction <= 1.0:
-            raise bad("cooldown_fraction", f"must be in (0, 1], got {self.cooldown_fraction}",
-                      "use e.g. 0.2 (1 = a linear decay from the end of warmup)")
+            yield "warmup_steps", f"must be >= 0, got {self.warmup_steps}", "use e.g. 100"
         if self.decay_steps is not None and self.decay_steps < 1:
-            raise bad("decay_steps", f"must be >= 1 or unset, got {self.decay_steps}", "leave it unset to use max_steps")
+            yield "decay_steps", f"must be >= 1 or unset, got {self.decay_steps}", "leave it unset to use max_steps"
 
 
 # ------------------------------------------------------------------------------------------------ optimizer
