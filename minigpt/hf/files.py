@@ -5,6 +5,7 @@ the file (and the field)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +41,14 @@ def read_json_object(path: Path) -> dict[str, Any]:
     return value
 
 
-def check_config_fields(config: dict[str, Any], path: Path) -> None:
-    """Every field minigpt reads holds its JSON type: a list where a name belongs, or a string where a size does,
-    is one line naming the field, not a TypeError deep in the conversion."""
+def config_field_problems(config: dict[str, Any]) -> Iterator[str]:
+    """Every field minigpt reads that does not hold its JSON type: a list where a name belongs, or a string where a
+    size does, is one line naming the field (minigpt.hf.load.unsupported), not a TypeError deep in the conversion."""
     for key, (types, described) in CONFIG_FIELD_TYPES.items():
         value = config.get(key)
         if key in config and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
-            raise CheckpointError(f"{path}: field {key!r} is a {type(value).__name__} ({str(value)[:40]}), where a "
-                                  f"model's config.json has {described}; fix the field or download the model again")
+            yield (f"field {key!r} is a {type(value).__name__} ({str(value)[:40]}), where a model's config.json has "
+                   f"{described}; fix the field or download the model again")
 
 
 def _confines(model_dir: Path) -> list[Path]:

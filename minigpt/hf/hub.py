@@ -71,9 +71,7 @@ def download_hf(repo_id: str, revision: str | None = None) -> Path:
     """hf:ORG/NAME -> the local snapshot directory in huggingface_hub's cache (downloaded if absent and online).
     Only the config, tokenizer and one weight format are fetched (safetensors when the repository has it)."""
     import httpx2
-    from huggingface_hub import constants, get_session, snapshot_download
-    from huggingface_hub.errors import (GatedRepoError, HFValidationError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub import get_session, snapshot_download
 
     where = f"hf:{repo_id}" + (f"@{revision}" if revision else "")
     if (cached := _cached_snapshot(repo_id, revision)) is not None:
@@ -81,41 +79,50 @@ def download_hf(repo_id: str, revision: str | None = None) -> Path:
     hooks = get_session().event_hooks  # huggingface_hub's shared client: waits forever unless bounded
     if _bounded_timeouts not in hooks["request"]:
         get_session().event_hooks = {**hooks, "request": [*hooks["request"], _bounded_timeouts]}
-    waited = f"{hub_timeout():g} s"
-    beforehand = (f"set HF_HUB_OFFLINE=1 to use the cache only, or download the model beforehand with "
-                  f"`hf download {repo_id}` (or pass a local model directory)")
     try:
         path = Path(snapshot_download(repo_id, revision=revision, allow_patterns=META_FILES + SAFETENSORS_FILES))
         if not any(path.glob("model*.safetensors")):  # an older repository: PyTorch weights only
             path = Path(snapshot_download(repo_id, revision=revision, allow_patterns=META_FILES + BIN_FILES))
-    except HFValidationError as e:
-        raise CheckpointError(f"{where} is not a valid hub model id ({first_line(e, 120)}); write hf:ORG/NAME, "
-                              "e.g. hf:openai-community/gpt2") from None
-    except GatedRepoError:
-        raise CheckpointError(f"{where} is gated: accept its license on huggingface.co and log in with "
-                              "`hf auth login`, then try again") from None
-    except RepositoryNotFoundError:
-        raise CheckpointError(f"{where} was not found on the Hugging Face hub (or is private); check the name, "
-                              "or log in with `hf auth login` for a private model") from None
-    except RevisionNotFoundError:
-        raise CheckpointError(f"{where}: the repository has no revision {revision!r}; leave out @REVISION for "
-                              "the newest") from None
-    except LocalEntryNotFoundError:  # offline (HF_HUB_OFFLINE=1 or no network) and not in the cache
-        reach = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else
-                 f"the hub at {constants.ENDPOINT} cannot be reached or did not answer in {waited}: offline? "
-                 "check HF_ENDPOINT (HF_HUB_ETAG_TIMEOUT=SECONDS waits longer)")
-        raise CheckpointError(f"{where} is not in the Hugging Face cache ({_hub_cache()}) and {reach}; download it "
-                              f"beforehand with `hf download {repo_id}` (or run this once online), or pass a local "
-                              "model directory") from None
-    except httpx2.TimeoutException:
-        raise CheckpointError(f"the hub at {constants.ENDPOINT} did not answer for {where} within {waited} "
-                              f"(check HF_ENDPOINT and the network; HF_HUB_ETAG_TIMEOUT=SECONDS waits longer); "
-                              f"{beforehand}") from None
-    except (ValueError, KeyError, TypeError, httpx2.HTTPError) as e:  # HTML from a captive portal, `{}`, a cut answer
-        raise CheckpointError(f"the hub at {constants.ENDPOINT} gave an answer for {where} that is not the hub's "
-                              f"({type(e).__name__}; a proxy or captive portal? check HF_ENDPOINT); "
-                              f"{beforehand}") from None
-    except OSError as e:  # HTTP errors are OSErrors too: the hub is down, a proxy refuses, the disk is full
-        raise CheckpointError(f"cannot download {where} ({first_line(e, 160)}); try again, or download it with "
-                              f"`hf download {repo_id}` and pass the directory") from None
+    except (ValueError, KeyError, TypeError, httpx2.HTTPError, OSError) as e:  # the hub's errors are of these kinds
+        raise CheckpointError(_download_failure(e, where, repo_id, revision)) from None
     return path
+
+
+def _download_failure(e: Exception, where: str, repo_id: str, revision: str | None) -> str:
+    """The one-line message for a failed download, by the kind of failure (checked in this order: the hub's own
+    errors subclass the generic ones below them)."""
+    import httpx2
+    from huggingface_hub import constants
+    from huggingface_hub.errors import (GatedRepoError, HFValidationError, LocalEntryNotFoundError,
+                                        RepositoryNotFoundError, RevisionNotFoundError)
+
+    waited = f"{hub_timeout():g} s"
+    beforehand = (f"set HF_HUB_OFFLINE=1 to use the cache only, or download the model beforehand with "
+                  f"`hf download {repo_id}` (or pass a local model directory)")
+    match e:
+        case HFValidationError():  # also what hf:NAME with characters a hub id cannot hold ends in
+            return (f"{where} is not a hub model id; write hf:ORG/NAME, e.g. hf:openai-community/gpt2 (the hub says: "
+                    f"{first_line(e, 120)})")
+        case GatedRepoError():
+            return (f"{where} is gated: accept its license on huggingface.co and log in with `hf auth login`, then "
+                    "try again")
+        case RepositoryNotFoundError():
+            return (f"{where} was not found on the Hugging Face hub (or is private); check the name, or log in with "
+                    "`hf auth login` for a private model")
+        case RevisionNotFoundError():
+            return f"{where}: the repository has no revision {revision!r}; leave out @REVISION for the newest"
+        case LocalEntryNotFoundError():  # offline (HF_HUB_OFFLINE=1 or no network) and not in the cache
+            reach = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else
+                     f"the hub at {constants.ENDPOINT} cannot be reached or did not answer in {waited}: offline? "
+                     "check HF_ENDPOINT (HF_HUB_ETAG_TIMEOUT=SECONDS waits longer)")
+            return (f"{where} is not in the Hugging Face cache ({_hub_cache()}) and {reach}; download it beforehand "
+                    f"with `hf download {repo_id}` (or run this once online), or pass a local model directory")
+        case httpx2.TimeoutException():
+            return (f"the hub at {constants.ENDPOINT} did not answer for {where} within {waited} (check HF_ENDPOINT "
+                    f"and the network; HF_HUB_ETAG_TIMEOUT=SECONDS waits longer); {beforehand}")
+        case ValueError() | KeyError() | TypeError() | httpx2.HTTPError():  # a captive portal's HTML, `{}`, cut
+            return (f"the hub at {constants.ENDPOINT} gave an answer for {where} that is not the hub's "
+                    f"({type(e).__name__}; a proxy or captive portal? check HF_ENDPOINT); {beforehand}")
+        case _:  # OSError: HTTP errors are OSErrors too: the hub is down, a proxy refuses, the disk is full
+            return (f"cannot download {where} ({first_line(e, 160)}); try again, or download it with "
+                    f"`hf download {repo_id}` and pass the directory")

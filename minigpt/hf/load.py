@@ -15,7 +15,7 @@ the equality checks against transformers all start from float32 weights, as they
 
 from __future__ import annotations
 
-import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from minigpt.core.torch_files import load_torch_file
 from minigpt.core.limits import check_config_size
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import CheckpointError, UserError, first_line
-from minigpt.hf.files import check_config_fields, read_json_object, weight_files
+from minigpt.hf.files import config_field_problems, read_json_object, weight_files
 from minigpt.hf.hub import download_hf
 from minigpt.hf.tokenizer_files import load_hf_tokenizer
 from minigpt.hf.weights import check_unquantized, from_hf_state_dict
@@ -47,20 +47,12 @@ GPT2_GELU = {"gelu_new": "tanh", "gelu_fast": "tanh", "gelu_pytorch_tanh": "tanh
 
 # ------------------------------------------------------------------------------------------------ config.json
 
-def hf_architecture(hf_config: dict[str, Any]) -> str:
-    """The model class config.json names (its `architectures`, else its `model_type`), if minigpt reads it."""
+def hf_architecture(hf_config: dict[str, Any]) -> str | None:
+    """The model class config.json names: its `architectures`, else its `model_type`'s class (None: neither)."""
     names, model_type = hf_config.get("architectures"), hf_config.get("model_type")
-    if isinstance(names, list) and names:
-        found = str(names[0])
-    elif model_type is not None:
-        found = MODEL_TYPES.get(model_type, f"model_type {model_type!r}")
-    else:
-        raise CheckpointError("its config.json names no architecture (no `architectures`, no `model_type`), so it is "
-                              "not a Hugging Face model's; pass a model directory written by save_pretrained")
-    if found not in SUPPORTED_ARCHITECTURES:
-        raise CheckpointError(f"its architecture is {found}, which minigpt cannot import; it imports "
-                              f"{', '.join(SUPPORTED_ARCHITECTURES)}")
-    return found
+    if names:
+        return str(names[0])
+    return None if model_type is None else MODEL_TYPES.get(model_type, f"model_type {model_type!r}")
 
 
 def _get(hf_config: dict[str, Any], *keys: str, default: Any = None) -> Any:
@@ -68,100 +60,137 @@ def _get(hf_config: dict[str, Any], *keys: str, default: Any = None) -> Any:
     return next((hf_config[k] for k in keys if hf_config.get(k) is not None), default)
 
 
-def _gpt2_fields(hf: dict[str, Any]) -> dict[str, Any]:
+def _context(hf: dict[str, Any], architecture: str) -> int | None:
+    """The source's context in tokens; a Mistral model's is capped at its sliding window, inside which its
+    attention is ours (exact: within the window, sliding and full attention agree)."""
+    if architecture == "GPT2LMHeadModel":
+        return _get(hf, "n_positions", "n_ctx", "max_position_embeddings")
+    context, window = hf.get("max_position_embeddings"), hf.get("sliding_window")
+    if architecture == "MistralForCausalLM" and window is not None and context is not None:
+        return min(context, window)
+    return context
+
+
+def _rope_readings(hf: dict[str, Any]) -> dict[str, tuple[Any, str, dict[str, Any]]]:
+    """RoPE as each of config.json's two fields says it: field -> (theta, kind, the other parameters).
+
+    transformers 5 writes `rope_parameters` with rope_theta inside; older versions wrote a top-level `rope_theta`
+    and a `rope_scaling` dict (whose kind is `rope_type`, or `type` before that).  A null or {} field is absent."""
+    top_theta = hf.get("rope_theta")
+    return {key: (params.get("rope_theta", top_theta), params.get("rope_type", params.get("type", "default")),
+                  {k: v for k, v in params.items() if k not in ("rope_theta", "rope_type", "type")})
+            for key in ("rope_parameters", "rope_scaling") if (params := hf.get(key))}
+
+
+def _rope(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(rope theta, scaling dict or None) of a config.json that unsupported() passed."""
+    theta, kind, rest = next(iter(_rope_readings(hf).values()), (hf.get("rope_theta"), "default", {}))
+    theta = 10000.0 if theta is None else theta
+    theta = float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else theta  # else refused
+    if kind == "default":
+        return theta, None
+    return theta, {k: v for k, v in rest.items() if k != "partial_rotary_factor"} | {"rope_type": kind}
+
+
+def _rope_problems(hf: dict[str, Any]) -> Iterator[str]:
+    """A file holding both RoPE forms, or two rope_theta, is read one way by transformers 4 (rope_scaling and the
+    top-level rope_theta) and another by transformers 5 (rope_scaling over rope_parameters, the rope_theta inside
+    over the top-level one): unless the two agree, it is refused, never guessed.  Every rope_type but llama3 is
+    refused too (linear, dynamic, yarn...)."""
+    top_theta, readings = hf.get("rope_theta"), _rope_readings(hf)
+    for key, (theta, _, _) in readings.items():
+        if top_theta is not None and theta != top_theta:
+            yield (f"its config.json gives rope_theta {top_theta} at the top level and {theta} in {key}; "
+                   "transformers 4 reads the first, transformers 5 the second: keep the one the model was trained with")
+    if len(readings) == 2 and readings["rope_parameters"] != readings["rope_scaling"]:
+        yield (f"its config.json holds both rope_parameters ({str(hf['rope_parameters'])[:80]}) and rope_scaling "
+               f"({str(hf['rope_scaling'])[:80]}), which disagree; transformers 5 reads rope_scaling over "
+               "rope_parameters, other versions one or the other: keep the one the model was trained with")
+    _, kind, rest = next(iter(readings.values()), (None, "default", {}))
+    partial = rest.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        yield (f"its config.json sets partial_rotary_factor {partial}; minigpt's RoPE rotates the whole head (factor "
+               "1.0) only")
+    if kind not in ("default", "llama3"):
+        yield (f"its RoPE scaling is {kind!r}, which minigpt does not compute; it imports plain RoPE and rope_type "
+               "llama3 (Llama 3.1/3.2)")
+
+
+def unsupported(hf: dict[str, Any], block_size: int | None = None) -> Iterator[str]:
+    """Why minigpt cannot import the model config.json describes (as GPTConfig.problems, one message each, the
+    first one is raised): a field of the wrong JSON type, an architecture or a variant our blocks do not compute,
+    a quantized model (its weights need scales our float model has no place for), a block_size past the source's."""
+    yield from (f"its config.json: {problem}" for problem in config_field_problems(hf))
+    architecture = hf_architecture(hf)
+    if architecture is None:
+        yield ("its config.json names no architecture (no `architectures`, no `model_type`), so it is not a Hugging "
+               "Face model's; pass a model directory written by save_pretrained")
+    elif architecture not in SUPPORTED_ARCHITECTURES:
+        yield (f"its architecture is {architecture}, which minigpt cannot import; it imports "
+               f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+    else:
+        for key in QUANTIZATION_KEYS:  # check_unquantized refuses the tensors of a model that does not say so
+            if (spec := hf.get(key)) is not None:
+                method = spec.get("quant_method") if isinstance(spec, dict) else None
+                if method is None and isinstance(spec, dict) and (spec.get("load_in_4bit") or spec.get("load_in_8bit")):
+                    method = "bitsandbytes"
+                yield (f"its config.json has {key} ({str(method or spec)[:40]}): minigpt imports unquantized float "
+                       "weights only; use the original (bf16/fp32) model")
+        if architecture == "GPT2LMHeadModel":
+            yield from _gpt2_problems(hf)
+        else:
+            yield from _llama_problems(hf)
+        window, context = hf.get("sliding_window"), _context(hf, architecture)
+        mistral = architecture == "MistralForCausalLM"
+        if mistral and window is not None and block_size is not None and block_size > window:
+            yield (f"it attends within a sliding window of {window} tokens, so a block_size of {block_size} would "
+                   f"compute another function than the source; ask for a block_size of at most {window}")
+        elif block_size is not None and context is not None and block_size > context:
+            yield (f"block_size {block_size} is longer than the source's context of {context} tokens; ask for at "
+                   f"most {context}")
+
+
+def _gpt2_problems(hf: dict[str, Any]) -> Iterator[str]:
     activation = hf.get("activation_function", "gelu_new")
     if GPT2_GELU.get(activation) is None:
-        raise CheckpointError(f"its activation_function is {activation!r}; minigpt's GPT-2 block computes "
-                              f"{', '.join(GPT2_GELU)} only")
+        yield f"its activation_function is {activation!r}; minigpt's GPT-2 block computes {', '.join(GPT2_GELU)} only"
     # attention variants GPT-2's class can be switched to, which our block does not compute (reorder_and_upcast_attn
     # is not one: it computes the same scores in float32, as our float32 model does)
     for key, ours in (("scale_attn_by_inverse_layer_idx", False), ("scale_attn_weights", True),
                       ("add_cross_attention", False)):
         if bool(hf.get(key, ours)) != ours:
-            raise CheckpointError(f"its config.json sets {key}={hf.get(key)!r}, which minigpt's GPT-2 block does "
-                                  f"not compute; only {key}={str(ours).lower()} imports")
+            yield (f"its config.json sets {key}={hf.get(key)!r}, which minigpt's GPT-2 block does not compute; only "
+                   f"{key}={str(ours).lower()} imports")
+
+
+def _llama_problems(hf: dict[str, Any]) -> Iterator[str]:
+    if hf.get("hidden_act", "silu") != "silu":
+        yield f"its hidden_act is {hf.get('hidden_act')!r}; minigpt's SwiGLU MLP computes silu only"
+    for key in ("attention_bias", "mlp_bias"):  # our bias is all-or-nothing, and Llama checkpoints have none
+        if hf.get(key):
+            yield f"its config.json sets {key}=true; minigpt imports Llama-family models without biases only"
+    yield from _rope_problems(hf)
+
+
+def _gpt2_fields(hf: dict[str, Any]) -> dict[str, Any]:
     n_embd = _get(hf, "n_embd", "hidden_size")
     return dict(arch="gpt", n_layer=_get(hf, "n_layer", "num_hidden_layers"),
-                n_head=_get(hf, "n_head", "num_attention_heads"), n_embd=n_embd,
-                block_size=_get(hf, "n_positions", "n_ctx", "max_position_embeddings"),
-                vocab_size=hf.get("vocab_size"), bias=True, mlp="gelu", gelu_approximate=GPT2_GELU[activation],
+                n_head=_get(hf, "n_head", "num_attention_heads"), n_embd=n_embd, vocab_size=hf.get("vocab_size"),
+                bias=True, mlp="gelu", gelu_approximate=GPT2_GELU[hf.get("activation_function", "gelu_new")],
                 mlp_hidden=_get(hf, "n_inner", default=4 * n_embd if isinstance(n_embd, int) else None),
                 norm_eps=_get(hf, "layer_norm_epsilon", default=1e-5),
                 tie_embeddings=bool(hf.get("tie_word_embeddings", True)))
 
 
-def _rope(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    """(rope theta, scaling dict or None), read as every transformers version reads config.json, else refused.
-
-    transformers 5 writes `rope_parameters` with rope_theta inside; older versions wrote a top-level `rope_theta`
-    and a `rope_scaling` dict (whose kind is `rope_type`, or `type` before that).  A file holding both forms, or
-    two rope_theta, is read one way by transformers 4 (rope_scaling and the top-level rope_theta) and another by
-    transformers 5 (rope_scaling over rope_parameters, the rope_theta inside over the top-level one): unless the
-    two agree, it is refused, never guessed.  Every rope_type but llama3 is refused too (linear, dynamic, yarn...)."""
-    top_theta = hf.get("rope_theta")
-    readings = {}  # field -> (theta, kind, the other parameters)
-    for key in ("rope_parameters", "rope_scaling"):
-        params = hf.get(key)
-        if not params:  # null or {}: transformers takes it for absent
-            continue
-        if not isinstance(params, dict):
-            raise CheckpointError(f"its {key} is {str(params)[:60]}, not a dict; the config.json is damaged")
-        theta = params.get("rope_theta", top_theta)
-        if top_theta is not None and theta != top_theta:
-            raise CheckpointError(f"its config.json gives rope_theta {top_theta} at the top level and {theta} in "
-                                  f"{key}; transformers 4 reads the first, transformers 5 the second: keep the one "
-                                  "the model was trained with")
-        kind = params.get("rope_type", params.get("type", "default"))
-        readings[key] = (theta, kind, {k: v for k, v in params.items() if k not in ("rope_theta", "rope_type", "type")})
-    if len(readings) == 2 and readings["rope_parameters"] != readings["rope_scaling"]:
-        raise CheckpointError(f"its config.json holds both rope_parameters ({str(hf['rope_parameters'])[:80]}) and "
-                              f"rope_scaling ({str(hf['rope_scaling'])[:80]}), which disagree; transformers 5 reads "
-                              "rope_scaling over rope_parameters, other versions one or the other: keep the one the "
-                              "model was trained with")
-    theta, kind, rest = next(iter(readings.values()), (top_theta, "default", {}))
-    theta = 10000.0 if theta is None else theta
-    theta = float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else theta
-    partial = rest.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
-    if partial != 1.0:
-        raise CheckpointError(f"its config.json sets partial_rotary_factor {partial}; minigpt's RoPE rotates the "
-                              "whole head (factor 1.0) only")
-    if kind == "default":
-        return theta, None
-    if kind != "llama3":
-        raise CheckpointError(f"its RoPE scaling is {kind!r}, which minigpt does not compute; it imports plain RoPE "
-                              "and rope_type llama3 (Llama 3.1/3.2)")
-    return theta, {k: v for k, v in rest.items() if k != "partial_rotary_factor"} | {"rope_type": kind}
-
-
 def _llama_fields(hf: dict[str, Any]) -> dict[str, Any]:
-    if hf.get("hidden_act", "silu") != "silu":
-        raise CheckpointError(f"its hidden_act is {hf.get('hidden_act')!r}; minigpt's SwiGLU MLP computes silu only")
-    for key in ("attention_bias", "mlp_bias"):  # our bias is all-or-nothing, and Llama checkpoints have none
-        if hf.get(key):
-            raise CheckpointError(f"its config.json sets {key}=true; minigpt imports Llama-family models without "
-                                  "biases only")
     theta, scaling = _rope(hf)
-    n_embd, n_head = hf.get("hidden_size"), hf.get("num_attention_heads")
+    n_head = hf.get("num_attention_heads")
     return dict(arch="llama", n_layer=hf.get("num_hidden_layers"), n_head=n_head,
-                n_kv_head=_get(hf, "num_key_value_heads", default=n_head), n_embd=n_embd,
-                head_dim=_get(hf, "head_dim"), block_size=hf.get("max_position_embeddings"),
-                vocab_size=hf.get("vocab_size"), bias=False, mlp="swiglu", mlp_hidden=hf.get("intermediate_size"),
-                rope_base=theta, rope_scaling=scaling, norm_eps=_get(hf, "rms_norm_eps", default=1e-6),
+                n_kv_head=_get(hf, "num_key_value_heads", default=n_head), n_embd=hf.get("hidden_size"),
+                head_dim=_get(hf, "head_dim"), vocab_size=hf.get("vocab_size"), bias=False, mlp="swiglu",
+                mlp_hidden=hf.get("intermediate_size"), rope_base=theta, rope_scaling=scaling,
+                norm_eps=_get(hf, "rms_norm_eps", default=1e-6),
                 tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
-
-
-def _refuse_quantized(hf: dict[str, Any]) -> None:
-    """A quantized model's weights need their scales, which minigpt's float model has no place for: refused from
-    config.json before a weight is read (check_unquantized refuses the tensors of one that does not say so)."""
-    for key in QUANTIZATION_KEYS:
-        spec = hf.get(key)
-        if spec is None:
-            continue
-        method = spec.get("quant_method") if isinstance(spec, dict) else None
-        if method is None and isinstance(spec, dict) and (spec.get("load_in_4bit") or spec.get("load_in_8bit")):
-            method = "bitsandbytes"
-        raise CheckpointError(f"its config.json has {key} ({str(method or spec)[:40]}): minigpt imports unquantized "
-                              "float weights only; use the original (bf16/fp32) model")
 
 
 def config_from_hf(hf_config: dict[str, Any], block_size: int | None = None, **overrides: Any) -> GPTConfig:
@@ -171,30 +200,15 @@ def config_from_hf(hf_config: dict[str, Any], block_size: int | None = None, **o
     error.  A Mistral model's context is capped at its sliding window, inside which its attention is ours.
     overrides: other GPTConfig fields, e.g. attention='manual'.
     """
+    for problem in unsupported(hf_config, block_size):
+        raise CheckpointError(problem)
     architecture = hf_architecture(hf_config)
-    _refuse_quantized(hf_config)
     fields = _gpt2_fields(hf_config) if architecture == "GPT2LMHeadModel" else _llama_fields(hf_config)
-    source_block = fields["block_size"]
-    if architecture == "MistralForCausalLM":
-        window = hf_config.get("sliding_window")
-        if window is not None and block_size is not None and block_size > window:
-            raise CheckpointError(f"it attends within a sliding window of {window} tokens, so a block_size of "
-                                  f"{block_size} would compute another function than the source; ask for a "
-                                  f"block_size of at most {window}")
-        if isinstance(window, int) and isinstance(source_block, int):
-            source_block = min(source_block, window)  # exact: within the window, sliding and full attention agree
-    if block_size is not None:
-        if isinstance(source_block, int) and block_size > source_block:
-            raise CheckpointError(f"block_size {block_size} is longer than the source's context of {source_block} "
-                                  f"tokens; ask for at most {source_block}")
-        source_block = block_size
-    fields["block_size"] = source_block
+    fields["block_size"] = block_size if block_size is not None else _context(hf_config, architecture)
     try:
         return GPTConfig(**{**fields, **overrides})
-    except UserError as e:
-        raise CheckpointError(f"its config.json gives an unusable model ({first_line(e)})") from None
-    except TypeError as e:  # a null or a string where a number belongs
-        raise CheckpointError(f"its config.json is damaged or incomplete ({first_line(e)})") from None
+    except (UserError, TypeError) as e:  # TypeError: a null where a number belongs
+        raise CheckpointError(f"its config.json gives no usable model ({first_line(e)})") from None
 
 
 def read_hf_config(model_dir: Path) -> dict[str, Any]:
@@ -202,9 +216,7 @@ def read_hf_config(model_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"{model_dir} has no config.json; a Hugging Face model directory holds config.json "
                               "and the weight files (as written by save_pretrained)")
-    hf_config = read_json_object(path)
-    check_config_fields(hf_config, path)
-    return hf_config
+    return read_json_object(path)
 
 
 # ------------------------------------------------------------------------------------------------ weight files
@@ -247,9 +259,7 @@ def resolve_hf_source(source: str | Path) -> tuple[Path, str]:
     text = str(source)
     if not text.startswith(HUB_PREFIX):
         return Path(source), Path(source).name or str(source)
-    repo_id, _, revision = text[len(HUB_PREFIX):].partition("@")
-    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo_id):
-        raise CheckpointError(f"{text!r} is not a hub model id; write hf:ORG/NAME, e.g. hf:openai-community/gpt2")
+    repo_id, _, revision = text[len(HUB_PREFIX):].partition("@")  # huggingface_hub checks the id (download_hf)
     return download_hf(repo_id, revision or None), repo_id
 
 
@@ -296,7 +306,4 @@ def load_hf_model(source: str | Path, device: str | torch.device = "cpu", attent
     except UserError as e:
         message = first_line(e, 1000)
         raise CheckpointError(message if message.startswith(label) else f"{label}: {message}") from None
-    if tokenizer.vocab_size > config.vocab_size:
-        raise CheckpointError(f"{label}: its tokenizer has {tokenizer.vocab_size} tokens but the model only "
-                              f"{config.vocab_size}; the tokenizer is not this model's")
     return model.to(device).eval(), tokenizer
