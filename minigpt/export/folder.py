@@ -73,66 +73,76 @@ def check_out_path(out_dir: Path) -> None:
             raise UserError(f"cannot use {out_dir} as the output folder: {path} ({e.strerror}); choose another "
                             "output folder") from None
         if not stat.S_ISDIR(mode):
-            if path == out_dir:
-                raise UserError(f"{out_dir} exists and is not a folder; choose another output folder")
-            raise UserError(f"{path} is a file, not a folder, so {out_dir} cannot be created in it; choose another "
-                            "output folder")
+            raise UserError(f"{out_dir} exists and is not a folder; choose another output folder" if path == out_dir
+                            else f"{path} is a file, not a folder, so {out_dir} cannot be created in it; choose "
+                            "another output folder")
 
 
 def check_previous_export(out_dir: Path) -> None:
     """UserError unless every entry of out_dir is a regular file its manifest lists with the same size and SHA-256:
     a folder an export wrote and nobody changed since, which --overwrite may delete whole."""
-    listed = read_manifest(out_dir)
+    for why in _foreign_entries(out_dir, read_manifest(out_dir)):
+        raise UserError(f"{why}, {REFUSE}")
+
+
+def _foreign_entries(out_dir: Path, listed: dict[str, tuple[int, str]]) -> Iterator[str]:
+    """Why each entry of out_dir is not an unchanged file of the export: names, types and sizes first, so that a
+    foreign file is found without reading any file; then the SHA-256 of each."""
     entries = sorted((e for e in os.scandir(out_dir) if e.name != MANIFEST), key=lambda e: e.name)
-    for entry in entries:  # names, types and sizes first: a foreign file is found without reading any file
+    for entry in entries:
         path = out_dir / entry.name
         if entry.is_symlink() or not entry.is_file(follow_symlinks=False):
             kind = "a symbolic link" if entry.is_symlink() else "a folder" if entry.is_dir() else "not a regular file"
-            raise UserError(f"{path} is {kind}, not a file export.py wrote, {REFUSE}")
-        if entry.name not in listed:
-            raise UserError(f"{path} is not a file export.py wrote (its {MANIFEST} does not list it), {REFUSE}")
-        if entry.stat(follow_symlinks=False).st_size != listed[entry.name][0]:
-            raise UserError(f"{path} was changed after export.py wrote it (its size differs from {MANIFEST}), {REFUSE}")
+            yield f"{path} is {kind}, not a file export.py wrote"
+        elif entry.name not in listed:
+            yield f"{path} is not a file export.py wrote (its {MANIFEST} does not list it)"
+        elif entry.stat(follow_symlinks=False).st_size != listed[entry.name][0]:
+            yield f"{path} was changed after export.py wrote it (its size differs from {MANIFEST})"
     for entry in entries:
         with open(out_dir / entry.name, "rb") as f:
             if hashlib.file_digest(f, "sha256").hexdigest() != listed[entry.name][1]:
-                raise UserError(f"{out_dir / entry.name} was changed after export.py wrote it (its SHA-256 differs "
-                                f"from {MANIFEST}), {REFUSE}")
+                yield (f"{out_dir / entry.name} was changed after export.py wrote it (its SHA-256 differs from "
+                       f"{MANIFEST})")
 
 
 def read_manifest(out_dir: Path) -> dict[str, tuple[int, str]]:
     """name -> (size, sha256) from out_dir's manifest; UserError if there is none or it is not one export.py wrote."""
     path = out_dir / MANIFEST
-
-    def not_ours(why: str) -> UserError:
-        return UserError(f"{path} is not a manifest export.py wrote ({why}), so --overwrite cannot tell an export's "
-                         "files from yours; choose another output folder, or move the folder's files away")
-
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         present = sorted(p.name for p in out_dir.iterdir())
         raise UserError(f"{out_dir} holds no {MANIFEST} (the list of files export.py writes; older minigpt versions "
                         "wrote none), so its files may be yours and --overwrite would delete "
                         f"{', '.join(present[:3])}{', ...' if len(present) > 3 else ''}; choose another output "
-                        "folder, or move them away") from None
+                        "folder, or move them away")
+    listed: dict[str, tuple[int, str]] = {}
+    for why in _manifest_problems(path, listed):
+        raise UserError(f"{path} is not a manifest export.py wrote ({why}), so --overwrite cannot tell an export's "
+                        "files from yours; choose another output folder, or move the folder's files away")
+    return listed
+
+
+def _manifest_problems(path: Path, listed: dict[str, tuple[int, str]]) -> Iterator[str]:
+    """Why `path` is not a manifest export.py wrote (the first reason only), filling `listed` from its entries."""
+    info = os.lstat(path)
     if not stat.S_ISREG(info.st_mode) or info.st_size > MANIFEST_MAX_BYTES:
-        raise not_ours("not a regular file" if not stat.S_ISREG(info.st_mode) else f"{info.st_size:,} bytes")
+        yield "not a regular file" if not stat.S_ISREG(info.st_mode) else f"{info.st_size:,} bytes"
+        return
     try:
         doc = loads(path.read_bytes())
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, nested past MAX_JSON_DEPTH
-        raise not_ours(first_line(e)) from None
+        yield first_line(e)
+        return
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT or not isinstance(doc.get("files"), list):
-        raise not_ours(f"no format {MANIFEST_FORMAT!r} with a list of files")
-    listed: dict[str, tuple[int, str]] = {}
+        yield f"no format {MANIFEST_FORMAT!r} with a list of files"
+        return
     for item in doc["files"]:
         name, size, sha256 = (item.get(k) for k in ("name", "size", "sha256")) if isinstance(item, dict) else [None] * 3
         if not (isinstance(name, str) and name not in listed and name not in ("", ".", "..", MANIFEST)
                 and "/" not in name and "\0" not in name and type(size) is int and size >= 0
                 and isinstance(sha256, str) and SHA256.fullmatch(sha256)):
-            raise not_ours(f"a file entry is not a unique plain name with its size and SHA-256: {str(item)[:60]}")
+            yield f"a file entry is not a unique plain name with its size and SHA-256: {str(item)[:60]}"
+            return
         listed[name] = size, sha256
-    return listed
 
 
 # ------------------------------------------------------------------------------------------------- writing
@@ -193,13 +203,9 @@ def storage_errors(out_dir: Path) -> Iterator[None]:
     carrying Rust's "(os error N)").  Anything else keeps its traceback."""
     try:
         yield
-    except OSError as e:
-        if e.errno not in STORAGE_ERRNOS:
-            raise
-        raise UserError(f"cannot write {out_dir} ({os.strerror(e.errno)}); {STORAGE_FIX}") from None
     except Exception as e:
-        m = RUST_OS_ERROR.search(str(e))
-        code = int(m.group(1) or m.group(2)) if m else None
+        rust = RUST_OS_ERROR.search(str(e)) if not isinstance(e, OSError) else None
+        code = e.errno if isinstance(e, OSError) else int(rust.group(1) or rust.group(2)) if rust else None
         if code not in STORAGE_ERRNOS:
             raise
         raise UserError(f"cannot write {out_dir} ({os.strerror(code)}); {STORAGE_FIX}") from None

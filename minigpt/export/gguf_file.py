@@ -15,7 +15,7 @@ import hashlib
 import os
 import stat
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from minigpt.core.errors import UserError
@@ -62,19 +62,26 @@ def check_out_file(out: Path, overwrite: bool, checked: FileState = None) -> Fil
 
 def check_previous_gguf(path: Path) -> None:
     """UserError unless `path` is a regular file that minigpt's GGUF export wrote and nobody changed since."""
+    for why in _foreign(path):
+        raise UserError(f"{path} {why}, {REFUSE}")
+
+
+def _foreign(path: Path) -> Iterator[str]:
+    """Why `path` is not a GGUF file export.py wrote, unchanged (the first reason only)."""
     info = os.lstat(path)
     if not stat.S_ISREG(info.st_mode):
         kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a regular file"
-        raise UserError(f"{path} is {kind}, not a GGUF file export.py wrote, {REFUSE}")
+        yield f"is {kind}, not a GGUF file export.py wrote"
+        return
     with open(path, "rb") as f:
         offset = _digest_offset(f)
         if offset is None:
-            raise UserError(f"{path} is not a GGUF file export.py wrote (it has no {SHA_KEY} key), {REFUSE}")
+            yield f"is not a GGUF file export.py wrote (it has no {SHA_KEY} key)"
+            return
         f.seek(offset)
         recorded = f.read(64)
         if _file_digest(f, offset).encode() != recorded:
-            raise UserError(f"{path} was changed after export.py wrote it (its SHA-256 differs from its {SHA_KEY}), "
-                            f"{REFUSE}")
+            yield f"was changed after export.py wrote it (its SHA-256 differs from its {SHA_KEY})"
 
 
 def _digest_offset(f) -> int | None:
@@ -116,9 +123,7 @@ def _file_digest(f, offset: int) -> str:
 def seal(path: Path) -> None:
     """Write the file's digest over its placeholder and flush it to disk."""
     with open(path, "r+b") as f:
-        offset = _digest_offset(f)
-        if offset is None:  # the writer lays the file out this way: a bug, not the user's mistake
-            raise RuntimeError(f"{path}: {SHA_KEY} is not the second metadata key")
+        offset = _digest_offset(f)  # never None: gguf.py writes SHA_KEY as the second key
         digest = _file_digest(f, offset)
         f.seek(offset)
         f.write(digest.encode())
