@@ -11,7 +11,7 @@ the merges, and the pre-tokenizer's name, found from the tokenizer.json's split 
     char: each character as the bytes of its UTF-8 spelling, with merges that join exactly those bytes again (a
           character is never split by the pre-tokenizer, and a merge never crosses two characters).
 
-A tokenizer llama.cpp cannot reproduce is refused in one line (check_gguf_tokenizer): a split pattern it has no
+A tokenizer llama.cpp cannot reproduce is refused in one line (_unreproducible): a split pattern it has no
 name for, a normaliser, a vocabulary that is not byte-level (SentencePiece style), a vocabulary larger than the
 model's.  llama.cpp always has an end-of-sequence token; for vocabularies without one see gguf_specials.
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,13 +110,12 @@ def gguf_vocab(tokenizer: Tokenizer | None, vocab_size: int, chat_template: str 
         config = json.loads((Path(tmp) / "tokenizer_config.json").read_text(encoding="utf-8"))
     model = doc.get("model") or {}
     base = tokenizer.base if isinstance(tokenizer, ChatTokenizer) else tokenizer
-    if model.get("type") == "WordLevel" and isinstance(base, CharTokenizer):
+    for problem in _unreproducible(doc, base):
+        raise UserError(f"{problem}; {REFUSED}")
+    if model["type"] == "WordLevel":
         vocab = _char_vocab(model["vocab"])
-    elif model.get("type") == "BPE":
-        vocab = _bpe_vocab(doc, model, isinstance(base, ByteTokenizer))
     else:
-        raise UserError(f"the tokenizer ({base.name}) is a {model.get('type')} model; llama.cpp reads byte-level BPE "
-                        f"vocabularies from a GGUF file, and {REFUSED}")
+        vocab = _bpe_vocab(doc, model, isinstance(base, ByteTokenizer))
     _add_tokens(vocab, doc.get("added_tokens") or [])
     if len(vocab.tokens) > vocab_size:
         raise UserError(f"the tokenizer has {len(vocab.tokens)} tokens but the model only {vocab_size} logits; the "
@@ -131,28 +131,57 @@ def gguf_vocab(tokenizer: Tokenizer | None, vocab_size: int, chat_template: str 
 
 # ------------------------------------------------------------------------------------------------- vocabularies
 
+def _unreproducible(doc: dict, base: Tokenizer) -> Iterator[str]:
+    """Why llama.cpp's BPE would split or spell text otherwise than tokenizer.json `doc` (the first reason only):
+    a model that is not byte-level BPE (SentencePiece style: llama.cpp would need its piece scores), a
+    normaliser, a pre-tokenizer llama.cpp has no name for."""
+    model = doc.get("model") or {}
+    if model.get("type") == "WordLevel" and isinstance(base, CharTokenizer):
+        return
+    if model.get("type") != "BPE":
+        yield (f"the tokenizer ({base.name}) is a {model.get('type')} model; llama.cpp reads byte-level BPE "
+               "vocabularies from a GGUF file")
+        return
+    by_id = sorted((model.get("vocab") or {}).items(), key=lambda kv: kv[1])
+    not_byte_level = next((t for t, _ in by_id if not set(t) <= ALPHABET), None)
+    decoder = (doc.get("decoder") or {}).get("type")
+    if not_byte_level is not None or decoder != "ByteLevel":
+        yield (f"the tokenizer is not a byte-level BPE (token {not_byte_level!r}, decoder {decoder}): a "
+               "SentencePiece-style vocabulary, which this export does not convert (llama.cpp would need its piece "
+               "scores)")
+    elif doc.get("normalizer"):
+        yield f"the tokenizer normalises text first ({doc['normalizer'].get('type')}), which llama.cpp's BPE does not"
+    elif not isinstance(base, ByteTokenizer) and pre_tokenizer_name(pre := doc.get("pre_tokenizer")) is None:
+        parts = _pre_parts(pre)
+        kinds, byte_level = [p.get("type") for p in parts], parts[-1] if parts else {}
+        if kinds[-1:] == ["ByteLevel"] and byte_level.get("add_prefix_space"):
+            yield ("the tokenizer adds a space before each text (ByteLevel add_prefix_space), which llama.cpp's BPE "
+                   "does not")
+        elif kinds == ["Split", "ByteLevel"] and not byte_level.get("use_regex", True):
+            pattern = (parts[0].get("pattern") or {}).get("Regex")
+            yield (f"the tokenizer splits text with a pattern llama.cpp has no pre-tokenizer for "
+                   f"({str(pattern)[:60]!r}...; llama.cpp hard-codes its patterns by name)")
+        else:
+            yield (f"the tokenizer's pre-tokenizer ({' + '.join(map(str, kinds)) or 'none'}) has no llama.cpp "
+                   "counterpart")
+
+
 def _byte_level(text: str) -> str:
     return "".join(BYTE_LEVEL[b] for b in text.encode("utf-8"))
 
 
 def _char_vocab(word_level: dict[str, int]) -> GGUFVocab:
-    """Each character spelled in byte-level form, and the merges that join the bytes of each multi-byte character
-    (every prefix with its next byte), so llama.cpp's BPE gives one token per character."""
-    by_id = sorted(word_level.items(), key=lambda kv: kv[1])
-    if [i for _, i in by_id] != list(range(len(by_id))):
-        raise UserError("the char vocabulary's ids are not 0..N-1; the checkpoint's tokenizer is damaged")
+    """Each character spelled in byte-level form (ids 0..N-1, as save_hf_tokenizer writes a char vocabulary), and
+    the merges that join the bytes of each multi-byte character (every prefix with its next byte), so llama.cpp's
+    BPE gives one token per character."""
     vocab = GGUFVocab([], [], [], pre="gpt-2", bos=None, eos=None, kind="char")
-    for char, _ in by_id:
+    for char, _ in sorted(word_level.items(), key=lambda kv: kv[1]):
         _add_char(vocab, char)
     return vocab
 
 
 def _add_char(vocab: GGUFVocab, char: str) -> None:
-    try:
-        raw = char.encode("utf-8")
-    except UnicodeEncodeError:
-        raise UserError(f"the char vocabulary holds {char!r}, a lone surrogate that UTF-8 cannot spell, and llama.cpp "
-                        f"reads UTF-8 text; {REFUSED}") from None
+    raw = char.encode("utf-8")  # tokenizer.json's text is UTF-8: a lone surrogate never gets here
     vocab.tokens.append(_byte_level(char))
     vocab.types.append(NORMAL)
     for k in range(1, len(raw)):
@@ -163,17 +192,7 @@ def _add_char(vocab: GGUFVocab, char: str) -> None:
 
 def _bpe_vocab(doc: dict, model: dict, byte_vocab: bool) -> GGUFVocab:
     """A byte-level BPE tokenizer.json: its tokens, merges and the llama.cpp name of its pre-tokenizer."""
-    vocab = model.get("vocab") or {}
-    by_id = sorted(vocab.items(), key=lambda kv: kv[1])
-    not_byte_level = next((t for t, _ in by_id if not set(t) <= ALPHABET), None)
-    decoder = (doc.get("decoder") or {}).get("type")
-    if not_byte_level is not None or decoder != "ByteLevel":
-        raise UserError(f"the tokenizer is not a byte-level BPE (token {not_byte_level!r}, decoder {decoder}): a "
-                        "SentencePiece-style vocabulary, which this export does not convert (llama.cpp would need "
-                        f"its piece scores); {REFUSED}")
-    if doc.get("normalizer"):
-        raise UserError(f"the tokenizer normalises text first ({doc['normalizer'].get('type')}), which llama.cpp's "
-                        f"BPE does not; {REFUSED}")
+    by_id = sorted((model.get("vocab") or {}).items(), key=lambda kv: kv[1])
     n = (by_id[-1][1] + 1) if by_id else 0
     tokens, types = [f"[PAD{i}]" for i in range(n)], [UNUSED] * n
     for token, i in by_id:
@@ -183,27 +202,27 @@ def _bpe_vocab(doc: dict, model: dict, byte_vocab: bool) -> GGUFVocab:
     return GGUFVocab(tokens, types, merges, pre=pre, bos=None, eos=None, kind="bpe")
 
 
-def pre_tokenizer_name(pre: dict | None) -> str:
-    """llama.cpp's name for a tokenizer.json pre-tokenizer that splits text as it does; UserError if it has none."""
-    parts = pre.get("pretokenizers", []) if pre and pre.get("type") == "Sequence" else [pre] if pre else []
+def _pre_parts(pre: dict | None) -> list[dict]:
+    """A tokenizer.json pre-tokenizer as its list of steps."""
+    return pre.get("pretokenizers", []) if pre and pre.get("type") == "Sequence" else [pre] if pre else []
+
+
+def pre_tokenizer_name(pre: dict | None) -> str | None:
+    """llama.cpp's name for a tokenizer.json pre-tokenizer that splits text as it does; None if it has none."""
+    parts = _pre_parts(pre)
     kinds = [p.get("type") for p in parts]
-    byte_level = parts[-1] if kinds and kinds[-1] == "ByteLevel" else None
-    if byte_level is not None and byte_level.get("add_prefix_space"):
-        raise UserError(f"the tokenizer adds a space before each text (ByteLevel add_prefix_space), which llama.cpp's "
-                        f"BPE does not; {REFUSED}")
-    if kinds == ["ByteLevel"] and byte_level.get("use_regex", True):
+    if kinds[-1:] != ["ByteLevel"] or parts[-1].get("add_prefix_space"):
+        return None
+    regex = parts[-1].get("use_regex", True)
+    if kinds == ["ByteLevel"] and regex:
         return "gpt-2"
-    if kinds == ["Digits", "ByteLevel"] and parts[0].get("individual_digits") and byte_level.get("use_regex", True):
+    if kinds == ["Digits", "ByteLevel"] and parts[0].get("individual_digits") and regex:
         return "smollm"
-    if kinds == ["Split", "ByteLevel"] and not byte_level.get("use_regex", True):
-        split = parts[0]
-        pattern = (split.get("pattern") or {}).get("Regex")
-        if split.get("behavior") == "Isolated" and not split.get("invert") and pattern in PRE_TOKENIZERS:
-            return PRE_TOKENIZERS[pattern]
-        raise UserError(f"the tokenizer splits text with a pattern llama.cpp has no pre-tokenizer for "
-                        f"({str(pattern)[:60]!r}...; llama.cpp hard-codes its patterns by name); {REFUSED}")
-    raise UserError(f"the tokenizer's pre-tokenizer ({' + '.join(map(str, kinds)) or 'none'}) has no llama.cpp "
-                    f"counterpart; {REFUSED}")
+    split = parts[0]
+    if kinds == ["Split", "ByteLevel"] and not regex and split.get("behavior") == "Isolated" \
+            and not split.get("invert"):
+        return PRE_TOKENIZERS.get((split.get("pattern") or {}).get("Regex"))
+    return None
 
 
 def _add_tokens(vocab: GGUFVocab, added: list[dict]) -> None:
