@@ -72,11 +72,13 @@ def lora_run_model(ckpt: dict, **config_overrides) -> GPT:
     try:
         model, _ = load_model(base["source"], attention=config_overrides.get("attention"))
     except UserError as e:
-        raise CheckpointError(f"it is a LoRA run whose base {base['source']} cannot be loaded ({first_line(e, 300)}); "
-                              "put the base it was trained on back there") from None
-    if (found := fingerprint(model)) != base["fingerprint"]:
-        raise CheckpointError(f"it is a LoRA run whose base {base['source']} changed since (fingerprint {found[:12]}, "
-                              f"trained on {base['fingerprint'][:12]}); put the base it was trained on back there")
+        problem = f"cannot be loaded ({first_line(e, 300)})"
+    else:
+        found, trained = fingerprint(model), base["fingerprint"]
+        problem = None if found == trained else f"changed since (fingerprint {found[:12]}, trained on {trained[:12]})"
+    if problem:
+        raise CheckpointError(f"it is a LoRA run whose base {base['source']} {problem}; put the base it was trained "
+                              "on back there")
     model = lora_model(model, model_config(ckpt, **config_overrides), cfg)
     adapters = model_state_dict(ckpt)
     if set(adapters) != set(adapter_names(model)):

@@ -13,19 +13,22 @@ checkpoint, text file or task) ends in one `error:` line and exit code 2.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from minigpt.loading import load_model
 from minigpt.cli.parsing import (QUANTIZE_CHOICES, CommandParser, add_quantize_argument, add_source_argument,
                                  misplaced_setting, resolve_device)
-from minigpt.core.errors import UnknownCharactersError, UserError, shown_chars
+from minigpt.core.errors import UserError
 from minigpt.cli.errors import run_cli
-from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens
+from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens, text_ids
+
+MINIMUMS = {"batch_size": 1, "limit": 1, "num_fewshot": 0}  # each count's smallest value (CommandParser checks)
 
 
 def build_parser() -> CommandParser:
     p = CommandParser(prog="eval.py", description="Evaluate a checkpoint on a text file (nats/token, bits/char), "
-                                                  "or on lm-evaluation-harness tasks (--tasks).")
+                                                  "or on lm-evaluation-harness tasks (--tasks).", minimums=MINIMUMS)
     add_source_argument(p)
     p.add_argument("--text", type=str | None, default=None, help="UTF-8 text file to evaluate on")
     p.add_argument("--tasks", type=str | None, default=None,
@@ -46,24 +49,28 @@ def build_parser() -> CommandParser:
 
 
 def read_text(path: Path) -> str:
-    if not path.is_file():
-        raise UserError(f"text file not found: {path}; pass an existing --text file")
     try:
         return path.read_text(encoding="utf-8", errors="strict")
+    except FileNotFoundError:
+        message = f"text file not found: {path}; pass an existing --text file"
     except UnicodeDecodeError as e:
-        raise UserError(f"--text {path} is not UTF-8 text (byte {e.start}: {e.reason}); pass a UTF-8 file") from None
+        message = f"--text {path} is not UTF-8 text (byte {e.start}: {e.reason}); pass a UTF-8 file"
     except OSError as e:
-        raise UserError(f"cannot read --text {path}: {type(e).__name__}") from None
+        message = f"cannot read --text {path}: {type(e).__name__}"
+    raise UserError(message)
+
+
+def problems(args) -> Iterator[str]:
+    """What is wrong with the flags together, one message each (each count's range: MINIMUMS, in the parser)."""
+    if (args.text is None) == (args.tasks is None):
+        yield ("give either --text FILE (the loss on a text) or --tasks NAMES (lm-evaluation-harness tasks)"
+               + ("" if args.text is None else ", not both"))
+    if args.output is not None and Path(args.output).is_dir():
+        yield f"--output {args.output} is a directory; give the path of the JSON file to write"
 
 
 def run_tasks(args) -> dict:
     """--tasks: the harness's tasks on the model, in process; prints the harness's table, writes --output."""
-    if args.limit is not None and args.limit < 1:
-        raise UserError(f"--limit must be >= 1 (examples per task), got {args.limit}; leave it out for every example")
-    if args.num_fewshot is not None and args.num_fewshot < 0:
-        raise UserError(f"--num_fewshot must be >= 0, got {args.num_fewshot}")
-    if args.output is not None and Path(args.output).is_dir():
-        raise UserError(f"--output {args.output} is a directory; give the path of the JSON file to write")
     from minigpt.evaluation.harness import MiniGPTLM, evaluate_tasks, resolve_tasks, results_table, write_results
 
     tasks = resolve_tasks(args.tasks.split(","))  # before loading the model: a wrong name costs nothing
@@ -83,23 +90,15 @@ def run(argv: list[str] | None = None) -> tuple[float, int] | dict:
     if problem := misplaced_setting(sys.argv[1:] if argv is None else argv, QUANTIZE_CHOICES):
         parser.error(problem)
     args = parser.parse_args(argv)
-    if args.batch_size is not None and args.batch_size < 1:
-        raise UserError(f"--batch_size must be >= 1, got {args.batch_size}")
-    if (args.text is None) == (args.tasks is None):
-        raise UserError("give either --text FILE (the loss on a text) or --tasks NAMES (lm-evaluation-harness tasks)"
-                        + ("" if args.text is None else ", not both"))
+    if problem := next(problems(args), None):
+        raise UserError(problem)
     if args.tasks is not None:
         return run_tasks(args)
     device = resolve_device(args.device)
     path = Path(args.text)
     text = read_text(path)
     model, tokenizer = load_model(args.ckpt, device=device, quantize=args.quantize)
-    try:
-        tokens = tokenizer.encode(text)
-    except UnknownCharactersError as e:
-        raise UserError(f"--text {path} has {len(e.chars)} character(s) outside the model's char vocabulary: "
-                        f"{shown_chars(e.chars)}; a char-level model can only score text made of its training "
-                        "text's characters") from None
+    tokens = text_ids(tokenizer, text, f"--text {path}")
     nats, n = evaluate_tokens(model, tokens, args.batch_size)
     per_char, per_byte = bits_per_char_and_byte(nats, tokenizer, tokens)
     print(f"{path}: {n:,} tokens, {nats / n:.4f} nats/token, {per_char:.4f} bits/char, {per_byte:.4f} bits/byte",

@@ -14,6 +14,7 @@ import torch
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, get_loader, set_loader, set_parsing_settings
 
+from minigpt.cli.errors import fail
 from minigpt.core.errors import UserError, first_line
 from minigpt.core.quantize import QUANTIZATIONS, Quantization
 from minigpt.core.user_files import DOCUMENT_BYTES, MAX_JSON_DEPTH, TOO_DEEP, json_depth, read_user_text
@@ -95,16 +96,25 @@ class OneLineErrors:
         super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> None:  # type: ignore[override]
-        print(f"error: {one_line(message)} (see `{self.prog} --help`)", file=sys.stderr)
-        raise SystemExit(2)
+        fail(f"{one_line(message)} (see `{self.prog} --help`)")
 
 
 class CommandParser(OneLineErrors, ArgumentParser):
-    """The parser of sample.py and eval.py: flags, plus --config FILE and --print_config like train.py."""
+    """The parser of sample.py and eval.py: flags, plus --config FILE and --print_config like train.py.
+    minimums (flag -> its smallest value) declares the counts' lower bounds, checked here after parsing (flags
+    and --config alike); a count left out (None) is not checked."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, minimums: dict[str, int] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.minimums = minimums or {}
         self.add_argument("--config", action=ActionConfigFile, help="a YAML file of these options")
+
+    def parse_args(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        parsed = super().parse_args(*args, **kwargs)
+        for flag, low in self.minimums.items():
+            if (value := parsed.get(flag)) is not None and value < low:
+                self.error(f"--{flag} must be >= {low}, got {value}")
+        return parsed
 
 
 def add_source_argument(p: ArgumentParser) -> None:
@@ -137,18 +147,20 @@ def resolve_device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        device = torch.device(name)
+        device: torch.device | None = torch.device(name)
     except RuntimeError:
-        raise UserError(f"device {name!r} is not a device; use cpu, cuda, cuda:N or auto") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"device {name}: CUDA is not available here; use cpu")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise UserError(f"device {name}: only {torch.cuda.device_count()} CUDA device(s) here; use cuda:0")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise UserError(f"device {name}: MPS is not available here; use cpu")
-    if device.type not in ("cpu", "cuda", "mps"):
-        raise UserError(f"device {name!r} is not supported; use cpu, cuda, cuda:N or auto")
-    return name
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "mps"):
+        why = f"{name!r} is not a device minigpt runs on; use cpu, cuda, cuda:N, mps or auto"
+    elif device.type == "cuda" and not torch.cuda.is_available():
+        why = f"{name}: CUDA is not available here; use cpu"
+    elif device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        why = f"{name}: only {torch.cuda.device_count()} CUDA device(s) here; use cuda:0"
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        why = f"{name}: MPS is not available here; use cpu"
+    else:
+        return name
+    raise UserError(f"device {why}")
 
 
 def typed(stdin: TextIO | None, line: bool = False) -> str:
@@ -174,16 +186,15 @@ def is_terminal(stdin: TextIO | None) -> bool:
 
 
 def read_prompt(args: Any, stdin: TextIO | None) -> str:
-    if args.prompt_file is not None:
-        if args.prompt:
-            raise UserError("give the prompt with --prompt or --prompt-file, not both")
-        path = Path(args.prompt_file)
-        if not path.exists():
-            raise UserError(f"prompt file not found: {path}")
-        try:
-            return read_user_text(path, DOCUMENT_BYTES)
-        except (OSError, ValueError) as e:  # ValueError: not UTF-8, too large, a device
-            raise UserError(f"cannot read prompt file {path}: {first_line(e)}") from None
-    if args.prompt == "-":
-        return typed(stdin)
-    return args.prompt
+    if args.prompt_file is None:
+        return typed(stdin) if args.prompt == "-" else args.prompt
+    if args.prompt:
+        raise UserError("give the prompt with --prompt or --prompt-file, not both")
+    path = Path(args.prompt_file)
+    try:
+        return read_user_text(path, DOCUMENT_BYTES)
+    except FileNotFoundError:
+        message = f"prompt file not found: {path}"
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8, too large, a device
+        message = f"cannot read prompt file {path}: {first_line(e)}"
+    raise UserError(message)

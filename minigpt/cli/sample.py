@@ -96,7 +96,8 @@ class TopK:
 
 
 def build_parser() -> CommandParser:
-    p = CommandParser(prog="sample.py", description="Generate text from a minigpt checkpoint.")
+    p = CommandParser(prog="sample.py", description="Generate text from a minigpt checkpoint.",
+                      minimums={"num_samples": 1})
     add_source_argument(p)
     add_prompt_arguments(p, "text to continue")
     p.add_argument("--num_samples", "--num-samples", type=int, default=1,
@@ -181,8 +182,6 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
         parser.error(problem)
     args = parser.parse_args(argv)
     check_sampling_args(args.temperature, args.top_k, args.top_p, args.max_new_tokens)  # names like the flags
-    if args.num_samples < 1:
-        raise UserError(f"--num_samples must be >= 1, got {args.num_samples}")
     check_seed(args.seed)
     device = resolve_device(args.device)
     if args.chat:

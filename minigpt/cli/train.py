@@ -41,7 +41,7 @@ from minigpt.configs import default_config
 from minigpt.core.checkpoint import check_resumable
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError, first_line
-from minigpt.cli.errors import run_cli
+from minigpt.cli.errors import fail, run_cli
 from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens
 from minigpt.core.fsutil import atomic_write
 from minigpt.core.precision import resolve_precision
@@ -259,9 +259,8 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
             stopped_by.append("SIGTERM")
         trainer.save_checkpoint(last, weights_only=False)  # the final state, whatever step the run stopped at
     if stopped_by:
-        print(f"error: stopped by {stopped_by[0]} at step {trainer.global_step}; saved {last}; continue the run "
-              "with --resume", file=sys.stderr, flush=True)
-        raise SystemExit(128 + SIGNALS[stopped_by[0]])
+        fail(f"stopped by {stopped_by[0]} at step {trainer.global_step}; saved {last}; continue the run with --resume",
+             code=128 + SIGNALS[stopped_by[0]])
     timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
     if trainer.is_global_zero:
         val_loss = trainer.callback_metrics.get("val_loss")

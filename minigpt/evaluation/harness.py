@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+from importlib.util import find_spec
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from minigpt.core.errors import UnknownCharactersError, UserError, first_line, shown_chars
-from minigpt.evaluation.loss import LOGITS_BUDGET
+from minigpt.core.errors import UserError, first_line
+from minigpt.evaluation.loss import LOGITS_BUDGET, text_ids
 from minigpt.evaluation.task_files import read_task_file, resolve_tasks
 from minigpt.core.fsutil import atomic_write, write_errors
 from minigpt.core.generation import generate, prompt_ids
@@ -38,12 +39,10 @@ from minigpt.core.tokenizers import HFTokenizer, Tokenizer
 INSTALL = ('the lm-evaluation-harness is not installed; install the eval extra: pip install -e ".[eval]" '
            "(or python3 -m pip install lm-eval)")
 
-try:
-    from lm_eval.api.model import TemplateLM
-except ModuleNotFoundError as e:  # the optional extra; anything else missing is a broken install and keeps its trace
-    if not (e.name or "").startswith("lm_eval"):
-        raise
-    raise UserError(INSTALL) from None
+if find_spec("lm_eval") is None:  # the optional extra; anything else missing is a broken install and keeps its trace
+    raise UserError(INSTALL)
+
+from lm_eval.api.model import TemplateLM  # noqa: E402
 
 __all__ = ["MiniGPTLM", "read_task_file", "resolve_tasks", "evaluate_tasks", "results_table", "flat_metrics", "write_results"]
 
@@ -67,8 +66,6 @@ class MiniGPTLM(TemplateLM):
         if tokenizer is None:
             raise UserError("the model has no tokenizer, and the harness scores text; use a checkpoint written by "
                             "train.py or a Hugging Face folder with its tokenizer.json")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise UserError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         self.model, self.tok, self.batch_size, self.max_gen_toks = model, tokenizer, batch_size, max_gen_toks
         self._device = model.lm_head.weight.device
         if distributed and dist.is_available() and dist.is_initialized():
@@ -94,20 +91,15 @@ class MiniGPTLM(TemplateLM):
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
         """The tokenizer's ids; a Hugging Face tokenizer adds its BOS (as transformers does) unless told not to or
         the text already starts with it (HFLM's rule)."""
-        try:
-            if isinstance(self.tok, HFTokenizer) and self.tok.bos_id is not None:
-                if add_special_tokens is None:
-                    add_special_tokens = not string.startswith(self.tok.decode([self.tok.bos_id]))
-                if not add_special_tokens:
-                    try:
-                        return self.tok.backend.encode(string, add_special_tokens=False).ids
-                    except Exception:  # the library's own type: encode() below finds and names the bad characters
-                        pass
-            return self.tok.encode(string)
-        except UnknownCharactersError as e:
-            raise UserError(f"a task's text has {len(e.chars)} character(s) outside the model's char vocabulary: "
-                            f"{shown_chars(e.chars)}; a char-level model can only score text made of its training "
-                            "text's characters") from None
+        if isinstance(self.tok, HFTokenizer) and self.tok.bos_id is not None:
+            if add_special_tokens is None:
+                add_special_tokens = not string.startswith(self.tok.decode([self.tok.bos_id]))
+            if not add_special_tokens:
+                try:
+                    return self.tok.backend.encode(string, add_special_tokens=False).ids
+                except Exception:  # the library's own type: encode() below finds and names the bad characters
+                    pass
+        return text_ids(self.tok, string, "a task's text")
 
     def tok_decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode(list(ids))
@@ -233,13 +225,10 @@ class MiniGPTLM(TemplateLM):
 def evaluate_tasks(lm: MiniGPTLM, tasks: Sequence[str] | tuple[list, Any], limit: int | None = None,
                    num_fewshot: int | None = None, bootstrap_iters: int = 100_000) -> dict | None:
     """lm_eval.simple_evaluate on `tasks` (names and YAML paths, or what resolve_tasks returned); the harness's
-    results dict (None on ranks other than 0 when distributed).  The model is put in eval mode meanwhile."""
+    results dict (None on ranks other than 0 when distributed).  The model is put in eval mode meanwhile.
+    limit (>= 1) and num_fewshot (>= 0) are checked where they enter: eval.py's and train.py's parsers."""
     from lm_eval import simple_evaluate
 
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise UserError(f"limit must be an integer >= 1 (examples per task), got {limit!r}")
-    if num_fewshot is not None and num_fewshot < 0:
-        raise UserError(f"num_fewshot must be >= 0, got {num_fewshot}")
     specs, manager = tasks if isinstance(tasks, tuple) else resolve_tasks(tasks)
     manager.num_fewshot = num_fewshot  # each task's few-shot examples are checked as the harness builds it
     model = lm.model
@@ -249,12 +238,13 @@ def evaluate_tasks(lm: MiniGPTLM, tasks: Sequence[str] | tuple[list, Any], limit
         return simple_evaluate(model=lm, tasks=list(specs), task_manager=manager, limit=limit,
                                num_fewshot=num_fewshot, batch_size=lm.batch_size, log_samples=False,
                                bootstrap_iters=bootstrap_iters)
-    except FileNotFoundError as e:  # a task's data_files, or a dataset that is neither local nor cached
-        raise UserError(f"a task's data could not be found ({first_line(e)}); check its dataset_path and "
-                        "data_files, or run once with internet access to cache its dataset") from None
-    except ConnectionError as e:  # datasets offline (HF_DATASETS_OFFLINE=1) or no network for a hub dataset
-        raise UserError(f"a task's dataset is not in the local cache and cannot be downloaded ({first_line(e)}); run "
-                        "once with internet access, or point the task at local files (dataset_path: json)") from None
+    except (FileNotFoundError, ConnectionError) as e:
+        # a task's data_files or an uncached dataset; datasets offline (HF_DATASETS_OFFLINE=1) or no network
+        missing = ("could not be found" if isinstance(e, FileNotFoundError) else
+                   "is not in the local cache and cannot be downloaded")
+        raise UserError(f"a task's data {missing} ({first_line(e)}); check its dataset_path and data_files, point "
+                        "it at local files (dataset_path: json), or run once with internet access to cache its "
+                        "dataset") from None
     finally:
         model.train(was_training)
 
@@ -288,8 +278,6 @@ def write_results(results: dict, path: str | Path) -> Path:
     from lm_eval.utils import handle_non_serializable
 
     path = Path(path)
-    if path.is_dir():
-        raise UserError(f"--output {path} is a directory; give the path of the JSON file to write")
     text = json.dumps({k: v for k, v in results.items() if k != "samples"}, indent=2,
                       default=handle_non_serializable, ensure_ascii=False)
     with write_errors(path, "free space there or choose another --output", UserError):

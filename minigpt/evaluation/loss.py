@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from minigpt.core.errors import UserError
+from minigpt.core.errors import UnknownCharactersError, UserError, shown_chars
 from minigpt.core.model import GPT
 from minigpt.core.tokenizer_base import Tokenizer
 
@@ -63,6 +63,17 @@ def evaluate_tokens(model: GPT, tokens: np.ndarray | torch.Tensor, batch_size: i
     finally:
         model.train(was_training)
     return total, n
+
+
+def text_ids(tokenizer: Tokenizer, text: str, what: str) -> list[int]:
+    """The ids of a text to score (eval.py's --text, a harness task's text): characters a char vocabulary lacks are
+    one error, naming `what`."""
+    try:
+        return tokenizer.encode(text)
+    except UnknownCharactersError as e:
+        raise UserError(f"{what} has {len(e.chars)} character(s) outside the model's char vocabulary: "
+                        f"{shown_chars(e.chars)}; a char-level model can only score text made of its training "
+                        "text's characters") from None
 
 
 def bits_per_char_and_byte(nats: float, tokenizer: Tokenizer, ids: Sequence[int] | np.ndarray) -> tuple[float, float]:

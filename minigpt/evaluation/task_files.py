@@ -163,15 +163,13 @@ def resolve_tasks(tasks: Sequence[str]) -> tuple[list[str | dict], Any]:
     """(task specs for simple_evaluate, the TaskManager): names checked against the harness's index, YAML files
     read.  Raises UserError for an unknown name or a task file that cannot be used."""
     tasks = [t.strip() for t in tasks if t.strip()]
-    if not tasks:
-        raise UserError("no task given; pass --tasks NAME[,NAME...] (e.g. hellaswag,arc_easy) or the path of a "
-                        "task YAML file")
     is_file = [t.lower().endswith(YAML_SUFFIXES) for t in tasks]  # a name is never looked up as a file
     specs = [read_task_file(t) if f else t for t, f in zip(tasks, is_file)]
     names = [t for t, f in zip(tasks, is_file) if not f]
     manager = checked_task_manager()(include_defaults=bool(names))  # indexing the built-in tasks takes ~15 s
     unknown = [name for name in names if not manager.match_tasks([name])]
-    if unknown:
-        raise UserError(f"unknown task {unknown[0]!r}; `lm-eval ls tasks` lists the harness's tasks, or give the path "
-                        "of a task YAML file (ending in .yaml)")
+    if unknown or not tasks:
+        what = f"unknown task {unknown[0]!r}" if unknown else "no task given"
+        raise UserError(f"{what}; `lm-eval ls tasks` lists the harness's tasks (pass --tasks NAME[,NAME...], e.g. "
+                        "hellaswag,arc_easy), or give the path of a task YAML file (ending in .yaml)")
     return specs, manager

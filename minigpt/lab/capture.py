@@ -57,16 +57,13 @@ def lab_prompt_ids(tokenizer: Tokenizer, text: str, config: GPTConfig) -> list[i
     if not text:
         raise UserError("the prompt is empty; give some text with --prompt, --prompt-file or --prompt - (stdin)")
     ids = prompt_ids(tokenizer, text)  # unknown characters: the same one-line error as sample.py
-    if len(ids) > config.block_size:
-        raise UserError(f"the prompt is {len(ids)} tokens but the model reads at most block_size={config.block_size}; "
-                        f"shorten it to {config.block_size} tokens or fewer")
     heads = config.n_layer * config.n_head
-    size = heads * len(ids) ** 2 * 4
-    if size > WEIGHTS_BUDGET:  # refused, not approximated
-        fits = math.isqrt(WEIGHTS_BUDGET // (heads * 4))
-        raise UserError(f"the prompt is {len(ids)} tokens: its attention weights ({config.n_layer} layers x "
-                        f"{config.n_head} heads x {len(ids)}^2 floats) would take {size / 2**30:.1f} GiB, over the "
-                        f"lab's {WEIGHTS_BUDGET / 2**30:.0f} GiB; shorten it to {fits} tokens or fewer")
+    fits = min(config.block_size, math.isqrt(WEIGHTS_BUDGET // (heads * 4)))  # refused, not approximated
+    if len(ids) > fits:
+        why = (f" but the model reads at most block_size={config.block_size}" if len(ids) > config.block_size else
+               f": its attention weights ({config.n_layer} layers x {config.n_head} heads x {len(ids)}^2 floats) would "
+               f"take {heads * len(ids) ** 2 * 4 / 2**30:.1f} GiB, over the lab's {WEIGHTS_BUDGET / 2**30:.0f} GiB")
+        raise UserError(f"the prompt is {len(ids)} tokens{why}; shorten it to {fits} tokens or fewer")
     return ids
 
 

@@ -138,43 +138,36 @@ class Server:
                    default: int | None = None) -> Generation:
         """The engine's request: max_tokens as asked (it must fit the context), else `default` (or all the room)."""
         room = self.context - len(ids)
-        if room < 1:
+        if room < 1:  # the prompt alone fills the context
             param = "messages" if isinstance(body, ChatRequest) else "prompt"
-            raise APIError(400, f"the prompt is {len(ids)} tokens, and this model's context of {self.context} tokens "
-                                "must also hold the reply; send a shorter prompt", param, "context_length_exceeded")
-        if limit is not None and limit > room:
-            raise APIError(400, f"max_tokens is {limit}, but the prompt ({len(ids)} tokens) leaves room for {room} "
-                                f"in this model's context of {self.context}; ask for at most {room}",
-                           "max_tokens", "context_length_exceeded")
+            problem = (f"the prompt is {len(ids)} tokens, and this model's context of {self.context} tokens must also "
+                       "hold the reply; send a shorter prompt")
+        elif limit is not None and limit > room:
+            param, problem = "max_tokens", (f"max_tokens is {limit}, but the prompt ({len(ids)} tokens) leaves room "
+                                            f"for {room} in this model's context of {self.context}; ask for at most "
+                                            f"{room}")
+        else:
+            problem = None
+        if problem:
+            raise APIError(400, problem, param, "context_length_exceeded")
         stop_tokens = frozenset() if self.tokenizer.eot_id is None else frozenset({self.tokenizer.eot_id})
         if limit is None:
             limit = room if default is None else min(default, room)
         return Generation(ids, limit, body.temperature, body.top_k, body.top_p, body.seed, body.stops(), stop_tokens)
 
     def chat_ids(self, body: ChatRequest) -> list[int]:
+        """The conversation's ids (a UserError, e.g. characters outside a char vocabulary: the app's 400)."""
         if not self.is_chat:
             raise APIError(400, f"the model '{self.name}' is a base model: it {NO_CHAT_TEMPLATE}; or send the text "
                                 "to POST /v1/completions", "messages", "model_not_chat")
-        try:
-            return self.tokenizer.encode_chat([m.as_template_message() for m in body.messages],
-                                              add_generation_prompt=True)[0]
-        except UserError as e:  # characters outside a char vocabulary, a template that refuses the roles
-            raise APIError(400, first_line(e, 2000), "messages", "invalid_value") from None
-
-    def completion_ids(self, body: CompletionRequest) -> list[int]:
-        try:
-            return prompt_ids(self.tokenizer, body.prompt)
-        except UserError as e:
-            raise APIError(400, first_line(e, 2000), "prompt", "invalid_value") from None
+        return self.tokenizer.encode_chat([m.as_template_message() for m in body.messages],
+                                          add_generation_prompt=True)[0]
 
     def submit(self, generation: Generation, request: Request) -> AsyncIterator[Update]:
-        """Queue the request now (a full queue is a 503 before any response starts) -> its updates."""
+        """Queue the request now (a full queue, QueueFull, is the app's 503 before any response starts) -> its
+        updates."""
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-        try:
-            ticket = self.engine.submit(generation, lambda u: loop.call_soon_threadsafe(queue.put_nowait, u))
-        except QueueFull:
-            raise APIError(503, f"the server is busy ({self.engine.max_batch} requests decoding, "
-                                f"{self.engine.max_queue} waiting); try again shortly", code="server_busy") from None
+        ticket = self.engine.submit(generation, lambda u: loop.call_soon_threadsafe(queue.put_nowait, u))
         return self.updates(ticket, queue, request)
 
     @staticmethod
@@ -227,6 +220,17 @@ def create_app(model: GPT, tokenizer: Tokenizer, name: str, api_key: str | None 
     @app.exception_handler(RequestValidationError)
     async def bad_body(request: Request, e: RequestValidationError) -> JSONResponse:
         return validation_error(e).response()
+
+    @app.exception_handler(UserError)
+    async def unreadable(request: Request, e: UserError) -> JSONResponse:
+        """Text the model cannot read (characters outside a char vocabulary, a template that refuses the roles)."""
+        param = "messages" if request.url.path.endswith("/chat/completions") else "prompt"
+        return APIError(400, first_line(e, 2000), param, "invalid_value").response()
+
+    @app.exception_handler(QueueFull)
+    async def busy(request: Request, e: QueueFull) -> JSONResponse:
+        return APIError(503, f"the server is busy ({server.engine.max_batch} requests decoding, "
+                             f"{server.engine.max_queue} waiting); try again shortly", code="server_busy").response()
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:  # an unknown path or method
@@ -287,7 +291,7 @@ def create_app(model: GPT, tokenizer: Tokenizer, name: str, api_key: str | None 
     @app.post("/v1/completions", dependencies=v1)
     async def completions(body: CompletionRequest, request: Request):
         server.check_model(body.model)
-        ids = server.completion_ids(body)
+        ids = prompt_ids(tokenizer, body.prompt)
         generation = server.generation(body, ids, body.max_tokens, default=16)  # OpenAI's default for completions
         updates = server.submit(generation, request)
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name,
