@@ -24,7 +24,7 @@ import torch
 
 from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.errors import UnknownCharactersError, UserError, shown_chars
-from minigpt.core.generation import check_sampling_args, sample_next
+from minigpt.core.generation import Sampling, sample_next
 from minigpt.core.model import GPT
 from minigpt.core.tokenizer_base import Tokenizer
 
@@ -42,7 +42,7 @@ class ChatSession:
                  generator: torch.Generator | None = None, use_kv_cache: bool = True) -> None:
         if not isinstance(tokenizer, ChatTokenizer):
             raise UserError(f"this model {NO_CHAT_TEMPLATE}")
-        check_sampling_args(temperature, top_k, top_p, max_new_tokens)
+        Sampling(temperature, top_k, top_p, max_new_tokens)  # refuses a setting that cannot work
         self.model, self.tokenizer = model, tokenizer
         self.messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
         self.settings = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
@@ -63,18 +63,20 @@ class ChatSession:
             try:
                 ids = self.tokenizer.encode_chat(self.messages, add_generation_prompt=True)[0]
             except UnknownCharactersError as e:
-                self.messages.pop()
-                raise UserError(f"the message has {len(e.chars)} character(s) outside the model's char vocabulary: "
-                                f"{shown_chars(e.chars)}; a char-level model reads only the characters it was "
-                                "trained on, so remove or replace them") from None
+                problem = (f"the message has {len(e.chars)} character(s) outside the model's char vocabulary: "
+                           f"{shown_chars(e.chars)}; a char-level model reads only the characters it was trained "
+                           "on, so remove or replace them")
+                break
             if len(ids) <= fits or (len(ids) < block_size and len(self.messages) - first <= 1):
                 return ids
             if len(self.messages) - first <= 1:  # only the new message is left, and it does not fit
-                self.messages.pop()
-                raise UserError(f"the message is {len(ids)} tokens with the chat markup, and the model reads at most "
-                                f"{block_size - 1} before its reply; write a shorter message")
+                problem = (f"the message is {len(ids)} tokens with the chat markup, and the model reads at most "
+                           f"{block_size - 1} before its reply; write a shorter message")
+                break
             del self.messages[first:first + 2]  # the oldest user turn and its reply
             fits = block_size // 2
+        self.messages.pop()  # a message the model cannot read is not part of the conversation
+        raise UserError(problem)
 
     def _run(self, ids: list[int]) -> torch.Tensor:
         """Logits of the last of `ids` (the whole conversation), running only what the cache does not hold."""

@@ -119,9 +119,7 @@ class ChatTokenizer(Tokenizer):
     """A base tokenizer plus the tokens a chat format adds to it and the chat template (see the module docstring)."""
 
     def __init__(self, base: Tokenizer, template: str = DEFAULT_CHAT_TEMPLATE, added: Sequence[str] = (),
-                 specials: Iterable[str] = (), end_of_turn: str = IM_END) -> None:
-        if isinstance(base, ChatTokenizer):
-            raise ValueError("a ChatTokenizer's base is a plain tokenizer")
+                 specials: Iterable[str] = (), end_of_turn: str | None = IM_END) -> None:
         self.base, self.template, self.added = base, template, list(added)
         self.specials = sorted(set(specials))  # added tokens that are markers (special), not text characters
         self.end_of_turn = end_of_turn
@@ -133,10 +131,12 @@ class ChatTokenizer(Tokenizer):
         if self.kind == "char":  # every character this vocabulary encodes (the attention probe filters by it)
             self.stoi = {**base.stoi, **{t: i for t, i in self.added_ids.items() if len(t) == 1}}
         self.bos_id = getattr(base, "bos_id", base.eot_id)  # as the export reads a base's (GPT-2: end-of-text)
-        self.eot_id = self.eos_id = self.token_id(end_of_turn)
+        self.eot_id = self.eos_id = self.token_id(end_of_turn) if end_of_turn is not None else None
         if self.eot_id is None:
-            raise DataError(f"the chat template's end-of-turn token {end_of_turn!r} is not in the tokenizer; the "
-                            "model cannot end a reply")
+            raise DataError("the chat template writes no <|im_end|> and the tokenizer has no end-of-text token to end "
+                            "a turn with; end each turn with <|im_end|>" if end_of_turn is None else
+                            f"the chat template's end-of-turn token {end_of_turn!r} is not in the tokenizer; the model "
+                            "cannot end a reply")
         # added tokens, longest first, are matched before the base sees the text
         self._split = re.compile("(" + "|".join(map(re.escape, sorted(self.added, key=len, reverse=True))) + ")") \
             if self.added else None
@@ -156,9 +156,6 @@ class ChatTokenizer(Tokenizer):
             template = template or DEFAULT_CHAT_TEMPLATE
             markers = [m for m in (IM_START, IM_END) if m in template]
             end = IM_END if IM_END in template else cls._base_token(base, getattr(base, "eos_id", None))
-            if end is None:
-                raise DataError("the chat template writes no <|im_end|> and the tokenizer has no end-of-text token "
-                                "to end a turn with; end each turn with <|im_end|>")
             chat = cls(base, template, [m for m in markers if cls._base_token_id(base, m) is None], markers, end)
         if chat.kind != "char":
             return chat
@@ -203,12 +200,7 @@ class ChatTokenizer(Tokenizer):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], base_from_dict: Callable[[Any], Tokenizer]) -> ChatTokenizer:
-        """The inverse of to_dict; raises KeyError/TypeError/ValueError for a damaged dict."""
-        fields = (d["chat_template"], d["end_of_turn"], *d["added_tokens"], *d["special_tokens"])
-        if not all(isinstance(x, str) for x in fields):
-            raise TypeError("its template, end-of-turn and added tokens must be strings")
-        if d["base"].get("type") == "chat":
-            raise ValueError("a chat tokenizer's base is a chat tokenizer")
+        """The inverse of to_dict (tokenizer_from_dict calls it, once it has checked the dict)."""
         return cls(base_from_dict(d["base"]), d["chat_template"], d["added_tokens"], d["special_tokens"],
                    d["end_of_turn"])
 

@@ -18,7 +18,7 @@ only, never arbitrary objects, and never more memory than the file's size.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +46,7 @@ def pack(checkpoint: dict[str, Any], owner: nn.Module, model: GPT, tokenizer: To
 
     `owner` is the module whose state_dict Lightning saved; the GPT's prefix in it is found, not assumed.
     """
-    prefix = next((name for name, m in owner.named_modules() if m is model), None)
-    if prefix is None:
-        raise ValueError("the model is not a submodule of the module being checkpointed")
+    prefix = next(name for name, m in owner.named_modules() if m is model)  # StopIteration: not a submodule
     checkpoint[SECTION] = {"format": FORMAT_VERSION, "model_config": model.config.to_dict(),
                            "tokenizer": tokenizer.to_dict() if tokenizer is not None else None,
                            "weights_prefix": f"{prefix}." if prefix else ""}
@@ -74,40 +72,49 @@ def save_file(checkpoint: dict[str, Any], path: str | Path) -> None:
 def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load a checkpoint file with weights_only=True, check that it is ours, upgrade it to the current format."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint not found: {path}; pass a .ckpt file or a run directory")
-    with open(path, "rb") as f:
-        head = f.read(4)
-    # torch.save writes a zip archive (in its legacy format, a bare pickle, which starts with 0x80)
-    if head[:1] == b"\x80":
-        raise CheckpointError(f"refusing to load {path}: it is a bare pickle (torch's legacy format), which minigpt "
-                              "never writes; only load checkpoints written by minigpt")
-    if not head.startswith(b"PK\x03\x04"):
-        raise CheckpointError(f"{path} is not a checkpoint (not a file written by torch.save); "
-                              "pass a .ckpt file or a run directory")
+    for problem in file_problems(path):
+        raise CheckpointError(problem)
     ckpt = load_torch_file(path, fix="only load checkpoints written by minigpt", damaged_fix="use another checkpoint file",
                            map_location=map_location)
-    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict) \
-            or not isinstance(ckpt.get(SECTION), dict):
-        raise CheckpointError(f"{path} is not a minigpt checkpoint (no model weights/config in it); "
-                              "pass a .ckpt written by train.py")
-    return _upgrade(ckpt, path)
+    for problem in section_problems(ckpt, path):
+        raise CheckpointError(problem)
+    return _upgrade(ckpt)
 
 
-def _upgrade(ckpt: dict[str, Any], path: Path) -> dict[str, Any]:
+def file_problems(path: Path) -> Iterator[str]:
+    """Why the file at `path` is no checkpoint, seen before it is read: torch.save writes a zip archive (in its
+    legacy format, a bare pickle, which starts with 0x80)."""
+    if not path.is_file():
+        yield f"checkpoint not found: {path}; pass a .ckpt file or a run directory"
+        return
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head[:1] == b"\x80":
+        yield (f"refusing to load {path}: it is a bare pickle (torch's legacy format), which minigpt never writes; "
+               "only load checkpoints written by minigpt")
+    elif not head.startswith(b"PK\x03\x04"):
+        yield f"{path} is not a checkpoint (not a file written by torch.save); pass a .ckpt file or a run directory"
+
+
+def section_problems(ckpt: Any, path: Path) -> Iterator[str]:
+    """Why a loaded file is no minigpt checkpoint this version reads (format 1 is read, and upgraded)."""
+    section = ckpt.get(SECTION) if isinstance(ckpt, dict) and isinstance(ckpt.get("state_dict"), dict) else None
+    if not isinstance(section, dict):
+        yield f"{path} is not a minigpt checkpoint (no model weights/config in it); pass a .ckpt written by train.py"
+    elif (version := section.get("format", 1)) not in (1, FORMAT_VERSION):
+        yield (f"{path} has checkpoint format {version!r}, and this minigpt reads format {FORMAT_VERSION}; load it "
+               "with the minigpt version that wrote it")
+    elif not isinstance(section.get("model_config"), dict):
+        yield f"{path} is not a usable minigpt checkpoint (no model config in it); pass a .ckpt written by train.py"
+
+
+def _upgrade(ckpt: dict[str, Any]) -> dict[str, Any]:
     section = ckpt[SECTION]
-    version = section.get("format", 1)
-    if version == 1:  # weights were always under "model."; the RNG state sat in our section
+    if section.get("format", 1) == 1:  # weights were always under "model."; the RNG state sat in our section
         section["weights_prefix"] = "model."
         if (rng := section.pop("rng", None)) is not None:
             ckpt.setdefault("callbacks", {}).setdefault(RNG_STATE_KEY, rng)
-        section["format"] = version = FORMAT_VERSION
-    if version != FORMAT_VERSION:
-        raise CheckpointError(f"{path} has checkpoint format {version!r}, and this minigpt reads format "
-                              f"{FORMAT_VERSION}; load it with the minigpt version that wrote it")
-    if not isinstance(section.get("model_config"), dict):
-        raise CheckpointError(f"{path} is not a usable minigpt checkpoint (no model config in it); "
-                              "pass a .ckpt written by train.py")
+        section["format"] = FORMAT_VERSION
     return ckpt
 
 
@@ -156,20 +163,19 @@ def find_checkpoint(path: str | Path | None = None, out_root: str | Path = DEFAU
         runs = Path(out_root)  # each run's checkpoints, and those set aside (see run_checkpoints)
         found = sorted([*runs.glob("*/checkpoints/*.ckpt"), *runs.glob("*/.checkpoints.old-*/checkpoints/*.ckpt")],
                        key=lambda p: p.stat().st_mtime)
-        if not found:
-            raise CheckpointError(f"no checkpoint found under {out_root}/; train one with `python train.py` "
-                                  "or name a checkpoint")
-        return find_checkpoint(Path(out_root) / found[-1].relative_to(out_root).parts[0])
-    path = Path(path)
-    if path.is_dir():
-        for candidate in run_checkpoints(path):
-            if candidate.is_file():
-                return candidate
-        raise CheckpointError(f"no checkpoint in run directory {path}; expected checkpoints/best.ckpt or "
-                              "checkpoints/last.ckpt (or, for a Hugging Face model, config.json and its weights)")
-    if not path.exists():
-        raise CheckpointError(f"checkpoint not found: {path}; pass a .ckpt file or a run directory")
-    return path
+        if found:
+            return find_checkpoint(Path(out_root) / found[-1].relative_to(out_root).parts[0])
+        missing = f"no checkpoint found under {out_root}/; train one with `python train.py` or name a checkpoint"
+    elif (path := Path(path)).is_dir():
+        if candidate := next((c for c in run_checkpoints(path) if c.is_file()), None):
+            return candidate
+        missing = (f"no checkpoint in run directory {path}; expected checkpoints/best.ckpt or checkpoints/last.ckpt "
+                   "(or, for a Hugging Face model, config.json and its weights)")
+    elif path.exists():
+        return path
+    else:
+        missing = f"checkpoint not found: {path}; pass a .ckpt file or a run directory"
+    raise CheckpointError(missing)
 
 
 def load_checkpoint(source: str | Path | None = None, device: str | torch.device = "cpu",
@@ -192,26 +198,39 @@ def checkpoint_model(ckpt: dict[str, Any], path: Path, device: str | torch.devic
     try:
         tokenizer = checkpoint_tokenizer(ckpt)
         model = build(ckpt, **overrides)
+        problem = next(pair_problems(model.config, tokenizer), None)
     except UserError as e:  # a bad config or tokenizer inside the file
-        raise CheckpointError(f"{path}: {first_line(e)}") from None
+        problem = first_line(e)
     except (KeyError, TypeError, AttributeError, RuntimeError) as e:  # a damaged or foreign dict
-        raise CheckpointError(f"{path} is not a usable minigpt checkpoint ({type(e).__name__}: "
-                              f"{first_line(e, 160)}); pass a .ckpt written by train.py") from None
-    if tokenizer is None:
-        raise CheckpointError(f"{path} has no tokenizer in it; pass a .ckpt written by train.py")
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise CheckpointError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model only "
-                              f"{model.config.vocab_size}; the checkpoint is inconsistent")
-    # train.py makes a char model's vocabulary exactly its characters: any other count is a tampered tokenizer
-    if tokenizer.name == "char" and tokenizer.vocab_size != model.config.vocab_size:
-        raise CheckpointError(f"{path}: its char tokenizer has {tokenizer.vocab_size} characters but the model "
-                              f"{model.config.vocab_size} tokens; the checkpoint is inconsistent or was edited")
+        problem = (f"not a usable minigpt checkpoint ({type(e).__name__}: {first_line(e, 160)}); pass a .ckpt "
+                   "written by train.py")
+    if problem is not None:
+        raise CheckpointError(f"{path}: {problem}")
     return model.to(device).eval(), tokenizer
+
+
+def pair_problems(config: GPTConfig, tokenizer: Tokenizer | None) -> Iterator[str]:
+    """Why a checkpoint's model and tokenizer do not go together."""
+    if tokenizer is None:
+        yield "it has no tokenizer in it; pass a .ckpt written by train.py"
+    elif tokenizer.vocab_size > config.vocab_size:
+        yield (f"tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}; the checkpoint "
+               "is inconsistent")
+    # train.py makes a char model's vocabulary exactly its characters: any other count is a tampered tokenizer
+    elif tokenizer.name == "char" and tokenizer.vocab_size != config.vocab_size:
+        yield (f"its char tokenizer has {tokenizer.vocab_size} characters but the model {config.vocab_size} tokens; "
+               "the checkpoint is inconsistent or was edited")
 
 
 def check_resumable(ckpt: dict[str, Any], config: GPTConfig, tokenizer: Tokenizer | None, path: Path) -> None:
     """A run resumes only with the same tokenizer (the same vocabulary size with other characters would
     silently shift every id) and the model it was trained with (the attention path and dropout may change)."""
+    for problem in resume_problems(ckpt, config, tokenizer, path):
+        raise UserError(problem)
+
+
+def resume_problems(ckpt: dict[str, Any], config: GPTConfig, tokenizer: Tokenizer | None,
+                    path: Path) -> Iterator[str]:
     saved_tok = ckpt[SECTION].get("tokenizer")
     if tokenizer is not None and saved_tok is not None and saved_tok != tokenizer.to_dict():
         what = f"{saved_tok.get('name')} -> {tokenizer.name}"
@@ -219,12 +238,11 @@ def check_resumable(ckpt: dict[str, Any], config: GPTConfig, tokenizer: Tokenize
             old, new = set(saved_tok.get("chars", "")), set(tokenizer.chars)
             what = (f"char vocabulary: {len(new - old)} character(s) added ({shown_chars(sorted(new - old), 5)}), "
                     f"{len(old - new)} removed ({shown_chars(sorted(old - new), 5)})")
-        raise UserError(f"{path} was trained on data with another tokenizer ({what}); the corpus or tokenizer "
-                        "changed since, so token ids would mean other things: resume on the same data, or start a "
-                        "new run in another out_dir")
+        yield (f"{path} was trained on data with another tokenizer ({what}); the corpus or tokenizer changed since, "
+               "so token ids would mean other things: resume on the same data, or start a new run in another out_dir")
     saved, current = ckpt[SECTION]["model_config"], config.to_dict()
     diff = [f"{k}={saved[k]!r} (this run's config gives {current[k]!r})" for k in saved
             if k in current and k not in RUNTIME_FIELDS and saved[k] != current[k]]
     if diff:
-        raise UserError(f"{path} was trained with " + ", ".join(diff) + "; remove the conflicting model settings "
-                        "to resume, or start a new run in another out_dir")
+        yield (f"{path} was trained with " + ", ".join(diff) + "; remove the conflicting model settings to resume, "
+               "or start a new run in another out_dir")

@@ -76,10 +76,8 @@ class GPTConfig:
     def __post_init__(self) -> None:
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
-        if self.head_dim is None and isinstance(self.n_embd, int) and isinstance(self.n_head, int) and self.n_head > 0:
-            if self.n_embd % self.n_head:
-                raise ConfigError(f"model.n_embd: {self.n_embd} is not divisible by n_head={self.n_head}; choose "
-                                  "n_embd as a multiple of n_head (or set head_dim)")
+        if self.head_dim is None and isinstance(self.n_embd, int) and isinstance(self.n_head, int) and self.n_head > 0 \
+                and self.n_embd % self.n_head == 0:  # otherwise left unset: problems() names n_embd
             self.head_dim = self.n_embd // self.n_head
         if self.bias is None:
             self.bias = self.arch == "gpt"
@@ -109,6 +107,10 @@ class GPTConfig:
         for name in ("n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "block_size", "vocab_size",
                      "mlp_hidden"):
             value = getattr(self, name)
+            if name == "head_dim" and value is None:  # n_head and n_embd are fine, so __post_init__ could not divide
+                yield ("n_embd", f"{self.n_embd} is not divisible by n_head={self.n_head}",
+                       "choose n_embd as a multiple of n_head (or set head_dim)")
+                return
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 yield name, f"must be a positive integer, got {value!r}", "set it to 1 or more"
                 return  # the rules below divide by these

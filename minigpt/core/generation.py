@@ -10,12 +10,14 @@ angles are baked into the cached keys).  Within block_size both ways compute the
 
 Mistakes in what a user asked for (a negative temperature, a prompt the vocabulary cannot encode, a broken
 checkpoint's NaN logits) raise UserError naming the concept; a caller's programming error (an `idx` of the
-wrong shape) raises a plain ValueError.
+wrong shape) raises a plain ValueError.  The sampling settings are checked once, by the Sampling that declares
+them (generate and ChatSession build one); the filters and sample_next trust what they are given.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -24,29 +26,48 @@ from minigpt.core.errors import UnknownCharactersError, UserError, shown_chars
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import Tokenizer
 
-__all__ = ["check_sampling_args", "filter_logits", "sample_next", "refill_length", "generate", "prompt_ids"]
+__all__ = ["Sampling", "check_sampling_args", "filter_logits", "sample_next", "refill_length", "generate", "prompt_ids"]
 
 
 # ---------------------------------------------------------------------------------------------------
 # Logit filters and sampling one token
 
 
-MAX_NEW_TOKENS = 10_000_000
+MAX_NEW_TOKENS = 10_000_000  # the output buffer is allocated up front
 
 
-def check_sampling_args(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                        max_new_tokens: int = 0) -> None:
-    """Raise UserError naming the setting when a sampling setting cannot work."""
-    if not temperature >= 0:  # also catches NaN
-        raise UserError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise UserError(f"top_k must be >= 1 (or none for no top-k filtering), got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise UserError(f"top_p must be in (0, 1] (1 = no nucleus filtering), got {top_p}")
-    if max_new_tokens < 0:
-        raise UserError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if max_new_tokens > MAX_NEW_TOKENS:  # the output buffer is allocated up front
-        raise UserError(f"max_new_tokens must be <= {MAX_NEW_TOKENS:,}, got {max_new_tokens:,}; generate in parts")
+@dataclass(frozen=True)
+class Sampling:
+    """How the next tokens are drawn, declared and checked once: building one refuses (UserError, one line naming
+    the setting) a setting that cannot work, and everything below trusts it (filter_logits, sample_next)."""
+
+    temperature: float = 1.0
+    """0 = greedy (argmax)."""
+    top_k: int | None = None
+    """Keep the k most likely tokens; None = no top-k filtering."""
+    top_p: float | None = None
+    """Keep the smallest set of tokens whose probability reaches p, in (0, 1]; None or 1 = no nucleus filtering."""
+    max_new_tokens: int = 0
+    """Tokens to generate, at most MAX_NEW_TOKENS."""
+
+    def __post_init__(self) -> None:
+        for problem in self.problems():
+            raise UserError(problem)
+
+    def problems(self) -> Iterator[str]:
+        if not self.temperature >= 0:  # also catches NaN
+            yield f"temperature must be >= 0 (0 = greedy), got {self.temperature}"
+        if self.top_k is not None and self.top_k < 1:
+            yield f"top_k must be >= 1 (or none for no top-k filtering), got {self.top_k}"
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            yield f"top_p must be in (0, 1] (1 = no nucleus filtering), got {self.top_p}"
+        if self.max_new_tokens < 0:
+            yield f"max_new_tokens must be >= 0, got {self.max_new_tokens}"
+        if self.max_new_tokens > MAX_NEW_TOKENS:
+            yield f"max_new_tokens must be <= {MAX_NEW_TOKENS:,}, got {self.max_new_tokens:,}; generate in parts"
+
+
+check_sampling_args = Sampling  # the former name (cli/sample.py); building a Sampling is the check
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
@@ -54,9 +75,8 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
 
     top_k keeps exactly the k largest (ties broken by torch.topk's order, never more than k).  top_p keeps
     the smallest set of most probable tokens whose probabilities sum to >= top_p, and always the top token.
-    Both given: top-k first, then top-p on what is left.
+    Both given: top-k first, then top-p on what is left.  The settings are a Sampling's (checked there).
     """
-    check_sampling_args(top_k=top_k, top_p=top_p)
     V = logits.size(-1)
     if top_k is not None and top_k < V:
         keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, logits.topk(top_k, dim=-1).indices, True)
@@ -117,7 +137,7 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, temperature: fl
     of seconds on a CPU, then cached on disk), then little Python per token; the same ids.  Where no compiler is
     found, the plain loop runs (a note says so).
     """
-    check_sampling_args(temperature, top_k, top_p, max_new_tokens)
+    Sampling(temperature, top_k, top_p, max_new_tokens)  # the library's edge: a bad setting is one UserError
     if idx.dim() != 2 or idx.size(1) < 1:
         raise ValueError(f"idx must be (batch, tokens) with at least one token, got shape {tuple(idx.shape)}")
     device = model.lm_head.weight.device

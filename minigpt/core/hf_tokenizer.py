@@ -7,7 +7,6 @@ import os
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -63,14 +62,13 @@ class HFTokenizer(Tokenizer):
 
     def __init__(self, tokenizer_json: str, name: str = "hf", vocab_size: int | None = None,
                  bos_id: int | None = None, eos_id: int | None = None) -> None:
-        try:
-            with rust_panics_as_errors(name, "cannot be read"):
-                self.backend = tokenizers_library().Tokenizer.from_str(tokenizer_json)
-        except DataError:
-            raise
-        except Exception as e:  # the library raises its own Exception type for a bad tokenizer.json
-            raise DataError(f"not a Hugging Face tokenizer.json ({first_line(e)}); give the tokenizer.json "
-                            "saved with the model") from None
+        library = tokenizers_library()
+        with rust_panics_as_errors(name, "cannot be read"):  # a panic is a BaseException: it passes the except
+            try:
+                self.backend = library.Tokenizer.from_str(tokenizer_json)
+            except Exception as e:  # the library raises its own Exception type for a bad tokenizer.json
+                raise DataError(f"not a Hugging Face tokenizer.json ({first_line(e)}); give the tokenizer.json "
+                                "saved with the model") from None
         self.tokenizer_json = tokenizer_json
         self.name = name
         self.vocab_size = int(vocab_size or self.backend.get_vocab_size(with_added_tokens=True))
@@ -78,25 +76,21 @@ class HFTokenizer(Tokenizer):
         self.eot_id = eos_id
 
     def encode(self, text: str) -> list[int]:
-        try:
-            with rust_panics_as_errors(self.name):
+        with rust_panics_as_errors(self.name):
+            try:
                 return self.backend.encode(text).ids
-        except DataError:
-            raise
-        except Exception:  # the library's own type: a vocabulary without an unknown token (a char-level export)
-            unknown = sorted({c for c in text if not self._encodes(c)})
-            if not unknown:
-                raise
-            raise UnknownCharactersError(unknown) from None
+            except Exception:  # the library's own type: a vocabulary without an unknown token (a char-level export)
+                unknown = sorted({c for c in text if not self._encodes(c)})
+                if not unknown:
+                    raise
+                raise UnknownCharactersError(unknown) from None
 
     def _encodes(self, char: str) -> bool:
-        try:
-            with rust_panics_as_errors(self.name):
+        with rust_panics_as_errors(self.name):
+            try:
                 self.backend.encode(char)
-        except DataError:
-            raise
-        except Exception:
-            return False
+            except Exception:
+                return False
         return True
 
     def encode_array(self, text: str) -> np.ndarray:
@@ -104,14 +98,12 @@ class HFTokenizer(Tokenizer):
 
     def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[np.ndarray]:
         # the Rust core encodes a batch in parallel (its thread pool: TOKENIZERS_PARALLELISM / RAYON_NUM_THREADS)
-        try:
-            with rust_panics_as_errors(self.name):
+        with rust_panics_as_errors(self.name):
+            try:
                 # _fast: the ids without the character offsets, which cost as much as the encoding itself
                 return [np.asarray(e.ids, dtype=np.int64) for e in self.backend.encode_batch_fast(texts)]
-        except DataError:
-            raise
-        except Exception:  # one text the vocabulary cannot encode: find and name its characters
-            return [self.encode_array(text) for text in texts]
+            except Exception:  # one text the vocabulary cannot encode: find and name its characters
+                return [self.encode_array(text) for text in texts]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=False)
@@ -125,27 +117,19 @@ class HFTokenizer(Tokenizer):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HFTokenizer:
-        """The inverse of to_dict (tokenizer_from_dict calls it); raises KeyError/TypeError for a damaged dict."""
-        if not isinstance(d["tokenizer_json"], str):
-            raise TypeError("'tokenizer_json' is not a string")
-        ids = [d.get(k) for k in ("vocab_size", "bos_id", "eos_id")]
-        if any(i is not None and (not isinstance(i, int) or isinstance(i, bool)) for i in ids):
-            raise TypeError("'vocab_size', 'bos_id' and 'eos_id' must be integers or null")
-        return cls(d["tokenizer_json"], name=str(d.get("name", "hf")), vocab_size=ids[0], bos_id=ids[1],
-                   eos_id=ids[2])
+        """The inverse of to_dict (tokenizer_from_dict calls it, once it has checked the dict)."""
+        return cls(d["tokenizer_json"], name=str(d.get("name", "hf")), vocab_size=d.get("vocab_size"),
+                   bos_id=d.get("bos_id"), eos_id=d.get("eos_id"))
 
 
 # end-of-text tokens of common Hugging Face tokenizers, in the order they are looked for
 EOS_TOKENS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "<|im_end|>")
 
 
-def hf_tokenizer_file(text: str, d: dict[str, Any], path: str | Path) -> HFTokenizer:
+def hf_tokenizer_file(text: str, d: dict[str, Any]) -> HFTokenizer:
     """A tokenizer.json made by Hugging Face `tokenizers` (trained by the user, or a model's): its end-of-text id is
     the first special token of EOS_TOKENS it registers."""
     specials = {t.get("content"): t.get("id") for t in d.get("added_tokens") or []
                 if isinstance(t, dict) and t.get("special")}
     eos = next((specials[t] for t in EOS_TOKENS if isinstance(specials.get(t), int)), None)
-    try:
-        return HFTokenizer(text, name="hf", eos_id=eos)
-    except DataError as e:
-        raise DataError(f"tokenizer file {path}: {first_line(e)}") from None
+    return HFTokenizer(text, name="hf", eos_id=eos)

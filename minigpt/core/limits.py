@@ -18,6 +18,7 @@ A user who really means it raises the memory bound with MINIGPT_MAX_MODEL_GB (e.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -71,16 +72,22 @@ def gb(n: int) -> str:
 def check_config_size(config: GPTConfig, what: str, error: type[UserError] = UserError,
                       cause: str = "the config is damaged or crafted") -> None:
     """Refuse (one line, `error`) a config over a per-field bound or implying more memory than memory_limit()."""
-    for name, limit in CONFIG_LIMITS.items():
-        if getattr(config, name) > limit:
-            raise error(f"{what} says {name}={getattr(config, name)}, over the plausible limit {limit}; {cause}")
+    for problem in size_problems(config, what, cause):
+        raise error(problem)
+
+
+def size_problems(config: GPTConfig, what: str, cause: str) -> Iterator[str]:
+    """The first field over its bound, else the memory the whole config implies if that is over the limit."""
+    if over := next((name for name, limit in CONFIG_LIMITS.items() if getattr(config, name) > limit), None):
+        yield f"{what} says {over}={getattr(config, over)}, over the plausible limit {CONFIG_LIMITS[over]}; {cause}"
+        return  # implied_bytes would build the oversized config on the meta device for minutes
     parts = implied_bytes(config)
     total = sum(parts.values())
     limit, bound = memory_limit()
     if total > limit:
         shown = ", ".join(f"{name} {gb(n)}" for name, n in parts.items())
-        raise error(f"{what} implies a model of {gb(total)} ({shown}), more than {bound} ({gb(limit)}); {cause}, "
-                    f"or set {MAX_MODEL_GB_ENV}=GB to build it anyway")
+        yield (f"{what} implies a model of {gb(total)} ({shown}), more than {bound} ({gb(limit)}); {cause}, or set "
+               f"{MAX_MODEL_GB_ENV}=GB to build it anyway")
 
 
 def sampling_bytes(config: GPTConfig, batch: int, prompt_tokens: int, new_tokens: int,

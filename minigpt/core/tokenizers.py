@@ -15,7 +15,7 @@ import base64
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ import numpy as np
 import tiktoken
 
 from minigpt.core.chat_template import ChatTokenizer
-from minigpt.core.errors import CheckpointError, DataError, UnknownCharactersError, first_line, shown_chars
+from minigpt.core.errors import CheckpointError, DataError, UnknownCharactersError, UserError, first_line, shown_chars
 from minigpt.core.hf_tokenizer import EOS_TOKENS, HFTokenizer, hf_tokenizer_file, tokenizers_library
 from minigpt.core.tokenizer_base import ENDOFTEXT, Tokenizer
 from minigpt.core.user_files import DOCUMENT_BYTES, loads, read_user_text
@@ -153,6 +153,9 @@ def encoding_parts(enc: tiktoken.Encoding) -> tuple[str, dict[bytes, int], dict[
     return enc._pat_str, ranks, specials
 
 
+NOT_OURS = "the checkpoint or tokenizer.json was not written by minigpt or is damaged"
+
+
 def tokenizer_from_dict(d: Any) -> Tokenizer:
     """Rebuild a tokenizer from its to_dict(); needs no file and no network.
 
@@ -160,49 +163,61 @@ def tokenizer_from_dict(d: Any) -> Tokenizer:
     them from tokenizer files, re-raises it as DataError naming the file.
     """
     kind = d.get("type") if isinstance(d, dict) else None
-    if kind == "char":
+    try:
+        problem = next(dict_problems(kind, d), None)
+        if problem is None:
+            return BUILDERS[kind](d)
+    # the builders only read the dict: these mean a field is missing or of the wrong type or shape (binascii.Error
+    # and a bad pat_str regex are ValueErrors; a tokenizer.json the `tokenizers` library refuses, a DataError)
+    except (KeyError, AttributeError, TypeError, ValueError, DataError) as e:
+        problem = f"{type(e).__name__}: {first_line(e)}"
+    what = f"{kind} tokenizer dict" if kind in BUILDERS else "tokenizer dict"
+    raise CheckpointError(f"damaged {what} ({problem}); {NOT_OURS}")
+
+
+def _tiktoken_from_dict(d: dict[str, Any]) -> TiktokenTokenizer:
+    ranks = {base64.b64decode(token, validate=True): int(rank) for token, rank in d["mergeable_ranks"].items()}
+    specials = {str(k): int(v) for k, v in d["special_tokens"].items()}
+    return TiktokenTokenizer(tiktoken.Encoding(str(d["name"]), pat_str=str(d["pat_str"]), mergeable_ranks=ranks,
+                                               special_tokens=specials))
+
+
+BUILDERS = {"char": lambda d: CharTokenizer(d["chars"]), "byte": lambda d: ByteTokenizer(),
+            "tiktoken": _tiktoken_from_dict, "hf": HFTokenizer.from_dict,
+            "chat": lambda d: ChatTokenizer.from_dict(d, tokenizer_from_dict)}  # (chat: a base and its markup)
+
+
+def dict_problems(kind: Any, d: Any) -> Iterator[str]:
+    """What a tokenizer dict holds that to_dict never writes and its builder would take silently (a missing field
+    or one of the wrong type the builder trips over itself)."""
+    if kind not in BUILDERS:
+        yield f"unknown tokenizer type {kind!r}; expected {', '.join(BUILDERS)}"
+    elif kind == "char":
         chars = d.get("chars")
         if not isinstance(chars, str):
-            raise CheckpointError("damaged char tokenizer dict (its 'chars' is not a string); the checkpoint or "
-                                  "tokenizer.json was not written by minigpt or is damaged")
+            yield "its 'chars' is not a string"
         # minigpt writes each character once, sorted; a repeat would silently shrink the vocabulary (and shift ids)
-        if len(set(chars)) != len(chars):
-            repeated = sorted({c for c in chars if chars.count(c) > 1})
-            raise CheckpointError(f"damaged char tokenizer dict (character(s) listed twice: {shown_chars(repeated)}); "
-                                  "the checkpoint or tokenizer.json was not written by minigpt or is damaged")
-        return CharTokenizer(chars)
-    if kind == "byte":
-        return ByteTokenizer()
-    if kind == "tiktoken":
-        try:
-            ranks = {base64.b64decode(token, validate=True): int(rank) for token, rank in d["mergeable_ranks"].items()}
-            specials = {str(k): int(v) for k, v in d["special_tokens"].items()}
-            # every id names one token: two tokens on one rank would decode wrongly (tiktoken does not check)
-            if len(ranks) != len(d["mergeable_ranks"]) or len(set(ranks.values()) | set(specials.values())) != \
-                    len(ranks) + len(specials):
-                raise CheckpointError("damaged tiktoken tokenizer dict (two tokens share an id); the checkpoint or "
-                                      "tokenizer.json was not written by minigpt or is damaged")
-            return TiktokenTokenizer(tiktoken.Encoding(str(d["name"]), pat_str=str(d["pat_str"]),
-                                                       mergeable_ranks=ranks, special_tokens=specials))
-        # this block only reads the dict: these mean a field is missing or of the wrong type or shape
-        # (binascii.Error and a bad pat_str regex are ValueErrors)
-        except (KeyError, AttributeError, TypeError, ValueError) as e:
-            raise CheckpointError(f"damaged tiktoken tokenizer dict ({type(e).__name__}: {first_line(e)}); the "
-                                  "checkpoint or tokenizer.json was not written by minigpt or is damaged") from None
-    if kind == "hf":  # a Hugging Face tokenizer.json
-        try:
-            return HFTokenizer.from_dict(d)
-        except (KeyError, TypeError, DataError) as e:
-            raise CheckpointError(f"damaged hf tokenizer dict ({type(e).__name__}: {first_line(e)}); the "
-                                  "checkpoint or tokenizer.json was not written by minigpt or is damaged") from None
-    if kind == "chat":  # a base tokenizer with a chat template and added tokens (minigpt.core.chat_template)
-        try:
-            return ChatTokenizer.from_dict(d, tokenizer_from_dict)
-        except (KeyError, TypeError, ValueError, AttributeError, DataError) as e:
-            raise CheckpointError(f"damaged chat tokenizer dict ({type(e).__name__}: {first_line(e)}); the "
-                                  "checkpoint or tokenizer.json was not written by minigpt or is damaged") from None
-    raise CheckpointError(f"unknown tokenizer type {kind!r} in tokenizer dict (expected char, byte, tiktoken, hf or "
-                          "chat); the checkpoint or tokenizer.json was not written by minigpt or is damaged")
+        elif len(set(chars)) != len(chars):
+            yield f"character(s) listed twice: {shown_chars(sorted({c for c in chars if chars.count(c) > 1}))}"
+    elif kind == "tiktoken":
+        # every id names one token: two tokens on one rank would decode wrongly (tiktoken does not check); two
+        # base64 spellings of one token would be one token
+        ranks = d["mergeable_ranks"]
+        ids = [int(i) for i in (*ranks.values(), *d["special_tokens"].values())]
+        if len(set(ids)) != len(ids) or len({base64.b64decode(t, validate=True) for t in ranks}) != len(ranks):
+            yield "two tokens share an id"
+    elif kind == "hf":
+        if not isinstance(d["tokenizer_json"], str):
+            yield "'tokenizer_json' is not a string"
+        ids = [d.get(k) for k in ("vocab_size", "bos_id", "eos_id")]
+        if any(i is not None and (not isinstance(i, int) or isinstance(i, bool)) for i in ids):
+            yield "'vocab_size', 'bos_id' and 'eos_id' must be integers or null"
+    elif kind == "chat":
+        if not all(isinstance(x, str) for x in (d["chat_template"], d["end_of_turn"], *d["added_tokens"],
+                                                 *d["special_tokens"])):
+            yield "its template, end-of-turn and added tokens must be strings"
+        if d["base"].get("type") == "chat":
+            yield "a chat tokenizer's base is a chat tokenizer"
 
 
 def tokenizer_names() -> list[str]:
@@ -221,13 +236,12 @@ BPE_VOCAB = re.compile(r"[0-9]+")  # the VOCAB of bpe:VOCAB (its underscores, as
 def bpe_vocab_size(spec: str) -> int:
     """VOCAB of a "bpe:VOCAB" setting, checked: one line naming the problem for bpe:0, bpe:100, bpe:lots."""
     text = spec[len(BPE_PREFIX):].strip().replace("_", "")
-    if not BPE_VOCAB.fullmatch(text):  # ASCII digits: str.isdigit() also takes '²⁵⁸', which int() refuses
-        raise DataError(f"tokenizer {spec!r}: VOCAB must be a whole number of tokens, e.g. bpe:4096 (in the "
-                        "digits 0-9)")
-    if not BPE_MIN_VOCAB <= int(text) <= BPE_MAX_VOCAB:
-        raise DataError(f"tokenizer {spec!r}: a byte-level BPE needs a vocabulary of at least {BPE_MIN_VOCAB} (256 "
-                        f"bytes, {len(BPE_SPECIALS)} special token, one merge) and at most {BPE_MAX_VOCAB:,}; "
-                        "e.g. bpe:4096")
+    number = BPE_VOCAB.fullmatch(text)  # ASCII digits: str.isdigit() also takes '²⁵⁸', which int() refuses
+    if not (number and BPE_MIN_VOCAB <= int(text) <= BPE_MAX_VOCAB):
+        raise DataError(f"tokenizer {spec!r}: " + (
+            f"a byte-level BPE needs a vocabulary of at least {BPE_MIN_VOCAB} (256 bytes, {len(BPE_SPECIALS)} special "
+            f"token, one merge) and at most {BPE_MAX_VOCAB:,}; e.g. bpe:4096" if number else
+            "VOCAB must be a whole number of tokens, e.g. bpe:4096 (in the digits 0-9)"))
     return int(text)
 
 
@@ -243,12 +257,12 @@ def resolve_tokenizer(name: str | Path) -> str | Path:
     path = Path(name).expanduser()
     if path.is_file():
         return path.resolve()
-    if name.endswith(".json") or "/" in name or os.sep in name:  # meant as a path
-        raise DataError(f"tokenizer file not found: {name}; give the path of a tokenizer JSON file (a prepared "
-                        "data directory's tokenizer.json, or one made by Hugging Face tokenizers)")
-    raise DataError(f"unknown tokenizer {name!r}; choose one of: {', '.join(tokenizer_names())}, bpe:VOCAB (trained "
-                    "on the corpus, e.g. bpe:4096), or give the path "
-                    "of a tokenizer JSON file (e.g. a prepared data directory's tokenizer.json)")
+    meant_as_path = name.endswith(".json") or "/" in name or os.sep in name
+    raise DataError(f"tokenizer file not found: {name}; give the path of a tokenizer JSON file (a prepared data "
+                    "directory's tokenizer.json, or one made by Hugging Face tokenizers)" if meant_as_path else
+                    f"unknown tokenizer {name!r}; choose one of: {', '.join(tokenizer_names())}, bpe:VOCAB (trained "
+                    "on the corpus, e.g. bpe:4096), or give the path of a tokenizer JSON file (e.g. a prepared data "
+                    "directory's tokenizer.json)")
 
 
 def read_tokenizer_file(path: str | Path) -> Tokenizer:
@@ -257,17 +271,21 @@ def read_tokenizer_file(path: str | Path) -> Tokenizer:
     try:
         text = read_user_text(path, DOCUMENT_BYTES)
         d = loads(text)
-    except OSError as e:
-        raise DataError(f"cannot read tokenizer file {path} ({e.strerror or type(e).__name__})") from None
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, nested past MAX_JSON_DEPTH, a device, too large
-        raise DataError(f"tokenizer file {path} is not JSON ({first_line(e)}); give a tokenizer.json written by "
-                        "minigpt") from None
-    if isinstance(d, dict) and isinstance(d.get("model"), dict) and "type" not in d:  # the `tokenizers` library's
-        return hf_tokenizer_file(text, d, path)
-    try:
+        if isinstance(d, dict) and isinstance(d.get("model"), dict) and "type" not in d:  # the `tokenizers` library's
+            return hf_tokenizer_file(text, d)
         return tokenizer_from_dict(d)
-    except CheckpointError as e:
-        raise DataError(f"tokenizer file {path} does not hold a minigpt tokenizer ({first_line(e)})") from None
+    # one line naming the file, whichever step failed: reading it, parsing it (ValueError: JSONDecodeError,
+    # UnicodeDecodeError, nested past MAX_JSON_DEPTH, a device, too large), or what it holds
+    except (OSError, ValueError, UserError) as e:
+        if isinstance(e, OSError):
+            what = f" cannot be read ({e.strerror or type(e).__name__})"
+        elif isinstance(e, ValueError):
+            what = f" is not JSON ({first_line(e)}); give a tokenizer.json written by minigpt"
+        elif isinstance(e, CheckpointError):
+            what = f" does not hold a minigpt tokenizer ({first_line(e)})"
+        else:  # the `tokenizers` library's refusal
+            what = f": {first_line(e)}"
+        raise DataError(f"tokenizer file {path}{what}") from None
 
 
 def tiktoken_cache_dir() -> str:
@@ -289,19 +307,18 @@ def get_tokenizer(name: str | Path, texts: Iterable[str] | None = None) -> Token
         return CharTokenizer.from_texts(texts)
     if spec == "byte":
         return ByteTokenizer()
-    if spec.startswith(BPE_PREFIX):
-        raise DataError(f"{spec} is trained on a corpus while it is prepared; give it as the data's tokenizer "
-                        "(--data.tokenizer), or pass the prepared folder's tokenizer.json")
+    # (bpe:VOCAB is trained while data is prepared: its callers, minigpt.data and the chat data, never pass it here)
     try:
         encoding = tiktoken.get_encoding(spec)
-    except OSError as e:  # requests/urllib/socket errors all derive from OSError; programming errors pass through
+    # requests/urllib/socket errors all derive from OSError; a corrupted download is tiktoken's ValueError "hash
+    # mismatch"; any other error (a programming error) passes through
+    except (OSError, ValueError) as e:
+        if isinstance(e, ValueError) and "hash mismatch" not in str(e).lower():
+            raise
         raise DataError(
             f"could not fetch the tiktoken encoding {spec!r} ({type(e).__name__}: no network?); run once with "
             f"internet access so tiktoken caches it, or copy its files (named by the sha1 of their URL) into the "
-            f"TIKTOKEN_CACHE_DIR directory (now {tiktoken_cache_dir()}), or use the char/byte tokenizer") from None
-    except ValueError as e:
-        if "hash mismatch" not in str(e).lower():
-            raise
-        raise DataError(f"the download of tiktoken encoding {spec!r} was corrupted; delete the cached files in "
-                        f"{tiktoken_cache_dir()} and try again") from None
+            f"TIKTOKEN_CACHE_DIR directory (now {tiktoken_cache_dir()}), or use the char/byte tokenizer"
+            if isinstance(e, OSError) else f"the download of tiktoken encoding {spec!r} was corrupted; delete the "
+            f"cached files in {tiktoken_cache_dir()} and try again") from None
     return TiktokenTokenizer(encoding)

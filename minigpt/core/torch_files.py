@@ -39,31 +39,23 @@ STREAM_ERRORS = (zipfile.BadZipFile, OSError, pickle.UnpicklingError, EOFError, 
                  AttributeError, ValueError, RuntimeError, OverflowError, struct.error)
 
 
-class _Refused(Exception):
-    """What the archive check refuses, as the middle of its message (the caller adds the file and the fix)."""
-
-
 def load_torch_file(path: Path, fix: str, damaged_fix: str, map_location: Any = "cpu") -> Any:
     """torch.load(path, weights_only=True), after check_archive; every refusal is one CheckpointError
     line ending in `fix` (a crafted file) or `damaged_fix` (a file cut short or damaged)."""
+    loading = False
     try:
         problem = check_archive(path)
-    except _Refused as e:
-        problem = str(e)
-    except STREAM_ERRORS as e:
-        raise CheckpointError(f"cannot read {path}: it is truncated or damaged ({type(e).__name__}: "
-                              f"{first_line(e, 100)}); {damaged_fix}") from None
-    try:
-        if problem is None:
+        if loading := problem is None:
             with warnings.catch_warnings():  # a foreign pickle protocol only matters if the load fails (below)
                 warnings.filterwarnings("ignore", message="Detected pickle protocol")
                 return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:  # torch's paragraph; the global it refused is what helps
+    except STREAM_ERRORS as e:
+        if not (loading and isinstance(e, pickle.UnpicklingError)):  # a malformed archive or stream: damage
+            raise CheckpointError(f"cannot read {path}: it is truncated or damaged ({type(e).__name__}: "
+                                  f"{first_line(e, 100)}); {damaged_fix}") from None
+        # weights_only refused what the dry run let through: torch's paragraph; the global it refused is what helps
         found = re.search(r"GLOBAL [\w.]+", str(e))
         problem = f"it holds objects other than tensors and plain data ({found[0] if found else first_line(e, 120)})"
-    except STREAM_ERRORS as e:
-        raise CheckpointError(f"cannot read {path}: it is truncated or damaged ({type(e).__name__}: "
-                              f"{first_line(e, 100)}); {damaged_fix}") from None
     raise CheckpointError(f"refusing to load {path}: {problem}; {fix}")
 
 

@@ -9,7 +9,7 @@ import torch
 from support import byte_bpe, random_ids, varied_gpt
 
 from minigpt.core.errors import UserError
-from minigpt.core.generation import filter_logits, generate, prompt_ids, refill_length
+from minigpt.core.generation import Sampling, filter_logits, generate, prompt_ids, refill_length
 from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
 
 PATHS = ["sdpa", "manual", "einops"]
@@ -131,7 +131,7 @@ def test_top_k_keeps_exactly_k_even_with_ties():
     assert torch.isfinite(filter_logits(logits, top_k=1)).sum().item() == 2
     assert torch.equal(filter_logits(logits, top_k=100), logits)  # k past the vocabulary keeps everything
     with pytest.raises(UserError, match="top_k must be >= 1"):
-        filter_logits(logits, top_k=0)
+        Sampling(top_k=0)  # the settings are checked where they are declared; filter_logits trusts them
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p():
@@ -157,7 +157,7 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert torch.isfinite(filter_logits(logits, top_k=3, top_p=0.99)[0]).nonzero().flatten().tolist() == [0, 1, 3]
     for bad in (0.0, 1.5, -0.1):
         with pytest.raises(UserError, match="top_p must be in"):
-            filter_logits(logits, top_p=bad)
+            Sampling(top_p=bad)
 
 
 def test_empty_prompt_starts_from_newline_or_end_of_text():
