@@ -56,10 +56,8 @@ def to_hf_state_dict(state: dict[str, torch.Tensor], config: GPTConfig) -> dict[
         if rest in LLAMA_FUSED:
             for hf_name, part in zip(LLAMA_FUSED[rest], tensor.split(splits[rest], dim=0)):
                 out[prefix + hf_name] = part
-        elif rest in LLAMA_BLOCK:
+        else:  # KeyError: a model option with no Llama name, which export refuses first (unsupported_options)
             out[prefix + LLAMA_BLOCK[rest]] = tensor
-        else:
-            raise ValueError(f"no Llama name for {name}")  # a model option to_hf callers must refuse first
     return {k: v.contiguous() for k, v in out.items()}
 
 
@@ -82,18 +80,13 @@ def _ours_from_llama(hf: dict[str, torch.Tensor], config: GPTConfig) -> dict[str
         for rest, hf_name in LLAMA_BLOCK.items():
             if prefix + hf_name in hf:
                 out[ours + rest] = hf[prefix + hf_name]
-        for rest, hf_names in LLAMA_FUSED.items():
-            parts = [hf.get(prefix + n) for n in hf_names]
-            if all(p is not None for p in parts):
-                if len({p.size(1) for p in parts}) != 1:
-                    raise CheckpointError(f"{prefix}{hf_names[0]} and its siblings disagree in width "
-                                          f"({', '.join(str(tuple(p.shape)) for p in parts)}); the weights do not "
-                                          "match config.json")
-                out[ours + rest] = torch.cat(parts, dim=0)
-            else:
-                missing = next(prefix + n for n, p in zip(hf_names, parts) if p is None)
-                raise CheckpointError(f"the weights have no {missing}; the weight files are incomplete or belong "
-                                      "to another model")
+        for rest, hf_names in LLAMA_FUSED.items():  # every part is there: from_hf_state_dict checked
+            parts = [hf[prefix + n] for n in hf_names]
+            if len({p.size(1) for p in parts}) != 1:
+                raise CheckpointError(f"{prefix}{hf_names[0]} and its siblings disagree in width "
+                                      f"({', '.join(str(tuple(p.shape)) for p in parts)}); the weights do not "
+                                      "match config.json")
+            out[ours + rest] = torch.cat(parts, dim=0)
     return out
 
 
@@ -110,17 +103,17 @@ def check_unquantized(tensors: dict[str, torch.Tensor], source: str) -> None:
     """Refuse quantized weights (fp8, int8, 4-bit: a low-bit dtype, or the scales they come with), which the import
     would otherwise take without their scales: a model computing something else, silently."""
     for name, tensor in tensors.items():
-        if QUANTIZATION_TENSOR.fullmatch(name.rsplit(".", 1)[-1]):
-            raise CheckpointError(f"{source}: tensor {name} is a quantization's scale or index, so the weights are "
-                                  "quantized: minigpt imports unquantized float weights only; use the original "
-                                  "(bf16/fp32) model")
-        if tensor.dtype in UNQUANTIZED or name.endswith(GPT2_MASK_BUFFERS):
-            continue
         low_bit = tensor.dtype.itemsize == 1  # fp8, int8, uint8, the packed 4-bit dtypes
-        if low_bit or expected_rank(name) is not None:  # extra integer buffers (position ids) are not read
-            kind = str(tensor.dtype).removeprefix("torch.")
-            raise CheckpointError(f"{source}: tensor {name} is {kind}{' (quantized)' if low_bit else ''}: minigpt "
-                                  "imports unquantized float weights only; use the original (bf16/fp32) model")
+        if QUANTIZATION_TENSOR.fullmatch(name.rsplit(".", 1)[-1]):
+            what = "a quantization's scale or index, so the weights are quantized"
+        elif tensor.dtype in UNQUANTIZED or name.endswith(GPT2_MASK_BUFFERS):
+            continue
+        elif low_bit or expected_rank(name) is not None:  # extra integer buffers (position ids) are not read
+            what = str(tensor.dtype).removeprefix("torch.") + (" (quantized)" if low_bit else "")
+        else:
+            continue
+        raise CheckpointError(f"{source}: tensor {name} is {what}: minigpt imports unquantized float weights only; "
+                              "use the original (bf16/fp32) model")
 
 
 MATRICES = ("c_attn.weight", "c_proj.weight", "c_fc.weight", "_proj.weight", "wte.weight", "wpe.weight",
@@ -144,7 +137,7 @@ def hf_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     meta = {name: torch.empty(shape, device="meta") for name, shape in GPT.state_shapes(config).items()}
     try:
         return {name: tuple(t.shape) for name, t in to_hf_state_dict(meta, config).items()}
-    except ValueError:  # an option with no HF name: the import refuses such configs before this
+    except KeyError:  # an option with no HF name: the import refuses such configs before this
         return {}
 
 
@@ -159,15 +152,17 @@ def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: GPTConfig) -> 
             expected = f"config.json implies {shape}" if shape else f"this kind of weight has {rank}"
             raise CheckpointError(f"tensor {name} has {tensor.dim()} dimension(s) {tuple(tensor.shape)}, where "
                                   f"{expected}; the weight files are damaged or belong to another model")
+    # HF names (GPT2Model files lack the prefix); a tied head is left out of the files, and of `wanted`
+    missing = next((n for n in wanted if n not in hf_state and n.removeprefix("transformer.") not in hf_state), None)
+    if missing is not None:
+        raise CheckpointError(f"the weights have no tensor for {missing}; the weight files are incomplete or belong "
+                              "to another model")
     ours = _ours_from_gpt2(hf_state) if config.arch == "gpt" else _ours_from_llama(hf_state, config)
     expected = GPT.state_shapes(config)
     if config.tie_embeddings:
         ours.pop("lm_head.weight", None)  # some files store the tied head anyway: the embedding is the one
         expected.pop("lm_head.weight")
     for name, shape in expected.items():
-        if name not in ours:
-            raise CheckpointError(f"the weights have no tensor for {name}; the weight files are incomplete or "
-                                  "belong to another model")
         if ours[name].shape != shape:
             raise CheckpointError(f"tensor {name} has shape {tuple(ours[name].shape)} but config.json implies "
                                   f"{tuple(shape)}; the weights do not match config.json")
