@@ -42,11 +42,8 @@ def chat_tokenizer_json(tokenizer: ChatTokenizer, base_json: str) -> str:
     special tokens, a char base's new characters as plain added tokens (both matched before the model's own
     tokenization, as ChatTokenizer matches them)."""
     t = tokenizers_library()
+    # base_json holds first_added tokens: ChatTokenizer counts them from the same base (save_hf_tokenizer writes it)
     backend = t.Tokenizer.from_str(base_json)
-    if backend.get_vocab_size(with_added_tokens=True) != tokenizer.first_added:
-        raise UserError(f"the chat tokenizer's added tokens start at id {tokenizer.first_added}, but its base's "
-                        f"tokenizer.json holds {backend.get_vocab_size(with_added_tokens=True)} tokens; the "
-                        "checkpoint's tokenizer is inconsistent")
     for token in tokenizer.added:
         special = token in tokenizer.specials
         added = t.AddedToken(token, special=special, normalized=False)

@@ -74,13 +74,12 @@ def shard_paths(index: Path, model_dir: Path) -> list[Path]:
             real.is_file()  # an absent shard is named later; a name no file can have raises here
         except (OSError, ValueError, RuntimeError):  # a NUL byte, a name too long, a symlink loop
             real = None
-        if real is None or real in confines or not any(real.is_relative_to(c) for c in confines):
-            raise CheckpointError(f"{index}: its weight_map names {shard[:80]!r}, which points outside the model's "
-                                  "folder or is no file name; refusing to read it: download the model again from a "
-                                  "source you trust")
-        if not shard.endswith(suffix):
-            raise CheckpointError(f"{index}: its weight_map names {shard[:80]!r}, not a {suffix} file as the index's "
-                                  "format says; download the model again")
+        outside = real is None or real in confines or not any(real.is_relative_to(c) for c in confines)
+        if outside or not shard.endswith(suffix):
+            why = ("which points outside the model's folder or is no file name; refusing to read it: download the "
+                   "model again from a source you trust" if outside else
+                   f"not a {suffix} file as the index's format says; download the model again")
+            raise CheckpointError(f"{index}: its weight_map names {shard[:80]!r}, {why}")
     return [model_dir / s for s in shards]
 
 
