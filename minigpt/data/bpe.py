@@ -66,15 +66,14 @@ def plan_split(corpus: Corpus, val_fraction: float) -> DocumentSplit:
     for doc in iter_documents(corpus):
         keys.append(document_key(doc))
         chars.append(sum(len(text) for text in decoded_text(doc)))
-    if not keys:
+    train_chars = int(chars[0] * (1 - val_fraction)) if len(keys) == 1 else None
+    if not keys or train_chars in (0, chars[0]):  # no text at all, or a single document too short to split
         what = f"column {corpus.text_column!r} of {corpus.source}" if corpus.is_dataset else corpus.origin
-        raise DataError(f"corpus is empty: {what} holds no text; pass a source with text in it")
+        raise DataError(f"corpus is empty: {what} holds no text; pass a source with text in it" if not keys else
+                        f"corpus too small: {chars[0]} character(s), too few for a train/val split; use a larger "
+                        "corpus")
     keys_array = np.array(keys, dtype=np.uint64)
-    if len(keys) == 1:
-        train_chars = int(chars[0] * (1 - val_fraction))
-        if train_chars == 0 or train_chars == chars[0]:
-            raise DataError(f"corpus too small: {chars[0]} character(s), too few for a train/val split; use a "
-                            "larger corpus")
+    if train_chars is not None:
         return DocumentSplit(keys_array, train_chars=train_chars)
     return DocumentSplit(keys_array, is_val=choose_val_docs(keys_array, np.array(chars, dtype=np.int64),
                                                             val_fraction))
@@ -116,13 +115,12 @@ def train_bpe(corpus: Corpus, split: DocumentSplit, spec: str, quiet: bool = Fal
             yield from short_runs(text)
 
     backend.train_from_iterator(counted(), trainer=trainer)
-    if chars == 0:
-        raise DataError(f"{spec}: the training split holds no text to train a tokenizer on; use a larger corpus")
     got = backend.get_vocab_size()
-    if got < vocab_size:
+    if got < vocab_size:  # (no training text at all fills no merge: then no smaller bpe:VOCAB helps)
         merges = got - 256 - len(BPE_SPECIALS)
+        fix = f"ask for bpe:{got} or fewer, or give more text" if merges else "use a larger corpus"
         raise DataError(f"{spec}: the training text ({chars:,} characters) fills only {got} tokens ({merges} merges); "
-                        f"ask for bpe:{got} or fewer, or give more text")
+                        f"{fix}")
     if not quiet:
         print(f"data: trained {spec} on {chars / 1e6:.1f} M characters of training text in "
               f"{time.perf_counter() - started:.1f}s")

@@ -111,7 +111,5 @@ def read_conversations(source: str) -> list[Messages]:
                         "a datasets name; convert it to JSON Lines with one {\"messages\": [...]} per line")
     else:
         rows = _dataset_rows(str(source))
-    conversations = [to_messages(row, where) for row, where in rows]
-    if not conversations:
-        raise DataError(f"{source} holds no conversations; {FIX}")
-    return conversations
+    # (none at all is refused where the conversations are split: too few for training and validation)
+    return [to_messages(row, where) for row, where in rows]

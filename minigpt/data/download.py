@@ -42,25 +42,21 @@ def fetch(url: str, dest: Path, timeout: float, max_bytes: int, write_fix: str) 
     """Download url into dest (see the module docstring), or raise DataError and leave nothing; write_fix is the fix
     named when dest's folder cannot take the file (full, read-only)."""
     too_big = f"{url} is over the {max_bytes / 2**30:.1f} GiB download limit; {YOURSELF}"
-    body: _Body | None = None  # the response's body, once the headers pass
 
     def html_page(why: str) -> str:
         return (f"{url} returned an HTML page ({why}), not a data file: a sign-in, error or download page?; pass "
                 f"the direct link to the raw file, or {YOURSELF}")
 
-    def copy(f: Any, gzipped: bool) -> None:
+    def copy(body: _Body, f: Any, gzipped: bool) -> None:
         stream = gzip.GzipFile(fileobj=body, mode="rb") if gzipped else body
         written = 0
-        while chunk := stream.read(READ_BYTES):  # (a gzip decoder's errors are told apart in _refusal)
+        while chunk := stream.read(READ_BYTES):  # (the gzip decoder's errors are named in _refusal)
             if written == 0 and chunk.lstrip()[:64].lower().startswith(HTML_STARTS):
                 raise DataError(html_page("its content starts like HTML"))
             written += len(chunk)
             if written > max_bytes:  # (of the decoded data: a gzip bomb stops here too)
                 raise DataError(too_big)
             f.write(chunk)
-        # urllib's read returns short data, without an error, when the connection ends early
-        if message := body.cut_short():
-            raise DataError(message)
 
     try:
         # identity: the file's own bytes are asked for; a server that gzips them anyway is decoded in copy()
@@ -87,13 +83,12 @@ def fetch(url: str, dest: Path, timeout: float, max_bytes: int, write_fix: str) 
             ]
             if broken := [message for refused, message in rules if refused]:
                 raise DataError(broken[0])
-            body = _Body(response, url, length)
-            atomic_write(dest, lambda f: copy(f, encoding != "identity"))
+            atomic_write(dest, lambda f: copy(_Body(response, url, length), f, encoding != "identity"))
     except (OSError, ValueError, EOFError, zlib.error, http.client.HTTPException) as e:
-        raise _refusal(e, url, dest, write_fix, body) from None
+        raise _refusal(e, url, dest, write_fix) from None
 
 
-def _refusal(e: Exception, url: str, dest: Path, write_fix: str, body: _Body | None) -> UserError:
+def _refusal(e: Exception, url: str, dest: Path, write_fix: str) -> UserError:
     """The one-line error for what the network, the server, the gzip decoder or the disk raised during fetch."""
     if isinstance(e, urllib.error.HTTPError):
         return DataError(f"could not download {url}: HTTP {e.code} {e.reason}; check the URL, or download the file "
@@ -104,8 +99,6 @@ def _refusal(e: Exception, url: str, dest: Path, write_fix: str, body: _Body | N
     if isinstance(e, http.client.HTTPException):  # a reply that is not HTTP: a bad status line, over-long headers
         return DataError(f"could not download {url}: the reply is not valid HTTP ({type(e).__name__}: "
                          f"{first_line(e)}); check the URL, or {YOURSELF}")
-    if isinstance(e, EOFError) and body and body.cut_short():  # the gzip decoder's, at a body cut short
-        return DataError(body.cut_short())
     if isinstance(e, (EOFError, zlib.error, gzip.BadGzipFile)):  # (raised by the gzip decoder only)
         return DataError(f"the gzip-encoded download of {url} does not decode ({first_line(e)}); try again, or "
                          f"{YOURSELF}")
@@ -119,7 +112,9 @@ def _refusal(e: Exception, url: str, dest: Path, write_fix: str, body: _Body | N
 class _Body:
     """A response's body as it arrives (still content-encoded), counted. read() returns what one read from the
     socket gives (read1; read would wait for all n bytes), so a trickle is seen between reads: every
-    DOWNLOAD_RATE_WINDOW_S must bring DOWNLOAD_MIN_RATE bytes a second, a bound the per-read timeout cannot give."""
+    DOWNLOAD_RATE_WINDOW_S must bring DOWNLOAD_MIN_RATE bytes a second, a bound the per-read timeout cannot give.
+    A body that ends before its Content-Length is refused at its end (for a gzip body too, before the decoder
+    would call it a truncated stream)."""
 
     def __init__(self, response: Any, url: str, length: int | None) -> None:
         self.response, self.url, self.length, self.received = response, url, length, 0
@@ -129,17 +124,14 @@ class _Body:
         chunk = self.response.read1(n if n > 0 else READ_BYTES)
         self.received += len(chunk)
         self.window_bytes += len(chunk)
+        # urllib's read returns short data, without an error, when the connection ends early
+        if not chunk and self.length is not None and self.received != self.length:
+            raise DataError(f"the download of {self.url} is incomplete: {self.received:,} of its {self.length:,} "
+                            f"bytes arrived; try again, or {YOURSELF}")
         if chunk and (elapsed := time.monotonic() - self.window_start) >= DOWNLOAD_RATE_WINDOW_S:
             if self.window_bytes < DOWNLOAD_MIN_RATE * elapsed:
                 raise DataError(f"the download of {self.url} is too slow: {self.window_bytes:,} bytes in the last "
                                 f"{elapsed:.0f} s, under the minimum of {DOWNLOAD_MIN_RATE // 1024} KiB/s; try again "
-                                "later, or download it yourself (e.g. with curl) and pass the file path")
+                                f"later, or {YOURSELF}")
             self.window_start, self.window_bytes = time.monotonic(), 0
         return chunk
-
-    def cut_short(self) -> str:
-        """The message when fewer bytes arrived than the Content-Length promised (else "")."""
-        if self.length is None or self.received == self.length:
-            return ""
-        return (f"the download of {self.url} is incomplete: {self.received:,} of its {self.length:,} bytes arrived; "
-                f"try again, or {YOURSELF}")

@@ -69,11 +69,17 @@ def prepare_data(source: str = DEFAULT_SOURCE, tokenizer: str = "char", data_roo
     1-val_fraction to train, the rest to val (as nanoGPT does). BPE tokenizers append end-of-text after each document.
     num_proc: threads for BPE encoding (default: all cores).
     """
-    if not 0.0 < val_fraction < 1.0:
-        raise DataError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}; use e.g. 0.1")
+    # the settings' rules: (refused when, the message); an empty path would be the current directory (Path(""))
+    for refused, message in (
+        (not 0.0 < val_fraction < 1.0, f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}; use "
+                                       "e.g. 0.1"),
+        (not str(source).strip(), "the data source is empty; pass a file, folder, URL or datasets name (or stdlib) "
+                                  "-- is the shell variable you meant to use unset?"),
+        (not str(data_root).strip(), "data_root is empty; set it to the folder for prepared data (default: data)"),
+    ):
+        if refused:
+            raise DataError(message)
     spec = resolve_tokenizer(tokenizer)  # an unknown name or a missing file fails before any reading
-    if not str(data_root).strip():  # Path("") is the current directory
-        raise DataError("data_root is empty; set it to the folder for prepared data (default: data)")
     data_root = Path(data_root)
     corpus = resolve_source(source, data_root, text_column)
     tokenizer_key = _tokenizer_key(spec)
@@ -125,9 +131,8 @@ def prepare_data(source: str = DEFAULT_SOURCE, tokenizer: str = "char", data_roo
             write_json(tmp / "meta.json", meta)  # last: its presence marks a complete preparation
             fsync_dir(tmp)
             install_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)  # never a partial directory that a later run could take
-        raise
+    finally:  # never a partial directory that a later run could take (once installed, tmp is gone)
+        shutil.rmtree(tmp, ignore_errors=True)
     if corpus.skipped_files:
         shown = ", ".join(f"{len(names)} {why} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
                           for why, names in corpus.skipped_files.items())
@@ -143,22 +148,23 @@ def prepare_data(source: str = DEFAULT_SOURCE, tokenizer: str = "char", data_roo
 def load_prepared(data_dir: str | Path) -> PreparedData:
     """Open a prepared directory: memmapped train/val tokens, meta.json, and the tokenizer from tokenizer.json."""
     data_dir = Path(data_dir)
-    if not (data_dir / "meta.json").is_file():
-        raise DataError(f"no prepared data at {data_dir} (no meta.json); prepare it first "
-                        "(minigpt.data.prepare.prepare_data(source, tokenizer)), or train with a data source")
     try:
         meta = loads(read_user_bytes(data_dir / "meta.json", DOCUMENT_BYTES))
         tokenizer = tokenizer_from_dict(loads(read_user_bytes(data_dir / "tokenizer.json", DOCUMENT_BYTES)))
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"format_version {meta.get('format_version')}, expected {FORMAT_VERSION}")
-        dtype = np.dtype(meta["dtype"])
-        train = np.memmap(data_dir / "train.bin", dtype=dtype, mode="r")
-        val = np.memmap(data_dir / "val.bin", dtype=dtype, mode="r")
-        if (problem := verify_prepared(data_dir, meta)) is not None:
-            raise ValueError(problem)
-    except (OSError, ValueError, KeyError, TypeError, UserError) as e:  # (UserError: a damaged tokenizer.json)
-        raise DataError(f"prepared data at {data_dir} is damaged or from another version ({first_line(e)}); "
-                        "delete the directory and prepare again") from None
+        problem = (f"format_version {meta.get('format_version')}, expected {FORMAT_VERSION}"
+                   if meta.get("format_version") != FORMAT_VERSION else verify_prepared(data_dir, meta))
+        if problem is None:
+            dtype = np.dtype(meta["dtype"])
+            train = np.memmap(data_dir / "train.bin", dtype=dtype, mode="r")
+            val = np.memmap(data_dir / "val.bin", dtype=dtype, mode="r")
+    # one line for whatever is wrong: no meta.json, a damaged file (UserError: tokenizer.json), another version
+    except (OSError, ValueError, KeyError, TypeError, UserError) as e:
+        problem = first_line(e)
+    if problem is not None:  # (without meta.json nothing was prepared there: a preparation is installed whole)
+        raise DataError(f"prepared data at {data_dir} is damaged or from another version ({problem}); delete the "
+                        "directory and prepare again" if (data_dir / "meta.json").is_file() else
+                        f"no prepared data at {data_dir} (no meta.json); prepare it first "
+                        "(minigpt.data.prepare.prepare_data(source, tokenizer)), or train with a data source")
     return PreparedData(train, val, meta, tokenizer, data_dir)
 
 

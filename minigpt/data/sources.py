@@ -141,21 +141,18 @@ class Corpus:
         except _BUGS:
             raise
         except Exception as e:  # datasets raises many types (hub, network, parsing): report any as one line
-            if self.builder:
-                raise DataError(f"could not read {self.origin} as {self.builder} ({type(e).__name__}: "
-                                f"{first_line(e)}); check the file's format") from None
-            raise DataError(f"corpus not found: {self.source} (not a file, folder or URL; as a datasets hub name: "
-                            f"{type(e).__name__}: {first_line(e)}); pass an existing file/folder, a URL, or a "
-                            "datasets name (name or name:config) and check your network") from None
+            why = f"{type(e).__name__}: {first_line(e)}"
+            raise DataError(f"could not read {self.origin} as {self.builder} ({why}); check the file's format"
+                            if self.builder else
+                            f"corpus not found: {self.source} (not a file, folder or URL; as a datasets hub name: "
+                            f"{why}); pass an existing file/folder, a URL, or a datasets name (name or name:config) "
+                            "and check your network") from None
         return self._dataset
 
 
 def resolve_source(source: str, data_root: str | Path = "data", text_column: str = "text") -> Corpus:
     """Parse a source string (see the module docstring). A URL is downloaded into data_root/downloads/ once."""
-    source = str(source)
-    if not source.strip():  # e.g. --data.source "$CORPUS" with CORPUS unset: never the current directory
-        raise DataError("the data source is empty; pass a file, folder, URL or datasets name (or stdlib) "
-                        "-- is the shell variable you meant to use unset?")
+    source = str(source)  # (not empty: prepare_data refuses that, as Path("") is the current directory)
     if source == "stdlib":
         root = Path(sysconfig.get_paths()["stdlib"]).resolve()
         files = _walk(root, suffix=".py", skip_dirs=STDLIB_SKIP_DIRS)
@@ -205,13 +202,11 @@ def iter_documents(corpus: Corpus) -> Iterator[Document]:
 def _row_documents(corpus: Corpus) -> Iterator[Document]:
     ds = corpus.load_dataset()
     column = corpus.text_column
-    if column not in ds.column_names:
-        raise DataError(f"column {column!r} not found in {corpus.source}; columns present: "
-                        f"{', '.join(ds.column_names)}; set text_column to the column that holds the text")
-    feature = ds.features[column]
+    feature = ds.features.get(column)
     if getattr(feature, "dtype", None) not in ("string", "large_string"):
-        raise DataError(f"column {column!r} of {corpus.source} holds {feature}, not text; set text_column to the "
-                        "name of a text column")
+        problem = (f"not found in {corpus.source}; columns present: {', '.join(ds.column_names)}" if feature is None
+                   else f"of {corpus.source} holds {feature}, not text")
+        raise DataError(f"column {column!r} {problem}; set text_column to the column that holds the text")
     i = 0
     for batch in ds.select_columns([column]).with_format("arrow").iter(batch_size=1000):
         for text in batch[column].to_pylist():
@@ -251,12 +246,12 @@ def _text_file_chunks(path: Path) -> Iterator[bytes]:
                 text = ""
             if text := text + decoder.decode(b"", final=True):
                 yield text.encode("utf-8", "surrogatepass")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path} starts with a {codec.upper()} byte-order mark but is not valid {codec.upper()} "
-                        f"({e.reason}); convert it to UTF-8 or remove it") from None
-    except (OSError, EOFError, lzma.LZMAError) as e:  # a damaged or truncated .gz/.bz2/.xz, or an unreadable file
+    # a UTF-16/32 file that is not, a damaged or truncated .gz/.bz2/.xz, or an unreadable file
+    except (UnicodeDecodeError, OSError, EOFError, lzma.LZMAError) as e:
         what = f"a valid {path.suffix} file" if opener is not open else "readable"
-        raise DataError(f"{path} is not {what} ({first_line(e)}); repair or remove it") from None
+        raise DataError(f"{path} starts with a {codec.upper()} byte-order mark but is not valid {codec.upper()} "
+                        f"({e.reason}); convert it to UTF-8 or remove it" if isinstance(e, UnicodeDecodeError) else
+                        f"{path} is not {what} ({first_line(e)}); repair or remove it") from None
 
 
 def _local_corpus(source: str, path: Path, text_column: str) -> Corpus:

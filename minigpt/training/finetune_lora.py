@@ -16,10 +16,11 @@ import torch.nn as nn
 
 from minigpt.core.checkpoint import SECTION, find_checkpoint
 from minigpt.core.config import GPTConfig
-from minigpt.core.errors import UserError, first_line
+from minigpt.core.errors import UserError
 from minigpt.core.lora import SECTION_KEY, LoRAConfig, adapter_names, checkpoint_lora, fingerprint, lora_model
 from minigpt.core.model import GPT
-from minigpt.loading import is_hf_source, load_model
+from minigpt.loading import is_hf_source
+from minigpt.training.init_from import load_source
 
 CHANGEABLE = ("dropout",)  # what a resumed LoRA run may set differently (the rest shapes what was trained)
 
@@ -34,28 +35,28 @@ def base_location(source: str) -> str:
 
 
 def load_base(source: str) -> GPT:
-    try:
-        return load_model(source)[0]
-    except UserError as e:
-        raise UserError(f"init_from: {first_line(e, 1000)}") from None
+    return load_source(source)[0]
 
 
 def check_finetune_resumable(ckpt: dict[str, Any], lora: LoRAConfig | None, path: Path) -> None:
     """A LoRA run resumes as one, with the adapters' shapes and scale it was trained with; a full run as a full one."""
     saved = checkpoint_lora(ckpt)
+    problem = None
     if saved is None and lora is not None:
-        raise UserError(f"{path} is a full fine-tuning run (its checkpoint holds the whole model); resume it without "
-                        "--finetune lora, or start a LoRA run in another out_dir")
-    if saved is not None and lora is None:
-        raise UserError(f"{path} is a LoRA run (its checkpoint holds adapters for the base {saved[1]['source']}); "
-                        "resume it with --finetune lora, or start a new run in another out_dir")
-    if saved is not None:
+        problem = (f"{path} is a full fine-tuning run (its checkpoint holds the whole model); resume it without "
+                   "--finetune lora, or start a LoRA run in another out_dir")
+    elif saved is not None and lora is None:
+        problem = (f"{path} is a LoRA run (its checkpoint holds adapters for the base {saved[1]['source']}); resume "
+                   "it with --finetune lora, or start a new run in another out_dir")
+    elif saved is not None:
         old, new = saved[0].to_dict(), lora.to_dict()
         diff = [f"lora.{k}={old[k]!r} (this run's config gives {new[k]!r})" for k in old
                 if k not in CHANGEABLE and old[k] != new.get(k)]
         if diff:
-            raise UserError(f"{path} was trained with " + ", ".join(diff) + "; remove the conflicting lora settings "
-                            "to resume, or start a new run in another out_dir")
+            problem = (f"{path} was trained with " + ", ".join(diff) + "; remove the conflicting lora settings to "
+                       "resume, or start a new run in another out_dir")
+    if problem:
+        raise UserError(problem)
 
 
 def check_same_base(ckpt: dict[str, Any], base: GPT, source: str, path: Path) -> str:

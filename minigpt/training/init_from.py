@@ -23,6 +23,7 @@ from minigpt.core.config import FINETUNE_FIELDS, RUNTIME_FIELDS, GPTConfig
 from minigpt.core.errors import CheckpointError, UserError, first_line
 from minigpt.core.fsutil import atomic_write, write_errors
 from minigpt.core.model import GPT
+from minigpt.core.tokenizers import Tokenizer
 from minigpt.hf.chat_files import read_chat_template
 from minigpt.hf.load import resolve_hf_source
 from minigpt.loading import is_hf_source, load_model
@@ -47,10 +48,7 @@ def init_from_source(config: Any, given: Any, resumed: dict[str, Any] | None = N
         source_model, tokenizer = None, checkpoint.checkpoint_tokenizer(resumed)
         source_config = checkpoint.model_config(resumed)
     else:
-        try:
-            source_model, tokenizer = load_model(src)
-        except UserError as e:
-            raise UserError(f"init_from: {first_line(e, 1000)}") from None
+        source_model, tokenizer = load_source(src)
         source_config = source_model.config
         if config["data"].get("format") == "chat" and tokenizer is not None and is_hf_source(src) \
                 and (template := read_chat_template(resolve_hf_source(src)[0])) is not None:
@@ -61,21 +59,24 @@ def init_from_source(config: Any, given: Any, resumed: dict[str, Any] | None = N
     tokenizer_file = Path(config["data"]["data_root"]) / "tokenizers" / f"{hashlib.sha256(text).hexdigest()[:16]}.json"
     given_tokenizer = given.get("data.tokenizer") if given is not None else None
     ours = (tokenizer_file.resolve(), (out_dir / "tokenizer.json").resolve())
-    if given_tokenizer is not None and Path(str(given_tokenizer)).resolve() not in ours:
-        raise UserError(f"init_from {src}: data.tokenizer is set ({given_tokenizer}), but a fine-tuning run uses its "
-                        "source's tokenizer; remove data.tokenizer")
     source_keys = source_config.to_dict()
     user_keys = {k: v for k, v in (given.get("model") or {}).items() if v is not None} if given is not None else {}
     conflicts = [f"model.{k}={v!r} (the source has {source_keys[k]!r})" for k, v in user_keys.items()
                  if k in source_keys and k not in (*FINETUNE_FIELDS, *LINKED_MODEL_FIELDS) and v != source_keys[k]]
-    if conflicts:
-        raise UserError(f"init_from {src}: the model comes from the source, but this run sets " + ", ".join(conflicts)
-                        + "; remove these model settings (a fine-tuning run may change only "
-                        f"{', '.join(RUNTIME_FIELDS)} and a smaller block_size)")
     block_size = user_keys.get("block_size", source_config.block_size)
-    if block_size > source_config.block_size:
-        raise UserError(f"init_from {src}: model.block_size={block_size} is larger than the source's "
-                        f"{source_config.block_size}; use a block_size of at most {source_config.block_size}")
+    # what the run sets that the source decides: (refused when, the problem and its fix)
+    refusals = [message for refused, message in (
+        (given_tokenizer is not None and Path(str(given_tokenizer)).resolve() not in ours,
+         f"data.tokenizer is set ({given_tokenizer}), but a fine-tuning run uses its source's tokenizer; remove "
+         "data.tokenizer"),
+        (bool(conflicts), "the model comes from the source, but this run sets " + ", ".join(conflicts) + "; remove "
+         f"these model settings (a fine-tuning run may change only {', '.join(RUNTIME_FIELDS)} and a smaller "
+         "block_size)"),
+        (block_size > source_config.block_size, f"model.block_size={block_size} is larger than the source's "
+         f"{source_config.block_size}; use a block_size of at most {source_config.block_size}"),
+    ) if refused]
+    if refusals:
+        raise UserError(f"init_from {src}: {refusals[0]}")
     for key, value in source_keys.items():
         if key not in LINKED_MODEL_FIELDS:
             config["model"][key] = user_keys.get(key, value) if key in FINETUNE_FIELDS else value
@@ -85,6 +86,14 @@ def init_from_source(config: Any, given: Any, resumed: dict[str, Any] | None = N
             atomic_write(tokenizer_file, lambda f: f.write(text))
     config["data"]["tokenizer"] = str(tokenizer_file)
     return source_config, source_model
+
+
+def load_source(src: str) -> tuple[GPT, Tokenizer | None]:
+    """The init_from model and its tokenizer; what load_model refuses is one line that names init_from."""
+    try:
+        return load_model(src)
+    except UserError as e:
+        raise UserError(f"init_from: {first_line(e, 1000)}") from None
 
 
 def load_init_weights(model: GPT, source: GPT) -> None:

@@ -86,23 +86,21 @@ def load_chat_data(source: str, tokenizer: str, chat_template: str | None, val_f
         raise DataError(f"data.chat_template {chat_template}: the model already has a chat template (its source's, "
                         "or the one this run was trained with), and a model answers in the format it was trained in; "
                         "remove data.chat_template")
+    rows, truncated, skipped = [], 0, 0
+    where = f"data.chat_template {chat_template}" if template is not None else source  # named in an error
     try:
         chat = ChatTokenizer.for_base(base, template, conversations)
-    except DataError as e:
-        where = f"data.chat_template {chat_template}" if template is not None else f"{source}"
-        raise DataError(f"{where}: {first_line(e, 400)}") from None
-    rows, truncated, skipped = [], 0, 0
-    for i, messages in enumerate(conversations, 1):
-        try:
+        for i, messages in enumerate(conversations, 1):
+            where = f"{source} conversation {i}"
             row = encode_row(chat, messages, train_on_prompt)
-        except UserError as e:
-            raise DataError(f"{source} conversation {i}: {first_line(e, 400)}") from None
-        if len(row) > block_size + 1:
-            row, truncated = row[:block_size + 1], truncated + 1
-        if not (row[1:] >= 0).any():
-            skipped += 1
-            continue
-        rows.append(row)
+            if len(row) > block_size + 1:
+                row, truncated = row[:block_size + 1], truncated + 1
+            if not (row[1:] >= 0).any():
+                skipped += 1
+                continue
+            rows.append(row)
+    except UserError as e:  # the template's errors (render budget, a bad template) and a row's, named by where
+        raise DataError(f"{where}: {first_line(e, 400)}") from None
     if len(rows) < 2:
         raise DataError(f"{source}: {len(rows)} conversation(s) fit block_size={block_size} with an assistant token "
                         "to learn, too few to split into training and validation; add conversations or raise "

@@ -33,18 +33,17 @@ class MiniGPTTrainer(Trainer):
     def __init__(self, *args: Any, precision: Precision | None = "auto",
                  **kwargs: Any) -> None:
         # settings Lightning would divide by (or loop on, or silently misuse) before it checks them
-        for key, need, rule in (("accumulate_grad_batches", 1, ">= 1"), ("log_every_n_steps", 1, ">= 1"),
-                                ("val_check_interval", 1e-9, "> 0"), ("check_val_every_n_epoch", 1, ">= 1 or null"),
-                                ("min_steps", 0, ">= 0 or null"), ("num_sanity_val_steps", -1, ">= -1 (-1: all)"),
-                                ("gradient_clip_val", 0, ">= 0 (0 or null: no clipping)")):  # < 0 ascends
-            value = kwargs.get(key)
-            if isinstance(value, (int, float)) and value < need:
-                raise UserError(f"trainer.{key} must be {rule}, got {value}")
+        limits = (("accumulate_grad_batches", 1, ">= 1"), ("log_every_n_steps", 1, ">= 1"),
+                  ("val_check_interval", 1e-9, "> 0"), ("check_val_every_n_epoch", 1, ">= 1 or null"),
+                  ("min_steps", 0, ">= 0 or null"), ("num_sanity_val_steps", -1, ">= -1 (-1: all)"),
+                  ("gradient_clip_val", 0, ">= 0 (0 or null: no clipping)"))  # < 0 ascends
+        problems = [f"trainer.{key} must be {rule}, got {kwargs[key]}" for key, need, rule in limits
+                    if isinstance(kwargs.get(key), (int, float)) and kwargs[key] < need]
         # a run that would stop before its first step and exit 0, as if it had trained
-        for key in ("max_steps", "max_epochs", "limit_train_batches"):
-            if kwargs.get(key) == 0:
-                raise UserError(f"trainer.{key}=0 trains nothing; give a positive number (evaluate a model with "
-                                "eval.py instead)")
+        problems += [f"trainer.{key}=0 trains nothing; give a positive number (evaluate a model with eval.py instead)"
+                     for key in ("max_steps", "max_epochs", "limit_train_batches") if kwargs.get(key) == 0]
+        if problems:
+            raise UserError(problems[0])
         precision, _ = resolve_precision(precision, kwargs.get("accelerator", "auto"))
         super().__init__(*args, precision=precision, **kwargs)
 
