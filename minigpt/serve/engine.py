@@ -175,7 +175,8 @@ class Engine:
         """Prefill the prompt in a cache of its own, sample the first token, and join the batch in row B."""
         prompt = ticket.request.prompt
         one = self.model.new_kv_cache(1, max_len=len(prompt))
-        logits = self.model(torch.tensor([prompt], device=self.device), kv_cache=one, input_pos=0)[0][:, -1]
+        ids = torch.tensor([prompt], device=self.device)
+        logits = self.model(ids, kv_cache=one, input_pos=0, last_only=True)[0][:, -1]  # (1, V)
         if not self._advance(ticket, logits[:, :self.vocab_size]):
             return
         if self.cache is None:
