@@ -49,9 +49,8 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    finally:
+        tmp.unlink(missing_ok=True)  # whatever stopped the write (renamed into place, it is gone already)
     fsync_dir(path.parent)
 
 

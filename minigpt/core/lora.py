@@ -55,12 +55,17 @@ class LoRAConfig:
     precision); unset = as loaded (float32)."""
 
     def __post_init__(self) -> None:
-        for name, problem, fix in self.problems():
+        self.validate()
+
+    def validate(self, model: GPTConfig | None = None) -> None:
+        """Raise ConfigError naming the first rule broken, those of the model's sizes too when `model` is given."""
+        for name, problem, fix in self.problems(model):
             raise ConfigError(f"lora.{name}: {problem}; {fix}")
 
-    def problems(self) -> Iterator[tuple[str, str, str]]:
+    def problems(self, model: GPTConfig | None = None) -> Iterator[tuple[str, str, str]]:
         """(field, problem, fix) for each rule this config breaks (the choices are checked by their Literal types
-        on the command line, and here for a config read from a checkpoint)."""
+        on the command line, and here for a config read from a checkpoint); with `model`, also the rank against
+        each targeted projection: at most its smaller side (more would train more than the layer holds)."""
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
             yield "rank", f"must be a positive integer, got {self.rank!r}", "use e.g. 8"
         if not (isinstance(self.alpha, (int, float)) and math.isfinite(self.alpha) and self.alpha > 0):
@@ -73,6 +78,16 @@ class LoRAConfig:
                    f"choose from {', '.join(TARGETS)}")
         if self.base_dtype is not None and self.base_dtype not in DTYPES:
             yield "base_dtype", f"unknown value {self.base_dtype!r}", f"choose {', '.join(DTYPES)} or leave it unset"
+        if model is None:
+            return
+        n_in = {"attn.c_attn": model.n_embd, "attn.c_proj": model.n_head * model.head_dim, "mlp.c_fc": model.n_embd,
+                "mlp.c_proj": model.mlp_hidden}
+        for layer, pieces in block_pieces(model).items():
+            for piece, rows in pieces.items():
+                if piece in self.targets and self.rank > min(rows, n_in[layer]):
+                    yield ("rank", f"{self.rank} is larger than the {piece} projection ({rows} x {n_in[layer]})",
+                           f"choose lora.rank of at most {min(rows, n_in[layer])}")
+                    return
 
     @property
     def scaling(self) -> float:
@@ -188,22 +203,11 @@ def block_pieces(config: GPTConfig) -> dict[str, dict[str, int]]:
             "attn.c_proj": {"o": config.n_embd}, "mlp.c_fc": mlp_in, "mlp.c_proj": {"down": config.n_embd}}
 
 
-def check_rank(config: GPTConfig, cfg: LoRAConfig) -> None:
-    """The rank is at most each targeted projection's smaller side (more would train more than the layer holds)."""
-    n_in = {"attn.c_attn": config.n_embd, "attn.c_proj": config.n_head * config.head_dim,
-            "mlp.c_fc": config.n_embd, "mlp.c_proj": config.mlp_hidden}
-    for layer, pieces in block_pieces(config).items():
-        for piece, rows in pieces.items():
-            if piece in cfg.targets and cfg.rank > min(rows, n_in[layer]):
-                raise ConfigError(f"lora.rank: {cfg.rank} is larger than the {piece} projection ({rows} x "
-                                  f"{n_in[layer]}); choose lora.rank of at most {min(rows, n_in[layer])}")
-
-
 def apply_lora(model: GPT, cfg: LoRAConfig, vocab_size: int | None = None) -> GPT:
     """Freeze `model` and give its blocks adapters, in place; a `vocab_size` larger than the model's adds trained
     rows (starting at the mean row, as a grown full fine-tune's do).  Returns the model."""
     config = model.config
-    check_rank(config, cfg)
+    cfg.validate(config)  # the rank against the projections' sizes
     model.requires_grad_(False)
     dtype = DTYPES[cfg.base_dtype] if cfg.base_dtype is not None else None
     for block in model.transformer.h:
@@ -230,7 +234,7 @@ def lora_model(base: GPT, config: GPTConfig, cfg: LoRAConfig) -> GPT:
     """A LoRA model for a run of `config` (the base's, with its runtime fields, a smaller block_size or a larger
     vocabulary) on `base`'s weights.  It takes them: nothing is copied, and `base` is left empty (on the meta
     device), so a bfloat16 base_dtype frees each float32 weight as it casts it."""
-    check_rank(config, cfg)  # before the base is taken
+    cfg.validate(config)  # before the base is taken
     state = base.state_dict()
     if "transformer.wpe.weight" in state:  # a shorter context: learned positions beyond it are dropped
         state["transformer.wpe.weight"] = state["transformer.wpe.weight"][:config.block_size]
