@@ -102,7 +102,7 @@ def _download_failure(e: Exception, where: str, repo_id: str, revision: str | No
     match e:
         case HFValidationError():  # also what hf:NAME with characters a hub id cannot hold ends in
             return (f"{where} is not a hub model id; write hf:ORG/NAME, e.g. hf:openai-community/gpt2 (the hub says: "
-                    f"{first_line(e, 120)})")
+                    f"{first_line(e, 200)})")
         case GatedRepoError():
             return (f"{where} is gated: accept its license on huggingface.co and log in with `hf auth login`, then "
                     "try again")
