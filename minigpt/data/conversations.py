@@ -28,12 +28,12 @@ FIX = ("each row needs \"messages\": [{\"role\": \"user\", \"content\": \"...\"}
 
 def to_messages(row: Any, where: str) -> Messages:
     """One row as a checked list of messages; `where` names the row in the error ("data.jsonl line 3")."""
-    for problem in row_problems(row):
+    for problem in _row_problems(row):
         raise DataError(f"{where}: {problem}")
     return [{"role": m["role"], "content": m["content"]} for m in _given_messages(row)]
 
 
-def row_problems(row: Any) -> Iterator[str]:
+def _row_problems(row: Any) -> Iterator[str]:
     """What is wrong with a row, first problem first, each with its fix."""
     if not isinstance(row, dict):
         yield f"a row must be a JSON object, got {type(row).__name__}; {FIX}"
@@ -80,8 +80,9 @@ def _json_rows(path: Path) -> Iterator[tuple[Any, str]]:
         for n, line in json_lines(text):
             where = f"{path} line {n}"
             yield loads(line), where
-    except (OSError, ValueError) as e:
-        raise DataError(f"{where}: {problem} ({first_line(e)}); {fix}") from None
+    except (OSError, ValueError) as e:  # (an OSError's strerror: its first line repeats the path)
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else first_line(e)
+        raise DataError(f"{where}: {problem} ({reason}); {fix}") from None
 
 
 def _dataset_rows(source: str) -> Iterator[tuple[Any, str]]:
