@@ -18,7 +18,7 @@ from pathlib import Path
 
 from minigpt.loading import load_model
 from minigpt.cli.parsing import (QUANTIZE_CHOICES, CommandParser, add_quantize_argument, add_source_argument,
-                                 misplaced_setting, resolve_device)
+                                 misplaced_setting, read_text_file, resolve_device)
 from minigpt.core.errors import UserError
 from minigpt.cli.errors import run_cli
 from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens, text_ids
@@ -46,18 +46,6 @@ def build_parser() -> CommandParser:
     p.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:N, mps, or auto")
     add_quantize_argument(p)
     return p
-
-
-def read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8", errors="strict")
-    except FileNotFoundError:
-        message = f"text file not found: {path}; pass an existing --text file"
-    except UnicodeDecodeError as e:
-        message = f"--text {path} is not UTF-8 text (byte {e.start}: {e.reason}); pass a UTF-8 file"
-    except OSError as e:
-        message = f"cannot read --text {path}: {type(e).__name__}"
-    raise UserError(message)
 
 
 def problems(args) -> Iterator[str]:
@@ -96,7 +84,7 @@ def run(argv: list[str] | None = None) -> tuple[float, int] | dict:
         return run_tasks(args)
     device = resolve_device(args.device)
     path = Path(args.text)
-    text = read_text(path)
+    text = read_text_file(path, "--text file")
     model, tokenizer = load_model(args.ckpt, device=device, quantize=args.quantize)
     tokens = text_ids(tokenizer, text, f"--text {path}")
     nats, n = evaluate_tokens(model, tokens, args.batch_size)

@@ -14,6 +14,7 @@ minigpt.loading.load_model.  Every user mistake (a bad flag, checkpoint, an opti
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -89,18 +90,24 @@ def run_peft(args, out: Path) -> Path:
     return out
 
 
+def problems(args) -> Iterator[str]:
+    """What is wrong with the flags together, one message each."""
+    if not args.out.strip():  # an unset shell variable: never the current directory
+        yield "--out is empty; give the folder (or .gguf file) to write, e.g. --out hf/my-model"
+    if args.format != "gguf" and args.gguf_type != "f32":
+        yield "--gguf_type is a setting of --format gguf; add --format gguf, or drop --gguf_type"
+
+
 def run(argv: list[str] | None = None) -> Path:
     """export.py without the one-line error handling: exports, prints the result line, returns the output path."""
     args = build_parser().parse_args(argv)
-    if not args.out.strip():  # an unset shell variable: never the current directory
-        raise UserError("--out is empty; give the folder (or .gguf file) to write, e.g. --out hf/my-model")
+    if problem := next(problems(args), None):
+        raise UserError(problem)
     out = Path(args.out)
     if args.format == "gguf":
         return run_gguf(args, out)
     if args.format == "peft":
         return run_peft(args, out)
-    if args.gguf_type != "f32":
-        raise UserError("--gguf_type is a setting of --format gguf; add --format gguf, or drop --gguf_type")
     checked = check_out_dir(out, args.overwrite)  # before loading: a mistake in --out costs no load time
     model, tokenizer = load_model(args.ckpt)
     check_exportable(model.config)

@@ -190,11 +190,19 @@ def read_prompt(args: Any, stdin: TextIO | None) -> str:
         return typed(stdin) if args.prompt == "-" else args.prompt
     if args.prompt:
         raise UserError("give the prompt with --prompt or --prompt-file, not both")
-    path = Path(args.prompt_file)
+    return read_text_file(args.prompt_file, "prompt file")
+
+
+def read_text_file(path: str | Path, what: str) -> str:
+    """A text file the user named (--prompt-file, eval.py's --text): a regular file of at most DOCUMENT_BYTES in
+    UTF-8, or one error line naming `what`."""
+    path = Path(path)
     try:
         return read_user_text(path, DOCUMENT_BYTES)
     except FileNotFoundError:
-        message = f"prompt file not found: {path}"
-    except (OSError, ValueError) as e:  # ValueError: not UTF-8, too large, a device
-        message = f"cannot read prompt file {path}: {first_line(e)}"
+        message = f"{what} not found: {path}"
+    except UnicodeDecodeError as e:
+        message = f"{what} {path} is not UTF-8 text (byte {e.start}: {e.reason}); pass a UTF-8 file"
+    except (OSError, ValueError) as e:  # a directory, a device, a file over the bound
+        message = f"cannot read {what} {path}: {first_line(e)}"
     raise UserError(message)

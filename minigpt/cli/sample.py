@@ -27,7 +27,7 @@ from minigpt.core.config import Attention
 from minigpt.core.seed import check_seed
 from minigpt.core.errors import UserError, first_line
 from minigpt.cli.errors import run_cli
-from minigpt.core.generation import check_sampling_args, generate, prompt_ids
+from minigpt.core.generation import Sampling, generate, prompt_ids
 from minigpt.core.limits import check_sampling_size
 from minigpt.core.tokenizers import Tokenizer
 
@@ -142,6 +142,7 @@ def run_chat(args: Any, device: str, stdout: TextIO, stdin: TextIO) -> None:
     session = ChatSession(model, tokenizer, args.system, args.max_new_tokens, args.temperature, args.top_k,
                           args.top_p, generator, use_kv_cache=args.kv_cache)
     interactive = is_terminal(stdin)
+    skipped = UserError if interactive else ()  # a turn the model cannot read: skipped on a terminal, the end if piped
 
     def write(text: str) -> None:
         stdout.write(text)
@@ -163,9 +164,7 @@ def run_chat(args: Any, device: str, stdout: TextIO, stdin: TextIO) -> None:
             continue
         try:
             session.reply(line, on_text=write)
-        except UserError as e:  # on a terminal, a turn the model cannot read is skipped, not the end of the chat
-            if not interactive:
-                raise
+        except skipped as e:
             print(f"error: {first_line(e, 2000)}", file=sys.stderr, flush=True)
         finally:  # an error or Ctrl-C mid-reply still ends the line
             write("\n")
@@ -181,7 +180,7 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
     if problem := misplaced_setting(sys.argv[1:] if argv is None else argv, choices):
         parser.error(problem)
     args = parser.parse_args(argv)
-    check_sampling_args(args.temperature, args.top_k, args.top_p, args.max_new_tokens)  # names like the flags
+    Sampling(args.temperature, args.top_k, args.top_p, args.max_new_tokens)  # checked here: names like the flags
     check_seed(args.seed)
     device = resolve_device(args.device)
     if args.chat:
