@@ -120,7 +120,9 @@ def unsupported(hf: dict[str, Any], block_size: int | None = None) -> Iterator[s
     """Why minigpt cannot import the model config.json describes (as GPTConfig.problems, one message each, the
     first one is raised): a field of the wrong JSON type, an architecture or a variant our blocks do not compute,
     a quantized model (its weights need scales our float model has no place for), a block_size past the source's."""
-    yield from (f"its config.json: {problem}" for problem in config_field_problems(hf))
+    if fields := [f"its config.json: {problem}" for problem in config_field_problems(hf)]:
+        yield from fields  # the rules below read the fields as their types
+        return
     architecture = hf_architecture(hf)
     if architecture is None:
         yield ("its config.json names no architecture (no `architectures`, no `model_type`), so it is not a Hugging "
