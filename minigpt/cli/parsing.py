@@ -200,7 +200,7 @@ def read_text_file(path: str | Path, what: str) -> str:
     try:
         return read_user_text(path, DOCUMENT_BYTES)
     except FileNotFoundError:
-        message = f"{what} not found: {path}"
+        message = f"{what} not found: {path}; pass an existing file"
     except UnicodeDecodeError as e:
         message = f"{what} {path} is not UTF-8 text (byte {e.start}: {e.reason}); pass a UTF-8 file"
     except (OSError, ValueError) as e:  # a directory, a device, a file over the bound

@@ -24,7 +24,7 @@ ROPE_SCALINGS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "or
 # The fields a run may set differently from the weights it starts from, declared once: RUNTIME_FIELDS change how
 # the same weights compute (a resumed run, a sampler), and fine-tuning (init_from) may also shrink block_size
 # (learned positions are cropped, RoPE tables rebuilt).
-RUNTIME_FIELDS = ("attention", "sdpa_backend", "dropout")
+RUNTIME_FIELDS = ("attention", "sdpa_backend", "dropout", "activation_checkpointing")
 FINETUNE_FIELDS = (*RUNTIME_FIELDS, "block_size")
 
 
@@ -72,6 +72,9 @@ class GPTConfig:
     """Start the residual output projections (attention and MLP c_proj) at zero."""
     sdpa_backend: SdpaBackend | None = None
     """Restrict SDPA to one kernel: flash, efficient, math or cudnn; unset = torch picks."""
+    activation_checkpointing: bool = False
+    """Training only: keep each block's input, not its activations, and recompute them in the backward pass (less
+    memory for about one more forward pass of compute)."""
 
     def __post_init__(self) -> None:
         if self.n_kv_head is None:

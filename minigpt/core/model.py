@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import einsum, rearrange
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.checkpoint import checkpoint
 
 from minigpt.core.config import GPTConfig
 from minigpt.core.kv_cache import KVCache
@@ -316,8 +317,17 @@ class GPT(nn.Module):
             if per_row:
                 rope = (rope[0][:, None], rope[1][:, None])
         x = self.transformer.drop(x)
+        # Activation checkpointing: each block keeps only its input for the backward pass and runs its forward
+        # again there. Only where a backward will follow (training, grad on) and the block has no side effects
+        # (a KV cache written twice, attention weights kept twice). Non-reentrant: it handles a frozen base (LoRA)
+        # whose inputs need no grad, restores the RNG so dropout draws the same masks, and torch.compile traces it.
+        recompute = (self.config.activation_checkpointing and self.training and torch.is_grad_enabled()
+                     and kv_cache is None and attn_weights is None)
         for i, block in enumerate(self.transformer.h):
-            x = block(x, rope, kv_cache[i] if kv_cache is not None else None, input_pos, attn_weights)
+            if recompute:
+                x = checkpoint(block, x, rope, None, input_pos, use_reentrant=False)
+            else:
+                x = block(x, rope, kv_cache[i] if kv_cache is not None else None, input_pos, attn_weights)
         if last_only:
             x = x[:, -1:]  # (B, 1, C)
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
