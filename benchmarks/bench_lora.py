@@ -5,6 +5,7 @@ Llama-3.2-1B-shaped and a SmolLM-135M-shaped model; and the addition chat demo f
     python benchmarks/bench_lora.py --shapes 135m --variants full,lora8
     python benchmarks/bench_lora.py --sft --shapes none   # the addition SFT demo only: LoRA vs full
     python benchmarks/bench_lora.py --quick               # tiny shapes, 4 steps (smoke test)
+    python benchmarks/bench_lora.py --shapes 1b --variants lora8,lora8-ckpt --full_layers ""  # recompute
 
 Method (memory and speed).  The source is a checkpoint with random weights built here in the shape's config (nothing
 is downloaded: memory and speed do not depend on the values), with the byte tokenizer (the model's vocabulary stays
@@ -52,7 +53,9 @@ SHAPES = {  # the published configs (config.json) of the two models
 }
 VARIANTS = {"full": dict(finetune="full"), "lora8": dict(finetune="lora", rank=8),
             "lora16": dict(finetune="lora", rank=16),
-            "lora8-bf16": dict(finetune="lora", rank=8, base_dtype="bfloat16")}
+            "lora8-bf16": dict(finetune="lora", rank=8, base_dtype="bfloat16"),
+            # -ckpt: --model.activation_checkpointing true (each block's activations recomputed in the backward)
+            "full-ckpt": dict(finetune="full", ckpt=True), "lora8-ckpt": dict(finetune="lora", rank=8, ckpt=True)}
 
 
 # ------------------------------------------------------------------------------------------------- children
@@ -103,6 +106,8 @@ def train_row(spec: dict[str, Any]) -> dict[str, Any]:
         argv += ["--lora.rank", str(variant["rank"]), "--lora.alpha", str(2 * variant["rank"])]
         if "base_dtype" in variant:
             argv += ["--lora.base_dtype", variant["base_dtype"]]
+    if variant.get("ckpt"):
+        argv += ["--model.activation_checkpointing", "true"]
     start = time.perf_counter()
     trainer = train_main(argv)
     wall = time.perf_counter() - start
@@ -143,7 +148,8 @@ def measure(shapes: list[str], variants: list[str], args: Any) -> list[dict[str,
         depth = SHAPES[shape]["n_layer"]
         scaled = [int(x) for x in full_layers.get(shape, "").split("/") if x]
         for variant in variants:  # LoRA r8 at the reduced depths too: how good is the extrapolation?
-            depths = (scaled or [depth]) if variant == "full" else [depth, *scaled] if variant == "lora8" else [depth]
+            full = VARIANTS[variant]["finetune"] == "full"
+            depths = (scaled or [depth]) if full else [depth, *scaled] if variant == "lora8" else [depth]
             for n_layer in depths:
                 source = work / "sources" / f"{shape}-L{n_layer}.ckpt"
                 if not source.is_file():
@@ -155,7 +161,8 @@ def measure(shapes: list[str], variants: list[str], args: Any) -> list[dict[str,
                 print(f"{shape} n_layer={n_layer} {variant}: {spec['steps']} steps ...", flush=True)
                 r = child(["--child", json.dumps(spec)])
                 rows.append(dict(shape=shape, n_layer=n_layer, variant=variant, **r))
-                print(f"  peak RSS {r['peak_rss'] / 2**30:.2f} GiB, {r['s_per_step']:.2f} s/step, "
+                speed = f"{r['s_per_step']:.2f} s/step" if r["s_per_step"] else "s/step needs 4 steps or more"
+                print(f"  peak RSS {r['peak_rss'] / 2**30:.2f} GiB, {speed}, "
                       f"{r['trainable']:,} trainable, checkpoint {r['checkpoint_bytes'] / 2**20:.1f} MiB", flush=True)
         if scaled:
             rows += extrapolated(shape, rows, scaled)
@@ -165,7 +172,7 @@ def measure(shapes: list[str], variants: list[str], args: Any) -> list[dict[str,
 def extrapolated(shape: str, rows: list[dict[str, Any]], depths: list[int]) -> list[dict[str, Any]]:
     """Rows at the shape's depth, from a straight line through the measurements at `depths` (two depths or more)."""
     target, out = SHAPES[shape]["n_layer"], []
-    for variant in ("full", "lora8"):
+    for variant in ("full", "full-ckpt", "lora8"):
         points = [r for r in rows if r["shape"] == shape and r["variant"] == variant and r["n_layer"] in depths]
         if len(points) < 2:
             continue
@@ -263,7 +270,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for r in rows:
         r["peak_rss_gib"] = r["peak_rss"] / 2**30
         r["checkpoint_mib"] = r["checkpoint_bytes"] / 2**20
-        full = next((f for f in rows if f["shape"] == r["shape"] and f["variant"].startswith("full")
+        full = next((f for f in rows if f["shape"] == r["shape"] and f["variant"].split(" ")[0] == "full"
                      and f["n_layer"] == SHAPES[r["shape"]]["n_layer"]), None)
         r["rss_vs_full"] = r["peak_rss"] / full["peak_rss"] if full else None
     if rows:

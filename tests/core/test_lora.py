@@ -131,6 +131,28 @@ def test_a_bfloat16_base_halves_the_block_weights_and_keeps_float32_gradients():
             torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("name", ["gpt", "llama-gqa"])
+@pytest.mark.parametrize("base_dtype", [None, "bfloat16"])
+def test_activation_checkpointing_gives_the_adapters_the_same_gradients(name, base_dtype):
+    """The frozen base makes the first block's input need no grad (the embedding is frozen): the recompute still
+    reaches every adapter, with the gradients of the run without it."""
+    base = base_model(**MODELS[name])
+    model = with_trained_adapters(lora_model(base, base.config, LoRAConfig(rank=4, base_dtype=base_dtype))).train()
+    idx = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(5))
+    runs = []
+    for on in (False, True):
+        model.config.activation_checkpointing = on
+        model.zero_grad()
+        _, loss = model(idx, idx)
+        loss.backward()
+        runs.append((loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (ref_loss, ref_grads), (loss, grads) = runs
+    assert loss == pytest.approx(ref_loss, abs=1e-6)
+    assert grads.keys() == ref_grads.keys() == set(adapter_names(model))
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, ref_grads[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
 def test_upcast_linear_gradient_is_the_float32_one():
     x = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(6, 8).to(torch.bfloat16)

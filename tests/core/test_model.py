@@ -1,4 +1,5 @@
-"""The model: three attention paths compute one function; RoPE, GQA, KV cache and bad configs."""
+"""The model: three attention paths compute one function; RoPE, GQA, KV cache, activation checkpointing and bad
+configs."""
 
 import math
 
@@ -6,7 +7,8 @@ import pytest
 import torch
 
 from minigpt import GPT, ConfigError, GPTConfig
-from minigpt.core.model import apply_rope, rope_cache
+from minigpt.core.compiled import compiler_available
+from minigpt.core.model import Block, apply_rope, rope_cache
 
 PATHS = ["sdpa", "manual", "einops"]
 # (arch, n_kv_head): both blocks, GQA off (n_kv_head == n_head == 4), GQA on (2) and multi-query (1)
@@ -312,3 +314,77 @@ def test_causal_mask_costs_nothing_per_layer_at_long_context():
     with torch.device("meta"):
         model = GPT(GPTConfig(arch="llama", n_layer=2, n_head=2, n_embd=16, block_size=131072, vocab_size=8))
     assert not [name for name, b in model.named_buffers() if b.dim() == 2 and b.size(0) == b.size(1)]
+
+
+def train_step(model: GPT, idx: torch.Tensor, seed: int = 0):
+    """One loss and backward; the seed fixes dropout's masks, so two runs draw the same ones."""
+    model.zero_grad()
+    torch.manual_seed(seed)
+    _, loss = model(idx, idx)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("attention", PATHS)
+@pytest.mark.parametrize("arch,n_kv_head,dropout", [("gpt", 4, 0.0), ("llama", 2, 0.0), ("llama", 2, 0.1)])
+def test_activation_checkpointing_gives_the_same_loss_and_gradients(attention, arch, n_kv_head, dropout):
+    """Recomputing the blocks in the backward changes memory, not the function: the same loss and every gradient
+    (with dropout too: the recompute draws the masks the forward drew)."""
+    model = build(tiny(arch, n_kv_head, attention=attention, dropout=dropout)).train()
+    idx = torch.randint(0, 256, (3, 64), generator=torch.Generator().manual_seed(3))
+    ref_loss, ref_grads = train_step(model, idx)
+    model.config.activation_checkpointing = True
+    loss, grads = train_step(model, idx)
+    assert (loss - ref_loss).abs().item() <= 1e-6
+    assert grads.keys() == ref_grads.keys() == {n for n, _ in model.named_parameters()}
+    for name, grad in grads.items():
+        scale = ref_grads[name].abs().max().item()
+        assert (grad - ref_grads[name]).abs().max().item() <= 1e-6 * scale + 1e-12, name
+
+
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+def test_activation_checkpointing_recomputes_the_blocks_and_keeps_less_for_the_backward(arch, monkeypatch):
+    """On: each block runs again in the backward, and autograd keeps a fraction of the tensors (only the blocks'
+    inputs, the embeddings' and the head's). Off, in eval mode or without grad: each block runs once."""
+    calls = []
+    forward = Block.forward
+    monkeypatch.setattr(Block, "forward", lambda self, *a, **kw: calls.append(1) or forward(self, *a, **kw))
+    idx = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(4))
+
+    def run(model: GPT) -> tuple[int, int, int]:
+        """(block calls in the forward, in the backward, bytes autograd saved for the backward)"""
+        saved = []
+        calls.clear()
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
+                                                      lambda t: t):
+            _, loss = model(idx, idx)
+        forward_calls = len(calls)
+        loss.backward()
+        return forward_calls, len(calls) - forward_calls, sum(saved)
+
+    model = build(tiny(arch, n_layer=3)).train()
+    _, off_backward, off_bytes = run(model)
+    model.config.activation_checkpointing = True
+    on_forward, on_backward, on_bytes = run(model)
+    assert (off_backward, on_forward, on_backward) == (0, 3, 3)
+    assert on_bytes < off_bytes / 3, (on_bytes, off_bytes)
+    assert run(model.eval())[1] == 0  # evaluation never recomputes (nor does a no-grad forward: nothing to save)
+    with torch.no_grad():
+        calls.clear()
+        model.train()(idx)
+    assert len(calls) == 3
+
+
+@pytest.mark.slow  # torch.compile: tens of seconds on 2 cores
+@pytest.mark.skipif(not compiler_available("cpu"), reason="no C++ compiler for torch.compile")
+def test_activation_checkpointing_compiles_to_the_same_gradients():
+    """--compile true with --model.activation_checkpointing true: torch.compile traces the recompute."""
+    model = build(tiny("llama", 2, activation_checkpointing=True)).train()
+    idx = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(6))
+    ref_loss, ref_grads = train_step(model, idx)
+    model.compile()
+    loss, grads = train_step(model, idx)
+    assert (loss - ref_loss).abs().item() <= 1e-5
+    for name, grad in grads.items():
+        scale = ref_grads[name].abs().max().item()
+        assert (grad - ref_grads[name]).abs().max().item() <= 1e-4 * scale + 1e-12, name

@@ -90,6 +90,24 @@ def test_a_lora_run_resumes_exactly(lora_args, source_run, corpus, data_root, tm
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "resumed must match straight bitwise"
 
 
+def test_activation_checkpointing_may_be_switched_on_when_a_lora_run_resumes(lora_args, source_run, corpus, data_root,
+                                                                            tmp_path):
+    """A runtime setting: a LoRA run resumed with --model.activation_checkpointing true (the recompute redraws the
+    adapters' dropout masks) ends where the run without it ends."""
+    def args(out, steps):
+        return lora_args(corpus, data_root, tmp_path / out, source_run, steps=steps, lora__dropout=0.1)
+
+    main(args("straight", 12))
+    main(args("resumed", 6))
+    trainer = main(args("resumed", 12) + ["--resume", "true", "--model.activation_checkpointing", "true"])
+    assert trainer.global_step == 12 and trainer.lightning_module.model.config.activation_checkpointing
+    a = model_state_dict(read_checkpoint(tmp_path / "straight" / "checkpoints" / "last.ckpt"))
+    b = model_state_dict(read_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.ckpt"))
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
 def test_resuming_as_another_kind_of_run_or_on_another_base_is_refused(lora_args, tiny_run_args, source_run, corpus,
                                                                       data_root, tmp_path):
     out = tmp_path / "lora"
