@@ -252,6 +252,7 @@ def export_py(*argv):
 ckpt, out, new = sys.argv[1:4]
 soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a suite started in the background inherits SIG_IGN
 resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, hard))  # model.safetensors is ~100 KB
 export_py("--ckpt", ckpt, "--out", out, "--overwrite")
 export_py("--ckpt", ckpt, "--out", new)
