@@ -3,12 +3,17 @@ pythonpath puts tests/ on sys.path).  Fixtures shared between files live in conf
 
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
 
 import tiktoken
 import torch
 
 from minigpt import GPT, GPTConfig
+from minigpt.core.chat_template import IM_END, IM_START
+from minigpt.core.hf_tokenizer import HFTokenizer
+from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
 
 
 def varied_gpt(arch: str = "gpt", n_kv_head: int = 4, attention: str = "sdpa", vocab_size: int = 60,
@@ -37,3 +42,74 @@ def byte_bpe() -> tiktoken.Encoding:
 def random_ids(batch: int = 2, length: int = 5, vocab: int = 60, seed: int = 1) -> torch.Tensor:
     """(batch, length) token ids below vocab, the same for a seed."""
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@contextlib.contextmanager
+def deadline(seconds: float):
+    """Fail (TimeoutError) instead of hanging: SIGALRM interrupts a blocking open() or read()."""
+    def expired(*a):
+        raise TimeoutError(f"still running after {seconds} s: it hangs")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+# ------------------------------------------------------------------ chat: a conversation and the bases
+
+GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 12 + 30?"},
+                {"role": "assistant", "content": "42, é☃"}, {"role": "user", "content": "And 1 + 1?"},
+                {"role": "assistant", "content": "2"}]
+# ChatML as SmolLM2-Instruct ships it: no {% generation %} tag
+SMOL_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+                 "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+                 "{% endif %}")
+
+
+def small_bpe() -> tiktoken.Encoding:
+    ranks = {bytes([i]): i for i in range(256)} | {m: 256 + i for i, m in enumerate([b"Wh", b"at", b" 1", b"12"])}
+    return tiktoken.Encoding(name="small_bpe", pat_str=GPT2_PAT, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": len(ranks)})
+
+
+def hf_base(with_markers: bool) -> HFTokenizer:
+    """A byte-level BPE made by `tokenizers`, with the ChatML markers as special tokens when asked (SmolLM2's way)."""
+    import tokenizers as t
+
+    alphabet = sorted(t.pre_tokenizers.ByteLevel.alphabet())
+    backend = t.Tokenizer(t.models.BPE({c: i for i, c in enumerate(alphabet)}, []))
+    backend.pre_tokenizer = t.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = t.decoders.ByteLevel()
+    specials = ["<|endoftext|>"] + ([IM_START, IM_END] if with_markers else [])
+    backend.add_special_tokens([t.AddedToken(s, special=True, normalized=False) for s in specials])
+    return HFTokenizer(backend.to_str(), eos_id=backend.token_to_id("<|endoftext|>"))
+
+
+BASES = {"char": lambda: CharTokenizer("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ \n?."),
+         "byte": ByteTokenizer, "tiktoken": lambda: TiktokenTokenizer(small_bpe()),
+         "hf": lambda: hf_base(with_markers=False)}
+
+
+# ------------------------------------------------------------------ the attention lab: a prompt and a random model
+
+LAB_CHARS = "\n !',./:;<>?abcdefghijklmnopqrstuvwxyz"  # no "Z": a prompt with it must be refused
+LAB_PROMPT = "a // b </script> c, a // b\nd"  # "//" and "</script>" must not leak into the page's markup
+
+
+def lab_model(arch: str = "gpt", n_layer: int = 2, n_head: int = 4, n_kv_head: int | None = None,
+              block_size: int = 32, vocab_size: int = len(LAB_CHARS), seed: int = 0) -> GPT:
+    """A random GPT over LAB_CHARS for the attention lab's tests (tests/lab, tests/cli/test_attention.py)."""
+    torch.manual_seed(seed)
+    cfg = GPTConfig(arch=arch, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head or n_head, n_embd=32,
+                    block_size=block_size, vocab_size=vocab_size, attention="sdpa")
+    model = GPT(cfg)
+    with torch.no_grad():  # larger than init, so attention is far from uniform
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 2 / math.sqrt(p.shape[-1]))
+    return model.eval()

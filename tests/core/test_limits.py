@@ -15,7 +15,7 @@ import torch
 
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import CheckpointError, ConfigError, UserError
-from minigpt.core.limits import MAX_MODEL_GB_ENV, check_config_size, implied_bytes
+from minigpt.core.limits import MAX_MODEL_GB_ENV, check_config_size, check_sampling_size, implied_bytes, sampling_bytes
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import ByteTokenizer
 from minigpt.export.hf import export_hf
@@ -101,3 +101,15 @@ def test_training_refuses_a_model_over_the_bound_before_building_it(monkeypatch)
     monkeypatch.setenv(MAX_MODEL_GB_ENV, "0.00001")
     with pytest.raises(ConfigError, match=r"^the model config implies a model of .*; choose smaller sizes, or set"):
         GPTLightningModule(GPTConfig(arch="gpt", n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64))
+
+
+def test_sampling_memory_is_bounded_from_the_sizes_before_anything_is_allocated(monkeypatch):
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=100)
+    parts = sampling_bytes(config, batch=1000, prompt_tokens=10, new_tokens=100)
+    assert parts["logits"] == 4 * 1000 * 10 * 100 and parts["tokens"] == 8 * 1000 * 110
+    assert parts["KV cache"] == 4 * 2 * 2 * 1000 * 2 * 64 * 16  # 2 x 110 positions, capped at block_size
+    monkeypatch.setenv("MINIGPT_MAX_MODEL_GB", "1")
+    check_sampling_size(config, 1000, 10, 100)  # about 0.1 GB
+    with pytest.raises(UserError, match=r"generating 100,000 sequence\(s\) of 10 \+ 100 tokens .* more than "
+                                        r"MINIGPT_MAX_MODEL_GB=1 \(1.0 GB\); draw fewer samples"):
+        check_sampling_size(config, 100_000, 10, 100)

@@ -12,7 +12,7 @@ import pytest
 import tiktoken
 
 from minigpt.core.errors import DataError
-from minigpt.core.tokenizers import TiktokenTokenizer, encoding_parts, tokenizer_from_dict
+from minigpt.core.tokenizers import TiktokenTokenizer, bpe_vocab_size, encoding_parts, tokenizer_from_dict
 
 GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 MERGES = [b"th", b"the", b" t", b" the", b"in", b"ing", b"an", b"and", b" a", b"er", b"12", b"123", b"\n\n"]
@@ -109,3 +109,11 @@ def test_the_rust_panic_report_is_held_back_and_other_stderr_goes_through():
     assert done.returncode == 0, done.stderr
     assert done.stdout == "DataError\n"
     assert done.stderr == "kept\n"  # no 'panicked at', no stack backtrace
+
+
+@pytest.mark.parametrize("spec", ["bpe:²⁵⁸", "bpe:٤٠٩٦", "bpe:4096\u0660"])
+def test_bpe_vocab_in_unicode_digits_is_one_line(spec):
+    """str.isdigit() takes superscripts and other scripts' digits; int() refuses some and reads others."""
+    with pytest.raises(DataError, match="in the digits 0-9"):
+        bpe_vocab_size(spec)
+    assert bpe_vocab_size("bpe:4_096") == 4096

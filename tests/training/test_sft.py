@@ -11,12 +11,10 @@ import torch
 
 from minigpt.cli.sample import main as sample_main
 from minigpt.cli.train import main as train_main
-from minigpt.core.chat import ChatSession
 from minigpt.core.chat_template import IM_END, ChatTokenizer
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import DataError, UserError
 from minigpt.core.model import GPT
-from minigpt.core.tokenizers import CharTokenizer
 from minigpt.loading import load_model
 from minigpt.training.sft import grow_vocabulary, load_chat_data, split_batch
 
@@ -108,19 +106,6 @@ def test_new_rows_start_at_the_mean_embedding():
     for name in ("transformer.wte.weight", "lm_head.weight"):
         old = model.state_dict()[name]
         assert torch.equal(state[name][:10], old) and torch.allclose(state[name][10:], old.mean(0).expand(3, -1))
-
-
-def test_later_turns_reuse_the_kv_cache_and_reply_as_without_it():
-    tok = ChatTokenizer.for_base(CharTokenizer("abcdefghijklmnopqrstuvwxyz \n?"))
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=256, vocab_size=tok.vocab_size)).eval()
-    cached, plain = (ChatSession(model, tok, "be kind", max_new_tokens=8, temperature=0, use_kv_cache=c)
-                     for c in (True, False))
-    for turn in ("hello", "how are you", "bye"):
-        assert cached.reply(turn) == plain.reply(turn)
-    total = len(tok.encode_chat(cached.messages)[0])
-    assert cached.prefilled <= total  # each token ran once (plain re-ran the conversation at every step)
-    assert plain.prefilled > 3 * total
 
 
 @pytest.mark.slow  # about 10 s: the demo benchmark at toy size

@@ -3,9 +3,6 @@ gives minigpt's loss mask, and generate stops at the end-of-turn token (generati
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -15,8 +12,7 @@ from minigpt.core.config import GPTConfig
 from minigpt.core.model import GPT
 from minigpt.export.hf import export_hf
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_chat_template import BASES, CONVERSATION, SMOL_TEMPLATE, hf_base  # noqa: E402
+from support import BASES, CONVERSATION, SMOL_TEMPLATE, hf_base
 
 transformers = pytest.importorskip("transformers")
 
