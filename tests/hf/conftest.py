@@ -14,3 +14,15 @@ def hub_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     return cache
+
+
+@pytest.fixture(scope="session")
+def saved(tmp_path_factory):
+    """name -> (HF model, its save_pretrained directory), built once for the session (test_load.py, test_hub.py)."""
+    from hf_models import MODELS, random_hf_model, save
+
+    out = {}
+    for name, make in MODELS.items():
+        model = random_hf_model(make())
+        out[name] = model, save(model, tmp_path_factory.mktemp(name))
+    return out

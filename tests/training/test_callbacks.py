@@ -1,9 +1,11 @@
-"""--eval_tasks: lm-evaluation-harness tasks at each validation of train.py, logged to TensorBoard as
+"""The training callbacks (minigpt.training.callbacks).  AttentionImages: the attention grid in TensorBoard at each
+validation.  --eval_tasks: lm-evaluation-harness tasks at each validation of train.py, logged to TensorBoard as
 eval/<task>/<metric>; the same figures eval.py --tasks gives on the checkpoint of that step, and training itself
 untouched (the harness seeds every RNG)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -12,10 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("lm_eval")
-from minigpt.cli import eval as eval_cli  # noqa: E402
-from minigpt.cli.train import main  # noqa: E402
-from minigpt.core.checkpoint import read_checkpoint  # noqa: E402
+from minigpt.cli import eval as eval_cli
+from minigpt.cli.train import main
+from minigpt.core.checkpoint import read_checkpoint
+from minigpt.core.tokenizers import CharTokenizer
+from minigpt.training.callbacks import AttentionImages
+
+needs_lm_eval = pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval is not installed")
 
 REPO = Path(__file__).resolve().parents[2]
 WORDS = "the quick brown fox jumps over a lazy dog while cats sit on warm mats and birds sing".split()
@@ -55,6 +60,7 @@ def harness_on_checkpoint(ckpt: Path, task_files: list[Path], limit: int) -> dic
             "eval/train_ppl/bits_per_byte": results["results"]["train_ppl"]["bits_per_byte,none"]}
 
 
+@needs_lm_eval
 def test_eval_tasks_are_logged_at_each_validation_and_leave_training_as_it_was(tiny_run_args, corpus, data_root,
                                                                                tmp_path, task_files, capsys):
     args = tiny_run_args(corpus, data_root, tmp_path / "run", steps=20)
@@ -76,6 +82,7 @@ def test_eval_tasks_are_logged_at_each_validation_and_leave_training_as_it_was(t
     assert all(torch.equal(ours[k], plain[k]) for k in plain)
 
 
+@needs_lm_eval
 def test_a_misspelt_eval_task_stops_the_run_before_training(tiny_run_args, corpus, data_root, tmp_path, capsys):
     from minigpt.cli.errors import run_cli
 
@@ -89,6 +96,7 @@ def test_a_misspelt_eval_task_stops_the_run_before_training(tiny_run_args, corpu
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+@needs_lm_eval
 @pytest.mark.slow
 def test_two_process_ddp_splits_the_examples_and_logs_what_one_process_gets(tiny_run_args, corpus, tmp_path,
                                                                             task_files):
@@ -106,3 +114,27 @@ def test_two_process_ddp_splits_the_examples_and_logs_what_one_process_gets(tiny
     for tag, value in harness_on_checkpoint(last, task_files, limit=5).items():
         assert [step for step, _ in logged[tag]] == [10], tag
         assert abs(logged[tag][0][1] - value) < 1e-5, tag
+
+
+# ---------------------------------------------------------------------------------------------------
+# AttentionImages: a TensorBoard image at each validation
+
+
+def test_training_logs_the_attention_grid_to_tensorboard(tiny_run_args, corpus, data_root, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from minigpt.cli.train import main as train_main
+
+    train_main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=10))  # 1 layer x 2 heads: auto = on
+    events = EventAccumulator(str(tmp_path / "run"), size_guidance={"images": 0}).Reload()
+    assert "attention" in events.Tags()["images"], events.Tags()
+    image = events.Images("attention")[-1]
+    cell = image.height - 2 * 2  # one row (layer) of two heatmaps (heads), 2-pixel gaps
+    assert image.step == 10 and cell >= 48 and image.width == 2 * cell + 3 * 2
+
+
+def test_attention_images_switch():
+    assert AttentionImages("auto").active_for(8, 8) and not AttentionImages("auto").active_for(12, 12)
+    assert AttentionImages(True).active_for(12, 12) and not AttentionImages(False).active_for(1, 1)
+    probe = AttentionImages().probe_ids(CharTokenizer("abcdef "), block_size=5)
+    assert 0 < len(probe) <= 5  # characters outside the vocabulary are left out, the probe cropped

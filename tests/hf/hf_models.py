@@ -1,0 +1,67 @@
+"""Small random GPT-2, Llama and Mistral models written by transformers' save_pretrained, and their logits: what
+test_load.py and test_hub.py share (importable by name from tests/hf; the `saved` fixture is in conftest.py)."""
+
+import pytest
+import torch
+
+from minigpt.core.tokenizers import ByteTokenizer
+from minigpt.hf.tokenizer_files import save_hf_tokenizer
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 256  # the byte tokenizer's: every model here gets a tokenizer.json of ours
+ROPE_LLAMA3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=16)  # a short original context, so the scaling bites in 64
+SMALL = dict(vocab_size=VOCAB, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+MODELS = {
+    "gpt2": lambda: transformers.GPT2Config(n_positions=64, n_embd=48, n_layer=2, n_head=4, **SMALL),
+    "gpt2-exact-gelu-untied": lambda: transformers.GPT2Config(
+        n_positions=64, n_embd=48, n_layer=2, n_head=3, n_inner=80, activation_function="gelu",
+        layer_norm_epsilon=1e-3, tie_word_embeddings=False, reorder_and_upcast_attn=True, **SMALL),
+    "llama-gqa-tied": lambda: transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=64, rope_theta=500000.0, tie_word_embeddings=True, **SMALL),
+    "llama-head-dim-untied": lambda: transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        head_dim=24, rms_norm_eps=1e-5, max_position_embeddings=64, tie_word_embeddings=False, **SMALL),
+    "llama3-rope-scaling": lambda: transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+        max_position_embeddings=64, rope_theta=500000.0, rope_scaling=ROPE_LLAMA3, tie_word_embeddings=True,
+        **SMALL),
+    "mistral": lambda: transformers.MistralConfig(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=64, sliding_window=64, **SMALL),
+}
+CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
+
+
+def random_hf_model(config, seed: int = 0):
+    """An HF model with EVERY weight drawn at std 0.5 (norm gains and biases too), so that a swapped, untransposed
+    or missing tensor changes the logits by far more than the tolerance."""
+    torch.manual_seed(seed)
+    config._attn_implementation = "eager"
+    model = getattr(transformers, CLASSES[config.model_type])(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    return model
+
+
+def save(model, path, **kwargs):
+    model.save_pretrained(path, **kwargs)
+    save_hf_tokenizer(ByteTokenizer(), path)
+    return path
+
+
+def ids(batch=2, T=40, seed=1):
+    return torch.randint(0, VOCAB, (batch, T), generator=torch.Generator().manual_seed(seed))
+
+
+def hf_logits(model, idx):
+    with torch.no_grad():
+        return model(idx).logits
+
+
+def our_logits(model, idx):
+    with torch.no_grad():
+        return model(idx)[0]

@@ -1,0 +1,38 @@
+"""The attention lab's figures (minigpt.lab.figures): the PNGs have the grid's size, the .npz holds everything, and
+the TensorBoard picture's shape."""
+
+import json
+import math
+
+import numpy as np
+from PIL import Image
+
+from minigpt.core.tokenizers import CharTokenizer
+from minigpt.lab.capture import capture_attention
+from minigpt.lab.figures import CELL_INCHES, DPI, MARGIN_INCHES, grid_image, save_figures
+from support import LAB_CHARS as CHARS, LAB_PROMPT as PROMPT, lab_model as random_model
+
+
+def test_pngs_have_the_grid_size_and_npz_holds_everything(tmp_path):
+    L, H = 3, 2
+    model = random_model(n_layer=L, n_head=H)
+    capture = capture_attention(model, CharTokenizer(CHARS), PROMPT)
+    paths = save_figures(capture.weights, capture.tokens, tmp_path)
+    assert [p.name for p in paths] == ["attention_grid.png"] + [f"attention_layer{i}.png" for i in range(L)]
+    left, top = MARGIN_INCHES
+    with Image.open(paths[0]) as grid:
+        assert grid.size == (round((H * CELL_INCHES + left) * DPI), round((L * CELL_INCHES + top) * DPI))
+    for p in paths[1:]:
+        with Image.open(p) as im:
+            assert np.asarray(im.convert("L")).std() > 10
+
+    from minigpt.lab.capture import save_npz
+    with np.load(save_npz(capture, tmp_path / "attention.npz")) as npz:  # no pickles needed
+        assert npz["weights"].dtype == np.float32 and np.array_equal(npz["weights"], capture.weights.numpy())
+        assert npz["tokens"].tolist() == list(PROMPT) and npz["ids"].tolist() == capture.ids
+        assert json.loads(str(npz["config"]))["n_layer"] == L
+        assert npz["metric_previous"].shape == (L, H)
+
+    image = grid_image(capture.weights, min_cell=48, gap=2)  # the TensorBoard picture
+    cell = len(PROMPT) * math.ceil(48 / len(PROMPT))
+    assert image.shape == (L * cell + (L + 1) * 2, H * cell + (H + 1) * 2, 3) and image.dtype == np.uint8
