@@ -40,7 +40,7 @@ NEVER_MERGED = f"{BYTE_LEVEL[0xFF]} {BYTE_LEVEL[0xFF]}"  # two 0xFF bytes: never
 
 GPT2_REGEX = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 # split patterns (tokenizer.json's Split regex, or a tiktoken pat_str) -> the llama.cpp pre-tokenizer that splits
-# text the same way; each is proven on llama.cpp by tests/export/test_gguf_tokenizers.py
+# text the same way; each is proven on llama.cpp by tests/export/test_gguf_vocab.py
 PRE_TOKENIZERS = {
     GPT2_REGEX: "gpt-2",
     # tiktoken's gpt2 / r50k_base / p50k_base (the GPT-2 pattern, written faster)
