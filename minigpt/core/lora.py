@@ -12,8 +12,9 @@ Llama's separate q_proj/k_proj/v_proj, so the adapters export to PEFT's files as
 Nothing in model.py changes: `apply_lora` swaps the blocks' nn.Linear modules for LoRALinear (the same `weight` and
 `bias` names, so the base's state_dict keys stay) and freezes everything else.  A vocabulary the run grew (chat
 tokens) keeps the base's rows frozen and trains only the new rows (GrownEmbedding / GrownHead; PEFT's
-trainable_token_indices).  The frozen block weights may be held in bfloat16 (`base_dtype`): half their memory,
-while every matmul still runs in the training precision (LoRALinear upcasts them on the fly).
+trainable_token_indices), unless `train_embeddings` trains every row and the learned positions too.  The frozen
+block weights may be held in bfloat16 (`base_dtype`): half their memory, while every matmul still runs in the
+training precision (LoRALinear upcasts them on the fly).
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ class LoRAConfig:
     base_dtype: BaseDtype | None = None
     """Hold the frozen blocks' weights in this dtype (bfloat16: half their memory; matmuls keep the training
     precision); unset = as loaded (float32)."""
+    train_embeddings: bool = False
+    """Also train the token embeddings in full (every row, and the output head's: tied or not) and the learned
+    position embeddings (gpt arch), beside the adapters: PEFT's trainable_token_indices over every token and
+    modules_to_save=["wpe"].  For a task whose tokens or positions the base used little (digits in the addition
+    SFT demo): frozen, no rank or learning rate closes the gap to full fine-tuning.  The checkpoint holds them too."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -76,6 +82,8 @@ class LoRAConfig:
         if unknown or not self.targets:
             yield ("targets", f"unknown target {unknown[0]!r}" if unknown else "is empty",
                    f"choose from {', '.join(TARGETS)}")
+        if not isinstance(self.train_embeddings, bool):
+            yield "train_embeddings", f"must be true or false, got {self.train_embeddings!r}", "use true or false"
         if self.base_dtype is not None and self.base_dtype not in DTYPES:
             yield "base_dtype", f"unknown value {self.base_dtype!r}", f"choose {', '.join(DTYPES)} or leave it unset"
         if model is None:
@@ -145,13 +153,15 @@ class LoRALinear(nn.Module):
         if not self.lora_A:
             return y
         a, b = self.stacked()
-        h = self.dropout(x) @ a.T  # (B, T, n r)
+        h = (self.dropout(x) if self.dropout.p > 0 else x) @ a.T  # (B, T, n r)
         return torch.addmm(y.flatten(0, -2), h.flatten(0, -2), b.T, alpha=self.scaling).view_as(y)  # y + s h B^T
 
     def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The targeted pieces' adapters as one: A (n r, in) stacked, B (out, n r) block-diagonal over the pieces'
         rows (no columns where a piece has no adapter), so B A holds each piece's B_p A_p on its rows."""
         names = [p for p in self.pieces if p in self.lora_A]
+        if len(self.pieces) == 1:  # one projection (o, down; GPT's up): its adapter as it is, nothing to build
+            return self.lora_A[names[0]], self.lora_B[names[0]]
         empty = self.lora_B[names[0]].new_zeros
         a = torch.cat([self.lora_A[p] for p in names])
         b = torch.block_diag(*[self.lora_B[p] if p in self.lora_B else empty(rows, 0)
@@ -209,6 +219,11 @@ def apply_lora(model: GPT, cfg: LoRAConfig, vocab_size: int | None = None) -> GP
     config = model.config
     cfg.validate(config)  # the rank against the projections' sizes
     model.requires_grad_(False)
+    if cfg.train_embeddings:  # before a grown vocabulary wraps them: the base's rows train too
+        model.transformer.wte.weight.requires_grad_(True)
+        model.lm_head.weight.requires_grad_(True)  # the same tensor where tied
+        if "wpe" in model.transformer:
+            model.transformer.wpe.weight.requires_grad_(True)
     dtype = DTYPES[cfg.base_dtype] if cfg.base_dtype is not None else None
     for block in model.transformer.h:
         for name, pieces in block_pieces(config).items():
@@ -246,7 +261,8 @@ def lora_model(base: GPT, config: GPTConfig, cfg: LoRAConfig) -> GPT:
 
 
 def adapter_names(model: nn.Module) -> list[str]:
-    """The trained tensors' state_dict names: the adapters and a grown vocabulary's new rows."""
+    """The trained tensors' state_dict names: the adapters, a grown vocabulary's new rows and, with
+    train_embeddings, the embeddings (both names of a tied one)."""
     trained = {id(p) for p in model.parameters() if p.requires_grad}
     return [n for n, t in model.state_dict(keep_vars=True).items() if id(t) in trained]
 
@@ -301,7 +317,8 @@ def training_flops_per_token(model: GPT, seq_len: int) -> int:
     input's gradient, no weight gradient), a trained one 6, and attention's q.k and att.v as in GPT.flops_per_token."""
     cfg = model.config
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    frozen = sum(m.weight.numel() for m in model.modules() if isinstance(m, (nn.Linear, LoRALinear, GrownHead)))
+    frozen = sum(m.weight.numel() for m in model.modules()
+                 if isinstance(m, (nn.Linear, LoRALinear, GrownHead)) and not m.weight.requires_grad)
     return 4 * frozen + 6 * trained + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * (seq_len or cfg.block_size)
 
 

@@ -12,7 +12,9 @@ rounded, a grown vocabulary's new rows at their starting mean), so base + adapte
 Layouts: Llama keeps q/k/v and gate/up as separate modules, so each of our per-projection adapters is one of
 PEFT's.  GPT-2's c_attn is one fused module: our q, k and v adapters become one adapter of rank 3r (A stacked, B
 block-diagonal) with alpha 3 alpha, the same scale (rank_pattern / alpha_pattern).  New token rows are PEFT's
-trainable_token_indices (`token_adapter.trainable_tokens_delta`, the rows' values).
+trainable_token_indices (`token_adapter.trainable_tokens_delta`, the rows' values).  With lora.train_embeddings
+every row is one (their trained values: the base folder's embedding rows are then replaced, whatever they hold), and
+learned positions are modules_to_save=["wpe"] (transformer.wpe.weight, the trained table).
 """
 
 from __future__ import annotations
@@ -45,6 +47,13 @@ def lora_layers(model: GPT, i: int) -> dict[str, LoRALinear]:
     return {name: block.get_submodule(name) for name in block_pieces(model.config)}
 
 
+def rows(module: torch.nn.Module) -> torch.Tensor:
+    """Every row of an embedding or head: a grown one's base rows, then its new ones."""
+    if isinstance(module, (GrownEmbedding, GrownHead)):
+        return torch.cat([module.weight, module.new_rows])
+    return module.weight
+
+
 def peft_tensors(model: GPT) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
     """(PEFT's tensors for a LoRA model, the rank of each module whose adapter is not rank r: GPT-2's c_attn)."""
     config, out, ranks = model.config, {}, {}
@@ -61,10 +70,17 @@ def peft_tensors(model: GPT) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
                 if a.size(0) != len(next(iter(layer.lora_A.values()))):
                     ranks[GPT2_MODULES[layer_name]] = a.size(0)
     embed = "model.embed_tokens" if config.arch == "llama" else "transformer.wte"
-    if isinstance(model.lm_head, GrownHead):
-        out[f"{PREFIX}{embed}.token_adapter.trainable_tokens_delta"] = model.transformer.wte.new_rows
+    wte, head = model.transformer.wte, model.lm_head
+    if wte.weight.requires_grad:  # train_embeddings: every row is a trainable token (base rows, then new ones)
+        out[f"{PREFIX}{embed}.token_adapter.trainable_tokens_delta"] = rows(wte)
         if not config.tie_embeddings:
-            out[f"{PREFIX}lm_head.token_adapter.trainable_tokens_delta"] = model.lm_head.new_rows
+            out[f"{PREFIX}lm_head.token_adapter.trainable_tokens_delta"] = rows(head)
+        if "wpe" in model.transformer:  # modules_to_save: PEFT's files name the module's own tensor
+            out[f"{PREFIX}transformer.wpe.weight"] = model.transformer.wpe.weight
+    elif isinstance(head, GrownHead):
+        out[f"{PREFIX}{embed}.token_adapter.trainable_tokens_delta"] = wte.new_rows
+        if not config.tie_embeddings:
+            out[f"{PREFIX}lm_head.token_adapter.trainable_tokens_delta"] = head.new_rows
     return {k: v.detach().float().cpu().contiguous().clone() for k, v in out.items()}, ranks
 
 
@@ -77,13 +93,14 @@ def adapter_config(config: GPTConfig, lora: LoRAConfig, base: str, ranks: dict[s
     else:
         modules = sorted({GPT2_MODULES[name] for name, layer in block_pieces(config).items()
                           if any(p in layer for p in targeted)})
-    new_ids = list(range(n_base_vocab, config.vocab_size))
+    new_ids = list(range(0 if lora.train_embeddings else n_base_vocab, config.vocab_size))
     embed = "embed_tokens" if config.arch == "llama" else "wte"
     tokens = None if not new_ids else new_ids if config.tie_embeddings else {embed: new_ids, "lm_head": new_ids}
+    to_save = ["wpe"] if lora.train_embeddings and config.arch == "gpt" else None  # learned positions
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base, "r": lora.rank,
             "lora_alpha": lora.alpha, "lora_dropout": lora.dropout, "target_modules": modules,
             "fan_in_fan_out": config.arch == "gpt", "bias": "none", "use_rslora": False, "use_dora": False,
-            "init_lora_weights": True, "inference_mode": True, "modules_to_save": None,
+            "init_lora_weights": True, "inference_mode": True, "modules_to_save": to_save,
             "rank_pattern": ranks, "alpha_pattern": {k: lora.alpha * r / lora.rank for k, r in ranks.items()},
             "trainable_token_indices": tokens}
 

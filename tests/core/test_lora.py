@@ -111,6 +111,35 @@ def test_only_adapters_and_new_rows_train_and_the_base_bytes_stay():
     assert all(not torch.equal(after[n], torch.zeros_like(after[n])) for n in names if ".lora_B." in n)
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_train_embeddings_trains_every_token_row_and_the_positions_and_merges(name):
+    base = base_model(**MODELS[name])
+    run = GPTConfig.from_dict({**base.config.to_dict(), "vocab_size": 52})
+    model = lora_model(copy.deepcopy(base), run, LoRAConfig(rank=2, train_embeddings=True)).train()
+    names = set(adapter_names(model))
+    positions = {"transformer.wpe.weight"} if base.config.arch == "gpt" else set()  # llama rotates q and k
+    embeddings = {"transformer.wte.weight", "lm_head.weight"} | positions
+    assert embeddings <= names  # both names of a tied embedding: one tensor
+    assert all(".lora_" in n or n.endswith("new_rows") or n in embeddings for n in names)
+    frozen = {n: t.clone() for n, t in model.state_dict().items() if n not in names}
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    idx = torch.randint(0, 52, (4, 17))
+    for _ in range(3):
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    after = model.state_dict()
+    for n, t in frozen.items():  # the blocks' weights, norms and biases, byte for byte
+        assert torch.equal(after[n], t), n
+    for n in embeddings:  # the base's rows trained too (not only the new ones)
+        assert not torch.equal(after[n], base.state_dict()[n]), n
+    model.eval()
+    merged = merge_lora(copy.deepcopy(model)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(merged(idx[:, :-1])[0], model(idx[:, :-1])[0], atol=1e-5, rtol=0)
+
+
 def test_a_bfloat16_base_halves_the_block_weights_and_keeps_float32_gradients():
     base = base_model(arch="llama", n_kv_head=2)
     reference = lora_model(copy.deepcopy(base), base.config, LoRAConfig(rank=4)).train()

@@ -30,6 +30,9 @@ CASES = {  # each row exercises another layout: GPT-2's fused c_attn (rank_patte
     "gpt-q-k-untied": (dict(arch="gpt", tie_embeddings=False), dict(targets=["q", "k", "up"])),
     "llama-gqa-all-bf16": (dict(arch="llama", n_kv_head=2), dict(base_dtype="bfloat16")),
     "llama-untied-q-v": (dict(arch="llama", n_kv_head=1, tie_embeddings=False), dict(targets=["q", "v"], alpha=4)),
+    # train_embeddings: every token row (trainable_token_indices) and GPT-2's positions (modules_to_save)
+    "gpt-embeddings": (dict(arch="gpt"), dict(train_embeddings=True)),
+    "llama-untied-embeddings": (dict(arch="llama", n_kv_head=2, tie_embeddings=False), dict(train_embeddings=True)),
 }
 
 

@@ -77,6 +77,23 @@ def test_a_lora_run_trains_adapters_only_and_load_model_merges_them(lora_args, s
     assert lora.rank == 4 and any(isinstance(m, LoRALinear) for m in unmerged.modules())
 
 
+def test_train_embeddings_trains_and_saves_the_embeddings_and_load_model_merges_them(lora_args, source_run, corpus,
+                                                                                     data_root, tmp_path):
+    out = tmp_path / "lora"
+    trainer = main(lora_args(corpus, data_root, out, source_run, lora__train_embeddings="true"))
+    source, _ = load_model(source_run)
+    model = trainer.lightning_module.model.eval()
+    trained = set(adapter_names(model))
+    assert {"transformer.wte.weight", "transformer.wpe.weight"} <= trained
+    assert not torch.equal(model.state_dict()["transformer.wte.weight"], source.state_dict()["transformer.wte.weight"])
+    ckpt = read_checkpoint(out / "checkpoints" / "last.ckpt")
+    assert set(model_state_dict(ckpt)) == trained and ckpt["minigpt"]["lora"]["config"]["train_embeddings"]
+    merged, tokenizer = load_model(out)
+    idx = torch.randint(0, tokenizer.vocab_size, (2, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(merged(idx)[0], model(idx)[0], atol=1e-5, rtol=0)
+
+
 def test_a_lora_run_resumes_exactly(lora_args, source_run, corpus, data_root, tmp_path):
     def args(out, steps):
         return lora_args(corpus, data_root, tmp_path / out, source_run, steps=steps, lora__dropout=0.1)
