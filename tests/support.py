@@ -113,3 +113,17 @@ def lab_model(arch: str = "gpt", n_layer: int = 2, n_head: int = 4, n_kv_head: i
             if p.dim() >= 2:
                 p.normal_(0, 2 / math.sqrt(p.shape[-1]))
     return model.eval()
+
+
+def count_model_builds(monkeypatch) -> list[str]:
+    """Record the device type of every GPT built from here on (GPT.__init__ patched for the test): a load builds
+    its one model on the meta device and fills it (issue 35), so the list a load leaves is ["meta"]."""
+    builds: list[str] = []
+    init = GPT.__init__
+
+    def counted(self, config):
+        builds.append(torch.get_default_device().type)
+        init(self, config)
+
+    monkeypatch.setattr(GPT, "__init__", counted)
+    return builds

@@ -28,7 +28,7 @@ from torch import nn
 from minigpt.core.config import RUNTIME_FIELDS, GPTConfig
 from minigpt.core.errors import CheckpointError, UserError, first_line, shown_chars
 from minigpt.core.fsutil import atomic_write
-from minigpt.core.limits import check_config_size
+from minigpt.core.limits import check_config_size, state_shapes
 from minigpt.core.model import GPT
 from minigpt.core.torch_files import load_torch_file
 from minigpt.core.tokenizers import Tokenizer, tokenizer_from_dict
@@ -132,15 +132,16 @@ def build_model(ckpt: dict[str, Any], **config_overrides: Any) -> GPT:
     """The GPT a checkpoint describes, with its weights (on the CPU, in train mode).  The config is checked for
     plausible sizes and against the weights' shapes (on the meta device: nothing allocated) before building."""
     config = model_config(ckpt, **config_overrides)
-    check_config_size(config, "its config", CheckpointError)
+    skeleton = check_config_size(config, "its config", CheckpointError)  # the one meta model of this load
     weights = model_state_dict(ckpt)
-    expected = {k: tuple(v) for k, v in GPT.state_shapes(config).items()}
+    expected = {k: tuple(v) for k, v in state_shapes(skeleton).items()}
     found = {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}
     if expected != found:
         key = next((k for k in expected if expected[k] != found.get(k)), None) or next(k for k in found if k not in expected)
         raise CheckpointError(f"its weights do not match its config ({key}: config gives {expected.get(key)}, "
                               f"weights hold {found.get(key)}); the checkpoint is damaged or from another program")
-    return GPT.from_weights(config, weights)  # the checkpoint's tensors themselves: no random init to overwrite
+    # the checkpoint's tensors themselves, in the skeleton measured above: no random init to overwrite
+    return GPT.from_weights(config, weights, skeleton)
 
 
 def checkpoint_tokenizer(ckpt: dict[str, Any]) -> Tokenizer | None:

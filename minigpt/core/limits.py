@@ -1,6 +1,7 @@
 """How big a model config may be: checked before anything is built from a config minigpt did not choose.
 
-    check_config_size(config, "its config.json", CheckpointError)   # raises one line, or returns
+    skeleton = check_config_size(config, "its config.json", CheckpointError)   # raises one line, or returns
+    model = GPT.from_weights(config, weights, skeleton)   # the meta model it measured, filled: one build a load
 
 Two checks, both on the config alone (a model on the meta device: nothing allocated):
 - each field against a plausible bound (CONFIG_LIMITS): a crafted n_layer=10**7 would build for minutes;
@@ -18,15 +19,18 @@ A user who really means it raises the memory bound with MINIGPT_MAX_MODEL_GB (e.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError
 
-__all__ = ["CONFIG_LIMITS", "MAX_MODEL_GB_ENV", "check_config_size", "implied_bytes", "memory_limit", "sampling_bytes",
-           "check_sampling_size"]
+if TYPE_CHECKING:
+    from minigpt.core.model import GPT
+
+__all__ = ["CONFIG_LIMITS", "MAX_MODEL_GB_ENV", "check_config_size", "implied_bytes", "memory_limit", "meta_model",
+           "state_shapes", "sampling_bytes", "check_sampling_size"]
 
 # Generous enough for any model that fits in memory (e.g. 128k contexts, 256k vocabularies).
 CONFIG_LIMITS = {"n_layer": 1024, "n_head": 1024, "n_embd": 65536, "block_size": 1 << 21, "vocab_size": 1 << 22,
@@ -35,12 +39,24 @@ MAX_MODEL_GB_ENV = "MINIGPT_MAX_MODEL_GB"
 FLOAT32_BYTES = 4
 
 
-def implied_bytes(config: GPTConfig) -> dict[str, int]:
-    """Bytes the model of `config` holds once built in float32: its weights and, for RoPE, the cos/sin tables."""
-    from minigpt.core.model import GPT
+def meta_model(config: GPTConfig) -> GPT:
+    """The model of `config` on the meta device: shapes only, nothing allocated or initialised."""
+    from minigpt.core.model import GPT  # the model imports nothing from here; imported late all the same
 
     with torch.device("meta"):
-        model = GPT(config)
+        return GPT(config)
+
+
+def state_shapes(model: GPT) -> dict[str, torch.Size]:
+    """Its state_dict's names and shapes (GPT.state_shapes, from a model already built)."""
+    return {name: t.shape for name, t in model.state_dict().items()}
+
+
+def implied_bytes(config: GPTConfig, model: GPT | None = None) -> dict[str, int]:
+    """Bytes the model of `config` holds once built in float32: its weights and, for RoPE, the cos/sin tables.
+    model: its meta_model, when the caller has built it already."""
+    if model is None:
+        model = meta_model(config)
     parts = {"weights": FLOAT32_BYTES * sum(p.numel() for p in model.parameters())}
     buffers = sum(b.numel() for _, b in model.named_buffers(remove_duplicate=False))  # cos and sin: one
     # tensor on the meta device, two once built
@@ -70,24 +86,30 @@ def gb(n: int) -> str:
 
 
 def check_config_size(config: GPTConfig, what: str, error: type[UserError] = UserError,
-                      cause: str = "the config is damaged or crafted") -> None:
-    """Refuse (one line, `error`) a config over a per-field bound or implying more memory than memory_limit()."""
-    for problem in size_problems(config, what, cause):
-        raise error(problem)
-
-
-def size_problems(config: GPTConfig, what: str, cause: str) -> Iterator[str]:
-    """The first field over its bound, else the memory the whole config implies if that is over the limit."""
+                      cause: str = "the config is damaged or crafted") -> GPT:
+    """Refuse (one line, `error`) a config over a per-field bound or implying more memory than memory_limit().
+    Returns the meta_model it measured: a load checks its shapes against it and fills it (GPT.from_weights's
+    skeleton) rather than building the model again."""
     if over := next((name for name, limit in CONFIG_LIMITS.items() if getattr(config, name) > limit), None):
-        yield f"{what} says {over}={getattr(config, over)}, over the plausible limit {CONFIG_LIMITS[over]}; {cause}"
-        return  # implied_bytes would build the oversized config on the meta device for minutes
-    parts = implied_bytes(config)
+        # refused before any build: the oversized config would build on the meta device for minutes
+        raise error(f"{what} says {over}={getattr(config, over)}, over the plausible limit {CONFIG_LIMITS[over]}; "
+                    f"{cause}")
+    model = meta_model(config)
+    if (problem := memory_problem(config, model, what, cause)) is not None:
+        raise error(problem)
+    return model
+
+
+def memory_problem(config: GPTConfig, model: GPT, what: str, cause: str) -> str | None:
+    """The memory the whole config implies (model: its meta_model), if that is over the limit."""
+    parts = implied_bytes(config, model)
     total = sum(parts.values())
     limit, bound = memory_limit()
     if total > limit:
         shown = ", ".join(f"{name} {gb(n)}" for name, n in parts.items())
-        yield (f"{what} implies a model of {gb(total)} ({shown}), more than {bound} ({gb(limit)}); {cause}, or set "
-               f"{MAX_MODEL_GB_ENV}=GB to build it anyway")
+        return (f"{what} implies a model of {gb(total)} ({shown}), more than {bound} ({gb(limit)}); {cause}, "
+                f"or set {MAX_MODEL_GB_ENV}=GB to build it anyway")
+    return None
 
 
 def sampling_bytes(config: GPTConfig, batch: int, prompt_tokens: int, new_tokens: int,

@@ -266,11 +266,12 @@ class GPT(nn.Module):
             return {name: t.shape for name, t in cls(config).state_dict().items()}
 
     @classmethod
-    def from_weights(cls, config: GPTConfig, state: dict[str, torch.Tensor]) -> GPT:
+    def from_weights(cls, config: GPTConfig, state: dict[str, torch.Tensor], skeleton: GPT | None = None) -> GPT:
         """A GPT holding exactly `state`'s tensors, never allocating (or initialising) weights of its own: built
-        on the meta device, then the tensors are assigned in, so a large import holds its weights once."""
+        on the meta device, then the tensors are assigned in, so a large import holds its weights once.
+        skeleton: that meta model already built (check_config_size's), filled here rather than built again."""
         with torch.device("meta"):
-            model = cls(config)
+            model = skeleton if skeleton is not None else cls(config)
         model.load_state_dict(state, assign=True)
         if config.tie_embeddings:  # assign gave the two names two Parameters: make them one again
             model.transformer.wte.weight = model.lm_head.weight

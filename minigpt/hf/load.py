@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from minigpt.core.torch_files import load_torch_file
-from minigpt.core.limits import check_config_size
+from minigpt.core.limits import check_config_size, state_shapes
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import CheckpointError, UserError, first_line
 from minigpt.hf.files import config_field_problems, read_json_object, weight_files
@@ -267,12 +267,22 @@ def resolve_hf_source(source: str | Path) -> tuple[Path, str]:
 
 # ------------------------------------------------------------------------------------------------ the model
 
-def _our_weights(hf_state: dict[str, torch.Tensor], source_config: GPTConfig,
-                 config: GPTConfig) -> dict[str, torch.Tensor]:
+def source_shapes(skeleton: GPT, source_config: GPTConfig) -> dict[str, torch.Size]:
+    """Our state's shapes for the source's config, from the meta model of the config we build (skeleton): the two
+    differ at most in block_size, which in a state dict is only the learned positions' rows (RoPE's tables are not
+    in it), so the source's shapes need no second model."""
+    shapes = state_shapes(skeleton)
+    if "transformer.wpe.weight" in shapes:
+        shapes["transformer.wpe.weight"] = torch.Size((source_config.block_size, source_config.n_embd))
+    return shapes
+
+
+def _our_weights(hf_state: dict[str, torch.Tensor], source_config: GPTConfig, config: GPTConfig,
+                 skeleton: GPT) -> dict[str, torch.Tensor]:
     """The HF tensors renamed and checked against the source's config, then each made a contiguous float32 tensor
     of its own, one at a time, so that each source tensor (a GPT-2 Conv1D's, transposed; a bf16 one) is freed as
-    soon as its copy exists: the weights are held about once, never three times."""
-    state = from_hf_state_dict(hf_state, source_config)
+    soon as its copy exists: the weights are held about once, never three times.  skeleton: config's meta model."""
+    state = from_hf_state_dict(hf_state, source_config, source_shapes(skeleton, source_config))
     hf_state.clear()  # from here on, only `state` keeps the file's tensors alive
     if config.tie_embeddings:
         del state["lm_head.weight"]  # the embedding itself: converted once, tied again by GPT.from_weights
@@ -301,10 +311,12 @@ def load_hf_model(source: str | Path, device: str | torch.device = "cpu", attent
         overrides = {"attention": attention} if attention is not None else {}
         source_config = config_from_hf(hf_config, **overrides)  # the shapes the files must have
         config = config_from_hf(hf_config, block_size, **overrides)
-        check_config_size(config, "its config.json", CheckpointError)  # before anything is built or read
+        # before anything is read; the meta model it measured is the one this load fills
+        skeleton = check_config_size(config, "its config.json", CheckpointError)
         files = weight_files(model_dir)  # missing weights are named before the tokenizer may reach for a download
         tokenizer = load_hf_tokenizer(model_dir, {**hf_config, "_name_or_path": name})  # before the big read
-        model = GPT.from_weights(config, _our_weights(read_hf_weights(files), source_config, config))
+        model = GPT.from_weights(config, _our_weights(read_hf_weights(files), source_config, config, skeleton),
+                                 skeleton)
     except UserError as e:
         message = first_line(e, 1000)
         raise CheckpointError(message if message.startswith(label) else f"{label}: {message}") from None

@@ -131,20 +131,24 @@ def expected_rank(name: str) -> int | None:
     return None
 
 
-def hf_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+def hf_shapes(config: GPTConfig, shapes: dict[str, torch.Size] | None = None) -> dict[str, tuple[int, ...]]:
     """The shape of each tensor a Hugging Face file of `config` holds, by its HF name (our shapes, converted on
-    the meta device: nothing is allocated)."""
-    meta = {name: torch.empty(shape, device="meta") for name, shape in GPT.state_shapes(config).items()}
+    the meta device: nothing is allocated).  shapes: our state's shapes for `config`, when already known."""
+    shapes = GPT.state_shapes(config) if shapes is None else shapes
+    meta = {name: torch.empty(shape, device="meta") for name, shape in shapes.items()}
     try:
         return {name: tuple(t.shape) for name, t in to_hf_state_dict(meta, config).items()}
     except KeyError:  # an option with no HF name: the import refuses such configs before this
         return {}
 
 
-def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
+def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: GPTConfig,
+                       shapes: dict[str, torch.Size] | None = None) -> dict[str, torch.Tensor]:
     """HF tensors (GPT-2 or Llama/Mistral names) -> our state_dict for `config`, every name and shape checked:
-    a missing tensor or a shape that disagrees with the config is one line naming it."""
-    wanted = hf_shapes(config)
+    a missing tensor or a shape that disagrees with the config is one line naming it.  shapes: our state's shapes
+    for `config` (GPT.state_shapes), when the caller has them from a model it built already."""
+    shapes = GPT.state_shapes(config) if shapes is None else shapes
+    wanted = hf_shapes(config, shapes)
     for name, tensor in hf_state.items():  # before any transpose or concatenation would trip over it
         rank = expected_rank(name)
         if rank is not None and isinstance(tensor, torch.Tensor) and tensor.dim() != rank:
@@ -158,7 +162,7 @@ def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: GPTConfig) -> 
         raise CheckpointError(f"the weights have no tensor for {missing}; the weight files are incomplete or belong "
                               "to another model")
     ours = _ours_from_gpt2(hf_state) if config.arch == "gpt" else _ours_from_llama(hf_state, config)
-    expected = GPT.state_shapes(config)
+    expected = dict(shapes)  # a copy: the tied head is dropped from it below
     if config.tie_embeddings:
         ours.pop("lm_head.weight", None)  # some files store the tied head anyway: the embedding is the one
         expected.pop("lm_head.weight")

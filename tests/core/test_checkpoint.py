@@ -16,6 +16,7 @@ from minigpt.core.checkpoint import (FORMAT_VERSION, RNG_STATE_KEY, model_checkp
                                 read_checkpoint, save_file)
 from minigpt.core.errors import CheckpointError
 from minigpt.core.tokenizers import CharTokenizer
+from support import count_model_builds
 
 
 def tiny_model() -> GPT:
@@ -60,6 +61,17 @@ def test_model_checkpoint_round_trip(tmp_path):
     weights = model_state_dict(read_checkpoint(tmp_path / "m.ckpt"))
     assert weights.keys() == model.state_dict().keys()
     assert not list(tmp_path.glob(".*tmp*")), "no temporary file left behind"
+
+
+def test_a_load_builds_the_model_once_on_the_meta_device(tmp_path, monkeypatch):
+    """The size check's meta model is the one whose shapes the weights are checked against and that is filled."""
+    model, tok = tiny_model(), CharTokenizer("abcde")
+    save_file(model_checkpoint(model, tok), tmp_path / "m.ckpt")
+    builds = count_model_builds(monkeypatch)
+    loaded, _ = load_model(tmp_path / "m.ckpt")
+    assert builds == ["meta"]
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+    assert torch.equal(loaded.rope_cos, model.rope_cos)  # computed for real, not left on the meta device
 
 
 class _Bomb:

@@ -17,6 +17,7 @@ from minigpt.core.errors import CheckpointError
 from minigpt.core.generation import generate
 from minigpt.hf.tokenizer_files import save_hf_tokenizer
 from minigpt.core.tokenizers import ByteTokenizer
+from support import count_model_builds
 
 transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("minigpt.hf.load")
@@ -96,6 +97,19 @@ def test_a_shorter_block_size_crops_the_learned_positions(saved):
     with pytest.raises(CheckpointError, match=r"block_size 128 is longer than the source's context of 64 tokens; "
                                               r"ask for at most 64"):
         hf.load_hf_model(path, block_size=128)
+
+
+@pytest.mark.parametrize("name, block_size", [("gpt2", None), ("gpt2", 32), ("llama-gqa-tied", None),
+                                              ("llama3-rope-scaling", 16)])
+def test_an_import_builds_the_model_once_on_the_meta_device(saved, monkeypatch, name, block_size):
+    """The size check's meta model gives the shapes the files are checked against (the source's, with a shorter
+    block_size too) and is the one filled."""
+    hf_model, path = saved[name]
+    builds = count_model_builds(monkeypatch)
+    model, _ = hf.load_hf_model(path, block_size=block_size)
+    assert builds == ["meta"]
+    idx = ids(T=block_size or 16)
+    assert (our_logits(model, idx) - hf_logits(hf_model, idx)).abs().max() < 1e-4
 
 
 # ------------------------------------------------------------------------------------------- the commands
