@@ -41,6 +41,18 @@ def with_trained_adapters(model: GPT, seed: int = 1) -> GPT:
     return model
 
 
+def train_steps(model: GPT, trained: list[torch.nn.Parameter], steps: int = 3) -> torch.Tensor:
+    """A few AdamW steps on a batch of random tokens of the 52-token vocabulary; returns the batch."""
+    optimizer = torch.optim.AdamW(trained, lr=0.1)
+    idx = torch.randint(0, 52, (4, 17))
+    for _ in range(steps):
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return idx
+
+
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("attention", ["sdpa", "manual", "einops"])
 def test_fresh_adapters_leave_the_logits_equal_to_the_base(name, attention):
@@ -98,13 +110,7 @@ def test_only_adapters_and_new_rows_train_and_the_base_bytes_stay():
     assert all(".lora_" in n or n.endswith("new_rows") for n in names)
     per_block = 2 * ((32 + 32) + 2 * (32 + 16) + (32 + 32) + 3 * (32 + 128))  # rank 2: q, k, v, o, gate, up, down
     assert sum(p.numel() for p in trained) == 2 * per_block + 2 * 2 * 32  # 2 blocks; 2 new rows, embedding and head
-    optimizer = torch.optim.AdamW(trained, lr=0.1)
-    idx = torch.randint(0, 52, (4, 17))
-    for _ in range(3):
-        _, loss = model(idx[:, :-1], idx[:, 1:])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    train_steps(model, trained)
     after = model.state_dict()
     for name, tensor in frozen.items():  # every frozen tensor, byte for byte
         assert torch.equal(after[name], tensor), name
@@ -122,13 +128,7 @@ def test_train_embeddings_trains_every_token_row_and_the_positions_and_merges(na
     assert embeddings <= names  # both names of a tied embedding: one tensor
     assert all(".lora_" in n or n.endswith("new_rows") or n in embeddings for n in names)
     frozen = {n: t.clone() for n, t in model.state_dict().items() if n not in names}
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.1)
-    idx = torch.randint(0, 52, (4, 17))
-    for _ in range(3):
-        _, loss = model(idx[:, :-1], idx[:, 1:])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    idx = train_steps(model, [p for p in model.parameters() if p.requires_grad])
     after = model.state_dict()
     for n, t in frozen.items():  # the blocks' weights, norms and biases, byte for byte
         assert torch.equal(after[n], t), n
