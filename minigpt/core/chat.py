@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from minigpt.core.chat_template import ChatTokenizer
-from minigpt.core.errors import UnknownCharactersError, UserError, shown_chars
+from minigpt.core.errors import UnknownCharactersError, UserError
 from minigpt.core.generation import Sampling, sample_next
 from minigpt.core.model import GPT
 from minigpt.core.tokenizer_base import Tokenizer
@@ -63,9 +63,8 @@ class ChatSession:
             try:
                 ids = self.tokenizer.encode_chat(self.messages, add_generation_prompt=True)[0]
             except UnknownCharactersError as e:
-                problem = (f"the message has {len(e.chars)} character(s) outside the model's char vocabulary: "
-                           f"{shown_chars(e.chars)}; a char-level model reads only the characters it was trained "
-                           "on, so remove or replace them")
+                problem = str(e.about("the message", "a char-level model reads only the characters it was trained "
+                                      "on, so remove or replace them"))
                 break
             if len(ids) <= fits or (len(ids) < block_size and len(self.messages) - first <= 1):
                 return ids

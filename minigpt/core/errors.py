@@ -32,6 +32,11 @@ class UnknownCharactersError(UserError):
                          f"{shown_chars(self.chars)}; remove them, or prepare the data with the byte tokenizer, "
                          "which encodes any text")
 
+    def about(self, what: str, fix: str) -> UserError:
+        """The refusal as a user meets it: what held the characters (a prompt, a message, a text), and what to do."""
+        return UserError(f"{what} has {len(self.chars)} character(s) outside the model's char vocabulary: "
+                         f"{shown_chars(self.chars)}; {fix}")
+
 
 def shown_chars(chars: list[str], limit: int = 10) -> str:
     return ", ".join(repr(c) for c in chars[:limit]) + (", ..." if len(chars) > limit else "")

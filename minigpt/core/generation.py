@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from minigpt.core.compiled import decode_forward
-from minigpt.core.errors import UnknownCharactersError, UserError, shown_chars
+from minigpt.core.errors import UnknownCharactersError, UserError
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import Tokenizer
 
@@ -189,9 +189,8 @@ def prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
         try:
             return tokenizer.encode(prompt)
         except UnknownCharactersError as e:
-            raise UserError(f"the prompt has {len(e.chars)} character(s) outside the model's char vocabulary: "
-                            f"{shown_chars(e.chars)}; a char-level model reads only the characters of its "
-                            "training text, so remove or replace them") from None
+            raise e.about("the prompt", "a char-level model reads only the characters of its training text, so "
+                          "remove or replace them") from None
     if tokenizer.eot_id is not None:
         return [tokenizer.eot_id]
     try:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from minigpt.core.errors import UnknownCharactersError, UserError, shown_chars
+from minigpt.core.errors import UnknownCharactersError, UserError
 from minigpt.core.model import GPT
 from minigpt.core.tokenizer_base import Tokenizer
 
@@ -71,9 +71,7 @@ def text_ids(tokenizer: Tokenizer, text: str, what: str) -> list[int]:
     try:
         return tokenizer.encode(text)
     except UnknownCharactersError as e:
-        raise UserError(f"{what} has {len(e.chars)} character(s) outside the model's char vocabulary: "
-                        f"{shown_chars(e.chars)}; a char-level model can only score text made of its training "
-                        "text's characters") from None
+        raise e.about(what, "a char-level model can only score text made of its training text's characters") from None
 
 
 def bits_per_char_and_byte(nats: float, tokenizer: Tokenizer, ids: Sequence[int] | np.ndarray) -> tuple[float, float]:
