@@ -199,6 +199,9 @@ def dict_problems(kind: Any, d: Any) -> Iterator[str]:
         # minigpt writes each character once, sorted; a repeat would silently shrink the vocabulary (and shift ids)
         elif len(set(chars)) != len(chars):
             yield f"character(s) listed twice: {shown_chars(sorted({c for c in chars if chars.count(c) > 1}))}"
+        # text is decoded strictly, so no corpus yields half a UTF-16 pair; one would break the exports' writers
+        elif any("\ud800" <= c <= "\udfff" for c in chars):
+            yield "a lone surrogate among its characters, which no UTF-8 text holds"
     elif kind == "tiktoken":
         # every id names one token: two tokens on one rank would decode wrongly (tiktoken does not check); two
         # base64 spellings of one token would be one token

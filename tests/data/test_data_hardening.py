@@ -272,6 +272,8 @@ class _FakeResponse:
 def test_tampered_tokenizers_are_refused(tmp_path):
     with pytest.raises(CheckpointError, match=r"listed twice: 'a'"):
         tokenizer_from_dict({"type": "char", "chars": "aabc"})
+    with pytest.raises(CheckpointError, match="a lone surrogate"):
+        tokenizer_from_dict({"type": "char", "chars": "ab\ud800"})
     ranks = {bytes([i]): i for i in range(256)}
     d = TiktokenTokenizer(__import__("tiktoken").Encoding("t", pat_str=r"\S+|\s+", mergeable_ranks=ranks,
                                                           special_tokens={"<|endoftext|>": 256})).to_dict()
