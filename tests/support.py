@@ -4,8 +4,13 @@ pythonpath puts tests/ on sys.path).  Fixtures shared between files live in conf
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+import os
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import tiktoken
 import torch
@@ -127,3 +132,27 @@ def count_model_builds(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(GPT, "__init__", counted)
     return builds
+
+
+RUNS = """import contextlib, io, json, runpy, sys
+script, results = sys.argv[1], []
+for argv in json.loads(sys.argv[2]):
+    sys.argv, err = [script, *argv], io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(script, run_name="__main__"); code = 0
+        except SystemExit as e:
+            code = e.code
+    results.append([code, err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+def script_runs(script: str, argvs: list[list[str]], timeout: float = 300) -> list[tuple[int, str]]:
+    """`python SCRIPT ARGV` for each argv, as from a shell (exit code, stderr), in one child interpreter: the
+    imports are paid once."""
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", RUNS, script, json.dumps(argvs)], cwd=repo, capture_output=True,
+                          env={**os.environ, "PYTHONPATH": str(repo)}, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr
+    return [tuple(r) for r in json.loads(proc.stdout.splitlines()[-1])]

@@ -6,8 +6,6 @@ is one line and exit 130 (the file's own guards, --overwrite and a failed write:
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from minigpt.cli.export import main as export_main
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.core.generation import generate
 from minigpt.core.tokenizers import CharTokenizer
+from support import script_runs
 from minigpt.export.gguf_file import check_previous_gguf
 from minigpt.loading import load_model
 
@@ -149,19 +148,7 @@ def test_export_command_mistakes_are_one_line_exit_2_and_write_nothing(tmp_path)
         (["--ckpt", str(tmp_path / "qk.ckpt"), "--out", str(tmp_path / "hf"), "--gguf_type", "q8_0"],
          "--gguf_type is a setting of --format gguf"),
     ]
-    script = ("import contextlib, io, json, runpy, sys\nresults = []\n"
-              "for argv in json.loads(sys.argv[1]):\n"
-              "    sys.argv, err = ['export.py', *argv], io.StringIO()\n"
-              "    with contextlib.redirect_stderr(err):\n"
-              "        try:\n            runpy.run_path('export.py', run_name='__main__'); code = 0\n"
-              "        except SystemExit as e:\n            code = e.code\n"
-              "    results.append([code, err.getvalue()])\n"
-              "print(json.dumps(results))\n")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", script, json.dumps([argv for argv, _ in cases])], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    for (code, err), (_, expected) in zip(json.loads(proc.stdout.splitlines()[-1]), cases):
+    for (code, err), (_, expected) in zip(script_runs("export.py", [argv for argv, _ in cases], 300), cases):
         assert code == 2 and err.startswith("error: ") and expected in err, err
         assert err.count("\n") == 1 and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "notes.txt", "qk.ckpt", "relu2.ckpt"]

@@ -4,7 +4,6 @@ and an --out that holds files are one line, and nothing is written. Offline: eve
 here, with every weight drawn at std 0.5, so a swapped or untransposed matrix cannot hide."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -23,6 +22,7 @@ from minigpt.loading import load_model
 from minigpt.core.generation import generate
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
+from support import script_runs
 
 transformers = pytest.importorskip("transformers")
 
@@ -232,7 +232,6 @@ def test_export_command_mistakes_are_one_line_exit_2(tmp_path):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "config.json").write_text("{}")
     (tmp_path / "notes.txt").write_text("mine")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     missing = ["--ckpt", str(tmp_path / "missing.ckpt")]  # --out is checked before the checkpoint is looked at
     cases = [(["--ckpt", str(tmp_path / "qk.ckpt"), "--out", str(tmp_path / "out")], "qk_norm=true"),
              (["--ckpt", str(tmp_path / "qk.ckpt"), "--out", str(tmp_path / "taken")], "already holds files"),
@@ -243,19 +242,8 @@ def test_export_command_mistakes_are_one_line_exit_2(tmp_path):
              ([*missing, "--out", str(tmp_path / "notes.txt")], "notes.txt exists and is not a folder"),
              ([*missing, "--out", ""], "--out is empty"),
              ([*missing, "--out", str(tmp_path / "out")], "checkpoint not found")]
-    # one interpreter runs export.py three times, as `python export.py ARGS` would (its exit code and stderr)
-    script = ("import contextlib, io, json, runpy, sys\nresults = []\n"
-              "for argv in json.loads(sys.argv[1]):\n"
-              "    sys.argv, err = ['export.py', *argv], io.StringIO()\n"
-              "    with contextlib.redirect_stderr(err):\n"
-              "        try:\n            runpy.run_path('export.py', run_name='__main__'); code = 0\n"
-              "        except SystemExit as e:\n            code = e.code\n"
-              "    results.append([code, err.getvalue()])\n"
-              "print(json.dumps(results))\n")
-    proc = subprocess.run([sys.executable, "-c", script, json.dumps([argv for argv, _ in cases])], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    for (code, err), (_, expected) in zip(json.loads(proc.stdout.splitlines()[-1]), cases):
+    # one interpreter runs export.py for each case, as `python export.py ARGS` would (its exit code and stderr)
+    for (code, err), (_, expected) in zip(script_runs("export.py", [argv for argv, _ in cases], 120), cases):
         assert code == 2 and err.startswith("error: ") and expected in err, err
         assert err.count("\n") == 1 and "Traceback" not in err
     assert not (tmp_path / "out").exists() and [p.name for p in (tmp_path / "taken").iterdir()] == ["config.json"]
