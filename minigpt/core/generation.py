@@ -26,7 +26,7 @@ from minigpt.core.errors import UnknownCharactersError, UserError
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import Tokenizer
 
-__all__ = ["Sampling", "check_sampling_args", "filter_logits", "sample_next", "refill_length", "generate", "prompt_ids"]
+__all__ = ["Sampling", "filter_logits", "sample_next", "refill_length", "generate", "prompt_ids"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -65,9 +65,6 @@ class Sampling:
             yield f"max_new_tokens must be >= 0, got {self.max_new_tokens}"
         if self.max_new_tokens > MAX_NEW_TOKENS:
             yield f"max_new_tokens must be <= {MAX_NEW_TOKENS:,}, got {self.max_new_tokens:,}; generate in parts"
-
-
-check_sampling_args = Sampling  # the former name (cli/sample.py); building a Sampling is the check
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
