@@ -17,9 +17,28 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-TINY = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "32", "--model.block_size", "32",
-        "--data.batch_size", "8", "--data.val_batches", "2", "--trainer.max_steps", "10",
-        "--trainer.val_check_interval", "10", "--trainer.enable_progress_bar", "false", "--sample_tokens", "0"]
+TINY = [
+    "--model.n_layer",
+    "1",
+    "--model.n_head",
+    "2",
+    "--model.n_embd",
+    "32",
+    "--model.block_size",
+    "32",
+    "--data.batch_size",
+    "8",
+    "--data.val_batches",
+    "2",
+    "--trainer.max_steps",
+    "10",
+    "--trainer.val_check_interval",
+    "10",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--sample_tokens",
+    "0",
+]
 
 
 @dataclass
@@ -33,12 +52,20 @@ class Case:
     base: bool = True  # train.py: start from the tiny run's settings and a new out_dir
 
     def argv(self, w: Path) -> list[str]:
-        names = dict(w=str(w), corpus=str(w / "words.txt"), run=str(w / "run"),
-                     ckpt=str(w / "run" / "checkpoints" / "last.ckpt"))
+        names = dict(
+            w=str(w), corpus=str(w / "words.txt"), run=str(w / "run"), ckpt=str(w / "run" / "checkpoints" / "last.ckpt")
+        )
         args = [a.format(**names) for a in self.args]
         if self.command == "train.py" and self.base:
-            base = ["--data.source", names["corpus"], "--data.data_root", str(w / "data"), *TINY,
-                    "--out_dir", str(w / "new")]
+            base = [
+                "--data.source",
+                names["corpus"],
+                "--data.data_root",
+                str(w / "data"),
+                *TINY,
+                "--out_dir",
+                str(w / "new"),
+            ]
             return base + args  # later flags win
         return args
 
@@ -66,137 +93,419 @@ def export(case: str, *args: str, expect: list[str], **kw) -> Case:
 CASES: list[Case] = [
     train("missing corpus path", "--data.source", "{w}/no_such_corpus.txt", expect=["corpus not found"]),
     train("empty corpus", "--data.source", "{w}/empty.txt", expect=["corpus is empty"]),
-    train("corpus shorter than one window", "--data.source", "{w}/short.txt",
-          expect=["fewer than one window of block_size + 1 = 33"]),
-    train("binary file with the char tokenizer", "--data.source", "{w}/blob.bin",
-          expect=["not UTF-8 text", "byte tokenizer"]),
+    train(
+        "corpus shorter than one window",
+        "--data.source",
+        "{w}/short.txt",
+        expect=["fewer than one window of block_size + 1 = 33"],
+    ),
+    train(
+        "binary file with the char tokenizer",
+        "--data.source",
+        "{w}/blob.bin",
+        expect=["not UTF-8 text", "byte tokenizer"],
+    ),
     train("empty data source (an unset shell variable)", "--data.source", "", expect=["the data source is empty"]),
     train("truncated .gz corpus", "--data.source", "{w}/cut.txt.gz", expect=["not a valid .gz file"]),
     train("unknown tokenizer", "--data.tokenizer", "gpt5_bpe", expect=["gpt5_bpe", "char", "byte"]),
-    train("tiktoken encoding not downloadable offline", "--data.tokenizer", "o200k_base",
-          expect=["o200k_base", "TIKTOKEN_CACHE_DIR"], network=True),
+    train(
+        "tiktoken encoding not downloadable offline",
+        "--data.tokenizer",
+        "o200k_base",
+        expect=["o200k_base", "TIKTOKEN_CACHE_DIR"],
+        network=True,
+    ),
     train("unknown config key", "--model.n_layers", "2", expect=["--model.n_layers"]),
     train("wrong value type", "--trainer.max_steps", "ten", expect=['"trainer.max_steps"']),
-    train("unknown arch", "--model.arch", "mamba", expect=["model.arch: unknown value 'mamba'",
-                                                          "choose one of gpt, llama"]),
+    train(
+        "unknown arch",
+        "--model.arch",
+        "mamba",
+        expect=["model.arch: unknown value 'mamba'", "choose one of gpt, llama"],
+    ),
     train("unknown attention", "--model.attention", "flash3", expect=["model.attention", "sdpa, manual, einops"]),
-    train("n_embd % n_head != 0", "--model.n_embd", "30", "--model.n_head", "4",
-          expect=["model.n_embd: 30 is not divisible by n_head=4"]),
-    train("n_head % n_kv_head != 0", "--model.n_head", "4", "--model.n_kv_head", "3", "--model.n_embd", "64",
-          expect=["model.n_kv_head", "divisor of n_head"]),
-    train("odd head dim with RoPE", "--model.arch", "llama", "--model.n_embd", "36", "--model.n_head", "4",
-          expect=["odd", "RoPE"]),
+    train(
+        "n_embd % n_head != 0",
+        "--model.n_embd",
+        "30",
+        "--model.n_head",
+        "4",
+        expect=["model.n_embd: 30 is not divisible by n_head=4"],
+    ),
+    train(
+        "n_head % n_kv_head != 0",
+        "--model.n_head",
+        "4",
+        "--model.n_kv_head",
+        "3",
+        "--model.n_embd",
+        "64",
+        expect=["model.n_kv_head", "divisor of n_head"],
+    ),
+    train(
+        "odd head dim with RoPE",
+        "--model.arch",
+        "llama",
+        "--model.n_embd",
+        "36",
+        "--model.n_head",
+        "4",
+        expect=["odd", "RoPE"],
+    ),
     train("vocab_size given (it comes from the data)", "--model.vocab_size", "100", expect=["model.vocab_size"]),
-    train("negative learning rate", "--optim.learning_rate", "-0.001",
-          expect=["optim.learning_rate: must be a positive number"]),
+    train(
+        "negative learning rate",
+        "--optim.learning_rate",
+        "-0.001",
+        expect=["optim.learning_rate: must be a positive number"],
+    ),
     train("min_lr_ratio below 0", "--optim.min_lr_ratio", "-0.5", expect=["optim.min_lr_ratio: must be in [0, 1]"]),
     train("batch_size 0", "--data.batch_size", "0", expect=["data.batch_size: must be >= 1"]),
     train("val_batches 0", "--data.val_batches", "0", expect=["data.val_batches: must be >= 1"]),
     train("val_fraction outside (0, 1)", "--data.val_fraction", "1.5", expect=["data.val_fraction: must be between"]),
     train("num_workers below 0", "--data.num_workers", "-1", expect=["data.num_workers: must be >= 0"]),
     train("seed below 0", "--seed", "-1", expect=["--seed must be in [0, 4294967295]"]),
-    train("val_check_interval 0", "--trainer.val_check_interval", "0",
-          expect=["trainer.val_check_interval must be > 0"]),
-    train("accumulate_grad_batches 0", "--trainer.accumulate_grad_batches", "0",
-          expect=["trainer.accumulate_grad_batches must be >= 1"]),
+    train(
+        "val_check_interval 0", "--trainer.val_check_interval", "0", expect=["trainer.val_check_interval must be > 0"]
+    ),
+    train(
+        "accumulate_grad_batches 0",
+        "--trainer.accumulate_grad_batches",
+        "0",
+        expect=["trainer.accumulate_grad_batches must be >= 1"],
+    ),
     train("max_time not in DD:HH:MM:SS", "--trainer.max_time", "1h", expect=["'1h'", "DD:HH:MM:SS"]),
     train("GPU asked for on a machine without one", "--trainer.accelerator", "gpu", expect=["trainer:", "gpu"]),
     train("devices 0", "--trainer.devices", "0", expect=["trainer:", "devices"]),
     train("FSDP asked for on a CPU", "--trainer.strategy", "fsdp", expect=["trainer:", "fsdp", "requires a GPU"]),
     train("checkpoint_every below 1", "--checkpoint_every", "-1", expect=['"checkpoint_every"']),
     train("--resume with no run there", "--resume", expect=["--resume: no checkpoint at"]),
-    train("resume after the corpus changed (same vocabulary size)", "--out_dir", "{run}", "--resume",
-          "--data.source", "{w}/shifted.txt", expect=["another tokenizer", "char vocabulary"]),
-    train("--resume from a truncated last.ckpt", "--out_dir", "{w}/broken", "--resume",
-          expect=["--resume:", "truncated", "best.ckpt", "--overwrite"]),
-    train("checkpoint shape disagrees with the config", "--out_dir", "{run}", "--resume", "true",
-          "--model.n_layer", "2", expect=["n_layer=1 (this run's config gives 2)"]),
+    train(
+        "resume after the corpus changed (same vocabulary size)",
+        "--out_dir",
+        "{run}",
+        "--resume",
+        "--data.source",
+        "{w}/shifted.txt",
+        expect=["another tokenizer", "char vocabulary"],
+    ),
+    train(
+        "--resume from a truncated last.ckpt",
+        "--out_dir",
+        "{w}/broken",
+        "--resume",
+        expect=["--resume:", "truncated", "best.ckpt", "--overwrite"],
+    ),
+    train(
+        "checkpoint shape disagrees with the config",
+        "--out_dir",
+        "{run}",
+        "--resume",
+        "true",
+        "--model.n_layer",
+        "2",
+        expect=["n_layer=1 (this run's config gives 2)"],
+    ),
     train("existing run, neither --resume nor --overwrite", "--out_dir", "{run}", expect=["already holds a run"]),
     train("out_dir cannot be written", "--out_dir", "{w}/a-file/run", expect=["cannot write to out_dir"]),
     sample("missing checkpoint", "--ckpt", "{w}/nope.ckpt", expect=["checkpoint not found"]),
     sample("truncated checkpoint", "--ckpt", "{w}/truncated.ckpt", expect=["truncated"]),
     sample("not a checkpoint", "--ckpt", "{w}/notes.txt", expect=["is not a checkpoint"]),
-    sample("checkpoint that runs code when unpickled", "--ckpt", "{w}/evil.ckpt",
-           expect=["refusing to load", "only load checkpoints written by minigpt"]),
-    sample("checkpoint whose config is implausible (n_layer=10**7)", "--ckpt", "{w}/huge.ckpt",
-           expect=["n_layer=10000000, over the plausible limit"]),
-    sample("checkpoint whose char tokenizer lists a character twice", "--ckpt", "{w}/dup_chars.ckpt",
-           expect=["listed twice"]),
-    sample("checkpoint whose char tokenizer lost characters", "--ckpt", "{w}/few_chars.ckpt",
-           expect=["char tokenizer has", "characters but the model"]),
-    sample("prompt characters outside the char vocabulary", "--ckpt", "{ckpt}", "--prompt", "Zebra ©",
-           expect=["outside the model's char vocabulary", "'©'"]),
+    sample(
+        "checkpoint that runs code when unpickled",
+        "--ckpt",
+        "{w}/evil.ckpt",
+        expect=["refusing to load", "only load checkpoints written by minigpt"],
+    ),
+    sample(
+        "checkpoint whose config is implausible (n_layer=10**7)",
+        "--ckpt",
+        "{w}/huge.ckpt",
+        expect=["n_layer=10000000, over the plausible limit"],
+    ),
+    sample(
+        "checkpoint whose char tokenizer lists a character twice",
+        "--ckpt",
+        "{w}/dup_chars.ckpt",
+        expect=["listed twice"],
+    ),
+    sample(
+        "checkpoint whose char tokenizer lost characters",
+        "--ckpt",
+        "{w}/few_chars.ckpt",
+        expect=["char tokenizer has", "characters but the model"],
+    ),
+    sample(
+        "prompt characters outside the char vocabulary",
+        "--ckpt",
+        "{ckpt}",
+        "--prompt",
+        "Zebra ©",
+        expect=["outside the model's char vocabulary", "'©'"],
+    ),
     sample("temperature < 0", "--ckpt", "{ckpt}", "--temperature", "-1", expect=["temperature must be >= 0"]),
     sample("top_k < 1", "--ckpt", "{ckpt}", "--top_k", "0", expect=["top_k must be >= 1"]),
     sample("top_p outside (0, 1]", "--ckpt", "{ckpt}", "--top_p", "1.5", expect=["top_p must be in (0, 1]"]),
-    sample("negative max_new_tokens", "--ckpt", "{ckpt}", "--max_new_tokens", "-5",
-           expect=["max_new_tokens must be >= 0"]),
-    sample("unknown attention path", "--ckpt", "{ckpt}", "--attention", "flash",
-           expect=["attention: unknown value 'flash'"]),
-    sample("unknown --quantize", "--ckpt", "{ckpt}", "--quantize", "int4",
-           expect=["quantize: unknown value 'int4'; choose one of int8"]),
+    sample(
+        "negative max_new_tokens", "--ckpt", "{ckpt}", "--max_new_tokens", "-5", expect=["max_new_tokens must be >= 0"]
+    ),
+    sample(
+        "unknown attention path",
+        "--ckpt",
+        "{ckpt}",
+        "--attention",
+        "flash",
+        expect=["attention: unknown value 'flash'"],
+    ),
+    sample(
+        "unknown --quantize",
+        "--ckpt",
+        "{ckpt}",
+        "--quantize",
+        "int4",
+        expect=["quantize: unknown value 'int4'; choose one of int8"],
+    ),
     sample("a device this machine lacks", "--ckpt", "{ckpt}", "--device", "mps", expect=["device mps"]),
     sample("seed below 0", "--ckpt", "{ckpt}", "--seed", "-1", expect=["--seed must be in [0, 4294967295]"]),
-    evaluate("batch_size below 1", "--ckpt", "{ckpt}", "--text", "{corpus}", "--batch_size", "-1",
-             expect=["batch_size must be >= 1"]),
+    evaluate(
+        "batch_size below 1",
+        "--ckpt",
+        "{ckpt}",
+        "--text",
+        "{corpus}",
+        "--batch_size",
+        "-1",
+        expect=["batch_size must be >= 1"],
+    ),
     evaluate("missing text file", "--ckpt", "{ckpt}", "--text", "{w}/nope.txt", expect=["nope.txt"]),
-    evaluate("unknown --quantize", "--ckpt", "{ckpt}", "--text", "{corpus}", "--quantize", "fp8",
-             expect=["quantize: unknown value 'fp8'; choose one of int8"]),
-    evaluate("text outside the char vocabulary", "--ckpt", "{ckpt}", "--text", "{w}/other.txt",
-             expect=["outside the model's char vocabulary"]),
-    train("init_from with a model setting that differs from the source's", "--init_from", "{run}",
-          "--model.n_layer", "2", expect=["init_from", "model.n_layer=2", "the source has 1"]),
-    sample("Hugging Face directory of an unsupported architecture", "--ckpt", "{w}/hf_bert",
-           expect=["BertForMaskedLM", "GPT2LMHeadModel"]),
-    sample("Hugging Face directory without its weight files", "--ckpt", "{w}/hf_no_weights",
-           expect=["model.safetensors"]),
-    attention("prompt longer than block_size", "--ckpt", "{ckpt}", "--prompt", "a" * 40, "--out", "{w}/lab",
-              expect=["40 tokens", "block_size=32"]),
+    evaluate(
+        "unknown --quantize",
+        "--ckpt",
+        "{ckpt}",
+        "--text",
+        "{corpus}",
+        "--quantize",
+        "fp8",
+        expect=["quantize: unknown value 'fp8'; choose one of int8"],
+    ),
+    evaluate(
+        "text outside the char vocabulary",
+        "--ckpt",
+        "{ckpt}",
+        "--text",
+        "{w}/other.txt",
+        expect=["outside the model's char vocabulary"],
+    ),
+    train(
+        "init_from with a model setting that differs from the source's",
+        "--init_from",
+        "{run}",
+        "--model.n_layer",
+        "2",
+        expect=["init_from", "model.n_layer=2", "the source has 1"],
+    ),
+    sample(
+        "Hugging Face directory of an unsupported architecture",
+        "--ckpt",
+        "{w}/hf_bert",
+        expect=["BertForMaskedLM", "GPT2LMHeadModel"],
+    ),
+    sample(
+        "Hugging Face directory without its weight files", "--ckpt", "{w}/hf_no_weights", expect=["model.safetensors"]
+    ),
+    attention(
+        "prompt longer than block_size",
+        "--ckpt",
+        "{ckpt}",
+        "--prompt",
+        "a" * 40,
+        "--out",
+        "{w}/lab",
+        expect=["40 tokens", "block_size=32"],
+    ),
     attention("empty prompt", "--ckpt", "{ckpt}", "--prompt", "", "--out", "{w}/lab", expect=["prompt is empty"]),
-    export("--out already holds files", "--ckpt", "{ckpt}", "--out", "{w}/occupied",
-           expect=["already holds files", "--overwrite"]),
+    export(
+        "--out already holds files",
+        "--ckpt",
+        "{ckpt}",
+        "--out",
+        "{w}/occupied",
+        expect=["already holds files", "--overwrite"],
+    ),
     train("--finetune lora without init_from", "--finetune", "lora", expect=["--finetune lora", "--init_from"]),
-    train("LoRA rank 0", "--init_from", "{run}", "--finetune", "lora", "--lora.rank", "0",
-          expect=["lora.rank: must be a positive integer, got 0"]),
-    train("LoRA rank larger than the layer", "--init_from", "{run}", "--finetune", "lora", "--lora.rank", "64",
-          expect=["lora.rank: 64 is larger than the q projection (32 x 32)", "at most 32"]),
-    train("LoRA alpha not positive", "--init_from", "{run}", "--finetune", "lora", "--lora.alpha", "0",
-          expect=["lora.alpha: must be a positive number"]),
-    train("unknown LoRA target", "--init_from", "{run}", "--finetune", "lora", "--lora.targets", "[q,ffn]",
-          expect=['"lora.targets"', "ffn"]),
-    train("resuming a LoRA run as a full one", "--out_dir", "{w}/lora_run", "--init_from", "{run}", "--resume",
-          expect=["is a LoRA run", "--finetune lora"]),
-    train("resuming a LoRA run on another base", "--out_dir", "{w}/lora_run", "--init_from", "{w}/other_base.ckpt",
-          "--finetune", "lora", "--resume", expect=["was trained on the base", "is another model", "--init_from"]),
-    export("--format peft of a run without adapters", "--ckpt", "{ckpt}", "--format", "peft", "--out", "{w}/adapter",
-           expect=["is not a LoRA run", "--finetune lora"]),
+    train(
+        "LoRA rank 0",
+        "--init_from",
+        "{run}",
+        "--finetune",
+        "lora",
+        "--lora.rank",
+        "0",
+        expect=["lora.rank: must be a positive integer, got 0"],
+    ),
+    train(
+        "LoRA rank larger than the layer",
+        "--init_from",
+        "{run}",
+        "--finetune",
+        "lora",
+        "--lora.rank",
+        "64",
+        expect=["lora.rank: 64 is larger than the q projection (32 x 32)", "at most 32"],
+    ),
+    train(
+        "LoRA alpha not positive",
+        "--init_from",
+        "{run}",
+        "--finetune",
+        "lora",
+        "--lora.alpha",
+        "0",
+        expect=["lora.alpha: must be a positive number"],
+    ),
+    train(
+        "unknown LoRA target",
+        "--init_from",
+        "{run}",
+        "--finetune",
+        "lora",
+        "--lora.targets",
+        "[q,ffn]",
+        expect=['"lora.targets"', "ffn"],
+    ),
+    train(
+        "resuming a LoRA run as a full one",
+        "--out_dir",
+        "{w}/lora_run",
+        "--init_from",
+        "{run}",
+        "--resume",
+        expect=["is a LoRA run", "--finetune lora"],
+    ),
+    train(
+        "resuming a LoRA run on another base",
+        "--out_dir",
+        "{w}/lora_run",
+        "--init_from",
+        "{w}/other_base.ckpt",
+        "--finetune",
+        "lora",
+        "--resume",
+        expect=["was trained on the base", "is another model", "--init_from"],
+    ),
+    export(
+        "--format peft of a run without adapters",
+        "--ckpt",
+        "{ckpt}",
+        "--format",
+        "peft",
+        "--out",
+        "{w}/adapter",
+        expect=["is not a LoRA run", "--finetune lora"],
+    ),
     # user data is bounded where it is read: JSON depth, template render budget, file kinds, memory (issue 40)
-    train("chat data nested 100,000 deep", "--data.format", "chat", "--data.source", "{w}/deep.jsonl",
-          expect=["deep.jsonl line 1: not JSON", "nested more than 100 levels deep"]),
-    train("a JSON file nested 100,000 deep as the corpus", "--data.source", "{w}/deep.json",
-          expect=["could not read", "nested more than 100 levels deep"]),
-    train("a tokenizer file nested 100,000 deep", "--data.tokenizer", "{w}/deep.json",
-          expect=["tokenizer file", "nested more than 100 levels deep"]),
+    train(
+        "chat data nested 100,000 deep",
+        "--data.format",
+        "chat",
+        "--data.source",
+        "{w}/deep.jsonl",
+        expect=["deep.jsonl line 1: not JSON", "nested more than 100 levels deep"],
+    ),
+    train(
+        "a JSON file nested 100,000 deep as the corpus",
+        "--data.source",
+        "{w}/deep.json",
+        expect=["could not read", "nested more than 100 levels deep"],
+    ),
+    train(
+        "a tokenizer file nested 100,000 deep",
+        "--data.tokenizer",
+        "{w}/deep.json",
+        expect=["tokenizer file", "nested more than 100 levels deep"],
+    ),
     train("bpe:VOCAB in Unicode digits", "--data.tokenizer", "bpe:²⁵⁸", expect=["'bpe:²⁵⁸'", "in the digits 0-9"]),
-    train("a BPE trained on a 1 MB run of one character", "--data.source", "{w}/one_run.txt", "--data.tokenizer",
-          "bpe:4096", expect=["bpe:4096", "fills only", "ask for bpe:"]),
-    train("chat template with loops of 10**10 steps", "--data.format", "chat", "--data.source", "{w}/chats.jsonl",
-          "--data.chat_template", "{w}/loops.jinja", expect=["loops.jinja", "render budget of 1,000,000 steps"]),
-    train("chat template that builds 300 MB", "--data.format", "chat", "--data.source", "{w}/chats.jsonl",
-          "--data.chat_template", "{w}/huge.jinja", expect=["builds a text of 300,000,000 characters"]),
-    train("/dev/zero as the chat template", "--data.format", "chat", "--data.source", "{w}/chats.jsonl",
-          "--data.chat_template", "/dev/zero", expect=["cannot read /dev/zero", "character device"]),
+    train(
+        "a BPE trained on a 1 MB run of one character",
+        "--data.source",
+        "{w}/one_run.txt",
+        "--data.tokenizer",
+        "bpe:4096",
+        expect=["bpe:4096", "fills only", "ask for bpe:"],
+    ),
+    train(
+        "chat template with loops of 10**10 steps",
+        "--data.format",
+        "chat",
+        "--data.source",
+        "{w}/chats.jsonl",
+        "--data.chat_template",
+        "{w}/loops.jinja",
+        expect=["loops.jinja", "render budget of 1,000,000 steps"],
+    ),
+    train(
+        "chat template that builds 300 MB",
+        "--data.format",
+        "chat",
+        "--data.source",
+        "{w}/chats.jsonl",
+        "--data.chat_template",
+        "{w}/huge.jinja",
+        expect=["builds a text of 300,000,000 characters"],
+    ),
+    train(
+        "/dev/zero as the chat template",
+        "--data.format",
+        "chat",
+        "--data.source",
+        "{w}/chats.jsonl",
+        "--data.chat_template",
+        "/dev/zero",
+        expect=["cannot read /dev/zero", "character device"],
+    ),
     sample("--config nested 100,000 deep", "--config", "{w}/deep.yaml", expect=["nested more than 100 levels deep"]),
-    sample("/dev/zero as the prompt file", "--ckpt", "{ckpt}", "--prompt-file", "/dev/zero",
-           expect=["cannot read prompt file /dev/zero", "character device"]),
-    sample("--num_samples past this machine's memory", "--ckpt", "{ckpt}", "--num_samples", "100000000",
-           expect=["generating 100,000,000 sequence(s)", "draw fewer samples"]),
-    evaluate("--num_fewshot past a task's documents", "--ckpt", "{ckpt}", "--tasks", "{w}/quiz.yaml",
-             "--num_fewshot", "1000", expect=["num_fewshot=1000", "task quiz has 5 document(s)"]),
-    evaluate("a task's !function hook that raises", "--ckpt", "{ckpt}", "--tasks", "{w}/hooked.yaml",
-             expect=["task hooked: its hook !function hooks.broken", "ZeroDivisionError"]),
-    evaluate("a task hook from outside the task file's folder", "--ckpt", "{ckpt}", "--tasks", "{w}/outside.yaml",
-             expect=["!function os.system", "the one place task hooks are read from"]),
+    sample(
+        "/dev/zero as the prompt file",
+        "--ckpt",
+        "{ckpt}",
+        "--prompt-file",
+        "/dev/zero",
+        expect=["cannot read prompt file /dev/zero", "character device"],
+    ),
+    sample(
+        "--num_samples past this machine's memory",
+        "--ckpt",
+        "{ckpt}",
+        "--num_samples",
+        "100000000",
+        expect=["generating 100,000,000 sequence(s)", "draw fewer samples"],
+    ),
+    evaluate(
+        "--num_fewshot past a task's documents",
+        "--ckpt",
+        "{ckpt}",
+        "--tasks",
+        "{w}/quiz.yaml",
+        "--num_fewshot",
+        "1000",
+        expect=["num_fewshot=1000", "task quiz has 5 document(s)"],
+    ),
+    evaluate(
+        "a task's !function hook that raises",
+        "--ckpt",
+        "{ckpt}",
+        "--tasks",
+        "{w}/hooked.yaml",
+        expect=["task hooked: its hook !function hooks.broken", "ZeroDivisionError"],
+    ),
+    evaluate(
+        "a task hook from outside the task file's folder",
+        "--ckpt",
+        "{ckpt}",
+        "--tasks",
+        "{w}/outside.yaml",
+        expect=["!function os.system", "the one place task hooks are read from"],
+    ),
 ]
 
 
@@ -245,18 +554,28 @@ def _write_hostile_inputs(w: Path) -> None:
     (w / "deep.json").write_text('{"a":' * deep + "1" + "}" * deep)  # a tokenizer.json's shape, gone deep
     (w / "deep.yaml").write_text("seed: " + "[" * deep + "]" * deep + "\n")
     (w / "one_run.txt").write_text("a" * 1_000_000)
-    (w / "chats.jsonl").write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"{a} + {a}?"},
-                                                                   {"role": "assistant", "content": str(2 * a)}]})
-                                           + "\n" for a in range(8)))
-    (w / "loops.jinja").write_text("{% for i in range(10**5) %}{% for j in range(10**5) %}{% endfor %}{% endfor %}"
-                                   "<|im_end|>")
+    (w / "chats.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {"messages": [{"role": "user", "content": f"{a} + {a}?"}, {"role": "assistant", "content": str(2 * a)}]}
+            )
+            + "\n"
+            for a in range(8)
+        )
+    )
+    (w / "loops.jinja").write_text(
+        "{% for i in range(10**5) %}{% for j in range(10**5) %}{% endfor %}{% endfor %}<|im_end|>"
+    )
     (w / "huge.jinja").write_text("{{ 'x' * 3*10**8 }}<|im_end|>")
-    (w / "quiz.jsonl").write_text("".join(json.dumps({"question": f"the {i}", "choices": ["fox", "dog"], "answer": 0})
-                                          + "\n" for i in range(5)))
-    quiz = (f"task: quiz\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {w / 'quiz.jsonl'}\n"
-            "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{question}}'\n"
-            "doc_to_choice: '{{choices}}'\ndoc_to_target: '{{answer}}'\nmetric_list:\n  - metric: acc\n"
-            "    aggregation: mean\n    higher_is_better: true\n")
+    (w / "quiz.jsonl").write_text(
+        "".join(json.dumps({"question": f"the {i}", "choices": ["fox", "dog"], "answer": 0}) + "\n" for i in range(5))
+    )
+    quiz = (
+        f"task: quiz\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {w / 'quiz.jsonl'}\n"
+        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{question}}'\n"
+        "doc_to_choice: '{{choices}}'\ndoc_to_target: '{{answer}}'\nmetric_list:\n  - metric: acc\n"
+        "    aggregation: mean\n    higher_is_better: true\n"
+    )
     (w / "quiz.yaml").write_text(quiz)
     (w / "hooked.yaml").write_text(quiz.replace("task: quiz", "task: hooked\nprocess_docs: !function hooks.broken"))
     (w / "hooks.py").write_text("def broken(docs):\n    return 1 / 0\n")
@@ -265,8 +584,7 @@ def _write_hostile_inputs(w: Path) -> None:
 
 def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
     """Write the files the cases name, and train the tiny run with train_tiny_run(argv)."""
-    (w / "words.txt").write_text("\n".join(f"the quick brown fox {i % 7} jumps over the lazy dog"
-                                            for i in range(2000)))
+    (w / "words.txt").write_text("\n".join(f"the quick brown fox {i % 7} jumps over the lazy dog" for i in range(2000)))
     (w / "empty.txt").write_text("")
     (w / "short.txt").write_text("far fewer characters than one window\n")
     (w / "blob.bin").write_bytes(bytes(range(256)) * 64)
@@ -278,14 +596,26 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
     (w / "a-file").write_text("not a folder\n")  # a path under a file: unwritable even for root
     (w / "occupied").mkdir()
     (w / "occupied" / "notes.txt").write_text("a user's file: export.py must not touch it\n")
-    for name, config in (("hf_bert", {"architectures": ["BertForMaskedLM"], "model_type": "bert"}),
-                         ("hf_no_weights", {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-                                            "n_layer": 1, "n_head": 2, "n_embd": 32, "n_positions": 32,
-                                            "vocab_size": 64})):
+    for name, config in (
+        ("hf_bert", {"architectures": ["BertForMaskedLM"], "model_type": "bert"}),
+        (
+            "hf_no_weights",
+            {
+                "architectures": ["GPT2LMHeadModel"],
+                "model_type": "gpt2",
+                "n_layer": 1,
+                "n_head": 2,
+                "n_embd": 32,
+                "n_positions": 32,
+                "vocab_size": 64,
+            },
+        ),
+    ):
         (w / name).mkdir()
         (w / name / "config.json").write_text(json.dumps(config))
-    train_tiny_run(["--data.source", str(w / "words.txt"), "--data.data_root", str(w / "data"), *TINY,
-                    "--out_dir", str(w / "run")])
+    train_tiny_run(
+        ["--data.source", str(w / "words.txt"), "--data.data_root", str(w / "data"), *TINY, "--out_dir", str(w / "run")]
+    )
     ckpt = w / "run" / "checkpoints" / "last.ckpt"
     (w / "truncated.ckpt").write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
     (w / "broken" / "checkpoints").mkdir(parents=True)
@@ -296,6 +626,19 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
     _write_edited_tokenizer_checkpoint(ckpt, w / "few_chars.ckpt", lambda chars: chars[:-1])
     _write_hostile_inputs(w)
     _write_other_base(ckpt, w / "other_base.ckpt")
-    train_tiny_run(["--data.source", str(w / "words.txt"), "--data.data_root", str(w / "data"), *TINY,
-                    "--out_dir", str(w / "lora_run"), "--init_from", str(w / "run"), "--finetune", "lora"])
+    train_tiny_run(
+        [
+            "--data.source",
+            str(w / "words.txt"),
+            "--data.data_root",
+            str(w / "data"),
+            *TINY,
+            "--out_dir",
+            str(w / "lora_run"),
+            "--init_from",
+            str(w / "run"),
+            "--finetune",
+            "lora",
+        ]
+    )
     return w

@@ -22,12 +22,23 @@ from benchmarks.common import REPO_ROOT, common_parser, markdown_table, write_js
 
 
 def run(script: str, args: list[str], cwd: Path, stdin: str | None = None) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / script), *args], cwd=cwd, capture_output=True,
-                          text=True, input=stdin, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / script), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=600,
+    )
     err = [line for line in proc.stderr.splitlines() if line.strip()]
     errors = [line for line in err if line.startswith("error")]  # other lines: Lightning's info logs
-    return dict(exit_code=proc.returncode, error_lines=len(errors), stderr_lines=len(err),
-                traceback=any("Traceback" in x for x in err), message=errors[-1] if errors else (err[-1] if err else ""))
+    return dict(
+        exit_code=proc.returncode,
+        error_lines=len(errors),
+        stderr_lines=len(err),
+        traceback=any("Traceback" in x for x in err),
+        message=errors[-1] if errors else (err[-1] if err else ""),
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -49,16 +60,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rows.append(dict(command=case.command, case=case.case, **result))
         code_ran = (w / "PWNED").exists()
         ckpt = w / "run" / "checkpoints" / "last.ckpt"
-        survived = ckpt.is_file() and run("sample.py", ["--ckpt", str(ckpt), "--max_new_tokens", "5"], w)["exit_code"] == 0
+        survived = (
+            ckpt.is_file() and run("sample.py", ["--ckpt", str(ckpt), "--max_new_tokens", "5"], w)["exit_code"] == 0
+        )
 
-    print(markdown_table(rows, [("command", "command", ""), ("case", "bad input", ""), ("exit_code", "exit", "d"),
-                                ("error_lines", "error lines", "d"), ("message", "message", "")]))
+    print(
+        markdown_table(
+            rows,
+            [
+                ("command", "command", ""),
+                ("case", "bad input", ""),
+                ("exit_code", "exit", "d"),
+                ("error_lines", "error lines", "d"),
+                ("message", "message", ""),
+            ],
+        )
+    )
     one_line = all(r["exit_code"] == 2 and r["error_lines"] == 1 and not r["traceback"] for r in rows)
-    print(f"\nall {len(rows)} cases: exit 2, one line, no traceback: {'yes' if one_line else 'NO'}; "
-          f"malicious checkpoint ran code: {'YES' if code_ran else 'no'}; "
-          f"the run's checkpoint still samples after all of them: {'yes' if survived else 'NO'}")
-    result = dict(benchmark="bad_inputs", results=rows, all_one_line=one_line, malicious_code_ran=code_ran,
-                  checkpoint_survived=survived)
+    print(
+        f"\nall {len(rows)} cases: exit 2, one line, no traceback: {'yes' if one_line else 'NO'}; "
+        f"malicious checkpoint ran code: {'YES' if code_ran else 'no'}; "
+        f"the run's checkpoint still samples after all of them: {'yes' if survived else 'NO'}"
+    )
+    result = dict(
+        benchmark="bad_inputs",
+        results=rows,
+        all_one_line=one_line,
+        malicious_code_ran=code_ran,
+        checkpoint_survived=survived,
+    )
     print(f"\nwrote {write_json(result, args.json)}")
     return result
 

@@ -31,21 +31,52 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import (DTYPES, common_parser, describe_machine, load_avg, machine_label,  # noqa: E402
-                               markdown_table, median, mib, peak_memory, pick_device, time_fn, wait_for_quiet,
-                               write_json)
+from benchmarks.common import (
+    DTYPES,
+    common_parser,
+    describe_machine,
+    load_avg,
+    machine_label,  # noqa: E402
+    markdown_table,
+    median,
+    mib,
+    peak_memory,
+    pick_device,
+    time_fn,
+    wait_for_quiet,
+    write_json,
+)
 from minigpt.core.config import GPTConfig  # noqa: E402
 from minigpt.core.model import CausalSelfAttention, causal_mask  # noqa: E402
 
 PATHS = ("sdpa", "manual", "einops")
 
 
-def build_case(path: str, batch: int, n_head: int, n_kv_head: int, head_dim: int, seq_len: int, max_len: int,
-               scope: str, dtype: torch.dtype, device: torch.device, seed: int = 0):
+def build_case(
+    path: str,
+    batch: int,
+    n_head: int,
+    n_kv_head: int,
+    head_dim: int,
+    seq_len: int,
+    max_len: int,
+    scope: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int = 0,
+):
     """(forward, forward_backward) closures for one path / GQA setting / sequence length."""
     torch.manual_seed(seed)
-    cfg = GPTConfig(n_layer=1, n_head=n_head, n_kv_head=n_kv_head, n_embd=n_head * head_dim, block_size=max_len,
-                    vocab_size=1, attention=path, dropout=0.0)
+    cfg = GPTConfig(
+        n_layer=1,
+        n_head=n_head,
+        n_kv_head=n_kv_head,
+        n_embd=n_head * head_dim,
+        block_size=max_len,
+        vocab_size=1,
+        attention=path,
+        dropout=0.0,
+    )
     layer = CausalSelfAttention(cfg).to(device=device, dtype=dtype)
     B, T = batch, seq_len
 
@@ -87,8 +118,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--gqa_kv_heads", type=int, default=None, help="n_kv_head with GQA on (default n_head // 4)")
     p.add_argument("--gqa", nargs="+", default=["off", "on"], choices=["off", "on"])
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    p.add_argument("--scope", default="core", choices=["core", "layer"],
-                   help="core: attention given q/k/v (default); layer: the whole CausalSelfAttention")
+    p.add_argument(
+        "--scope",
+        default="core",
+        choices=["core", "layer"],
+        help="core: attention given q/k/v (default); layer: the whole CausalSelfAttention",
+    )
     p.add_argument("--repeats", type=int, default=3, help="timed calls per measurement (median reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls before timing")
     p.add_argument("--no_memory", action="store_true", help="skip the peak-memory measurement")
@@ -105,29 +140,54 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     load_readings = wait_for_quiet(tries=args.wait_quiet)
     label = machine_label(device, dtype)
 
-    settings = dict(scope=args.scope, batch=args.batch, n_head=args.n_head, head_dim=args.head_dim,
-                    gqa_kv_heads=kv_on, seq_lens=seq_lens, paths=args.paths, dtype=str(dtype).removeprefix("torch."),
-                    repeats=args.repeats, warmup=args.warmup, statistic="median", quick=args.quick)
+    settings = dict(
+        scope=args.scope,
+        batch=args.batch,
+        n_head=args.n_head,
+        head_dim=args.head_dim,
+        gqa_kv_heads=kv_on,
+        seq_lens=seq_lens,
+        paths=args.paths,
+        dtype=str(dtype).removeprefix("torch."),
+        repeats=args.repeats,
+        warmup=args.warmup,
+        statistic="median",
+        quick=args.quick,
+    )
     print(describe_machine(label))
-    print(f"Settings: scope {args.scope} ({'attention given q/k/v' if args.scope == 'core' else 'whole layer'}), "
-          f"B={args.batch}, n_head={args.n_head}, head_dim={args.head_dim}, GQA on: n_kv_head={kv_on}, "
-          f"dtype {settings['dtype']}; median of {args.repeats} after {args.warmup} warm-up\n", flush=True)
+    print(
+        f"Settings: scope {args.scope} ({'attention given q/k/v' if args.scope == 'core' else 'whole layer'}), "
+        f"B={args.batch}, n_head={args.n_head}, head_dim={args.head_dim}, GQA on: n_kv_head={kv_on}, "
+        f"dtype {settings['dtype']}; median of {args.repeats} after {args.warmup} warm-up\n",
+        flush=True,
+    )
 
     rows: list[dict[str, Any]] = []
     for T in seq_lens:  # paths interleaved at each length: load drifts hit them alike
         for gqa, n_kv in gqa_settings:
             for path in args.paths:
-                forward, forward_backward = build_case(path, args.batch, args.n_head, n_kv, args.head_dim, T,
-                                                       max(seq_lens), args.scope, dtype, device)
+                forward, forward_backward = build_case(
+                    path, args.batch, args.n_head, n_kv, args.head_dim, T, max(seq_lens), args.scope, dtype, device
+                )
                 fwd = median(time_fn(forward, device, args.repeats, args.warmup))
                 fwd_bwd = median(time_fn(forward_backward, device, args.repeats, args.warmup))
                 peak = None if args.no_memory else peak_memory(forward_backward, device)
-                row = dict(path=path, gqa=gqa, n_kv_head=n_kv, seq_len=T, fwd_ms=round(fwd * 1e3, 3),
-                           fwd_bwd_ms=round(fwd_bwd * 1e3, 3),
-                           peak_mib=None if peak is None else round(mib(peak), 2), peak_bytes=peak)
+                row = dict(
+                    path=path,
+                    gqa=gqa,
+                    n_kv_head=n_kv,
+                    seq_len=T,
+                    fwd_ms=round(fwd * 1e3, 3),
+                    fwd_bwd_ms=round(fwd_bwd * 1e3, 3),
+                    peak_mib=None if peak is None else round(mib(peak), 2),
+                    peak_bytes=peak,
+                )
                 rows.append(row)
-                print(f"  T={T:5d} gqa={gqa:3s} {path:6s}: fwd {row['fwd_ms']:9.2f} ms, fwd+bwd "
-                      f"{row['fwd_bwd_ms']:9.2f} ms, peak {row['peak_mib']} MiB", flush=True)
+                print(
+                    f"  T={T:5d} gqa={gqa:3s} {path:6s}: fwd {row['fwd_ms']:9.2f} ms, fwd+bwd "
+                    f"{row['fwd_bwd_ms']:9.2f} ms, peak {row['peak_mib']} MiB",
+                    flush=True,
+                )
                 del forward, forward_backward
 
     # Scaling from the second-longest to the longest length, and sdpa's speed-up at the longest
@@ -139,11 +199,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for gqa, _ in gqa_settings:
             for path in args.paths:
                 hi, lo = by[(path, gqa, T1)], by[(path, gqa, T0)]
-                s = dict(path=path, gqa=gqa, T=T1, T_prev=T0,
-                         fwd_bwd_ms=hi["fwd_bwd_ms"],
-                         time_ratio=round(hi["fwd_bwd_ms"] / lo["fwd_bwd_ms"], 2),
-                         mem_ratio=(round(hi["peak_bytes"] / lo["peak_bytes"], 2)
-                                    if hi["peak_bytes"] and lo["peak_bytes"] else None))
+                s = dict(
+                    path=path,
+                    gqa=gqa,
+                    T=T1,
+                    T_prev=T0,
+                    fwd_bwd_ms=hi["fwd_bwd_ms"],
+                    time_ratio=round(hi["fwd_bwd_ms"] / lo["fwd_bwd_ms"], 2),
+                    mem_ratio=(
+                        round(hi["peak_bytes"] / lo["peak_bytes"], 2) if hi["peak_bytes"] and lo["peak_bytes"] else None
+                    ),
+                )
                 if "sdpa" in args.paths:
                     s["sdpa_speedup"] = round(hi["fwd_bwd_ms"] / by[("sdpa", gqa, T1)]["fwd_bwd_ms"], 2)
                 summary.append(s)
@@ -159,21 +225,48 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         if s["path"] == "manual" and s["mem_ratio"] is not None:
                             checks[f"manual_memory_superlinear_gqa_{gqa}"] = s["mem_ratio"] > linear
 
-    columns = [("path", "path", ""), ("gqa", "GQA", ""), ("n_kv_head", "n_kv_head", "d"), ("seq_len", "T", "d"),
-               ("fwd_ms", "fwd ms", ".2f"), ("fwd_bwd_ms", "fwd+bwd ms", ".2f"), ("peak_mib", "peak MiB (fwd+bwd)", ".1f")]
+    columns = [
+        ("path", "path", ""),
+        ("gqa", "GQA", ""),
+        ("n_kv_head", "n_kv_head", "d"),
+        ("seq_len", "T", "d"),
+        ("fwd_ms", "fwd ms", ".2f"),
+        ("fwd_bwd_ms", "fwd+bwd ms", ".2f"),
+        ("peak_mib", "peak MiB (fwd+bwd)", ".1f"),
+    ]
     ordered = sorted(rows, key=lambda r: (r["gqa"] != "off", r["seq_len"], args.paths.index(r["path"])))
     print("\n" + markdown_table(ordered, columns))
     if summary:
-        print(f"\nScaling T={summary[0]['T_prev']} -> T={summary[0]['T']} (ratios) and sdpa's fwd+bwd speed-up "
-              f"over each path at T={summary[0]['T']}:\n")
-        print(markdown_table(summary, [("path", "path", ""), ("gqa", "GQA", ""), ("fwd_bwd_ms", "fwd+bwd ms", ".2f"),
-                                       ("time_ratio", "time ratio", ".2f"), ("mem_ratio", "mem ratio", ".2f"),
-                                       ("sdpa_speedup", "sdpa speed-up", ".2f")]))
+        print(
+            f"\nScaling T={summary[0]['T_prev']} -> T={summary[0]['T']} (ratios) and sdpa's fwd+bwd speed-up "
+            f"over each path at T={summary[0]['T']}:\n"
+        )
+        print(
+            markdown_table(
+                summary,
+                [
+                    ("path", "path", ""),
+                    ("gqa", "GQA", ""),
+                    ("fwd_bwd_ms", "fwd+bwd ms", ".2f"),
+                    ("time_ratio", "time ratio", ".2f"),
+                    ("mem_ratio", "mem ratio", ".2f"),
+                    ("sdpa_speedup", "sdpa speed-up", ".2f"),
+                ],
+            )
+        )
     if checks:
         print("\nChecks: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in checks.items()))
 
-    result = dict(benchmark="attention", machine=label, load_avg_1m_before=load_readings,
-                  load_avg_1m_after=load_avg(), settings=settings, results=rows, scaling=summary, checks=checks)
+    result = dict(
+        benchmark="attention",
+        machine=label,
+        load_avg_1m_before=load_readings,
+        load_avg_1m_after=load_avg(),
+        settings=settings,
+        results=rows,
+        scaling=summary,
+        checks=checks,
+    )
     out = write_json(result, args.json)
     print(f"\nwrote {out}")
     return result

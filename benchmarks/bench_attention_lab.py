@@ -33,9 +33,11 @@ from minigpt.core.model import GPT  # noqa: E402
 from minigpt.core.tokenizers import ByteTokenizer  # noqa: E402
 
 # plain ASCII, so each byte is one token of the byte tokenizer
-TEXT = ("First Citizen: Before we proceed any further, hear me speak. All: Speak, speak. First Citizen: You are "
-        "all resolved rather to die than to famish? All: Resolved. resolved. First Citizen: First, you know Caius "
-        "Marcius is chief enemy to the people. All: We know't, we know't. First Citizen: Let us kill him, and ")
+TEXT = (
+    "First Citizen: Before we proceed any further, hear me speak. All: Speak, speak. First Citizen: You are "
+    "all resolved rather to die than to famish? All: Resolved. resolved. First Citizen: First, you know Caius "
+    "Marcius is chief enemy to the people. All: We know't, we know't. First Citizen: Let us kill him, and "
+)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -53,15 +55,17 @@ def main(argv: list[str] | None = None) -> dict:
         model = GPT(GPTConfig.from_name("gpt2", **shape)).to(device).eval()
         tokenizer = ByteTokenizer()
     tokens = 32 if args.quick else args.tokens
-    text = (TEXT * (tokens // len(TEXT) + 1))
+    text = TEXT * (tokens // len(TEXT) + 1)
     ids = tokenizer.encode(text)[:tokens]
     prompt = tokenizer.decode(ids)
 
     label = machine_label(device)
     print(describe_machine(label))
     cfg = model.config
-    print(f"Model: {cfg.n_layer} layers x {cfg.n_head} heads, n_embd {cfg.n_embd}, {model.num_params():,} "
-          f"parameters; prompt {len(ids)} tokens")
+    print(
+        f"Model: {cfg.n_layer} layers x {cfg.n_head} heads, n_embd {cfg.n_embd}, {model.num_params():,} "
+        f"parameters; prompt {len(ids)} tokens"
+    )
 
     capture_s = []
     for _ in range(args.repeats):
@@ -86,15 +90,27 @@ def main(argv: list[str] | None = None) -> dict:
             shot = screenshot(page, out_dir / "attention_lab_screenshot.png", budget_ms=60000, timeout=300)
             print(f"screenshot: {shot}")
 
-    result = dict(machine=label, n_layer=cfg.n_layer, n_head=cfg.n_head, tokens=len(ids),
-                  capture_s=round(statistics.median(capture_s), 3), html_bytes=html_bytes, offline=offline,
-                  render_ms=round(statistics.median(render_ms), 1) if render_ms else None, script_errors=errors)
+    result = dict(
+        machine=label,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        tokens=len(ids),
+        capture_s=round(statistics.median(capture_s), 3),
+        html_bytes=html_bytes,
+        offline=offline,
+        render_ms=round(statistics.median(render_ms), 1) if render_ms else None,
+        script_errors=errors,
+    )
     print(f"capture (prompt + induction probe, median of {args.repeats}): {result['capture_s']:.3f} s")
-    print(f"attention.html: {html_bytes / 2**20:.2f} MiB ({html_bytes:,} bytes), "
-          + ("no network references" if offline else "WARNING: it references the network (http://, https:// or //)"))
+    print(
+        f"attention.html: {html_bytes / 2**20:.2f} MiB ({html_bytes:,} bytes), "
+        + ("no network references" if offline else "WARNING: it references the network (http://, https:// or //)")
+    )
     if render_ms:
-        print(f"rendered in headless Chromium (navigation to all views built, median of {args.repeats}): "
-              f"{result['render_ms']:.0f} ms; script errors: {errors}")
+        print(
+            f"rendered in headless Chromium (navigation to all views built, median of {args.repeats}): "
+            f"{result['render_ms']:.0f} ms; script errors: {errors}"
+        )
     else:
         print("render time: skipped (chromium is not installed: apt-get install chromium)")
     print(f"wrote {write_json(result, args.json)}")

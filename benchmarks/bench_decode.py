@@ -40,18 +40,28 @@ import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import (common_parser, describe_machine, load_avg, machine_label, markdown_table,  # noqa: E402
-                               median, mib, wait_for_quiet, write_json)
+from benchmarks.common import (
+    common_parser,
+    describe_machine,
+    load_avg,
+    machine_label,
+    markdown_table,  # noqa: E402
+    median,
+    mib,
+    wait_for_quiet,
+    write_json,
+)
 from minigpt.core.generation import generate  # noqa: E402
 from minigpt.core.model import GPT  # noqa: E402
 from minigpt.core.quantize import Int8Embedding  # noqa: E402
 from minigpt.loading import load_model  # noqa: E402
 
-GIB = 2 ** 30
+GIB = 2**30
 
 
 # --------------------------------------------------------------------------------------------------
 # The shapes, as transformers configs (no end-of-text id: every call generates all its tokens)
+
 
 def hf_config(shape: str, quick: bool) -> Any:
     import transformers
@@ -60,12 +70,28 @@ def hf_config(shape: str, quick: bool) -> Any:
     if shape == "gpt2":
         size = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=1024) if quick else {}
         return transformers.GPT2Config(**size, **none)
-    size = (dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=512) if quick else
-            dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                 num_key_value_heads=3, vocab_size=49152))
-    return transformers.LlamaConfig(**size, max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
-                                    tie_word_embeddings=True, **none)
+    size = (
+        dict(
+            hidden_size=64,
+            intermediate_size=160,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=512,
+        )
+        if quick
+        else dict(
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            vocab_size=49152,
+        )
+    )
+    return transformers.LlamaConfig(
+        **size, max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True, **none
+    )
 
 
 SHAPE_NAMES = {"gpt2": "GPT-2-124M", "smollm2": "SmolLM2-135M"}
@@ -88,12 +114,17 @@ def build_hf_folder(shape: str, quick: bool, folder: Path, seed: int) -> Path:
 # --------------------------------------------------------------------------------------------------
 # Bytes and bandwidth
 
+
 def bytes_per_token(model: GPT) -> int:
     """Bytes of weights one decode step reads: each tensor of the state once (shared ones once), except the
     tables read a row at a time (an embedding that is not also the head, learned positions)."""
     head = {t.data_ptr() for t in model.lm_head.state_dict().values()}
-    rows_only = {t.data_ptr() for m in model.modules() if isinstance(m, (nn.Embedding, Int8Embedding))
-                 for t in m.state_dict().values()} - head
+    rows_only = {
+        t.data_ptr()
+        for m in model.modules()
+        if isinstance(m, (nn.Embedding, Int8Embedding))
+        for t in m.state_dict().values()
+    } - head
     tensors = {t.data_ptr(): t.numel() * t.element_size() for t in model.state_dict().values()}
     return sum(size for ptr, size in tensors.items() if ptr not in rows_only)
 
@@ -113,6 +144,7 @@ def read_bandwidth(nbytes: int = GIB, repeats: int = 10) -> float:
 # --------------------------------------------------------------------------------------------------
 # Timing the three ways
 
+
 def timed(fn: Any, repeats: int) -> tuple[Any, float, float]:
     """(result, seconds of the first call, median seconds of `repeats` further calls)."""
     t0 = time.perf_counter()
@@ -128,8 +160,9 @@ def timed(fn: Any, repeats: int) -> tuple[Any, float, float]:
 
 def hf_generate(hf: Any, prompt: torch.Tensor, tokens: int) -> torch.Tensor:
     with torch.inference_mode():
-        return hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=tokens,
-                           pad_token_id=0)
+        return hf.generate(
+            prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=tokens, pad_token_id=0
+        )
 
 
 def measure_shape(shape: str, args: Any, work: Path) -> list[dict[str, Any]]:
@@ -153,12 +186,22 @@ def measure_shape(shape: str, args: Any, work: Path) -> list[dict[str, Any]]:
     for way, (model, run) in ways.items():
         ids, first_s, seconds = timed(lambda: run(prompt, args.tokens), args.repeats)
         _, _, prefill_s = timed(lambda: run(long_prompt, 1), max(1, args.repeats - 1))
-        rows.append(dict(shape=SHAPE_NAMES[shape], way=way, ids=ids[0, args.prompt_tokens:].tolist(),
-                         tokens_per_s=args.tokens / seconds, first_call_s=first_s,
-                         prefill_tokens_per_s=args.prefill_tokens / prefill_s,
-                         weight_bytes=bytes_per_token(model)))
-        print(f"  {SHAPE_NAMES[shape]}, {way}: {rows[-1]['tokens_per_s']:.1f} tokens/s "
-              f"(first call {first_s:.1f} s), prefill {rows[-1]['prefill_tokens_per_s']:.0f} tokens/s", flush=True)
+        rows.append(
+            dict(
+                shape=SHAPE_NAMES[shape],
+                way=way,
+                ids=ids[0, args.prompt_tokens :].tolist(),
+                tokens_per_s=args.tokens / seconds,
+                first_call_s=first_s,
+                prefill_tokens_per_s=args.prefill_tokens / prefill_s,
+                weight_bytes=bytes_per_token(model),
+            )
+        )
+        print(
+            f"  {SHAPE_NAMES[shape]}, {way}: {rows[-1]['tokens_per_s']:.1f} tokens/s "
+            f"(first call {first_s:.1f} s), prefill {rows[-1]['prefill_tokens_per_s']:.0f} tokens/s",
+            flush=True,
+        )
     reference = rows[-1]
     for r in rows:
         r["vs_transformers"] = r["tokens_per_s"] / reference["tokens_per_s"]
@@ -171,10 +214,11 @@ def measure_shape(shape: str, args: Any, work: Path) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------------------------------
 # Where a decode step's time goes (--profile)
 
-CATEGORIES = {"matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"),
-              "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",),
-              "KV cache writes and growth": ("aten::cat", "aten::index_put_", "aten::copy_", "aten::zeros",
-                                             "aten::new_zeros")}
+CATEGORIES = {
+    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"),
+    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",),
+    "KV cache writes and growth": ("aten::cat", "aten::index_put_", "aten::copy_", "aten::zeros", "aten::new_zeros"),
+}
 
 
 def profile_steps(run: Any, steps: int) -> dict[str, float]:
@@ -209,26 +253,29 @@ def profile_shape(shape: str, args: Any, work: Path) -> dict[str, dict[str, floa
     int8, _ = load_model(src, quantize="int8")
     hf = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
     prompt = torch.randint(0, fp32.config.vocab_size, (1, args.prompt_tokens), generator=torch.Generator())
-    ways = {"minigpt float32, eager": lambda n: generate(fp32, prompt, n, temperature=0.0),
-            "minigpt float32, compiled step": lambda n: generate(fp32, prompt, n, temperature=0.0, compile=True),
-            "minigpt int8, compiled step": lambda n: generate(int8, prompt, n, temperature=0.0, compile=True),
-            "transformers float32": lambda n: hf_generate(hf, prompt, n)}
+    ways = {
+        "minigpt float32, eager": lambda n: generate(fp32, prompt, n, temperature=0.0),
+        "minigpt float32, compiled step": lambda n: generate(fp32, prompt, n, temperature=0.0, compile=True),
+        "minigpt int8, compiled step": lambda n: generate(int8, prompt, n, temperature=0.0, compile=True),
+        "transformers float32": lambda n: hf_generate(hf, prompt, n),
+    }
     return {way: profile_steps(run, args.profile_steps) for way, run in ways.items()}
 
 
 # --------------------------------------------------------------------------------------------------
 # int8's quality on a trained model
 
+
 @torch.inference_mode()
 def next_token_agreement(a: GPT, b: GPT, ids: list[int], batch: int = 8) -> tuple[float, int]:
     """(fraction of positions where a's and b's most likely next token agree, positions) over consecutive
     block_size windows of ids."""
     T = a.config.block_size
-    windows = [ids[i:i + T] for i in range(0, len(ids) - 1, T)]
+    windows = [ids[i : i + T] for i in range(0, len(ids) - 1, T)]
     windows = [w for w in windows if len(w) == T] or [ids[:T]]
     same = total = 0
     for i in range(0, len(windows), batch):
-        x = torch.tensor(windows[i:i + batch])
+        x = torch.tensor(windows[i : i + batch])
         same += int((a(x)[0].argmax(-1) == b(x)[0].argmax(-1)).sum())
         total += x.numel()
     return same / total, total
@@ -244,12 +291,21 @@ def quality(ckpt: str, text_path: str, max_tokens: int) -> dict[str, Any]:
     nats8, _ = evaluate_tokens(int8, ids)
     agreement, positions = next_token_agreement(fp32, int8, ids)
     ppl32, ppl8 = math.exp(nats32 / n), math.exp(nats8 / n)
-    return dict(checkpoint=ckpt, text=text_path, tokens=n, params=fp32.num_params(), perplexity_float32=ppl32,
-                perplexity_int8=ppl8, perplexity_change=ppl8 / ppl32 - 1, next_token_agreement=agreement,
-                agreement_positions=positions)
+    return dict(
+        checkpoint=ckpt,
+        text=text_path,
+        tokens=n,
+        params=fp32.num_params(),
+        perplexity_float32=ppl32,
+        perplexity_int8=ppl8,
+        perplexity_change=ppl8 / ppl32 - 1,
+        next_token_agreement=agreement,
+        agreement_positions=positions,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
+
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = common_parser(__doc__.splitlines()[0], "decode")
@@ -282,23 +338,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 profiles[SHAPE_NAMES[shape]] = profile_shape(shape.strip(), args, Path(work))
         for shape, ways in profiles.items():
             kinds = list(dict.fromkeys(k for way in ways.values() for k in way))
-            print(f"\n{shape}: ms per token over {args.profile_steps} greedy tokens (after a "
-                  f"{args.prompt_tokens}-token prompt; the profiler adds its own cost to every op)\n")
-            print(markdown_table([dict(way=w, **v) for w, v in ways.items()],
-                                 [("way", "way", "")] + [(k, k, ".2f") for k in kinds]))
+            print(
+                f"\n{shape}: ms per token over {args.profile_steps} greedy tokens (after a "
+                f"{args.prompt_tokens}-token prompt; the profiler adds its own cost to every op)\n"
+            )
+            print(
+                markdown_table(
+                    [dict(way=w, **v) for w, v in ways.items()], [("way", "way", "")] + [(k, k, ".2f") for k in kinds]
+                )
+            )
         result["profile"] = profiles
     elif args.quality:
         if not args.text:
             p.error("--quality needs --text FILE")
         q = quality(args.quality, args.text, args.quality_tokens)
-        print(f"\nint8 against float32 on {q['text']} ({q['tokens']:,} tokens, {q['params']:,} parameters): perplexity "
-              f"{q['perplexity_float32']:.4f} -> {q['perplexity_int8']:.4f} ({100 * q['perplexity_change']:+.2f} %), "
-              f"next-token agreement {100 * q['next_token_agreement']:.2f} % of {q['agreement_positions']:,} positions")
+        print(
+            f"\nint8 against float32 on {q['text']} ({q['tokens']:,} tokens, {q['params']:,} parameters): perplexity "
+            f"{q['perplexity_float32']:.4f} -> {q['perplexity_int8']:.4f} ({100 * q['perplexity_change']:+.2f} %), "
+            f"next-token agreement {100 * q['next_token_agreement']:.2f} % of {q['agreement_positions']:,} positions"
+        )
         result["quality"] = q
     else:
         bandwidth = read_bandwidth(GIB // 16 if args.quick else GIB)
-        print(f"read bandwidth: {bandwidth / 1e9:.1f} GB/s (sum over a float32 tensor, {torch.get_num_threads()} "
-              f"threads)", flush=True)
+        print(
+            f"read bandwidth: {bandwidth / 1e9:.1f} GB/s (sum over a float32 tensor, {torch.get_num_threads()} "
+            f"threads)",
+            flush=True,
+        )
         rows = []
         with tempfile.TemporaryDirectory() as work:
             for shape in args.shapes.split(","):
@@ -306,20 +372,41 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for r in rows:
             r["bound_tokens_per_s"] = bandwidth / r["weight_bytes"]
             r["fraction_of_bound"] = r["tokens_per_s"] / r["bound_tokens_per_s"]
-        print(f"\nGreedy decoding, batch 1, {args.tokens} new tokens after a {args.prompt_tokens}-token prompt; "
-              f"prefill of {args.prefill_tokens} tokens; {torch.get_num_threads()} threads; bound = "
-              f"{bandwidth / 1e9:.1f} GB/s / weight bytes\n")
-        print(markdown_table(rows, [
-            ("shape", "shape", ""), ("way", "way", ""), ("tokens_per_s", "tokens/s", ".1f"),
-            ("vs_transformers", "x transformers", ".2f"), ("weight_mib", "weights MiB", ".0f"),
-            ("bound_tokens_per_s", "bound tokens/s", ".1f"), ("fraction_of_bound", "of bound", ".0%"),
-            ("ids_equal_transformers", "ids = transformers'", ""), ("prefill_tokens_per_s", "prefill tokens/s", ".0f"),
-            ("first_call_s", "first call s", ".1f")]))
-        result |= dict(read_bandwidth_bytes_per_s=bandwidth, tokens=args.tokens, prompt_tokens=args.prompt_tokens,
-                       prefill_tokens=args.prefill_tokens, repeats=args.repeats, rows=rows)
+        print(
+            f"\nGreedy decoding, batch 1, {args.tokens} new tokens after a {args.prompt_tokens}-token prompt; "
+            f"prefill of {args.prefill_tokens} tokens; {torch.get_num_threads()} threads; bound = "
+            f"{bandwidth / 1e9:.1f} GB/s / weight bytes\n"
+        )
+        print(
+            markdown_table(
+                rows,
+                [
+                    ("shape", "shape", ""),
+                    ("way", "way", ""),
+                    ("tokens_per_s", "tokens/s", ".1f"),
+                    ("vs_transformers", "x transformers", ".2f"),
+                    ("weight_mib", "weights MiB", ".0f"),
+                    ("bound_tokens_per_s", "bound tokens/s", ".1f"),
+                    ("fraction_of_bound", "of bound", ".0%"),
+                    ("ids_equal_transformers", "ids = transformers'", ""),
+                    ("prefill_tokens_per_s", "prefill tokens/s", ".0f"),
+                    ("first_call_s", "first call s", ".1f"),
+                ],
+            )
+        )
+        result |= dict(
+            read_bandwidth_bytes_per_s=bandwidth,
+            tokens=args.tokens,
+            prompt_tokens=args.prompt_tokens,
+            prefill_tokens=args.prefill_tokens,
+            repeats=args.repeats,
+            rows=rows,
+        )
     result["load_avg_1m_after"] = load_avg()
-    print(f"\nload average {load_before[-1]} before, {result['load_avg_1m_after']} after; "
-          f"wrote {write_json(result, args.json)}")
+    print(
+        f"\nload average {load_before[-1]} before, {result['load_avg_1m_after']} after; "
+        f"wrote {write_json(result, args.json)}"
+    )
     return result
 
 

@@ -33,8 +33,14 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import (common_parser, describe_machine, machine_label, markdown_table,  # noqa: E402
-                               wait_for_quiet, write_json)
+from benchmarks.common import (
+    common_parser,
+    describe_machine,
+    machine_label,
+    markdown_table,  # noqa: E402
+    wait_for_quiet,
+    write_json,
+)
 
 SHAPES = {  # n_layer, n_head, n_embd, block_size
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024),
@@ -55,14 +61,17 @@ def write_task(folder: Path, items: int, context_chars: int, ending_chars: int) 
             words.append("".join(rng.choice(LETTERS) for _ in range(rng.randint(2, 8))))
         return " ".join(words)[:n]
 
-    rows = [{"ctx": text(context_chars), "endings": [text(ending_chars) for _ in range(4)], "label": i % 4}
-            for i in range(items)]
+    rows = [
+        {"ctx": text(context_chars), "endings": [text(ending_chars) for _ in range(4)], "label": i % 4}
+        for i in range(items)
+    ]
     (folder / "mc.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     (folder / "mc.yaml").write_text(
         f"task: bench_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {folder / 'mc.jsonl'}\n"
         'test_split: test\noutput_type: multiple_choice\ndoc_to_text: "{{ctx}}"\n'
         'doc_to_choice: "{{endings}}"\ndoc_to_target: "{{label}}"\nmetric_list:\n  - metric: acc\n'
-        "  - metric: acc_norm\n")
+        "  - metric: acc_norm\n"
+    )
     return folder / "mc.yaml"
 
 
@@ -83,10 +92,19 @@ def timed_run(lm: Any, task: Path) -> dict[str, Any]:
         return out
 
     lm.loglikelihood = loglikelihood
-    results = simple_evaluate(model=lm, tasks=[load_yaml(task)], task_manager=TaskManager(include_defaults=False),
-                              bootstrap_iters=0, log_samples=False)
-    return {"requests": count[0], "seconds": spent[0], "requests_per_s": count[0] / spent[0],
-            "acc": results["results"]["bench_mc"]["acc,none"]}
+    results = simple_evaluate(
+        model=lm,
+        tasks=[load_yaml(task)],
+        task_manager=TaskManager(include_defaults=False),
+        bootstrap_iters=0,
+        log_samples=False,
+    )
+    return {
+        "requests": count[0],
+        "seconds": spent[0],
+        "requests_per_s": count[0] / spent[0],
+        "acc": results["results"]["bench_mc"]["acc,none"],
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -118,21 +136,48 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         task = write_task(Path(tmp), items, args.context_chars, args.ending_chars)
         ours = timed_run(MiniGPTLM(model, tokenizer, batch_size=args.batch_size), task)
         export = export_hf(model, tokenizer, Path(tmp) / "export")
-        theirs = timed_run(HFLM(pretrained=str(export), device=str(device), dtype="float32",
-                                batch_size=args.batch_size), task)
+        theirs = timed_run(
+            HFLM(pretrained=str(export), device=str(device), dtype="float32", batch_size=args.batch_size), task
+        )
     for backend, r in (("minigpt (MiniGPTLM)", ours), ("HFLM on the export", theirs)):
-        rows.append({"backend": backend, "shape": shape, "params_m": model.num_params() / 1e6, "items": items,
-                     **r, "minutes_for_500_items": 500 * 4 / r["requests_per_s"] / 60})
+        rows.append(
+            {
+                "backend": backend,
+                "shape": shape,
+                "params_m": model.num_params() / 1e6,
+                "items": items,
+                **r,
+                "minutes_for_500_items": 500 * 4 / r["requests_per_s"] / 60,
+            }
+        )
     print(describe_machine(label))
     print(f"torch.backends.cpu.get_cpu_capability(): {torch.backends.cpu.get_cpu_capability()}")
-    print(markdown_table(rows, [("backend", "backend", ""), ("shape", "shape", ""), ("params_m", "params (M)", ".1f"),
-                                ("items", "items", "d"), ("requests", "requests", "d"), ("seconds", "seconds", ".1f"),
-                                ("requests_per_s", "requests/s", ".2f"),
-                                ("minutes_for_500_items", "500 items (min)", ".1f"), ("acc", "acc", ".3f")]))
+    print(
+        markdown_table(
+            rows,
+            [
+                ("backend", "backend", ""),
+                ("shape", "shape", ""),
+                ("params_m", "params (M)", ".1f"),
+                ("items", "items", "d"),
+                ("requests", "requests", "d"),
+                ("seconds", "seconds", ".1f"),
+                ("requests_per_s", "requests/s", ".2f"),
+                ("minutes_for_500_items", "500 items (min)", ".1f"),
+                ("acc", "acc", ".3f"),
+            ],
+        )
+    )
     same = ours["acc"] == theirs["acc"]
     print(f"same accuracy through both: {same} ({ours['acc']:.3f})")
-    result = {"machine": label, "batch_size": args.batch_size, "context_chars": args.context_chars,
-              "ending_chars": args.ending_chars, "rows": rows, "same_accuracy": same}
+    result = {
+        "machine": label,
+        "batch_size": args.batch_size,
+        "context_chars": args.context_chars,
+        "ending_chars": args.ending_chars,
+        "rows": rows,
+        "same_accuracy": same,
+    }
     print(f"wrote {write_json(result, args.json)}")
     return result
 

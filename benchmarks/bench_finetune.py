@@ -25,8 +25,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
 from benchmarks.bench_train import run_lightning  # noqa: E402
-from benchmarks.common import (REPO_ROOT, common_parser, describe_machine, machine_label, markdown_table,  # noqa: E402
-                               pick_device, wait_for_quiet, write_json)
+from benchmarks.common import (
+    REPO_ROOT,
+    common_parser,
+    describe_machine,
+    machine_label,
+    markdown_table,  # noqa: E402
+    pick_device,
+    wait_for_quiet,
+    write_json,
+)
 from minigpt.core.config import GPTConfig  # noqa: E402
 from minigpt.training.lightning_module import GPTLightningModule  # noqa: E402
 from minigpt.core.model import GPT  # noqa: E402
@@ -87,17 +95,39 @@ def main() -> None:
         shape = dict(name="gpt2-finetune", model=module.config.to_dict(), batch_size=batch_size)
         result = run_lightning(module.to(device), shape, precision, device, warmup=args.warmup, steps=args.steps)
         tokens = batch_size * module.config.block_size
-        rows.append(dict(model=f"{module.model.num_params() / 1e6:.1f}M", precision=precision,
-                         attention=module.config.attention, batch=batch_size, block_size=module.config.block_size,
-                         ms_per_step=round(result["step_s"] * 1e3, 1),
-                         tokens_per_s=round(tokens / result["step_s"], 1), steps=result["timed_steps"]))
-        print(f"{rows[-1]['model']} {precision}: {rows[-1]['ms_per_step']} ms/step "
-              f"({rows[-1]['tokens_per_s']} tokens/s, batch {batch_size} x {module.config.block_size})", flush=True)
+        rows.append(
+            dict(
+                model=f"{module.model.num_params() / 1e6:.1f}M",
+                precision=precision,
+                attention=module.config.attention,
+                batch=batch_size,
+                block_size=module.config.block_size,
+                ms_per_step=round(result["step_s"] * 1e3, 1),
+                tokens_per_s=round(tokens / result["step_s"], 1),
+                steps=result["timed_steps"],
+            )
+        )
+        print(
+            f"{rows[-1]['model']} {precision}: {rows[-1]['ms_per_step']} ms/step "
+            f"({rows[-1]['tokens_per_s']} tokens/s, batch {batch_size} x {module.config.block_size})",
+            flush=True,
+        )
         del module
     print()
-    print(markdown_table(rows, [("model", "model", ""), ("precision", "precision", ""), ("attention", "attention", ""),
-                                ("batch", "batch", "d"), ("block_size", "block", "d"),
-                                ("ms_per_step", "ms/step", ".1f"), ("tokens_per_s", "tokens/s", ".1f")]))
+    print(
+        markdown_table(
+            rows,
+            [
+                ("model", "model", ""),
+                ("precision", "precision", ""),
+                ("attention", "attention", ""),
+                ("batch", "batch", "d"),
+                ("block_size", "block", "d"),
+                ("ms_per_step", "ms/step", ".1f"),
+                ("tokens_per_s", "tokens/s", ".1f"),
+            ],
+        )
+    )
     if not args.quick:  # smoke runs leave no figures behind
         write_json(dict(machine=label, config=str(CONFIG.relative_to(REPO_ROOT)), rows=rows), args.json)
 

@@ -36,8 +36,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "export"))  # the GGUF tests' helpers
 
-from benchmarks.common import (common_parser, describe_machine, machine_label, markdown_table, mib,  # noqa: E402
-                               wait_for_quiet, write_json)
+from benchmarks.common import (
+    common_parser,
+    describe_machine,
+    machine_label,
+    markdown_table,
+    mib,  # noqa: E402
+    wait_for_quiet,
+    write_json,
+)
 from minigpt.core.config import GPTConfig  # noqa: E402
 from minigpt.core.generation import generate  # noqa: E402
 from minigpt.core.model import GPT  # noqa: E402
@@ -48,8 +55,17 @@ from llamacpp_server import LlamaCpp  # noqa: E402
 
 SHAPES = {
     "gpt2-124M": dict(arch="gpt", n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257),
-    "smollm2-135M": dict(arch="llama", n_layer=30, n_head=9, n_kv_head=3, n_embd=576, mlp_hidden=1536,
-                         block_size=2048, vocab_size=49152, rope_base=100000.0),
+    "smollm2-135M": dict(
+        arch="llama",
+        n_layer=30,
+        n_head=9,
+        n_kv_head=3,
+        n_embd=576,
+        mlp_hidden=1536,
+        block_size=2048,
+        vocab_size=49152,
+        rope_base=100000.0,
+    ),
 }
 QUICK = {
     "gpt-tiny": dict(arch="gpt", n_layer=2, n_head=4, n_embd=64, block_size=128, vocab_size=300),
@@ -74,10 +90,12 @@ def llama_cpp_decode(path: Path, tokens: int, repeats: int, threads: int) -> flo
 def agreement(root: Path, steps: int) -> list[dict]:
     """Each type's greedy agreement with f32 and perplexity ratio, on the two small trained models of the tests."""
     text, rows = words_text(), []
-    for kind, tokenizer, config in (("char-llama", CharTokenizer(text), dict(arch="llama", n_kv_head=2)),
-                                    ("byte-gpt", ByteTokenizer(), dict(arch="gpt", tie_embeddings=False))):
+    for kind, tokenizer, config in (
+        ("char-llama", CharTokenizer(text), dict(arch="llama", n_kv_head=2)),
+        ("byte-gpt", ByteTokenizer(), dict(arch="gpt", tie_embeddings=False)),
+    ):
         model = trained_model(tokenizer.encode(text), tokenizer.vocab_size, steps=steps, **config)
-        held_out = tokenizer.encode(words_text(n_lines=20, seed=1))[:model.config.block_size]
+        held_out = tokenizer.encode(words_text(n_lines=20, seed=1))[: model.config.block_size]
         with torch.no_grad():
             logp = torch.log_softmax(model(torch.tensor([held_out]))[0][0].double(), -1)
         minigpt_nll = -sum(logp[t - 1, held_out[t]].item() for t in range(33, len(held_out)))
@@ -89,9 +107,17 @@ def agreement(root: Path, steps: int) -> list[dict]:
         (f32_choices, f32_lp) = runs["f32"]
         for gguf_type, (choices, lp) in runs.items():
             same = sum(a == b for a, b in zip(choices, f32_choices)) / len(choices)
-            rows.append(dict(model=kind, weights=gguf_type, positions=len(choices), agreement_pct=100 * same,
-                             ppl=math.exp(-sum(lp) / len(lp)), ppl_ratio=math.exp((sum(f32_lp) - sum(lp)) / len(lp)),
-                             minigpt_ppl=math.exp(minigpt_nll / len(lp))))
+            rows.append(
+                dict(
+                    model=kind,
+                    weights=gguf_type,
+                    positions=len(choices),
+                    agreement_pct=100 * same,
+                    ppl=math.exp(-sum(lp) / len(lp)),
+                    ppl_ratio=math.exp((sum(f32_lp) - sum(lp)) / len(lp)),
+                    minigpt_ppl=math.exp(minigpt_nll / len(lp)),
+                )
+            )
     return rows
 
 
@@ -115,8 +141,12 @@ def main(argv: list[str] | None = None) -> dict:
     p = common_parser(__doc__.splitlines()[0], "gguf")
     p.add_argument("--tokens", type=int, default=128, help="new tokens per decode run")
     p.add_argument("--repeats", type=int, default=3, help="runs per measurement (the median is reported)")
-    p.add_argument("--threads", type=int, default=torch.get_num_threads(),
-                   help="CPU threads for both runtimes (default: torch's); 1 keeps a shared, busy machine fair")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=torch.get_num_threads(),
+        help="CPU threads for both runtimes (default: torch's); 1 keeps a shared, busy machine fair",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     shapes, tokens, repeats = (QUICK, 8, 1) if args.quick else (SHAPES, args.tokens, args.repeats)
@@ -131,8 +161,16 @@ def main(argv: list[str] | None = None) -> dict:
             model = GPT(GPTConfig(**config)).eval()
             with torch.inference_mode():
                 rate = minigpt_decode(model, tokens, repeats)
-            rows.append(dict(shape=shape, runtime="minigpt generate (sample.py)", weights="float32", file_mib=None,
-                             export_s=None, decode_tok_s=round(rate, 1)))
+            rows.append(
+                dict(
+                    shape=shape,
+                    runtime="minigpt generate (sample.py)",
+                    weights="float32",
+                    file_mib=None,
+                    export_s=None,
+                    decode_tok_s=round(rate, 1),
+                )
+            )
             print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
             for gguf_type in TYPES:
                 path = Path(tmp) / f"{shape}-{gguf_type}.gguf"
@@ -140,9 +178,16 @@ def main(argv: list[str] | None = None) -> dict:
                 export_gguf(model, ByteTokenizer(), path, gguf_type)
                 export_s = time.perf_counter() - start
                 rate = llama_cpp_decode(path, tokens, repeats, threads)
-                rows.append(dict(shape=shape, runtime="llama.cpp (xllamacpp)", weights=gguf_type,
-                                 file_mib=round(mib(path.stat().st_size), 1), export_s=round(export_s, 2),
-                                 decode_tok_s=round(rate, 1)))
+                rows.append(
+                    dict(
+                        shape=shape,
+                        runtime="llama.cpp (xllamacpp)",
+                        weights=gguf_type,
+                        file_mib=round(mib(path.stat().st_size), 1),
+                        export_s=round(export_s, 2),
+                        decode_tok_s=round(rate, 1),
+                    )
+                )
                 print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
                 path.unlink()
             del model
@@ -151,19 +196,35 @@ def main(argv: list[str] | None = None) -> dict:
     print(markdown_table(rows, COLUMNS))
     print()
     print(markdown_table(agreed, AGREEMENT_COLUMNS))
-    result = dict(benchmark="gguf", machine=machine, load_avg_readings=loads,
-                  settings=dict(tokens=tokens, repeats=repeats, prompt_tokens=len(PROMPT), threads=threads,
-                                shapes=shapes),
-                  results=rows, agreement=agreed)
+    result = dict(
+        benchmark="gguf",
+        machine=machine,
+        load_avg_readings=loads,
+        settings=dict(tokens=tokens, repeats=repeats, prompt_tokens=len(PROMPT), threads=threads, shapes=shapes),
+        results=rows,
+        agreement=agreed,
+    )
     print(f"wrote {write_json(result, args.json)}")
     return result
 
 
-COLUMNS = [("shape", "shape", ""), ("runtime", "runtime", ""), ("weights", "weights", ""),
-           ("file_mib", "file MiB", ".1f"), ("export_s", "export s", ".2f"), ("decode_tok_s", "decode tokens/s", ".1f")]
-AGREEMENT_COLUMNS = [("model", "model", ""), ("weights", "weights", ""), ("positions", "positions", "d"),
-                     ("agreement_pct", "greedy = f32 %", ".1f"), ("ppl", "perplexity", ".4f"),
-                     ("ppl_ratio", "ppl / f32", ".4f"), ("minigpt_ppl", "minigpt ppl", ".4f")]
+COLUMNS = [
+    ("shape", "shape", ""),
+    ("runtime", "runtime", ""),
+    ("weights", "weights", ""),
+    ("file_mib", "file MiB", ".1f"),
+    ("export_s", "export s", ".2f"),
+    ("decode_tok_s", "decode tokens/s", ".1f"),
+]
+AGREEMENT_COLUMNS = [
+    ("model", "model", ""),
+    ("weights", "weights", ""),
+    ("positions", "positions", "d"),
+    ("agreement_pct", "greedy = f32 %", ".1f"),
+    ("ppl", "perplexity", ".4f"),
+    ("ppl_ratio", "ppl / f32", ".4f"),
+    ("minigpt_ppl", "minigpt ppl", ".4f"),
+]
 
 if __name__ == "__main__":
     main()

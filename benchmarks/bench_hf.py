@@ -40,8 +40,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import (common_parser, describe_machine, machine_label, markdown_table, median,  # noqa: E402
-                               mib, wait_for_quiet, write_json)
+from benchmarks.common import (
+    common_parser,
+    describe_machine,
+    machine_label,
+    markdown_table,
+    median,  # noqa: E402
+    mib,
+    wait_for_quiet,
+    write_json,
+)
 
 PATHS = ("sdpa", "manual", "einops")
 VOCAB = 256
@@ -50,27 +58,51 @@ VOCAB = 256
 # --------------------------------------------------------------------------------------------------
 # Agreement with transformers
 
+
 def small_models() -> dict[str, Any]:
     """name -> a small transformers config of each family and option the import covers."""
     import transformers
 
     small = dict(vocab_size=VOCAB, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    llama = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                 max_position_embeddings=64, **small)
+    llama = dict(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        **small,
+    )
     return {
         "GPT-2 (gelu_new, tied)": transformers.GPT2Config(n_positions=64, n_embd=48, n_layer=2, n_head=4, **small),
-        "GPT-2 (exact GELU, untied)": transformers.GPT2Config(n_positions=64, n_embd=48, n_layer=2, n_head=3,
-                                                              n_inner=80, activation_function="gelu",
-                                                              tie_word_embeddings=False, **small),
-        "Llama (GQA 4/2, tied)": transformers.LlamaConfig(num_key_value_heads=2, tie_word_embeddings=True,
-                                                          rope_theta=500000.0, **llama),
-        "Llama (head_dim 24, untied)": transformers.LlamaConfig(**{**llama, "intermediate_size": 80},
-                                                                num_key_value_heads=4, head_dim=24,
-                                                                tie_word_embeddings=False),
+        "GPT-2 (exact GELU, untied)": transformers.GPT2Config(
+            n_positions=64,
+            n_embd=48,
+            n_layer=2,
+            n_head=3,
+            n_inner=80,
+            activation_function="gelu",
+            tie_word_embeddings=False,
+            **small,
+        ),
+        "Llama (GQA 4/2, tied)": transformers.LlamaConfig(
+            num_key_value_heads=2, tie_word_embeddings=True, rope_theta=500000.0, **llama
+        ),
+        "Llama (head_dim 24, untied)": transformers.LlamaConfig(
+            **{**llama, "intermediate_size": 80}, num_key_value_heads=4, head_dim=24, tie_word_embeddings=False
+        ),
         "Llama 3 (rope_scaling llama3, MQA)": transformers.LlamaConfig(
-            num_key_value_heads=1, tie_word_embeddings=True, rope_theta=500000.0,
-            rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                              original_max_position_embeddings=16), **llama),
+            num_key_value_heads=1,
+            tie_word_embeddings=True,
+            rope_theta=500000.0,
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=16,
+            ),
+            **llama,
+        ),
         "Mistral (GQA 4/2, untied)": transformers.MistralConfig(num_key_value_heads=2, sliding_window=64, **llama),
     }
 
@@ -80,8 +112,11 @@ def random_hf_model(config: Any, seed: int = 0) -> Any:
 
     torch.manual_seed(seed)
     config._attn_implementation = "eager"
-    cls = {"gpt2": transformers.GPT2LMHeadModel, "llama": transformers.LlamaForCausalLM,
-           "mistral": transformers.MistralForCausalLM}[config.model_type]
+    cls = {
+        "gpt2": transformers.GPT2LMHeadModel,
+        "llama": transformers.LlamaForCausalLM,
+        "mistral": transformers.MistralForCausalLM,
+    }[config.model_type]
     model = cls(config).eval()
     with torch.no_grad():
         for p in model.parameters():  # every weight at a normal scale: a misplaced tensor cannot hide
@@ -93,7 +128,7 @@ def random_hf_model(config: Any, seed: int = 0) -> Any:
 def decode_logits(model: Any, idx: torch.Tensor, prefill: int) -> torch.Tensor:
     cache = model.new_kv_cache(batch_size=idx.size(0))
     steps = [model(idx[:, :prefill], kv_cache=cache, input_pos=0)[0]]
-    steps += [model(idx[:, t:t + 1], kv_cache=cache, input_pos=t)[0] for t in range(prefill, idx.size(1))]
+    steps += [model(idx[:, t : t + 1], kv_cache=cache, input_pos=t)[0] for t in range(prefill, idx.size(1))]
     return torch.cat(steps, dim=1)
 
 
@@ -114,16 +149,26 @@ def agreement(name: str, hf_config: Any, work: Path) -> list[dict[str, Any]]:
     prompt = idx[:1, :8]
     with torch.no_grad():
         expected = hf_model(idx).logits
-        greedy = hf_model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                                   max_new_tokens=24, min_new_tokens=24, pad_token_id=0)
+        greedy = hf_model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            do_sample=False,
+            max_new_tokens=24,
+            min_new_tokens=24,
+            pad_token_id=0,
+        )
     rows = []
     for path in PATHS:
         model, tokenizer = load_model(src, attention=path)
         with torch.no_grad():
             ours = model(idx)[0]
-        row = dict(model=name, path=path, import_max_abs=(ours - expected).abs().max().item(),
-                   decode_max_abs=(decode_logits(model, idx, 16) - expected).abs().max().item(),
-                   greedy_equal=generate(model, prompt, 24, temperature=0.0).tolist() == greedy.tolist())
+        row = dict(
+            model=name,
+            path=path,
+            import_max_abs=(ours - expected).abs().max().item(),
+            decode_max_abs=(decode_logits(model, idx, 16) - expected).abs().max().item(),
+            greedy_equal=generate(model, prompt, 24, temperature=0.0).tolist() == greedy.tolist(),
+        )
         out = export_hf(model, tokenizer, work / f"export-{path}", overwrite=True)
         back = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
         with torch.no_grad():
@@ -134,6 +179,7 @@ def agreement(name: str, hf_config: Any, work: Path) -> list[dict[str, Any]]:
 
 # --------------------------------------------------------------------------------------------------
 # Cost of a 124M-shaped import and export, each in a fresh process
+
 
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
@@ -164,8 +210,12 @@ def measure(fn: Any) -> dict[str, Any]:
     done.set()
     poller.join()
     peak[0] = max(peak[0], rss_bytes())
-    return dict(seconds=round(seconds, 3), peak_rss_mib=round(mib(peak_rss_bytes()), 1),
-                rss_before_mib=round(mib(before), 1), peak_above_before_mib=round(mib(peak[0] - before), 1))
+    return dict(
+        seconds=round(seconds, 3),
+        peak_rss_mib=round(mib(peak_rss_bytes()), 1),
+        rss_before_mib=round(mib(before), 1),
+        peak_above_before_mib=round(mib(peak[0] - before), 1),
+    )
 
 
 def child(what: str, src: str, out: str) -> None:
@@ -180,8 +230,9 @@ def child(what: str, src: str, out: str) -> None:
     elif what == "transformers":
         import transformers
 
-        result = measure(lambda: loaded.append(
-            transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()))
+        result = measure(
+            lambda: loaded.append(transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval())
+        )
     else:  # export of a model in memory: the GPT-2 config the import gives, random weights
         from minigpt.export.hf import export_hf
         from minigpt.hf.load import config_from_hf, read_hf_config
@@ -202,8 +253,9 @@ def run_child(what: str, src: Path, out: Path, repeats: int) -> dict[str, Any]:
     runs = []
     for _ in range(repeats):
         shutil.rmtree(out, ignore_errors=True)
-        proc = subprocess.run([sys.executable, __file__, "--_child", what, str(src), str(out)], capture_output=True,
-                              text=True)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--_child", what, str(src), str(out)], capture_output=True, text=True
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"{what} measurement failed:\n{proc.stderr[-2000:]}")
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -232,12 +284,18 @@ def cost(work: Path, quick: bool, repeats: int) -> list[dict[str, Any]]:
     rows = []
     for what in ("import", "transformers", "export"):
         result = run_child(what, src, work / f"export-{what}", repeats)
-        label = {"import": "minigpt import (load_model)", "transformers": "transformers from_pretrained (reference)",
-                 "export": "minigpt export (export_hf)"}[what]
+        label = {
+            "import": "minigpt import (load_model)",
+            "transformers": "transformers from_pretrained (reference)",
+            "export": "minigpt export (export_hf)",
+        }[what]
         rows.append(dict(operation=label, params=n_params, weights_mib=weights_mib, **result))
-        print(f"{label}: {result['seconds']:.2f} s, peak RSS {result['peak_rss_mib']:.0f} MiB "
-              f"(+{result['peak_above_before_mib']:.0f} MiB over {result['rss_before_mib']:.0f} MiB before; "
-              f"weights {weights_mib:.0f} MiB)", flush=True)
+        print(
+            f"{label}: {result['seconds']:.2f} s, peak RSS {result['peak_rss_mib']:.0f} MiB "
+            f"(+{result['peak_above_before_mib']:.0f} MiB over {result['rss_before_mib']:.0f} MiB before; "
+            f"weights {weights_mib:.0f} MiB)",
+            flush=True,
+        )
     return rows
 
 
@@ -262,20 +320,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             (work / f"m{i}").mkdir()
             rows += agreement(name, hf_config, work / f"m{i}")
         print()
-        print(markdown_table(rows, [("model", "model", ""), ("path", "attention", ""),
-                                    ("import_max_abs", "import: max abs logit diff", ".1e"),
-                                    ("decode_max_abs", "KV-cache decode: max abs diff", ".1e"),
-                                    ("greedy_equal", "greedy ids equal", ""),
-                                    ("export_max_abs", "export: max abs logit diff", ".1e")]))
+        print(
+            markdown_table(
+                rows,
+                [
+                    ("model", "model", ""),
+                    ("path", "attention", ""),
+                    ("import_max_abs", "import: max abs logit diff", ".1e"),
+                    ("decode_max_abs", "KV-cache decode: max abs diff", ".1e"),
+                    ("greedy_equal", "greedy ids equal", ""),
+                    ("export_max_abs", "export: max abs logit diff", ".1e"),
+                ],
+            )
+        )
         print()
         costs = cost(work, args.quick, 1 if args.quick else args.repeats)
         print()
-        print(markdown_table(costs, [("operation", "operation", ""), ("seconds", "seconds", ".2f"),
-                                     ("peak_rss_mib", "peak RSS MiB", ".0f"),
-                                     ("peak_above_before_mib", "peak over start MiB", ".0f"),
-                                     ("first_forward_s", "then 1-token forward s", ".2f"),
-                                     ("peak_rss_with_forward_mib", "peak RSS MiB with it", ".0f"),
-                                     ("weights_mib", "weights MiB", ".0f")]))
+        print(
+            markdown_table(
+                costs,
+                [
+                    ("operation", "operation", ""),
+                    ("seconds", "seconds", ".2f"),
+                    ("peak_rss_mib", "peak RSS MiB", ".0f"),
+                    ("peak_above_before_mib", "peak over start MiB", ".0f"),
+                    ("first_forward_s", "then 1-token forward s", ".2f"),
+                    ("peak_rss_with_forward_mib", "peak RSS MiB with it", ".0f"),
+                    ("weights_mib", "weights MiB", ".0f"),
+                ],
+            )
+        )
     result = dict(benchmark="hf", machine=label, agreement=rows, cost=costs)
     if not args.quick:  # smoke runs leave no figures behind
         write_json(result, args.json)

@@ -30,8 +30,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import (common_parser, describe_machine, load_avg, machine_label,  # noqa: E402
-                               markdown_table, pick_device, synchronize, wait_for_quiet, write_json)
+from benchmarks.common import (
+    common_parser,
+    describe_machine,
+    load_avg,
+    machine_label,  # noqa: E402
+    markdown_table,
+    pick_device,
+    synchronize,
+    wait_for_quiet,
+    write_json,
+)
 from minigpt.core.chat import ChatSession  # noqa: E402
 from minigpt.core.chat_template import ChatTokenizer  # noqa: E402
 from minigpt.core.config import GPTConfig  # noqa: E402
@@ -53,8 +62,14 @@ def per_token_ms(model: GPT, tokens: int, device: torch.device, seed: int) -> li
         times.append(1e3 * (now - last[0]))
         last[0] = now
 
-    generate(model, torch.zeros(1, 1, dtype=torch.long, device=device), tokens, temperature=1.0,
-             generator=torch.Generator(device=device).manual_seed(seed), on_token=tick)
+    generate(
+        model,
+        torch.zeros(1, 1, dtype=torch.long, device=device),
+        tokens,
+        temperature=1.0,
+        generator=torch.Generator(device=device).manual_seed(seed),
+        on_token=tick,
+    )
     return times
 
 
@@ -64,30 +79,47 @@ def sampling_rows(arch: str, block_size: int, device: torch.device, seed: int, b
     per_token_ms(model, block_size, device, seed)  # warm-up: every context length and one refill
     times = per_token_ms(model, blocks * block_size, device, seed)
     half = block_size // 2
-    windows = [statistics.fmean(times[i:i + half]) for i in range(0, len(times), half)]
+    windows = [statistics.fmean(times[i : i + half]) for i in range(0, len(times), half)]
     full = times[block_size:]  # once the context is full
-    return dict(arch=arch, block_size=block_size, tokens=len(times), window_tokens=half,
-                ms_per_token_windows=[round(w, 3) for w in windows],
-                ms_before_full=round(statistics.fmean(times[1:block_size]), 3),
-                ms_once_full=round(statistics.fmean(full), 3), ms_median_once_full=round(statistics.median(full), 3),
-                ms_worst_token=round(max(full), 2),
-                last_over_first_full_window=round(windows[-1] / windows[2], 3))
+    return dict(
+        arch=arch,
+        block_size=block_size,
+        tokens=len(times),
+        window_tokens=half,
+        ms_per_token_windows=[round(w, 3) for w in windows],
+        ms_before_full=round(statistics.fmean(times[1:block_size]), 3),
+        ms_once_full=round(statistics.fmean(full), 3),
+        ms_median_once_full=round(statistics.median(full), 3),
+        ms_worst_token=round(max(full), 2),
+        last_over_first_full_window=round(windows[-1] / windows[2], 3),
+    )
 
 
 def chat_rows(block_size: int, turns: int, window: int, device: torch.device, seed: int) -> dict:
     torch.manual_seed(seed)
     tokenizer = ChatTokenizer.for_base(ByteTokenizer())
     model = GPT(GPTConfig(block_size=block_size, vocab_size=tokenizer.vocab_size, **SHAPE)).to(device).eval()
-    session = ChatSession(model, tokenizer, system="Answer briefly.", max_new_tokens=32, temperature=1.0,
-                          generator=torch.Generator(device=device).manual_seed(seed))
+    session = ChatSession(
+        model,
+        tokenizer,
+        system="Answer briefly.",
+        max_new_tokens=32,
+        temperature=1.0,
+        generator=torch.Generator(device=device).manual_seed(seed),
+    )
     rows, started, prefilled = [], time.perf_counter(), 0
     for turn in range(1, turns + 1):
         session.reply(f"What is {turn} plus {turn + 1}? Tell me more about it, please.")
         if turn % window == 0:
             synchronize(device)
             now = time.perf_counter()
-            rows.append(dict(turns=f"{turn - window + 1}-{turn}", ms_per_turn=round(1e3 * (now - started) / window, 1),
-                             prefilled_per_turn=round((session.prefilled - prefilled) / window, 1)))
+            rows.append(
+                dict(
+                    turns=f"{turn - window + 1}-{turn}",
+                    ms_per_turn=round(1e3 * (now - started) / window, 1),
+                    prefilled_per_turn=round((session.prefilled - prefilled) / window, 1),
+                )
+            )
             started, prefilled = now, session.prefilled
     return dict(block_size=block_size, turns=turns, max_new_tokens=32, windows=rows)
 
@@ -107,26 +139,52 @@ def main(argv: list[str] | None = None) -> dict:
     load_readings = wait_for_quiet(tries=args.wait_quiet)
     label = machine_label(device, "float32")
     print(describe_machine(label))
-    sampling = [sampling_rows(arch, bs, device, args.seed, args.blocks) for arch in ("gpt", "llama")
-                for bs in args.block_sizes]
-    print(f"\nSampling {args.blocks} x block_size tokens, {SHAPE['n_layer']} layers x {SHAPE['n_head']} heads, n_embd "
-          f"{SHAPE['n_embd']}; ms per token in windows of block_size/2 tokens:\n")
+    sampling = [
+        sampling_rows(arch, bs, device, args.seed, args.blocks) for arch in ("gpt", "llama") for bs in args.block_sizes
+    ]
+    print(
+        f"\nSampling {args.blocks} x block_size tokens, {SHAPE['n_layer']} layers x {SHAPE['n_head']} heads, n_embd "
+        f"{SHAPE['n_embd']}; ms per token in windows of block_size/2 tokens:\n"
+    )
     for r in sampling:
         windows = " ".join(f"{w:.2f}" for w in r["ms_per_token_windows"])
         print(f"  {r['arch']:5s} block {r['block_size']:4d}: {windows}")
     print()
-    print(markdown_table(sampling, [("arch", "block", ""), ("block_size", "block_size", "d"),
-                                    ("ms_before_full", "ms/token before full", ".3f"),
-                                    ("ms_once_full", "ms/token once full", ".3f"),
-                                    ("last_over_first_full_window", "last / first full window", ".3f"),
-                                    ("ms_worst_token", "worst token (refill), ms", ".2f")]))
+    print(
+        markdown_table(
+            sampling,
+            [
+                ("arch", "block", ""),
+                ("block_size", "block_size", "d"),
+                ("ms_before_full", "ms/token before full", ".3f"),
+                ("ms_once_full", "ms/token once full", ".3f"),
+                ("last_over_first_full_window", "last / first full window", ".3f"),
+                ("ms_worst_token", "worst token (refill), ms", ".2f"),
+            ],
+        )
+    )
     window = max(1, args.turns // 8)
     chat = chat_rows(args.chat_block_size, args.turns, window, device, args.seed)
     print(f"\nChat: {args.turns} turns, block_size {args.chat_block_size}, replies of up to 32 tokens:\n")
-    print(markdown_table(chat["windows"], [("turns", "turns", ""), ("ms_per_turn", "ms/turn", ".1f"),
-                                           ("prefilled_per_turn", "tokens run per turn", ".1f")]))
-    result = dict(benchmark="long_context", machine=label, load_avg_1m_before=load_readings,
-                  load_avg_1m_after=load_avg(), shape=SHAPE, sampling=sampling, chat=chat)
+    print(
+        markdown_table(
+            chat["windows"],
+            [
+                ("turns", "turns", ""),
+                ("ms_per_turn", "ms/turn", ".1f"),
+                ("prefilled_per_turn", "tokens run per turn", ".1f"),
+            ],
+        )
+    )
+    result = dict(
+        benchmark="long_context",
+        machine=label,
+        load_avg_1m_before=load_readings,
+        load_avg_1m_after=load_avg(),
+        shape=SHAPE,
+        sampling=sampling,
+        chat=chat,
+    )
     print(f"\nwrote {write_json(result, args.json)}")
     return result
 

@@ -38,27 +38,63 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import (REPO_ROOT, common_parser, describe_machine, machine_label,  # noqa: E402
-                               markdown_table, write_json)
+from benchmarks.common import (
+    REPO_ROOT,
+    common_parser,
+    describe_machine,
+    machine_label,  # noqa: E402
+    markdown_table,
+    write_json,
+)
 
 RESULT = "RESULT "
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 SHAPES = {  # the published configs (config.json) of the two models
-    "1b": dict(arch="llama", n_layer=16, n_head=32, n_kv_head=8, n_embd=2048, head_dim=64, mlp_hidden=8192,
-               vocab_size=128256, rope_base=500000.0, rope_scaling=LLAMA3_ROPE, tie_embeddings=True),  # Llama-3.2-1B
-    "135m": dict(arch="llama", n_layer=30, n_head=9, n_kv_head=3, n_embd=576, mlp_hidden=1536, vocab_size=49152,
-                 rope_base=10000.0, tie_embeddings=True),  # SmolLM-135M
+    "1b": dict(
+        arch="llama",
+        n_layer=16,
+        n_head=32,
+        n_kv_head=8,
+        n_embd=2048,
+        head_dim=64,
+        mlp_hidden=8192,
+        vocab_size=128256,
+        rope_base=500000.0,
+        rope_scaling=LLAMA3_ROPE,
+        tie_embeddings=True,
+    ),  # Llama-3.2-1B
+    "135m": dict(
+        arch="llama",
+        n_layer=30,
+        n_head=9,
+        n_kv_head=3,
+        n_embd=576,
+        mlp_hidden=1536,
+        vocab_size=49152,
+        rope_base=10000.0,
+        tie_embeddings=True,
+    ),  # SmolLM-135M
     "tiny": dict(arch="llama", n_layer=3, n_head=4, n_kv_head=2, n_embd=64, mlp_hidden=128, vocab_size=512),
 }
-VARIANTS = {"full": dict(finetune="full"), "lora8": dict(finetune="lora", rank=8),
-            "lora16": dict(finetune="lora", rank=16),
-            "lora8-bf16": dict(finetune="lora", rank=8, base_dtype="bfloat16"),
-            # -ckpt: --model.activation_checkpointing true (each block's activations recomputed in the backward)
-            "full-ckpt": dict(finetune="full", ckpt=True), "lora8-ckpt": dict(finetune="lora", rank=8, ckpt=True)}
+VARIANTS = {
+    "full": dict(finetune="full"),
+    "lora8": dict(finetune="lora", rank=8),
+    "lora16": dict(finetune="lora", rank=16),
+    "lora8-bf16": dict(finetune="lora", rank=8, base_dtype="bfloat16"),
+    # -ckpt: --model.activation_checkpointing true (each block's activations recomputed in the backward)
+    "full-ckpt": dict(finetune="full", ckpt=True),
+    "lora8-ckpt": dict(finetune="lora", rank=8, ckpt=True),
+}
 
 
 # ------------------------------------------------------------------------------------------------- children
+
 
 def vm_hwm() -> int:
     """This process's peak resident memory (bytes), from /proc/self/status."""
@@ -95,13 +131,42 @@ def train_row(spec: dict[str, Any]) -> dict[str, Any]:
     GPTLightningModule.on_train_batch_start = stamped
     variant = VARIANTS[spec["variant"]]
     out = Path(spec["out"])
-    argv = ["--init_from", spec["source"], "--finetune", variant["finetune"], "--data.source", spec["corpus"],
-            "--data.data_root", spec["data_root"], "--out_dir", str(out), "--overwrite", "true",
-            "--data.batch_size", str(spec["batch"]), "--data.val_batches", "1",
-            "--trainer.max_steps", str(spec["steps"]),
-            "--trainer.val_check_interval", str(spec["steps"]), "--checkpoint_every", str(spec["steps"]),
-            "--trainer.precision", "32-true", "--trainer.enable_progress_bar", "false", "--sample_tokens", "0",
-            "--attention_images", "false", "--eval_full", "false", "--optim.warmup_steps", "2"]
+    argv = [
+        "--init_from",
+        spec["source"],
+        "--finetune",
+        variant["finetune"],
+        "--data.source",
+        spec["corpus"],
+        "--data.data_root",
+        spec["data_root"],
+        "--out_dir",
+        str(out),
+        "--overwrite",
+        "true",
+        "--data.batch_size",
+        str(spec["batch"]),
+        "--data.val_batches",
+        "1",
+        "--trainer.max_steps",
+        str(spec["steps"]),
+        "--trainer.val_check_interval",
+        str(spec["steps"]),
+        "--checkpoint_every",
+        str(spec["steps"]),
+        "--trainer.precision",
+        "32-true",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--sample_tokens",
+        "0",
+        "--attention_images",
+        "false",
+        "--eval_full",
+        "false",
+        "--optim.warmup_steps",
+        "2",
+    ]
     if variant["finetune"] == "lora":
         argv += ["--lora.rank", str(variant["rank"]), "--lora.alpha", str(2 * variant["rank"])]
         if "base_dtype" in variant:
@@ -113,11 +178,16 @@ def train_row(spec: dict[str, Any]) -> dict[str, Any]:
     wall = time.perf_counter() - start
     model = trainer.lightning_module.model
     periods = [b - a for a, b in zip(stamps[2:], stamps[3:])]  # after the first two steps
-    return dict(peak_rss=vm_hwm(), s_per_step=statistics.median(periods) if periods else None,
-                trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
-                total=sum(p.numel() for p in model.parameters()), steps=trainer.global_step,
-                checkpoint_bytes=(out / "checkpoints" / "last.ckpt").stat().st_size, wall_s=round(wall, 1),
-                load_avg_1m=round(os.getloadavg()[0], 2))  # other work on the machine slows s/step, not peak RSS
+    return dict(
+        peak_rss=vm_hwm(),
+        s_per_step=statistics.median(periods) if periods else None,
+        trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        total=sum(p.numel() for p in model.parameters()),
+        steps=trainer.global_step,
+        checkpoint_bytes=(out / "checkpoints" / "last.ckpt").stat().st_size,
+        wall_s=round(wall, 1),
+        load_avg_1m=round(os.getloadavg()[0], 2),
+    )  # other work on the machine slows s/step, not peak RSS
 
 
 def child(args: list[str]) -> dict[str, Any]:
@@ -139,6 +209,7 @@ def mem_available() -> int:
 
 # ------------------------------------------------------------------------------------------------- the table
 
+
 def measure(shapes: list[str], variants: list[str], args: Any) -> list[dict[str, Any]]:
     work = Path(args.work)
     (work / "sources").mkdir(parents=True, exist_ok=True)
@@ -153,17 +224,30 @@ def measure(shapes: list[str], variants: list[str], args: Any) -> list[dict[str,
             for n_layer in depths:
                 source = work / "sources" / f"{shape}-L{n_layer}.ckpt"
                 if not source.is_file():
-                    child(["--make_source", json.dumps(dict(shape=shape, n_layer=n_layer, block_size=args.block,
-                                                            path=str(source)))])
-                spec = dict(variant=variant, source=str(source), corpus=args.corpus, data_root=str(work / "data"),
-                            out=str(work / "runs" / f"{shape}-L{n_layer}-{variant}"), batch=args.batch,
-                            steps=args.steps if n_layer == depth else args.scaled_steps)
+                    child(
+                        [
+                            "--make_source",
+                            json.dumps(dict(shape=shape, n_layer=n_layer, block_size=args.block, path=str(source))),
+                        ]
+                    )
+                spec = dict(
+                    variant=variant,
+                    source=str(source),
+                    corpus=args.corpus,
+                    data_root=str(work / "data"),
+                    out=str(work / "runs" / f"{shape}-L{n_layer}-{variant}"),
+                    batch=args.batch,
+                    steps=args.steps if n_layer == depth else args.scaled_steps,
+                )
                 print(f"{shape} n_layer={n_layer} {variant}: {spec['steps']} steps ...", flush=True)
                 r = child(["--child", json.dumps(spec)])
                 rows.append(dict(shape=shape, n_layer=n_layer, variant=variant, **r))
                 speed = f"{r['s_per_step']:.2f} s/step" if r["s_per_step"] else "s/step needs 4 steps or more"
-                print(f"  peak RSS {r['peak_rss'] / 2**30:.2f} GiB, {speed}, "
-                      f"{r['trainable']:,} trainable, checkpoint {r['checkpoint_bytes'] / 2**20:.1f} MiB", flush=True)
+                print(
+                    f"  peak RSS {r['peak_rss'] / 2**30:.2f} GiB, {speed}, "
+                    f"{r['trainable']:,} trainable, checkpoint {r['checkpoint_bytes'] / 2**20:.1f} MiB",
+                    flush=True,
+                )
         if scaled:
             rows += extrapolated(shape, rows, scaled)
     return rows
@@ -180,8 +264,14 @@ def extrapolated(shape: str, rows: list[dict[str, Any]], depths: list[int]) -> l
         for key in ("peak_rss", "s_per_step", "trainable", "checkpoint_bytes"):
             (x0, y0), (x1, y1) = [(p["n_layer"], p[key]) for p in (points[0], points[-1])]
             line[key] = y0 + (y1 - y0) * (target - x0) / (x1 - x0)
-        out.append(dict(shape=shape, n_layer=target, variant=f"{variant} (extrapolated from n_layer "
-                        f"{'/'.join(str(d) for d in depths)})", **line))
+        out.append(
+            dict(
+                shape=shape,
+                n_layer=target,
+                variant=f"{variant} (extrapolated from n_layer {'/'.join(str(d) for d in depths)})",
+                **line,
+            )
+        )
     return out
 
 
@@ -202,24 +292,65 @@ def sft_comparison(args: Any) -> list[dict[str, Any]]:
     rows = []
     emb = args.sft_lora_embeddings == "true"
     label = f"LoRA r{args.sft_rank} lr {args.sft_lora_lr:g}" + (" +emb" if emb else "")
-    runs = {"full": ("full SFT", []), "lora": (label, [
-        "--finetune", "lora", "--lora.rank", str(args.sft_rank), "--lora.alpha", str(2 * args.sft_rank),
-        "--optim.learning_rate", str(args.sft_lora_lr), "--lora.train_embeddings", str(emb).lower()])}
+    runs = {
+        "full": ("full SFT", []),
+        "lora": (
+            label,
+            [
+                "--finetune",
+                "lora",
+                "--lora.rank",
+                str(args.sft_rank),
+                "--lora.alpha",
+                str(2 * args.sft_rank),
+                "--optim.learning_rate",
+                str(args.sft_lora_lr),
+                "--lora.train_embeddings",
+                str(emb).lower(),
+            ],
+        ),
+    }
     for name, extra in (runs[r] for r in args.sft_runs.split(",")):
         out = Path(args.work) / "sft" / name.replace(" ", "_").replace(".", "")
         start = time.perf_counter()
-        trainer = train_main(["--config", str(REPO_ROOT / "configs" / "sft_addition.yaml"), "--init_from", str(base),
-                              "--out_dir", str(out), "--data.source", str(data / "train.jsonl"), "--overwrite", "true",
-                              "--trainer.max_steps", str(args.sft_steps), "--trainer.max_time", "null",
-                              "--trainer.enable_progress_bar", "false", *extra])
+        trainer = train_main(
+            [
+                "--config",
+                str(REPO_ROOT / "configs" / "sft_addition.yaml"),
+                "--init_from",
+                str(base),
+                "--out_dir",
+                str(out),
+                "--data.source",
+                str(data / "train.jsonl"),
+                "--overwrite",
+                "true",
+                "--trainer.max_steps",
+                str(args.sft_steps),
+                "--trainer.max_time",
+                "null",
+                "--trainer.enable_progress_bar",
+                "false",
+                *extra,
+            ]
+        )
         wall = time.perf_counter() - start
         trainable = sum(p.numel() for p in trainer.lightning_module.model.parameters() if p.requires_grad)
         model, tokenizer = load_model(out)
-        rows.append(dict(run=name, steps=trainer.global_step, trainable=trainable, wall_s=round(wall, 1),
-                         exact_match=sft_demo.accuracy(model, tokenizer, test),
-                         checkpoint_bytes=(out / "checkpoints" / "last.ckpt").stat().st_size))
-        print(f"{name}: {rows[-1]['exact_match']:.1%} exact match after {trainer.global_step} steps ({wall:.0f} s)",
-              flush=True)
+        rows.append(
+            dict(
+                run=name,
+                steps=trainer.global_step,
+                trainable=trainable,
+                wall_s=round(wall, 1),
+                exact_match=sft_demo.accuracy(model, tokenizer, test),
+                checkpoint_bytes=(out / "checkpoints" / "last.ckpt").stat().st_size,
+            )
+        )
+        print(
+            f"{name}: {rows[-1]['exact_match']:.1%} exact match after {trainer.global_step} steps ({wall:.0f} s)",
+            flush=True,
+        )
     return rows
 
 
@@ -230,8 +361,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--steps", type=int, default=20, help="optimizer steps per row")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--block", type=int, default=256, help="tokens per row (the sources' block_size)")
-    p.add_argument("--full_layers", default="1b=2/4", help="SHAPE=L1/L2: measure full fine-tuning of SHAPE at these "
-                   "depths and extrapolate (its full depth does not fit 24 GiB); empty: measure at full depth")
+    p.add_argument(
+        "--full_layers",
+        default="1b=2/4",
+        help="SHAPE=L1/L2: measure full fine-tuning of SHAPE at these "
+        "depths and extrapolate (its full depth does not fit 24 GiB); empty: measure at full depth",
+    )
     p.add_argument("--scaled_steps", type=int, default=8, help="optimizer steps of the rows at reduced depth")
     p.add_argument("--corpus", default=None, help="training text (default: a generated one)")
     p.add_argument("--work", default="/tmp/bench_lora", help="sources, prepared data and runs")
@@ -239,11 +374,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--sft_steps", type=int, default=2000)
     p.add_argument("--sft_runs", default="full,lora", help="which SFT runs: full, lora or both")
     p.add_argument("--sft_rank", type=int, default=16)
-    p.add_argument("--sft_lora_lr", type=float, default=0.002, help="the LoRA run's peak learning rate (full SFT: the "
-                   "config's 0.002); 0.005 leaves it on a plateau at val loss ~1 until the cosine decay")
-    p.add_argument("--sft_lora_embeddings", choices=("true", "false"), default="true",
-                   help="the LoRA run also trains the embeddings (--lora.train_embeddings): the demo's digits and "
-                        "positions, frozen, keep LoRA far from full SFT")
+    p.add_argument(
+        "--sft_lora_lr",
+        type=float,
+        default=0.002,
+        help="the LoRA run's peak learning rate (full SFT: the "
+        "config's 0.002); 0.005 leaves it on a plateau at val loss ~1 until the cosine decay",
+    )
+    p.add_argument(
+        "--sft_lora_embeddings",
+        choices=("true", "false"),
+        default="true",
+        help="the LoRA run also trains the embeddings (--lora.train_embeddings): the demo's digits and "
+        "positions, frozen, keep LoRA far from full SFT",
+    )
     p.add_argument("--base", default=str(REPO_ROOT / "out" / "default"), help="the SFT demo's base run")
     p.add_argument("--child", help=argparse_hidden())
     p.add_argument("--make_source", help=argparse_hidden())
@@ -265,33 +409,77 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         words = "the quick brown fox jumps over a lazy dog while cats sit on warm mats and birds sing".split()
         g = torch.Generator().manual_seed(0)
         ids = torch.randint(len(words), (200_000,), generator=g).tolist()
-        lines = (" ".join(words[i] for i in ids[j:j + 12]) for j in range(0, len(ids), 12))
+        lines = (" ".join(words[i] for i in ids[j : j + 12]) for j in range(0, len(ids), 12))
         Path(args.corpus).write_text("\n".join(lines))
     label = machine_label("cpu")
     print(describe_machine(label))
-    print(f"torch.backends.cpu.get_cpu_capability(): {torch.backends.cpu.get_cpu_capability()}; "
-          f"{torch.get_num_threads()} threads; {mem_available() / 2**30:.1f} GiB available", flush=True)
+    print(
+        f"torch.backends.cpu.get_cpu_capability(): {torch.backends.cpu.get_cpu_capability()}; "
+        f"{torch.get_num_threads()} threads; {mem_available() / 2**30:.1f} GiB available",
+        flush=True,
+    )
     shapes = [s for s in args.shapes.split(",") if s and s != "none"]
     rows = measure(shapes, args.variants.split(","), args) if shapes else []
     for r in rows:
         r["peak_rss_gib"] = r["peak_rss"] / 2**30
         r["checkpoint_mib"] = r["checkpoint_bytes"] / 2**20
-        full = next((f for f in rows if f["shape"] == r["shape"] and f["variant"].split(" ")[0] == "full"
-                     and f["n_layer"] == SHAPES[r["shape"]]["n_layer"]), None)
+        full = next(
+            (
+                f
+                for f in rows
+                if f["shape"] == r["shape"]
+                and f["variant"].split(" ")[0] == "full"
+                and f["n_layer"] == SHAPES[r["shape"]]["n_layer"]
+            ),
+            None,
+        )
         r["rss_vs_full"] = r["peak_rss"] / full["peak_rss"] if full else None
     if rows:
-        print(markdown_table(rows, [("shape", "shape", ""), ("n_layer", "layers", "d"), ("variant", "run", ""),
-                                    ("peak_rss_gib", "peak RSS GiB", ".2f"), ("rss_vs_full", "vs full", ".0%"),
-                                    ("s_per_step", "s/step", ".2f"), ("trainable", "trainable params", ",.0f"),
-                                    ("checkpoint_mib", "checkpoint MiB", ",.1f"), ("load_avg_1m", "load", ".1f")]))
+        print(
+            markdown_table(
+                rows,
+                [
+                    ("shape", "shape", ""),
+                    ("n_layer", "layers", "d"),
+                    ("variant", "run", ""),
+                    ("peak_rss_gib", "peak RSS GiB", ".2f"),
+                    ("rss_vs_full", "vs full", ".0%"),
+                    ("s_per_step", "s/step", ".2f"),
+                    ("trainable", "trainable params", ",.0f"),
+                    ("checkpoint_mib", "checkpoint MiB", ",.1f"),
+                    ("load_avg_1m", "load", ".1f"),
+                ],
+            )
+        )
     sft = sft_comparison(args) if args.sft else []
     if sft:
-        print(markdown_table(sft, [("run", "run", ""), ("steps", "steps", "d"), ("trainable", "trainable", ",d"),
-                                   ("exact_match", "exact match", ".1%"), ("wall_s", "train.py s", ".0f")]))
-    result = dict(benchmark="bench_lora", machine=label, settings=dict(
-        steps=args.steps, batch=args.batch, block=args.block, full_layers=args.full_layers,
-        scaled_steps=args.scaled_steps, precision="32-true", sft_steps=args.sft_steps if args.sft else None),
-        results=rows, sft=sft)
+        print(
+            markdown_table(
+                sft,
+                [
+                    ("run", "run", ""),
+                    ("steps", "steps", "d"),
+                    ("trainable", "trainable", ",d"),
+                    ("exact_match", "exact match", ".1%"),
+                    ("wall_s", "train.py s", ".0f"),
+                ],
+            )
+        )
+    result = dict(
+        benchmark="bench_lora",
+        machine=label,
+        settings=dict(
+            steps=args.steps,
+            batch=args.batch,
+            block=args.block,
+            full_layers=args.full_layers,
+            scaled_steps=args.scaled_steps,
+            precision="32-true",
+            sft_steps=args.sft_steps if args.sft else None,
+        ),
+        results=rows,
+        sft=sft,
+    )
     print(f"wrote {write_json(result, args.json)}")
     return result
 

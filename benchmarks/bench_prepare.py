@@ -25,18 +25,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import (common_parser, describe_machine, machine_label, markdown_table,  # noqa: E402
-                               wait_for_quiet, write_json)
+from benchmarks.common import (
+    common_parser,
+    describe_machine,
+    machine_label,
+    markdown_table,  # noqa: E402
+    wait_for_quiet,
+    write_json,
+)
 
 GOAL = 0.85
 # The child reports its own peak from VmHWM: the high-water mark of its own address space.  Its ru_maxrss would not
 # do: Linux carries the parent's peak across fork and exec, and this parent holds the whole text in memory.
-PREPARE = ("import resource, sys, time\nfrom minigpt.data.prepare import prepare_data\nt = time.perf_counter()\n"
-           "prepare_data(sys.argv[1], sys.argv[2], data_root=sys.argv[3], force=True)\n"
-           "print('SECONDS', time.perf_counter() - t)\n"
-           "try:\n    status = open('/proc/self/status').read()\n"
-           "    print('PEAK_KB', next(l.split()[1] for l in status.splitlines() if l.startswith('VmHWM:')))\n"
-           "except OSError:\n    print('PEAK_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+PREPARE = (
+    "import resource, sys, time\nfrom minigpt.data.prepare import prepare_data\nt = time.perf_counter()\n"
+    "prepare_data(sys.argv[1], sys.argv[2], data_root=sys.argv[3], force=True)\n"
+    "print('SECONDS', time.perf_counter() - t)\n"
+    "try:\n    status = open('/proc/self/status').read()\n"
+    "    print('PEAK_KB', next(l.split()[1] for l in status.splitlines() if l.startswith('VmHWM:')))\n"
+    "except OSError:\n    print('PEAK_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+)
 
 
 def make_text(corpus: Path | None, mb: float, out: Path) -> Path:
@@ -50,8 +58,8 @@ def make_text(corpus: Path | None, mb: float, out: Path) -> Path:
     with open(out, "wb") as f:
         written = 0
         while written < target:
-            piece = seed[:target - written]
-            piece = piece[:piece.rfind(b"\n") + 1] or piece
+            piece = seed[: target - written]
+            piece = piece[: piece.rfind(b"\n") + 1] or piece
             f.write(piece)
             written += len(piece)
     return out
@@ -59,8 +67,12 @@ def make_text(corpus: Path | None, mb: float, out: Path) -> Path:
 
 def prepare_in_child(text: Path, tokenizer: str, data_root: Path) -> tuple[float, float]:
     """(seconds, peak RSS in MB) of prepare_data in a fresh interpreter, as that interpreter measures them."""
-    done = subprocess.run([sys.executable, "-c", PREPARE, str(text), tokenizer, str(data_root)],
-                          capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    done = subprocess.run(
+        [sys.executable, "-c", PREPARE, str(text), tokenizer, str(data_root)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     if done.returncode != 0:
         raise SystemExit(f"preparation failed:\n{done.stderr[-2000:]}")
     said = dict(line.split(maxsplit=1) for line in done.stdout.splitlines() if line.startswith(("SECONDS", "PEAK_KB")))
@@ -84,9 +96,9 @@ def batches(text: Path) -> list[list[str]]:
     from minigpt.data.sources import CHUNK_BYTES
 
     data = text.read_text(encoding="utf-8", errors="replace")
-    pieces = [data[i:i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)]
+    pieces = [data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)]
     per_batch = max(1, BATCH_CHARS // CHUNK_BYTES)
-    return [pieces[i:i + per_batch] for i in range(0, len(pieces), per_batch)]
+    return [pieces[i : i + per_batch] for i in range(0, len(pieces), per_batch)]
 
 
 def time_bare(encode_batch, text_batches: list[list[str]]) -> tuple[float, int]:
@@ -128,12 +140,21 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--corpus", type=Path, help="a text file to repeat (default: the standard library's sources)")
     p.add_argument("--mb", type=float, default=100.0, help="megabytes of text (default 100)")
     p.add_argument("--vocab", type=int, default=8192, help="the trained BPE's vocabulary (default 8192)")
-    p.add_argument("--tokenizers", default="bpe,gpt2",
-                   help="which rows beside the training one: bpe, gpt2 (default both), none")
-    p.add_argument("--repeat", type=int, default=2, help="turns of bare encoder and preparation; the fastest of "
-                   "each is reported (default 2)")
-    p.add_argument("--tiktoken", default="gpt2", help="the tiktoken encoding of the gpt2 row (default gpt2; "
-                   "r50k_base has the same ranks, for a cache seeded by hand)")
+    p.add_argument(
+        "--tokenizers", default="bpe,gpt2", help="which rows beside the training one: bpe, gpt2 (default both), none"
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=2,
+        help="turns of bare encoder and preparation; the fastest of each is reported (default 2)",
+    )
+    p.add_argument(
+        "--tiktoken",
+        default="gpt2",
+        help="the tiktoken encoding of the gpt2 row (default gpt2; "
+        "r50k_base has the same ranks, for a cache seeded by hand)",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.mb, args.vocab, args.repeat = 2.0, 1024, 1
@@ -154,18 +175,36 @@ def main(argv: list[str] | None = None) -> dict:
         tokenizer_json = json.loads(tokenizer_file.read_text())["tokenizer_json"]
         (tmp / "bpe.json").write_text(tokenizer_json)
         print(f"{spec}: trained and prepared in {train_s:.1f}s ({time.perf_counter() - t:.1f}s with start-up)")
-        rows.append({"tokenizer": f"{spec} trained on the text, then preparing it", "tokens": None, "bare_mb_s": None,
-                     "prepare_mb_s": mb / train_s, "ratio": None, "peak_rss_mb": prepared[1]})
+        rows.append(
+            {
+                "tokenizer": f"{spec} trained on the text, then preparing it",
+                "tokens": None,
+                "bare_mb_s": None,
+                "prepare_mb_s": mb / train_s,
+                "ratio": None,
+                "peak_rss_mb": prepared[1],
+            }
+        )
 
         from minigpt.core.hf_tokenizer import tokenizers_library
 
         if "bpe" in args.tokenizers:
             backend = tokenizers_library().Tokenizer.from_str(tokenizer_json)
             bare_s, tokens, prep_s, rss = best_of(
-                args.repeat, lambda: time_bare(lambda b: [e.ids for e in backend.encode_batch_fast(b)], text_batches),
-                lambda: prepare_in_child(text, str(tmp / "bpe.json"), tmp / "data-bpe"))
-            rows.append({"tokenizer": f"{spec} (tokenizers)", "tokens": tokens, "bare_mb_s": mb / bare_s,
-                         "prepare_mb_s": mb / prep_s, "ratio": bare_s / prep_s, "peak_rss_mb": rss})
+                args.repeat,
+                lambda: time_bare(lambda b: [e.ids for e in backend.encode_batch_fast(b)], text_batches),
+                lambda: prepare_in_child(text, str(tmp / "bpe.json"), tmp / "data-bpe"),
+            )
+            rows.append(
+                {
+                    "tokenizer": f"{spec} (tokenizers)",
+                    "tokens": tokens,
+                    "bare_mb_s": mb / bare_s,
+                    "prepare_mb_s": mb / prep_s,
+                    "ratio": bare_s / prep_s,
+                    "peak_rss_mb": rss,
+                }
+            )
         if "gpt2" in args.tokenizers:
             import tiktoken
 
@@ -177,21 +216,49 @@ def main(argv: list[str] | None = None) -> dict:
                 setting = None
             if setting is not None:
                 bare_s, tokens, prep_s, rss = best_of(
-                    args.repeat, lambda: time_bare(lambda b: encoding.encode_ordinary_batch(b, num_threads=threads),
-                                                   text_batches),
-                    lambda: prepare_in_child(text, setting, tmp / "data-gpt2"))
-                rows.append({"tokenizer": name, "tokens": tokens, "bare_mb_s": mb / bare_s,
-                             "prepare_mb_s": mb / prep_s, "ratio": bare_s / prep_s, "peak_rss_mb": rss})
+                    args.repeat,
+                    lambda: time_bare(lambda b: encoding.encode_ordinary_batch(b, num_threads=threads), text_batches),
+                    lambda: prepare_in_child(text, setting, tmp / "data-gpt2"),
+                )
+                rows.append(
+                    {
+                        "tokenizer": name,
+                        "tokens": tokens,
+                        "bare_mb_s": mb / bare_s,
+                        "prepare_mb_s": mb / prep_s,
+                        "ratio": bare_s / prep_s,
+                        "peak_rss_mb": rss,
+                    }
+                )
             else:
-                bare_s, tokens = time_bare(lambda b: encoding.encode_ordinary_batch(b, num_threads=threads),
-                                           text_batches)
-                rows.append({"tokenizer": name, "tokens": tokens, "bare_mb_s": mb / bare_s,
-                             "prepare_mb_s": None, "ratio": None, "peak_rss_mb": None})  # minigpt takes no twin
+                bare_s, tokens = time_bare(
+                    lambda b: encoding.encode_ordinary_batch(b, num_threads=threads), text_batches
+                )
+                rows.append(
+                    {
+                        "tokenizer": name,
+                        "tokens": tokens,
+                        "bare_mb_s": mb / bare_s,
+                        "prepare_mb_s": None,
+                        "ratio": None,
+                        "peak_rss_mb": None,
+                    }
+                )  # minigpt takes no twin
     print(describe_machine(label))
     print(f"{mb:.1f} MB of text, {threads} threads; goal: preparation at >= {GOAL:.0%} of the bare encoder")
-    print(markdown_table(rows, [("tokenizer", "tokenizer", ""), ("tokens", "tokens", ",d"),
-                                ("bare_mb_s", "bare encoder MB/s", ".2f"), ("prepare_mb_s", "preparation MB/s", ".2f"),
-                                ("ratio", "preparation / bare", ".0%"), ("peak_rss_mb", "peak RSS MB", ".0f")]))
+    print(
+        markdown_table(
+            rows,
+            [
+                ("tokenizer", "tokenizer", ""),
+                ("tokens", "tokens", ",d"),
+                ("bare_mb_s", "bare encoder MB/s", ".2f"),
+                ("prepare_mb_s", "preparation MB/s", ".2f"),
+                ("ratio", "preparation / bare", ".0%"),
+                ("peak_rss_mb", "peak RSS MB", ".0f"),
+            ],
+        )
+    )
     result = {"machine": label, "mb": mb, "threads": threads, "train_and_prepare_s": train_s, "rows": rows}
     write_json(result, args.json)
     return result

@@ -20,8 +20,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import (common_parser, describe_machine, load_avg, machine_label,  # noqa: E402
-                               markdown_table, pick_device, synchronize, wait_for_quiet, write_json)
+from benchmarks.common import (
+    common_parser,
+    describe_machine,
+    load_avg,
+    machine_label,  # noqa: E402
+    markdown_table,
+    pick_device,
+    synchronize,
+    wait_for_quiet,
+    write_json,
+)
 from minigpt.core.config import GPTConfig  # noqa: E402
 from minigpt.core.model import GPT  # noqa: E402
 from minigpt.loading import load_model  # noqa: E402
@@ -35,8 +44,7 @@ def time_generate(model: GPT, tokens: int, use_kv_cache: bool, device: torch.dev
     generator = torch.Generator(device=device).manual_seed(seed)
     synchronize(device)
     t0 = time.perf_counter()
-    out = generate(model, idx, tokens, temperature=1.0, top_k=None, use_kv_cache=use_kv_cache,
-                   generator=generator)
+    out = generate(model, idx, tokens, temperature=1.0, top_k=None, use_kv_cache=use_kv_cache, generator=generator)
     synchronize(device)
     seconds = time.perf_counter() - t0
     assert out.shape == (1, 1 + tokens), out.shape
@@ -49,9 +57,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--arch", default="gpt", choices=["gpt", "llama"], help="for random init")
     p.add_argument("--attention", default=None, choices=["sdpa", "manual", "einops"])
     p.add_argument("--tokens", type=int, default=1000, help="new tokens per timed run (default 1000)")
-    p.add_argument("--warmup_tokens", type=int, default=300,
-                   help="tokens of the warm-up run per mode (default 300: past block_size, so every "
-                        "context length and a cache refill are warmed up)")
+    p.add_argument(
+        "--warmup_tokens",
+        type=int,
+        default=300,
+        help="tokens of the warm-up run per mode (default 300: past block_size, so every "
+        "context length and a cache refill are warmed up)",
+    )
     p.add_argument("--seed", type=int, default=1337)
     args = p.parse_args(argv)
     if args.quick:
@@ -76,20 +88,47 @@ def main(argv: list[str] | None = None) -> dict:
     for mode, use_cache in (("no KV cache", False), ("KV cache", True)):
         time_generate(model, args.warmup_tokens, use_cache, device, args.seed)  # warm-up
         seconds = time_generate(model, args.tokens, use_cache, device, args.seed)
-        rows.append(dict(mode=mode, kv_cache=use_cache, tokens=args.tokens, seconds=round(seconds, 4),
-                         tokens_per_s=round(args.tokens / seconds, 2)))
+        rows.append(
+            dict(
+                mode=mode,
+                kv_cache=use_cache,
+                tokens=args.tokens,
+                seconds=round(seconds, 4),
+                tokens_per_s=round(args.tokens / seconds, 2),
+            )
+        )
     for r in rows:
         r["speedup"] = round(r["tokens_per_s"] / rows[0]["tokens_per_s"], 2)
 
-    model_desc = (f"{cfg.arch} {cfg.n_layer} layers x {cfg.n_head} heads, n_embd {cfg.n_embd}, block_size "
-                  f"{cfg.block_size}, vocab {cfg.vocab_size}, attention {cfg.attention} ({source})")
+    model_desc = (
+        f"{cfg.arch} {cfg.n_layer} layers x {cfg.n_head} heads, n_embd {cfg.n_embd}, block_size "
+        f"{cfg.block_size}, vocab {cfg.vocab_size}, attention {cfg.attention} ({source})"
+    )
     print(describe_machine(label))
     print(f"Model: {model_desc}; batch 1, {args.tokens} new tokens from a 1-token prompt\n")
-    print(markdown_table(rows, [("mode", "mode", ""), ("tokens_per_s", "tokens/s", ".1f"),
-                                ("seconds", "seconds", ".2f"), ("speedup", "speed-up", ".2f")]))
-    result = dict(benchmark="sampling", machine=label, load_avg_1m_before=load_readings,
-                  load_avg_1m_after=load_avg(), model=model_desc, model_config=cfg.to_dict(), batch_size=1,
-                  prompt_tokens=1, warmup_tokens=args.warmup_tokens, results=rows)
+    print(
+        markdown_table(
+            rows,
+            [
+                ("mode", "mode", ""),
+                ("tokens_per_s", "tokens/s", ".1f"),
+                ("seconds", "seconds", ".2f"),
+                ("speedup", "speed-up", ".2f"),
+            ],
+        )
+    )
+    result = dict(
+        benchmark="sampling",
+        machine=label,
+        load_avg_1m_before=load_readings,
+        load_avg_1m_after=load_avg(),
+        model=model_desc,
+        model_config=cfg.to_dict(),
+        batch_size=1,
+        prompt_tokens=1,
+        warmup_tokens=args.warmup_tokens,
+        results=rows,
+    )
     print(f"\nwrote {write_json(result, args.json)}")
     return result
 

@@ -40,8 +40,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 import httpx  # noqa: E402
 import uvicorn  # noqa: E402
 
-from benchmarks.common import (common_parser, describe_machine, load_avg, machine_label,  # noqa: E402
-                               markdown_table, pick_device, synchronize, wait_for_quiet, write_json)
+from benchmarks.common import (
+    common_parser,
+    describe_machine,
+    load_avg,
+    machine_label,  # noqa: E402
+    markdown_table,
+    pick_device,
+    synchronize,
+    wait_for_quiet,
+    write_json,
+)
 from minigpt.core.config import GPTConfig  # noqa: E402
 from minigpt.core.model import GPT  # noqa: E402
 from minigpt.core.tokenizers import CharTokenizer  # noqa: E402
@@ -53,11 +62,18 @@ SHAPES = {
     "char": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65),
 }
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, block_size=64)
-COLUMNS = [("clients", "clients", "d"), ("tokens_per_s", "total tokens/s", ".1f"),
-           ("vs_one_client", "x one client", ".2f"), ("per_client_tokens_per_s", "tokens/s per client", ".1f"),
-           ("ttft_median_s", "TTFT median s", ".3f"), ("ttft_max_s", "TTFT max s", ".3f"),
-           ("tpot_ms", "ms/token after the first", ".1f"), ("step_ms", "model step ms", ".1f"),
-           ("step_x_one", "step bound x one", ".2f"), ("seconds", "wall s", ".2f")]
+COLUMNS = [
+    ("clients", "clients", "d"),
+    ("tokens_per_s", "total tokens/s", ".1f"),
+    ("vs_one_client", "x one client", ".2f"),
+    ("per_client_tokens_per_s", "tokens/s per client", ".1f"),
+    ("ttft_median_s", "TTFT median s", ".3f"),
+    ("ttft_max_s", "TTFT max s", ".3f"),
+    ("tpot_ms", "ms/token after the first", ".1f"),
+    ("step_ms", "model step ms", ".1f"),
+    ("step_x_one", "step bound x one", ".2f"),
+    ("seconds", "wall s", ".2f"),
+]
 
 
 class Served:
@@ -81,8 +97,14 @@ class Served:
 
 
 async def one_client(http: httpx.AsyncClient, prompt: str, tokens: int) -> dict:
-    body = dict(model="bench", prompt=prompt, max_tokens=tokens, temperature=0, stream=True,
-                stream_options=dict(include_usage=True))
+    body = dict(
+        model="bench",
+        prompt=prompt,
+        max_tokens=tokens,
+        temperature=0,
+        stream=True,
+        stream_options=dict(include_usage=True),
+    )
     t0 = time.perf_counter()
     first = None
     usage = None
@@ -110,10 +132,16 @@ async def level(url: str, prompts: list[str], tokens: int) -> dict:
     wall = max(r["end"] for r in runs) - t0
     total = sum(r["tokens"] for r in runs)
     ttfts = [r["ttft"] for r in runs]
-    return dict(clients=len(prompts), completion_tokens=total, seconds=round(wall, 3),
-                tokens_per_s=round(total / wall, 2), per_client_tokens_per_s=round(total / wall / len(prompts), 2),
-                ttft_median_s=round(statistics.median(ttfts), 3), ttft_max_s=round(max(ttfts), 3),
-                tpot_ms=round(1000 * statistics.median(r["tpot"] for r in runs), 1))
+    return dict(
+        clients=len(prompts),
+        completion_tokens=total,
+        seconds=round(wall, 3),
+        tokens_per_s=round(total / wall, 2),
+        per_client_tokens_per_s=round(total / wall / len(prompts), 2),
+        ttft_median_s=round(statistics.median(ttfts), 3),
+        ttft_max_s=round(max(ttfts), 3),
+        tpot_ms=round(1000 * statistics.median(r["tpot"] for r in runs), 1),
+    )
 
 
 @torch.inference_mode()
@@ -141,8 +169,10 @@ def bench_shape(name: str, args, device: torch.device) -> tuple[str, list[dict]]
     tokenizer = CharTokenizer(CHARS)
     cfg = model.config
     g = torch.Generator().manual_seed(args.seed)
-    prompts = [tokenizer.decode(torch.randint(len(CHARS), (args.prompt_tokens,), generator=g).tolist())
-               for _ in range(max(args.clients))]
+    prompts = [
+        tokenizer.decode(torch.randint(len(CHARS), (args.prompt_tokens,), generator=g).tolist())
+        for _ in range(max(args.clients))
+    ]
     tokens = min(args.tokens, cfg.block_size - args.prompt_tokens)
     app = create_app(model, tokenizer, "bench", max_batch=max(args.clients), max_queue=max(args.clients))
     rows = []
@@ -160,9 +190,11 @@ def bench_shape(name: str, args, device: torch.device) -> tuple[str, list[dict]]
         first = rows[0] if rows[0]["clients"] == 1 else None
         r["vs_one_client"] = round(r["tokens_per_s"] / first["tokens_per_s"], 2) if first else None
         r["step_x_one"] = round(r["clients"] / r["step_ms"] * first["step_ms"], 2) if first else None
-    desc = (f"{name}: {cfg.arch} {cfg.n_layer} layers x {cfg.n_head} heads, n_embd {cfg.n_embd}, block_size "
-            f"{cfg.block_size}, vocab {cfg.vocab_size} ({model.num_params() / 1e6:.1f}M parameters), "
-            f"{type(tokenizer).__name__}; {args.prompt_tokens}-token prompts, {tokens} new tokens per client")
+    desc = (
+        f"{name}: {cfg.arch} {cfg.n_layer} layers x {cfg.n_head} heads, n_embd {cfg.n_embd}, block_size "
+        f"{cfg.block_size}, vocab {cfg.vocab_size} ({model.num_params() / 1e6:.1f}M parameters), "
+        f"{type(tokenizer).__name__}; {args.prompt_tokens}-token prompts, {tokens} new tokens per client"
+    )
     return desc, rows
 
 
@@ -190,8 +222,16 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"Model {desc}")
         print(markdown_table(shape_rows, COLUMNS))
         print()
-    result = dict(benchmark="serve", machine=label, load_avg_1m_before=load_readings, load_avg_1m_after=load_avg(),
-                  models=models, tokens=args.tokens, prompt_tokens=args.prompt_tokens, results=rows)
+    result = dict(
+        benchmark="serve",
+        machine=label,
+        load_avg_1m_before=load_readings,
+        load_avg_1m_after=load_avg(),
+        models=models,
+        tokens=args.tokens,
+        prompt_tokens=args.prompt_tokens,
+        results=rows,
+    )
     print(f"wrote {write_json(result, args.json)}")
     return result
 

@@ -26,8 +26,18 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import (REPO_ROOT, common_parser, describe_machine, load_avg, machine_label,  # noqa: E402
-                               markdown_table, median, pick_device, wait_for_quiet, write_json)
+from benchmarks.common import (
+    REPO_ROOT,
+    common_parser,
+    describe_machine,
+    load_avg,
+    machine_label,  # noqa: E402
+    markdown_table,
+    median,
+    pick_device,
+    wait_for_quiet,
+    write_json,
+)
 from minigpt.configs import default_config  # noqa: E402
 from minigpt.core.checkpoint import model_checkpoint, save_file  # noqa: E402
 from minigpt.core.config import GPTConfig  # noqa: E402
@@ -70,8 +80,18 @@ def commands(ckpt: Path, device: str) -> dict[str, list[str] | None]:
     for name in ("sample", "eval", "export", "attention"):
         cases[f"{name}.py --help"] = [py, str(REPO_ROOT / f"{name}.py"), "--help"]
     cases["minigpt sample --help"] = [str(script), "sample", "--help"] if script else None
-    cases[f"sample.py {NEW_TOKENS} tokens"] = [py, str(REPO_ROOT / "sample.py"), "--ckpt", str(ckpt), "--device",
-                                               device, "--max_new_tokens", str(NEW_TOKENS), "--prompt", PROMPT]
+    cases[f"sample.py {NEW_TOKENS} tokens"] = [
+        py,
+        str(REPO_ROOT / "sample.py"),
+        "--ckpt",
+        str(ckpt),
+        "--device",
+        device,
+        "--max_new_tokens",
+        str(NEW_TOKENS),
+        "--prompt",
+        PROMPT,
+    ]
     return cases
 
 
@@ -86,12 +106,19 @@ def wall_time(argv: list[str], cwd: Path) -> float:
 
 def main(argv: list[str] | None = None) -> dict:
     p = common_parser(__doc__.splitlines()[0], "startup")
-    p.add_argument("--ckpt", default=None, help="checkpoint for the generation (default: a random-weight model of "
-                                                "the default config's shape, made in a temporary folder)")
+    p.add_argument(
+        "--ckpt",
+        default=None,
+        help="checkpoint for the generation (default: a random-weight model of "
+        "the default config's shape, made in a temporary folder)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="runs of each command; the median is reported (default 3)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1; --quick: 0)")
-    p.add_argument("--commands", default=None,
-                   help=f"comma-separated names of the commands to time (default all; {BASELINE!r} is always timed)")
+    p.add_argument(
+        "--commands",
+        default=None,
+        help=f"comma-separated names of the commands to time (default all; {BASELINE!r} is always timed)",
+    )
     p.add_argument("--seed", type=int, default=1337)
     args = p.parse_args(argv)
     if args.quick:
@@ -129,33 +156,66 @@ def main(argv: list[str] | None = None) -> dict:
         row = dict(command=name, seconds=round(seconds, 3), runs=times[name])
         if name != BASELINE:
             extra = seconds - base
-            row.update(over_torch_s=round(extra, 3), ratio=round(seconds / base, 2), goal_met=extra <= GOAL_S,
-                       goal="PASS" if extra <= GOAL_S else "FAIL")
+            row.update(
+                over_torch_s=round(extra, 3),
+                ratio=round(seconds / base, 2),
+                goal_met=extra <= GOAL_S,
+                goal="PASS" if extra <= GOAL_S else "FAIL",
+            )
         rows.append(row)
     judged = [r for r in rows if "goal_met" in r]
     passed = all(r["goal_met"] for r in judged)
 
     print(describe_machine(label))
-    print(f"Python {sys.executable}; median of {args.repeats} run(s) per command after {args.warmup} warm-up "
-          f"round(s); generation: {NEW_TOKENS} tokens from {PROMPT!r}, "
-          f"{'--ckpt ' + str(args.ckpt) if args.ckpt else 'random weights, default config shape'}\n")
+    print(
+        f"Python {sys.executable}; median of {args.repeats} run(s) per command after {args.warmup} warm-up "
+        f"round(s); generation: {NEW_TOKENS} tokens from {PROMPT!r}, "
+        f"{'--ckpt ' + str(args.ckpt) if args.ckpt else 'random weights, default config shape'}\n"
+    )
     for r in rows:
         if "seconds" not in r:
             print(f"{r['command']:<28} {r['note']}")
         elif r["command"] == BASELINE:
             print(f"{r['command']:<28} {r['seconds']:6.2f} s")
         else:
-            print(f"{r['command']:<28} {r['seconds']:6.2f} s   {r['over_torch_s']:+.2f} s, x{r['ratio']:.2f} "
-                  f"of {BASELINE}   {r['goal']}")
-    print(f"\nGoal: every command within {GOAL_S} s of `{BASELINE}`: "
-          f"{'PASS' if passed else 'FAIL'} ({sum(r['goal_met'] for r in judged)} of {len(judged)})\n")
-    print(markdown_table(rows, [("command", "command", ""), ("seconds", "seconds", ".2f"),
-                                ("over_torch_s", f"- {BASELINE} (s)", "+.2f"),
-                                ("ratio", f"x {BASELINE}", ".2f"), ("goal", f"within {GOAL_S} s", "")]))
-    result = dict(benchmark="startup", machine=label, load_avg_1m_before=load_readings, load_avg_1m_after=load_avg(),
-                  settings=dict(repeats=args.repeats, warmup=args.warmup, goal_s=GOAL_S, new_tokens=NEW_TOKENS,
-                                prompt=PROMPT, ckpt=args.ckpt, python=sys.executable),
-                  baseline_s=round(base, 3), passed=passed, results=rows)
+            print(
+                f"{r['command']:<28} {r['seconds']:6.2f} s   {r['over_torch_s']:+.2f} s, x{r['ratio']:.2f} "
+                f"of {BASELINE}   {r['goal']}"
+            )
+    print(
+        f"\nGoal: every command within {GOAL_S} s of `{BASELINE}`: "
+        f"{'PASS' if passed else 'FAIL'} ({sum(r['goal_met'] for r in judged)} of {len(judged)})\n"
+    )
+    print(
+        markdown_table(
+            rows,
+            [
+                ("command", "command", ""),
+                ("seconds", "seconds", ".2f"),
+                ("over_torch_s", f"- {BASELINE} (s)", "+.2f"),
+                ("ratio", f"x {BASELINE}", ".2f"),
+                ("goal", f"within {GOAL_S} s", ""),
+            ],
+        )
+    )
+    result = dict(
+        benchmark="startup",
+        machine=label,
+        load_avg_1m_before=load_readings,
+        load_avg_1m_after=load_avg(),
+        settings=dict(
+            repeats=args.repeats,
+            warmup=args.warmup,
+            goal_s=GOAL_S,
+            new_tokens=NEW_TOKENS,
+            prompt=PROMPT,
+            ckpt=args.ckpt,
+            python=sys.executable,
+        ),
+        baseline_s=round(base, 3),
+        passed=passed,
+        results=rows,
+    )
     print(f"\nwrote {write_json(result, args.json)}")
     return result
 

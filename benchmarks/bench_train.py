@@ -57,9 +57,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import (REPO_ROOT, common_parser, describe_machine, load_avg, machine_label,  # noqa: E402
-                               markdown_table, median, peak_matmul_flops, pick_device, synchronize, time_fn,
-                               wait_for_quiet, write_json)
+from benchmarks.common import (
+    REPO_ROOT,
+    common_parser,
+    describe_machine,
+    load_avg,
+    machine_label,  # noqa: E402
+    markdown_table,
+    median,
+    peak_matmul_flops,
+    pick_device,
+    synchronize,
+    time_fn,
+    wait_for_quiet,
+    write_json,
+)
 from minigpt.training.datamodule import RandomWindows  # noqa: E402
 from minigpt.core.config import GPTConfig  # noqa: E402
 from minigpt.training.lightning_module import GPTLightningModule  # noqa: E402
@@ -75,9 +87,13 @@ NANOGPT_MS_PER_ITER = 50
 # --------------------------------------------------------------------------------------------------
 # Shapes
 
+
 def nanogpt_shape() -> dict[str, Any]:
-    return dict(name="nanogpt", model=dict(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65,
-                                           dropout=0.0), batch_size=12)
+    return dict(
+        name="nanogpt",
+        model=dict(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65, dropout=0.0),
+        batch_size=12,
+    )
 
 
 def stdlib_vocab_size(default: int = 100) -> tuple[int, str]:
@@ -96,8 +112,7 @@ def default_shape() -> dict[str, Any]:
     model = dict(cfg.get("model", {}))  # the model section is GPTConfig's fields, nothing else
     vocab, source = stdlib_vocab_size()
     model["vocab_size"] = vocab
-    return dict(name="default", model=model, batch_size=cfg.get("data", {}).get("batch_size", 32),
-                vocab_source=source)
+    return dict(name="default", model=model, batch_size=cfg.get("data", {}).get("batch_size", 32), vocab_source=source)
 
 
 def quick_shape() -> dict[str, Any]:
@@ -107,15 +122,18 @@ def quick_shape() -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 # Data, module, timing callback
 
-def make_loader(vocab_size: int, block_size: int, batch_size: int, length: int, seed: int = 0,
-                n_tokens: int = 1 << 20) -> torch.utils.data.DataLoader:
+
+def make_loader(
+    vocab_size: int, block_size: int, batch_size: int, length: int, seed: int = 0, n_tokens: int = 1 << 20
+) -> torch.utils.data.DataLoader:
     tokens = np.random.default_rng(seed).integers(0, vocab_size, size=n_tokens, dtype=np.uint16)
     windows = RandomWindows(tokens, block_size, batch_size, seed=seed, stream=0, length=length)
     return torch.utils.data.DataLoader(windows, batch_size=None, sampler=range(length), num_workers=0)
 
 
-def make_module(shape: dict[str, Any], compile: bool, total_steps: int,
-                device: torch.device | str = "cpu", seed: int = 0) -> GPTLightningModule:
+def make_module(
+    shape: dict[str, Any], compile: bool, total_steps: int, device: torch.device | str = "cpu", seed: int = 0
+) -> GPTLightningModule:
     """The module as train.py builds it (default optimizer settings).  decay_steps is fixed so that
     configure_optimizers needs no trainer (the bare loop calls it too).  compile: in place, as train.py's
     CompileModel callback does, so both loops run the same compiled graph."""
@@ -126,8 +144,14 @@ def make_module(shape: dict[str, Any], compile: bool, total_steps: int,
     return module
 
 
-PHASES = (("fwd", "s", "z"), ("zero_grad", "z", "bb"), ("bwd", "bb", "ab"), ("glue", "ab", "bo"),
-          ("opt", "bo", "e"), ("between", "e", "next"))
+PHASES = (
+    ("fwd", "s", "z"),
+    ("zero_grad", "z", "bb"),
+    ("bwd", "bb", "ab"),
+    ("glue", "ab", "bo"),
+    ("opt", "bo", "e"),
+    ("between", "e", "next"),
+)
 PHASE_HELP = {
     "fwd": "training_step: forward (+ the module's isfinite check and self.log under Lightning)",
     "zero_grad": "zero_grad(set_to_none=True)",
@@ -183,21 +207,28 @@ def summarize(stamps: dict[str, list[float]], warmup: int) -> dict[str, Any]:
     s = np.asarray(stamps["s"])
     periods = np.diff(s)
     timed = periods[warmup:]
-    out = dict(step_s=float(np.median(timed)), step_s_mean=float(np.mean(timed)),
-               step_s_iqr=[float(np.percentile(timed, 25)), float(np.percentile(timed, 75))],
-               first_step_s=float(periods[0]), warmup_s=float(periods[:warmup].sum()), timed_steps=len(timed),
-               step_s_all=[float(x) for x in timed])
+    out = dict(
+        step_s=float(np.median(timed)),
+        step_s_mean=float(np.mean(timed)),
+        step_s_iqr=[float(np.percentile(timed, 25)), float(np.percentile(timed, 75))],
+        first_step_s=float(periods[0]),
+        warmup_s=float(periods[:warmup].sum()),
+        timed_steps=len(timed),
+        step_s_all=[float(x) for x in timed],
+    )
     n = len(periods)
     if all(len(stamps[k]) >= n for k in ("z", "bb", "ab", "bo", "e")):
         cols = {k: np.asarray(stamps[k][:n]) for k in ("z", "bb", "ab", "bo", "e")}
         cols["s"], cols["next"] = s[:-1], s[1:]
-        out["phases_ms"] = {name: round(float(np.median((cols[b] - cols[a])[warmup:])) * 1e3, 3)
-                            for name, a, b in PHASES}
+        out["phases_ms"] = {
+            name: round(float(np.median((cols[b] - cols[a])[warmup:])) * 1e3, 3) for name, a, b in PHASES
+        }
     return out
 
 
-def alternating_pairs(run_a: Callable[[], dict[str, Any]], run_b: Callable[[], dict[str, Any]],
-                      rounds: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def alternating_pairs(
+    run_a: Callable[[], dict[str, Any]], run_b: Callable[[], dict[str, Any]], rounds: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """`rounds` back-to-back pairs of runs, a then b in even rounds and b then a in odd ones, so a drift of the
     machine's speed within a pair hits both alike; returns (a's runs, b's runs)."""
     a_runs, b_runs = [], []
@@ -225,8 +256,11 @@ def quiet():
     levels = [logging.getLogger(n).level for n in names]
     for n in names:
         logging.getLogger(n).setLevel(logging.ERROR)
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
-            contextlib.redirect_stderr(io.StringIO()):
+    with (
+        warnings.catch_warnings(),
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+    ):
         warnings.simplefilter("ignore")
         try:
             yield
@@ -235,9 +269,18 @@ def quiet():
                 logging.getLogger(n).setLevel(lvl)
 
 
-def run_lightning(module: GPTLightningModule, shape: dict[str, Any], precision: str, device: torch.device,
-                  warmup: int, steps: int, extras: str = "none", log_every_n_steps: int = 10,
-                  phases: bool = False, profiler: cProfile.Profile | None = None) -> dict[str, Any]:
+def run_lightning(
+    module: GPTLightningModule,
+    shape: dict[str, Any],
+    precision: str,
+    device: torch.device,
+    warmup: int,
+    steps: int,
+    extras: str = "none",
+    log_every_n_steps: int = 10,
+    phases: bool = False,
+    profiler: cProfile.Profile | None = None,
+) -> dict[str, Any]:
     """trainer.fit for warmup + steps batches (+1, to close the last period).
 
     extras: "none", or a '+'-joined subset of tb (TensorBoardLogger), lr (LearningRateMonitor), tput
@@ -250,29 +293,49 @@ def run_lightning(module: GPTLightningModule, shape: dict[str, Any], precision: 
     parts = set() if extras == "none" else set(extras.replace("train_py", "tb+lr+tput").split("+"))
     tmp = tempfile.TemporaryDirectory(prefix="bench_train_")
     callbacks: list[Callback] = [timer]
-    if "train_cli" in parts:  # exactly what train.py adds: minigpt.training.trainer.run_callbacks, with its progress bar
+    if (
+        "train_cli" in parts
+    ):  # exactly what train.py adds: minigpt.training.trainer.run_callbacks, with its progress bar
         from minigpt.training.trainer import run_callbacks
 
         parts = {"tb", "bar"}
-        run_config = dict(out_dir=tmp.name, checkpoint_every=1000, sample_tokens=200, attention_images="auto",
-                          compile=False, trainer={})
-        callbacks += [c for c in run_callbacks(run_config, shape["batch_size"])
-                      if not isinstance(c, ModelCheckpoint)] + [ModelCheckpoint(dirpath=tmp.name, filename="last",
-                                                                                every_n_train_steps=1000)]
+        run_config = dict(
+            out_dir=tmp.name,
+            checkpoint_every=1000,
+            sample_tokens=200,
+            attention_images="auto",
+            compile=False,
+            trainer={},
+        )
+        callbacks += [
+            c for c in run_callbacks(run_config, shape["batch_size"]) if not isinstance(c, ModelCheckpoint)
+        ] + [ModelCheckpoint(dirpath=tmp.name, filename="last", every_n_train_steps=1000)]
     if "lr" in parts:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     if "tput" in parts:
-        callbacks.append(ThroughputMonitor(batch_size_fn=lambda b: b.size(0), length_fn=lambda b: b.size(1) - 1,
-                                           window_size=10))
+        callbacks.append(
+            ThroughputMonitor(batch_size_fn=lambda b: b.size(0), length_fn=lambda b: b.size(1) - 1, window_size=10)
+        )
     trainer_kwargs = dict(
-        accelerator=device.type, devices=[device.index or 0] if device.type == "cuda" else 1,
-        precision=precision, max_steps=n, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
-        check_val_every_n_epoch=None, val_check_interval=None, gradient_clip_val=1.0,
-        log_every_n_steps=log_every_n_steps, use_distributed_sampler=False, enable_model_summary=False,
+        accelerator=device.type,
+        devices=[device.index or 0] if device.type == "cuda" else 1,
+        precision=precision,
+        max_steps=n,
+        max_epochs=-1,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        check_val_every_n_epoch=None,
+        val_check_interval=None,
+        gradient_clip_val=1.0,
+        log_every_n_steps=log_every_n_steps,
+        use_distributed_sampler=False,
+        enable_model_summary=False,
         enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
         enable_progress_bar="bar" in parts,
         logger=TensorBoardLogger(tmp.name, name="", version="") if "tb" in parts else False,
-        default_root_dir=tmp.name, callbacks=callbacks)
+        default_root_dir=tmp.name,
+        callbacks=callbacks,
+    )
     loader = make_loader(shape["model"]["vocab_size"], shape["model"]["block_size"], shape["batch_size"], n)
     with quiet(), tmp:
         trainer = L.Trainer(**trainer_kwargs)
@@ -287,16 +350,24 @@ def run_lightning(module: GPTLightningModule, shape: dict[str, Any], precision: 
     return out
 
 
-def run_bare(module: GPTLightningModule, shape: dict[str, Any], precision: str, device: torch.device,
-             warmup: int, steps: int, phases: bool = False) -> dict[str, Any]:
+def run_bare(
+    module: GPTLightningModule,
+    shape: dict[str, Any],
+    precision: str,
+    device: torch.device,
+    warmup: int,
+    steps: int,
+    phases: bool = False,
+) -> dict[str, Any]:
     """The same steps without Lightning (see the module docstring), stamped at the same points."""
     n = warmup + steps + 1
     module.to(device).train()
     cfg = module.configure_optimizers()
     optimizer, scheduler = cfg["optimizer"], cfg["lr_scheduler"]["scheduler"]
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if precision.startswith("bf16")
-                else contextlib.nullcontext())
+    autocast = (
+        torch.autocast(device.type, dtype=torch.bfloat16) if precision.startswith("bf16") else contextlib.nullcontext()
+    )
     loader = make_loader(shape["model"]["vocab_size"], shape["model"]["block_size"], shape["batch_size"], n)
     stamps: dict[str, list[float]] = {k: [] for k in ("s", "z", "bb", "ab", "bo", "e")}
 
@@ -327,28 +398,38 @@ def run_bare(module: GPTLightningModule, shape: dict[str, Any], precision: str, 
 # --------------------------------------------------------------------------------------------------
 # Optimizer micro-benchmark
 
+
 def bench_adamw(shape: dict[str, Any], device: torch.device, repeats: int) -> list[dict[str, Any]]:
     module = make_module(shape, compile=False, total_steps=1000, device=device)
     params = [p for p in module.model.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
-    groups = lambda: [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},  # noqa: E731
-                      {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    groups = lambda: [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},  # noqa: E731
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
     rows = []
-    for impl, kw in (("fused", dict(fused=True)), ("foreach", dict(foreach=True)),
-                     ("for-loop", dict(foreach=False))):
+    for impl, kw in (("fused", dict(fused=True)), ("foreach", dict(foreach=True)), ("for-loop", dict(foreach=False))):
         try:
             opt = torch.optim.AdamW(groups(), lr=1e-4, betas=(0.9, 0.95), **kw)
         except (RuntimeError, ValueError) as e:  # fused not supported on this device
             rows.append(dict(shape=shape["name"], impl=impl, error=str(e)))
             continue
         t = median(time_fn(opt.step, device, repeats=repeats, warmup=3))
-        rows.append(dict(shape=shape["name"], impl=impl, params=sum(p.numel() for p in params),
-                         tensors=len(params), step_ms=round(t * 1e3, 4)))
+        rows.append(
+            dict(
+                shape=shape["name"],
+                impl=impl,
+                params=sum(p.numel() for p in params),
+                tensors=len(params),
+                step_ms=round(t * 1e3, 4),
+            )
+        )
     return rows
 
 
 # --------------------------------------------------------------------------------------------------
+
 
 def print_profile(profiler: cProfile.Profile, top: int = 30) -> str:
     s = io.StringIO()
@@ -391,23 +472,44 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--compile", nargs="+", default=["off", "on"], choices=["off", "on"])
     p.add_argument("--steps", type=int, default=20, help="timed steps per run (median reported)")
     p.add_argument("--warmup", type=int, default=5, help="steps skipped before timing (compilation happens here)")
-    p.add_argument("--rounds", type=int, default=1,
-                   help="Lightning/bare run pairs per setting: ms/step from the best run, overhead the median of "
-                        "the per-pair ratios")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="Lightning/bare run pairs per setting: ms/step from the best run, overhead the median of "
+        "the per-pair ratios",
+    )
     p.add_argument("--no_bare", action="store_true", help="skip the bare PyTorch loop comparison")
-    p.add_argument("--overhead_detail", default="auto", choices=["auto", "on", "off"],
-                   help="per-phase breakdown of the Lightning overhead and of train.py's logger/callbacks/progress "
-                        "bar on the nanogpt shape, fp32, eager (auto: on when the nanogpt shape is run)")
+    p.add_argument(
+        "--overhead_detail",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="per-phase breakdown of the Lightning overhead and of train.py's logger/callbacks/progress "
+        "bar on the nanogpt shape, fp32, eager (auto: on when the nanogpt shape is run)",
+    )
     p.add_argument("--detail_rounds", type=int, default=2, help="alternating rounds of the breakdown variants")
-    p.add_argument("--overhead_rounds", type=int, default=8,
-                   help="adjacent (bare loop, train.py's loop) pairs for the headline overhead ratio")
+    p.add_argument(
+        "--overhead_rounds",
+        type=int,
+        default=8,
+        help="adjacent (bare loop, train.py's loop) pairs for the headline overhead ratio",
+    )
     p.add_argument("--detail_steps", type=int, default=30, help="timed steps per breakdown run")
     p.add_argument("--adamw", default="on", choices=["on", "off"], help="fused vs foreach AdamW micro-benchmark")
-    p.add_argument("--attention", default="sdpa", choices=["sdpa", "manual", "einops"],
-                   help="attention path of every shape (on a CPU, manual beats sdpa under bf16)")
-    p.add_argument("--matmul_n", type=int, default=2048, help="largest matmul size for the peak FLOP/s (halved down to 64)")
-    p.add_argument("--profile", action="store_true",
-                   help="also cProfile one Lightning run (first shape, first precision, eager) and print the top")
+    p.add_argument(
+        "--attention",
+        default="sdpa",
+        choices=["sdpa", "manual", "einops"],
+        help="attention path of every shape (on a CPU, manual beats sdpa under bf16)",
+    )
+    p.add_argument(
+        "--matmul_n", type=int, default=2048, help="largest matmul size for the peak FLOP/s (halved down to 64)"
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also cProfile one Lightning run (first shape, first precision, eager) and print the top",
+    )
     args = p.parse_args(argv)
 
     device = pick_device(args.device)
@@ -428,18 +530,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     label = machine_label(device, "/".join(args.precisions))
     print(describe_machine(label), flush=True)
     for s in shape_list:
-        print(f"Shape {s['name']}: {s['model']}, batch {s['batch_size']}"
-              + (f" (vocab from {s['vocab_source']})" if "vocab_source" in s else ""))
+        print(
+            f"Shape {s['name']}: {s['model']}, batch {s['batch_size']}"
+            + (f" (vocab from {s['vocab_source']})" if "vocab_source" in s else "")
+        )
 
     # Peak matmul FLOP/s in each matmul dtype, for MFU
     peaks: dict[str, dict[str, Any]] = {}
     for prec in args.precisions:
         key = "bfloat16" if prec.startswith("bf16") else "float32"
         if key not in peaks:
-            peaks[key] = peak_matmul_flops(getattr(torch, key), device, n=args.matmul_n,
-                                           repeats=3 if args.quick else 10)
-    print("Peak matmul: " + ", ".join(f"{k} {v['tflops'] * 1e3:.1f} GFLOP/s ({v['n']}^3)" for k, v in peaks.items()),
-          flush=True)
+            peaks[key] = peak_matmul_flops(
+                getattr(torch, key), device, n=args.matmul_n, repeats=3 if args.quick else 10
+            )
+    print(
+        "Peak matmul: " + ", ".join(f"{k} {v['tflops'] * 1e3:.1f} GFLOP/s ({v['n']}^3)" for k, v in peaks.items()),
+        flush=True,
+    )
 
     rows: list[dict[str, Any]] = []
     for shape in shape_list:
@@ -455,30 +562,45 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     lruns, bruns = [lightning_run() for _ in range(args.rounds)], []
                 else:
                     lruns, bruns = alternating_pairs(
-                        lightning_run, lambda: run_bare(module, shape, prec, device, args.warmup, args.steps),
-                        args.rounds)
+                        lightning_run,
+                        lambda: run_bare(module, shape, prec, device, args.warmup, args.steps),
+                        args.rounds,
+                    )
                 lt = min(lruns, key=lambda r: r["step_s"])
-                row = dict(shape=shape["name"], precision=prec, compile=compiled, batch_size=B, block_size=T,
-                           params=module.model.num_params(), flops_per_token=fpt,
-                           step_ms=round(lt["step_s"] * 1e3, 3), tokens_per_s=round(B * T / lt["step_s"], 1),
-                           mfu=round(fpt * B * T / lt["step_s"] / peaks[matmul_dtype]["flops"], 4),
-                           step_ms_iqr=[round(x * 1e3, 3) for x in lt["step_s_iqr"]],
-                           warmup_s=round(lruns[0]["warmup_s"], 3), first_step_s=round(lruns[0]["first_step_s"], 3),
-                           fit_setup_s=round(lruns[0]["fit_setup_s"], 3),
-                           step_ms_per_round=[round(r["step_s"] * 1e3, 3) for r in lruns])
+                row = dict(
+                    shape=shape["name"],
+                    precision=prec,
+                    compile=compiled,
+                    batch_size=B,
+                    block_size=T,
+                    params=module.model.num_params(),
+                    flops_per_token=fpt,
+                    step_ms=round(lt["step_s"] * 1e3, 3),
+                    tokens_per_s=round(B * T / lt["step_s"], 1),
+                    mfu=round(fpt * B * T / lt["step_s"] / peaks[matmul_dtype]["flops"], 4),
+                    step_ms_iqr=[round(x * 1e3, 3) for x in lt["step_s_iqr"]],
+                    warmup_s=round(lruns[0]["warmup_s"], 3),
+                    first_step_s=round(lruns[0]["first_step_s"], 3),
+                    fit_setup_s=round(lruns[0]["fit_setup_s"], 3),
+                    step_ms_per_round=[round(r["step_s"] * 1e3, 3) for r in lruns],
+                )
                 if bruns:
                     bt = min(bruns, key=lambda r: r["step_s"])
-                    row.update(bare_step_ms=round(bt["step_s"] * 1e3, 3),
-                               bare_tokens_per_s=round(B * T / bt["step_s"], 1),
-                               bare_step_ms_per_round=[round(r["step_s"] * 1e3, 3) for r in bruns],
-                               overhead_pct=round(100 * (paired_ratio(lruns, bruns) - 1), 2))
+                    row.update(
+                        bare_step_ms=round(bt["step_s"] * 1e3, 3),
+                        bare_tokens_per_s=round(B * T / bt["step_s"], 1),
+                        bare_step_ms_per_round=[round(r["step_s"] * 1e3, 3) for r in bruns],
+                        overhead_pct=round(100 * (paired_ratio(lruns, bruns) - 1), 2),
+                    )
                 rows.append(row)
-                print(f"  {shape['name']:8s} {prec:10s} compile={comp:3s}: {row['step_ms']:8.2f} ms/step, "
-                      f"{row['tokens_per_s']:9.0f} tok/s, MFU {100 * row['mfu']:.1f}%, warm-up "
-                      f"{row['warmup_s']:.1f} s" + (f", bare {row['bare_step_ms']:.2f} ms "
-                                                     f"(overhead {row['overhead_pct']:+.1f}%)" if bruns else "")
-                      + f"  load {load_avg()}",
-                      flush=True)
+                print(
+                    f"  {shape['name']:8s} {prec:10s} compile={comp:3s}: {row['step_ms']:8.2f} ms/step, "
+                    f"{row['tokens_per_s']:9.0f} tok/s, MFU {100 * row['mfu']:.1f}%, warm-up "
+                    f"{row['warmup_s']:.1f} s"
+                    + (f", bare {row['bare_step_ms']:.2f} ms (overhead {row['overhead_pct']:+.1f}%)" if bruns else "")
+                    + f"  load {load_avg()}",
+                    flush=True,
+                )
                 del module
 
     # Where Lightning's per-step time goes, and what train.py's extras add (smallest shape, fp32, eager:
@@ -499,26 +621,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             return run_lightning(module, detail_shape, prec, device, args.warmup, steps, extras=extras, phases=True)
 
         for i in range(args.detail_rounds):  # variants interleaved, order reversed every other round: drift
-            for variant in DETAIL_VARIANTS[::-1 if i % 2 else 1]:  # hits them alike
+            for variant in DETAIL_VARIANTS[:: -1 if i % 2 else 1]:  # hits them alike
                 runs[variant[0]].append(run_detail(*variant))
         # the headline ratio: train.py's loop and the bare loop in adjacent pairs, order alternated
         bare_variant, ours_variant = DETAIL_VARIANTS[0], next(v for v in DETAIL_VARIANTS if v[2] == "train_cli")
-        bare_pairs, ours_pairs = alternating_pairs(lambda: run_detail(*bare_variant), lambda: run_detail(*ours_variant),
-                                                   args.overhead_rounds)
-        headline = dict(rounds=args.overhead_rounds, steps=steps, ratio=paired_ratio(ours_pairs, bare_pairs),
-                        ratios=[round(o["step_s"] / b["step_s"], 4) for b, o in zip(bare_pairs, ours_pairs)],
-                        bare_ms=[round(b["step_s"] * 1e3, 3) for b in bare_pairs],
-                        train_py_ms=[round(o["step_s"] * 1e3, 3) for o in ours_pairs])
+        bare_pairs, ours_pairs = alternating_pairs(
+            lambda: run_detail(*bare_variant), lambda: run_detail(*ours_variant), args.overhead_rounds
+        )
+        headline = dict(
+            rounds=args.overhead_rounds,
+            steps=steps,
+            ratio=paired_ratio(ours_pairs, bare_pairs),
+            ratios=[round(o["step_s"] / b["step_s"], 4) for b, o in zip(bare_pairs, ours_pairs)],
+            bare_ms=[round(b["step_s"] * 1e3, 3) for b in bare_pairs],
+            train_py_ms=[round(o["step_s"] * 1e3, 3) for o in ours_pairs],
+        )
         B, T = detail_shape["batch_size"], detail_shape["model"]["block_size"]
         best = {name: min(r, key=lambda x: x["step_s"]) for name, r in runs.items()}
         bare_runs = runs[DETAIL_VARIANTS[0][0]]
         for name, runner, extras, patch in DETAIL_VARIANTS:
             r = best[name]
-            d = dict(shape=detail_shape["name"], precision=prec, variant=name.strip(), extras=extras,
-                     patch=patch.__name__ if patch else None, step_ms=round(r["step_s"] * 1e3, 3),
-                     tokens_per_s=round(B * T / r["step_s"], 1),
-                     overhead_pct=round(100 * (paired_ratio(runs[name], bare_runs) - 1), 2),
-                     step_ms_per_round=[round(x["step_s"] * 1e3, 3) for x in runs[name]])
+            d = dict(
+                shape=detail_shape["name"],
+                precision=prec,
+                variant=name.strip(),
+                extras=extras,
+                patch=patch.__name__ if patch else None,
+                step_ms=round(r["step_s"] * 1e3, 3),
+                tokens_per_s=round(B * T / r["step_s"], 1),
+                overhead_pct=round(100 * (paired_ratio(runs[name], bare_runs) - 1), 2),
+                step_ms_per_round=[round(x["step_s"] * 1e3, 3) for x in runs[name]],
+            )
             d.update({f"{k}_ms": v for k, v in r.get("phases_ms", {}).items()})
             detail.append(d)
 
@@ -536,36 +669,69 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         profile_text = print_profile(prof)
 
     # ---------------------------------------------------------------- report
-    print(f"\nPeak matmul FLOP/s (MFU denominators): " + ", ".join(
-        f"{k}: {v['tflops'] * 1e3:.1f} GFLOP/s (at {v['n']}^3, best of {', '.join(map(str, v['sizes']))}"
-        + (f"; {', '.join(map(str, v['skipped']))} skipped, over 1 s a matmul" if v["skipped"] else "") + ")"
-        for k, v in peaks.items()))
-    print(f"Per run: median of {args.steps} steps after {args.warmup} warm-up steps; best of {args.rounds} "
-          f"run(s); tokens/s = B*T / step time; warm-up s = the {args.warmup} skipped steps (compilation)\n")
-    cols = [("shape", "shape", ""), ("precision", "precision", ""), ("compile", "compile", ""),
-            ("step_ms", "ms/step", ".2f"), ("tokens_per_s", "tokens/s", ",.0f"), ("mfu", "MFU", ".1%"),
-            ("warmup_s", "warm-up s", ".2f")]
+    print(
+        f"\nPeak matmul FLOP/s (MFU denominators): "
+        + ", ".join(
+            f"{k}: {v['tflops'] * 1e3:.1f} GFLOP/s (at {v['n']}^3, best of {', '.join(map(str, v['sizes']))}"
+            + (f"; {', '.join(map(str, v['skipped']))} skipped, over 1 s a matmul" if v["skipped"] else "")
+            + ")"
+            for k, v in peaks.items()
+        )
+    )
+    print(
+        f"Per run: median of {args.steps} steps after {args.warmup} warm-up steps; best of {args.rounds} "
+        f"run(s); tokens/s = B*T / step time; warm-up s = the {args.warmup} skipped steps (compilation)\n"
+    )
+    cols = [
+        ("shape", "shape", ""),
+        ("precision", "precision", ""),
+        ("compile", "compile", ""),
+        ("step_ms", "ms/step", ".2f"),
+        ("tokens_per_s", "tokens/s", ",.0f"),
+        ("mfu", "MFU", ".1%"),
+        ("warmup_s", "warm-up s", ".2f"),
+    ]
     if not args.no_bare:
-        cols += [("bare_step_ms", "bare ms/step", ".2f"), ("bare_tokens_per_s", "bare tokens/s", ",.0f"),
-                 ("overhead_pct", "Lightning overhead %", "+.1f")]
+        cols += [
+            ("bare_step_ms", "bare ms/step", ".2f"),
+            ("bare_tokens_per_s", "bare tokens/s", ",.0f"),
+            ("overhead_pct", "Lightning overhead %", "+.1f"),
+        ]
     print(markdown_table(rows, cols))
     if detail:
-        print(f"\nLightning overhead breakdown ({detail_shape['name']}, 32-true, eager; {args.detail_rounds} interleaved"
-              f" rounds of {args.detail_steps} steps; ms/step and phase medians from the best round, 'vs bare' the"
-              f" median of the per-round ratios):\n")
-        print(markdown_table(detail, [("variant", "variant", ""), ("step_ms", "ms/step", ".2f"),
-                                      ("overhead_pct", "vs bare %", "+.1f")]
-                             + [(f"{k}_ms", k, ".2f") for k, *_ in PHASES]))
+        print(
+            f"\nLightning overhead breakdown ({detail_shape['name']}, 32-true, eager; {args.detail_rounds} interleaved"
+            f" rounds of {args.detail_steps} steps; ms/step and phase medians from the best round, 'vs bare' the"
+            f" median of the per-round ratios):\n"
+        )
+        print(
+            markdown_table(
+                detail,
+                [("variant", "variant", ""), ("step_ms", "ms/step", ".2f"), ("overhead_pct", "vs bare %", "+.1f")]
+                + [(f"{k}_ms", k, ".2f") for k, *_ in PHASES],
+            )
+        )
         print("\nPhases: " + "; ".join(f"{k} = {v}" for k, v in PHASE_HELP.items()))
-        print(f"\ntrain.py's Lightning loop (its callbacks, TensorBoard logger and progress bar) vs the bare loop, "
-              f"{headline['rounds']} adjacent pairs of {headline['steps']} steps, median of the per-pair ratios: "
-              f"{headline['ratio']:.3f} ({100 * (headline['ratio'] - 1):+.1f}%); pairs (train.py/bare): "
-              + ", ".join(f"{o:.2f}/{b:.2f} ms" for b, o in zip(headline["bare_ms"], headline["train_py_ms"])))
+        print(
+            f"\ntrain.py's Lightning loop (its callbacks, TensorBoard logger and progress bar) vs the bare loop, "
+            f"{headline['rounds']} adjacent pairs of {headline['steps']} steps, median of the per-pair ratios: "
+            f"{headline['ratio']:.3f} ({100 * (headline['ratio'] - 1):+.1f}%); pairs (train.py/bare): "
+            + ", ".join(f"{o:.2f}/{b:.2f} ms" for b, o in zip(headline["bare_ms"], headline["train_py_ms"]))
+        )
     if adamw:
         print("\nAdamW step alone (median ms):\n")
-        print(markdown_table(adamw, [("shape", "shape", ""), ("impl", "implementation", ""),
-                                     ("tensors", "tensors", "d"), ("params", "params", ",d"),
-                                     ("step_ms", "ms/step", ".3f")]))
+        print(
+            markdown_table(
+                adamw,
+                [
+                    ("shape", "shape", ""),
+                    ("impl", "implementation", ""),
+                    ("tensors", "tensors", "d"),
+                    ("params", "params", ",d"),
+                    ("step_ms", "ms/step", ".3f"),
+                ],
+            )
+        )
 
     checks: dict[str, Any] = {}
     nano = [r for r in rows if r["shape"] == "nanogpt"]
@@ -584,25 +750,49 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if headline:
         checks["train_py_overhead_lt_5pct"] = headline["ratio"] < 1.05
     if checks:
-        print(f"\nChecks (reference: nanoGPT ~{NANOGPT_MS_PER_ITER} ms/iter = ~{NANOGPT_TOKENS_PER_S} tokens/s fp32, "
-              f"nanogpt shape): " + fmt_checks(checks))
+        print(
+            f"\nChecks (reference: nanoGPT ~{NANOGPT_MS_PER_ITER} ms/iter = ~{NANOGPT_TOKENS_PER_S} tokens/s fp32, "
+            f"nanogpt shape): " + fmt_checks(checks)
+        )
     if profile_text:
         print("\ncProfile of one Lightning run:\n")
         print(profile_text)
 
-    settings = dict(steps=args.steps, warmup=args.warmup, rounds=args.rounds,
-                    statistic="median per run; ms/step from the best run, overhead the median of per-round "
-                              "Lightning/bare ratios",
-                    shapes={s["name"]: s for s in shape_list}, precisions=args.precisions, compile=args.compile,
-                    trainer=dict(gradient_clip_val=1.0, log_every_n_steps=10, logger=False, checkpointing=False,
-                                 progress_bar=False, validation=False),
-                    data="RandomWindows over 1M random uint16 tokens", quick=args.quick,
-                    detail=dict(rounds=args.detail_rounds, steps=args.detail_steps, phases=PHASE_HELP),
-                    reference=dict(nanogpt_tokens_per_s=NANOGPT_TOKENS_PER_S, nanogpt_ms_per_iter=NANOGPT_MS_PER_ITER))
-    result = dict(benchmark="train", machine=label, load_avg_1m_before=load_readings, load_avg_1m_after=load_avg(),
-                  settings=settings, peak_matmul=peaks, results=rows, overhead_breakdown=detail,
-                  train_py_overhead=headline, adamw=adamw,
-                  checks=checks, profile=profile_text)
+    settings = dict(
+        steps=args.steps,
+        warmup=args.warmup,
+        rounds=args.rounds,
+        statistic="median per run; ms/step from the best run, overhead the median of per-round Lightning/bare ratios",
+        shapes={s["name"]: s for s in shape_list},
+        precisions=args.precisions,
+        compile=args.compile,
+        trainer=dict(
+            gradient_clip_val=1.0,
+            log_every_n_steps=10,
+            logger=False,
+            checkpointing=False,
+            progress_bar=False,
+            validation=False,
+        ),
+        data="RandomWindows over 1M random uint16 tokens",
+        quick=args.quick,
+        detail=dict(rounds=args.detail_rounds, steps=args.detail_steps, phases=PHASE_HELP),
+        reference=dict(nanogpt_tokens_per_s=NANOGPT_TOKENS_PER_S, nanogpt_ms_per_iter=NANOGPT_MS_PER_ITER),
+    )
+    result = dict(
+        benchmark="train",
+        machine=label,
+        load_avg_1m_before=load_readings,
+        load_avg_1m_after=load_avg(),
+        settings=settings,
+        peak_matmul=peaks,
+        results=rows,
+        overhead_breakdown=detail,
+        train_py_overhead=headline,
+        adamw=adamw,
+        checks=checks,
+        profile=profile_text,
+    )
     out = write_json(result, args.json)
     print(f"\nwrote {out}")
     return result

@@ -22,8 +22,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import (REPO_ROOT, common_parser, describe_machine, machine_label,  # noqa: E402
-                               markdown_table, write_json)
+from benchmarks.common import (
+    REPO_ROOT,
+    common_parser,
+    describe_machine,
+    machine_label,  # noqa: E402
+    markdown_table,
+    write_json,
+)
 
 CONFIG = "configs/shakespeare_char_cpu.yaml"
 NUMERICS = {"float32": "32-true", "bf16": "bf16-mixed"}  # name -> the run's precision
@@ -40,17 +46,49 @@ def train_child(numerics: str, argv: list[str]) -> None:
     trainer = main([*argv, "--trainer.precision", NUMERICS[numerics]])
     optimizer = trainer.optimizers[0]
     muon = getattr(optimizer, "muon", None)
-    print(RESULT + json.dumps(dict(
-        numerics=numerics, precision=str(trainer.precision), steps=trainer.global_step,
-        muon_dtype=str(muon.ns_dtype).removeprefix("torch.") if muon is not None else None,
-        full_val_loss=round(float(trainer.callback_metrics["full_val_loss"]), 4))), flush=True)
+    print(
+        RESULT
+        + json.dumps(
+            dict(
+                numerics=numerics,
+                precision=str(trainer.precision),
+                steps=trainer.global_step,
+                muon_dtype=str(muon.ns_dtype).removeprefix("torch.") if muon is not None else None,
+                full_val_loss=round(float(trainer.callback_metrics["full_val_loss"]), 4),
+            )
+        ),
+        flush=True,
+    )
 
 
 def run(numerics: str, seed: int, args: Any, work: Path) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--child", numerics, "--config", args.config, "--data.source", args.corpus,
-           "--seed", str(seed), "--trainer.max_time", "null", "--trainer.max_steps", str(args.steps),
-           "--trainer.enable_progress_bar", "false", "--sample_tokens", "0", "--checkpoint_every", "1000000",
-           "--out_dir", str(work / f"{numerics}-{seed}"), "--overwrite", "true", *args.extra]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        numerics,
+        "--config",
+        args.config,
+        "--data.source",
+        args.corpus,
+        "--seed",
+        str(seed),
+        "--trainer.max_time",
+        "null",
+        "--trainer.max_steps",
+        str(args.steps),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--sample_tokens",
+        "0",
+        "--checkpoint_every",
+        "1000000",
+        "--out_dir",
+        str(work / f"{numerics}-{seed}"),
+        "--overwrite",
+        "true",
+        *args.extra,
+    ]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
     found = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
     if proc.returncode != 0 or not found:
@@ -69,8 +107,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--steps", type=int, default=1000, help="training steps per run (default 1000)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1337])
     p.add_argument("--config", default=CONFIG)
-    p.add_argument("--extra", action="append", default=[], metavar="--FLAG=VALUE",
-                   help="a train.py flag added to every run, written with '=' (repeat for several)")
+    p.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        metavar="--FLAG=VALUE",
+        help="a train.py flag added to every run, written with '=' (repeat for several)",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.seeds, args.extra = 2, args.seeds[:1], [*args.extra, "--compile=false"]
@@ -82,19 +125,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bf16_numerics_") as tmp:
         for seed in args.seeds:
             fp32, bf16 = (run(numerics, seed, args, Path(tmp)) for numerics in NUMERICS)
-            row = dict(seed=seed, steps=fp32["steps"], float32=fp32["full_val_loss"], bf16=bf16["full_val_loss"],
-                       difference=round(bf16["full_val_loss"] - fp32["full_val_loss"], 4),
-                       muon_dtypes=f"{fp32['muon_dtype']} / {bf16['muon_dtype']}")
-            print(f"  seed {seed}: float32 {row['float32']:.4f}, bf16 {row['bf16']:.4f} after {row['steps']} steps "
-                  f"(Muon's iteration in {row['muon_dtypes']})", flush=True)
+            row = dict(
+                seed=seed,
+                steps=fp32["steps"],
+                float32=fp32["full_val_loss"],
+                bf16=bf16["full_val_loss"],
+                difference=round(bf16["full_val_loss"] - fp32["full_val_loss"], 4),
+                muon_dtypes=f"{fp32['muon_dtype']} / {bf16['muon_dtype']}",
+            )
+            print(
+                f"  seed {seed}: float32 {row['float32']:.4f}, bf16 {row['bf16']:.4f} after {row['steps']} steps "
+                f"(Muon's iteration in {row['muon_dtypes']})",
+                flush=True,
+            )
             rows.append(row)
     print()
-    print(markdown_table(rows, [("seed", "seed", "d"), ("steps", "steps", "d"),
-                                ("float32", "full val loss, float32", ".4f"),
-                                ("bf16", "full val loss, bf16 numerics", ".4f"),
-                                ("difference", "bf16 - float32", "+.4f"), ("muon_dtypes", "Muon's iteration", "")]))
-    result = dict(benchmark="bf16_numerics", machine=label, corpus=args.corpus, steps=args.steps,
-                  config=args.config, extra=args.extra, results=rows)
+    print(
+        markdown_table(
+            rows,
+            [
+                ("seed", "seed", "d"),
+                ("steps", "steps", "d"),
+                ("float32", "full val loss, float32", ".4f"),
+                ("bf16", "full val loss, bf16 numerics", ".4f"),
+                ("difference", "bf16 - float32", "+.4f"),
+                ("muon_dtypes", "Muon's iteration", ""),
+            ],
+        )
+    )
+    result = dict(
+        benchmark="bf16_numerics",
+        machine=label,
+        corpus=args.corpus,
+        steps=args.steps,
+        config=args.config,
+        extra=args.extra,
+        results=rows,
+    )
     print(f"\nwrote {write_json(result, args.json)}")
     return result
 

@@ -26,9 +26,18 @@ from typing import Any
 __all__ = ["CHROMIUM", "chromium_path", "PageState", "open_page", "screenshot", "Browser"]
 
 CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--hide-scrollbars", "--run-all-compositor-stages-before-draw"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--run-all-compositor-stages-before-draw",
+]
 
 
 def chromium_path() -> str | None:
@@ -52,28 +61,44 @@ def _run(page: Path, extra: list[str], size: tuple[int, int], budget_ms: int, ti
     if exe is None:
         raise FileNotFoundError("chromium is not installed (apt-get install chromium)")
     with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
-        cmd = [exe, *FLAGS, f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}",
-               f"--virtual-time-budget={budget_ms}", *extra, Path(page).resolve().as_uri()]
+        cmd = [
+            exe,
+            *FLAGS,
+            f"--user-data-dir={profile}",
+            f"--window-size={size[0]},{size[1]}",
+            f"--virtual-time-budget={budget_ms}",
+            *extra,
+            Path(page).resolve().as_uri(),
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"chromium exited with {done.returncode}: {done.stderr[-2000:]}")
     return done.stdout
 
 
-def open_page(page: str | Path, size: tuple[int, int] = (1400, 1000), budget_ms: int = 10000,
-              timeout: float = 120) -> PageState:
+def open_page(
+    page: str | Path, size: tuple[int, int] = (1400, 1000), budget_ms: int = 10000, timeout: float = 120
+) -> PageState:
     """Load the page, let its scripts run (up to budget_ms of virtual time), return its state."""
     dom = _run(Path(page), ["--dump-dom"], size, budget_ms, timeout)
     body = re.search(r"<body([^>]*)>", dom)
     attrs = dict(re.findall(r'([\w-]+)="([^"]*)"', body.group(1))) if body else {}
     render = attrs.get("data-render-ms")
-    return PageState(dom=dom, ready=attrs.get("data-ready") == "1",
-                     errors=attrs.get("data-errors", "missing").replace("&quot;", '"'),
-                     render_ms=float(render) if render else None)
+    return PageState(
+        dom=dom,
+        ready=attrs.get("data-ready") == "1",
+        errors=attrs.get("data-errors", "missing").replace("&quot;", '"'),
+        render_ms=float(render) if render else None,
+    )
 
 
-def screenshot(page: str | Path, png: str | Path, size: tuple[int, int] = (1400, 1000), budget_ms: int = 10000,
-               timeout: float = 120) -> Path:
+def screenshot(
+    page: str | Path,
+    png: str | Path,
+    size: tuple[int, int] = (1400, 1000),
+    budget_ms: int = 10000,
+    timeout: float = 120,
+) -> Path:
     """A PNG of the page's first screenful after its scripts ran."""
     png = Path(png).resolve()
     _run(Path(page), [f"--screenshot={png}"], size, budget_ms, timeout)
@@ -85,10 +110,10 @@ def screenshot(page: str | Path, png: str | Path, size: tuple[int, int] = (1400,
 class Browser:
     """A headless Chromium driven over the DevTools protocol: one tab, its requests and its script errors.
 
-        with Browser() as page:
-            page.goto("http://127.0.0.1:8000/")
-            page.type_text("#input", "hello"); page.press("Enter")
-            page.wait_for("document.body.dataset.busy === '0'")
+    with Browser() as page:
+        page.goto("http://127.0.0.1:8000/")
+        page.type_text("#input", "hello"); page.press("Enter")
+        page.wait_for("document.body.dataset.busy === '0'")
     """
 
     def __init__(self, size: tuple[int, int] = (1200, 900)) -> None:
@@ -111,9 +136,20 @@ class Browser:
             os.dup2(write, 4)
 
         self._process = subprocess.Popen(
-            [exe, *FLAGS, f"--user-data-dir={self._profile.name}", f"--window-size={self.size[0]},{self.size[1]}",
-             "--remote-debugging-pipe", "about:blank"], pass_fds=(3, 4), preexec_fn=pipes_as_3_and_4,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            [
+                exe,
+                *FLAGS,
+                f"--user-data-dir={self._profile.name}",
+                f"--window-size={self.size[0]},{self.size[1]}",
+                "--remote-debugging-pipe",
+                "about:blank",
+            ],
+            pass_fds=(3, 4),
+            preexec_fn=pipes_as_3_and_4,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         os.close(to_chrome)
         os.close(from_chrome)
         target = self._call("Target.createTarget", {"url": "about:blank"})["targetId"]
@@ -174,8 +210,7 @@ class Browser:
 
     def evaluate(self, expression: str) -> Any:
         """The value of a JavaScript expression in the page (awaited if it is a promise)."""
-        result = self._call("Runtime.evaluate", {"expression": expression, "returnByValue": True,
-                                                 "awaitPromise": True})
+        result = self._call("Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True})
         if "exceptionDetails" in result:
             raise RuntimeError(f"{expression!r} threw: {result['exceptionDetails'].get('text')}")
         return result["result"].get("value")
@@ -201,5 +236,6 @@ class Browser:
     def press(self, key: str = "Enter") -> None:
         codes = {"Enter": 13, "Tab": 9, "Escape": 27}
         for kind in ("keyDown", "keyUp"):
-            self._call("Input.dispatchKeyEvent", {"type": kind, "key": key, "code": key,
-                                                  "windowsVirtualKeyCode": codes[key]})
+            self._call(
+                "Input.dispatchKeyEvent", {"type": kind, "key": key, "code": key, "windowsVirtualKeyCode": codes[key]}
+            )

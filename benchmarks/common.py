@@ -28,12 +28,19 @@ from minigpt.core.precision import matmul_gflops
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 # --------------------------------------------------------------------------------------------------
 # Machine and settings
+
 
 def cpu_model() -> str:
     try:
@@ -47,8 +54,7 @@ def cpu_model() -> str:
 
 def cpu_features() -> list[str]:
     """The matmul-relevant instruction-set flags of this CPU (empty where /proc/cpuinfo is absent)."""
-    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16",
-              "amx_int8")
+    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
@@ -89,15 +95,24 @@ def machine_label(device: torch.device | str = "cpu", dtype: str | torch.dtype =
     if isinstance(dtype, torch.dtype):
         dtype = str(dtype).removeprefix("torch.")
     label: dict[str, Any] = dict(
-        cpu=cpu_model(), cores=os.cpu_count(), torch_threads=torch.get_num_threads(), torch=torch.__version__,
-        python=platform.python_version(), dtype=dtype, device=str(device), load_avg_1m=load_avg())
+        cpu=cpu_model(),
+        cores=os.cpu_count(),
+        torch_threads=torch.get_num_threads(),
+        torch=torch.__version__,
+        python=platform.python_version(),
+        dtype=dtype,
+        device=str(device),
+        load_avg_1m=load_avg(),
+    )
     if device.type == "cpu":
         # which kind of CPU a figure belongs to: with native bf16 (AVX512_BF16/AMX) bf16 matmuls beat float32,
         # without (AVX2) they run ~100x slower
         label["cpu_features"] = cpu_features()
         label["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-        label["matmul_gflops"] = {name: round(matmul_gflops(dt, n=512, seconds=0.2), 1)
-                                  for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
+        label["matmul_gflops"] = {
+            name: round(matmul_gflops(dt, n=512, seconds=0.2), 1)
+            for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16))
+        }
     if device.type == "cuda":
         label["gpu"] = torch.cuda.get_device_name(device)
         label["cuda"] = torch.version.cuda
@@ -110,26 +125,39 @@ def describe_machine(label: dict[str, Any]) -> str:
     kind = ""
     if "cpu_capability" in label:
         rates = label["matmul_gflops"]
-        kind = (f", CPU capability {label['cpu_capability']}, matmul {rates['float32']:g} GFLOP/s float32 / "
-                f"{rates['bfloat16']:g} GFLOP/s bf16 (512^3)")
-    return (f"Machine: {where}{kind}, torch {label['torch']}, dtype {label['dtype']}, device {label['device']}, "
-            f"load average {label['load_avg_1m']} at start")
+        kind = (
+            f", CPU capability {label['cpu_capability']}, matmul {rates['float32']:g} GFLOP/s float32 / "
+            f"{rates['bfloat16']:g} GFLOP/s bf16 (512^3)"
+        )
+    return (
+        f"Machine: {where}{kind}, torch {label['torch']}, dtype {label['dtype']}, device {label['device']}, "
+        f"load average {label['load_avg_1m']} at start"
+    )
 
 
 def common_parser(description: str, name: str) -> argparse.ArgumentParser:
     """An argparse parser with the flags every script has: --quick, --json, --device."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny settings that finish in seconds (smoke test)")
-    p.add_argument("--json", default=str(RESULTS_DIR / f"{name}.json"),
-                   help=f"where to write the figures (default benchmarks/results/{name}.json)")
+    p.add_argument(
+        "--json",
+        default=str(RESULTS_DIR / f"{name}.json"),
+        help=f"where to write the figures (default benchmarks/results/{name}.json)",
+    )
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
-    p.add_argument("--wait_quiet", type=int, default=0, metavar="N",
-                   help="before measuring, wait up to N x 45 s while the 1-minute load average is above 1.0")
+    p.add_argument(
+        "--wait_quiet",
+        type=int,
+        default=0,
+        metavar="N",
+        help="before measuring, wait up to N x 45 s while the 1-minute load average is above 1.0",
+    )
     return p
 
 
 # --------------------------------------------------------------------------------------------------
 # Timing
+
 
 def synchronize(device: torch.device | str) -> None:
     if torch.device(device).type == "cuda":
@@ -157,6 +185,7 @@ def median(xs: Sequence[float]) -> float:
 # --------------------------------------------------------------------------------------------------
 # Peak memory
 
+
 def _cpu_peak_from_profiler(prof: torch.profiler.profile) -> int:
     """Peak of the running sum of CPU allocations (+bytes) and frees (-bytes), in time order.
 
@@ -167,8 +196,9 @@ def _cpu_peak_from_profiler(prof: torch.profiler.profile) -> int:
     """
     events = prof.profiler.kineto_results.events()
     cpu_types = {torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.MKLDNN, torch.autograd.DeviceType.IDEEP}
-    records = sorted((e.start_ns(), e.nbytes()) for e in events
-                     if e.name() == "[memory]" and e.device_type() in cpu_types)
+    records = sorted(
+        (e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]" and e.device_type() in cpu_types
+    )
     running = peak = 0
     for _, nbytes in records:
         running += nbytes
@@ -200,15 +230,17 @@ def peak_memory(fn: Callable[[], Any], device: torch.device | str) -> int:
 # --------------------------------------------------------------------------------------------------
 # Matmul peak FLOP/s, for MFU
 
-def matmul_flops(dtype: torch.dtype, device: torch.device | str, n: int = 2048, repeats: int = 10,
-                 min_seconds: float = 0.2) -> dict[str, Any]:
+
+def matmul_flops(
+    dtype: torch.dtype, device: torch.device | str, n: int = 2048, repeats: int = 10, min_seconds: float = 0.2
+) -> dict[str, Any]:
     """Measured FLOP/s of an n x n x n matmul in `dtype`: the best of `repeats` timed batches, each of
     enough matmuls to last about min_seconds.  The best (not the median) is the attainable peak."""
     device = torch.device(device)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
-    flop = 2 * n ** 3
+    flop = 2 * n**3
     one = median(time_fn(lambda: torch.mm(a, b, out=out), device, repeats=3, warmup=2))
     inner = max(1, int(min_seconds / max(one, 1e-9)))
 
@@ -218,12 +250,24 @@ def matmul_flops(dtype: torch.dtype, device: torch.device | str, n: int = 2048, 
 
     times = time_fn(batch, device, repeats=repeats, warmup=0)
     best = min(times) / inner
-    return dict(dtype=str(dtype).removeprefix("torch."), n=n, seconds_per_matmul=best, flops=flop / best,
-                tflops=round(flop / best / 1e12, 4), median_tflops=round(flop / (median(times) / inner) / 1e12, 4))
+    return dict(
+        dtype=str(dtype).removeprefix("torch."),
+        n=n,
+        seconds_per_matmul=best,
+        flops=flop / best,
+        tflops=round(flop / best / 1e12, 4),
+        median_tflops=round(flop / (median(times) / inner) / 1e12, 4),
+    )
 
 
-def peak_matmul_flops(dtype: torch.dtype, device: torch.device | str, n: int = 2048, repeats: int = 10,
-                      min_n: int = 64, max_seconds: float = 1.0) -> dict[str, Any]:
+def peak_matmul_flops(
+    dtype: torch.dtype,
+    device: torch.device | str,
+    n: int = 2048,
+    repeats: int = 10,
+    min_n: int = 64,
+    max_seconds: float = 1.0,
+) -> dict[str, Any]:
     """The best matmul_flops over square sizes ..., n/4, n/2, n (from the smallest >= min_n up): an MFU
     denominator must be the fastest rate seen, and it is not always the largest size (AVX2 CPUs run bfloat16
     faster at 128^3 than at 256^3 or above, and a small model's bf16 step can outrun a large matmul there).
@@ -238,11 +282,12 @@ def peak_matmul_flops(dtype: torch.dtype, device: torch.device | str, n: int = 2
             break  # matmul time grows as size^3
         probes.append(matmul_flops(dtype, device, n=size, repeats=repeats))
     best = max(probes, key=lambda probe: probe["flops"])
-    return dict(best, sizes=sizes[:len(probes)], skipped=sizes[len(probes):])
+    return dict(best, sizes=sizes[: len(probes)], skipped=sizes[len(probes) :])
 
 
 # --------------------------------------------------------------------------------------------------
 # Output
+
 
 def markdown_table(rows: Iterable[dict[str, Any]], columns: Sequence[tuple[str, str, str]]) -> str:
     """columns: (key, header, format spec); numbers right-aligned.  A missing or None value prints '-'."""
@@ -267,4 +312,4 @@ def write_json(result: dict[str, Any], path: str | Path) -> Path:
 
 
 def mib(nbytes: float) -> float:
-    return nbytes / 2 ** 20
+    return nbytes / 2**20

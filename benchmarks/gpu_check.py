@@ -84,16 +84,25 @@ def subprocess_env() -> dict[str, str]:
     return env
 
 
-def run_script(ctx: Ctx, name: str, script: str, argv: list[str], timeout: float | None = None,
-               stdout_only: bool = False) -> str:
+def run_script(
+    ctx: Ctx, name: str, script: str, argv: list[str], timeout: float | None = None, stdout_only: bool = False
+) -> str:
     """Run `python script argv` in the repository root -> its stdout, then its stderr (only stdout with
     stdout_only; the log file holds both); raises on a non-zero exit."""
     limit = max(10.0, min(timeout or 1e9, ctx.remaining()))
     cmd = [sys.executable, str(REPO / script), *map(str, argv)]
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, errors="replace", timeout=limit)
+        proc = subprocess.run(
+            cmd,
+            cwd=REPO,
+            env=subprocess_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            timeout=limit,
+        )
         stdout, stderr, rc = proc.stdout, proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as e:
         text = [x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (e.stdout, e.stderr)]
@@ -123,22 +132,36 @@ def make_corpus(path: Path, n_lines: int, seed: int = 0) -> Path:
 def train_args(ctx: Ctx, out_dir: Path, steps: int, decay_steps: int) -> list[str]:
     q = ctx.quick
     args = {
-        "data.source": ctx.corpus, "data.data_root": ctx.work / "data", "out_dir": out_dir,
-        "data.batch_size": 8 if q else 32, "data.val_batches": 2,
-        "optim.warmup_steps": 5, "optim.learning_rate": 0.01, "optim.decay_steps": decay_steps,
-        "trainer.max_steps": steps, "trainer.val_check_interval": 10 if q else 25,
-        "trainer.log_every_n_steps": 2 if q else 5, "trainer.enable_progress_bar": "false",
-        "checkpoint_every": 10 if q else 25, "sample_tokens": 8,
-        "trainer.accelerator": "gpu" if ctx.cuda else "cpu", "trainer.devices": 1, "trainer.precision": "auto",
+        "data.source": ctx.corpus,
+        "data.data_root": ctx.work / "data",
+        "out_dir": out_dir,
+        "data.batch_size": 8 if q else 32,
+        "data.val_batches": 2,
+        "optim.warmup_steps": 5,
+        "optim.learning_rate": 0.01,
+        "optim.decay_steps": decay_steps,
+        "trainer.max_steps": steps,
+        "trainer.val_check_interval": 10 if q else 25,
+        "trainer.log_every_n_steps": 2 if q else 5,
+        "trainer.enable_progress_bar": "false",
+        "checkpoint_every": 10 if q else 25,
+        "sample_tokens": 8,
+        "trainer.accelerator": "gpu" if ctx.cuda else "cpu",
+        "trainer.devices": 1,
+        "trainer.precision": "auto",
     }
     return [x for k, v in args.items() for x in (f"--{k}", str(v))]
 
 
 def model_args(ctx: Ctx) -> list[str]:
-    size = dict(n_layer=1, n_head=4, n_embd=32, block_size=32) if ctx.quick else \
-        dict(n_layer=2, n_head=4, n_embd=128, block_size=64)
-    return ["--model.arch", "llama", "--model.n_kv_head", "2"] + \
-        [x for k, v in size.items() for x in (f"--model.{k}", str(v))]
+    size = (
+        dict(n_layer=1, n_head=4, n_embd=32, block_size=32)
+        if ctx.quick
+        else dict(n_layer=2, n_head=4, n_embd=128, block_size=64)
+    )
+    return ["--model.arch", "llama", "--model.n_kv_head", "2"] + [
+        x for k, v in size.items() for x in (f"--model.{k}", str(v))
+    ]
 
 
 def train_losses(run_dir: Path) -> list[float]:
@@ -196,8 +219,9 @@ def batch(ctx: Ctx, cfg: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return ids[:, :-1], ids[:, 1:]
 
 
-def forward_backward(model: Any, attention: str, idx: torch.Tensor, targets: torch.Tensor,
-                     autocast: torch.dtype | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def forward_backward(
+    model: Any, attention: str, idx: torch.Tensor, targets: torch.Tensor, autocast: torch.dtype | None = None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     model.set_attention(attention)
     model.zero_grad(set_to_none=True)
     with torch.autocast(idx.device.type, dtype=autocast, enabled=autocast is not None):
@@ -228,7 +252,7 @@ def check_attention_fp32(ctx: Ctx) -> tuple[str, dict]:
                 full = model(idx[:2])[0]
                 cache = model.new_kv_cache(2)
                 steps = [model(idx[:2, :17], kv_cache=cache, input_pos=0)[0]]
-                steps += [model(idx[:2, p:p + 1], kv_cache=cache, input_pos=p)[0] for p in range(17, 40)]
+                steps += [model(idx[:2, p : p + 1], kv_cache=cache, input_pos=p)[0] for p in range(17, 40)]
             dc = (torch.cat(steps, 1) - full[:, :40]).abs().max().item()
             row[f"kv_cache_{path}"] = dc
             if not dc <= 1e-5:
@@ -237,8 +261,11 @@ def check_attention_fp32(ctx: Ctx) -> tuple[str, dict]:
     worst = max(r[p]["logits_max_abs_diff"] for r in details.values() for p in ("manual", "einops"))
     if bad:
         return "FAIL", {"problems": bad, **details}
-    return f"3 paths x {len(details)} blocks equal in float32 (worst logits diff {worst:.1e}, tol 1e-5), " \
-           "KV-cache decode = full forward", details
+    return (
+        f"3 paths x {len(details)} blocks equal in float32 (worst logits diff {worst:.1e}, tol 1e-5), "
+        "KV-cache decode = full forward",
+        details,
+    )
 
 
 def check_attention_bf16(ctx: Ctx) -> tuple[str, dict]:
@@ -286,8 +313,10 @@ def check_flash(ctx: Ctx) -> tuple[str, dict]:
             if row["flash_train_rel_diff_vs_manual"] > 0.05:
                 bad.append(f"{name}: flash logits {row['flash_train_rel_diff_vs_manual']:.3f} of scale from manual")
         except Exception as e:
-            bad.append(f"{name}: forward/backward restricted to FLASH_ATTENTION failed: {type(e).__name__}: "
-                       f"{str(e).splitlines()[0][:300]}")
+            bad.append(
+                f"{name}: forward/backward restricted to FLASH_ATTENTION failed: {type(e).__name__}: "
+                f"{str(e).splitlines()[0][:300]}"
+            )
         try:  # the config's own switch: sdpa_backend="flash"
             flash = build_model(GPTConfig.from_dict({**cfg.to_dict(), "sdpa_backend": "flash"}), ctx.device)
             forward_backward(flash, "sdpa", idx, targets, torch.bfloat16)
@@ -295,8 +324,11 @@ def check_flash(ctx: Ctx) -> tuple[str, dict]:
         except Exception as e:
             bad.append(f"{name}: sdpa_backend='flash' failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
         try:  # decoding (prefill, then one token with no mask) under flash only: reported, not required
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.no_grad(), \
-                    torch.autocast(ctx.device.type, torch.bfloat16):
+            with (
+                sdpa_kernel(SDPBackend.FLASH_ATTENTION),
+                torch.no_grad(),
+                torch.autocast(ctx.device.type, torch.bfloat16),
+            ):
                 model.set_attention("sdpa")
                 cache = model.new_kv_cache(2)
                 model(idx[:2, :17], kv_cache=cache, input_pos=0)
@@ -308,15 +340,26 @@ def check_flash(ctx: Ctx) -> tuple[str, dict]:
         with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.cuda else [])) as prof:
             forward_backward(model, "sdpa", idx, targets, torch.bfloat16)
             ctx.sync()
-        row["default_sdpa_ops"] = sorted({e.key for e in prof.key_averages()
-                                          if "scaled_dot_product" in e.key or "attention" in e.key.lower()})[:8]
+        row["default_sdpa_ops"] = sorted(
+            {e.key for e in prof.key_averages() if "scaled_dot_product" in e.key or "attention" in e.key.lower()}
+        )[:8]
         details[name] = row
     if bad:
         return "FAIL", {"problems": bad, **details}
-    picked = sorted({op for r in details.values() if isinstance(r, dict) for op in r.get("default_sdpa_ops", [])
-                     if op.startswith("aten::_")})
-    return f"bf16 forward+backward runs inside sdpa_kernel(FLASH_ATTENTION) for every block (GQA too); " \
-           f"unrestricted torch picks {', '.join(picked) or '?'}", details
+    picked = sorted(
+        {
+            op
+            for r in details.values()
+            if isinstance(r, dict)
+            for op in r.get("default_sdpa_ops", [])
+            if op.startswith("aten::_")
+        }
+    )
+    return (
+        f"bf16 forward+backward runs inside sdpa_kernel(FLASH_ATTENTION) for every block (GQA too); "
+        f"unrestricted torch picks {', '.join(picked) or '?'}",
+        details,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -360,8 +403,11 @@ def check_train(ctx: Ctx) -> tuple[str, dict]:
         return "FAIL", {"problems": problems, **details}
     ctx.run_dir, ctx.train_val_loss = run, details["full_val_loss"]
     loss = f"train_loss {losses[0]:.2f} -> {losses[-1]:.2f}" if losses else f"val {details['full_val_loss']}"
-    return f"{steps} steps, precision auto -> {details['precision']}, compiled={details['compiled']}, {loss}, " \
-           f"full val loss {details['full_val_loss']}", details
+    return (
+        f"{steps} steps, precision auto -> {details['precision']}, compiled={details['compiled']}, {loss}, "
+        f"full val loss {details['full_val_loss']}",
+        details,
+    )
 
 
 def need_run(ctx: Ctx) -> Path:
@@ -383,8 +429,13 @@ def check_resume(ctx: Ctx) -> tuple[str, dict]:
     out = run_script(ctx, "resume", "train.py", argv)
     last_step = read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"]
     after = full_val_loss(out)
-    details = {"steps_before": first_step, "steps_after": last_step, "full_val_loss_before": before,
-               "full_val_loss_after": after, "restored_line": next((l for l in out.splitlines() if "estor" in l), None)}
+    details = {
+        "steps_before": first_step,
+        "steps_after": last_step,
+        "full_val_loss_before": before,
+        "full_val_loss_after": after,
+        "restored_line": next((l for l in out.splitlines() if "estor" in l), None),
+    }
     problems = []
     if last_step != more:
         problems.append(f"last.ckpt at step {last_step}, expected {more}")
@@ -402,10 +453,26 @@ def check_resume(ctx: Ctx) -> tuple[str, dict]:
 def check_sample(ctx: Ctx) -> tuple[str, dict]:
     run = need_run(ctx)
     n = 40 if ctx.quick else 150
-    base = ["--ckpt", run, "--device", ctx.args.device, "--prompt", "the quick ", "--temperature", "0",
-            "--max_new_tokens", n, "--seed", "1"]
-    ways = {"eager": [], "compile": ["--compile"], "int8": ["--quantize", "int8"],
-            "int8_compile": ["--quantize", "int8", "--compile"]}
+    base = [
+        "--ckpt",
+        run,
+        "--device",
+        ctx.args.device,
+        "--prompt",
+        "the quick ",
+        "--temperature",
+        "0",
+        "--max_new_tokens",
+        n,
+        "--seed",
+        "1",
+    ]
+    ways = {
+        "eager": [],
+        "compile": ["--compile"],
+        "int8": ["--quantize", "int8"],
+        "int8_compile": ["--quantize", "int8", "--compile"],
+    }
     if ctx.args.no_compile:
         ways = {k: v for k, v in ways.items() if "compile" not in k}
     texts, details, problems = {}, {}, []
@@ -433,14 +500,24 @@ def check_sample(ctx: Ctx) -> tuple[str, dict]:
         if first is None and len(gen) != len(ref):
             first = min(len(gen), len(ref))
         agree = sum(x == y for x, y in zip(gen, ref)) / max(1, len(ref))
-        details[way] |= {"equal_to_eager": first is None, "first_different_token": first,
-                         "tokens_equal_fraction": round(agree, 3)}
+        details[way] |= {
+            "equal_to_eager": first is None,
+            "first_different_token": first,
+            "tokens_equal_fraction": round(agree, 3),
+        }
         if way == "compile" and first is not None:  # float32 either way: the same ids expected
             problems.append(f"--compile differs from eager from generated token {first} of {len(ref)}")
-    summary = ", ".join(f"{w} " + ("= eager" if d["equal_to_eager"] else
-                                   f"!= eager from token {d['first_different_token']} of {n} "
-                                   f"({100 * d['tokens_equal_fraction']:.0f}% of positions equal)")
-                        for w, d in details.items() if w != "eager" and "equal_to_eager" in d)
+    summary = ", ".join(
+        f"{w} "
+        + (
+            "= eager"
+            if d["equal_to_eager"]
+            else f"!= eager from token {d['first_different_token']} of {n} "
+            f"({100 * d['tokens_equal_fraction']:.0f}% of positions equal)"
+        )
+        for w, d in details.items()
+        if w != "eager" and "equal_to_eager" in d
+    )
     if problems:
         return "FAIL", {"problems": problems, **details}
     return f"sample.py --device {ctx.args.device} gives text; vs eager greedy: {summary}", details
@@ -457,23 +534,36 @@ def lora_run(ctx: Ctx, name: str, steps: int, extra: list[str]) -> tuple[Path, d
 
     run = need_run(ctx)
     out_dir = ctx.work / name
-    argv = train_args(ctx, out_dir, steps, decay_steps=2 * steps) + ["--init_from", run, "--finetune", "lora",
-                                                                     "--lora.rank", "4", "--eval_full", "false"]
+    argv = train_args(ctx, out_dir, steps, decay_steps=2 * steps) + [
+        "--init_from",
+        run,
+        "--finetune",
+        "lora",
+        "--lora.rank",
+        "4",
+        "--eval_full",
+        "false",
+    ]
     out = run_script(ctx, name, "train.py", argv + extra)
     ckpt = read_checkpoint(out_dir / "checkpoints" / "last.ckpt")
     saved = model_state_dict(ckpt)
     source, _ = load_model(run)
     adapted, _, _ = load_lora_run(out_dir)
     state = adapted.state_dict()
-    base_kept = all(k in state and torch.equal(state[k].float(), t.to(state[k].dtype).float())
-                    for k, t in source.state_dict().items())
+    base_kept = all(
+        k in state and torch.equal(state[k].float(), t.to(state[k].dtype).float())
+        for k, t in source.state_dict().items()
+    )
     lora_b = [t for k, t in saved.items() if "lora_B" in k]
-    details = {"saved_tensors": len(saved), "all_saved_are_adapters": all("lora_" in k for k in saved),
-               "optimizer_states": len(ckpt["optimizer_states"][0]["state"]),
-               "lora_B_trained": any(t.abs().max().item() > 0 for t in lora_b),
-               "base_fingerprint_matches": ckpt["minigpt"]["lora"]["base"]["fingerprint"] == fingerprint(source),
-               "base_weights_unchanged": base_kept,
-               "precision": (m.group(1) if (m := re.search(r"precision auto -> (\S+)", out)) else None)}
+    details = {
+        "saved_tensors": len(saved),
+        "all_saved_are_adapters": all("lora_" in k for k in saved),
+        "optimizer_states": len(ckpt["optimizer_states"][0]["state"]),
+        "lora_B_trained": any(t.abs().max().item() > 0 for t in lora_b),
+        "base_fingerprint_matches": ckpt["minigpt"]["lora"]["base"]["fingerprint"] == fingerprint(source),
+        "base_weights_unchanged": base_kept,
+        "precision": (m.group(1) if (m := re.search(r"precision auto -> (\S+)", out)) else None),
+    }
     merged, tok = load_model(out_dir, device=ctx.device)  # merged on load, as sample.py/eval.py/serve do
     from minigpt.core.generation import generate
 
@@ -504,8 +594,11 @@ def check_lora(ctx: Ctx) -> tuple[str, dict]:
     if problems:
         return "FAIL", {"problems": problems, **details}
     d = details["lora"]
-    return f"{steps} LoRA steps on {ctx.args.device}: {d['saved_tensors']} adapter tensors saved and trained, " \
-           f"base frozen (fingerprint and weights equal); bf16 base too; merged run generates", details
+    return (
+        f"{steps} LoRA steps on {ctx.args.device}: {d['saved_tensors']} adapter tensors saved and trained, "
+        f"base frozen (fingerprint and weights equal); bf16 base too; merged run generates",
+        details,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -527,8 +620,17 @@ def check_serve(ctx: Ctx) -> tuple[str, dict]:
     details, problems = {}, []
     for arch, kv in (("llama", 2), ("gpt", 4)):
         torch.manual_seed(0)  # tests/support.py's varied_gpt: weights large enough that greedy varies
-        model = GPT(GPTConfig(arch=arch, n_layer=2, n_head=4, n_kv_head=kv, n_embd=64 if ctx.quick else 256,
-                              block_size=128, vocab_size=tok.vocab_size))
+        model = GPT(
+            GPTConfig(
+                arch=arch,
+                n_layer=2,
+                n_head=4,
+                n_kv_head=kv,
+                n_embd=64 if ctx.quick else 256,
+                block_size=128,
+                vocab_size=tok.vocab_size,
+            )
+        )
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if name.endswith("bias"):
@@ -536,8 +638,14 @@ def check_serve(ctx: Ctx) -> tuple[str, dict]:
                 elif p.dim() >= 2:
                     p.normal_(0, 2 / m.sqrt(p.shape[-1]))
         model = model.to(ctx.device).eval()
-        alone = [tok.decode(generate(model, torch.tensor([tok.encode(p)], device=ctx.device), n, temperature=0,
-                                     vocab_size=tok.vocab_size)[0, len(p):].tolist()) for p, n in zip(prompts, lengths)]
+        alone = [
+            tok.decode(
+                generate(
+                    model, torch.tensor([tok.encode(p)], device=ctx.device), n, temperature=0, vocab_size=tok.vocab_size
+                )[0, len(p) :].tolist()
+            )
+            for p, n in zip(prompts, lengths)
+        ]
         engine = Engine(model, tok, max_batch=4, max_queue=16)  # 6 requests, 4 rows: some join mid-way
         got = [""] * len(prompts)
         done = [threading.Event() for _ in prompts]
@@ -550,6 +658,7 @@ def check_serve(ctx: Ctx) -> tuple[str, dict]:
                     if u.error:
                         problems.append(f"{arch} request {i}: {u.error}")
                     done[i].set()
+
             return update
 
         engine.start()
@@ -566,13 +675,17 @@ def check_serve(ctx: Ctx) -> tuple[str, dict]:
         for i, ok in enumerate(same):
             if not ok:
                 at = next((j for j, (a, b) in enumerate(zip(got[i], alone[i])) if a != b), None)
-                problems.append(f"{arch} prompt {i}: batched differs from generate() at char {at}: "
-                                f"{got[i][:40]!r} vs {alone[i][:40]!r}")
+                problems.append(
+                    f"{arch} prompt {i}: batched differs from generate() at char {at}: "
+                    f"{got[i][:40]!r} vs {alone[i][:40]!r}"
+                )
     if problems:
         return "FAIL", {"problems": problems, **details}
-    return f"Engine on {ctx.args.device} (4 rows, 6 requests, llama GQA and gpt): batched greedy = generate() " \
-           f"alone for every prompt ({details['llama']['engine_steps']} batched steps for {sum(lengths)} tokens)", \
-        details
+    return (
+        f"Engine on {ctx.args.device} (4 rows, 6 requests, llama GQA and gpt): batched greedy = generate() "
+        f"alone for every prompt ({details['llama']['engine_steps']} batched steps for {sum(lengths)} tokens)",
+        details,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -590,8 +703,7 @@ def check_decode_speed(ctx: Ctx) -> tuple[str, dict]:
     fp32, _ = load_model(src, device=ctx.device)
     prompt = torch.randint(0, fp32.config.vocab_size, (1, 16), generator=torch.Generator().manual_seed(0))
     prompt = prompt.to(ctx.device)
-    ways: dict[str, Callable[[], torch.Tensor]] = {
-        "eager": lambda: generate(fp32, prompt, tokens, temperature=0.0)}
+    ways: dict[str, Callable[[], torch.Tensor]] = {"eager": lambda: generate(fp32, prompt, tokens, temperature=0.0)}
     if not ctx.args.no_compile:
         ways["compiled step"] = lambda: generate(fp32, prompt, tokens, temperature=0.0, compile=True)
         int8, _ = load_model(src, device=ctx.device, quantize="int8")
@@ -619,15 +731,23 @@ def check_decode_speed(ctx: Ctx) -> tuple[str, dict]:
             fn()
             ctx.sync()
             times.append(time.perf_counter() - t0)
-        ids[way] = out[0, prompt.size(1):].tolist()
+        ids[way] = out[0, prompt.size(1) :].tolist()
         best = sorted(times)[len(times) // 2]
         rows[way] = {"tokens_per_s": tokens / best, "first_call_s": first, "median_s": best}
-        print(f"    {SHAPE_NAMES['gpt2']}{' (quick shape)' if ctx.quick else ''}, {way}: "
-              f"{tokens / best:.1f} tokens/s (first call {first:.1f} s)", flush=True)
+        print(
+            f"    {SHAPE_NAMES['gpt2']}{' (quick shape)' if ctx.quick else ''}, {way}: "
+            f"{tokens / best:.1f} tokens/s (first call {first:.1f} s)",
+            flush=True,
+        )
     for way in ids:
         rows[way]["agreement_with_eager"] = sum(a == b for a, b in zip(ids[way], ids["eager"])) / tokens
-    details = {"tokens": tokens, "prompt_tokens": 16, "repeats": repeats, "rows": rows,
-               "device": torch.cuda.get_device_name() if ctx.cuda else "cpu"}
+    details = {
+        "tokens": tokens,
+        "prompt_tokens": 16,
+        "repeats": repeats,
+        "rows": rows,
+        "device": torch.cuda.get_device_name() if ctx.cuda else "cpu",
+    }
     timed = {w: r for w, r in rows.items() if "tokens_per_s" in r}
     if "eager" not in timed:
         return "FAIL", details
@@ -648,9 +768,12 @@ def environment(ctx: Ctx) -> dict[str, Any]:
         except Exception as e:
             env[mod] = f"missing ({type(e).__name__})"
     if ctx.cuda:
-        env |= {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda,
-                "capability": torch.cuda.get_device_capability(),
-                "bf16_native": torch.cuda.is_bf16_supported(including_emulation=False)}
+        env |= {
+            "gpu": torch.cuda.get_device_name(),
+            "cuda": torch.version.cuda,
+            "capability": torch.cuda.get_device_capability(),
+            "bf16_native": torch.cuda.is_bf16_supported(including_emulation=False),
+        }
     from minigpt.core.compiled import compiler_available
 
     env["compiler_available"] = compiler_available(ctx.device.type)
@@ -658,16 +781,21 @@ def environment(ctx: Ctx) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     p.add_argument("--quick", action="store_true", help="tiny sizes and few steps (the CPU smoke test)")
     p.add_argument("--out", default=None, help="write the results as JSON here (logs beside it)")
     p.add_argument("--only", default=None, help=f"comma-separated subset of: {', '.join(CHECKS)}")
     p.add_argument("--steps", type=int, default=None, help="training steps of the train check (default 50; quick 20)")
     p.add_argument("--no-compile", dest="no_compile", action="store_true", help="skip every torch.compile path")
-    p.add_argument("--budget", type=float, default=540.0,
-                   help="seconds: a check that would start later is skipped, subprocesses are cut at it")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=540.0,
+        help="seconds: a check that would start later is skipped, subprocesses are cut at it",
+    )
     p.add_argument("--flash-on-cpu", dest="flash_on_cpu", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--keep", default=None, help="work in this folder and keep it (default: a temporary folder)")
     args = p.parse_args(argv)
@@ -683,11 +811,17 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(ctx)
     print("gpu_check: " + ", ".join(f"{k} {v}" for k, v in env.items()), flush=True)
 
-    plan = [("attention_fp32", "attention", check_attention_fp32),
-            ("attention_bf16", "attention", check_attention_bf16),
-            ("flash_kernel", "flash", check_flash), ("train", "train", check_train), ("resume", "resume", check_resume),
-            ("sample", "sample", check_sample), ("lora", "lora", check_lora), ("serve", "serve", check_serve),
-            ("decode_speed", "decode_speed", check_decode_speed)]
+    plan = [
+        ("attention_fp32", "attention", check_attention_fp32),
+        ("attention_bf16", "attention", check_attention_bf16),
+        ("flash_kernel", "flash", check_flash),
+        ("train", "train", check_train),
+        ("resume", "resume", check_resume),
+        ("sample", "sample", check_sample),
+        ("lora", "lora", check_lora),
+        ("serve", "serve", check_serve),
+        ("decode_speed", "decode_speed", check_decode_speed),
+    ]
     results = []
     for name, group, fn in plan:
         if group not in only:
@@ -708,23 +842,38 @@ def main(argv: list[str] | None = None) -> int:
             status, message = "FAIL", f"{type(e).__name__}: {e}"
             details = {"traceback": traceback.format_exc()[-3000:]}
         seconds = time.perf_counter() - t0
-        results.append({"check": name, "status": status, "seconds": round(seconds, 1), "message": message,
-                        "details": details})
+        results.append(
+            {"check": name, "status": status, "seconds": round(seconds, 1), "message": message, "details": details}
+        )
         print(f"{status} {name} ({seconds:.1f} s): {message}", flush=True)
         if status == "FAIL" and "traceback" in details:
             print("    " + details["traceback"].strip().splitlines()[-1], flush=True)
 
     counts = {s: sum(r["status"] == s for r in results) for s in ("PASS", "FAIL", "SKIP")}
     total = time.perf_counter() - ctx.start
-    print(f"\nSUMMARY: {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['SKIP']} SKIP in {total:.0f} s on "
-          f"{env.get('gpu', args.device)}", flush=True)
+    print(
+        f"\nSUMMARY: {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['SKIP']} SKIP in {total:.0f} s on "
+        f"{env.get('gpu', args.device)}",
+        flush=True,
+    )
     for r in results:
         print(f"  {r['status']:4} {r['check']}", flush=True)
     if args.out:
         path = Path(args.out)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"environment": env, "args": vars(args), "seconds": round(total, 1),
-                                    "counts": counts, "results": results}, indent=2, default=str))
+        path.write_text(
+            json.dumps(
+                {
+                    "environment": env,
+                    "args": vars(args),
+                    "seconds": round(total, 1),
+                    "counts": counts,
+                    "results": results,
+                },
+                indent=2,
+                default=str,
+            )
+        )
         print(f"wrote {path} (logs: {logs})", flush=True)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)

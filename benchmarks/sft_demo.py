@@ -73,34 +73,90 @@ def main(argv: list[str] | None = None) -> dict:
     train, test = recipe().make(n_train, n_test, digits=2, seed=0)
     args.data.mkdir(parents=True, exist_ok=True)
     recipe().write_jsonl(train, args.data / "train.jsonl")
-    tiny = ["--model.n_layer", "1", "--model.n_head", "2", "--model.n_embd", "16", "--model.block_size", "64",
-            "--trainer.max_steps", "4", "--data.batch_size", "4", "--trainer.val_check_interval", "2",
-            "--trainer.enable_progress_bar", "false"] if args.smoke else []
+    tiny = (
+        [
+            "--model.n_layer",
+            "1",
+            "--model.n_head",
+            "2",
+            "--model.n_embd",
+            "16",
+            "--model.block_size",
+            "64",
+            "--trainer.max_steps",
+            "4",
+            "--data.batch_size",
+            "4",
+            "--trainer.val_check_interval",
+            "2",
+            "--trainer.enable_progress_bar",
+            "false",
+        ]
+        if args.smoke
+        else []
+    )
     data_root = ["--data.data_root", str(args.out.parent / "sft_demo_data")] if args.smoke else []
     if not (args.base / "checkpoints" / "last.ckpt").is_file():
         print(f"no base at {args.base}: pretraining it with configs/default.yaml")
         text = args.data / "smoke_base.txt"  # the smoke base reads the questions as plain text
         text.write_text("".join(r["messages"][0]["content"] + "\n" for r in train))
-        train_main(["--out_dir", str(args.base), *tiny, *data_root, "--data.source", str(text)]
-                   if args.smoke else ["--out_dir", str(args.base)])
+        train_main(
+            ["--out_dir", str(args.base), *tiny, *data_root, "--data.source", str(text)]
+            if args.smoke
+            else ["--out_dir", str(args.base)]
+        )
     accuracy_before = before(args.base, test)
     print(f"before fine-tuning: {accuracy_before:.1%} exact match on {len(test)} held-out conversations")
     seconds = int(args.minutes * 60)
     start = time.perf_counter()
-    trainer = train_main(["--config", str(REPO / "configs" / "sft_addition.yaml"), "--init_from", str(args.base),
-                          "--out_dir", str(args.out), "--data.source", str(args.data / "train.jsonl"),
-                          "--trainer.max_time", f"00:00:{seconds // 60:02d}:{seconds % 60:02d}", "--overwrite", "true",
-                          *(["--trainer.max_steps", "4", "--data.batch_size", "4", "--trainer.val_check_interval", "2",
-                             "--trainer.enable_progress_bar", "false", *data_root] if args.smoke else [])])
+    trainer = train_main(
+        [
+            "--config",
+            str(REPO / "configs" / "sft_addition.yaml"),
+            "--init_from",
+            str(args.base),
+            "--out_dir",
+            str(args.out),
+            "--data.source",
+            str(args.data / "train.jsonl"),
+            "--trainer.max_time",
+            f"00:00:{seconds // 60:02d}:{seconds % 60:02d}",
+            "--overwrite",
+            "true",
+            *(
+                [
+                    "--trainer.max_steps",
+                    "4",
+                    "--data.batch_size",
+                    "4",
+                    "--trainer.val_check_interval",
+                    "2",
+                    "--trainer.enable_progress_bar",
+                    "false",
+                    *data_root,
+                ]
+                if args.smoke
+                else []
+            ),
+        ]
+    )
     wall = time.perf_counter() - start
     model, tokenizer = load_model(args.out)
     accuracy_after = accuracy(model, tokenizer, test)
     label = machine_label("cpu")  # the CPU capability and matmul rates the minutes were measured on
-    result = {"before": accuracy_before, "after": accuracy_after, "steps": trainer.global_step,
-              "wall_s": round(wall, 1), "test_conversations": len(test), "machine": label}
+    result = {
+        "before": accuracy_before,
+        "after": accuracy_after,
+        "steps": trainer.global_step,
+        "wall_s": round(wall, 1),
+        "test_conversations": len(test),
+        "machine": label,
+    }
     print(describe_machine(label))
-    print(f"after {trainer.global_step} SFT steps ({wall:.0f} s in train.py, {torch.get_num_threads()} threads): "
-          f"{accuracy_after:.1%} exact match (before: {accuracy_before:.1%})")
+    print(
+        f"after {trainer.global_step} SFT steps ({wall:.0f} s in train.py, {torch.get_num_threads()} threads): "
+        f"{accuracy_after:.1%} exact match (before: {accuracy_before:.1%})"
+    )
     print(json.dumps(result))
     return result
 

@@ -36,23 +36,62 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import (REPO_ROOT, common_parser, describe_machine, load_avg, machine_label,  # noqa: E402
-                               markdown_table, wait_for_quiet, write_json)
+from benchmarks.common import (
+    REPO_ROOT,
+    common_parser,
+    describe_machine,
+    load_avg,
+    machine_label,  # noqa: E402
+    markdown_table,
+    wait_for_quiet,
+    write_json,
+)
 
 CONFIG = "configs/shakespeare_char_cpu.yaml"
 
 # nanoGPT's documented CPU run, in train.py's terms (its shakespeare_char config with the CPU flags)
-NANOGPT = ["--trainer.precision", "32-true", "--model.attention", "sdpa", "--optim.learning_rate", "1e-3",
-           "--optim.warmup_steps", "100", "--optim.min_lr_ratio", "0.1", "--optim.beta2", "0.99",
-           "--optim.weight_decay", "0.1", "--data.batch_size", "12", "--model.block_size", "64",
-           "--model.n_layer", "4", "--model.n_head", "4", "--model.n_embd", "128", "--model.dropout", "0.0",
-           "--optim.lr_schedule", "cosine", "--model.arch", "gpt", "--optim.optimizer", "adamw"]
+NANOGPT = [
+    "--trainer.precision",
+    "32-true",
+    "--model.attention",
+    "sdpa",
+    "--optim.learning_rate",
+    "1e-3",
+    "--optim.warmup_steps",
+    "100",
+    "--optim.min_lr_ratio",
+    "0.1",
+    "--optim.beta2",
+    "0.99",
+    "--optim.weight_decay",
+    "0.1",
+    "--data.batch_size",
+    "12",
+    "--model.block_size",
+    "64",
+    "--model.n_layer",
+    "4",
+    "--model.n_head",
+    "4",
+    "--model.n_embd",
+    "128",
+    "--model.dropout",
+    "0.0",
+    "--optim.lr_schedule",
+    "cosine",
+    "--model.arch",
+    "gpt",
+    "--optim.optimizer",
+    "adamw",
+]
 
 # name -> (what changes relative to the shipped recipe, overrides)
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     "recipe": ("configs/shakespeare_char_cpu.yaml as shipped", []),
-    "cosine_lr2e-3": ("cosine decay to 0.1 at peak lr 2e-3 (the first recipe)",
-                      ["--optim.lr_schedule", "cosine", "--optim.learning_rate", "2e-3", "--optim.min_lr_ratio", "0.1"]),
+    "cosine_lr2e-3": (
+        "cosine decay to 0.1 at peak lr 2e-3 (the first recipe)",
+        ["--optim.lr_schedule", "cosine", "--optim.learning_rate", "2e-3", "--optim.min_lr_ratio", "0.1"],
+    ),
     "nanogpt": ("nanoGPT's CPU settings (fp32, lr 1e-3, batch 12, context 64, cosine) in our trainer", NANOGPT),
     "fp32": ("float32 forced (precision: auto picks it where bf16 is not native)", ["--trainer.precision", "32-true"]),
     "bf16": ("bf16-mixed forced (the recipe before precision: auto)", ["--trainer.precision", "bf16-mixed"]),
@@ -101,14 +140,43 @@ def config_val_every(config: str) -> int | float | None:
     return (yaml.safe_load((REPO_ROOT / config).read_text()).get("trainer") or {}).get("val_check_interval")
 
 
-def run_variant(name: str, overrides: list[str], corpus: str, budget: float, config: str, work: Path,
-                val_every: int | None, extra: list[str]) -> dict[str, Any]:
+def run_variant(
+    name: str,
+    overrides: list[str],
+    corpus: str,
+    budget: float,
+    config: str,
+    work: Path,
+    val_every: int | None,
+    extra: list[str],
+) -> dict[str, Any]:
     out_dir = work / name
     validation = [] if val_every is None else ["--trainer.val_check_interval", str(val_every)]
-    cmd = [sys.executable, str(REPO_ROOT / "train.py"), "--config", config, "--data.source", corpus,
-           "--trainer.max_time", seconds_to_max_time(budget), "--trainer.max_steps", "-1", *validation,
-           "--trainer.enable_progress_bar", "false", "--sample_tokens", "0", "--checkpoint_every", "1000000",
-           "--out_dir", str(out_dir), "--overwrite", "true", *overrides, *extra]
+    cmd = [
+        sys.executable,
+        str(REPO_ROOT / "train.py"),
+        "--config",
+        config,
+        "--data.source",
+        corpus,
+        "--trainer.max_time",
+        seconds_to_max_time(budget),
+        "--trainer.max_steps",
+        "-1",
+        *validation,
+        "--trainer.enable_progress_bar",
+        "false",
+        "--sample_tokens",
+        "0",
+        "--checkpoint_every",
+        "1000000",
+        "--out_dir",
+        str(out_dir),
+        "--overwrite",
+        "true",
+        *overrides,
+        *extra,
+    ]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
@@ -118,8 +186,14 @@ def run_variant(name: str, overrides: list[str], corpus: str, budget: float, con
     train_s = float(re.search(r"training time ([\d.]+)s", out).group(1))
     full = float(re.search(r"full val loss ([\d.]+)", out).group(1))
     curve = val_curve(out_dir)
-    return dict(variant=name, steps=steps, train_s=round(train_s, 1), full_val_loss=round(full, 4),
-                ms_per_step=round(1e3 * train_s / max(steps, 1), 2), curve=curve)
+    return dict(
+        variant=name,
+        steps=steps,
+        train_s=round(train_s, 1),
+        full_val_loss=round(full, 4),
+        ms_per_step=round(1e3 * train_s / max(steps, 1), 2),
+        curve=curve,
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -129,12 +203,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--target", type=float, default=1.88, help="val loss to reach (default 1.88)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--config", default=CONFIG)
-    p.add_argument("--val_every", type=int, default=None,
-                   help="steps between periodic validations (default: the config's own, as the recipe ships; "
-                        "100 for a finer time-to-target column)")
-    p.add_argument("--extra", action="append", default=[], metavar="--FLAG=VALUE",
-                   help="a train.py flag added to every run, written with '=': --extra=--optim.learning_rate=6e-3 "
-                        "(repeat for several)")
+    p.add_argument(
+        "--val_every",
+        type=int,
+        default=None,
+        help="steps between periodic validations (default: the config's own, as the recipe ships; "
+        "100 for a finer time-to-target column)",
+    )
+    p.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        metavar="--FLAG=VALUE",
+        help="a train.py flag added to every run, written with '=': --extra=--optim.learning_rate=6e-3 "
+        "(repeat for several)",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.budget, args.variants = 3.0, args.variants[:1]
@@ -143,16 +226,37 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     label = machine_label("cpu", "see variants")
     print(describe_machine(label), flush=True)
     val_every = config_val_every(args.config) if args.val_every is None else args.val_every
-    print(f"Corpus {args.corpus}; budget {args.budget:.0f} s of training per run; target {args.target}; "
-          f"validation every {val_every} steps\n", flush=True)
+    print(
+        f"Corpus {args.corpus}; budget {args.budget:.0f} s of training per run; target {args.target}; "
+        f"validation every {val_every} steps\n",
+        flush=True,
+    )
     rows = []
     with tempfile.TemporaryDirectory(prefix="time_to_loss_") as tmp:
         work = Path(tmp)
         # prepare the data once (cached in data/), so no run counts it
-        prep = subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), "--config", args.config,
-                               "--data.source", args.corpus, "--trainer.max_steps", "1", "--eval_full", "false",
-                               "--trainer.enable_progress_bar", "false", "--out_dir", str(work / "prep"),
-                               *args.extra], cwd=REPO_ROOT, capture_output=True, text=True)
+        prep = subprocess.run(
+            [
+                sys.executable,
+                str(REPO_ROOT / "train.py"),
+                "--config",
+                args.config,
+                "--data.source",
+                args.corpus,
+                "--trainer.max_steps",
+                "1",
+                "--eval_full",
+                "false",
+                "--trainer.enable_progress_bar",
+                "false",
+                "--out_dir",
+                str(work / "prep"),
+                *args.extra,
+            ],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+        )
         if prep.returncode != 0:
             raise SystemExit(f"data preparation failed: {(prep.stderr or prep.stdout).strip().splitlines()[-1]}")
         for name in args.variants:
@@ -163,21 +267,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 hit = next((s for s, v in r["curve"] if v <= args.target), None)
                 r["time_to_target_s"] = None if hit is None else round(hit * r["train_s"] / r["steps"], 1)
                 r["best_val_estimate"] = round(min(v for _, v in r["curve"]), 4) if r["curve"] else None
-                print(f"  {name:12s} full val {r['full_val_loss']:.4f}, to {args.target}: "
-                      f"{r['time_to_target_s']} s, {r['steps']} steps in {r['train_s']} s "
-                      f"({r['ms_per_step']} ms/step)  load {load_avg()}", flush=True)
+                print(
+                    f"  {name:12s} full val {r['full_val_loss']:.4f}, to {args.target}: "
+                    f"{r['time_to_target_s']} s, {r['steps']} steps in {r['train_s']} s "
+                    f"({r['ms_per_step']} ms/step)  load {load_avg()}",
+                    flush=True,
+                )
             else:
                 print(f"  {name:12s} failed: {r['error']}", flush=True)
             rows.append(r)
 
     print()
-    print(markdown_table(rows, [("variant", "variant", ""), ("change", "change", ""),
-                                ("time_to_target_s", f"time to {args.target} (s)", ".1f"),
-                                ("full_val_loss", f"full val loss at {args.budget:.0f} s", ".4f"),
-                                ("steps", "steps", "d"), ("ms_per_step", "ms/step", ".1f")]))
-    result = dict(benchmark="time_to_loss", machine=label, load_avg_1m_before=load_readings,
-                  load_avg_1m_after=load_avg(), corpus=args.corpus, budget_s=args.budget, target=args.target,
-                  config=args.config, val_every=val_every, extra=args.extra, results=rows)
+    print(
+        markdown_table(
+            rows,
+            [
+                ("variant", "variant", ""),
+                ("change", "change", ""),
+                ("time_to_target_s", f"time to {args.target} (s)", ".1f"),
+                ("full_val_loss", f"full val loss at {args.budget:.0f} s", ".4f"),
+                ("steps", "steps", "d"),
+                ("ms_per_step", "ms/step", ".1f"),
+            ],
+        )
+    )
+    result = dict(
+        benchmark="time_to_loss",
+        machine=label,
+        load_avg_1m_before=load_readings,
+        load_avg_1m_after=load_avg(),
+        corpus=args.corpus,
+        budget_s=args.budget,
+        target=args.target,
+        config=args.config,
+        val_every=val_every,
+        extra=args.extra,
+        results=rows,
+    )
     print(f"\nwrote {write_json(result, args.json)}")
     return result
 

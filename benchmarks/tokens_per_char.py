@@ -67,24 +67,49 @@ def main(argv: list[str] | None = None) -> dict:
 
             for name, path in corpora.items():
                 for tokenizer in args.recipe_tokenizers.split(","):
-                    result = time_to_loss.main(["--corpus", path, "--variants", "recipe", "--budget", str(args.budget),
-                                                "--json", str(Path(tmp) / "ttl.json"),
-                                                f"--extra=--data.tokenizer={tokenizer}"])
+                    result = time_to_loss.main(
+                        [
+                            "--corpus",
+                            path,
+                            "--variants",
+                            "recipe",
+                            "--budget",
+                            str(args.budget),
+                            "--json",
+                            str(Path(tmp) / "ttl.json"),
+                            f"--extra=--data.tokenizer={tokenizer}",
+                        ]
+                    )
                     loss = result["results"][0]["full_val_loss"]
                     tokens, chars = counts.get((name, tokenizer)) or val_counts(path, tokenizer, data_root)
-                    recipe_rows.append({"corpus": name, "tokenizer": tokenizer, "nats_per_token": loss,
-                                        "tokens_per_char": tokens / chars,
-                                        "bits_per_char": loss * tokens / chars / math.log(2),
-                                        "steps": result["results"][0]["steps"]})
+                    recipe_rows.append(
+                        {
+                            "corpus": name,
+                            "tokenizer": tokenizer,
+                            "nats_per_token": loss,
+                            "tokens_per_char": tokens / chars,
+                            "bits_per_char": loss * tokens / chars / math.log(2),
+                            "steps": result["results"][0]["steps"],
+                        }
+                    )
     print(describe_machine(label))
     print("Tokens per character (validation split):")
     print(markdown_table(rows, [("tokenizer", "tokenizer", ""), *((n, n, ".3f") for n in corpora)]))
     if recipe_rows:
         print(f"\nThe CPU recipe ({args.budget:g} s of training) per tokenizer:")
-        print(markdown_table(recipe_rows, [("corpus", "corpus", ""), ("tokenizer", "tokenizer", ""),
-                                           ("steps", "steps", "d"), ("nats_per_token", "val nats/token", ".4f"),
-                                           ("tokens_per_char", "tokens/char", ".3f"),
-                                           ("bits_per_char", "val bits/char", ".4f")]))
+        print(
+            markdown_table(
+                recipe_rows,
+                [
+                    ("corpus", "corpus", ""),
+                    ("tokenizer", "tokenizer", ""),
+                    ("steps", "steps", "d"),
+                    ("nats_per_token", "val nats/token", ".4f"),
+                    ("tokens_per_char", "tokens/char", ".3f"),
+                    ("bits_per_char", "val bits/char", ".4f"),
+                ],
+            )
+        )
     result = {"machine": label, "corpora": corpora, "tokens_per_char": rows, "recipe": recipe_rows}
     write_json(result, args.json)
     return result

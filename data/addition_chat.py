@@ -21,12 +21,13 @@ from pathlib import Path
 def is_held_out(a: int, b: int, share: float) -> bool:
     """The pair's side, from the unordered pair alone (a + b and b + a fall on the same side)."""
     key = f"{min(a, b)}+{max(a, b)}".encode()
-    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") / 2 ** 64 < share
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") / 2**64 < share
 
 
 def conversation(a: int, b: int) -> dict:
-    return {"messages": [{"role": "user", "content": f"What is {a} + {b}?"},
-                         {"role": "assistant", "content": str(a + b)}]}
+    return {
+        "messages": [{"role": "user", "content": f"What is {a} + {b}?"}, {"role": "assistant", "content": str(a + b)}]
+    }
 
 
 def make(n_train: int, n_test: int, digits: int, seed: int, share: float = 0.05) -> tuple[list[dict], list[dict]]:
@@ -37,15 +38,17 @@ def make(n_train: int, n_test: int, digits: int, seed: int, share: float = 0.05)
     for _ in range(100 * (n_train + n_test)):
         if len(train) >= n_train and len(test) >= n_test:
             break
-        a, b = rng.randrange(10 ** digits), rng.randrange(10 ** digits)
+        a, b = rng.randrange(10**digits), rng.randrange(10**digits)
         side = test if is_held_out(a, b, share) else train
         if (a, b) in seen or len(side) >= (n_test if side is test else n_train):
             continue
         seen.add((a, b))
         side.append(conversation(a, b))
     else:
-        raise SystemExit(f"error: {digits}-digit operands give too few distinct sums for {n_train} + {n_test} "
-                         "conversations; ask for fewer or allow more digits")
+        raise SystemExit(
+            f"error: {digits}-digit operands give too few distinct sums for {n_train} + {n_test} "
+            "conversations; ask for fewer or allow more digits"
+        )
     return train, test
 
 
@@ -69,8 +72,10 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     write_jsonl(train, args.out / "train.jsonl")
     write_jsonl(test, args.out / "test.jsonl")
-    print(f"wrote {args.out / 'train.jsonl'} ({len(train):,}) and {args.out / 'test.jsonl'} ({len(test):,}, held out); "
-          f"fine-tune on it with:\n  python3 train.py --config configs/sft_addition.yaml")
+    print(
+        f"wrote {args.out / 'train.jsonl'} ({len(train):,}) and {args.out / 'test.jsonl'} ({len(test):,}, held out); "
+        f"fine-tune on it with:\n  python3 train.py --config configs/sft_addition.yaml"
+    )
 
 
 if __name__ == "__main__":

@@ -19,15 +19,19 @@ from pathlib import Path
 DATASET, CONFIG = "HuggingFaceFW/fineweb-edu", "sample-10BT"
 
 
-def sample(docs: int, out: Path, dataset: str = DATASET, config: str | None = CONFIG,
-           data_files: str | None = None) -> Path:
+def sample(
+    docs: int, out: Path, dataset: str = DATASET, config: str | None = CONFIG, data_files: str | None = None
+) -> Path:
     """The first `docs` rows' text of the dataset's train split, streamed, as JSONL {"text": ...} at `out`."""
     from datasets import load_dataset
 
     if docs < 1:
         raise SystemExit(f"error: --docs must be >= 1, got {docs}")
-    rows = (load_dataset(dataset, data_files=data_files, split="train", streaming=True) if data_files else
-            load_dataset(dataset, config, split="train", streaming=True))
+    rows = (
+        load_dataset(dataset, data_files=data_files, split="train", streaming=True)
+        if data_files
+        else load_dataset(dataset, config, split="train", streaming=True)
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     written = 0
@@ -44,8 +48,10 @@ def sample(docs: int, out: Path, dataset: str = DATASET, config: str | None = CO
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-    print(f"wrote {written} documents ({out.stat().st_size / 1e6:.1f} MB) to {out}; train on it with:\n"
-          f"  python3 train.py --data.source {out} --data.tokenizer bpe:8192")
+    print(
+        f"wrote {written} documents ({out.stat().st_size / 1e6:.1f} MB) to {out}; train on it with:\n"
+        f"  python3 train.py --data.source {out} --data.tokenizer bpe:8192"
+    )
     return out
 
 
@@ -53,7 +59,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--docs", type=int, default=20000, help="how many documents (default 20000, ~100 MB)")
     p.add_argument("--out", type=Path, help="the JSONL file (default data/fineweb-edu-DOCS.jsonl)")
-    p.add_argument("--dataset", default=DATASET, help=f"a hub dataset name or a builder such as json (default {DATASET})")
+    p.add_argument(
+        "--dataset", default=DATASET, help=f"a hub dataset name or a builder such as json (default {DATASET})"
+    )
     p.add_argument("--config", default=CONFIG, help=f"the dataset's config (default {CONFIG})")
     p.add_argument("--data_files", help="local files for a builder dataset (json, parquet): a stand-in for tests")
     args = p.parse_args(argv)

@@ -28,8 +28,7 @@ def fetch(out: Path, url: str = URL) -> Path:
         shutil.copyfile(cached, tmp)
         tmp.replace(out)
         cached.unlink()
-        print(f"wrote {out} ({out.stat().st_size:,} bytes); train on it with:\n"
-              f"  python3 train.py --data.source {out}")
+        print(f"wrote {out} ({out.stat().st_size:,} bytes); train on it with:\n  python3 train.py --data.source {out}")
 
     run_cli(copy)
     return out

@@ -18,6 +18,17 @@ from minigpt.core.model import GPT, KVCache
 from minigpt.lab.capture import attention_maps  # numpy and torch only: ~2 ms on top of the rest
 from minigpt.loading import load_chat_model, load_model
 
-__all__ = ["GPT", "attention_maps", "ChatSession", "GPTConfig", "ConfigError", "KVCache", "UserError", "chat",
-           "generate", "load_chat_model", "load_model"]
+__all__ = [
+    "GPT",
+    "attention_maps",
+    "ChatSession",
+    "GPTConfig",
+    "ConfigError",
+    "KVCache",
+    "UserError",
+    "chat",
+    "generate",
+    "load_chat_model",
+    "load_model",
+]
 __version__ = "0.1.0"

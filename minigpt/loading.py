@@ -13,8 +13,14 @@ from pathlib import Path
 import torch
 
 from minigpt.core.chat_template import ChatTokenizer
-from minigpt.core.checkpoint import (checkpoint_model, find_checkpoint, model_config, model_state_dict,
-                                     read_checkpoint, run_checkpoints)
+from minigpt.core.checkpoint import (
+    checkpoint_model,
+    find_checkpoint,
+    model_config,
+    model_state_dict,
+    read_checkpoint,
+    run_checkpoints,
+)
 from minigpt.core.errors import CheckpointError, UserError, first_line
 from minigpt.core.lora import LoRAConfig, adapter_names, checkpoint_lora, fingerprint, lora_model, merge_lora
 from minigpt.core.model import GPT
@@ -34,8 +40,12 @@ def is_hf_source(source: str | Path | None) -> bool:
     return path.is_dir() and (path / "config.json").is_file() and not any(p.is_file() for p in run_checkpoints(path))
 
 
-def load_model(source: str | Path | None = None, device: str | torch.device = "cpu",
-               attention: str | None = None, quantize: Quantization | None = None) -> tuple[GPT, Tokenizer]:
+def load_model(
+    source: str | Path | None = None,
+    device: str | torch.device = "cpu",
+    attention: str | None = None,
+    quantize: Quantization | None = None,
+) -> tuple[GPT, Tokenizer]:
     """A checkpoint file, a run directory, None (the newest run under out/), a Hugging Face model directory or
     hf:ORG/NAME -> (model in eval mode, tokenizer).
 
@@ -60,8 +70,10 @@ def load_lora_run(source: str | Path | None, device: str | torch.device = "cpu")
     path = find_checkpoint(source)
     ckpt = read_checkpoint(path, map_location="cpu")
     if (lora := checkpoint_lora(ckpt)) is None:
-        raise UserError(f"{path} is not a LoRA run (it holds a whole model); only a run of train.py --finetune lora "
-                        "has adapters to export")
+        raise UserError(
+            f"{path} is not a LoRA run (it holds a whole model); only a run of train.py --finetune lora "
+            "has adapters to export"
+        )
     return *checkpoint_model(ckpt, path, device, build=lora_run_model), lora[0]
 
 
@@ -77,19 +89,25 @@ def lora_run_model(ckpt: dict, **config_overrides) -> GPT:
         found, trained = fingerprint(model), base["fingerprint"]
         problem = None if found == trained else f"changed since (fingerprint {found[:12]}, trained on {trained[:12]})"
     if problem:
-        raise CheckpointError(f"it is a LoRA run whose base {base['source']} {problem}; put the base it was trained "
-                              "on back there")
+        raise CheckpointError(
+            f"it is a LoRA run whose base {base['source']} {problem}; put the base it was trained on back there"
+        )
     model = lora_model(model, model_config(ckpt, **config_overrides), cfg)
     adapters = model_state_dict(ckpt)
     if set(adapters) != set(adapter_names(model)):
-        raise CheckpointError("its adapters do not match its LoRA config; the checkpoint is damaged or from another "
-                              "program")
+        raise CheckpointError(
+            "its adapters do not match its LoRA config; the checkpoint is damaged or from another program"
+        )
     model.load_state_dict(adapters, strict=False)
     return model
 
 
-def load_chat_model(source: str | Path | None = None, device: str | torch.device = "cpu",
-                    attention: str | None = None, quantize: Quantization | None = None) -> tuple[GPT, Tokenizer]:
+def load_chat_model(
+    source: str | Path | None = None,
+    device: str | torch.device = "cpu",
+    attention: str | None = None,
+    quantize: Quantization | None = None,
+) -> tuple[GPT, Tokenizer]:
     """(model, chat tokenizer): a chat run's own, or a Hugging Face model's tokenizer with its chat template."""
     model, tokenizer = load_model(source, device=device, attention=attention, quantize=quantize)
     if not isinstance(tokenizer, ChatTokenizer) and is_hf_source(source):

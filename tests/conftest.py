@@ -36,12 +36,23 @@ def data_root(tmp_path_factory) -> Path:
 def _tiny_run_args(corpus: Path, data_root: Path, out_dir: Path, steps: int = 30, **overrides: object) -> list[str]:
     """train.py flags for a run of a few seconds on the CPU."""
     args = {
-        "data.source": corpus, "data.data_root": data_root, "out_dir": out_dir,
-        "model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32, "model.block_size": 32,
-        "optim.warmup_steps": 5, "sample_tokens": 8, "optim.learning_rate": 0.01,
-        "data.batch_size": 8, "data.val_batches": 2,
-        "trainer.max_steps": steps, "trainer.val_check_interval": 10, "trainer.log_every_n_steps": 5,
-        "trainer.enable_progress_bar": False, "checkpoint_every": 10,
+        "data.source": corpus,
+        "data.data_root": data_root,
+        "out_dir": out_dir,
+        "model.n_layer": 1,
+        "model.n_head": 2,
+        "model.n_embd": 32,
+        "model.block_size": 32,
+        "optim.warmup_steps": 5,
+        "sample_tokens": 8,
+        "optim.learning_rate": 0.01,
+        "data.batch_size": 8,
+        "data.val_batches": 2,
+        "trainer.max_steps": steps,
+        "trainer.val_check_interval": 10,
+        "trainer.log_every_n_steps": 5,
+        "trainer.enable_progress_bar": False,
+        "checkpoint_every": 10,
     }
     args.update({k.replace("__", "."): v for k, v in overrides.items()})
     return [x for k, v in args.items() for x in (f"--{k}", str(v))]

@@ -21,14 +21,32 @@ from minigpt.core.hf_tokenizer import HFTokenizer
 from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
 
 
-def varied_gpt(arch: str = "gpt", n_kv_head: int = 4, attention: str = "sdpa", vocab_size: int = 60,
-               block_size: int = 32, seed: int = 0, **config: object) -> GPT:
+def varied_gpt(
+    arch: str = "gpt",
+    n_kv_head: int = 4,
+    attention: str = "sdpa",
+    vocab_size: int = 60,
+    block_size: int = 32,
+    seed: int = 0,
+    **config: object,
+) -> GPT:
     """A 2-layer, width-32 random GPT with larger-than-init weights, in eval mode: its greedy output varies from
     token to token, so a cache that fed wrong positions or keys would change it (at init scale greedy repeats one
     token)."""
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(arch=arch, n_layer=2, n_head=4, n_kv_head=n_kv_head, n_embd=32, block_size=block_size,
-                          vocab_size=vocab_size, attention=attention, **config))
+    model = GPT(
+        GPTConfig(
+            arch=arch,
+            n_layer=2,
+            n_head=4,
+            n_kv_head=n_kv_head,
+            n_embd=32,
+            block_size=block_size,
+            vocab_size=vocab_size,
+            attention=attention,
+            **config,
+        )
+    )
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias"):
@@ -40,8 +58,12 @@ def varied_gpt(arch: str = "gpt", n_kv_head: int = 4, attention: str = "sdpa", v
 
 def byte_bpe() -> tiktoken.Encoding:
     """A tiktoken byte-level BPE with no merges and an end-of-text token 256, built in-process (no download)."""
-    return tiktoken.Encoding("tiny-bpe", pat_str=r"\S+|\s+", mergeable_ranks={bytes([i]): i for i in range(256)},
-                             special_tokens={"<|endoftext|>": 256})
+    return tiktoken.Encoding(
+        "tiny-bpe",
+        pat_str=r"\S+|\s+",
+        mergeable_ranks={bytes([i]): i for i in range(256)},
+        special_tokens={"<|endoftext|>": 256},
+    )
 
 
 def random_ids(batch: int = 2, length: int = 5, vocab: int = 60, seed: int = 1) -> torch.Tensor:
@@ -52,6 +74,7 @@ def random_ids(batch: int = 2, length: int = 5, vocab: int = 60, seed: int = 1) 
 @contextlib.contextmanager
 def deadline(seconds: float):
     """Fail (TimeoutError) instead of hanging: SIGALRM interrupts a blocking open() or read()."""
+
     def expired(*a):
         raise TimeoutError(f"still running after {seconds} s: it hangs")
 
@@ -67,19 +90,26 @@ def deadline(seconds: float):
 # ------------------------------------------------------------------ chat: a conversation and the bases
 
 GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 12 + 30?"},
-                {"role": "assistant", "content": "42, é☃"}, {"role": "user", "content": "And 1 + 1?"},
-                {"role": "assistant", "content": "2"}]
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is 12 + 30?"},
+    {"role": "assistant", "content": "42, é☃"},
+    {"role": "user", "content": "And 1 + 1?"},
+    {"role": "assistant", "content": "2"},
+]
 # ChatML as SmolLM2-Instruct ships it: no {% generation %} tag
-SMOL_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
-                 "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
-                 "{% endif %}")
+SMOL_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% endif %}"
+)
 
 
 def small_bpe() -> tiktoken.Encoding:
     ranks = {bytes([i]): i for i in range(256)} | {m: 256 + i for i, m in enumerate([b"Wh", b"at", b" 1", b"12"])}
-    return tiktoken.Encoding(name="small_bpe", pat_str=GPT2_PAT, mergeable_ranks=ranks,
-                             special_tokens={"<|endoftext|>": len(ranks)})
+    return tiktoken.Encoding(
+        name="small_bpe", pat_str=GPT2_PAT, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": len(ranks)}
+    )
 
 
 def hf_base(with_markers: bool) -> HFTokenizer:
@@ -95,9 +125,12 @@ def hf_base(with_markers: bool) -> HFTokenizer:
     return HFTokenizer(backend.to_str(), eos_id=backend.token_to_id("<|endoftext|>"))
 
 
-BASES = {"char": lambda: CharTokenizer("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ \n?."),
-         "byte": ByteTokenizer, "tiktoken": lambda: TiktokenTokenizer(small_bpe()),
-         "hf": lambda: hf_base(with_markers=False)}
+BASES = {
+    "char": lambda: CharTokenizer("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ \n?."),
+    "byte": ByteTokenizer,
+    "tiktoken": lambda: TiktokenTokenizer(small_bpe()),
+    "hf": lambda: hf_base(with_markers=False),
+}
 
 
 # ------------------------------------------------------------------ the attention lab: a prompt and a random model
@@ -106,12 +139,27 @@ LAB_CHARS = "\n !',./:;<>?abcdefghijklmnopqrstuvwxyz"  # no "Z": a prompt with i
 LAB_PROMPT = "a // b </script> c, a // b\nd"  # "//" and "</script>" must not leak into the page's markup
 
 
-def lab_model(arch: str = "gpt", n_layer: int = 2, n_head: int = 4, n_kv_head: int | None = None,
-              block_size: int = 32, vocab_size: int = len(LAB_CHARS), seed: int = 0) -> GPT:
+def lab_model(
+    arch: str = "gpt",
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_kv_head: int | None = None,
+    block_size: int = 32,
+    vocab_size: int = len(LAB_CHARS),
+    seed: int = 0,
+) -> GPT:
     """A random GPT over LAB_CHARS for the attention lab's tests (tests/lab, tests/cli/test_attention.py)."""
     torch.manual_seed(seed)
-    cfg = GPTConfig(arch=arch, n_layer=n_layer, n_head=n_head, n_kv_head=n_kv_head or n_head, n_embd=32,
-                    block_size=block_size, vocab_size=vocab_size, attention="sdpa")
+    cfg = GPTConfig(
+        arch=arch,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_kv_head=n_kv_head or n_head,
+        n_embd=32,
+        block_size=block_size,
+        vocab_size=vocab_size,
+        attention="sdpa",
+    )
     model = GPT(cfg)
     with torch.no_grad():  # larger than init, so attention is far from uniform
         for p in model.parameters():
@@ -152,7 +200,13 @@ def script_runs(script: str, argvs: list[list[str]], timeout: float = 300) -> li
     """`python SCRIPT ARGV` for each argv, as from a shell (exit code, stderr), in one child interpreter: the
     imports are paid once."""
     repo = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-c", RUNS, script, json.dumps(argvs)], cwd=repo, capture_output=True,
-                          env={**os.environ, "PYTHONPATH": str(repo)}, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUNS, script, json.dumps(argvs)],
+        cwd=repo,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        text=True,
+        timeout=timeout,
+    )
     assert proc.returncode == 0, proc.stderr
     return [tuple(r) for r in json.loads(proc.stdout.splitlines()[-1])]

@@ -31,7 +31,9 @@ def test_bench_attention_quick(tmp_path, capsys):
     assert {"batch", "n_head", "head_dim", "gqa_kv_heads", "seq_lens", "dtype", "scope", "repeats"} <= set(s)
     rows = result["results"]
     assert len(rows) == 3 * 2 * len(s["seq_lens"])  # paths x GQA off/on x lengths
-    assert {(r["path"], r["gqa"]) for r in rows} == {(p, g) for p in ("sdpa", "manual", "einops") for g in ("off", "on")}
+    assert {(r["path"], r["gqa"]) for r in rows} == {
+        (p, g) for p in ("sdpa", "manual", "einops") for g in ("off", "on")
+    }
     for r in rows:
         assert r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0 and r["peak_bytes"] > 0
         assert r["n_kv_head"] == (s["n_head"] if r["gqa"] == "off" else s["gqa_kv_heads"])
@@ -50,8 +52,16 @@ def test_bench_train_quick(tmp_path, capsys):
     rows = result["results"]
     assert [(r["precision"], r["compile"]) for r in rows] == [("32-true", False), ("bf16-mixed", False)]
     for r in rows:
-        for key in ("step_ms", "tokens_per_s", "mfu", "bare_step_ms", "bare_tokens_per_s", "overhead_pct",
-                    "flops_per_token", "warmup_s"):
+        for key in (
+            "step_ms",
+            "tokens_per_s",
+            "mfu",
+            "bare_step_ms",
+            "bare_tokens_per_s",
+            "overhead_pct",
+            "flops_per_token",
+            "warmup_s",
+        ):
             assert key in r, key
         # mfu has 4 decimals: the quick shape's 232 tokens/s on a busy machine (load 10) is 0.0
         assert r["tokens_per_s"] > 0 and 0 <= r["mfu"] < 1
@@ -61,8 +71,22 @@ def test_bench_train_quick(tmp_path, capsys):
 
 def test_bench_train_overhead_breakdown_quick(tmp_path):
     out = tmp_path / "train.json"
-    bench_train.main(["--quick", "--json", str(out), "--device", "cpu", "--precisions", "32-true",
-                      "--overhead_detail", "on", "--adamw", "off", "--no_bare"])
+    bench_train.main(
+        [
+            "--quick",
+            "--json",
+            str(out),
+            "--device",
+            "cpu",
+            "--precisions",
+            "32-true",
+            "--overhead_detail",
+            "on",
+            "--adamw",
+            "off",
+            "--no_bare",
+        ]
+    )
     detail = read(out)["overhead_breakdown"]
     assert len(detail) == len(bench_train.DETAIL_VARIANTS)
     assert detail[0]["overhead_pct"] == 0
@@ -125,8 +149,7 @@ def test_cpu_peak_memory_tracks_the_timeline():
 
 
 def test_markdown_table_and_machine_label():
-    table = common.markdown_table([{"a": "x", "b": 1.234}, {"a": "y", "b": None}],
-                                  [("a", "A", ""), ("b", "B", ".1f")])
+    table = common.markdown_table([{"a": "x", "b": 1.234}, {"a": "y", "b": None}], [("a", "A", ""), ("b", "B", ".1f")])
     assert table.splitlines() == ["| A | B |", "|---|---:|", "| x | 1.2 |", "| y | - |"]
     label = common.machine_label("cpu", "bfloat16")
     assert MACHINE_KEYS <= set(label) and label["dtype"] == "bfloat16"
@@ -152,11 +175,14 @@ def test_bench_hf_quick(capsys):
     from benchmarks import bench_hf
 
     result = bench_hf.main(["--quick", "--device", "cpu"])
-    assert result["agreement"] and all(r["greedy_equal"] and r["import_max_abs"] < 1e-4 and r["export_max_abs"] < 1e-4
-                                       for r in result["agreement"])
-    assert [c["operation"] for c in result["cost"]] == ["minigpt import (load_model)",
-                                                        "transformers from_pretrained (reference)",
-                                                        "minigpt export (export_hf)"]
+    assert result["agreement"] and all(
+        r["greedy_equal"] and r["import_max_abs"] < 1e-4 and r["export_max_abs"] < 1e-4 for r in result["agreement"]
+    )
+    assert [c["operation"] for c in result["cost"]] == [
+        "minigpt import (load_model)",
+        "transformers from_pretrained (reference)",
+        "minigpt export (export_hf)",
+    ]
     assert all(c["seconds"] > 0 and c["peak_rss_mib"] > 0 for c in result["cost"])
 
 
@@ -167,8 +193,8 @@ def test_peak_matmul_flops_is_the_best_size_and_skips_sizes_whose_matmul_would_t
 
     def fake(dtype, device, n, repeats):
         probed.append(n)
-        seconds = 2 * n ** 3 / (gflops[n] * 1e9)
-        return dict(n=n, seconds_per_matmul=seconds, flops=2 * n ** 3 / seconds)
+        seconds = 2 * n**3 / (gflops[n] * 1e9)
+        return dict(n=n, seconds_per_matmul=seconds, flops=2 * n**3 / seconds)
 
     monkeypatch.setattr(common, "matmul_flops", fake)
     peak = common.peak_matmul_flops("bf16", "cpu", n=2048)
@@ -180,23 +206,37 @@ def test_peak_matmul_flops_is_the_best_size_and_skips_sizes_whose_matmul_would_t
     assert common.peak_matmul_flops("fp32", "cpu", n=2048)["sizes"] == probed == [64, 128, 256, 512, 1024, 2048]
 
 
-def test_bf16_numerics_runs_the_recipe_as_each_kind_of_cpu_computes_it(tiny_run_args, corpus, data_root, tmp_path, monkeypatch,
-                                                                          capsys):
+def test_bf16_numerics_runs_the_recipe_as_each_kind_of_cpu_computes_it(
+    tiny_run_args, corpus, data_root, tmp_path, monkeypatch, capsys
+):
     # the figure it reports (loss per step with a native-bf16 CPU's numerics, measured on any CPU) is only right if
     # the bf16 run really trains in bf16 autocast with Muon's iteration in bf16, and the float32 run in neither
     import minigpt.training.optim
     from benchmarks import bf16_numerics
 
-    monkeypatch.setattr(minigpt.training.optim, "has_native_bf16", minigpt.training.optim.has_native_bf16)  # undone after the test
+    monkeypatch.setattr(
+        minigpt.training.optim, "has_native_bf16", minigpt.training.optim.has_native_bf16
+    )  # undone after the test
     ran = {}
     for numerics in ("bf16", "float32"):
-        argv = ["--config", bf16_numerics.CONFIG, *tiny_run_args(corpus, data_root, tmp_path / numerics, steps=2),
-                "--compile", "false", "--trainer.max_time", "null", "--sample_tokens", "0"]
+        argv = [
+            "--config",
+            bf16_numerics.CONFIG,
+            *tiny_run_args(corpus, data_root, tmp_path / numerics, steps=2),
+            "--compile",
+            "false",
+            "--trainer.max_time",
+            "null",
+            "--sample_tokens",
+            "0",
+        ]
         bf16_numerics.train_child(numerics, argv)
         line = capsys.readouterr().out.splitlines()[-1]
         ran[numerics] = json.loads(line.removeprefix(bf16_numerics.RESULT))
     assert {k: (r["precision"], r["muon_dtype"], r["steps"]) for k, r in ran.items()} == {
-        "bf16": ("bf16-mixed", "bfloat16", 2), "float32": ("32-true", "float32", 2)}
+        "bf16": ("bf16-mixed", "bfloat16", 2),
+        "float32": ("32-true", "float32", 2),
+    }
     assert all(0 < r["full_val_loss"] < 10 for r in ran.values())
 
 
@@ -211,9 +251,30 @@ def test_time_to_loss_runs_the_config_as_shipped_and_validates_at_its_interval(c
     config_path = tmp_path / "recipe.yaml"
     config_path.write_text(yaml.safe_dump(config))
     # a fixed step count, not the benchmark's time budget: what a busy machine trains in 3 s is not a test's to know
-    tiny = ["--data.data_root", data_root, "--model.n_layer", 1, "--model.n_embd", 32, "--model.n_head", 2,
-            "--model.mlp_hidden", 64, "--model.block_size", 32, "--data.batch_size", 8, "--data.val_batches", 2,
-            "--compile", "false", "--trainer.max_steps", 21, "--trainer.max_time", "null"]
+    tiny = [
+        "--data.data_root",
+        data_root,
+        "--model.n_layer",
+        1,
+        "--model.n_embd",
+        32,
+        "--model.n_head",
+        2,
+        "--model.mlp_hidden",
+        64,
+        "--model.block_size",
+        32,
+        "--data.batch_size",
+        8,
+        "--data.val_batches",
+        2,
+        "--compile",
+        "false",
+        "--trainer.max_steps",
+        21,
+        "--trainer.max_time",
+        "null",
+    ]
     extra = [f"--extra={flag}={value}" for flag, value in zip(tiny[::2], tiny[1::2])]
     out = tmp_path / "ttl.json"
     time_to_loss.main(["--quick", "--corpus", str(corpus), "--config", str(config_path), "--json", str(out), *extra])
@@ -281,8 +342,9 @@ def test_tokens_per_char_quick(tmp_path, capsys):
         words = ["".join(rng.choice(alphabet) for _ in range(rng.randint(2, 7))) for _ in range(400)]
         texts[name] = tmp_path / f"{name}.txt"
         texts[name].write_text("\n".join(" ".join(rng.choices(words, k=10)) for _ in range(2000)) + "\n")
-    result = tokens_per_char.main(["--quick", "--json", str(tmp_path / "t.json"),
-                                   *(f"--text={name}={path}" for name, path in texts.items())])
+    result = tokens_per_char.main(
+        ["--quick", "--json", str(tmp_path / "t.json"), *(f"--text={name}={path}" for name, path in texts.items())]
+    )
     rows = {row["tokenizer"]: row for row in result["tokens_per_char"]}
     assert rows["char"]["english"] == rows["char"]["russian"] == 1.0
     assert rows["byte"]["english"] == 1.0 and 1.8 < rows["byte"]["russian"] < 2.0  # spaces and newlines: 1 byte
@@ -336,8 +398,12 @@ def test_bench_decode_quick(tmp_path, capsys):
     result = read(out)
     assert result["benchmark"] == "decode" and MACHINE_KEYS <= set(result["machine"])
     rows = result["rows"]
-    ways = ("minigpt float32, compiled step", "minigpt float32, eager", "minigpt int8, compiled step",
-            "transformers float32")
+    ways = (
+        "minigpt float32, compiled step",
+        "minigpt float32, eager",
+        "minigpt int8, compiled step",
+        "transformers float32",
+    )
     assert [(r["shape"], r["way"]) for r in rows] == [(s, w) for s in ("GPT-2-124M", "SmolLM2-135M") for w in ways]
     for r in rows:
         assert r["tokens_per_s"] > 0 and r["prefill_tokens_per_s"] > 0 and r["bound_tokens_per_s"] > 0

@@ -13,9 +13,20 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "minigpt"
 # lowest first; a layer may import itself and the layers before it.  Layers sharing a rank are siblings and must
 # not import each other.
-LAYERS = {"minigpt.configs": 0, "minigpt.core": 0, "minigpt.data": 1, "minigpt.hf": 1, "minigpt.lab": 1,
-          "minigpt.evaluation": 1, "minigpt.loading": 2, "minigpt.export": 2, "minigpt.training": 3,
-          "minigpt.serve": 4, "minigpt.cli": 5, "minigpt": 6}
+LAYERS = {
+    "minigpt.configs": 0,
+    "minigpt.core": 0,
+    "minigpt.data": 1,
+    "minigpt.hf": 1,
+    "minigpt.lab": 1,
+    "minigpt.evaluation": 1,
+    "minigpt.loading": 2,
+    "minigpt.export": 2,
+    "minigpt.training": 3,
+    "minigpt.serve": 4,
+    "minigpt.cli": 5,
+    "minigpt": 6,
+}
 CORE_MUST_NOT_IMPORT = {"lightning", "pytorch_lightning", "matplotlib", "datasets"}
 MAX_LINES = 400
 
@@ -35,7 +46,9 @@ def imports_of(path: Path, module: str) -> list[tuple[str, int]]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             # `from minigpt.core import checkpoint` imports the submodule minigpt.core.checkpoint
             found += [(f"{base}.{alias.name}", node.lineno) for alias in node.names]
     return found
@@ -78,7 +91,7 @@ def find_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
         path.append(node)
         for nxt in graph.get(node, {}):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         path.pop()
@@ -106,16 +119,21 @@ def test_no_module_imports_itself_round_a_loop(graph):
 
 
 def test_the_core_imports_no_lightning_matplotlib_or_datasets():
-    offending = [f"{module_name(p, PACKAGE)} (line {line}) imports {name}"
-                 for p in sorted((PACKAGE / "core").rglob("*.py"))
-                 for name, line in imports_of(p, module_name(p, PACKAGE))
-                 if name.split(".")[0] in CORE_MUST_NOT_IMPORT]
+    offending = [
+        f"{module_name(p, PACKAGE)} (line {line}) imports {name}"
+        for p in sorted((PACKAGE / "core").rglob("*.py"))
+        for name, line in imports_of(p, module_name(p, PACKAGE))
+        if name.split(".")[0] in CORE_MUST_NOT_IMPORT
+    ]
     assert offending == []
 
 
 def test_no_module_is_over_400_lines():
-    long = {str(p.relative_to(PACKAGE.parent)): n for p in sorted(PACKAGE.rglob("*.py"))
-            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(PACKAGE.parent)): n
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
     assert long == {}
 
 
@@ -131,7 +149,10 @@ def test_the_checks_catch_an_upward_import_and_a_cycle_inside_a_function(tmp_pat
     made_up = import_graph(pkg)
     assert made_up["minigpt.core.a"] == {"minigpt.cli.tool": 2}
     assert made_up["minigpt.cli.tool"] == {"minigpt.core.a": 1}
-    assert upward_imports(made_up) == ["minigpt.core.a (line 2) imports minigpt.cli.tool: layer minigpt.cli is not "
-                                       "below minigpt.core"]
-    assert find_cycle(made_up) in (["minigpt.core.a", "minigpt.cli.tool", "minigpt.core.a"],
-                                   ["minigpt.cli.tool", "minigpt.core.a", "minigpt.cli.tool"])
+    assert upward_imports(made_up) == [
+        "minigpt.core.a (line 2) imports minigpt.cli.tool: layer minigpt.cli is not below minigpt.core"
+    ]
+    assert find_cycle(made_up) in (
+        ["minigpt.core.a", "minigpt.cli.tool", "minigpt.core.a"],
+        ["minigpt.cli.tool", "minigpt.core.a", "minigpt.cli.tool"],
+    )

@@ -28,8 +28,11 @@ DEFAULT_OUT = "out/attention"
 
 
 def build_parser() -> CommandParser:
-    p = CommandParser(prog="attention.py", description="Look at every attention head of a minigpt checkpoint "
-                      "on one prompt: an offline HTML page, PNG figures and the raw weights.")
+    p = CommandParser(
+        prog="attention.py",
+        description="Look at every attention head of a minigpt checkpoint "
+        "on one prompt: an offline HTML page, PNG figures and the raw weights.",
+    )
     add_source_argument(p)
     add_prompt_arguments(p, "the text to look at")
     p.add_argument("--out", type=str, default=DEFAULT_OUT, help="folder for the files (created if missing)")
@@ -58,10 +61,13 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
 
         paths += save_figures(capture.weights, capture.tokens, out, title=f"attention, {title}")
     except OSError as e:
-        raise UserError(f"cannot write to --out {out} ({e.strerror or type(e).__name__}); choose a writable "
-                        "folder") from None
-    stdout.write(f"captured {capture.n_layer} layers x {capture.n_head} heads over {len(capture.tokens)} tokens "
-                 f"in {seconds:.2f}s\n")
+        raise UserError(
+            f"cannot write to --out {out} ({e.strerror or type(e).__name__}); choose a writable folder"
+        ) from None
+    stdout.write(
+        f"captured {capture.n_layer} layers x {capture.n_head} heads over {len(capture.tokens)} tokens "
+        f"in {seconds:.2f}s\n"
+    )
     for path in paths:
         stdout.write(f"wrote {path}\n")
     stdout.flush()
@@ -69,5 +75,6 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
 
 def main(argv: list[str] | None = None, stdout: TextIO | None = None, stdin: TextIO | None = None) -> None:
     """attention.py: user mistakes (bad flags, checkpoint or prompt) end in one 'error:' line, exit code 2."""
-    run_cli(lambda: _main(argv, stdout if stdout is not None else sys.stdout,
-                          stdin if stdin is not None else sys.stdin))
+    run_cli(
+        lambda: _main(argv, stdout if stdout is not None else sys.stdout, stdin if stdin is not None else sys.stdin)
+    )

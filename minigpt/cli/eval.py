@@ -17,8 +17,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from minigpt.loading import load_model
-from minigpt.cli.parsing import (QUANTIZE_CHOICES, CommandParser, add_quantize_argument, add_source_argument,
-                                 misplaced_setting, read_text_file, resolve_device)
+from minigpt.cli.parsing import (
+    QUANTIZE_CHOICES,
+    CommandParser,
+    add_quantize_argument,
+    add_source_argument,
+    misplaced_setting,
+    read_text_file,
+    resolve_device,
+)
 from minigpt.core.errors import UserError
 from minigpt.cli.errors import run_cli
 from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens, text_ids
@@ -27,22 +34,40 @@ MINIMUMS = {"batch_size": 1, "limit": 1, "num_fewshot": 0}  # each count's small
 
 
 def build_parser() -> CommandParser:
-    p = CommandParser(prog="eval.py", description="Evaluate a checkpoint on a text file (nats/token, bits/char), "
-                                                  "or on lm-evaluation-harness tasks (--tasks).", minimums=MINIMUMS)
+    p = CommandParser(
+        prog="eval.py",
+        description="Evaluate a checkpoint on a text file (nats/token, bits/char), "
+        "or on lm-evaluation-harness tasks (--tasks).",
+        minimums=MINIMUMS,
+    )
     add_source_argument(p)
     p.add_argument("--text", type=str | None, default=None, help="UTF-8 text file to evaluate on")
-    p.add_argument("--tasks", type=str | None, default=None,
-                   help="lm-evaluation-harness tasks instead of --text: names (hellaswag,arc_easy,...) and paths of "
-                        "task YAML files (ending in .yaml), comma-separated (needs the eval extra: pip install -e "
-                        "\".[eval]\"). A task file is code, like a script: its `!function module.fn` hooks run, "
-                        "read from module.py beside the file and nowhere else; give only task files you trust")
+    p.add_argument(
+        "--tasks",
+        type=str | None,
+        default=None,
+        help="lm-evaluation-harness tasks instead of --text: names (hellaswag,arc_easy,...) and paths of "
+        "task YAML files (ending in .yaml), comma-separated (needs the eval extra: pip install -e "
+        '".[eval]"). A task file is code, like a script: its `!function module.fn` hooks run, '
+        "read from module.py beside the file and nowhere else; give only task files you trust",
+    )
     p.add_argument("--limit", type=int | None, default=None, help="--tasks: at most this many examples per task")
-    p.add_argument("--num_fewshot", "--num-fewshot", type=int | None, default=None,
-                   help="--tasks: examples shown before each question (default: each task's own)")
+    p.add_argument(
+        "--num_fewshot",
+        "--num-fewshot",
+        type=int | None,
+        default=None,
+        help="--tasks: examples shown before each question (default: each task's own)",
+    )
     p.add_argument("--output", type=str | None, default=None, help="--tasks: write the harness's results JSON here")
-    p.add_argument("--batch_size", "--batch-size", type=int | None, default=None,
-                   help="windows of block_size tokens (--text) or requests (--tasks, default 1) evaluated at once: "
-                        "speed and memory, not the result; at most as many as keep the logits within 512 MiB")
+    p.add_argument(
+        "--batch_size",
+        "--batch-size",
+        type=int | None,
+        default=None,
+        help="windows of block_size tokens (--text) or requests (--tasks, default 1) evaluated at once: "
+        "speed and memory, not the result; at most as many as keep the logits within 512 MiB",
+    )
     p.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:N, mps, or auto")
     add_quantize_argument(p)
     return p
@@ -51,8 +76,10 @@ def build_parser() -> CommandParser:
 def problems(args) -> Iterator[str]:
     """What is wrong with the flags together, one message each (each count's range: MINIMUMS, in the parser)."""
     if (args.text is None) == (args.tasks is None):
-        yield ("give either --text FILE (the loss on a text) or --tasks NAMES (lm-evaluation-harness tasks)"
-               + ("" if args.text is None else ", not both"))
+        yield (
+            "give either --text FILE (the loss on a text) or --tasks NAMES (lm-evaluation-harness tasks)"
+            + ("" if args.text is None else ", not both")
+        )
     if args.output is not None and Path(args.output).is_dir():
         yield f"--output {args.output} is a directory; give the path of the JSON file to write"
 
@@ -63,8 +90,12 @@ def run_tasks(args) -> dict:
 
     tasks = resolve_tasks(args.tasks.split(","))  # before loading the model: a wrong name costs nothing
     model, tokenizer = load_model(args.ckpt, device=resolve_device(args.device), quantize=args.quantize)
-    results = evaluate_tasks(MiniGPTLM(model, tokenizer, batch_size=args.batch_size or 1), tasks, limit=args.limit,
-                             num_fewshot=args.num_fewshot)
+    results = evaluate_tasks(
+        MiniGPTLM(model, tokenizer, batch_size=args.batch_size or 1),
+        tasks,
+        limit=args.limit,
+        num_fewshot=args.num_fewshot,
+    )
     print(results_table(results), flush=True)
     if args.output is not None:
         print(f"results: {write_results(results, args.output)}", flush=True)
@@ -89,8 +120,10 @@ def run(argv: list[str] | None = None) -> tuple[float, int] | dict:
     tokens = text_ids(tokenizer, text, f"--text {path}")
     nats, n = evaluate_tokens(model, tokens, args.batch_size)
     per_char, per_byte = bits_per_char_and_byte(nats, tokenizer, tokens)
-    print(f"{path}: {n:,} tokens, {nats / n:.4f} nats/token, {per_char:.4f} bits/char, {per_byte:.4f} bits/byte",
-          flush=True)
+    print(
+        f"{path}: {n:,} tokens, {nats / n:.4f} nats/token, {per_char:.4f} bits/char, {per_byte:.4f} bits/byte",
+        flush=True,
+    )
     return nats, n
 
 

@@ -29,21 +29,44 @@ from minigpt.export.hf import HF_CLASS, check_exportable, check_out_dir, export_
 
 
 def build_parser() -> CommandParser:
-    p = CommandParser(prog="export.py", description="Write a minigpt checkpoint as a Hugging Face model directory "
-                      "(config.json, model.safetensors, tokenizer) that transformers loads with from_pretrained, or "
-                      "as one GGUF file that llama.cpp, Ollama and LM Studio run.")
+    p = CommandParser(
+        prog="export.py",
+        description="Write a minigpt checkpoint as a Hugging Face model directory "
+        "(config.json, model.safetensors, tokenizer) that transformers loads with from_pretrained, or "
+        "as one GGUF file that llama.cpp, Ollama and LM Studio run.",
+    )
     add_source_argument(p)
-    p.add_argument("--out", type=str, required=True,
-                   help="folder to write (hf; must not hold files yet) or .gguf file to write (gguf; must not exist)")
-    p.add_argument("--format", type=Literal["hf", "gguf", "peft"], default="hf",
-                   help="hf: a Hugging Face model directory; gguf: one GGUF file (llama.cpp); peft: a LoRA run's "
-                        "adapters alone, in PEFT's files, beside a Hugging Face export of their base (--base_out)")
-    p.add_argument("--base_out", type=str | None, default=None,
-                   help="peft: the folder for the base the adapters apply to (default: --out with -base appended)")
-    p.add_argument("--gguf_type", type=GGUFType, default="f32",
-                   help="GGUF weight type: f32, f16, bf16, q8_0 or q4_0 (norms and biases stay f32)")
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it holds a previous export, unchanged "
-                   "(a folder's minigpt_export.json lists every file in it; a GGUF file carries its own SHA-256)")
+    p.add_argument(
+        "--out",
+        type=str,
+        required=True,
+        help="folder to write (hf; must not hold files yet) or .gguf file to write (gguf; must not exist)",
+    )
+    p.add_argument(
+        "--format",
+        type=Literal["hf", "gguf", "peft"],
+        default="hf",
+        help="hf: a Hugging Face model directory; gguf: one GGUF file (llama.cpp); peft: a LoRA run's "
+        "adapters alone, in PEFT's files, beside a Hugging Face export of their base (--base_out)",
+    )
+    p.add_argument(
+        "--base_out",
+        type=str | None,
+        default=None,
+        help="peft: the folder for the base the adapters apply to (default: --out with -base appended)",
+    )
+    p.add_argument(
+        "--gguf_type",
+        type=GGUFType,
+        default="f32",
+        help="GGUF weight type: f32, f16, bf16, q8_0 or q4_0 (norms and biases stay f32)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --out if it holds a previous export, unchanged "
+        "(a folder's minigpt_export.json lists every file in it; a GGUF file carries its own SHA-256)",
+    )
     return p
 
 
@@ -65,12 +88,23 @@ def run_gguf(args, out: Path) -> Path:
 
         template = read_chat_template(resolve_hf_source(args.ckpt)[0])
     name = Path(str(args.ckpt or "minigpt")).name
-    result = export_gguf(model, tokenizer, out, args.gguf_type, overwrite=args.overwrite, checked=checked,
-                         chat_template=template, name=name)
+    result = export_gguf(
+        model,
+        tokenizer,
+        out,
+        args.gguf_type,
+        overwrite=args.overwrite,
+        checked=checked,
+        chat_template=template,
+        name=name,
+    )
     kept = f"; {result.kept_f16} matrices kept in f16 (rows not a multiple of 32)" if result.kept_f16 else ""
-    print(f"wrote {result.arch} GGUF ({result.n_params:,} parameters, {args.gguf_type}{kept}, tokenizer "
-          f"{result.vocab.pre}{' + chat template' if result.vocab.chat_template else ''}) to {out}: "
-          f"{out.stat().st_size / 2**20:.1f} MiB", flush=True)
+    print(
+        f"wrote {result.arch} GGUF ({result.n_params:,} parameters, {args.gguf_type}{kept}, tokenizer "
+        f"{result.vocab.pre}{' + chat template' if result.vocab.chat_template else ''}) to {out}: "
+        f"{out.stat().st_size / 2**20:.1f} MiB",
+        flush=True,
+    )
     for note in result.notes:
         print(f"note: {note}", flush=True)
     return out
@@ -85,8 +119,11 @@ def run_peft(args, out: Path) -> Path:
     model, tokenizer, lora = load_lora_run(args.ckpt)
     export_peft(model, tokenizer, lora, out, base_out, overwrite=args.overwrite, checked=checked)
     n = safetensors_params(out / "adapter_model.safetensors")
-    print(f"wrote PEFT LoRA adapters ({n:,} parameters, rank {lora.rank}) to {out} and their base, "
-          f"{HF_CLASS[model.config.arch]}, to {base_out}", flush=True)
+    print(
+        f"wrote PEFT LoRA adapters ({n:,} parameters, rank {lora.rank}) to {out} and their base, "
+        f"{HF_CLASS[model.config.arch]}, to {base_out}",
+        flush=True,
+    )
     return out
 
 
@@ -113,8 +150,11 @@ def run(argv: list[str] | None = None) -> Path:
     check_exportable(model.config)
     export_hf(model, tokenizer, out, overwrite=args.overwrite, checked=checked)
     n = safetensors_params(out / "model.safetensors")
-    print(f"wrote {HF_CLASS[model.config.arch]} ({n:,} parameters) to {out}: "
-          f"{', '.join(sorted(p.name for p in out.iterdir()))}", flush=True)
+    print(
+        f"wrote {HF_CLASS[model.config.arch]} ({n:,} parameters) to {out}: "
+        f"{', '.join(sorted(p.name for p in out.iterdir()))}",
+        flush=True,
+    )
     return out
 
 

@@ -29,11 +29,22 @@ COMMANDS = {
 
 def usage() -> str:
     width = max(map(len, COMMANDS))
-    lines = [f"usage: minigpt {{{','.join(COMMANDS)}}} [FLAGS]", "", "A small, readable, fast GPT trainer.", "",
-             "commands:"]
+    lines = [
+        f"usage: minigpt {{{','.join(COMMANDS)}}} [FLAGS]",
+        "",
+        "A small, readable, fast GPT trainer.",
+        "",
+        "commands:",
+    ]
     lines += [f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items()]
-    lines += ["", "options:", "  -h, --help     show this message", "  --version      show the version", "",
-              "`minigpt COMMAND --help` lists a command's flags."]
+    lines += [
+        "",
+        "options:",
+        "  -h, --help     show this message",
+        "  --version      show the version",
+        "",
+        "`minigpt COMMAND --help` lists a command's flags.",
+    ]
     return "\n".join(lines)
 
 

@@ -61,8 +61,9 @@ def literal_choices(section: str, cls: type) -> dict[str, tuple[Any, ...]]:
     return choices
 
 
-def misplaced_setting(args: Sequence[str], choices: dict[str, tuple[Any, ...]],
-                      links: dict[str, str] | None = None) -> str | None:
+def misplaced_setting(
+    args: Sequence[str], choices: dict[str, tuple[Any, ...]], links: dict[str, str] | None = None
+) -> str | None:
     """What is wrong with a command line before it is parsed, in one line, or None: a flag given a value outside
     its choices (named with the choices), or a setting that a link fills (target -> source) given by hand."""
     for key, value in flag_values(args):
@@ -71,7 +72,7 @@ def misplaced_setting(args: Sequence[str], choices: dict[str, tuple[Any, ...]],
         allowed = [str(c) for c in choices.get(key, ()) if c is not None]
         allowed += ["null", "None"] if None in choices.get(key, ()) else []
         if key in choices and value is not None and value not in allowed:
-            return f"{key}: unknown value {value!r}; choose one of " + ", ".join(allowed[:len(choices[key])])
+            return f"{key}: unknown value {value!r}; choose one of " + ", ".join(allowed[: len(choices[key])])
     return None
 
 
@@ -119,17 +120,25 @@ class CommandParser(OneLineErrors, ArgumentParser):
 
 def add_source_argument(p: ArgumentParser) -> None:
     """--ckpt: anything minigpt.loading.load_model reads (sample, eval, attention and export share it)."""
-    p.add_argument("--ckpt", type=str | None, default=None,
-                   help="checkpoint file, run directory, Hugging Face model directory or hf:ORG/NAME "
-                        "(default: the newest run under out/)")
+    p.add_argument(
+        "--ckpt",
+        type=str | None,
+        default=None,
+        help="checkpoint file, run directory, Hugging Face model directory or hf:ORG/NAME "
+        "(default: the newest run under out/)",
+    )
 
 
 def add_quantize_argument(p: ArgumentParser) -> None:
     """--quantize: minigpt.core.quantize's Quantization (sample, chat, eval, serve share it); its choices are also
     checked before parsing (misplaced_setting with QUANTIZE_CHOICES), for a one-line error naming them."""
-    p.add_argument("--quantize", type=Quantization | None, default=None,
-                   help="int8: every weight as int8 with a scale per row, for inference: a quarter of the memory and "
-                        "faster decoding on a CPU, nearly always float32's next token (docs/performance.md#decode)")
+    p.add_argument(
+        "--quantize",
+        type=Quantization | None,
+        default=None,
+        help="int8: every weight as int8 with a scale per row, for inference: a quarter of the memory and "
+        "faster decoding on a CPU, nearly always float32's next token (docs/performance.md#decode)",
+    )
 
 
 QUANTIZE_CHOICES = {"quantize": QUANTIZATIONS}
@@ -138,8 +147,14 @@ QUANTIZE_CHOICES = {"quantize": QUANTIZATIONS}
 def add_prompt_arguments(p: ArgumentParser, what: str) -> None:
     """--prompt TEXT | --prompt - (stdin) | --prompt-file F, read by read_prompt."""
     p.add_argument("--prompt", type=str, default="", help=f"{what}; '-' reads it from stdin")
-    p.add_argument("--prompt-file", "--prompt_file", dest="prompt_file", type=str | None, default=None,
-                   help="read the prompt from this file (instead of --prompt)")
+    p.add_argument(
+        "--prompt-file",
+        "--prompt_file",
+        dest="prompt_file",
+        type=str | None,
+        default=None,
+        help="read the prompt from this file (instead of --prompt)",
+    )
 
 
 def resolve_device(name: str) -> str:
@@ -171,8 +186,10 @@ def typed(stdin: TextIO | None, line: bool = False) -> str:
         text = (stdin.readline() if line else stdin.read()) if stdin is not None else ""
         text.encode("utf-8")  # the bytes Python could not decode come as lone surrogates (surrogateescape)
     except UnicodeError as e:
-        raise UserError(f"standard input is not UTF-8 text (a byte that is not UTF-8 near character {e.start}); pipe "
-                        "UTF-8 text, or give the prompt with --prompt-file") from None
+        raise UserError(
+            f"standard input is not UTF-8 text (a byte that is not UTF-8 near character {e.start}); pipe "
+            "UTF-8 text, or give the prompt with --prompt-file"
+        ) from None
     except (OSError, ValueError):  # closed (ValueError: I/O operation on closed file), a directory (EISDIR)
         return ""
     return text.replace("\r\n", "\n").replace("\r", "\n")

@@ -20,9 +20,18 @@ import torch
 
 from minigpt.core.chat import ChatSession
 from minigpt.loading import load_chat_model, load_model
-from minigpt.cli.parsing import (QUANTIZE_CHOICES, CommandParser, add_prompt_arguments, add_quantize_argument,
-                                 add_source_argument, is_terminal, misplaced_setting, read_prompt, resolve_device,
-                                 typed)
+from minigpt.cli.parsing import (
+    QUANTIZE_CHOICES,
+    CommandParser,
+    add_prompt_arguments,
+    add_quantize_argument,
+    add_source_argument,
+    is_terminal,
+    misplaced_setting,
+    read_prompt,
+    resolve_device,
+    typed,
+)
 from minigpt.core.config import Attention
 from minigpt.core.seed import check_seed
 from minigpt.core.errors import UserError, first_line
@@ -54,7 +63,7 @@ class TextStreamer:
         text = self.tokenizer.decode(self.pending)
         stable = text.rstrip("\ufffd")
         if len(stable) > self.printed:
-            self.out.write(stable[self.printed:])
+            self.out.write(stable[self.printed :])
             self.out.flush()
             self.printed = len(stable)
         if len(stable) == len(text):  # ends on a whole character: start afresh (keeps decoding O(n))
@@ -62,7 +71,7 @@ class TextStreamer:
 
     def flush(self) -> None:
         text = self.tokenizer.decode(self.pending) if self.pending else ""
-        self.out.write(text[self.printed:])
+        self.out.write(text[self.printed :])
         self.out.flush()
         self.pending, self.printed = [], 0
 
@@ -70,7 +79,7 @@ class TextStreamer:
 def decode_generated(tokenizer: Tokenizer, ids: list[int], stop_token: int | None) -> str:
     """Generated ids -> text, cut at the first stop token."""
     if stop_token is not None and stop_token in ids:
-        ids = ids[:ids.index(stop_token)]
+        ids = ids[: ids.index(stop_token)]
     return tokenizer.decode(ids)
 
 
@@ -96,37 +105,69 @@ class TopK:
 
 
 def build_parser() -> CommandParser:
-    p = CommandParser(prog="sample.py", description="Generate text from a minigpt checkpoint.",
-                      minimums={"num_samples": 1})
+    p = CommandParser(
+        prog="sample.py", description="Generate text from a minigpt checkpoint.", minimums={"num_samples": 1}
+    )
     add_source_argument(p)
     add_prompt_arguments(p, "text to continue")
-    p.add_argument("--num_samples", "--num-samples", type=int, default=1,
-                   help="samples to draw, generated together as one batch (refused up front if the batch's memory "
-                        "would pass this machine's)")
-    p.add_argument("--max_new_tokens", "--max-new-tokens", type=int, default=500,
-                   help="tokens to generate per sample (BPE models may stop earlier at end-of-text). Past the "
-                        "model's block_size the context rolls: every block_size/2 tokens the last block_size/2 are "
-                        "read again, about one extra token of work per token, the same however long it runs")
+    p.add_argument(
+        "--num_samples",
+        "--num-samples",
+        type=int,
+        default=1,
+        help="samples to draw, generated together as one batch (refused up front if the batch's memory "
+        "would pass this machine's)",
+    )
+    p.add_argument(
+        "--max_new_tokens",
+        "--max-new-tokens",
+        type=int,
+        default=500,
+        help="tokens to generate per sample (BPE models may stop earlier at end-of-text). Past the "
+        "model's block_size the context rolls: every block_size/2 tokens the last block_size/2 are "
+        "read again, about one extra token of work per token, the same however long it runs",
+    )
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top_k", "--top-k", type=TopK(), default=200,
-                   help="sample from the k most likely tokens only ('none' = all)")
+    p.add_argument(
+        "--top_k", "--top-k", type=TopK(), default=200, help="sample from the k most likely tokens only ('none' = all)"
+    )
     p.add_argument("--top_p", "--top-p", type=float | None, default=None, help="nucleus sampling, in (0, 1]")
     p.add_argument("--seed", type=int, default=1337, help="fixes sampling")
     p.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:N, mps, or auto")
-    p.add_argument("--attention", type=Attention, default=None,
-                   help="attention implementation (default: the checkpoint's); all give the same output")
+    p.add_argument(
+        "--attention",
+        type=Attention,
+        default=None,
+        help="attention implementation (default: the checkpoint's); all give the same output",
+    )
     add_quantize_argument(p)
-    p.add_argument("--compile", action="store_true",
-                   help="decode through a step compiled with torch.compile: tens of seconds once (then cached on "
-                        "disk), then faster tokens; the same output. Needs a C++ compiler (else a note, and no "
-                        "compile). Not used by --chat. In YAML: compile: true")
-    p.add_argument("--no-kv-cache", "--no_kv_cache", dest="kv_cache", action="store_false",
-                   help="recompute the whole context every step (slow; for comparison). In YAML: kv_cache: false")
-    p.add_argument("--no-stop", "--no_stop", dest="stop", action="store_false",
-                   help="do not stop at end-of-text (BPE models stop there by default). In YAML: stop: false")
-    p.add_argument("--chat", action="store_true",
-                   help="talk to a chat model: your turns from the terminal (or one per line from stdin), each reply "
-                        "streamed until its end-of-turn token; earlier turns stay in the KV cache")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="decode through a step compiled with torch.compile: tens of seconds once (then cached on "
+        "disk), then faster tokens; the same output. Needs a C++ compiler (else a note, and no "
+        "compile). Not used by --chat. In YAML: compile: true",
+    )
+    p.add_argument(
+        "--no-kv-cache",
+        "--no_kv_cache",
+        dest="kv_cache",
+        action="store_false",
+        help="recompute the whole context every step (slow; for comparison). In YAML: kv_cache: false",
+    )
+    p.add_argument(
+        "--no-stop",
+        "--no_stop",
+        dest="stop",
+        action="store_false",
+        help="do not stop at end-of-text (BPE models stop there by default). In YAML: stop: false",
+    )
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="talk to a chat model: your turns from the terminal (or one per line from stdin), each reply "
+        "streamed until its end-of-turn token; earlier turns stay in the KV cache",
+    )
     p.add_argument("--system", type=str | None, default=None, help="--chat: the system prompt")
     return p
 
@@ -139,8 +180,17 @@ def run_chat(args: Any, device: str, stdout: TextIO, stdin: TextIO) -> None:
     """One reply per user line, streamed; a terminal gets a `> ` prompt, stdin read as lines gets none."""
     model, tokenizer = load_chat_model(args.ckpt, device, args.attention, args.quantize)
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    session = ChatSession(model, tokenizer, args.system, args.max_new_tokens, args.temperature, args.top_k,
-                          args.top_p, generator, use_kv_cache=args.kv_cache)
+    session = ChatSession(
+        model,
+        tokenizer,
+        args.system,
+        args.max_new_tokens,
+        args.temperature,
+        args.top_k,
+        args.top_p,
+        generator,
+        use_kv_cache=args.kv_cache,
+    )
     interactive = is_terminal(stdin)
     skipped = UserError if interactive else ()  # a turn the model cannot read: skipped on a terminal, the end if piped
 
@@ -194,8 +244,16 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
     stop_token = tokenizer.eot_id if args.stop else None
     idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, use_kv_cache=args.kv_cache,
-                    stop_token=stop_token, generator=generator, vocab_size=tokenizer.vocab_size, compile=args.compile)
+    settings = dict(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        use_kv_cache=args.kv_cache,
+        stop_token=stop_token,
+        generator=generator,
+        vocab_size=tokenizer.vocab_size,
+        compile=args.compile,
+    )
 
     if args.num_samples == 1:
         stream = TextStreamer(tokenizer, stdout, stop_token)
@@ -211,7 +269,7 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
     out = generate(model, idx, args.max_new_tokens, **settings)
     for i, row in enumerate(out.tolist()):
         stdout.write(f"---------- sample {i + 1}/{args.num_samples} ----------\n")
-        stdout.write(prompt + decode_generated(tokenizer, row[len(ids):], stop_token) + "\n")
+        stdout.write(prompt + decode_generated(tokenizer, row[len(ids) :], stop_token) + "\n")
     stdout.flush()
 
 

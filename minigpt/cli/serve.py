@@ -19,8 +19,14 @@ from typing import Literal
 from jsonargparse.typing import PositiveInt, restricted_number_type
 
 from minigpt.cli.errors import run_cli
-from minigpt.cli.parsing import (QUANTIZE_CHOICES, CommandParser, add_quantize_argument, add_source_argument,
-                                 misplaced_setting, resolve_device)
+from minigpt.cli.parsing import (
+    QUANTIZE_CHOICES,
+    CommandParser,
+    add_quantize_argument,
+    add_source_argument,
+    misplaced_setting,
+    resolve_device,
+)
 from minigpt.core.config import ATTENTIONS, Attention
 from minigpt.core.errors import UserError, first_line
 from minigpt.loading import load_chat_model
@@ -31,30 +37,76 @@ Port = restricted_number_type("Port", int, [(">=", 0), ("<=", 65535)])  # 0: a f
 
 
 def build_parser() -> CommandParser:
-    p = CommandParser(prog="serve.py", description="Serve a model over OpenAI's Chat Completions and "
-                      "Completions APIs, with continuous batching and a chat page at /.")
+    p = CommandParser(
+        prog="serve.py",
+        description="Serve a model over OpenAI's Chat Completions and "
+        "Completions APIs, with continuous batching and a chat page at /.",
+    )
     add_source_argument(p)
-    p.add_argument("--host", type=str, default="127.0.0.1",
-                   help="address to listen on (0.0.0.0 = every interface; give an --api_key then)")
+    p.add_argument(
+        "--host",
+        type=str,
+        default="127.0.0.1",
+        help="address to listen on (0.0.0.0 = every interface; give an --api_key then)",
+    )
     p.add_argument("--port", type=Port, default=8000, help="port to listen on (0 = any free port)")
-    p.add_argument("--api_key", "--api-key", type=str | None, default=None,
-                   help=f"require 'Authorization: Bearer KEY' on /v1 (default: ${API_KEY_ENV}, else none)")
-    p.add_argument("--model_name", "--model-name", type=str | None, default=None,
-                   help="the model's id in the API (default: the checkpoint's run or model name)")
-    p.add_argument("--max_batch", "--max-batch", type=PositiveInt, default=8,
-                   help="requests decoded together; more wait in the queue")
-    p.add_argument("--max_queue", "--max-queue", type=PositiveInt, default=64,
-                   help="requests that may wait for a place; past that the server answers 503")
-    p.add_argument("--max_body_bytes", "--max-body-bytes", type=PositiveInt, default=1 << 20,
-                   help="largest request body accepted (413 past it)")
-    p.add_argument("--cors_origins", "--cors-origins", type=list[str], default=[],
-                   help="origins whose pages may call the API from a browser (default: none, same origin only)")
+    p.add_argument(
+        "--api_key",
+        "--api-key",
+        type=str | None,
+        default=None,
+        help=f"require 'Authorization: Bearer KEY' on /v1 (default: ${API_KEY_ENV}, else none)",
+    )
+    p.add_argument(
+        "--model_name",
+        "--model-name",
+        type=str | None,
+        default=None,
+        help="the model's id in the API (default: the checkpoint's run or model name)",
+    )
+    p.add_argument(
+        "--max_batch",
+        "--max-batch",
+        type=PositiveInt,
+        default=8,
+        help="requests decoded together; more wait in the queue",
+    )
+    p.add_argument(
+        "--max_queue",
+        "--max-queue",
+        type=PositiveInt,
+        default=64,
+        help="requests that may wait for a place; past that the server answers 503",
+    )
+    p.add_argument(
+        "--max_body_bytes",
+        "--max-body-bytes",
+        type=PositiveInt,
+        default=1 << 20,
+        help="largest request body accepted (413 past it)",
+    )
+    p.add_argument(
+        "--cors_origins",
+        "--cors-origins",
+        type=list[str],
+        default=[],
+        help="origins whose pages may call the API from a browser (default: none, same origin only)",
+    )
     p.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:N, mps, or auto")
-    p.add_argument("--attention", type=Attention | None, default=None,
-                   help="attention implementation (default: the checkpoint's); all give the same output")
+    p.add_argument(
+        "--attention",
+        type=Attention | None,
+        default=None,
+        help="attention implementation (default: the checkpoint's); all give the same output",
+    )
     add_quantize_argument(p)
-    p.add_argument("--log_level", "--log-level", type=Literal["critical", "error", "warning", "info", "debug"],
-                   default="info", help="uvicorn's log level (info logs each request)")
+    p.add_argument(
+        "--log_level",
+        "--log-level",
+        type=Literal["critical", "error", "warning", "info", "debug"],
+        default="info",
+        help="uvicorn's log level (info logs each request)",
+    )
     return p
 
 
@@ -76,8 +128,9 @@ def listen(host: str, port: int) -> socket.socket:
     try:
         return socket.create_server((host, port), family=family)
     except OSError as e:
-        raise UserError(f"cannot listen on {host}:{port} ({first_line(e)}); choose another --port, or a --host "
-                        "this machine has") from None
+        raise UserError(
+            f"cannot listen on {host}:{port} ({first_line(e)}); choose another --port, or a --host this machine has"
+        ) from None
 
 
 def _main(argv: list[str] | None) -> None:
@@ -91,22 +144,34 @@ def _main(argv: list[str] | None) -> None:
 
         from minigpt.serve.app import create_app
     except ImportError as e:
-        raise UserError(f"minigpt serve needs the serve extra ({e.name} is missing): pip install 'minigpt[serve]'") \
-            from None
+        raise UserError(
+            f"minigpt serve needs the serve extra ({e.name} is missing): pip install 'minigpt[serve]'"
+        ) from None
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     device = resolve_device(args.device)
     sock = listen(args.host, args.port)
-    model, tokenizer = load_chat_model(args.ckpt, device=device, attention=args.attention,
-                                       quantize=args.quantize)
+    model, tokenizer = load_chat_model(args.ckpt, device=device, attention=args.attention, quantize=args.quantize)
     name = args.model_name or default_name(args.ckpt)
-    app = create_app(model, tokenizer, name, api_key=api_key, cors_origins=args.cors_origins,
-                     max_batch=args.max_batch, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes)
+    app = create_app(
+        model,
+        tokenizer,
+        name,
+        api_key=api_key,
+        cors_origins=args.cors_origins,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        max_body_bytes=args.max_body_bytes,
+    )
     host, port = sock.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     print(f"serving {name} at {url}/v1 (chat page: {url}/); Ctrl-C stops", file=sys.stderr, flush=True)
     if args.host not in LOCAL_HOSTS and api_key is None:
-        print(f"warning: listening on {args.host} without an API key: anyone who reaches this port can use the "
-              f"model (set --api_key or ${API_KEY_ENV})", file=sys.stderr, flush=True)
+        print(
+            f"warning: listening on {args.host} without an API key: anyone who reaches this port can use the "
+            f"model (set --api_key or ${API_KEY_ENV})",
+            file=sys.stderr,
+            flush=True,
+        )
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5))
     try:
         server.run(sockets=[sock])

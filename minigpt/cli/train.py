@@ -72,8 +72,12 @@ class _DropAdverts(logging.Filter):
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropAdverts())
 
 # settings a link fills (target: its source); a user who sets one is told where it comes from
-LINKS = {"data.block_size": "model.block_size", "data.seed": "seed", "seed_everything": "seed",
-         "model.vocab_size": "data.vocab_size"}
+LINKS = {
+    "data.block_size": "model.block_size",
+    "data.seed": "seed",
+    "seed_everything": "seed",
+    "model.vocab_size": "data.vocab_size",
+}
 
 
 class TrainArgumentParser(OneLineErrors, LightningArgumentParser):
@@ -84,35 +88,87 @@ class MiniGPTCLI(LightningCLI):
     def add_default_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         super().add_default_arguments_to_parser(parser)  # seed_everything, which LINKS fills from --seed
         parser.add_argument("--seed", type=int, default=1337, help="Fixes data order, initialisation and dropout.")
-        parser.add_argument("--out_dir", type=str, default="out/default",
-                            help="Run directory: checkpoints/, TensorBoard logs, config.yaml.")
-        parser.add_argument("--resume", action=ActionYesNo, nargs="?", default=False,
-                            help="Continue the run in out_dir from checkpoints/last.ckpt.")
-        parser.add_argument("--overwrite", action=ActionYesNo, nargs="?", default=False,
-                            help="Start a new run in an out_dir that already holds one: its checkpoints and config.yaml "
-                                 "are replaced once the new run has a checkpoint (other files stay).")
-        parser.add_argument("--eval_full", action=ActionYesNo, nargs="?", default=True,
-                            help="At the end, report the loss over the whole validation split (one device only).")
-        parser.add_argument("--checkpoint_every", type=PositiveInt, default=100,
-                            help="Optimizer steps between saves of checkpoints/last.ckpt.")
-        parser.add_argument("--compile", action=ActionYesNo, nargs="?", default=False,
-                            help="torch.compile the model; compiled on a dummy batch before the training clock starts.")
-        parser.add_argument("--sample_tokens", type=NonNegativeInt, default=200,
-                            help="Tokens generated and logged as text at each validation (0 = none).")
-        parser.add_argument("--attention_images", type=bool | Literal["auto"], default="auto",
-                            help="Log the attention maps of a probe text as a TensorBoard image at each validation "
-                                 "(auto = for models of at most 64 heads in all, n_layer * n_head).")
-        parser.add_argument("--eval_tasks", type=str | None, default=None,
-                            help="lm-evaluation-harness tasks run at each validation and logged as eval/TASK/METRIC: "
-                                 "names or task YAML paths, comma-separated (needs pip install -e \".[eval]\").")
-        parser.add_argument("--eval_limit", type=PositiveInt | None, default=100,
-                            help="--eval_tasks: examples per task at each validation (null = all of them).")
-        parser.add_argument("--init_from", type=str | None, default=None,
-                            help="Fine-tune: start from this model's weights, config and tokenizer (a .ckpt, a run "
-                                 "directory, a Hugging Face model directory or hf:ORG/NAME).")
-        parser.add_argument("--finetune", type=Finetune, default="full",
-                            help="With init_from: full (every weight trains) or lora (the source stays frozen and "
-                                 "low-rank adapters train: settings in the lora section; docs/lora.md).")
+        parser.add_argument(
+            "--out_dir",
+            type=str,
+            default="out/default",
+            help="Run directory: checkpoints/, TensorBoard logs, config.yaml.",
+        )
+        parser.add_argument(
+            "--resume",
+            action=ActionYesNo,
+            nargs="?",
+            default=False,
+            help="Continue the run in out_dir from checkpoints/last.ckpt.",
+        )
+        parser.add_argument(
+            "--overwrite",
+            action=ActionYesNo,
+            nargs="?",
+            default=False,
+            help="Start a new run in an out_dir that already holds one: its checkpoints and config.yaml "
+            "are replaced once the new run has a checkpoint (other files stay).",
+        )
+        parser.add_argument(
+            "--eval_full",
+            action=ActionYesNo,
+            nargs="?",
+            default=True,
+            help="At the end, report the loss over the whole validation split (one device only).",
+        )
+        parser.add_argument(
+            "--checkpoint_every",
+            type=PositiveInt,
+            default=100,
+            help="Optimizer steps between saves of checkpoints/last.ckpt.",
+        )
+        parser.add_argument(
+            "--compile",
+            action=ActionYesNo,
+            nargs="?",
+            default=False,
+            help="torch.compile the model; compiled on a dummy batch before the training clock starts.",
+        )
+        parser.add_argument(
+            "--sample_tokens",
+            type=NonNegativeInt,
+            default=200,
+            help="Tokens generated and logged as text at each validation (0 = none).",
+        )
+        parser.add_argument(
+            "--attention_images",
+            type=bool | Literal["auto"],
+            default="auto",
+            help="Log the attention maps of a probe text as a TensorBoard image at each validation "
+            "(auto = for models of at most 64 heads in all, n_layer * n_head).",
+        )
+        parser.add_argument(
+            "--eval_tasks",
+            type=str | None,
+            default=None,
+            help="lm-evaluation-harness tasks run at each validation and logged as eval/TASK/METRIC: "
+            'names or task YAML paths, comma-separated (needs pip install -e ".[eval]").',
+        )
+        parser.add_argument(
+            "--eval_limit",
+            type=PositiveInt | None,
+            default=100,
+            help="--eval_tasks: examples per task at each validation (null = all of them).",
+        )
+        parser.add_argument(
+            "--init_from",
+            type=str | None,
+            default=None,
+            help="Fine-tune: start from this model's weights, config and tokenizer (a .ckpt, a run "
+            "directory, a Hugging Face model directory or hf:ORG/NAME).",
+        )
+        parser.add_argument(
+            "--finetune",
+            type=Finetune,
+            default="full",
+            help="With init_from: full (every weight trains) or lora (the source stays frozen and "
+            "low-rank adapters train: settings in the lora section; docs/lora.md).",
+        )
 
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(self.trainer_class, "trainer")
@@ -129,18 +185,25 @@ class MiniGPTCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         given = sys.argv[1:] if args is None else list(args)
         # what jsonargparse would refuse in words of its own: checked here, where the values are known
-        choices = literal_choices("model", GPTConfig) | literal_choices("optim", OptimConfig) | \
-            {"finetune": ("full", "lora"), "lora.base_dtype": ("float32", "bfloat16", None)}
+        choices = (
+            literal_choices("model", GPTConfig)
+            | literal_choices("optim", OptimConfig)
+            | {"finetune": ("full", "lora"), "lora.base_dtype": ("float32", "bfloat16", None)}
+        )
         if problem := misplaced_setting(given, choices, LINKS):
             parser.error(problem)
         super().parse_arguments(parser, args)
         check_seed(self.config["seed"])  # Lightning seeds everything with it next (seed_everything is linked to it)
         if self.config.get("init_from") is not None and not str(self.config["init_from"]).strip():
-            parser.error("init_from is empty (an unset shell variable?); name a .ckpt, a run directory, a Hugging "
-                         "Face model directory or hf:ORG/NAME, or leave init_from out to train from scratch")
+            parser.error(
+                "init_from is empty (an unset shell variable?); name a .ckpt, a run directory, a Hugging "
+                "Face model directory or hf:ORG/NAME, or leave init_from out to train from scratch"
+            )
         if self.config["finetune"] == "lora" and not self.config.get("init_from"):
-            parser.error("--finetune lora trains adapters on a model: name it with --init_from (a .ckpt, a run "
-                         "directory, a Hugging Face model directory or hf:ORG/NAME), or drop --finetune lora")
+            parser.error(
+                "--finetune lora trains adapters on a model: name it with --init_from (a .ckpt, a run "
+                "directory, a Hugging Face model directory or hf:ORG/NAME), or drop --finetune lora"
+            )
         # init_from needs to know which settings the user gave (config files and flags), not their defaults: a
         # parser without the links (whose sources may be unset) parses them again, without defaults
         self.given = None
@@ -172,8 +235,9 @@ class MiniGPTCLI(LightningCLI):
             base = source_model if source_model is not None else load_base(self.config["init_from"])
             source_model = None  # lora_run_model takes the weights: no reference here may keep them
             model, entry = lora_run_model(self.config["init_from"], base, config, lora, self.resume_checkpoint, last)
-        self.model = GPTLightningModule(config, self.config_init["optim"], tokenizer=self.datamodule.tokenizer,
-                                        model=model, lora=entry)
+        self.model = GPTLightningModule(
+            config, self.config_init["optim"], tokenizer=self.datamodule.tokenizer, model=model, lora=entry
+        )
         if source_model is not None:
             load_init_weights(self.model.model, source_model)
         self.trainer = self.instantiate_trainer()
@@ -188,11 +252,15 @@ class MiniGPTCLI(LightningCLI):
         last = out_dir / "checkpoints" / "last.ckpt"
         kwargs["plugins"] = [SafeCheckpointIO({str(last): self.resume_checkpoint} if self.resume_checkpoint else None)]
         user_callbacks = self.config_init["trainer"].get("callbacks") or []
-        kwargs["callbacks"] = (list(user_callbacks) + run_callbacks(self.config, self.datamodule.hparams.batch_size)
-                               + harness_callbacks(self.config))
+        kwargs["callbacks"] = (
+            list(user_callbacks)
+            + run_callbacks(self.config, self.datamodule.hparams.batch_size)
+            + harness_callbacks(self.config)
+        )
         # resolved here, where the attention path is known (bf16 does not pay for sdpa on a CPU)
-        kwargs["precision"], reason = resolve_precision(trainer_config.get("precision"),
-                                                        trainer_config.get("accelerator"), self.model.config.attention)
+        kwargs["precision"], reason = resolve_precision(
+            trainer_config.get("precision"), trainer_config.get("accelerator"), self.model.config.attention
+        )
         if trainer_config.get("precision") == "auto":
             rank_zero_info(reason)
         try:
@@ -209,10 +277,18 @@ def parse(argv: list[str] | None = None) -> MiniGPTCLI:
         parser_kwargs["default_config_files"] = [str(default_config())]  # shipped in the package, never skipped
     with warnings.catch_warnings():  # args given as a list (tests, scripts) is intended, not a mistake
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-        return MiniGPTCLI(GPTLightningModule, TokenDataModule, trainer_class=MiniGPTTrainer,
-                          parser_class=TrainArgumentParser, args=argv,
-                          run=False, trainer_defaults=TRAINER_DEFAULTS, parser_kwargs=parser_kwargs,
-                          save_config_kwargs={"overwrite": True}, auto_configure_optimizers=False)
+        return MiniGPTCLI(
+            GPTLightningModule,
+            TokenDataModule,
+            trainer_class=MiniGPTTrainer,
+            parser_class=TrainArgumentParser,
+            args=argv,
+            run=False,
+            trainer_defaults=TRAINER_DEFAULTS,
+            parser_kwargs=parser_kwargs,
+            save_config_kwargs={"overwrite": True},
+            auto_configure_optimizers=False,
+        )
 
 
 def main(argv: list[str] | None = None) -> Trainer:
@@ -235,8 +311,10 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
     ckpt_path, overwrite = None, False
     if cli.config["resume"]:
         if not last.is_file():
-            raise UserError(f"--resume: no checkpoint at {last}; start the run without --resume "
-                            "(or point --out_dir at the run to continue)")
+            raise UserError(
+                f"--resume: no checkpoint at {last}; start the run without --resume "
+                "(or point --out_dir at the run to continue)"
+            )
         # read at parse time, unless the run was restored since (recover: a killed --overwrite put it back)
         saved = cli.resume_checkpoint or read_last(last)
         check_chat_resumable(saved, cli.model.tokenizer, last)
@@ -244,8 +322,10 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         ckpt_path = str(last)
     elif (out_dir / "checkpoints").is_dir() and any((out_dir / "checkpoints").glob("*.ckpt")):
         if not cli.config["overwrite"]:
-            raise UserError(f"{out_dir} already holds a run; continue it with --resume, pick another --out_dir, "
-                            "or pass --overwrite to start over")
+            raise UserError(
+                f"{out_dir} already holds a run; continue it with --resume, pick another --out_dir, "
+                "or pass --overwrite to start over"
+            )
         overwrite = cli.trainer.is_global_zero
     trainer = cli.trainer
     if cli.config.get("init_from") and trainer.is_global_zero:  # the run is accepted: now out_dir gets its tokenizer
@@ -259,15 +339,19 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
             stopped_by.append("SIGTERM")
         trainer.save_checkpoint(last, weights_only=False)  # the final state, whatever step the run stopped at
     if stopped_by:
-        fail(f"stopped by {stopped_by[0]} at step {trainer.global_step}; saved {last}; continue the run with --resume",
-             code=128 + SIGNALS[stopped_by[0]])
+        fail(
+            f"stopped by {stopped_by[0]} at step {trainer.global_step}; saved {last}; continue the run with --resume",
+            code=128 + SIGNALS[stopped_by[0]],
+        )
     timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
     if trainer.is_global_zero:
         val_loss = trainer.callback_metrics.get("val_loss")
         shown = f"{val_loss.item():.4f}" if val_loss is not None else "n/a"
         # the last periodic validation's val_batches windows: an estimate (the full split's loss follows)
-        print(f"estimated val loss {shown} ({cli.datamodule.hparams.val_batches} batches) after {trainer.global_step} "
-              f"steps; checkpoint: {last}")
+        print(
+            f"estimated val loss {shown} ({cli.datamodule.hparams.val_batches} batches) after {trainer.global_step} "
+            f"steps; checkpoint: {last}"
+        )
         if timer is not None:  # fit loop only (validation included): not data preparation, not the final eval
             print(f"training time {timer.time_elapsed('train'):.1f}s")
     if cli.config["eval_full"] and trainer.world_size == 1:
@@ -282,11 +366,17 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
                 per_char, per_byte = bits_per_char_and_byte(nats, prepared.tokenizer, prepared.val)
                 per_text = f", {per_char:.4f} bits/char, {per_byte:.4f} bits/byte"
         trainer.callback_metrics["full_val_loss"] = torch.tensor(nats / n)
-        print(f"full val loss {nats / n:.4f} over all {n:,} validation tokens{per_text} "
-              f"({time.perf_counter() - start:.1f}s to evaluate)")
+        print(
+            f"full val loss {nats / n:.4f} over all {n:,} validation tokens{per_text} "
+            f"({time.perf_counter() - start:.1f}s to evaluate)"
+        )
     remaining = timer.time_remaining() if timer is not None else None  # None: no max_time
-    if trainer.is_global_zero and remaining is not None and remaining <= 0 and \
-            not 0 < trainer.max_steps <= trainer.global_step:  # the time budget ended the run, not max_steps
+    if (
+        trainer.is_global_zero
+        and remaining is not None
+        and remaining <= 0
+        and not 0 < trainer.max_steps <= trainer.global_step
+    ):  # the time budget ended the run, not max_steps
         of = f" of {trainer.max_steps:,}" if trainer.max_steps > 0 else ""
         print(f"stopped by max_time ({cli.config['trainer']['max_time']}) after {trainer.global_step:,}{of} steps")
     return trainer

@@ -30,16 +30,27 @@ from minigpt.core.tokenizer_base import Tokenizer
 
 __all__ = ["ChatSession", "chat", "NO_CHAT_TEMPLATE"]
 
-NO_CHAT_TEMPLATE = ("has no chat template; fine-tune it on conversations first (train.py --init_from MODEL "
-                    "--data.format chat --data.source CHATS.jsonl), or use a model that ships one (an Instruct model)")
+NO_CHAT_TEMPLATE = (
+    "has no chat template; fine-tune it on conversations first (train.py --init_from MODEL "
+    "--data.format chat --data.source CHATS.jsonl), or use a model that ships one (an Instruct model)"
+)
 
 
 class ChatSession:
     """One conversation with a model (see the module docstring)."""
 
-    def __init__(self, model: GPT, tokenizer: Tokenizer, system: str | None = None, max_new_tokens: int = 256,
-                 temperature: float = 0.8, top_k: int | None = 200, top_p: float | None = None,
-                 generator: torch.Generator | None = None, use_kv_cache: bool = True) -> None:
+    def __init__(
+        self,
+        model: GPT,
+        tokenizer: Tokenizer,
+        system: str | None = None,
+        max_new_tokens: int = 256,
+        temperature: float = 0.8,
+        top_k: int | None = 200,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
+        use_kv_cache: bool = True,
+    ) -> None:
         if not isinstance(tokenizer, ChatTokenizer):
             raise UserError(f"this model {NO_CHAT_TEMPLATE}")
         Sampling(temperature, top_k, top_p, max_new_tokens)  # refuses a setting that cannot work
@@ -63,16 +74,22 @@ class ChatSession:
             try:
                 ids = self.tokenizer.encode_chat(self.messages, add_generation_prompt=True)[0]
             except UnknownCharactersError as e:
-                problem = str(e.about("the message", "a char-level model reads only the characters it was trained "
-                                      "on, so remove or replace them"))
+                problem = str(
+                    e.about(
+                        "the message",
+                        "a char-level model reads only the characters it was trained on, so remove or replace them",
+                    )
+                )
                 break
             if len(ids) <= fits or (len(ids) < block_size and len(self.messages) - first <= 1):
                 return ids
             if len(self.messages) - first <= 1:  # only the new message is left, and it does not fit
-                problem = (f"the message is {len(ids)} tokens with the chat markup, and the model reads at most "
-                           f"{block_size - 1} before its reply; write a shorter message")
+                problem = (
+                    f"the message is {len(ids)} tokens with the chat markup, and the model reads at most "
+                    f"{block_size - 1} before its reply; write a shorter message"
+                )
                 break
-            del self.messages[first:first + 2]  # the oldest user turn and its reply
+            del self.messages[first : first + 2]  # the oldest user turn and its reply
             fits = block_size // 2
         self.messages.pop()  # a message the model cannot read is not part of the conversation
         raise UserError(problem)
@@ -113,7 +130,7 @@ class ChatSession:
         shown = 0
         logits = self._run(ids) if budget > 0 else None
         for step in range(budget):
-            token = int(sample_next(logits[None, :self.tokenizer.vocab_size], **self.settings)[0])
+            token = int(sample_next(logits[None, : self.tokenizer.vocab_size], **self.settings)[0])
             if token == self.tokenizer.eot_id:
                 break
             reply.append(token)
@@ -130,9 +147,17 @@ class ChatSession:
         return answer
 
 
-def chat(model: GPT, tokenizer: Tokenizer, messages: str | list[dict[str, str]], system: str | None = None,
-         max_new_tokens: int = 256, temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-         seed: int | None = None) -> str:
+def chat(
+    model: GPT,
+    tokenizer: Tokenizer,
+    messages: str | list[dict[str, str]],
+    system: str | None = None,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+) -> str:
     """The model's reply to `messages` (a user's text, or a conversation ending with a user turn); greedy by
     default.  For several turns that reuse the KV cache, use ChatSession."""
     generator = torch.Generator(device=model.lm_head.weight.device).manual_seed(seed) if seed is not None else None

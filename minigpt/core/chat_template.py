@@ -49,7 +49,8 @@ DEFAULT_CHAT_TEMPLATE = (
     "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
     "{% else %}{{ message['content'] + '<|im_end|>' + '\n' }}{% endif %}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 
 
 class AssistantTracker(jinja2.ext.Extension):
@@ -88,8 +89,9 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -102,8 +104,9 @@ def compile_template(text: str) -> jinja2.Template:
     try:
         return env.from_string(text)
     except jinja2.TemplateSyntaxError as e:
-        raise DataError(f"the chat template does not compile (line {e.lineno}: {first_line(e)}); fix its Jinja "
-                        "syntax") from None
+        raise DataError(
+            f"the chat template does not compile (line {e.lineno}: {first_line(e)}); fix its Jinja syntax"
+        ) from None
 
 
 def _kind(tokenizer: Tokenizer) -> str:
@@ -118,8 +121,14 @@ def _kind(tokenizer: Tokenizer) -> str:
 class ChatTokenizer(Tokenizer):
     """A base tokenizer plus the tokens a chat format adds to it and the chat template (see the module docstring)."""
 
-    def __init__(self, base: Tokenizer, template: str = DEFAULT_CHAT_TEMPLATE, added: Sequence[str] = (),
-                 specials: Iterable[str] = (), end_of_turn: str | None = IM_END) -> None:
+    def __init__(
+        self,
+        base: Tokenizer,
+        template: str = DEFAULT_CHAT_TEMPLATE,
+        added: Sequence[str] = (),
+        specials: Iterable[str] = (),
+        end_of_turn: str | None = IM_END,
+    ) -> None:
         self.base, self.template, self.added = base, template, list(added)
         self.specials = sorted(set(specials))  # added tokens that are markers (special), not text characters
         self.end_of_turn = end_of_turn
@@ -133,20 +142,27 @@ class ChatTokenizer(Tokenizer):
         self.bos_id = getattr(base, "bos_id", base.eot_id)  # as the export reads a base's (GPT-2: end-of-text)
         self.eot_id = self.eos_id = self.token_id(end_of_turn) if end_of_turn is not None else None
         if self.eot_id is None:
-            raise DataError("the chat template writes no <|im_end|> and the tokenizer has no end-of-text token to end "
-                            "a turn with; end each turn with <|im_end|>" if end_of_turn is None else
-                            f"the chat template's end-of-turn token {end_of_turn!r} is not in the tokenizer; the model "
-                            "cannot end a reply")
+            raise DataError(
+                "the chat template writes no <|im_end|> and the tokenizer has no end-of-text token to end "
+                "a turn with; end each turn with <|im_end|>"
+                if end_of_turn is None
+                else f"the chat template's end-of-turn token {end_of_turn!r} is not in the tokenizer; the model "
+                "cannot end a reply"
+            )
         # added tokens, longest first, are matched before the base sees the text
-        self._split = re.compile("(" + "|".join(map(re.escape, sorted(self.added, key=len, reverse=True))) + ")") \
-            if self.added else None
+        self._split = (
+            re.compile("(" + "|".join(map(re.escape, sorted(self.added, key=len, reverse=True))) + ")")
+            if self.added
+            else None
+        )
         self._compiled: jinja2.Template | None = None
 
     # ------------------------------------------------------------------------------------- building and storing
 
     @classmethod
-    def for_base(cls, base: Tokenizer, template: str | None = None,
-                 conversations: Iterable[list[dict[str, str]]] = ()) -> ChatTokenizer:
+    def for_base(
+        cls, base: Tokenizer, template: str | None = None, conversations: Iterable[list[dict[str, str]]] = ()
+    ) -> ChatTokenizer:
         """A chat tokenizer over `base` (a ChatTokenizer keeps its own template and tokens): the default ChatML
         template with its markers added where the base lacks them, and, for a char base, every character of the
         rendered `conversations` its vocabulary lacks."""
@@ -194,15 +210,22 @@ class ChatTokenizer(Tokenizer):
         return self._base_token(self.base, i)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "chat", "name": self.name, "base": self.base.to_dict(), "chat_template": self.template,
-                "added_tokens": list(self.added), "special_tokens": list(self.specials),
-                "end_of_turn": self.end_of_turn}
+        return {
+            "type": "chat",
+            "name": self.name,
+            "base": self.base.to_dict(),
+            "chat_template": self.template,
+            "added_tokens": list(self.added),
+            "special_tokens": list(self.specials),
+            "end_of_turn": self.end_of_turn,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], base_from_dict: Callable[[Any], Tokenizer]) -> ChatTokenizer:
         """The inverse of to_dict (tokenizer_from_dict calls it, once it has checked the dict)."""
-        return cls(base_from_dict(d["base"]), d["chat_template"], d["added_tokens"], d["special_tokens"],
-                   d["end_of_turn"])
+        return cls(
+            base_from_dict(d["base"]), d["chat_template"], d["added_tokens"], d["special_tokens"], d["end_of_turn"]
+        )
 
     # ------------------------------------------------------------------------------------- text <-> ids
 
@@ -211,7 +234,7 @@ class ChatTokenizer(Tokenizer):
         ids: list[int] = []
         spans: list[tuple[int, int]] = []
         pos = 0
-        for piece in (self._split.split(text) if self._split else [text]):
+        for piece in self._split.split(text) if self._split else [text]:
             if not piece:
                 continue
             if piece in self.added_ids:
@@ -271,23 +294,27 @@ class ChatTokenizer(Tokenizer):
         """The template's text for `messages`, and the character spans its `{% generation %}` blocks wrote."""
         if self._compiled is None:
             self._compiled = compile_template(self.template)
-        specials = {f"{k}_token": self._base_token(self.base, getattr(self.base, f"{k}_id", None)) or ""
-                    for k in ("bos", "eos")}
+        specials = {
+            f"{k}_token": self._base_token(self.base, getattr(self.base, f"{k}_id", None)) or "" for k in ("bos", "eos")
+        }
         blocks: list[str] = []
         spans: list[tuple[int, int]] = []
         env = self._compiled.environment
         chars = sum(len(m.get("content") or "") for m in messages if isinstance(m, dict))
         try:
             with env.budget(chars) as budget, env.track_generation(blocks, spans):
-                for block in self._compiled.generate(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                     **specials):
+                for block in self._compiled.generate(
+                    messages=messages, add_generation_prompt=add_generation_prompt, **specials
+                ):
                     budget.emit(block)
                     blocks.append(block)
         except UserError:
             raise
         except Exception as e:  # a template is the user's (or the hub's) code: any failure in it is theirs
-            raise DataError(f"the chat template fails to render it ({type(e).__name__}: {first_line(e)}); fix the "
-                            "conversation or the template") from None
+            raise DataError(
+                f"the chat template fails to render it ({type(e).__name__}: {first_line(e)}); fix the "
+                "conversation or the template"
+            ) from None
         return "".join(blocks), spans
 
     def assistant_spans(self, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
@@ -300,13 +327,14 @@ class ChatTokenizer(Tokenizer):
             if message["role"] != "assistant":
                 continue
             start = len(self.render(messages[:k], add_generation_prompt=True)[0])
-            end = len(self.render(messages[:k + 1])[0])
+            end = len(self.render(messages[: k + 1])[0])
             cut = text.find(self.end_of_turn, start, end)
             spans.append((start, cut + len(self.end_of_turn) if cut >= 0 else end))
         return text, spans
 
-    def encode_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = False,
-                    train_on_prompt: bool = False) -> tuple[list[int], list[bool]]:
+    def encode_chat(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = False, train_on_prompt: bool = False
+    ) -> tuple[list[int], list[bool]]:
         """(ids, mask): mask[i] is True where token i is trained on (what the assistant says, or everything with
         train_on_prompt).  A token is the assistant's if its characters overlap an assistant span (as
         transformers' char_to_token mapping makes it)."""

@@ -41,21 +41,28 @@ DEFAULT_OUT_ROOT = "out"
 
 # --------------------------------------------------------------------------------------------------- writing
 
+
 def pack(checkpoint: dict[str, Any], owner: nn.Module, model: GPT, tokenizer: Tokenizer | None) -> None:
     """Add our section to a Lightning checkpoint dict (from LightningModule.on_save_checkpoint).
 
     `owner` is the module whose state_dict Lightning saved; the GPT's prefix in it is found, not assumed.
     """
     prefix = next(name for name, m in owner.named_modules() if m is model)  # StopIteration: not a submodule
-    checkpoint[SECTION] = {"format": FORMAT_VERSION, "model_config": model.config.to_dict(),
-                           "tokenizer": tokenizer.to_dict() if tokenizer is not None else None,
-                           "weights_prefix": f"{prefix}." if prefix else ""}
+    checkpoint[SECTION] = {
+        "format": FORMAT_VERSION,
+        "model_config": model.config.to_dict(),
+        "tokenizer": tokenizer.to_dict() if tokenizer is not None else None,
+        "weights_prefix": f"{prefix}." if prefix else "",
+    }
 
 
 def model_checkpoint(model: GPT, tokenizer: Tokenizer, global_step: int = 0) -> dict[str, Any]:
     """A checkpoint dict for a model outside training (a converted or hand-built one): load_model reads it."""
-    checkpoint = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-                  "global_step": global_step, "epoch": 0}
+    checkpoint = {
+        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+        "global_step": global_step,
+        "epoch": 0,
+    }
     holder = nn.Module()
     holder.model = model
     pack(checkpoint, holder, model, tokenizer)
@@ -69,13 +76,18 @@ def save_file(checkpoint: dict[str, Any], path: str | Path) -> None:
 
 # --------------------------------------------------------------------------------------------------- reading
 
+
 def read_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load a checkpoint file with weights_only=True, check that it is ours, upgrade it to the current format."""
     path = Path(path)
     for problem in file_problems(path):
         raise CheckpointError(problem)
-    ckpt = load_torch_file(path, fix="only load checkpoints written by minigpt", damaged_fix="use another checkpoint file",
-                           map_location=map_location)
+    ckpt = load_torch_file(
+        path,
+        fix="only load checkpoints written by minigpt",
+        damaged_fix="use another checkpoint file",
+        map_location=map_location,
+    )
     for problem in section_problems(ckpt, path):
         raise CheckpointError(problem)
     return _upgrade(ckpt)
@@ -90,8 +102,10 @@ def file_problems(path: Path) -> Iterator[str]:
     with open(path, "rb") as f:
         head = f.read(4)
     if head[:1] == b"\x80":
-        yield (f"refusing to load {path}: it is a bare pickle (torch's legacy format), which minigpt never writes; "
-               "only load checkpoints written by minigpt")
+        yield (
+            f"refusing to load {path}: it is a bare pickle (torch's legacy format), which minigpt never writes; "
+            "only load checkpoints written by minigpt"
+        )
     elif not head.startswith(b"PK\x03\x04"):
         yield f"{path} is not a checkpoint (not a file written by torch.save); pass a .ckpt file or a run directory"
 
@@ -102,8 +116,10 @@ def section_problems(ckpt: Any, path: Path) -> Iterator[str]:
     if not isinstance(section, dict):
         yield f"{path} is not a minigpt checkpoint (no model weights/config in it); pass a .ckpt written by train.py"
     elif (version := section.get("format", 1)) not in (1, FORMAT_VERSION):
-        yield (f"{path} has checkpoint format {version!r}, and this minigpt reads format {FORMAT_VERSION}; load it "
-               "with the minigpt version that wrote it")
+        yield (
+            f"{path} has checkpoint format {version!r}, and this minigpt reads format {FORMAT_VERSION}; load it "
+            "with the minigpt version that wrote it"
+        )
     elif not isinstance(section.get("model_config"), dict):
         yield f"{path} is not a usable minigpt checkpoint (no model config in it); pass a .ckpt written by train.py"
 
@@ -125,7 +141,7 @@ def model_config(ckpt: dict[str, Any], **overrides: Any) -> GPTConfig:
 def model_state_dict(ckpt: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The GPT's own weights, without the prefix of the module that held it during training."""
     prefix = ckpt[SECTION]["weights_prefix"]
-    return {k[len(prefix):]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
 
 
 def build_model(ckpt: dict[str, Any], **config_overrides: Any) -> GPT:
@@ -137,9 +153,13 @@ def build_model(ckpt: dict[str, Any], **config_overrides: Any) -> GPT:
     expected = {k: tuple(v) for k, v in state_shapes(skeleton).items()}
     found = {k: tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}
     if expected != found:
-        key = next((k for k in expected if expected[k] != found.get(k)), None) or next(k for k in found if k not in expected)
-        raise CheckpointError(f"its weights do not match its config ({key}: config gives {expected.get(key)}, "
-                              f"weights hold {found.get(key)}); the checkpoint is damaged or from another program")
+        key = next((k for k in expected if expected[k] != found.get(k)), None) or next(
+            k for k in found if k not in expected
+        )
+        raise CheckpointError(
+            f"its weights do not match its config ({key}: config gives {expected.get(key)}, "
+            f"weights hold {found.get(key)}); the checkpoint is damaged or from another program"
+        )
     # the checkpoint's tensors themselves, in the skeleton measured above: no random init to overwrite
     return GPT.from_weights(config, weights, skeleton)
 
@@ -154,24 +174,33 @@ def run_checkpoints(run_dir: Path) -> tuple[Path, ...]:
     --overwrite run killed before its first checkpoint left set aside (.checkpoints.old-PID/checkpoints/, which the
     next train.py puts back): until then they are still the run's, and every reader finds them."""
     aside = sorted(Path(run_dir).glob(".checkpoints.old-*/checkpoints/*.ckpt"), key=lambda p: p.name)  # best, last
-    return (run_dir / "checkpoints" / "best.ckpt", run_dir / "checkpoints" / "last.ckpt",
-            run_dir / "best.ckpt", run_dir / "last.ckpt", *aside)
+    return (
+        run_dir / "checkpoints" / "best.ckpt",
+        run_dir / "checkpoints" / "last.ckpt",
+        run_dir / "best.ckpt",
+        run_dir / "last.ckpt",
+        *aside,
+    )
 
 
 def find_checkpoint(path: str | Path | None = None, out_root: str | Path = DEFAULT_OUT_ROOT) -> Path:
     """A .ckpt file as given; a run directory -> its best checkpoint (else last); None -> the newest run."""
     if path is None:
         runs = Path(out_root)  # each run's checkpoints, and those set aside (see run_checkpoints)
-        found = sorted([*runs.glob("*/checkpoints/*.ckpt"), *runs.glob("*/.checkpoints.old-*/checkpoints/*.ckpt")],
-                       key=lambda p: p.stat().st_mtime)
+        found = sorted(
+            [*runs.glob("*/checkpoints/*.ckpt"), *runs.glob("*/.checkpoints.old-*/checkpoints/*.ckpt")],
+            key=lambda p: p.stat().st_mtime,
+        )
         if found:
             return find_checkpoint(Path(out_root) / found[-1].relative_to(out_root).parts[0])
         missing = f"no checkpoint found under {out_root}/; train one with `python train.py` or name a checkpoint"
     elif (path := Path(path)).is_dir():
         if candidate := next((c for c in run_checkpoints(path) if c.is_file()), None):
             return candidate
-        missing = (f"no checkpoint in run directory {path}; expected checkpoints/best.ckpt or checkpoints/last.ckpt "
-                   "(or, for a Hugging Face model, config.json and its weights)")
+        missing = (
+            f"no checkpoint in run directory {path}; expected checkpoints/best.ckpt or checkpoints/last.ckpt "
+            "(or, for a Hugging Face model, config.json and its weights)"
+        )
     elif path.exists():
         return path
     else:
@@ -179,8 +208,9 @@ def find_checkpoint(path: str | Path | None = None, out_root: str | Path = DEFAU
     raise CheckpointError(missing)
 
 
-def load_checkpoint(source: str | Path | None = None, device: str | torch.device = "cpu",
-                    attention: str | None = None) -> tuple[GPT, Tokenizer]:
+def load_checkpoint(
+    source: str | Path | None = None, device: str | torch.device = "cpu", attention: str | None = None
+) -> tuple[GPT, Tokenizer]:
     """A checkpoint file, a run directory, or None (the newest run under out/) -> (model in eval mode, tokenizer).
     minigpt.load_model also reads Hugging Face models; this reads minigpt's own format only.
 
@@ -191,8 +221,13 @@ def load_checkpoint(source: str | Path | None = None, device: str | torch.device
     return checkpoint_model(read_checkpoint(path, map_location="cpu"), path, device, attention)
 
 
-def checkpoint_model(ckpt: dict[str, Any], path: Path, device: str | torch.device = "cpu", attention: str | None = None,
-                     build: Callable[..., GPT] = build_model) -> tuple[GPT, Tokenizer]:
+def checkpoint_model(
+    ckpt: dict[str, Any],
+    path: Path,
+    device: str | torch.device = "cpu",
+    attention: str | None = None,
+    build: Callable[..., GPT] = build_model,
+) -> tuple[GPT, Tokenizer]:
     """load_checkpoint for a checkpoint already read: `build(ckpt, **config_overrides)` makes its model (a LoRA
     run's is its base with the adapters merged: minigpt.loading)."""
     overrides = {"attention": attention} if attention is not None else {}
@@ -203,8 +238,10 @@ def checkpoint_model(ckpt: dict[str, Any], path: Path, device: str | torch.devic
     except UserError as e:  # a bad config or tokenizer inside the file
         problem = first_line(e)
     except (KeyError, TypeError, AttributeError, RuntimeError) as e:  # a damaged or foreign dict
-        problem = (f"not a usable minigpt checkpoint ({type(e).__name__}: {first_line(e, 160)}); pass a .ckpt "
-                   "written by train.py")
+        problem = (
+            f"not a usable minigpt checkpoint ({type(e).__name__}: {first_line(e, 160)}); pass a .ckpt "
+            "written by train.py"
+        )
     if problem is not None:
         raise CheckpointError(f"{path}: {problem}")
     return model.to(device).eval(), tokenizer
@@ -215,12 +252,16 @@ def pair_problems(config: GPTConfig, tokenizer: Tokenizer | None) -> Iterator[st
     if tokenizer is None:
         yield "it has no tokenizer in it; pass a .ckpt written by train.py"
     elif tokenizer.vocab_size > config.vocab_size:
-        yield (f"tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}; the checkpoint "
-               "is inconsistent")
+        yield (
+            f"tokenizer has {tokenizer.vocab_size} tokens but the model only {config.vocab_size}; the checkpoint "
+            "is inconsistent"
+        )
     # train.py makes a char model's vocabulary exactly its characters: any other count is a tampered tokenizer
     elif tokenizer.name == "char" and tokenizer.vocab_size != config.vocab_size:
-        yield (f"its char tokenizer has {tokenizer.vocab_size} characters but the model {config.vocab_size} tokens; "
-               "the checkpoint is inconsistent or was edited")
+        yield (
+            f"its char tokenizer has {tokenizer.vocab_size} characters but the model {config.vocab_size} tokens; "
+            "the checkpoint is inconsistent or was edited"
+        )
 
 
 def check_resumable(ckpt: dict[str, Any], config: GPTConfig, tokenizer: Tokenizer | None, path: Path) -> None:
@@ -230,20 +271,28 @@ def check_resumable(ckpt: dict[str, Any], config: GPTConfig, tokenizer: Tokenize
         raise UserError(problem)
 
 
-def resume_problems(ckpt: dict[str, Any], config: GPTConfig, tokenizer: Tokenizer | None,
-                    path: Path) -> Iterator[str]:
+def resume_problems(ckpt: dict[str, Any], config: GPTConfig, tokenizer: Tokenizer | None, path: Path) -> Iterator[str]:
     saved_tok = ckpt[SECTION].get("tokenizer")
     if tokenizer is not None and saved_tok is not None and saved_tok != tokenizer.to_dict():
         what = f"{saved_tok.get('name')} -> {tokenizer.name}"
         if saved_tok.get("type") == "char" and isinstance(getattr(tokenizer, "chars", None), str):
             old, new = set(saved_tok.get("chars", "")), set(tokenizer.chars)
-            what = (f"char vocabulary: {len(new - old)} character(s) added ({shown_chars(sorted(new - old), 5)}), "
-                    f"{len(old - new)} removed ({shown_chars(sorted(old - new), 5)})")
-        yield (f"{path} was trained on data with another tokenizer ({what}); the corpus or tokenizer changed since, "
-               "so token ids would mean other things: resume on the same data, or start a new run in another out_dir")
+            what = (
+                f"char vocabulary: {len(new - old)} character(s) added ({shown_chars(sorted(new - old), 5)}), "
+                f"{len(old - new)} removed ({shown_chars(sorted(old - new), 5)})"
+            )
+        yield (
+            f"{path} was trained on data with another tokenizer ({what}); the corpus or tokenizer changed since, "
+            "so token ids would mean other things: resume on the same data, or start a new run in another out_dir"
+        )
     saved, current = ckpt[SECTION]["model_config"], config.to_dict()
-    diff = [f"{k}={saved[k]!r} (this run's config gives {current[k]!r})" for k in saved
-            if k in current and k not in RUNTIME_FIELDS and saved[k] != current[k]]
+    diff = [
+        f"{k}={saved[k]!r} (this run's config gives {current[k]!r})"
+        for k in saved
+        if k in current and k not in RUNTIME_FIELDS and saved[k] != current[k]
+    ]
     if diff:
-        yield (f"{path} was trained with " + ", ".join(diff) + "; remove the conflicting model settings to resume, "
-               "or start a new run in another out_dir")
+        yield (
+            f"{path} was trained with " + ", ".join(diff) + "; remove the conflicting model settings to resume, "
+            "or start a new run in another out_dir"
+        )

@@ -26,8 +26,10 @@ __all__ = ["COMPILE_OPTIONS", "compiler_available", "compiled_forward", "decode_
 # real buffers (a few KiB per token) instead; float32 matmuls stay library calls either way.
 COMPILE_OPTIONS = {"deterministic": True, "realize_reads_threshold": 1}
 
-NO_COMPILER = {"cpu": "no C++ compiler found for torch.compile (install g++ or clang++, or set CXX)",
-               "cuda": "torch.compile needs Triton on a GPU, and it is not installed"}
+NO_COMPILER = {
+    "cpu": "no C++ compiler found for torch.compile (install g++ or clang++, or set CXX)",
+    "cuda": "torch.compile needs Triton on a GPU, and it is not installed",
+}
 UNCOMPILED = "decoding runs uncompiled, and int8 weights are dequantized for every matmul (slower than float32)"
 
 

@@ -79,8 +79,13 @@ class GPTConfig:
     def __post_init__(self) -> None:
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
-        if self.head_dim is None and isinstance(self.n_embd, int) and isinstance(self.n_head, int) and self.n_head > 0 \
-                and self.n_embd % self.n_head == 0:  # otherwise left unset: problems() names n_embd
+        if (
+            self.head_dim is None
+            and isinstance(self.n_embd, int)
+            and isinstance(self.n_head, int)
+            and self.n_head > 0
+            and self.n_embd % self.n_head == 0
+        ):  # otherwise left unset: problems() names n_embd
             self.head_dim = self.n_embd // self.n_head
         if self.bias is None:
             self.bias = self.arch == "gpt"
@@ -107,22 +112,30 @@ class GPTConfig:
             if value not in choices and not (value is None and optional):
                 unset = " or leave it unset" if optional else ""
                 yield name, f"unknown value {value!r}", f"choose one of {', '.join(choices)}{unset}"
-        for name in ("n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "block_size", "vocab_size",
-                     "mlp_hidden"):
+        for name in ("n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "block_size", "vocab_size", "mlp_hidden"):
             value = getattr(self, name)
             if name == "head_dim" and value is None:  # n_head and n_embd are fine, so __post_init__ could not divide
-                yield ("n_embd", f"{self.n_embd} is not divisible by n_head={self.n_head}",
-                       "choose n_embd as a multiple of n_head (or set head_dim)")
+                yield (
+                    "n_embd",
+                    f"{self.n_embd} is not divisible by n_head={self.n_head}",
+                    "choose n_embd as a multiple of n_head (or set head_dim)",
+                )
                 return
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 yield name, f"must be a positive integer, got {value!r}", "set it to 1 or more"
                 return  # the rules below divide by these
         if self.n_head % self.n_kv_head:
-            yield ("n_kv_head", f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}",
-                   "choose n_kv_head as a divisor of n_head")
+            yield (
+                "n_kv_head",
+                f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}",
+                "choose n_kv_head as a divisor of n_head",
+            )
         if self.arch == "llama" and self.head_dim % 2:
-            yield ("head_dim", f"head size {self.head_dim} is odd but RoPE rotates pairs",
-                   "choose n_embd and n_head so that n_embd/n_head is even")
+            yield (
+                "head_dim",
+                f"head size {self.head_dim} is odd but RoPE rotates pairs",
+                "choose n_embd and n_head so that n_embd/n_head is even",
+            )
         if not 0.0 <= self.dropout < 1.0:
             yield "dropout", f"must be in [0, 1), got {self.dropout}", "use e.g. 0.0 or 0.1"
         if not self.rope_base > 1.0:
@@ -136,8 +149,11 @@ class GPTConfig:
         scaling, copy = self.rope_scaling, "copy the rope_scaling dict of the model's config.json"
         kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
         if kind not in ROPE_SCALINGS:
-            yield ("rope_scaling", f"unsupported RoPE scaling {kind!r}",
-                   f"minigpt computes rope_type {', '.join(ROPE_SCALINGS)}; leave it unset for plain RoPE")
+            yield (
+                "rope_scaling",
+                f"unsupported RoPE scaling {kind!r}",
+                f"minigpt computes rope_type {', '.join(ROPE_SCALINGS)}; leave it unset for plain RoPE",
+            )
         elif missing := [k for k in ROPE_SCALINGS[kind] if not isinstance(scaling.get(k), (int, float))]:
             yield "rope_scaling", f"rope_type {kind} needs numbers for {', '.join(missing)}", copy
         elif not (scaling["factor"] > 0 and scaling["high_freq_factor"] > scaling["low_freq_factor"] > 0):
@@ -151,8 +167,10 @@ class GPTConfig:
         """The inverse of to_dict; a key this version does not know is an error, never silently dropped."""
         unknown = sorted(set(d) - {f.name for f in fields(cls)})
         if unknown:
-            raise ConfigError(f"unknown model config field(s): {', '.join(unknown)}; the config was written by "
-                              "another version of minigpt, or is damaged")
+            raise ConfigError(
+                f"unknown model config field(s): {', '.join(unknown)}; the config was written by "
+                "another version of minigpt, or is damaged"
+            )
         return cls(**d)
 
     @classmethod
@@ -183,6 +201,5 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257),
     "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024, block_size=1024, vocab_size=50257),
     # a small Llama-style model: RMSNorm, RoPE, GQA (6 query heads share 2 key/value heads), SwiGLU
-    "llama-small": dict(arch="llama", n_layer=6, n_head=6, n_kv_head=2, n_embd=384, block_size=256,
-                        vocab_size=65),
+    "llama-small": dict(arch="llama", n_layer=6, n_head=6, n_kv_head=2, n_embd=384, block_size=256, vocab_size=65),
 }

@@ -28,14 +28,18 @@ class UnknownCharactersError(UserError):
 
     def __init__(self, chars: list[str]) -> None:
         self.chars = list(chars)
-        super().__init__(f"{len(self.chars)} character(s) not in the char tokenizer's vocabulary: "
-                         f"{shown_chars(self.chars)}; remove them, or prepare the data with the byte tokenizer, "
-                         "which encodes any text")
+        super().__init__(
+            f"{len(self.chars)} character(s) not in the char tokenizer's vocabulary: "
+            f"{shown_chars(self.chars)}; remove them, or prepare the data with the byte tokenizer, "
+            "which encodes any text"
+        )
 
     def about(self, what: str, fix: str) -> UserError:
         """The refusal as a user meets it: what held the characters (a prompt, a message, a text), and what to do."""
-        return UserError(f"{what} has {len(self.chars)} character(s) outside the model's char vocabulary: "
-                         f"{shown_chars(self.chars)}; {fix}")
+        return UserError(
+            f"{what} has {len(self.chars)} character(s) outside the model's char vocabulary: "
+            f"{shown_chars(self.chars)}; {fix}"
+        )
 
 
 def shown_chars(chars: list[str], limit: int = 10) -> str:

@@ -91,8 +91,13 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
     return logits
 
 
-def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-                top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """logits (B, V) of the last position -> next token ids (B,).  temperature 0 = argmax."""
     if temperature == 0:
         return logits.argmax(dim=-1)
@@ -102,8 +107,10 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
         return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
     except RuntimeError as e:
         if "inf" in str(e) or "nan" in str(e):  # the weights, not the code: a user's broken checkpoint
-            raise UserError("the model produced NaN/inf logits, so there is nothing to sample from; the "
-                            "checkpoint's weights are broken (did training diverge?)") from None
+            raise UserError(
+                "the model produced NaN/inf logits, so there is nothing to sample from; the "
+                "checkpoint's weights are broken (did training diverge?)"
+            ) from None
         raise
 
 
@@ -118,11 +125,20 @@ def refill_length(block_size: int) -> int:
 
 
 @torch.inference_mode()
-def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None, use_kv_cache: bool = True,
-             stop_token: int | None = None, generator: torch.Generator | None = None,
-             on_token: Callable[[torch.Tensor], object] | None = None,
-             vocab_size: int | None = None, compile: bool = False) -> torch.Tensor:
+def generate(
+    model: GPT,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    use_kv_cache: bool = True,
+    stop_token: int | None = None,
+    generator: torch.Generator | None = None,
+    on_token: Callable[[torch.Tensor], object] | None = None,
+    vocab_size: int | None = None,
+    compile: bool = False,
+) -> torch.Tensor:
     """idx (B, T) prompt ids -> (B, T + n) ids, n <= max_new_tokens.
 
     stop_token: a sequence that samples it is finished; later positions of it are padded with stop_token,
@@ -152,14 +168,14 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, temperature: fl
 
     for step in range(max_new_tokens):
         if cache is None:  # full (cropped) context every step, as nanoGPT does
-            logits = model(seq[:, max(0, n - block_size):n], last_only=True)[0][:, -1]
+            logits = model(seq[:, max(0, n - block_size) : n], last_only=True)[0][:, -1]
         elif step == 0 or cached == block_size:
             # (re)fill: prefill the last tokens at positions 0..; the prompt keeps up to block_size of them
             keep = min(n, block_size if step == 0 else refill_length(block_size))
-            logits = model(seq[:, n - keep:n], kv_cache=cache, input_pos=0, last_only=True)[0][:, -1]
+            logits = model(seq[:, n - keep : n], kv_cache=cache, input_pos=0, last_only=True)[0][:, -1]
             cached = keep
         else:  # decode: one token at the next position
-            logits = decode(seq[:, n - 1:n], kv_cache=cache, input_pos=cached)[0][:, -1]
+            logits = decode(seq[:, n - 1 : n], kv_cache=cache, input_pos=cached)[0][:, -1]
             cached += 1
         if vocab_size is not None:
             logits = logits[:, :vocab_size]
@@ -186,8 +202,10 @@ def prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
         try:
             return tokenizer.encode(prompt)
         except UnknownCharactersError as e:
-            raise e.about("the prompt", "a char-level model reads only the characters of its training text, so "
-                          "remove or replace them") from None
+            raise e.about(
+                "the prompt",
+                "a char-level model reads only the characters of its training text, so remove or replace them",
+            ) from None
     if tokenizer.eot_id is not None:
         return [tokenizer.eot_id]
     try:

@@ -22,8 +22,9 @@ def tokenizers_library():
     try:
         import tokenizers
     except ImportError:
-        raise UserError("Hugging Face tokenizers need the `tokenizers` package; install it with "
-                        "`python3 -m pip install tokenizers`") from None
+        raise UserError(
+            "Hugging Face tokenizers need the `tokenizers` package; install it with `python3 -m pip install tokenizers`"
+        ) from None
     return tokenizers
 
 
@@ -51,24 +52,33 @@ def rust_panics_as_errors(name: str, failed: str = "cannot encode this text") ->
         if panic is None and report:
             os.write(2, report)
     if panic is not None:
-        raise DataError(f"the tokenizer {name} {failed}: the tokenizers library gave up inside it "
-                        f"({first_line(panic, 100)}), as a pre-tokenizer regular expression that backtracks "
-                        "catastrophically does; use a well-formed tokenizer.json (e.g. the model's original)")
+        raise DataError(
+            f"the tokenizer {name} {failed}: the tokenizers library gave up inside it "
+            f"({first_line(panic, 100)}), as a pre-tokenizer regular expression that backtracks "
+            "catastrophically does; use a well-formed tokenizer.json (e.g. the model's original)"
+        )
 
 
 class HFTokenizer(Tokenizer):
     """A Hugging Face tokenizer.json, applied by the `tokenizers` library exactly as transformers applies it
     (a BOS is prepended where the source's post-processor does so)."""
 
-    def __init__(self, tokenizer_json: str, name: str = "hf", vocab_size: int | None = None,
-                 bos_id: int | None = None, eos_id: int | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer_json: str,
+        name: str = "hf",
+        vocab_size: int | None = None,
+        bos_id: int | None = None,
+        eos_id: int | None = None,
+    ) -> None:
         library = tokenizers_library()
         with rust_panics_as_errors(name, "cannot be read"):  # a panic is a BaseException: it passes the except
             try:
                 self.backend = library.Tokenizer.from_str(tokenizer_json)
             except Exception as e:  # the library raises its own Exception type for a bad tokenizer.json
-                raise DataError(f"not a Hugging Face tokenizer.json ({first_line(e)}); give the tokenizer.json "
-                                "saved with the model") from None
+                raise DataError(
+                    f"not a Hugging Face tokenizer.json ({first_line(e)}); give the tokenizer.json saved with the model"
+                ) from None
         self.tokenizer_json = tokenizer_json
         self.name = name
         self.vocab_size = int(vocab_size or self.backend.get_vocab_size(with_added_tokens=True))
@@ -112,14 +122,25 @@ class HFTokenizer(Tokenizer):
         return None if i is None else self.backend.id_to_token(i)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "hf", "name": self.name, "tokenizer_json": self.tokenizer_json,
-                "vocab_size": self.vocab_size, "bos_id": self.bos_id, "eos_id": self.eos_id}
+        return {
+            "type": "hf",
+            "name": self.name,
+            "tokenizer_json": self.tokenizer_json,
+            "vocab_size": self.vocab_size,
+            "bos_id": self.bos_id,
+            "eos_id": self.eos_id,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HFTokenizer:
         """The inverse of to_dict (tokenizer_from_dict calls it, once it has checked the dict)."""
-        return cls(d["tokenizer_json"], name=str(d.get("name", "hf")), vocab_size=d.get("vocab_size"),
-                   bos_id=d.get("bos_id"), eos_id=d.get("eos_id"))
+        return cls(
+            d["tokenizer_json"],
+            name=str(d.get("name", "hf")),
+            vocab_size=d.get("vocab_size"),
+            bos_id=d.get("bos_id"),
+            eos_id=d.get("eos_id"),
+        )
 
 
 # end-of-text tokens of common Hugging Face tokenizers, in the order they are looked for
@@ -129,7 +150,8 @@ EOS_TOKENS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>",
 def hf_tokenizer_file(text: str, d: dict[str, Any]) -> HFTokenizer:
     """A tokenizer.json made by Hugging Face `tokenizers` (trained by the user, or a model's): its end-of-text id is
     the first special token of EOS_TOKENS it registers."""
-    specials = {t.get("content"): t.get("id") for t in d.get("added_tokens") or []
-                if isinstance(t, dict) and t.get("special")}
+    specials = {
+        t.get("content"): t.get("id") for t in d.get("added_tokens") or [] if isinstance(t, dict) and t.get("special")
+    }
     eos = next((specials[t] for t in EOS_TOKENS if isinstance(specials.get(t), int)), None)
     return HFTokenizer(text, name="hf", eos_id=eos)

@@ -19,8 +19,15 @@ class KVCache:
     The buffers grow with the sequence (to what is written, doubling past that, never beyond max_len): eight
     tokens from a model with a 128k context hold eight positions, not the whole context's gigabytes."""
 
-    def __init__(self, batch_size: int, max_len: int, n_kv_head: int, head_dim: int,
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        max_len: int,
+        n_kv_head: int,
+        head_dim: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         self.max_len = max_len
         self.k = torch.zeros((batch_size, n_kv_head, 0, head_dim), device=device, dtype=dtype)  # (B, nkv, capacity, hs)
         self.v = torch.zeros_like(self.k)
@@ -34,8 +41,9 @@ class KVCache:
             self.k = torch.cat((self.k, self.k.new_zeros(*self.k.shape[:2], extra, self.k.size(3))), dim=2)
             self.v = torch.cat((self.v, self.v.new_zeros(*self.v.shape[:2], extra, self.v.size(3))), dim=2)
 
-    def update(self, k: torch.Tensor, v: torch.Tensor,
-               input_pos: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, k: torch.Tensor, v: torch.Tensor, input_pos: int | torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v (B, nkv, T, hs) at positions input_pos.. of rows 0..B-1 -> the rows' keys and values so far,
         (B, nkv, S, hs) each.  With per-row starts S is the longest row's end: a shorter row's later keys are
         stale, and the attention mask hides them."""

@@ -29,12 +29,27 @@ from minigpt.core.errors import UserError
 if TYPE_CHECKING:
     from minigpt.core.model import GPT
 
-__all__ = ["CONFIG_LIMITS", "MAX_MODEL_GB_ENV", "check_config_size", "implied_bytes", "memory_limit", "meta_model",
-           "state_shapes", "sampling_bytes", "check_sampling_size"]
+__all__ = [
+    "CONFIG_LIMITS",
+    "MAX_MODEL_GB_ENV",
+    "check_config_size",
+    "implied_bytes",
+    "memory_limit",
+    "meta_model",
+    "state_shapes",
+    "sampling_bytes",
+    "check_sampling_size",
+]
 
 # Generous enough for any model that fits in memory (e.g. 128k contexts, 256k vocabularies).
-CONFIG_LIMITS = {"n_layer": 1024, "n_head": 1024, "n_embd": 65536, "block_size": 1 << 21, "vocab_size": 1 << 22,
-                 "mlp_hidden": 1 << 20}
+CONFIG_LIMITS = {
+    "n_layer": 1024,
+    "n_head": 1024,
+    "n_embd": 65536,
+    "block_size": 1 << 21,
+    "vocab_size": 1 << 22,
+    "mlp_hidden": 1 << 20,
+}
 MAX_MODEL_GB_ENV = "MINIGPT_MAX_MODEL_GB"
 FLOAT32_BYTES = 4
 
@@ -71,8 +86,10 @@ def memory_limit() -> tuple[int, str]:
         try:
             gb = float(setting)
         except ValueError:
-            raise UserError(f"{MAX_MODEL_GB_ENV}={setting!r} is not a number of gigabytes; set it to e.g. 64, or "
-                            "unset it to use this machine's memory as the bound") from None
+            raise UserError(
+                f"{MAX_MODEL_GB_ENV}={setting!r} is not a number of gigabytes; set it to e.g. 64, or "
+                "unset it to use this machine's memory as the bound"
+            ) from None
         return int(gb * 1e9), f"{MAX_MODEL_GB_ENV}={setting}"
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -85,15 +102,17 @@ def gb(n: int) -> str:
     return f"{n / 1e9:.1f} GB"
 
 
-def check_config_size(config: GPTConfig, what: str, error: type[UserError] = UserError,
-                      cause: str = "the config is damaged or crafted") -> GPT:
+def check_config_size(
+    config: GPTConfig, what: str, error: type[UserError] = UserError, cause: str = "the config is damaged or crafted"
+) -> GPT:
     """Refuse (one line, `error`) a config over a per-field bound or implying more memory than memory_limit().
     Returns the meta_model it measured: a load checks its shapes against it and fills it (GPT.from_weights's
     skeleton) rather than building the model again."""
     if over := next((name for name, limit in CONFIG_LIMITS.items() if getattr(config, name) > limit), None):
         # refused before any build: the oversized config would build on the meta device for minutes
-        raise error(f"{what} says {over}={getattr(config, over)}, over the plausible limit {CONFIG_LIMITS[over]}; "
-                    f"{cause}")
+        raise error(
+            f"{what} says {over}={getattr(config, over)}, over the plausible limit {CONFIG_LIMITS[over]}; {cause}"
+        )
     model = meta_model(config)
     if (problem := memory_problem(config, model, what, cause)) is not None:
         raise error(problem)
@@ -107,13 +126,16 @@ def memory_problem(config: GPTConfig, model: GPT, what: str, cause: str) -> str 
     limit, bound = memory_limit()
     if total > limit:
         shown = ", ".join(f"{name} {gb(n)}" for name, n in parts.items())
-        return (f"{what} implies a model of {gb(total)} ({shown}), more than {bound} ({gb(limit)}); {cause}, "
-                f"or set {MAX_MODEL_GB_ENV}=GB to build it anyway")
+        return (
+            f"{what} implies a model of {gb(total)} ({shown}), more than {bound} ({gb(limit)}); {cause}, "
+            f"or set {MAX_MODEL_GB_ENV}=GB to build it anyway"
+        )
     return None
 
 
-def sampling_bytes(config: GPTConfig, batch: int, prompt_tokens: int, new_tokens: int,
-                   kv_cache: bool = True) -> dict[str, int]:
+def sampling_bytes(
+    config: GPTConfig, batch: int, prompt_tokens: int, new_tokens: int, kv_cache: bool = True
+) -> dict[str, int]:
     """Bytes a generation of `batch` sequences needs beyond the weights (float32, an upper bound): the longest
     forward pass (the prefill, or each step without the cache: block_size tokens at most) holds the logits of every
     position, the hidden activations and, on the manual paths, the attention scores; the cache holds keys and
@@ -123,21 +145,26 @@ def sampling_bytes(config: GPTConfig, batch: int, prompt_tokens: int, new_tokens
     width = 4 * config.n_embd + 3 * (config.mlp_hidden or 4 * config.n_embd)  # residual, q/k/v/out, the MLP's
     # the cache grows with the positions written, doubling, up to block_size (minigpt.core.kv_cache)
     cached = min(config.block_size, 2 * (prompt_tokens + new_tokens)) if kv_cache else 0
-    return {"logits": FLOAT32_BYTES * batch * T * config.vocab_size,
-            "activations": FLOAT32_BYTES * batch * T * width + FLOAT32_BYTES * batch * config.n_head * T * T,
-            "KV cache": FLOAT32_BYTES * 2 * config.n_layer * batch * config.n_kv_head * cached * config.head_dim,
-            "tokens": 8 * batch * (prompt_tokens + new_tokens),
-            "sampling": 5 * 8 * batch * config.vocab_size}
+    return {
+        "logits": FLOAT32_BYTES * batch * T * config.vocab_size,
+        "activations": FLOAT32_BYTES * batch * T * width + FLOAT32_BYTES * batch * config.n_head * T * T,
+        "KV cache": FLOAT32_BYTES * 2 * config.n_layer * batch * config.n_kv_head * cached * config.head_dim,
+        "tokens": 8 * batch * (prompt_tokens + new_tokens),
+        "sampling": 5 * 8 * batch * config.vocab_size,
+    }
 
 
-def check_sampling_size(config: GPTConfig, batch: int, prompt_tokens: int, new_tokens: int,
-                        kv_cache: bool = True) -> None:
+def check_sampling_size(
+    config: GPTConfig, batch: int, prompt_tokens: int, new_tokens: int, kv_cache: bool = True
+) -> None:
     """Refuse (one line) a generation whose memory (sampling_bytes) and the model's pass memory_limit()."""
     parts = sampling_bytes(config, batch, prompt_tokens, new_tokens, kv_cache)
     total = sum(parts.values()) + sum(implied_bytes(config).values())
     limit, bound = memory_limit()
     if total > limit:
         shown = ", ".join(f"{name} {gb(n)}" for name, n in parts.items() if n)
-        raise UserError(f"generating {batch:,} sequence(s) of {prompt_tokens:,} + {new_tokens:,} tokens at once needs "
-                        f"about {gb(total)} with the model ({shown}), more than {bound} ({gb(limit)}); draw fewer "
-                        f"samples at once, or set {MAX_MODEL_GB_ENV}=GB to try anyway")
+        raise UserError(
+            f"generating {batch:,} sequence(s) of {prompt_tokens:,} + {new_tokens:,} tokens at once needs "
+            f"about {gb(total)} with the model ({shown}), more than {bound} ({gb(limit)}); draw fewer "
+            f"samples at once, or set {MAX_MODEL_GB_ENV}=GB to try anyway"
+        )

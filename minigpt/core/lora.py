@@ -80,21 +80,31 @@ class LoRAConfig:
             yield "dropout", f"must be in [0, 1), got {self.dropout!r}", "use e.g. 0.0 or 0.05"
         unknown = [t for t in self.targets if t not in TARGETS]
         if unknown or not self.targets:
-            yield ("targets", f"unknown target {unknown[0]!r}" if unknown else "is empty",
-                   f"choose from {', '.join(TARGETS)}")
+            yield (
+                "targets",
+                f"unknown target {unknown[0]!r}" if unknown else "is empty",
+                f"choose from {', '.join(TARGETS)}",
+            )
         if not isinstance(self.train_embeddings, bool):
             yield "train_embeddings", f"must be true or false, got {self.train_embeddings!r}", "use true or false"
         if self.base_dtype is not None and self.base_dtype not in DTYPES:
             yield "base_dtype", f"unknown value {self.base_dtype!r}", f"choose {', '.join(DTYPES)} or leave it unset"
         if model is None:
             return
-        n_in = {"attn.c_attn": model.n_embd, "attn.c_proj": model.n_head * model.head_dim, "mlp.c_fc": model.n_embd,
-                "mlp.c_proj": model.mlp_hidden}
+        n_in = {
+            "attn.c_attn": model.n_embd,
+            "attn.c_proj": model.n_head * model.head_dim,
+            "mlp.c_fc": model.n_embd,
+            "mlp.c_proj": model.mlp_hidden,
+        }
         for layer, pieces in block_pieces(model).items():
             for piece, rows in pieces.items():
                 if piece in self.targets and self.rank > min(rows, n_in[layer]):
-                    yield ("rank", f"{self.rank} is larger than the {piece} projection ({rows} x {n_in[layer]})",
-                           f"choose lora.rank of at most {min(rows, n_in[layer])}")
+                    yield (
+                        "rank",
+                        f"{self.rank} is larger than the {piece} projection ({rows} x {n_in[layer]})",
+                        f"choose lora.rank of at most {min(rows, n_in[layer])}",
+                    )
                     return
 
     @property
@@ -106,6 +116,7 @@ class LoRAConfig:
 
 
 # ------------------------------------------------------------------------------------------------- the layers
+
 
 class UpcastLinear(torch.autograd.Function):
     """x @ W^T + b with W held in a narrower dtype than x: W is upcast for the matmul, and again in the backward,
@@ -142,8 +153,9 @@ class LoRALinear(nn.Module):
         n_in, device = weight.size(1), weight.device
         targeted = [p for p in pieces if p in cfg.targets]
         self.lora_A = nn.ParameterDict({p: nn.Parameter(torch.empty(cfg.rank, n_in, device=device)) for p in targeted})
-        self.lora_B = nn.ParameterDict({p: nn.Parameter(torch.zeros(pieces[p], cfg.rank, device=device))
-                                        for p in targeted})
+        self.lora_B = nn.ParameterDict(
+            {p: nn.Parameter(torch.zeros(pieces[p], cfg.rank, device=device)) for p in targeted}
+        )
         for a in self.lora_A.values():  # A as nn.Linear initialises its weight, B zero (the paper's, PEFT's)
             nn.init.kaiming_uniform_(a, a=math.sqrt(5))
         self.dropout = nn.Dropout(cfg.dropout)
@@ -164,8 +176,9 @@ class LoRALinear(nn.Module):
             return self.lora_A[names[0]], self.lora_B[names[0]]
         empty = self.lora_B[names[0]].new_zeros
         a = torch.cat([self.lora_A[p] for p in names])
-        b = torch.block_diag(*[self.lora_B[p] if p in self.lora_B else empty(rows, 0)
-                               for p, rows in self.pieces.items()])
+        b = torch.block_diag(
+            *[self.lora_B[p] if p in self.lora_B else empty(rows, 0) for p, rows in self.pieces.items()]
+        )
         return a, b
 
     @torch.no_grad()
@@ -204,13 +217,18 @@ class GrownHead(nn.Module):
 
 # ------------------------------------------------------------------------------------------------- applying
 
+
 def block_pieces(config: GPTConfig) -> dict[str, dict[str, int]]:
     """Each block linear layer (by its name in the block) -> its stacked projections and their rows."""
     hs = config.head_dim
     hidden = config.mlp_hidden
     mlp_in = {"gate": hidden, "up": hidden} if config.mlp == "swiglu" else {"up": hidden}
-    return {"attn.c_attn": {"q": config.n_head * hs, "k": config.n_kv_head * hs, "v": config.n_kv_head * hs},
-            "attn.c_proj": {"o": config.n_embd}, "mlp.c_fc": mlp_in, "mlp.c_proj": {"down": config.n_embd}}
+    return {
+        "attn.c_attn": {"q": config.n_head * hs, "k": config.n_kv_head * hs, "v": config.n_kv_head * hs},
+        "attn.c_proj": {"o": config.n_embd},
+        "mlp.c_fc": mlp_in,
+        "mlp.c_proj": {"down": config.n_embd},
+    }
 
 
 def apply_lora(model: GPT, cfg: LoRAConfig, vocab_size: int | None = None) -> GPT:
@@ -252,7 +270,7 @@ def lora_model(base: GPT, config: GPTConfig, cfg: LoRAConfig) -> GPT:
     cfg.validate(config)  # before the base is taken
     state = base.state_dict()
     if "transformer.wpe.weight" in state:  # a shorter context: learned positions beyond it are dropped
-        state["transformer.wpe.weight"] = state["transformer.wpe.weight"][:config.block_size]
+        state["transformer.wpe.weight"] = state["transformer.wpe.weight"][: config.block_size]
     base_config = GPTConfig.from_dict({**config.to_dict(), "vocab_size": base.config.vocab_size})
     model = GPT.from_weights(base_config, state)
     del state
@@ -299,6 +317,7 @@ def merge_lora(model: GPT) -> GPT:
 
 # ------------------------------------------------------------------------------------------------- identity
 
+
 def fingerprint(model: GPT) -> str:
     """SHA-256 of a model's config (but the fields that change only how it computes) and every weight's bytes: the
     identity of a LoRA run's base (~1.3 GB/s: 4 s for a 1.2B model in float32)."""
@@ -317,8 +336,11 @@ def training_flops_per_token(model: GPT, seq_len: int) -> int:
     input's gradient, no weight gradient), a trained one 6, and attention's q.k and att.v as in GPT.flops_per_token."""
     cfg = model.config
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    frozen = sum(m.weight.numel() for m in model.modules()
-                 if isinstance(m, (nn.Linear, LoRALinear, GrownHead)) and not m.weight.requires_grad)
+    frozen = sum(
+        m.weight.numel()
+        for m in model.modules()
+        if isinstance(m, (nn.Linear, LoRALinear, GrownHead)) and not m.weight.requires_grad
+    )
     return 4 * frozen + 6 * trained + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * (seq_len or cfg.block_size)
 
 

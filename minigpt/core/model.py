@@ -26,16 +26,22 @@ from torch.utils.checkpoint import checkpoint
 from minigpt.core.config import GPTConfig
 from minigpt.core.kv_cache import KVCache
 
-SDPA_BACKEND = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-                "math": SDPBackend.MATH, "cudnn": SDPBackend.CUDNN_ATTENTION}
+SDPA_BACKEND = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "math": SDPBackend.MATH,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+}
 
 
 # --------------------------------------------------------------------------------------------------
 # Rotary position embeddings: rotate each (x_i, x_{i+hs/2}) pair of q and k by an angle pos * base^(-2i/hs),
 # so q.k depends only on the distance between positions.
 
-def rope_cache(seq_len: int, head_dim: int, base: float = 10000.0,
-               scaling: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+
+def rope_cache(
+    seq_len: int, head_dim: int, base: float = 10000.0, scaling: dict | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (hs/2,)
     if scaling is not None:
         inv_freq = llama3_scaled_frequencies(inv_freq, scaling)
@@ -61,8 +67,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x * cos + rotated * sin).type_as(x)
 
 
-def causal_mask(T: int, S: int, input_pos: int | torch.Tensor = 0,
-                device: torch.device | str | None = None) -> torch.Tensor:
+def causal_mask(
+    T: int, S: int, input_pos: int | torch.Tensor = 0, device: torch.device | str | None = None
+) -> torch.Tensor:
     """(T, S) bool, True where query t (at absolute position input_pos + t) may see key s: s <= input_pos + t;
     with per-row starts, input_pos (B,), it is (B, 1, T, S), one mask per row, broadcast over the heads.
     Built per call, not stored per layer: a long-context model would otherwise hold n_layer x block_size^2."""
@@ -73,6 +80,7 @@ def causal_mask(T: int, S: int, input_pos: int | torch.Tensor = 0,
 
 
 # --------------------------------------------------------------------------------------------------
+
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
@@ -89,9 +97,14 @@ class CausalSelfAttention(nn.Module):
         self.q_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else None
         self.k_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else None
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                kv_cache: KVCache | None = None, input_pos: int | torch.Tensor = 0,
-                return_weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        kv_cache: KVCache | None = None,
+        input_pos: int | torch.Tensor = 0,
+        return_weights: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         B, T, C = x.shape
         hs = self.head_dim
         q, k, v = self.c_attn(x).split(self.qkv_rows, dim=2)
@@ -108,12 +121,17 @@ class CausalSelfAttention(nn.Module):
         # every other case gets an explicit mask: (T, S), or (B, 1, T, S) when each row has its own start
         S = k.size(2)
         one_start = not isinstance(input_pos, torch.Tensor)
-        mask = None if self.attention == "sdpa" and one_start and (T == 1 or T == S) else \
-            causal_mask(T, S, input_pos, x.device)
+        mask = (
+            None
+            if self.attention == "sdpa" and one_start and (T == 1 or T == S)
+            else causal_mask(T, S, input_pos, x.device)
+        )
 
         if return_weights and self.attention == "sdpa":
-            raise ValueError("attention weights are not available from the 'sdpa' path (the fused kernel "
-                             "never forms them); use attention='manual' or 'einops' to inspect them")
+            raise ValueError(
+                "attention weights are not available from the 'sdpa' path (the fused kernel "
+                "never forms them); use attention='manual' or 'einops' to inspect them"
+            )
         path = {"sdpa": self._sdpa, "manual": self._manual, "einops": self._einops}[self.attention]
         y, weights = path(q, k, v, mask)  # y: (B, nh, T, hs)
 
@@ -130,8 +148,12 @@ class CausalSelfAttention(nn.Module):
         # Decided from T alone: a compiled decode step's S is symbolic, and sdpa takes a plain bool.
         is_causal = mask is None and T > 1
         # enable_gqa lets the kernel read each K/V head for its g query heads without copying K/V g times
-        kwargs = dict(attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-                      is_causal=is_causal, enable_gqa=self.n_kv_head != self.n_head)
+        kwargs = dict(
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal,
+            enable_gqa=self.n_kv_head != self.n_head,
+        )
         if self.sdpa_backend is None:  # let torch pick flash / memory-efficient / math
             return F.scaled_dot_product_attention(q, k, v, **kwargs), None
         with sdpa_kernel(SDPA_BACKEND[self.sdpa_backend]):
@@ -198,8 +220,14 @@ class Block(nn.Module):
         self.ln_2 = make_norm(config, config.n_embd)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, rope=None, kv_cache: KVCache | None = None,
-                input_pos: int | torch.Tensor = 0, attn_weights: list[torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope=None,
+        kv_cache: KVCache | None = None,
+        input_pos: int | torch.Tensor = 0,
+        attn_weights: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         if attn_weights is None:
             x = x + self.attn(self.ln_1(x), rope, kv_cache, input_pos)
         else:  # inspection: keep this layer's (B, nh, T, S) weights
@@ -226,12 +254,14 @@ class GPT(nn.Module):
         super().__init__()
         config.validate()
         self.config = config
-        self.transformer = nn.ModuleDict(dict(
-            wte=embedding(config.vocab_size, config.n_embd),
-            drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
-            ln_f=make_norm(config, config.n_embd),
-        ))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=embedding(config.vocab_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+                ln_f=make_norm(config, config.n_embd),
+            )
+        )
         if config.arch == "gpt":  # learned absolute positions; llama rotates q and k instead
             self.transformer["wpe"] = embedding(config.block_size, config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -276,8 +306,9 @@ class GPT(nn.Module):
         if config.tie_embeddings:  # assign gave the two names two Parameters: make them one again
             model.transformer.wte.weight = model.lm_head.weight
         if config.arch == "llama":  # non-persistent buffers are not in a state dict: compute them for real
-            model.rope_cos, model.rope_sin = rope_cache(config.block_size, config.head_dim, config.rope_base,
-                                                        config.rope_scaling)
+            model.rope_cos, model.rope_sin = rope_cache(
+                config.block_size, config.head_dim, config.rope_base, config.rope_scaling
+            )
         return model
 
     @staticmethod
@@ -289,10 +320,16 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
-                kv_cache: list[KVCache] | None = None, input_pos: int | torch.Tensor = 0,
-                attn_weights: list[torch.Tensor] | None = None,
-                last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        kv_cache: list[KVCache] | None = None,
+        input_pos: int | torch.Tensor = 0,
+        attn_weights: list[torch.Tensor] | None = None,
+        last_only: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) token ids -> logits (B, T, vocab), and the mean cross-entropy if targets (B, T) are given.
         last_only: the last position's logits only, (B, 1, vocab), which is all generating needs (the head over
         every position of a 512-token prompt would be a third of a GPT-2-124M prefill's work).
@@ -306,8 +343,10 @@ class GPT(nn.Module):
         per_row = isinstance(input_pos, torch.Tensor)
         end = (int(input_pos.max()) if per_row else input_pos) + T
         if end > self.config.block_size:
-            raise ValueError(f"sequence of {end} tokens is longer than block_size="
-                             f"{self.config.block_size}; crop it to the last {self.config.block_size} tokens")
+            raise ValueError(
+                f"sequence of {end} tokens is longer than block_size="
+                f"{self.config.block_size}; crop it to the last {self.config.block_size} tokens"
+            )
         pos = torch.arange(T, device=idx.device) + (input_pos[:, None] if per_row else input_pos)  # (T,) or (B, T)
         x = self.transformer.wte(idx)  # (B, T, C)
         rope = None
@@ -322,8 +361,13 @@ class GPT(nn.Module):
         # again there. Only where a backward will follow (training, grad on) and the block has no side effects
         # (a KV cache written twice, attention weights kept twice). Non-reentrant: it handles a frozen base (LoRA)
         # whose inputs need no grad, restores the RNG so dropout draws the same masks, and torch.compile traces it.
-        recompute = (self.config.activation_checkpointing and self.training and torch.is_grad_enabled()
-                     and kv_cache is None and attn_weights is None)
+        recompute = (
+            self.config.activation_checkpointing
+            and self.training
+            and torch.is_grad_enabled()
+            and kv_cache is None
+            and attn_weights is None
+        )
         for i, block in enumerate(self.transformer.h):
             if recompute:
                 x = checkpoint(block, x, rope, None, input_pos, use_reentrant=False)
@@ -341,9 +385,17 @@ class GPT(nn.Module):
         """An empty cache per layer for `batch_size` sequences of up to `max_len` (default block_size) tokens; it
         allocates as positions are written."""
         p = self.transformer.ln_f.weight  # a float tensor also where the linear weights are int8 (core/quantize)
-        return [KVCache(batch_size, max_len or self.config.block_size, self.config.n_kv_head,
-                        self.config.head_dim, device=p.device, dtype=p.dtype)
-                for _ in range(self.config.n_layer)]
+        return [
+            KVCache(
+                batch_size,
+                max_len or self.config.block_size,
+                self.config.n_kv_head,
+                self.config.head_dim,
+                device=p.device,
+                dtype=p.dtype,
+            )
+            for _ in range(self.config.n_layer)
+        ]
 
     def set_attention(self, attention: str) -> None:
         """Switch every layer to another attention path; the weights are shared, so outputs stay the same."""

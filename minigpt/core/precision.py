@@ -45,8 +45,11 @@ def _cache_file() -> Path:
 def _machine_key() -> str:
     cpu = platform.processor() or platform.machine()
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         pass
     isa = ",".join(os.environ.get(k, "") for k in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"))
@@ -78,8 +81,10 @@ def cpu_has_native_bf16() -> tuple[bool, str]:
         return False, f"CPU capability {capability} has no native bf16"
     fp32, bf16 = probe_cpu_bf16()
     verdict = "native" if bf16 >= fp32 else "not native"
-    return bf16 >= fp32, (f"CPU capability {capability}, matmul probe {fp32:.0f} GFLOP/s float32 vs "
-                          f"{bf16:.0f} GFLOP/s bf16: bf16 {verdict}")
+    return bf16 >= fp32, (
+        f"CPU capability {capability}, matmul probe {fp32:.0f} GFLOP/s float32 vs "
+        f"{bf16:.0f} GFLOP/s bf16: bf16 {verdict}"
+    )
 
 
 def has_native_bf16(device: torch.device) -> bool:
@@ -89,8 +94,9 @@ def has_native_bf16(device: torch.device) -> bool:
     return device.type == "cpu" and cpu_has_native_bf16()[0]
 
 
-def resolve_precision(precision: str | int | None, accelerator: str | None = "auto",
-                      attention: str | None = None) -> tuple[str | int | None, str]:
+def resolve_precision(
+    precision: str | int | None, accelerator: str | None = "auto", attention: str | None = None
+) -> tuple[str | int | None, str]:
     """(the precision to give Lightning, a one-line reason).  Anything but "auto" is returned as given.
 
     On a CPU, bf16 autocast pays only where bf16 matmuls are native, and not with the sdpa attention path:
@@ -107,6 +113,8 @@ def resolve_precision(precision: str | int | None, accelerator: str | None = "au
         return "32-true", "precision auto -> 32-true (Apple MPS)"
     native, why = cpu_has_native_bf16()
     if native and attention == "sdpa":
-        return "32-true", (f"precision auto -> 32-true ({why}, but the sdpa path's CPU backward is slower in bf16; "
-                           "the manual path would use bf16)")
+        return "32-true", (
+            f"precision auto -> 32-true ({why}, but the sdpa path's CPU backward is slower in bf16; "
+            "the manual path would use bf16)"
+        )
     return ("bf16-mixed" if native else "32-true"), f"precision auto -> {'bf16-mixed' if native else '32-true'} ({why})"

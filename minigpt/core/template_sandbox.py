@@ -58,13 +58,17 @@ class RenderBudget:
     def spend(self, steps: int = 1) -> None:
         self.steps -= steps
         if self.steps < 0:
-            refuse(f"the chat template ran past its render budget of {MAX_STEPS:,} steps (loop items, calls, "
-                   "lookups); a template renders a conversation in a few thousand: fix its loops")
+            refuse(
+                f"the chat template ran past its render budget of {MAX_STEPS:,} steps (loop items, calls, "
+                "lookups); a template renders a conversation in a few thousand: fix its loops"
+            )
 
     def allow(self, size: int, what: str = "a text") -> None:
         if size > self.chars:
-            refuse(f"the chat template builds {what} of {size:,} characters, more than the {self.chars:,} its "
-                   f"conversation allows ({OUTPUT_BASE:,} + 4x the messages' characters); fix it")
+            refuse(
+                f"the chat template builds {what} of {size:,} characters, more than the {self.chars:,} its "
+                f"conversation allows ({OUTPUT_BASE:,} + 4x the messages' characters); fix it"
+            )
 
     def emit(self, block: str) -> None:
         self.written += len(block)
@@ -105,8 +109,11 @@ def grown(subject: Any, args: Iterable[Any]) -> int:
     """An upper bound on the size of what a text method or filter makes of `subject` and its arguments: replace,
     join, center, format and the like never exceed (size + 1) * (1 + the arguments' sizes and counts) plus the
     widths a format string writes."""
-    widths = max(map(int, _NUMBERS.findall(subject)), default=0) if isinstance(subject, str) and \
-        ("{" in subject or "%" in subject) else 0
+    widths = (
+        max(map(int, _NUMBERS.findall(subject)), default=0)
+        if isinstance(subject, str) and ("{" in subject or "%" in subject)
+        else 0
+    )
     return (size(subject) + 1) * (1 + sum(map(_operand, args))) + widths
 
 

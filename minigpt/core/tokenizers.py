@@ -29,9 +29,23 @@ from minigpt.core.hf_tokenizer import EOS_TOKENS, HFTokenizer, hf_tokenizer_file
 from minigpt.core.tokenizer_base import ENDOFTEXT, Tokenizer
 from minigpt.core.user_files import DOCUMENT_BYTES, loads, read_user_text
 
-__all__ = ["Tokenizer", "CharTokenizer", "ByteTokenizer", "TiktokenTokenizer", "HFTokenizer", "UnknownCharactersError",
-           "tokenizer_from_dict", "tokenizer_names", "resolve_tokenizer", "read_tokenizer_file", "get_tokenizer",
-           "tiktoken_cache_dir", "encoding_parts", "EOS_TOKENS", "tokenizers_library"]
+__all__ = [
+    "Tokenizer",
+    "CharTokenizer",
+    "ByteTokenizer",
+    "TiktokenTokenizer",
+    "HFTokenizer",
+    "UnknownCharactersError",
+    "tokenizer_from_dict",
+    "tokenizer_names",
+    "resolve_tokenizer",
+    "read_tokenizer_file",
+    "get_tokenizer",
+    "tiktoken_cache_dir",
+    "encoding_parts",
+    "EOS_TOKENS",
+    "tokenizers_library",
+]
 
 
 class CharTokenizer(Tokenizer):
@@ -178,13 +192,18 @@ def tokenizer_from_dict(d: Any) -> Tokenizer:
 def _tiktoken_from_dict(d: dict[str, Any]) -> TiktokenTokenizer:
     ranks = {base64.b64decode(token, validate=True): int(rank) for token, rank in d["mergeable_ranks"].items()}
     specials = {str(k): int(v) for k, v in d["special_tokens"].items()}
-    return TiktokenTokenizer(tiktoken.Encoding(str(d["name"]), pat_str=str(d["pat_str"]), mergeable_ranks=ranks,
-                                               special_tokens=specials))
+    return TiktokenTokenizer(
+        tiktoken.Encoding(str(d["name"]), pat_str=str(d["pat_str"]), mergeable_ranks=ranks, special_tokens=specials)
+    )
 
 
-BUILDERS = {"char": lambda d: CharTokenizer(d["chars"]), "byte": lambda d: ByteTokenizer(),
-            "tiktoken": _tiktoken_from_dict, "hf": HFTokenizer.from_dict,
-            "chat": lambda d: ChatTokenizer.from_dict(d, tokenizer_from_dict)}  # (chat: a base and its markup)
+BUILDERS = {
+    "char": lambda d: CharTokenizer(d["chars"]),
+    "byte": lambda d: ByteTokenizer(),
+    "tiktoken": _tiktoken_from_dict,
+    "hf": HFTokenizer.from_dict,
+    "chat": lambda d: ChatTokenizer.from_dict(d, tokenizer_from_dict),
+}  # (chat: a base and its markup)
 
 
 def dict_problems(kind: Any, d: Any) -> Iterator[str]:
@@ -216,8 +235,9 @@ def dict_problems(kind: Any, d: Any) -> Iterator[str]:
         if any(i is not None and (not isinstance(i, int) or isinstance(i, bool)) for i in ids):
             yield "'vocab_size', 'bos_id' and 'eos_id' must be integers or null"
     elif kind == "chat":
-        if not all(isinstance(x, str) for x in (d["chat_template"], d["end_of_turn"], *d["added_tokens"],
-                                                 *d["special_tokens"])):
+        if not all(
+            isinstance(x, str) for x in (d["chat_template"], d["end_of_turn"], *d["added_tokens"], *d["special_tokens"])
+        ):
             yield "its template, end-of-turn and added tokens must be strings"
         if d["base"].get("type") == "chat":
             yield "a chat tokenizer's base is a chat tokenizer"
@@ -238,13 +258,18 @@ BPE_VOCAB = re.compile(r"[0-9]+")  # the VOCAB of bpe:VOCAB (its underscores, as
 
 def bpe_vocab_size(spec: str) -> int:
     """VOCAB of a "bpe:VOCAB" setting, checked: one line naming the problem for bpe:0, bpe:100, bpe:lots."""
-    text = spec[len(BPE_PREFIX):].strip().replace("_", "")
+    text = spec[len(BPE_PREFIX) :].strip().replace("_", "")
     number = BPE_VOCAB.fullmatch(text)  # ASCII digits: str.isdigit() also takes '²⁵⁸', which int() refuses
     if not (number and BPE_MIN_VOCAB <= int(text) <= BPE_MAX_VOCAB):
-        raise DataError(f"tokenizer {spec!r}: " + (
-            f"a byte-level BPE needs a vocabulary of at least {BPE_MIN_VOCAB} (256 bytes, {len(BPE_SPECIALS)} special "
-            f"token, one merge) and at most {BPE_MAX_VOCAB:,}; e.g. bpe:4096" if number else
-            "VOCAB must be a whole number of tokens, e.g. bpe:4096 (in the digits 0-9)"))
+        raise DataError(
+            f"tokenizer {spec!r}: "
+            + (
+                f"a byte-level BPE needs a vocabulary of at least {BPE_MIN_VOCAB} (256 bytes, {len(BPE_SPECIALS)} special "
+                f"token, one merge) and at most {BPE_MAX_VOCAB:,}; e.g. bpe:4096"
+                if number
+                else "VOCAB must be a whole number of tokens, e.g. bpe:4096 (in the digits 0-9)"
+            )
+        )
     return int(text)
 
 
@@ -261,11 +286,14 @@ def resolve_tokenizer(name: str | Path) -> str | Path:
     if path.is_file():
         return path.resolve()
     meant_as_path = name.endswith(".json") or "/" in name or os.sep in name
-    raise DataError(f"tokenizer file not found: {name}; give the path of a tokenizer JSON file (a prepared data "
-                    "directory's tokenizer.json, or one made by Hugging Face tokenizers)" if meant_as_path else
-                    f"unknown tokenizer {name!r}; choose one of: {', '.join(tokenizer_names())}, bpe:VOCAB (trained "
-                    "on the corpus, e.g. bpe:4096), or give the path of a tokenizer JSON file (e.g. a prepared data "
-                    "directory's tokenizer.json)")
+    raise DataError(
+        f"tokenizer file not found: {name}; give the path of a tokenizer JSON file (a prepared data "
+        "directory's tokenizer.json, or one made by Hugging Face tokenizers)"
+        if meant_as_path
+        else f"unknown tokenizer {name!r}; choose one of: {', '.join(tokenizer_names())}, bpe:VOCAB (trained "
+        "on the corpus, e.g. bpe:4096), or give the path of a tokenizer JSON file (e.g. a prepared data "
+        "directory's tokenizer.json)"
+    )
 
 
 def read_tokenizer_file(path: str | Path) -> Tokenizer:
@@ -293,12 +321,15 @@ def read_tokenizer_file(path: str | Path) -> Tokenizer:
 
 def tiktoken_cache_dir() -> str:
     """Where tiktoken looks for (and stores) its downloaded encoding files (same rule as tiktoken.load)."""
-    return (os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR")
-            or os.path.join(tempfile.gettempdir(), "data-gym-cache"))
+    return (
+        os.environ.get("TIKTOKEN_CACHE_DIR")
+        or os.environ.get("DATA_GYM_CACHE_DIR")
+        or os.path.join(tempfile.gettempdir(), "data-gym-cache")
+    )
 
 
 def get_tokenizer(name: str | Path, texts: Iterable[str] | None = None) -> Tokenizer:
-    """"char" (vocabulary from `texts`), "byte", a tiktoken encoding name ("gpt2", "cl100k_base", ...), or the path
+    """ "char" (vocabulary from `texts`), "byte", a tiktoken encoding name ("gpt2", "cl100k_base", ...), or the path
     of a tokenizer file (a char tokenizer from a file keeps its vocabulary; `texts` is not needed).
     Raises DataError for a setting that cannot work: unknown name, missing or damaged file, encoding not fetchable."""
     spec = resolve_tokenizer(name)
@@ -322,6 +353,8 @@ def get_tokenizer(name: str | Path, texts: Iterable[str] | None = None) -> Token
             f"could not fetch the tiktoken encoding {spec!r} ({type(e).__name__}: no network?); run once with "
             f"internet access so tiktoken caches it, or copy its files (named by the sha1 of their URL) into the "
             f"TIKTOKEN_CACHE_DIR directory (now {tiktoken_cache_dir()}), or use the char/byte tokenizer"
-            if isinstance(e, OSError) else f"the download of tiktoken encoding {spec!r} was corrupted; delete the "
-            f"cached files in {tiktoken_cache_dir()} and try again") from None
+            if isinstance(e, OSError)
+            else f"the download of tiktoken encoding {spec!r} was corrupted; delete the "
+            f"cached files in {tiktoken_cache_dir()} and try again"
+        ) from None
     return TiktokenTokenizer(encoding)

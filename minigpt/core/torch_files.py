@@ -24,19 +24,32 @@ import torch
 from minigpt.core.errors import CheckpointError, first_line
 
 # globals torch's weights_only allows that rebuild a tensor other than a dense one with storage, which no weights are
-NOT_DENSE = {"torch._utils._rebuild_sparse_tensor": "a sparse tensor",
-             "torch._utils._rebuild_meta_tensor_no_storage": "a meta-device tensor (no data)",
-             "torch._utils._rebuild_wrapper_subclass": "a tensor subclass without storage",
-             "torch._utils._rebuild_device_tensor_from_cpu_tensor": "a tensor moved to another device as it loads",
-             "torch._utils._rebuild_device_tensor_from_numpy": "a tensor moved to another device as it loads",
-             "torch._utils._rebuild_nested_tensor": "a nested tensor",
-             "torch.nested._internal.nested_tensor._rebuild_njt": "a nested tensor",
-             "torch._utils._rebuild_qtensor": "a quantized tensor"}
+NOT_DENSE = {
+    "torch._utils._rebuild_sparse_tensor": "a sparse tensor",
+    "torch._utils._rebuild_meta_tensor_no_storage": "a meta-device tensor (no data)",
+    "torch._utils._rebuild_wrapper_subclass": "a tensor subclass without storage",
+    "torch._utils._rebuild_device_tensor_from_cpu_tensor": "a tensor moved to another device as it loads",
+    "torch._utils._rebuild_device_tensor_from_numpy": "a tensor moved to another device as it loads",
+    "torch._utils._rebuild_nested_tensor": "a nested tensor",
+    "torch.nested._internal.nested_tensor._rebuild_njt": "a nested tensor",
+    "torch._utils._rebuild_qtensor": "a quantized tensor",
+}
 ALLOCATING = {"bytearray", "bytes"}  # weights_only allows them; a number argument allocates that much
 # what torch.load and pickle raise on a stream that is malformed rather than malicious (PROTO+STOP: IndexError; an
 # unset memo slot: KeyError; a cut: EOFError), caught where a user's file is read, and only there
-STREAM_ERRORS = (zipfile.BadZipFile, OSError, pickle.UnpicklingError, EOFError, LookupError, TypeError,
-                 AttributeError, ValueError, RuntimeError, OverflowError, struct.error)
+STREAM_ERRORS = (
+    zipfile.BadZipFile,
+    OSError,
+    pickle.UnpicklingError,
+    EOFError,
+    LookupError,
+    TypeError,
+    AttributeError,
+    ValueError,
+    RuntimeError,
+    OverflowError,
+    struct.error,
+)
 
 
 def load_torch_file(path: Path, fix: str, damaged_fix: str, map_location: Any = "cpu") -> Any:
@@ -51,8 +64,10 @@ def load_torch_file(path: Path, fix: str, damaged_fix: str, map_location: Any = 
                 return torch.load(path, map_location=map_location, weights_only=True)
     except STREAM_ERRORS as e:
         if not (loading and isinstance(e, pickle.UnpicklingError)):  # a malformed archive or stream: damage
-            raise CheckpointError(f"cannot read {path}: it is truncated or damaged ({type(e).__name__}: "
-                                  f"{first_line(e, 100)}); {damaged_fix}") from None
+            raise CheckpointError(
+                f"cannot read {path}: it is truncated or damaged ({type(e).__name__}: "
+                f"{first_line(e, 100)}); {damaged_fix}"
+            ) from None
         # weights_only refused what the dry run let through: torch's paragraph; the global it refused is what helps
         found = re.search(r"GLOBAL [\w.]+", str(e))
         problem = f"it holds objects other than tensors and plain data ({found[0] if found else first_line(e, 120)})"
@@ -79,11 +94,11 @@ def check_archive(path: Path) -> str | None:
         pickles = [name for name in records if name.endswith("data.pkl")]
         if len(pickles) != 1:
             return "it has no data.pkl (or several), so torch.save did not write it"
-        prefix = pickles[0][:-len("data.pkl")]
+        prefix = pickles[0][: -len("data.pkl")]
         if unsafe := torch.serialization.get_unsafe_globals_in_checkpoint(path):  # a static scan: runs nothing
             return f"it holds objects other than tensors and plain data (GLOBAL {unsafe[0][:100]})"
         calls, storages = _dry_run(archive.read(pickles[0]))
-    sizes = {name[len(prefix):]: r.file_size for name, r in records.items() if name.startswith(prefix)}
+    sizes = {name[len(prefix) :]: r.file_size for name, r in records.items() if name.startswith(prefix)}
     return _call_problem(calls) or _storage_problem(storages, sizes)
 
 
@@ -134,10 +149,16 @@ def _call_problem(calls: list[tuple[str, tuple]]) -> str | None:
             return f"its pickle calls {last}, which torch.save never writes"
         if args and last.endswith(("Tensor", "Storage")):  # a constructor called: torch.FloatTensor(8e9)
             return f"its pickle calls {name}, which allocates from a number and which torch.save never writes"
-        if name == "torch._tensor._rebuild_from_type_v2" and args and isinstance(args[0], type) \
-                and args[0].global_name.endswith(("Tensor", "Storage")):  # it calls its first argument
-            return (f"its pickle calls {args[0].global_name}, which allocates from a number and which torch.save "
-                    "never writes")
+        if (
+            name == "torch._tensor._rebuild_from_type_v2"
+            and args
+            and isinstance(args[0], type)
+            and args[0].global_name.endswith(("Tensor", "Storage"))
+        ):  # it calls its first argument
+            return (
+                f"its pickle calls {args[0].global_name}, which allocates from a number and which torch.save "
+                "never writes"
+            )
     return None
 
 
@@ -157,8 +178,15 @@ def _storage_dtype(storage_type: Any) -> torch.dtype | None:
 
 def _storage_problem(storages: list[Any], record_sizes: dict[str, int]) -> str | None:
     for pid in storages:
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[2], str)
-                and isinstance(pid[4], int) and not isinstance(pid[4], bool) and pid[4] >= 0):
+        if not (
+            isinstance(pid, tuple)
+            and len(pid) == 5
+            and pid[0] == "storage"
+            and isinstance(pid[2], str)
+            and isinstance(pid[4], int)
+            and not isinstance(pid[4], bool)
+            and pid[4] >= 0
+        ):
             return f"its pickle asks for a storage as {str(pid)[:80]}, which torch.save never writes"
         dtype = _storage_dtype(pid[1])
         if dtype is None:
@@ -166,6 +194,8 @@ def _storage_problem(storages: list[Any], record_sizes: dict[str, int]) -> str |
         record, wanted = f"data/{pid[2]}", pid[4] * dtype.itemsize
         if record_sizes.get(record) != wanted:
             held = f"{record_sizes[record]} bytes" if record in record_sizes else "no such record"
-            return (f"its pickle asks for {wanted} bytes of {dtype} from the record {record[:40]}, which holds "
-                    f"{held}; the file is damaged or crafted")
+            return (
+                f"its pickle asks for {wanted} bytes of {dtype} from the record {record[:40]}, which holds "
+                f"{held}; the file is damaged or crafted"
+            )
     return None

@@ -22,8 +22,16 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["MAX_JSON_DEPTH", "TEMPLATE_BYTES", "DOCUMENT_BYTES", "loads", "json_lines", "check_json_file",
-           "read_user_bytes", "read_user_text"]
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "TEMPLATE_BYTES",
+    "DOCUMENT_BYTES",
+    "loads",
+    "json_lines",
+    "check_json_file",
+    "read_user_bytes",
+    "read_user_text",
+]
 
 # Real documents are shallow (a byte-level BPE's tokenizer.json: 5 levels, a chat row 3, a config.json 2).
 # Python's parser stops near 1,000 (RecursionError) and ujson, which `datasets` uses, not at all (a segfault):
@@ -32,8 +40,13 @@ MAX_JSON_DEPTH = 100
 TEMPLATE_BYTES = 1 << 20  # a chat template or a task YAML file (each a few KB)
 DOCUMENT_BYTES = 1 << 30  # a JSON document read whole (tokenizer.json, config.json, a chat .json/.jsonl)
 TOO_DEEP = f"nested more than {MAX_JSON_DEPTH} levels deep, which no real document is"
-_SPECIAL = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
-            stat.S_IFBLK: "a block device", stat.S_IFDIR: "a directory"}
+_SPECIAL = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFDIR: "a directory",
+}
 
 
 def read_user_bytes(path: str | Path, limit: int) -> bytes:
@@ -75,8 +88,11 @@ def nesting(value: Any) -> int:
         node, level = stack.pop()
         if isinstance(node, (dict, list)):
             depth = max(depth, level)
-            stack += [(c, level + 1) for c in (node.values() if isinstance(node, dict) else node)
-                      if isinstance(c, (dict, list))]
+            stack += [
+                (c, level + 1)
+                for c in (node.values() if isinstance(node, dict) else node)
+                if isinstance(c, (dict, list))
+            ]
     return depth
 
 

@@ -42,8 +42,8 @@ def short_runs(text: str) -> Iterator[str]:
     start = 0
     for run in LONG_RUN.finditer(text):
         if run.start() > start:
-            yield text[start:run.start()]
-        yield from (text[i:min(i + TRAINING_RUN, run.end())] for i in range(run.start(), run.end(), TRAINING_RUN))
+            yield text[start : run.start()]
+        yield from (text[i : min(i + TRAINING_RUN, run.end())] for i in range(run.start(), run.end(), TRAINING_RUN))
         start = run.end()
     if start < len(text):
         yield text[start:]
@@ -69,14 +69,15 @@ def plan_split(corpus: Corpus, val_fraction: float) -> DocumentSplit:
     train_chars = int(chars[0] * (1 - val_fraction)) if len(keys) == 1 else None
     if not keys or train_chars in (0, chars[0]):  # no text at all, or a single document too short to split
         what = f"column {corpus.text_column!r} of {corpus.source}" if corpus.is_dataset else corpus.origin
-        raise DataError(f"corpus is empty: {what} holds no text; pass a source with text in it" if not keys else
-                        f"corpus too small: {chars[0]} character(s), too few for a train/val split; use a larger "
-                        "corpus")
+        raise DataError(
+            f"corpus is empty: {what} holds no text; pass a source with text in it"
+            if not keys
+            else f"corpus too small: {chars[0]} character(s), too few for a train/val split; use a larger corpus"
+        )
     keys_array = np.array(keys, dtype=np.uint64)
     if train_chars is not None:
         return DocumentSplit(keys_array, train_chars=train_chars)
-    return DocumentSplit(keys_array, is_val=choose_val_docs(keys_array, np.array(chars, dtype=np.int64),
-                                                            val_fraction))
+    return DocumentSplit(keys_array, is_val=choose_val_docs(keys_array, np.array(chars, dtype=np.int64), val_fraction))
 
 
 def training_texts(corpus: Corpus, split: DocumentSplit) -> Iterator[str]:
@@ -102,9 +103,12 @@ def train_bpe(corpus: Corpus, split: DocumentSplit, spec: str, quiet: bool = Fal
     backend = tk.Tokenizer(tk.models.BPE())
     backend.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)  # GPT-2's regex
     backend.decoder = tk.decoders.ByteLevel()
-    trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(BPE_SPECIALS),
-                                     initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
-                                     show_progress=not quiet and sys.stderr.isatty())  # its own bars, on a terminal
+    trainer = tk.trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(BPE_SPECIALS),
+        initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=not quiet and sys.stderr.isatty(),
+    )  # its own bars, on a terminal
     started = time.perf_counter()
     chars = 0
 
@@ -119,9 +123,12 @@ def train_bpe(corpus: Corpus, split: DocumentSplit, spec: str, quiet: bool = Fal
     if got < vocab_size:  # (no training text at all fills no merge: then no smaller bpe:VOCAB helps)
         merges = got - 256 - len(BPE_SPECIALS)
         fix = f"ask for bpe:{got} or fewer, or give more text" if merges else "use a larger corpus"
-        raise DataError(f"{spec}: the training text ({chars:,} characters) fills only {got} tokens ({merges} merges); "
-                        f"{fix}")
+        raise DataError(
+            f"{spec}: the training text ({chars:,} characters) fills only {got} tokens ({merges} merges); {fix}"
+        )
     if not quiet:
-        print(f"data: trained {spec} on {chars / 1e6:.1f} M characters of training text in "
-              f"{time.perf_counter() - started:.1f}s")
+        print(
+            f"data: trained {spec} on {chars / 1e6:.1f} M characters of training text in "
+            f"{time.perf_counter() - started:.1f}s"
+        )
     return HFTokenizer(backend.to_str(), name=spec, eos_id=backend.token_to_id(BPE_SPECIALS[0]))

@@ -22,8 +22,10 @@ from minigpt.core.user_files import DOCUMENT_BYTES, json_lines, loads, read_user
 __all__ = ["read_conversations", "to_messages"]
 
 Messages = list[dict[str, str]]
-FIX = ("each row needs \"messages\": [{\"role\": \"user\", \"content\": \"...\"}, {\"role\": \"assistant\", "
-       "\"content\": \"...\"}] or Alpaca's \"instruction\"/\"input\"/\"output\"")
+FIX = (
+    'each row needs "messages": [{"role": "user", "content": "..."}, {"role": "assistant", '
+    '"content": "..."}] or Alpaca\'s "instruction"/"input"/"output"'
+)
 
 
 def to_messages(row: Any, where: str) -> Messages:
@@ -39,23 +41,27 @@ def _row_problems(row: Any) -> Iterator[str]:
         yield f"a row must be a JSON object, got {type(row).__name__}; {FIX}"
         return
     if "messages" not in row and not ("instruction" in row and "output" in row):
-        yield (f"no \"messages\" (and no Alpaca \"instruction\"/\"output\") in the row, only "
-               f"{', '.join(map(repr, list(row)[:6])) or 'nothing'}; {FIX}")
+        yield (
+            f'no "messages" (and no Alpaca "instruction"/"output") in the row, only '
+            f"{', '.join(map(repr, list(row)[:6])) or 'nothing'}; {FIX}"
+        )
         return
     messages = _given_messages(row)
     if not isinstance(messages, list) or not messages:
-        yield f"the conversation is empty (\"messages\" must be a non-empty list); {FIX}"
+        yield f'the conversation is empty ("messages" must be a non-empty list); {FIX}'
         return
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or "role" not in message or "content" not in message:
-            yield f"message {i} has no \"role\" or no \"content\"; give every message both"
+            yield f'message {i} has no "role" or no "content"; give every message both'
         elif message["role"] not in ROLES:
             yield f"message {i} has the unknown role {message['role']!r}; use one of {', '.join(ROLES)}"
         elif not isinstance(message["content"], str):
             yield f"message {i}'s content is {type(message['content']).__name__}, not text; give a string"
     if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages):
-        yield ("the conversation has no assistant turn, so there is nothing to learn from it; add the assistant's "
-               "reply or drop the row")
+        yield (
+            "the conversation has no assistant turn, so there is nothing to learn from it; add the assistant's "
+            "reply or drop the row"
+        )
 
 
 def _given_messages(row: dict[str, Any]) -> Any:
@@ -96,8 +102,10 @@ def _dataset_rows(source: str) -> Iterator[tuple[Any, str]]:
             name, _, config = source.partition(":")
             ds = datasets.load_dataset(name, config or None, split="train")
     except Exception as e:  # datasets raises many types (hub, network, parsing): each is one line here
-        raise DataError(f"cannot read the conversations {source} ({type(e).__name__}: {first_line(e)}); give a "
-                        ".jsonl, .json or .parquet file, or a datasets name") from None
+        raise DataError(
+            f"cannot read the conversations {source} ({type(e).__name__}: {first_line(e)}); give a "
+            ".jsonl, .json or .parquet file, or a datasets name"
+        ) from None
     for i, row in enumerate(ds, 1):
         yield row, f"{source} row {i}"
 
@@ -108,8 +116,10 @@ def read_conversations(source: str) -> list[Messages]:
     if path.suffix.lower() in (".jsonl", ".json"):
         rows = _json_rows(path)  # (a missing file: its reader's "cannot read it")
     elif path.suffix.lower() != ".parquet" and path.exists():
-        raise DataError(f"{source}: chat data (--data.format chat) is read from .jsonl, .json or .parquet files or "
-                        "a datasets name; convert it to JSON Lines with one {\"messages\": [...]} per line")
+        raise DataError(
+            f"{source}: chat data (--data.format chat) is read from .jsonl, .json or .parquet files or "
+            'a datasets name; convert it to JSON Lines with one {"messages": [...]} per line'
+        )
     else:
         rows = _dataset_rows(str(source))
     # (none at all is refused where the conversations are split: too few for training and validation)

@@ -44,8 +44,10 @@ def fetch(url: str, dest: Path, timeout: float, max_bytes: int, write_fix: str) 
     too_big = f"{url} is over the {max_bytes / 2**30:.1f} GiB download limit; {YOURSELF}"
 
     def html_page(why: str) -> str:
-        return (f"{url} returned an HTML page ({why}), not a data file: a sign-in, error or download page?; pass "
-                f"the direct link to the raw file, or {YOURSELF}")
+        return (
+            f"{url} returned an HTML page ({why}), not a data file: a sign-in, error or download page?; pass "
+            f"the direct link to the raw file, or {YOURSELF}"
+        )
 
     def copy(body: _Body, f: Any, gzipped: bool) -> None:
         stream = gzip.GzipFile(fileobj=body, mode="rb") if gzipped else body
@@ -70,16 +72,22 @@ def fetch(url: str, dest: Path, timeout: float, max_bytes: int, write_fix: str) 
             rules = [
                 (length is not None and length > max_bytes, too_big),
                 (content_type in HTML_TYPES, html_page(f"Content-Type {content_type}")),
-                (encoding not in ("identity", "gzip", "x-gzip"),
-                 f"{url} was sent with Content-Encoding {encoding!r}, which minigpt does not decode (only gzip); "
-                 f"{YOURSELF}"),
-                (encoding != "identity" and dest.suffix == ".gz",  # (Apache's AddEncoding labels .gz files so)
-                 f"{url} is a .gz file sent with Content-Encoding gzip: whether the server compressed it once more "
-                 f"or only labelled its own compression cannot be told; {YOURSELF}"),
-                (length is None and not getattr(response, "chunked", False),  # (a chunked body's end is marked)
-                 f"{url} was sent with neither a Content-Length nor chunked encoding, so a download cut short could "
-                 "not be told from a whole one; download it yourself (e.g. with curl), check that it is whole, and "
-                 "pass the file path"),
+                (
+                    encoding not in ("identity", "gzip", "x-gzip"),
+                    f"{url} was sent with Content-Encoding {encoding!r}, which minigpt does not decode (only gzip); "
+                    f"{YOURSELF}",
+                ),
+                (
+                    encoding != "identity" and dest.suffix == ".gz",  # (Apache's AddEncoding labels .gz files so)
+                    f"{url} is a .gz file sent with Content-Encoding gzip: whether the server compressed it once more "
+                    f"or only labelled its own compression cannot be told; {YOURSELF}",
+                ),
+                (
+                    length is None and not getattr(response, "chunked", False),  # (a chunked body's end is marked)
+                    f"{url} was sent with neither a Content-Length nor chunked encoding, so a download cut short could "
+                    "not be told from a whole one; download it yourself (e.g. with curl), check that it is whole, and "
+                    "pass the file path",
+                ),
             ]
             if broken := [message for refused, message in rules if refused]:
                 raise DataError(broken[0])
@@ -91,22 +99,31 @@ def fetch(url: str, dest: Path, timeout: float, max_bytes: int, write_fix: str) 
 def _refusal(e: Exception, url: str, dest: Path, write_fix: str) -> UserError:
     """The one-line error for what the network, the server, the gzip decoder or the disk raised during fetch."""
     if isinstance(e, urllib.error.HTTPError):
-        return DataError(f"could not download {url}: HTTP {e.code} {e.reason}; check the URL, or download the file "
-                         "yourself and pass its path")
+        return DataError(
+            f"could not download {url}: HTTP {e.code} {e.reason}; check the URL, or download the file "
+            "yourself and pass its path"
+        )
     if isinstance(e, http.client.IncompleteRead):  # a chunked body cut before its last chunk
-        return DataError(f"the download of {url} is incomplete: the connection closed before its last chunk; try "
-                         f"again, or {YOURSELF}")
+        return DataError(
+            f"the download of {url} is incomplete: the connection closed before its last chunk; try "
+            f"again, or {YOURSELF}"
+        )
     if isinstance(e, http.client.HTTPException):  # a reply that is not HTTP: a bad status line, over-long headers
-        return DataError(f"could not download {url}: the reply is not valid HTTP ({type(e).__name__}: "
-                         f"{first_line(e)}); check the URL, or {YOURSELF}")
+        return DataError(
+            f"could not download {url}: the reply is not valid HTTP ({type(e).__name__}: "
+            f"{first_line(e)}); check the URL, or {YOURSELF}"
+        )
     if isinstance(e, (EOFError, zlib.error, gzip.BadGzipFile)):  # (raised by the gzip decoder only)
-        return DataError(f"the gzip-encoded download of {url} does not decode ({first_line(e)}); try again, or "
-                         f"{YOURSELF}")
+        return DataError(
+            f"the gzip-encoded download of {url} does not decode ({first_line(e)}); try again, or {YOURSELF}"
+        )
     if isinstance(e, OSError) and (error := write_error(e, f"the download in {dest.parent}", write_fix)):
         return error
     reason = getattr(e, "reason", None) or first_line(e)  # URLError, timeouts, resets; ValueError: a bad URL
-    return DataError(f"could not download {url} ({reason}); check the URL and your network, or download the "
-                     "file yourself and pass its path")
+    return DataError(
+        f"could not download {url} ({reason}); check the URL and your network, or download the "
+        "file yourself and pass its path"
+    )
 
 
 class _Body:
@@ -126,12 +143,16 @@ class _Body:
         self.window_bytes += len(chunk)
         # urllib's read returns short data, without an error, when the connection ends early
         if not chunk and self.length is not None and self.received != self.length:
-            raise DataError(f"the download of {self.url} is incomplete: {self.received:,} of its {self.length:,} "
-                            f"bytes arrived; try again, or {YOURSELF}")
+            raise DataError(
+                f"the download of {self.url} is incomplete: {self.received:,} of its {self.length:,} "
+                f"bytes arrived; try again, or {YOURSELF}"
+            )
         if chunk and (elapsed := time.monotonic() - self.window_start) >= DOWNLOAD_RATE_WINDOW_S:
             if self.window_bytes < DOWNLOAD_MIN_RATE * elapsed:
-                raise DataError(f"the download of {self.url} is too slow: {self.window_bytes:,} bytes in the last "
-                                f"{elapsed:.0f} s, under the minimum of {DOWNLOAD_MIN_RATE // 1024} KiB/s; try again "
-                                f"later, or {YOURSELF}")
+                raise DataError(
+                    f"the download of {self.url} is too slow: {self.window_bytes:,} bytes in the last "
+                    f"{elapsed:.0f} s, under the minimum of {DOWNLOAD_MIN_RATE // 1024} KiB/s; try again "
+                    f"later, or {YOURSELF}"
+                )
             self.window_start, self.window_bytes = time.monotonic(), 0
         return chunk

@@ -53,8 +53,9 @@ def char_vocabulary(corpus: Corpus) -> CharTokenizer:
     return CharTokenizer("".join(chars))
 
 
-def document_tokens(tok: Tokenizer, corpus: Corpus, stats: ReadStats, num_threads: int | None,
-                    cut_chars: int | None = None) -> Iterator[tuple[Document, Any]]:
+def document_tokens(
+    tok: Tokenizer, corpus: Corpus, stats: ReadStats, num_threads: int | None, cut_chars: int | None = None
+) -> Iterator[tuple[Document, Any]]:
     """(document, token ids) for each piece of each document, in order, then (document, None) at its end.
     Counts what it reads into `stats`; num_threads: BPE encoding threads (None: all cores).  cut_chars (a single
     document's planned training text, minigpt.data.bpe): the text is cut there, encoded on each side separately,
@@ -67,8 +68,7 @@ def decoded_text(doc: Document) -> Iterator[str]:
     return _decode(doc.chunks, doc.name, strict=False)
 
 
-def _pieces(tok: Tokenizer, corpus: Corpus, stats: ReadStats,
-            cut_chars: int | None) -> Iterator[tuple[Document, Any]]:
+def _pieces(tok: Tokenizer, corpus: Corpus, stats: ReadStats, cut_chars: int | None) -> Iterator[tuple[Document, Any]]:
     """(document, text or bytes to encode) for each piece of each document, then (document, None) at its end."""
     for doc in iter_documents(corpus):
         raw = stats.read(doc.chunks)
@@ -93,8 +93,9 @@ def _pieces(tok: Tokenizer, corpus: Corpus, stats: ReadStats,
         yield doc, None
 
 
-def _encode(tok: Tokenizer, pieces: Iterator[tuple[Document, str | bytes | None]],
-            num_threads: int | None) -> Iterator[tuple[Document, np.ndarray | None]]:
+def _encode(
+    tok: Tokenizer, pieces: Iterator[tuple[Document, str | bytes | None]], num_threads: int | None
+) -> Iterator[tuple[Document, np.ndarray | None]]:
     """Token arrays for the pieces, in order. Text is encoded in batches so BPE can use several threads."""
     batch: list[tuple[Document, str | bytes | None]] = []
     size = 0
@@ -105,9 +106,11 @@ def _encode(tok: Tokenizer, pieces: Iterator[tuple[Document, str | bytes | None]
             encoded = iter(tok.encode_batch(texts, num_threads) if texts else [])
         except UnknownCharactersError as e:  # a char tokenizer read from a file: its vocabulary is fixed
             doc = next(d for d, p in batch if isinstance(p, str) and any(c in p for c in e.chars))
-            raise DataError(f"{doc.name} has {len(e.chars)} character(s) not in the char tokenizer's vocabulary: "
-                            f"{shown_chars(e.chars)}; remove them, use a char tokenizer made from text that has "
-                            "them, or the byte tokenizer, which encodes any text") from None
+            raise DataError(
+                f"{doc.name} has {len(e.chars)} character(s) not in the char tokenizer's vocabulary: "
+                f"{shown_chars(e.chars)}; remove them, use a char tokenizer made from text that has "
+                "them, or the byte tokenizer, which encodes any text"
+            ) from None
         for doc, p in batch:
             if p is None or p is CUT:
                 yield doc, p
@@ -138,8 +141,10 @@ def _decode(chunks: Iterable[bytes], name: str, strict: bool) -> Iterator[str]:
         if text := decoder.decode(b"", final=True):
             yield text
     except UnicodeDecodeError as e:
-        raise DataError(f"{name} is not UTF-8 text (near byte {offset + e.start}); use the byte tokenizer "
-                        "(tokenizer: byte), which reads any file") from None
+        raise DataError(
+            f"{name} is not UTF-8 text (near byte {offset + e.start}); use the byte tokenizer "
+            "(tokenizer: byte), which reads any file"
+        ) from None
 
 
 def _bpe_safe_pieces(chunks: Iterable[str], max_carry: int | None = None) -> Iterator[str]:

@@ -55,9 +55,15 @@ class PreparedData:
     path: Path | None = None
 
 
-def prepare_data(source: str = DEFAULT_SOURCE, tokenizer: str = "char", data_root: str | Path = "data",
-                 val_fraction: float = 0.1, text_column: str = "text", num_proc: int | None = None,
-                 force: bool = False) -> Path:
+def prepare_data(
+    source: str = DEFAULT_SOURCE,
+    tokenizer: str = "char",
+    data_root: str | Path = "data",
+    val_fraction: float = 0.1,
+    text_column: str = "text",
+    num_proc: int | None = None,
+    force: bool = False,
+) -> Path:
     """Tokenize `source` into data_root/<name>-<tokenizer>-<hash>/ and return that directory.
 
     tokenizer: "char" (vocabulary: the corpus's characters), "byte", a tiktoken encoding name, "bpe:VOCAB" (a
@@ -71,10 +77,15 @@ def prepare_data(source: str = DEFAULT_SOURCE, tokenizer: str = "char", data_roo
     """
     # the settings' rules: (refused when, the message); an empty path would be the current directory (Path(""))
     for refused, message in (
-        (not 0.0 < val_fraction < 1.0, f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}; use "
-                                       "e.g. 0.1"),
-        (not str(source).strip(), "the data source is empty; pass a file, folder, URL or datasets name (or stdlib) "
-                                  "-- is the shell variable you meant to use unset?"),
+        (
+            not 0.0 < val_fraction < 1.0,
+            f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}; use e.g. 0.1",
+        ),
+        (
+            not str(source).strip(),
+            "the data source is empty; pass a file, folder, URL or datasets name (or stdlib) "
+            "-- is the shell variable you meant to use unset?",
+        ),
         (not str(data_root).strip(), "data_root is empty; set it to the folder for prepared data (default: data)"),
     ):
         if refused:
@@ -83,8 +94,15 @@ def prepare_data(source: str = DEFAULT_SOURCE, tokenizer: str = "char", data_roo
     data_root = Path(data_root)
     corpus = resolve_source(source, data_root, text_column)
     tokenizer_key = _tokenizer_key(spec)
-    fingerprint = sha256_json({"format": FORMAT_VERSION, "source": corpus.fingerprint(), "tokenizer": tokenizer_key,
-                               "val_fraction": val_fraction, "text_column": text_column})
+    fingerprint = sha256_json(
+        {
+            "format": FORMAT_VERSION,
+            "source": corpus.fingerprint(),
+            "tokenizer": tokenizer_key,
+            "val_fraction": val_fraction,
+            "text_column": text_column,
+        }
+    )
     # the directory: one per source and options (a built-in tokenizer by its name, a file by its content)
     label = spec.stem if isinstance(spec, Path) else spec
     placement = [corpus.origin, corpus.config, val_fraction, text_column]
@@ -96,8 +114,10 @@ def prepare_data(source: str = DEFAULT_SOURCE, tokenizer: str = "char", data_roo
         remove_stale(data_root)
     if not force and (meta := _complete_meta(out, fingerprint)) is not None:
         if (problem := verify_prepared(out, meta)) is None:
-            print(f"data: using {out} ({meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens, "
-                  f"{meta['tokenizer']}), prepared earlier from the same source and tokenizer")
+            print(
+                f"data: using {out} ({meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens, "
+                f"{meta['tokenizer']}), prepared earlier from the same source and tokenizer"
+            )
             return out
         print(f"data: {out} is damaged ({problem}); preparing it again")
 
@@ -122,26 +142,42 @@ def prepare_data(source: str = DEFAULT_SOURCE, tokenizer: str = "char", data_roo
                 progress.close()
             seconds = time.perf_counter() - t0
             write_json(tmp / "tokenizer.json", tok.to_dict())
-            meta = {"format_version": FORMAT_VERSION, "source": source, "kind": corpus.kind,
-                    "origin": corpus.origin, **stats, "tokenizer": tok.name, "tokenizer_key": tokenizer_key,
-                    "tokenizer_sha256": file_sha256(tmp / "tokenizer.json"), "vocab_size": tok.vocab_size,
-                    "eot_id": tok.eot_id, "dtype": token_dtype(tok.vocab_size).name, "val_fraction": val_fraction,
-                    "text_column": text_column, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                    "prepare_seconds": round(seconds, 3), "fingerprint": fingerprint}
+            meta = {
+                "format_version": FORMAT_VERSION,
+                "source": source,
+                "kind": corpus.kind,
+                "origin": corpus.origin,
+                **stats,
+                "tokenizer": tok.name,
+                "tokenizer_key": tokenizer_key,
+                "tokenizer_sha256": file_sha256(tmp / "tokenizer.json"),
+                "vocab_size": tok.vocab_size,
+                "eot_id": tok.eot_id,
+                "dtype": token_dtype(tok.vocab_size).name,
+                "val_fraction": val_fraction,
+                "text_column": text_column,
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "prepare_seconds": round(seconds, 3),
+                "fingerprint": fingerprint,
+            }
             write_json(tmp / "meta.json", meta)  # last: its presence marks a complete preparation
             fsync_dir(tmp)
             install_dir(tmp, out)
     finally:  # never a partial directory that a later run could take (once installed, tmp is gone)
         shutil.rmtree(tmp, ignore_errors=True)
     if corpus.skipped_files:
-        shown = ", ".join(f"{len(names)} {why} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
-                          for why, names in corpus.skipped_files.items())
+        shown = ", ".join(
+            f"{len(names)} {why} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+            for why, names in corpus.skipped_files.items()
+        )
         print(f"data: skipped {corpus.skipped} file(s) that hold no text: {shown}")
     mb = meta["num_bytes"] / 1e6
     tokens = meta["train_tokens"] + meta["val_tokens"]
-    print(f"data: prepared {out}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens from "
-          f"{meta['num_documents']:,} documents ({mb:.1f} MB, {tok.name}) in {seconds:.1f}s: "
-          f"{mb / max(seconds, 1e-9):.1f} MB/s, {tokens / max(seconds, 1e-9) / 1e6:.2f} M tokens/s")
+    print(
+        f"data: prepared {out}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens from "
+        f"{meta['num_documents']:,} documents ({mb:.1f} MB, {tok.name}) in {seconds:.1f}s: "
+        f"{mb / max(seconds, 1e-9):.1f} MB/s, {tokens / max(seconds, 1e-9) / 1e6:.2f} M tokens/s"
+    )
     return out
 
 
@@ -151,8 +187,11 @@ def load_prepared(data_dir: str | Path) -> PreparedData:
     try:
         meta = loads(read_user_bytes(data_dir / "meta.json", DOCUMENT_BYTES))
         tokenizer = tokenizer_from_dict(loads(read_user_bytes(data_dir / "tokenizer.json", DOCUMENT_BYTES)))
-        problem = (f"format_version {meta.get('format_version')}, expected {FORMAT_VERSION}"
-                   if meta.get("format_version") != FORMAT_VERSION else verify_prepared(data_dir, meta))
+        problem = (
+            f"format_version {meta.get('format_version')}, expected {FORMAT_VERSION}"
+            if meta.get("format_version") != FORMAT_VERSION
+            else verify_prepared(data_dir, meta)
+        )
         if problem is None:
             dtype = np.dtype(meta["dtype"])
             train = np.memmap(data_dir / "train.bin", dtype=dtype, mode="r")
@@ -161,10 +200,13 @@ def load_prepared(data_dir: str | Path) -> PreparedData:
     except (OSError, ValueError, KeyError, TypeError, UserError) as e:
         problem = first_line(e)
     if problem is not None:  # (without meta.json nothing was prepared there: a preparation is installed whole)
-        raise DataError(f"prepared data at {data_dir} is damaged or from another version ({problem}); delete the "
-                        "directory and prepare again" if (data_dir / "meta.json").is_file() else
-                        f"no prepared data at {data_dir} (no meta.json); prepare it first "
-                        "(minigpt.data.prepare.prepare_data(source, tokenizer)), or train with a data source")
+        raise DataError(
+            f"prepared data at {data_dir} is damaged or from another version ({problem}); delete the "
+            "directory and prepare again"
+            if (data_dir / "meta.json").is_file()
+            else f"no prepared data at {data_dir} (no meta.json); prepare it first "
+            "(minigpt.data.prepare.prepare_data(source, tokenizer)), or train with a data source"
+        )
     return PreparedData(train, val, meta, tokenizer, data_dir)
 
 
@@ -185,8 +227,11 @@ def _complete_meta(out: Path, fingerprint: str) -> dict[str, Any] | None:
     """meta.json of a whole preparation with this fingerprint at out, else None (its files: see verify_prepared)."""
     try:
         meta = loads(read_user_bytes(out / "meta.json", DOCUMENT_BYTES))
-        if isinstance(meta, dict) and meta.get("format_version") == FORMAT_VERSION \
-                and meta.get("fingerprint") == fingerprint:
+        if (
+            isinstance(meta, dict)
+            and meta.get("format_version") == FORMAT_VERSION
+            and meta.get("fingerprint") == fingerprint
+        ):
             return meta
     except (OSError, ValueError):
         pass

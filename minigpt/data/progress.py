@@ -1,8 +1,8 @@
 """Preparation's progress, at any size: a bar on a terminal (tqdm), else a log line every LOG_EVERY_S seconds.
 
-    progress = Progress(total_bytes, "tinyshakespeare")
-    progress.update(bytes_read, tokens_written)   # cumulative; cheap enough to call per chunk
-    progress.close()
+progress = Progress(total_bytes, "tinyshakespeare")
+progress.update(bytes_read, tokens_written)   # cumulative; cheap enough to call per chunk
+progress.close()
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ LOG_EVERY_S = 5.0
 
 
 class Progress:
-    def __init__(self, total_bytes: int | None, label: str, stream: TextIO | None = None,
-                 every_s: float | None = None) -> None:
+    def __init__(
+        self, total_bytes: int | None, label: str, stream: TextIO | None = None, every_s: float | None = None
+    ) -> None:
         self.stream = stream or sys.stderr
         self.total, self.label = total_bytes or None, label
         self.every_s = LOG_EVERY_S if every_s is None else every_s
@@ -27,8 +28,15 @@ class Progress:
         if self.stream.isatty():
             from tqdm import tqdm  # (Lightning's dependency)
 
-            self.bar = tqdm(total=self.total, unit="B", unit_scale=True, desc=f"data: {label}", file=self.stream,
-                            mininterval=0.5, leave=False)
+            self.bar = tqdm(
+                total=self.total,
+                unit="B",
+                unit_scale=True,
+                desc=f"data: {label}",
+                file=self.stream,
+                mininterval=0.5,
+                leave=False,
+            )
 
     def update(self, num_bytes: int, tokens: int) -> None:
         now = time.monotonic()
@@ -43,8 +51,12 @@ class Progress:
             if self.total:
                 eta = (self.total - num_bytes) / rate if rate > 0 else float("inf")
                 done += f" of {self.total / 1e6:,.1f} MB ({100 * num_bytes / self.total:.0f}%, ETA {eta:.0f}s)"
-            print(f"data: {self.label}: {done} read, {tokens:,} tokens, {rate / 1e6:.1f} MB/s, "
-                  f"{tokens / elapsed / 1e6:.2f} M tokens/s", file=self.stream, flush=True)
+            print(
+                f"data: {self.label}: {done} read, {tokens:,} tokens, {rate / 1e6:.1f} MB/s, "
+                f"{tokens / elapsed / 1e6:.2f} M tokens/s",
+                file=self.stream,
+                flush=True,
+            )
 
     def close(self) -> None:
         if self.bar is not None:

@@ -53,8 +53,13 @@ DATASET_BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".
 DECOMPRESSORS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 ARCHIVES = {".zip", ".tar", ".tgz", ".7z", ".rar"}
 # BOM -> codec; UTF-32-LE's BOM starts with UTF-16-LE's, so the longer ones are tried first
-BOMS = [(codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"), (codecs.BOM_UTF16_LE, "utf-16-le"),
-        (codecs.BOM_UTF16_BE, "utf-16-be"), (codecs.BOM_UTF8, "utf-8")]
+BOMS = [
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+    (codecs.BOM_UTF8, "utf-8"),
+]
 # Local sources up to this size are fingerprinted by their content too, not only by size and mtime (which an edit
 # can keep): sha256 of 256 MB costs about 0.2-0.6 s at each start; larger sources rely on size + mtime.
 CONTENT_HASH_LIMIT = 256 << 20
@@ -120,8 +125,9 @@ class Corpus:
                         while chunk := fh.read(CHUNK_BYTES):
                             h.update(chunk)
                 except OSError as e:
-                    raise DataError(f"cannot read {f.path} ({e.strerror or type(e).__name__}); check its "
-                                    "permissions") from None
+                    raise DataError(
+                        f"cannot read {f.path} ({e.strerror or type(e).__name__}); check its permissions"
+                    ) from None
             content = h.hexdigest()
         return sha256_json({"origin": self.origin, "config": self.config, "files": listing, "content": content})
 
@@ -142,11 +148,13 @@ class Corpus:
             raise
         except Exception as e:  # datasets raises many types (hub, network, parsing): report any as one line
             why = f"{type(e).__name__}: {first_line(e)}"
-            raise DataError(f"could not read {self.origin} as {self.builder} ({why}); check the file's format"
-                            if self.builder else
-                            f"corpus not found: {self.source} (not a file, folder or URL; as a datasets hub name: "
-                            f"{why}); pass an existing file/folder, a URL, or a datasets name (name or name:config) "
-                            "and check your network") from None
+            raise DataError(
+                f"could not read {self.origin} as {self.builder} ({why}); check the file's format"
+                if self.builder
+                else f"corpus not found: {self.source} (not a file, folder or URL; as a datasets hub name: "
+                f"{why}); pass an existing file/folder, a URL, or a datasets name (name or name:config) "
+                "and check your network"
+            ) from None
         return self._dataset
 
 
@@ -170,8 +178,14 @@ def resolve_source(source: str, data_root: str | Path = "data", text_column: str
     if looks_like_path or not _HUB_NAME.match(source):
         raise DataError(f"corpus not found: {source}; pass an existing file/folder, a URL, or a datasets name")
     name, _, config = source.partition(":")
-    return Corpus(source, "dataset", name, slugify(name.split("/")[-1] + (f"-{config}" if config else "")),
-                  config=config or None, text_column=text_column)
+    return Corpus(
+        source,
+        "dataset",
+        name,
+        slugify(name.split("/")[-1] + (f"-{config}" if config else "")),
+        config=config or None,
+        text_column=text_column,
+    )
 
 
 def iter_documents(corpus: Corpus) -> Iterator[Document]:
@@ -204,8 +218,11 @@ def _row_documents(corpus: Corpus) -> Iterator[Document]:
     column = corpus.text_column
     feature = ds.features.get(column)
     if getattr(feature, "dtype", None) not in ("string", "large_string"):
-        problem = (f"not found in {corpus.source}; columns present: {', '.join(ds.column_names)}" if feature is None
-                   else f"of {corpus.source} holds {feature}, not text")
+        problem = (
+            f"not found in {corpus.source}; columns present: {', '.join(ds.column_names)}"
+            if feature is None
+            else f"of {corpus.source} holds {feature}, not text"
+        )
         raise DataError(f"column {column!r} {problem}; set text_column to the column that holds the text")
     i = 0
     for batch in ds.select_columns([column]).with_format("arrow").iter(batch_size=1000):
@@ -220,7 +237,7 @@ def _row_documents(corpus: Corpus) -> Iterator[Document]:
 def _text_chunks(text: str) -> Iterator[bytes]:
     data = text.encode("utf-8")  # Arrow strings are valid UTF-8: this never fails
     for i in range(0, len(data), CHUNK_BYTES):
-        yield data[i:i + CHUNK_BYTES]
+        yield data[i : i + CHUNK_BYTES]
 
 
 def _text_file_chunks(path: Path) -> Iterator[bytes]:
@@ -239,7 +256,7 @@ def _text_file_chunks(path: Path) -> Iterator[bytes]:
                     chunk = f.read(CHUNK_BYTES)
                 return
             decoder = codecs.getincrementaldecoder(codec)("strict")
-            text = decoder.decode(head[len(next(b for b, c in BOMS if c == codec)):])
+            text = decoder.decode(head[len(next(b for b, c in BOMS if c == codec)) :])
             while chunk := f.read(CHUNK_BYTES):
                 text += decoder.decode(chunk)
                 yield text.encode("utf-8", "surrogatepass")
@@ -249,9 +266,12 @@ def _text_file_chunks(path: Path) -> Iterator[bytes]:
     # a UTF-16/32 file that is not, a damaged or truncated .gz/.bz2/.xz, or an unreadable file
     except (UnicodeDecodeError, OSError, EOFError, lzma.LZMAError) as e:
         what = f"a valid {path.suffix} file" if opener is not open else "readable"
-        raise DataError(f"{path} starts with a {codec.upper()} byte-order mark but is not valid {codec.upper()} "
-                        f"({e.reason}); convert it to UTF-8 or remove it" if isinstance(e, UnicodeDecodeError) else
-                        f"{path} is not {what} ({first_line(e)}); repair or remove it") from None
+        raise DataError(
+            f"{path} starts with a {codec.upper()} byte-order mark but is not valid {codec.upper()} "
+            f"({e.reason}); convert it to UTF-8 or remove it"
+            if isinstance(e, UnicodeDecodeError)
+            else f"{path} is not {what} ({first_line(e)}); repair or remove it"
+        ) from None
 
 
 def _local_corpus(source: str, path: Path, text_column: str) -> Corpus:
@@ -262,8 +282,15 @@ def _local_corpus(source: str, path: Path, text_column: str) -> Corpus:
     _require_regular(source, st)
     files = [SourceFile(path.name, path, st.st_size, st.st_mtime_ns)]
     builder = DATASET_BUILDERS.get(path.suffix.lower())
-    return Corpus(source, "dataset" if builder else "file", str(path), slugify(path.stem), files, builder=builder,
-                  text_column=text_column)
+    return Corpus(
+        source,
+        "dataset" if builder else "file",
+        str(path),
+        slugify(path.stem),
+        files,
+        builder=builder,
+        text_column=text_column,
+    )
 
 
 def _walk(root: Path, suffix: str | None = None, skip_dirs: Collection[str] = ()) -> list[SourceFile]:
@@ -285,15 +312,21 @@ def _walk(root: Path, suffix: str | None = None, skip_dirs: Collection[str] = ()
 
 
 # what a path that is not a regular file is, for the message that refuses it
-_SPECIAL_FILES = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
-                  stat.S_IFBLK: "a block device"}
+_SPECIAL_FILES = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
 
 
 def _require_regular(path: str | Path, st: os.stat_result) -> None:
     """Refuse a FIFO, socket or device (st: of a symlink's target): reading one blocks or never ends (/dev/zero)."""
     if not stat.S_ISREG(st.st_mode):
-        raise DataError(f"{path} is {_SPECIAL_FILES.get(stat.S_IFMT(st.st_mode), 'a special file')}, not a regular "
-                        "file: it could block or never end; pass a regular text file (save the data into one first)")
+        raise DataError(
+            f"{path} is {_SPECIAL_FILES.get(stat.S_IFMT(st.st_mode), 'a special file')}, not a regular "
+            "file: it could block or never end; pass a regular text file (save the data into one first)"
+        )
 
 
 def slugify(text: str) -> str:
@@ -308,8 +341,9 @@ def sha256_json(obj: Any) -> str:
 # ---------------------------------------------------------------------------------------------------- download
 
 
-def download(url: str, dest_dir: Path, timeout: float = DOWNLOAD_TIMEOUT_S,
-             max_bytes: int = DOWNLOAD_LIMIT_BYTES) -> Path:
+def download(
+    url: str, dest_dir: Path, timeout: float = DOWNLOAD_TIMEOUT_S, max_bytes: int = DOWNLOAD_LIMIT_BYTES
+) -> Path:
     """Fetch url into dest_dir/<sha-of-url>-<basename> once (minigpt.data.download.fetch: kept only when whole);
     later calls return the cached file."""
     basename = slugify(Path(urllib.parse.urlparse(url).path).name) or "download"

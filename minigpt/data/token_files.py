@@ -38,8 +38,15 @@ def document_key(doc: Document) -> int:
     return int.from_bytes(hashlib.sha256(doc.key.encode()).digest()[:8], "little")
 
 
-def write_tokens(out: Path, tok: Tokenizer, corpus: Corpus, val_fraction: float,
-                 num_threads: int | None, planned: Any = None, progress: Progress | None = None) -> dict[str, Any]:
+def write_tokens(
+    out: Path,
+    tok: Tokenizer,
+    corpus: Corpus,
+    val_fraction: float,
+    num_threads: int | None,
+    planned: Any = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
     """Every document's tokens into out/train.bin, then the validation ones moved to out/val.bin (see
     split_tokens). Returns what meta.json records of them: counts, sizes, the content hash and the checksums.
     planned: a minigpt.data.bpe.DocumentSplit decided before tokenizing (for a tokenizer trained on the training
@@ -73,21 +80,45 @@ def write_tokens(out: Path, tok: Tokenizer, corpus: Corpus, val_fraction: float,
         raise DataError(f"corpus is empty: {what} holds no text; pass a source with text in it")
     keys_array = np.array(keys, dtype=np.uint64)
     if planned is not None and not np.array_equal(keys_array, planned.keys):
-        raise DataError(f"{corpus.origin} changed while it was being prepared (its documents differ from the first "
-                        "pass); prepare it again once it is complete")
-    split = split_tokens(out / "train.bin", out / "val.bin", dtype, keys_array, np.array(counts, dtype=np.int64),
-                         val_fraction, is_val=planned.is_val if planned is not None else None, n_train=cut_tokens)
+        raise DataError(
+            f"{corpus.origin} changed while it was being prepared (its documents differ from the first "
+            "pass); prepare it again once it is complete"
+        )
+    split = split_tokens(
+        out / "train.bin",
+        out / "val.bin",
+        dtype,
+        keys_array,
+        np.array(counts, dtype=np.int64),
+        val_fraction,
+        is_val=planned.is_val if planned is not None else None,
+        n_train=cut_tokens,
+    )
     if split["train_tokens"] == 0 or split["val_tokens"] == 0:
-        raise DataError(f"corpus too small: {sum(counts)} token(s), too few for a train/val split; "
-                        "use a larger corpus")
+        raise DataError(f"corpus too small: {sum(counts)} token(s), too few for a train/val split; use a larger corpus")
     checks = {f"{name}_crc32": scan_tokens(out / f"{name}.bin", dtype)[0] for name in ("train", "val")}
-    return {"content_sha256": stats.content.hexdigest(), "num_documents": len(counts), "skipped": corpus.skipped,
-            "skipped_files": {why: names[:20] for why, names in corpus.skipped_files.items()},
-            "num_bytes": stats.num_bytes, "num_chars": stats.num_chars, **split, **checks}
+    return {
+        "content_sha256": stats.content.hexdigest(),
+        "num_documents": len(counts),
+        "skipped": corpus.skipped,
+        "skipped_files": {why: names[:20] for why, names in corpus.skipped_files.items()},
+        "num_bytes": stats.num_bytes,
+        "num_chars": stats.num_chars,
+        **split,
+        **checks,
+    }
 
 
-def split_tokens(train_path: Path, val_path: Path, dtype: np.dtype, keys: np.ndarray, counts: np.ndarray,
-                 val_fraction: float, is_val: np.ndarray | None = None, n_train: int | None = None) -> dict[str, Any]:
+def split_tokens(
+    train_path: Path,
+    val_path: Path,
+    dtype: np.dtype,
+    keys: np.ndarray,
+    counts: np.ndarray,
+    val_fraction: float,
+    is_val: np.ndarray | None = None,
+    n_train: int | None = None,
+) -> dict[str, Any]:
     """Move the validation tokens from train.bin (which holds every document's tokens, in order) to val.bin.
 
     Several documents: whole documents, chosen by choose_val_docs (or given: is_val). One document: its last
@@ -109,12 +140,21 @@ def split_tokens(train_path: Path, val_path: Path, dtype: np.dtype, keys: np.nda
         train_runs = [r for r, a in zip(runs, firsts) if not is_val[a]]
         val_runs = [r for r, a in zip(runs, firsts) if is_val[a]]
     n_val = _move_runs(train_path, val_path, dtype, train_runs, val_runs) if n else 0
-    return {"split": "tokens" if len(counts) == 1 else "documents", "val_documents": int(is_val.sum()),
-            "train_tokens": n - n_val, "val_tokens": n_val}
+    return {
+        "split": "tokens" if len(counts) == 1 else "documents",
+        "val_documents": int(is_val.sum()),
+        "train_tokens": n - n_val,
+        "val_tokens": n_val,
+    }
 
 
-def _move_runs(train_path: Path, val_path: Path, dtype: np.dtype, train_runs: list[tuple[int, int]],
-               val_runs: list[tuple[int, int]]) -> int:
+def _move_runs(
+    train_path: Path,
+    val_path: Path,
+    dtype: np.dtype,
+    train_runs: list[tuple[int, int]],
+    val_runs: list[tuple[int, int]],
+) -> int:
     """Append the val_runs token ranges of train.bin to val.bin, then compact the train_runs to the front of
     train.bin in place (each moves towards the start, so nothing is overwritten before it is read).  Through one
     buffer of COPY_TOKENS, not a memmap, whose pages would count in the RSS as the file is walked."""
@@ -123,12 +163,14 @@ def _move_runs(train_path: Path, val_path: Path, dtype: np.dtype, train_runs: li
 
     def read(f, token: int, n: int) -> memoryview:
         f.seek(token * size)
-        view, got = buffer[:n * size], 0
+        view, got = buffer[: n * size], 0
         while got < len(view):
             more = f.readinto(view[got:])
             if not more:
-                raise DataError(f"{train_path} became shorter while the validation split was moved out of it; "
-                                "prepare the data again")
+                raise DataError(
+                    f"{train_path} became shorter while the validation split was moved out of it; "
+                    "prepare the data again"
+                )
             got += more
         return view
 

@@ -39,7 +39,7 @@ def scan_tokens(path: Path, dtype: np.dtype) -> tuple[int, int]:
         while n := f.readinto(raw):
             crc = zlib.crc32(raw[:n], crc)
             if n >= dtype.itemsize:
-                top = max(top, int(buffer[:n // dtype.itemsize].max()))
+                top = max(top, int(buffer[: n // dtype.itemsize].max()))
     return crc, top
 
 
@@ -58,8 +58,10 @@ def verify_prepared(out: Path, meta: dict[str, Any]) -> str | None:
         for name in ("train", "val"):
             path = out / f"{name}.bin"
             if path.stat().st_size != meta[f"{name}_tokens"] * dtype.itemsize:
-                return f"{name}.bin holds {path.stat().st_size // dtype.itemsize:,} tokens, meta.json says " \
-                       f"{meta[f'{name}_tokens']:,}"
+                return (
+                    f"{name}.bin holds {path.stat().st_size // dtype.itemsize:,} tokens, meta.json says "
+                    f"{meta[f'{name}_tokens']:,}"
+                )
             crc, top = scan_tokens(path, dtype)
             if top >= meta["vocab_size"]:
                 return f"{name}.bin holds token id {top}, outside the vocabulary of {meta['vocab_size']}"

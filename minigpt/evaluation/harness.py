@@ -36,15 +36,25 @@ from minigpt.core.generation import generate, prompt_ids
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import HFTokenizer, Tokenizer
 
-INSTALL = ('the lm-evaluation-harness is not installed; install the eval extra: pip install -e ".[eval]" '
-           "(or python3 -m pip install lm-eval)")
+INSTALL = (
+    'the lm-evaluation-harness is not installed; install the eval extra: pip install -e ".[eval]" '
+    "(or python3 -m pip install lm-eval)"
+)
 
 if find_spec("lm_eval") is None:  # the optional extra; anything else missing is a broken install and keeps its trace
     raise UserError(INSTALL)
 
 from lm_eval.api.model import TemplateLM  # noqa: E402
 
-__all__ = ["MiniGPTLM", "read_task_file", "resolve_tasks", "evaluate_tasks", "results_table", "flat_metrics", "write_results"]
+__all__ = [
+    "MiniGPTLM",
+    "read_task_file",
+    "resolve_tasks",
+    "evaluate_tasks",
+    "results_table",
+    "flat_metrics",
+    "write_results",
+]
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +70,20 @@ class MiniGPTLM(TemplateLM):
     limit when a task names none.  distributed: take rank and world size from torch.distributed (Lightning DDP).
     """
 
-    def __init__(self, model: GPT, tokenizer: Tokenizer | None, batch_size: int = 1, max_gen_toks: int = 256,
-                 distributed: bool = False) -> None:
+    def __init__(
+        self,
+        model: GPT,
+        tokenizer: Tokenizer | None,
+        batch_size: int = 1,
+        max_gen_toks: int = 256,
+        distributed: bool = False,
+    ) -> None:
         super().__init__()
         if tokenizer is None:
-            raise UserError("the model has no tokenizer, and the harness scores text; use a checkpoint written by "
-                            "train.py or a Hugging Face folder with its tokenizer.json")
+            raise UserError(
+                "the model has no tokenizer, and the harness scores text; use a checkpoint written by "
+                "train.py or a Hugging Face folder with its tokenizer.json"
+            )
         self.model, self.tok, self.batch_size, self.max_gen_toks = model, tokenizer, batch_size, max_gen_toks
         self._device = model.lm_head.weight.device
         if distributed and dist.is_available() and dist.is_initialized():
@@ -107,16 +125,20 @@ class MiniGPTLM(TemplateLM):
     # ---------------------------------------------------------------------------------------- scoring
 
     @torch.inference_mode()
-    def _loglikelihood_tokens(self, requests: list, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
+    def _loglikelihood_tokens(
+        self, requests: list, disable_tqdm: bool = False, **kwargs: Any
+    ) -> list[tuple[float, bool]]:
         """(sum of log p(continuation | context), whether greedy decoding gives it) per (key, context, continuation),
         the input cut to the last block_size tokens as HFLM cuts it; longest first, in batches."""
         T, V = self.max_length, self.model.config.vocab_size
         rows = []
         for key, context, continuation in requests:
-            inp = (context + continuation)[-(T + 1):][:-1]
+            inp = (context + continuation)[-(T + 1) :][:-1]
             if len(continuation) > len(inp):
-                raise UserError(f"a continuation of {len(continuation)} tokens does not fit the model's context "
-                                f"(block_size={T}); use a task with shorter answers or a model with a longer context")
+                raise UserError(
+                    f"a continuation of {len(continuation)} tokens does not fit the model's context "
+                    f"(block_size={T}); use a task with shorter answers or a model with a longer context"
+                )
             rows.append((key, inp, continuation))
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i][1]))
         out: list[tuple[float, bool] | None] = [None] * len(rows)
@@ -124,15 +146,15 @@ class MiniGPTLM(TemplateLM):
         while start < len(order):
             longest = len(rows[order[start]][1])
             fits = max(1, LOGITS_BUDGET // (longest * V * 4))  # float32 logits of the batch
-            batch = order[start:start + min(self.batch_size, fits)]
+            batch = order[start : start + min(self.batch_size, fits)]
             start += len(batch)
             x = torch.zeros(len(batch), longest, dtype=torch.long)  # right padding: causal, so it changes nothing
             for b, i in enumerate(batch):
-                x[b, :len(rows[i][1])] = torch.tensor(rows[i][1])
+                x[b, : len(rows[i][1])] = torch.tensor(rows[i][1])
             logits, _ = self.model(x.to(self.device))
             for b, i in enumerate(batch):
                 key, inp, cont = rows[i]
-                picked = logits[b, len(inp) - len(cont):len(inp)].float().log_softmax(dim=-1)
+                picked = logits[b, len(inp) - len(cont) : len(inp)].float().log_softmax(dim=-1)
                 target = torch.tensor(cont, device=picked.device)
                 score = (float(picked.gather(-1, target[:, None]).sum()), bool((picked.argmax(-1) == target).all()))
                 out[i] = score
@@ -148,8 +170,12 @@ class MiniGPTLM(TemplateLM):
         windows, owner = [], []
         for n, (string,) in enumerate(req.args for req in requests):
             ids = self.tok_encode(string)
-            for context, pred in map(utils.make_disjoint_window, utils.get_rolling_token_windows(
-                    token_list=ids, prefix_token=self.prefix_token_id, max_seq_len=self.max_length, context_len=1)):
+            for context, pred in map(
+                utils.make_disjoint_window,
+                utils.get_rolling_token_windows(
+                    token_list=ids, prefix_token=self.prefix_token_id, max_seq_len=self.max_length, context_len=1
+                ),
+            ):
                 windows.append((None, context, pred))
                 owner.append(n)
         totals = [0.0] * len(requests)
@@ -183,10 +209,17 @@ class MiniGPTLM(TemplateLM):
 
             eot = self.tok.eot_id
             try:
-                generate(self.model, torch.tensor([ids], device=self.device), max_new,
-                         temperature=float(kwargs.get("temperature") or 1.0) if sample else 0.0,
-                         top_k=kwargs.get("top_k"), top_p=kwargs.get("top_p"), stop_token=eot,
-                         on_token=stop_at_until, vocab_size=min(self.tok.vocab_size, self.model.config.vocab_size))
+                generate(
+                    self.model,
+                    torch.tensor([ids], device=self.device),
+                    max_new,
+                    temperature=float(kwargs.get("temperature") or 1.0) if sample else 0.0,
+                    top_k=kwargs.get("top_k"),
+                    top_p=kwargs.get("top_p"),
+                    stop_token=eot,
+                    on_token=stop_at_until,
+                    vocab_size=min(self.tok.vocab_size, self.model.config.vocab_size),
+                )
             except _Stopped:
                 pass
             if new and new[-1] == eot:
@@ -222,8 +255,13 @@ class MiniGPTLM(TemplateLM):
 # -------------------------------------------------------------------------------------------- tasks
 
 
-def evaluate_tasks(lm: MiniGPTLM, tasks: Sequence[str] | tuple[list, Any], limit: int | None = None,
-                   num_fewshot: int | None = None, bootstrap_iters: int = 100_000) -> dict | None:
+def evaluate_tasks(
+    lm: MiniGPTLM,
+    tasks: Sequence[str] | tuple[list, Any],
+    limit: int | None = None,
+    num_fewshot: int | None = None,
+    bootstrap_iters: int = 100_000,
+) -> dict | None:
     """lm_eval.simple_evaluate on `tasks` (names and YAML paths, or what resolve_tasks returned); the harness's
     results dict (None on ranks other than 0 when distributed).  The model is put in eval mode meanwhile.
     limit (>= 1) and num_fewshot (>= 0) are checked where they enter: eval.py's and train.py's parsers."""
@@ -235,16 +273,28 @@ def evaluate_tasks(lm: MiniGPTLM, tasks: Sequence[str] | tuple[list, Any], limit
     was_training = model.training
     model.eval()
     try:
-        return simple_evaluate(model=lm, tasks=list(specs), task_manager=manager, limit=limit,
-                               num_fewshot=num_fewshot, batch_size=lm.batch_size, log_samples=False,
-                               bootstrap_iters=bootstrap_iters)
+        return simple_evaluate(
+            model=lm,
+            tasks=list(specs),
+            task_manager=manager,
+            limit=limit,
+            num_fewshot=num_fewshot,
+            batch_size=lm.batch_size,
+            log_samples=False,
+            bootstrap_iters=bootstrap_iters,
+        )
     except (FileNotFoundError, ConnectionError) as e:
         # a task's data_files or an uncached dataset; datasets offline (HF_DATASETS_OFFLINE=1) or no network
-        missing = ("could not be found" if isinstance(e, FileNotFoundError) else
-                   "is not in the local cache and cannot be downloaded")
-        raise UserError(f"a task's data {missing} ({first_line(e)}); check its dataset_path and data_files, point "
-                        "it at local files (dataset_path: json), or run once with internet access to cache its "
-                        "dataset") from None
+        missing = (
+            "could not be found"
+            if isinstance(e, FileNotFoundError)
+            else "is not in the local cache and cannot be downloaded"
+        )
+        raise UserError(
+            f"a task's data {missing} ({first_line(e)}); check its dataset_path and data_files, point "
+            "it at local files (dataset_path: json), or run once with internet access to cache its "
+            "dataset"
+        ) from None
     finally:
         model.train(was_training)
 
@@ -278,8 +328,12 @@ def write_results(results: dict, path: str | Path) -> Path:
     from lm_eval.utils import handle_non_serializable
 
     path = Path(path)
-    text = json.dumps({k: v for k, v in results.items() if k != "samples"}, indent=2,
-                      default=handle_non_serializable, ensure_ascii=False)
+    text = json.dumps(
+        {k: v for k, v in results.items() if k != "samples"},
+        indent=2,
+        default=handle_non_serializable,
+        ensure_ascii=False,
+    )
     with write_errors(path, "free space there or choose another --output", UserError):
         atomic_write(path, lambda f: f.write(text.encode("utf-8")))
     return path

@@ -28,8 +28,12 @@ def windows_per_batch(model: GPT, batch_size: int | None = None) -> int:
 
 
 @torch.inference_mode()
-def evaluate_tokens(model: GPT, tokens: np.ndarray | torch.Tensor, batch_size: int | None = None,
-                    device: str | torch.device | None = None) -> tuple[float, int]:
+def evaluate_tokens(
+    model: GPT,
+    tokens: np.ndarray | torch.Tensor,
+    batch_size: int | None = None,
+    device: str | torch.device | None = None,
+) -> tuple[float, int]:
     """(total negative log-likelihood in nats, number of predicted tokens) over the whole sequence.
 
     The sequence is cut into consecutive windows of block_size + 1 tokens that overlap by one, so every token
@@ -47,8 +51,8 @@ def evaluate_tokens(model: GPT, tokens: np.ndarray | torch.Tensor, batch_size: i
         raise UserError("nothing to evaluate: the text has fewer than 2 tokens; use a longer text")
 
     def nll(starts: list[int], size: int) -> float:
-        x = torch.stack([tokens[s:s + size] for s in starts]).to(device)  # (B, size)
-        y = torch.stack([tokens[s + 1:s + size + 1] for s in starts]).to(device)
+        x = torch.stack([tokens[s : s + size] for s in starts]).to(device)  # (B, size)
+        y = torch.stack([tokens[s + 1 : s + size + 1] for s in starts]).to(device)
         logits, _ = model(x)
         return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum").item()
 
@@ -56,7 +60,7 @@ def evaluate_tokens(model: GPT, tokens: np.ndarray | torch.Tensor, batch_size: i
     model.eval()
     try:
         full = list(range(0, n - T + 1, T))  # windows with T predictions each
-        total = sum(nll(full[i:i + batch_size], T) for i in range(0, len(full), batch_size))
+        total = sum(nll(full[i : i + batch_size], T) for i in range(0, len(full), batch_size))
         rest = n - len(full) * T
         if rest:
             total += nll([len(full) * T], rest)

@@ -56,19 +56,26 @@ def _hook(spec: str, task_file: Path, task: dict[str, str]) -> Callable[..., Any
     """`!function module.fn` of task_file: fn from module.py in its folder, whose errors name the task and hook."""
     module, _, name = spec.rpartition(".")
     source = (task_file.parent / f"{module.replace('.', '/')}.py").resolve()
-    fn = getattr(_hook_module(source), name, None) if module and source.is_file() and \
-        source.is_relative_to(task_file.parent) else None
+    fn = (
+        getattr(_hook_module(source), name, None)
+        if module and source.is_file() and source.is_relative_to(task_file.parent)
+        else None
+    )
     if not callable(fn):
-        raise ValueError(f"its hook !function {spec} is not a function of {module or '?'}.py in the task file's "
-                         "folder, the one place task hooks are read from")
+        raise ValueError(
+            f"its hook !function {spec} is not a function of {module or '?'}.py in the task file's "
+            "folder, the one place task hooks are read from"
+        )
 
     @functools.wraps(fn)
     def hook(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except Exception as e:  # the user's own code: which task and which hook, in one line
-            raise UserError(f"task {task['name']}: its hook !function {spec} ({source}) failed with "
-                            f"{type(e).__name__}: {first_line(e)}; fix the function") from None
+            raise UserError(
+                f"task {task['name']}: its hook !function {spec} ({source}) failed with "
+                f"{type(e).__name__}: {first_line(e)}; fix the function"
+            ) from None
 
     return hook
 
@@ -114,13 +121,17 @@ def _unusable(task: str, path: Path, error: Exception | None) -> str:
     if not path.is_file():
         return f"task file not found: {task}; give an existing task YAML file or a task name"
     if isinstance(error, yaml.YAMLError):
-        return (f"task file {task} is not valid YAML ({' '.join(first_line(error).split())}); fix it (the harness's "
-                "task format: task, dataset_path, output_type, doc_to_text, ...)")
+        return (
+            f"task file {task} is not valid YAML ({' '.join(first_line(error).split())}); fix it (the harness's "
+            "task format: task, dataset_path, output_type, doc_to_text, ...)"
+        )
     if error is None or isinstance(error, NotATask):
         why = first_line(error, 300) if error else "no `task: NAME` in it"
         return f"task file {task} is not a harness task ({why}); {FORMAT}"
-    return (f"task file {task} cannot be read ({type(error).__name__}: {first_line(error)}); fix it or the files it "
-            "includes")
+    return (
+        f"task file {task} cannot be read ({type(error).__name__}: {first_line(error)}); fix it or the files it "
+        "includes"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- tasks
@@ -152,8 +163,10 @@ def checked_task_manager() -> type:
                 shots = own if self.num_fewshot is None or own == 0 else self.num_fewshot
                 room, where = fewshot_room(task) if shots else (0, "")
                 if shots and shots > room:
-                    raise UserError(f"num_fewshot={shots}: task {name} has {room} document(s) to draw few-shot "
-                                    f"examples from{where}; ask for {room} or fewer")
+                    raise UserError(
+                        f"num_fewshot={shots}: task {name} has {room} document(s) to draw few-shot "
+                        f"examples from{where}; ask for {room} or fewer"
+                    )
             return loaded
 
     return CheckedTaskManager
@@ -170,6 +183,8 @@ def resolve_tasks(tasks: Sequence[str]) -> tuple[list[str | dict], Any]:
     unknown = [name for name in names if not manager.match_tasks([name])]
     if unknown or not tasks:
         what = f"unknown task {unknown[0]!r}" if unknown else "no task given"
-        raise UserError(f"{what}; `lm-eval ls tasks` lists the harness's tasks (pass --tasks NAME[,NAME...], e.g. "
-                        "hellaswag,arc_easy), or give the path of a task YAML file (ending in .yaml)")
+        raise UserError(
+            f"{what}; `lm-eval ls tasks` lists the harness's tasks (pass --tasks NAME[,NAME...], e.g. "
+            "hellaswag,arc_easy), or give the path of a task YAML file (ending in .yaml)"
+        )
     return specs, manager

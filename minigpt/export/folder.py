@@ -27,8 +27,17 @@ from minigpt.core.errors import UserError, first_line
 from minigpt.core.fsutil import WRITE_ERRNOS, fsync_dir, pid_alive, temp_sibling, write_json
 from minigpt.core.user_files import loads
 
-__all__ = ["MANIFEST", "FolderState", "check_out_path", "check_previous_export", "folder_state", "install_export",
-           "restore_interrupted", "seal_export", "storage_errors"]
+__all__ = [
+    "MANIFEST",
+    "FolderState",
+    "check_out_path",
+    "check_previous_export",
+    "folder_state",
+    "install_export",
+    "restore_interrupted",
+    "seal_export",
+    "storage_errors",
+]
 
 # no name transformers reads (config.json, generation_config.json, tokenizer*, special_tokens_map.json, ...)
 MANIFEST = "minigpt_export.json"
@@ -62,6 +71,7 @@ def _stat_key(info: os.stat_result) -> tuple[int, int, int, int, int]:
 
 # ------------------------------------------------------------------------------------------------- checks
 
+
 def check_out_path(out_dir: Path) -> None:
     """Every existing part of out_dir's path is a folder: `--out notes.txt/sub` is one line, not a traceback."""
     for path in [*reversed(out_dir.parents), out_dir]:
@@ -70,12 +80,16 @@ def check_out_path(out_dir: Path) -> None:
         except FileNotFoundError:
             return  # this part and the ones below it are created by the export
         except OSError as e:  # a symlink loop, a name too long, a folder we may not enter
-            raise UserError(f"cannot use {out_dir} as the output folder: {path} ({e.strerror}); choose another "
-                            "output folder") from None
+            raise UserError(
+                f"cannot use {out_dir} as the output folder: {path} ({e.strerror}); choose another output folder"
+            ) from None
         if not stat.S_ISDIR(mode):
-            raise UserError(f"{out_dir} exists and is not a folder; choose another output folder" if path == out_dir
-                            else f"{path} is a file, not a folder, so {out_dir} cannot be created in it; choose "
-                            "another output folder")
+            raise UserError(
+                f"{out_dir} exists and is not a folder; choose another output folder"
+                if path == out_dir
+                else f"{path} is a file, not a folder, so {out_dir} cannot be created in it; choose "
+                "another output folder"
+            )
 
 
 def check_previous_export(out_dir: Path) -> None:
@@ -101,8 +115,9 @@ def _foreign_entries(out_dir: Path, listed: dict[str, tuple[int, str]]) -> Itera
     for entry in entries:
         with open(out_dir / entry.name, "rb") as f:
             if hashlib.file_digest(f, "sha256").hexdigest() != listed[entry.name][1]:
-                yield (f"{out_dir / entry.name} was changed after export.py wrote it (its SHA-256 differs from "
-                       f"{MANIFEST})")
+                yield (
+                    f"{out_dir / entry.name} was changed after export.py wrote it (its SHA-256 differs from {MANIFEST})"
+                )
 
 
 def read_manifest(out_dir: Path) -> dict[str, tuple[int, str]]:
@@ -110,14 +125,18 @@ def read_manifest(out_dir: Path) -> dict[str, tuple[int, str]]:
     path = out_dir / MANIFEST
     if not os.path.lexists(path):
         present = sorted(p.name for p in out_dir.iterdir())
-        raise UserError(f"{out_dir} holds no {MANIFEST} (the list of files export.py writes; older minigpt versions "
-                        "wrote none), so its files may be yours and --overwrite would delete "
-                        f"{', '.join(present[:3])}{', ...' if len(present) > 3 else ''}; choose another output "
-                        "folder, or move them away")
+        raise UserError(
+            f"{out_dir} holds no {MANIFEST} (the list of files export.py writes; older minigpt versions "
+            "wrote none), so its files may be yours and --overwrite would delete "
+            f"{', '.join(present[:3])}{', ...' if len(present) > 3 else ''}; choose another output "
+            "folder, or move them away"
+        )
     listed: dict[str, tuple[int, str]] = {}
     for why in _manifest_problems(path, listed):
-        raise UserError(f"{path} is not a manifest export.py wrote ({why}), so --overwrite cannot tell an export's "
-                        "files from yours; choose another output folder, or move the folder's files away")
+        raise UserError(
+            f"{path} is not a manifest export.py wrote ({why}), so --overwrite cannot tell an export's "
+            "files from yours; choose another output folder, or move the folder's files away"
+        )
     return listed
 
 
@@ -137,15 +156,24 @@ def _manifest_problems(path: Path, listed: dict[str, tuple[int, str]]) -> Iterat
         return
     for item in doc["files"]:
         name, size, sha256 = (item.get(k) for k in ("name", "size", "sha256")) if isinstance(item, dict) else [None] * 3
-        if not (isinstance(name, str) and name not in listed and name not in ("", ".", "..", MANIFEST)
-                and "/" not in name and "\0" not in name and type(size) is int and size >= 0
-                and isinstance(sha256, str) and SHA256.fullmatch(sha256)):
+        if not (
+            isinstance(name, str)
+            and name not in listed
+            and name not in ("", ".", "..", MANIFEST)
+            and "/" not in name
+            and "\0" not in name
+            and type(size) is int
+            and size >= 0
+            and isinstance(sha256, str)
+            and SHA256.fullmatch(sha256)
+        ):
             yield f"a file entry is not a unique plain name with its size and SHA-256: {str(item)[:60]}"
             return
         listed[name] = size, sha256
 
 
 # ------------------------------------------------------------------------------------------------- writing
+
 
 def seal_export(folder: Path, mode_from: str = "config.json") -> None:
     """Give every file of a finished export the umask's mode, flush it to disk, then write the manifest listing it
@@ -155,11 +183,17 @@ def seal_export(folder: Path, mode_from: str = "config.json") -> None:
     for path in sorted(folder.iterdir()):
         path.chmod(mode)
         with open(path, "rb") as f:  # safetensors and tokenizers write without fsync
-            files.append({"name": path.name, "size": os.fstat(f.fileno()).st_size,
-                          "sha256": hashlib.file_digest(f, "sha256").hexdigest()})
+            files.append(
+                {
+                    "name": path.name,
+                    "size": os.fstat(f.fileno()).st_size,
+                    "sha256": hashlib.file_digest(f, "sha256").hexdigest(),
+                }
+            )
             os.fsync(f.fileno())
-    write_json(folder / MANIFEST, {"format": MANIFEST_FORMAT, "version": 1, "minigpt": minigpt_version(),
-                                   "files": files})
+    write_json(
+        folder / MANIFEST, {"format": MANIFEST_FORMAT, "version": 1, "minigpt": minigpt_version(), "files": files}
+    )
     fsync_dir(folder)
 
 
@@ -171,8 +205,10 @@ def install_export(tmp: Path, out_dir: Path, approved: FolderState) -> None:
         os.rename(out_dir, old)
         if folder_state(old) != approved:  # something was added or changed while the model was written
             os.rename(old, out_dir)
-            raise UserError(f"{out_dir} changed while the export was written, so it was left as it is; run the export "
-                            "again, with another output folder if the files are yours")
+            raise UserError(
+                f"{out_dir} changed while the export was written, so it was left as it is; run the export "
+                "again, with another output folder if the files are yours"
+            )
     os.rename(tmp, out_dir)
     fsync_dir(out_dir.parent)
     shutil.rmtree(old, ignore_errors=True)
@@ -183,8 +219,12 @@ def restore_interrupted(out_dir: Path, pid: int | None = None) -> None:
     process is gone), or with `pid`, that process's own (stopped by an exception)."""
     for old in out_dir.parent.glob(f".{glob.escape(out_dir.name)}.old-*"):
         owner = old.name.rpartition("-")[2]
-        if owner.isascii() and owner.isdigit() and not os.path.lexists(out_dir) \
-                and (int(owner) == pid or not pid_alive(int(owner))):
+        if (
+            owner.isascii()
+            and owner.isdigit()
+            and not os.path.lexists(out_dir)
+            and (int(owner) == pid or not pid_alive(int(owner)))
+        ):
             os.rename(old, out_dir)
 
 

@@ -41,8 +41,9 @@ GGUFType = Literal["f32", "f16", "bf16", "q8_0", "q4_0"]
 GGUF_TYPES: tuple[str, ...] = get_args(GGUFType)
 GGUF_ARCH = {"gpt": "gpt2", "llama": "llama"}
 BLOCK = 32  # values per q8_0 / q4_0 block: a quantized row is a whole number of blocks
-EXACT_GELU_NOTE = ("the model's exact (erf) GELU runs as llama.cpp's gpt2 tanh GELU, a difference of about 1e-3 "
-                   "in the activations")
+EXACT_GELU_NOTE = (
+    "the model's exact (erf) GELU runs as llama.cpp's gpt2 tanh GELU, a difference of about 1e-3 in the activations"
+)
 
 
 def gguf_lib():
@@ -50,29 +51,38 @@ def gguf_lib():
     try:
         import gguf
     except ImportError:
-        raise UserError("the GGUF export needs the `gguf` package (llama.cpp's writer); install it with "
-                        "`python3 -m pip install gguf`") from None
+        raise UserError(
+            "the GGUF export needs the `gguf` package (llama.cpp's writer); install it with "
+            "`python3 -m pip install gguf`"
+        ) from None
     return gguf
 
 
 # ------------------------------------------------------------------------------------------- what llama.cpp can hold
+
 
 def unsupported_options(config: GPTConfig) -> list[str]:
     """Each option of `config` that llama.cpp's gpt2 / llama architecture cannot express, as "option: why; fix"."""
     arch = GGUF_ARCH[config.arch]
     problems = []
     if config.qk_norm:
-        problems.append(f"qk_norm=true: llama.cpp's {arch} architecture has no query/key normalisation; train with "
-                        "qk_norm false")
+        problems.append(
+            f"qk_norm=true: llama.cpp's {arch} architecture has no query/key normalisation; train with qk_norm false"
+        )
     if config.arch == "gpt" and config.mlp != "gelu":
-        problems.append(f"mlp={config.mlp} with arch gpt: llama.cpp's gpt2 MLP is GELU only; use mlp gelu, or arch "
-                        "llama for SwiGLU")
+        problems.append(
+            f"mlp={config.mlp} with arch gpt: llama.cpp's gpt2 MLP is GELU only; use mlp gelu, or arch llama for SwiGLU"
+        )
     if config.arch == "llama" and config.mlp != "swiglu":
-        problems.append(f"mlp={config.mlp} with arch llama: llama.cpp's llama MLP is always gated (SwiGLU); use arch "
-                        "gpt for a GELU MLP")
+        problems.append(
+            f"mlp={config.mlp} with arch llama: llama.cpp's llama MLP is always gated (SwiGLU); use arch "
+            "gpt for a GELU MLP"
+        )
     if config.arch == "gpt" and config.head_dim * config.n_head != config.n_embd:
-        problems.append(f"head_dim={config.head_dim} with arch gpt: llama.cpp's gpt2 head size is always n_embd / "
-                        f"n_head = {config.n_embd / config.n_head:g}; use arch llama for another size")
+        problems.append(
+            f"head_dim={config.head_dim} with arch gpt: llama.cpp's gpt2 head size is always n_embd / "
+            f"n_head = {config.n_embd / config.n_head:g}; use arch llama for another size"
+        )
     return problems
 
 
@@ -94,9 +104,11 @@ def check_gguf_exportable(model: GPT, tokenizer: Tokenizer | None, chat_template
     vocab = gguf_vocab(tokenizer, config.vocab_size, chat_template, char_eos)
     notes = [EXACT_GELU_NOTE] if config.arch == "gpt" and config.gelu_approximate == "none" else []
     if char_eos is not None:
-        notes.append(f"a char vocabulary has no end-of-text token and llama.cpp needs one: it is "
-                     f"{tokenizer.chars[char_eos]!r}, the character this model is least likely to write, so "
-                     "llama.cpp writes on as minigpt's sampler does and stops where the model writes it")
+        notes.append(
+            f"a char vocabulary has no end-of-text token and llama.cpp needs one: it is "
+            f"{tokenizer.chars[char_eos]!r}, the character this model is least likely to write, so "
+            "llama.cpp writes on as minigpt's sampler does and stops where the model writes it"
+        )
     return Checked(vocab, notes)
 
 
@@ -107,16 +119,21 @@ def least_likely_char(model: GPT, tokenizer: CharTokenizer, length: int = 64) ->
     was_training = model.training
     model.eval()
     try:
-        ids = generate(model, torch.tensor([prompt_ids(tokenizer, "")], device=model.lm_head.weight.device),
-                       max_new_tokens=min(length, model.config.block_size - 1), temperature=0,
-                       vocab_size=tokenizer.vocab_size)
-        probs = model(ids)[0][0, :, :tokenizer.vocab_size].float().softmax(-1).mean(0)  # (vocab,)
+        ids = generate(
+            model,
+            torch.tensor([prompt_ids(tokenizer, "")], device=model.lm_head.weight.device),
+            max_new_tokens=min(length, model.config.block_size - 1),
+            temperature=0,
+            vocab_size=tokenizer.vocab_size,
+        )
+        probs = model(ids)[0][0, :, : tokenizer.vocab_size].float().softmax(-1).mean(0)  # (vocab,)
     finally:
         model.train(was_training)
     return int(probs.argmin())
 
 
 # ------------------------------------------------------------------------------------------------- tensors
+
 
 def rotary_pairs(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """q or k rows (heads x hs, ...) from rotate-half order (pairs i, i + hs/2) to llama.cpp's interleaved pairs
@@ -138,15 +155,24 @@ def named_tensors(model: GPT) -> dict[str, torch.Tensor]:
         src, dst = f"transformer.h.{i}.", f"blk.{i}."
         for kind in ("weight", "bias"):
             get = lambda name: state.get(f"{src}{name}.{kind}")  # noqa: E731
-            layer = {"attn_norm": get("ln_1"), "ffn_norm": get("ln_2"), "attn_output": get("attn.c_proj"),
-                     "ffn_down": get("mlp.c_proj")}
+            layer = {
+                "attn_norm": get("ln_1"),
+                "ffn_norm": get("ln_2"),
+                "attn_output": get("attn.c_proj"),
+                "ffn_down": get("mlp.c_proj"),
+            }
             if config.arch == "gpt":
                 layer |= {"attn_qkv": get("attn.c_attn"), "ffn_up": get("mlp.c_fc")}
             elif get("attn.c_attn") is not None:
                 q, k, v = get("attn.c_attn").split([q_rows, kv_rows, kv_rows])
                 gate, up = get("mlp.c_fc").chunk(2)
-                layer |= {"attn_q": rotary_pairs(q, config.n_head), "attn_k": rotary_pairs(k, config.n_kv_head),
-                          "attn_v": v, "ffn_gate": gate, "ffn_up": up}
+                layer |= {
+                    "attn_q": rotary_pairs(q, config.n_head),
+                    "attn_k": rotary_pairs(k, config.n_kv_head),
+                    "attn_v": v,
+                    "ffn_gate": gate,
+                    "ffn_up": up,
+                }
             out |= {f"{dst}{name}.{kind}": t for name, t in layer.items() if t is not None}
     out["output_norm.weight"] = state["transformer.ln_f.weight"]
     if "transformer.ln_f.bias" in state:
@@ -155,7 +181,7 @@ def named_tensors(model: GPT) -> dict[str, torch.Tensor]:
         out["output.weight"] = state["lm_head.weight"]
     if config.rope_scaling is not None:  # llama.cpp divides each frequency by its factor
         exponents = torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim
-        inv_freq = 1.0 / config.rope_base ** exponents
+        inv_freq = 1.0 / config.rope_base**exponents
         out["rope_freqs.weight"] = inv_freq / llama3_scaled_frequencies(inv_freq, config.rope_scaling)
     return out
 
@@ -185,6 +211,7 @@ def gguf_tensors(model: GPT, gguf_type: GGUFType) -> tuple[list[tuple[str, np.nd
 
 # ------------------------------------------------------------------------------------------------- the file
 
+
 @dataclass
 class GGUFExport:
     """What export_gguf wrote."""
@@ -202,9 +229,15 @@ def write_metadata(writer, config: GPTConfig, gguf_type: GGUFType, name: str | N
     gguf = gguf_lib()
     writer.add_string(SHA_KEY, "0" * 64)  # second key, after general.architecture: filled in by gguf_file.seal
     writer.add_name(name or "minigpt")
-    writer.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-                          "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-                          "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[gguf_type])
+    writer.add_file_type(
+        {
+            "f32": gguf.LlamaFileType.ALL_F32,
+            "f16": gguf.LlamaFileType.MOSTLY_F16,
+            "bf16": gguf.LlamaFileType.MOSTLY_BF16,
+            "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+            "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+        }[gguf_type]
+    )
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     writer.add_context_length(config.block_size)
     writer.add_embedding_length(config.n_embd)
@@ -223,9 +256,16 @@ def write_metadata(writer, config: GPTConfig, gguf_type: GGUFType, name: str | N
     writer.add_value_length(config.head_dim)
 
 
-def export_gguf(model: GPT, tokenizer: Tokenizer | None, out: str | Path, gguf_type: GGUFType = "f32",
-                overwrite: bool = False, checked: FileState = None, chat_template: str | None = None,
-                name: str | None = None) -> GGUFExport:
+def export_gguf(
+    model: GPT,
+    tokenizer: Tokenizer | None,
+    out: str | Path,
+    gguf_type: GGUFType = "f32",
+    overwrite: bool = False,
+    checked: FileState = None,
+    chat_template: str | None = None,
+    name: str | None = None,
+) -> GGUFExport:
     """Write `model` and its tokenizer as one GGUF file at `out` (see the module docstring).
 
     Refuses, before writing anything, what llama.cpp cannot express and an `out` that exists (unless overwrite,

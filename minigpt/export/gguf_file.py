@@ -50,8 +50,9 @@ def check_out_file(out: Path, overwrite: bool, checked: FileState = None) -> Fil
     if stat.S_ISDIR(state[0]):
         raise UserError(f"{out} is a folder; give the path of the .gguf file to write, e.g. {out / 'model.gguf'}")
     if not overwrite:
-        raise UserError(f"{out} already exists; choose another output file, or pass --overwrite to replace a previous "
-                        "export")
+        raise UserError(
+            f"{out} already exists; choose another output file, or pass --overwrite to replace a previous export"
+        )
     if state != checked:
         try:
             check_previous_gguf(out)
@@ -95,7 +96,7 @@ def _digest_offset(f) -> int | None:
         if len(head) < at + 8:
             return None
         (n,) = struct.unpack_from("<Q", head, at)
-        key = head[at + 8:at + 8 + n]
+        key = head[at + 8 : at + 8 + n]
         at += 8 + n
         if key != expected or len(head) < at + 12:
             return None
@@ -144,8 +145,10 @@ def write_gguf_file(out: Path, write: Callable[[Path], None], approved: FileStat
             write(tmp)
             seal(tmp)
             if file_state(out) != approved:  # replaced or created while the model was written
-                raise UserError(f"{out} changed while the export was written, so it was left as it is; run the export "
-                                "again, with another output file if it is yours")
+                raise UserError(
+                    f"{out} changed while the export was written, so it was left as it is; run the export "
+                    "again, with another output file if it is yours"
+                )
             os.replace(tmp, out)
             fsync_dir(out.parent)
         except BaseException:

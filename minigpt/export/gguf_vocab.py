@@ -96,14 +96,18 @@ class GGUFVocab:
 
 # ------------------------------------------------------------------------------------------------- entry points
 
-def gguf_vocab(tokenizer: Tokenizer | None, vocab_size: int, chat_template: str | None = None,
-               char_eos: int | None = None) -> GGUFVocab:
+
+def gguf_vocab(
+    tokenizer: Tokenizer | None, vocab_size: int, chat_template: str | None = None, char_eos: int | None = None
+) -> GGUFVocab:
     """The GGUF vocabulary of `tokenizer` for a model with `vocab_size` logits (padded with unused tokens to it);
     UserError, before anything is written, if llama.cpp cannot reproduce its ids.  `char_eos`: the end-of-sequence
     id to name for a char vocabulary, which has none (see _set_specials)."""
     if tokenizer is None:
-        raise UserError("the checkpoint holds no tokenizer, and a GGUF file must carry one (llama.cpp tokenizes the "
-                        "prompt itself); export a checkpoint saved with its tokenizer")
+        raise UserError(
+            "the checkpoint holds no tokenizer, and a GGUF file must carry one (llama.cpp tokenizes the "
+            "prompt itself); export a checkpoint saved with its tokenizer"
+        )
     with tempfile.TemporaryDirectory(prefix="minigpt-gguf-") as tmp:  # the HF export's files, as llama.cpp converts
         save_hf_tokenizer(tokenizer, Path(tmp))
         doc = json.loads((Path(tmp) / "tokenizer.json").read_text(encoding="utf-8"))
@@ -118,8 +122,10 @@ def gguf_vocab(tokenizer: Tokenizer | None, vocab_size: int, chat_template: str 
         vocab = _bpe_vocab(doc, model, isinstance(base, ByteTokenizer))
     _add_tokens(vocab, doc.get("added_tokens") or [])
     if len(vocab.tokens) > vocab_size:
-        raise UserError(f"the tokenizer has {len(vocab.tokens)} tokens but the model only {vocab_size} logits; the "
-                        "tokenizer is not this model's")
+        raise UserError(
+            f"the tokenizer has {len(vocab.tokens)} tokens but the model only {vocab_size} logits; the "
+            "tokenizer is not this model's"
+        )
     vocab.tokens += [f"[PAD{i}]" for i in range(len(vocab.tokens), vocab_size)]  # as convert_hf_to_gguf pads
     vocab.types += [UNUSED] * (vocab_size - len(vocab.types))
     _check_unique(vocab.tokens)
@@ -131,6 +137,7 @@ def gguf_vocab(tokenizer: Tokenizer | None, vocab_size: int, chat_template: str 
 
 # ------------------------------------------------------------------------------------------------- vocabularies
 
+
 def _unreproducible(doc: dict, base: Tokenizer) -> Iterator[str]:
     """Why llama.cpp's BPE would split or spell text otherwise than tokenizer.json `doc` (the first reason only):
     a model that is not byte-level BPE (SentencePiece style: llama.cpp would need its piece scores), a
@@ -139,31 +146,40 @@ def _unreproducible(doc: dict, base: Tokenizer) -> Iterator[str]:
     if model.get("type") == "WordLevel" and isinstance(base, CharTokenizer):
         return
     if model.get("type") != "BPE":
-        yield (f"the tokenizer ({base.name}) is a {model.get('type')} model; llama.cpp reads byte-level BPE "
-               "vocabularies from a GGUF file")
+        yield (
+            f"the tokenizer ({base.name}) is a {model.get('type')} model; llama.cpp reads byte-level BPE "
+            "vocabularies from a GGUF file"
+        )
         return
     by_id = sorted((model.get("vocab") or {}).items(), key=lambda kv: kv[1])
     not_byte_level = next((t for t, _ in by_id if not set(t) <= ALPHABET), None)
     decoder = (doc.get("decoder") or {}).get("type")
     if not_byte_level is not None or decoder != "ByteLevel":
-        yield (f"the tokenizer is not a byte-level BPE (token {not_byte_level!r}, decoder {decoder}): a "
-               "SentencePiece-style vocabulary, which this export does not convert (llama.cpp would need its piece "
-               "scores)")
+        yield (
+            f"the tokenizer is not a byte-level BPE (token {not_byte_level!r}, decoder {decoder}): a "
+            "SentencePiece-style vocabulary, which this export does not convert (llama.cpp would need its piece "
+            "scores)"
+        )
     elif doc.get("normalizer"):
         yield f"the tokenizer normalises text first ({doc['normalizer'].get('type')}), which llama.cpp's BPE does not"
     elif not isinstance(base, ByteTokenizer) and pre_tokenizer_name(pre := doc.get("pre_tokenizer")) is None:
         parts = _pre_parts(pre)
         kinds, byte_level = [p.get("type") for p in parts], parts[-1] if parts else {}
         if kinds[-1:] == ["ByteLevel"] and byte_level.get("add_prefix_space"):
-            yield ("the tokenizer adds a space before each text (ByteLevel add_prefix_space), which llama.cpp's BPE "
-                   "does not")
+            yield (
+                "the tokenizer adds a space before each text (ByteLevel add_prefix_space), which llama.cpp's BPE "
+                "does not"
+            )
         elif kinds == ["Split", "ByteLevel"] and not byte_level.get("use_regex", True):
             pattern = (parts[0].get("pattern") or {}).get("Regex")
-            yield (f"the tokenizer splits text with a pattern llama.cpp has no pre-tokenizer for "
-                   f"({str(pattern)[:60]!r}...; llama.cpp hard-codes its patterns by name)")
+            yield (
+                f"the tokenizer splits text with a pattern llama.cpp has no pre-tokenizer for "
+                f"({str(pattern)[:60]!r}...; llama.cpp hard-codes its patterns by name)"
+            )
         else:
-            yield (f"the tokenizer's pre-tokenizer ({' + '.join(map(str, kinds)) or 'none'}) has no llama.cpp "
-                   "counterpart")
+            yield (
+                f"the tokenizer's pre-tokenizer ({' + '.join(map(str, kinds)) or 'none'}) has no llama.cpp counterpart"
+            )
 
 
 def _byte_level(text: str) -> str:
@@ -219,8 +235,12 @@ def pre_tokenizer_name(pre: dict | None) -> str | None:
     if kinds == ["Digits", "ByteLevel"] and parts[0].get("individual_digits") and regex:
         return "smollm"
     split = parts[0]
-    if kinds == ["Split", "ByteLevel"] and not regex and split.get("behavior") == "Isolated" \
-            and not split.get("invert"):
+    if (
+        kinds == ["Split", "ByteLevel"]
+        and not regex
+        and split.get("behavior") == "Isolated"
+        and not split.get("invert")
+    ):
         return PRE_TOKENIZERS.get((split.get("pattern") or {}).get("Regex"))
     return None
 
@@ -235,8 +255,10 @@ def _add_tokens(vocab: GGUFVocab, added: list[dict]) -> None:
             _add_char(vocab, text)
             continue
         if i > len(vocab.tokens):
-            raise UserError(f"added token {text!r} has id {i}, past the vocabulary's {len(vocab.tokens)} tokens; the "
-                            "checkpoint's tokenizer is inconsistent")
+            raise UserError(
+                f"added token {text!r} has id {i}, past the vocabulary's {len(vocab.tokens)} tokens; the "
+                "checkpoint's tokenizer is inconsistent"
+            )
         if i == len(vocab.tokens):
             vocab.tokens.append(text)
             vocab.types.append(kind)
@@ -248,12 +270,15 @@ def _check_unique(tokens: list[str]) -> None:
     seen: dict[str, int] = {}
     for i, token in enumerate(tokens):
         if token in seen:
-            raise UserError(f"tokens {seen[token]} and {i} have the same text {token!r} in llama.cpp's spelling, and "
-                            f"a GGUF vocabulary cannot hold a token twice; {REFUSED}")
+            raise UserError(
+                f"tokens {seen[token]} and {i} have the same text {token!r} in llama.cpp's spelling, and "
+                f"a GGUF vocabulary cannot hold a token twice; {REFUSED}"
+            )
         seen[token] = i
 
 
 # ------------------------------------------------------------------------------------------------- special tokens
+
 
 def _set_specials(vocab: GGUFVocab, tokenizer: Tokenizer, base: Tokenizer, config: dict, char_eos: int | None) -> None:
     """BOS/EOS as the HF export names them; a chat model's end of turn is its EOS.  llama.cpp always has an EOS (the
@@ -280,8 +305,9 @@ def _set_specials(vocab: GGUFVocab, tokenizer: Tokenizer, base: Tokenizer, confi
         vocab.add_bos = len(full) > len(plain) and full[0] == base.bos_id
         vocab.add_eos = len(full) > len(plain) and full[-1] == base.eos_id
         if len(full) - len(plain) != vocab.add_bos + vocab.add_eos:
-            raise UserError(f"the tokenizer adds tokens around each text ({full} for 'a') that are not its BOS/EOS; "
-                            f"{REFUSED}")
+            raise UserError(
+                f"the tokenizer adds tokens around each text ({full} for 'a') that are not its BOS/EOS; {REFUSED}"
+            )
 
 
 GENERATION_TAG = re.compile(r"\{%(-?)\s*(end)?generation\s*(-?)%\}")

@@ -27,8 +27,17 @@ import torch
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError
 from minigpt.core.fsutil import remove_stale, temp_sibling, write_json
-from minigpt.export.folder import (MANIFEST, FolderState, check_out_path, check_previous_export, folder_state,
-                                      install_export, restore_interrupted, seal_export, storage_errors)
+from minigpt.export.folder import (
+    MANIFEST,
+    FolderState,
+    check_out_path,
+    check_previous_export,
+    folder_state,
+    install_export,
+    restore_interrupted,
+    seal_export,
+    storage_errors,
+)
 from minigpt.hf.tokenizer_files import save_hf_tokenizer
 from minigpt.hf.weights import to_hf_state_dict
 from minigpt.core.model import GPT
@@ -37,12 +46,20 @@ from minigpt.core.tokenizers import Tokenizer
 __all__ = ["EXPORT_FILES", "check_exportable", "export_hf", "hf_config"]
 
 # everything an export writes; --overwrite trusts the manifest's sizes and hashes, never these names
-EXPORT_FILES = {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-                "tokenizer_config.json", "special_tokens_map.json", MANIFEST}
+EXPORT_FILES = {
+    "config.json",
+    "model.safetensors",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    MANIFEST,
+}
 HF_CLASS = {"gpt": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
 
 
 # ------------------------------------------------------------------------------------------------- what HF can hold
+
 
 def unsupported_options(config: GPTConfig) -> list[str]:
     """Each option of `config` that the target HF class cannot express, as "option: why; fix"."""
@@ -56,21 +73,29 @@ def unsupported_options(config: GPTConfig) -> list[str]:
         if config.mlp == "swiglu":
             problems.append("mlp=swiglu with arch gpt: GPT2LMHeadModel's MLP is not gated; use arch llama for SwiGLU")
         if config.n_kv_head != config.n_head:
-            problems.append(f"n_kv_head={config.n_kv_head} (grouped-query attention) with arch gpt: GPT2LMHeadModel "
-                            "has one key/value head per query head; use arch llama for GQA")
+            problems.append(
+                f"n_kv_head={config.n_kv_head} (grouped-query attention) with arch gpt: GPT2LMHeadModel "
+                "has one key/value head per query head; use arch llama for GQA"
+            )
         if config.head_dim * config.n_head != config.n_embd:
-            problems.append(f"head_dim={config.head_dim} with arch gpt: GPT2LMHeadModel's head size is always "
-                            f"n_embd / n_head = {config.n_embd / config.n_head:g}; use arch llama for another size")
+            problems.append(
+                f"head_dim={config.head_dim} with arch gpt: GPT2LMHeadModel's head size is always "
+                f"n_embd / n_head = {config.n_embd / config.n_head:g}; use arch llama for another size"
+            )
     else:
         if config.mlp == "gelu":
-            problems.append("mlp=gelu with arch llama: LlamaForCausalLM's MLP is always gated (SwiGLU); use arch "
-                            "gpt for a GELU MLP")
+            problems.append(
+                "mlp=gelu with arch llama: LlamaForCausalLM's MLP is always gated (SwiGLU); use arch gpt for a GELU MLP"
+            )
         if config.bias:  # LlamaConfig has attention_bias/mlp_bias, but minigpt.hf.weights maps bias-free Llamas only
-            problems.append("bias=true with arch llama: minigpt exports Llama models without biases only; train "
-                            "with bias false")
+            problems.append(
+                "bias=true with arch llama: minigpt exports Llama models without biases only; train with bias false"
+            )
         if config.n_embd % config.n_head:  # LlamaConfig checks it even when head_dim is given
-            problems.append(f"n_embd={config.n_embd} with n_head={config.n_head}: LlamaConfig requires n_embd "
-                            "divisible by n_head (even with an explicit head_dim)")
+            problems.append(
+                f"n_embd={config.n_embd} with n_head={config.n_head}: LlamaConfig requires n_embd "
+                "divisible by n_head (even with an explicit head_dim)"
+            )
     return problems
 
 
@@ -83,23 +108,40 @@ def check_exportable(config: GPTConfig) -> None:
 
 # ------------------------------------------------------------------------------------------------- config.json
 
+
 def hf_config(config: GPTConfig, tokenizer: Tokenizer | None = None, dtype: torch.dtype = torch.float32) -> dict:
     """config.json for GPT2LMHeadModel (arch gpt) or LlamaForCausalLM (arch llama), as save_pretrained writes it."""
     bos, eos = special_ids(tokenizer)
-    common = {"architectures": [HF_CLASS[config.arch]], "vocab_size": config.vocab_size,
-              "bos_token_id": bos, "eos_token_id": eos, "tie_word_embeddings": config.tie_embeddings,
-              "dtype": str(dtype).removeprefix("torch."), "use_cache": True}
+    common = {
+        "architectures": [HF_CLASS[config.arch]],
+        "vocab_size": config.vocab_size,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "tie_word_embeddings": config.tie_embeddings,
+        "dtype": str(dtype).removeprefix("torch."),
+        "use_cache": True,
+    }
     common["torch_dtype"] = common["dtype"]  # the key transformers 4, vLLM and llama.cpp's converter read
     if config.arch == "gpt":
-        return {"model_type": "gpt2", **common,
-                "n_positions": config.block_size, "n_ctx": config.block_size, "n_embd": config.n_embd,
-                "n_layer": config.n_layer, "n_head": config.n_head, "n_inner": config.mlp_hidden,
-                # gelu_new is GPT-2's own tanh formula; "gelu" is the exact (erf) one
-                "activation_function": "gelu_new" if config.gelu_approximate == "tanh" else "gelu",
-                "layer_norm_epsilon": config.norm_eps,
-                "resid_pdrop": config.dropout, "embd_pdrop": config.dropout, "attn_pdrop": config.dropout,
-                "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
-                "reorder_and_upcast_attn": False}
+        return {
+            "model_type": "gpt2",
+            **common,
+            "n_positions": config.block_size,
+            "n_ctx": config.block_size,
+            "n_embd": config.n_embd,
+            "n_layer": config.n_layer,
+            "n_head": config.n_head,
+            "n_inner": config.mlp_hidden,
+            # gelu_new is GPT-2's own tanh formula; "gelu" is the exact (erf) one
+            "activation_function": "gelu_new" if config.gelu_approximate == "tanh" else "gelu",
+            "layer_norm_epsilon": config.norm_eps,
+            "resid_pdrop": config.dropout,
+            "embd_pdrop": config.dropout,
+            "attn_pdrop": config.dropout,
+            "scale_attn_weights": True,
+            "scale_attn_by_inverse_layer_idx": False,
+            "reorder_and_upcast_attn": False,
+        }
     # transformers 5 reads RoPE from rope_parameters; rope_theta / rope_scaling are the keys older transformers,
     # vLLM and llama.cpp's converter read (5 takes rope_scaling over rope_parameters when both are given: equal here)
     rope = {"rope_type": "default", "rope_theta": config.rope_base}
@@ -109,13 +151,24 @@ def hf_config(config: GPTConfig, tokenizer: Tokenizer | None = None, dtype: torc
         scaling["rope_type"] = config.rope_scaling.get("rope_type", config.rope_scaling.get("type"))
         rope = {**scaling, "rope_theta": config.rope_base}
         legacy["rope_scaling"] = scaling
-    return {"model_type": "llama", **common,
-            "hidden_size": config.n_embd, "intermediate_size": config.mlp_hidden,
-            "num_hidden_layers": config.n_layer, "num_attention_heads": config.n_head,
-            "num_key_value_heads": config.n_kv_head, "head_dim": config.head_dim,
-            "max_position_embeddings": config.block_size, "rms_norm_eps": config.norm_eps,
-            "hidden_act": "silu", "attention_bias": config.bias, "mlp_bias": config.bias,
-            "attention_dropout": config.dropout, "rope_parameters": rope, **legacy}
+    return {
+        "model_type": "llama",
+        **common,
+        "hidden_size": config.n_embd,
+        "intermediate_size": config.mlp_hidden,
+        "num_hidden_layers": config.n_layer,
+        "num_attention_heads": config.n_head,
+        "num_key_value_heads": config.n_kv_head,
+        "head_dim": config.head_dim,
+        "max_position_embeddings": config.block_size,
+        "rms_norm_eps": config.norm_eps,
+        "hidden_act": "silu",
+        "attention_bias": config.bias,
+        "mlp_bias": config.bias,
+        "attention_dropout": config.dropout,
+        "rope_parameters": rope,
+        **legacy,
+    }
 
 
 def special_ids(tokenizer: Tokenizer | None) -> tuple[int | None, int | None]:
@@ -135,6 +188,7 @@ def generation_config(config: GPTConfig, tokenizer: Tokenizer | None) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------- weights
+
 
 def hf_tensors(model: GPT) -> dict[str, torch.Tensor]:
     """The HF-named tensors of `model`, on the CPU, each owning its memory (safetensors refuses shared storage)."""
@@ -174,6 +228,7 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------------- the directory
 
+
 def check_out_dir(out_dir: str | Path, overwrite: bool, checked: FolderState | None = None) -> FolderState:
     """An empty or missing folder is fine; with overwrite, a previous export proven by its manifest; else never.
 
@@ -190,9 +245,11 @@ def check_out_dir(out_dir: str | Path, overwrite: bool, checked: FolderState | N
             return frozenset()
         if not overwrite:
             present = sorted(name for name, *_ in state)
-            raise UserError(f"{out_dir} already holds files ({', '.join(present[:3])}"
-                            f"{', ...' if len(present) > 3 else ''}); choose another output folder, or pass "
-                            "--overwrite to replace a previous export")
+            raise UserError(
+                f"{out_dir} already holds files ({', '.join(present[:3])}"
+                f"{', ...' if len(present) > 3 else ''}); choose another output folder, or pass "
+                "--overwrite to replace a previous export"
+            )
         if state != checked:
             check_previous_export(out_dir)  # overwrite deletes the folder: only ever an export, unchanged
     except OSError as e:  # a folder or file we may not read
@@ -200,8 +257,13 @@ def check_out_dir(out_dir: str | Path, overwrite: bool, checked: FolderState | N
     return state
 
 
-def export_hf(model: GPT, tokenizer: Tokenizer | None, out_dir: str | Path, overwrite: bool = False,
-              checked: FolderState | None = None) -> Path:
+def export_hf(
+    model: GPT,
+    tokenizer: Tokenizer | None,
+    out_dir: str | Path,
+    overwrite: bool = False,
+    checked: FolderState | None = None,
+) -> Path:
     """Write `model` (and `tokenizer`) as a Hugging Face model directory; returns its path.
 
     Refuses, before writing anything, an option the HF class cannot express and an `out_dir` that already holds

@@ -36,10 +36,21 @@ __all__ = ["ADAPTER_FILES", "adapter_config", "base_of", "export_peft", "peft_te
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 PREFIX = "base_model.model."
 # our (block layer, projection) -> the HF module the adapter sits on, per block
-LLAMA_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
-                 "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
-GPT2_MODULES = {"attn.c_attn": "attn.c_attn", "attn.c_proj": "attn.c_proj", "mlp.c_fc": "mlp.c_fc",
-                "mlp.c_proj": "mlp.c_proj"}
+LLAMA_MODULES = {
+    "q": "self_attn.q_proj",
+    "k": "self_attn.k_proj",
+    "v": "self_attn.v_proj",
+    "o": "self_attn.o_proj",
+    "gate": "mlp.gate_proj",
+    "up": "mlp.up_proj",
+    "down": "mlp.down_proj",
+}
+GPT2_MODULES = {
+    "attn.c_attn": "attn.c_attn",
+    "attn.c_proj": "attn.c_proj",
+    "mlp.c_fc": "mlp.c_fc",
+    "mlp.c_proj": "mlp.c_proj",
+}
 
 
 def lora_layers(model: GPT, i: int) -> dict[str, LoRALinear]:
@@ -91,18 +102,32 @@ def adapter_config(config: GPTConfig, lora: LoRAConfig, base: str, ranks: dict[s
     if config.arch == "llama":
         modules = sorted({LLAMA_MODULES[p].split(".")[1] for p in targeted})
     else:
-        modules = sorted({GPT2_MODULES[name] for name, layer in block_pieces(config).items()
-                          if any(p in layer for p in targeted)})
+        modules = sorted(
+            {GPT2_MODULES[name] for name, layer in block_pieces(config).items() if any(p in layer for p in targeted)}
+        )
     new_ids = list(range(0 if lora.train_embeddings else n_base_vocab, config.vocab_size))
     embed = "embed_tokens" if config.arch == "llama" else "wte"
     tokens = None if not new_ids else new_ids if config.tie_embeddings else {embed: new_ids, "lm_head": new_ids}
     to_save = ["wpe"] if lora.train_embeddings and config.arch == "gpt" else None  # learned positions
-    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base, "r": lora.rank,
-            "lora_alpha": lora.alpha, "lora_dropout": lora.dropout, "target_modules": modules,
-            "fan_in_fan_out": config.arch == "gpt", "bias": "none", "use_rslora": False, "use_dora": False,
-            "init_lora_weights": True, "inference_mode": True, "modules_to_save": to_save,
-            "rank_pattern": ranks, "alpha_pattern": {k: lora.alpha * r / lora.rank for k, r in ranks.items()},
-            "trainable_token_indices": tokens}
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base,
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": modules,
+        "fan_in_fan_out": config.arch == "gpt",
+        "bias": "none",
+        "use_rslora": False,
+        "use_dora": False,
+        "init_lora_weights": True,
+        "inference_mode": True,
+        "modules_to_save": to_save,
+        "rank_pattern": ranks,
+        "alpha_pattern": {k: lora.alpha * r / lora.rank for k, r in ranks.items()},
+        "trainable_token_indices": tokens,
+    }
 
 
 @torch.no_grad()
@@ -120,8 +145,15 @@ def base_of(model: GPT) -> GPT:
     return GPT.from_weights(model.config, state).eval()
 
 
-def export_peft(model: GPT, tokenizer: Tokenizer | None, lora: LoRAConfig, out_dir: str | Path, base_dir: str | Path,
-                overwrite: bool = False, checked: tuple[FolderState, FolderState] | None = None) -> tuple[Path, Path]:
+def export_peft(
+    model: GPT,
+    tokenizer: Tokenizer | None,
+    lora: LoRAConfig,
+    out_dir: str | Path,
+    base_dir: str | Path,
+    overwrite: bool = False,
+    checked: tuple[FolderState, FolderState] | None = None,
+) -> tuple[Path, Path]:
     """Write the LoRA model's adapters in PEFT's layout to out_dir and its base as a Hugging Face folder to base_dir
     (each whole or not at all, each replaced only if it holds an unchanged previous export and overwrite is set;
     `checked`: the two folders' states as check_out_dir approved them).  Returns (out_dir, base_dir)."""

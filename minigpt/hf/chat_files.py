@@ -32,8 +32,9 @@ def read_chat_template(model_dir: Path) -> str | None:
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")
     if template is not None and not isinstance(template, str):
-        raise CheckpointError(f"{config_path}: its chat_template is not a Jinja template string; download the model "
-                              "again")
+        raise CheckpointError(
+            f"{config_path}: its chat_template is not a Jinja template string; download the model again"
+        )
     return template
 
 
@@ -50,6 +51,8 @@ def chat_tokenizer_json(tokenizer: ChatTokenizer, base_json: str) -> str:
         (backend.add_special_tokens if special else backend.add_tokens)([added])
     for token in tokenizer.specials:  # the base's own markers (an imported model's) are special already
         if backend.token_to_id(token) != tokenizer.token_id(token):
-            raise UserError(f"the chat token {token!r} did not get id {tokenizer.token_id(token)} in the exported "
-                            "tokenizer.json; the checkpoint's tokenizer is inconsistent")
+            raise UserError(
+                f"the chat token {token!r} did not get id {tokenizer.token_id(token)} in the exported "
+                "tokenizer.json; the checkpoint's tokenizer is inconsistent"
+            )
     return backend.to_str()

@@ -13,20 +13,47 @@ from minigpt.core.errors import CheckpointError, first_line
 from minigpt.core.user_files import DOCUMENT_BYTES, loads, read_user_bytes
 
 # (single file, index of shards) per weight format, in the order they are looked for
-WEIGHT_LAYOUTS = (("model.safetensors", "model.safetensors.index.json"),
-                  ("pytorch_model.bin", "pytorch_model.bin.index.json"))
+WEIGHT_LAYOUTS = (
+    ("model.safetensors", "model.safetensors.index.json"),
+    ("pytorch_model.bin", "pytorch_model.bin.index.json"),
+)
 # fields minigpt reads from config.json: the Python types `json` gives for the JSON types each may hold
 TEXT, FLAG = ((str,), "a string"), ((bool,), "true or false")
 SIZE = ((int, type(None)), "an integer or null")
 NUMBER = ((int, float, type(None)), "a number or null")
 OBJECT, NAMES = ((dict, type(None)), "an object or null"), ((list, type(None)), "an array of names or null")
 CONFIG_FIELD_TYPES = {
-    "model_type": TEXT, "activation_function": TEXT, "hidden_act": TEXT, "architectures": NAMES,
-    "tie_word_embeddings": FLAG, "rope_scaling": OBJECT, "rope_parameters": OBJECT, "rope_theta": NUMBER,
-    "layer_norm_epsilon": NUMBER, "rms_norm_eps": NUMBER,
-    **dict.fromkeys(("n_layer", "num_hidden_layers", "n_head", "num_attention_heads", "num_key_value_heads",
-                     "n_embd", "hidden_size", "head_dim", "n_positions", "n_ctx", "max_position_embeddings",
-                     "vocab_size", "n_inner", "intermediate_size", "sliding_window"), SIZE)}
+    "model_type": TEXT,
+    "activation_function": TEXT,
+    "hidden_act": TEXT,
+    "architectures": NAMES,
+    "tie_word_embeddings": FLAG,
+    "rope_scaling": OBJECT,
+    "rope_parameters": OBJECT,
+    "rope_theta": NUMBER,
+    "layer_norm_epsilon": NUMBER,
+    "rms_norm_eps": NUMBER,
+    **dict.fromkeys(
+        (
+            "n_layer",
+            "num_hidden_layers",
+            "n_head",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "n_embd",
+            "hidden_size",
+            "head_dim",
+            "n_positions",
+            "n_ctx",
+            "max_position_embeddings",
+            "vocab_size",
+            "n_inner",
+            "intermediate_size",
+            "sliding_window",
+        ),
+        SIZE,
+    ),
+}
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
@@ -47,8 +74,10 @@ def config_field_problems(config: dict[str, Any]) -> Iterator[str]:
     for key, (types, described) in CONFIG_FIELD_TYPES.items():
         value = config.get(key)
         if key in config and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
-            yield (f"field {key!r} is a {type(value).__name__} ({str(value)[:40]}), where a model's config.json has "
-                   f"{described}; fix the field or download the model again")
+            yield (
+                f"field {key!r} is a {type(value).__name__} ({str(value)[:40]}), where a model's config.json has "
+                f"{described}; fix the field or download the model again"
+            )
 
 
 def _confines(model_dir: Path) -> list[Path]:
@@ -63,8 +92,9 @@ def shard_paths(index: Path, model_dir: Path) -> list[Path]:
     resolved): a name leading outside, to the folder itself, or of another format is one line naming it."""
     weight_map = read_json_object(index).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise CheckpointError(f"{index}: its weight_map is not a map of tensor names to file names; download the "
-                              "model again")
+        raise CheckpointError(
+            f"{index}: its weight_map is not a map of tensor names to file names; download the model again"
+        )
     suffix = ".safetensors" if index.name.startswith("model.safetensors") else ".bin"
     confines = _confines(model_dir)
     shards = sorted(set(weight_map.values()))
@@ -76,9 +106,12 @@ def shard_paths(index: Path, model_dir: Path) -> list[Path]:
             real = None
         outside = real is None or real in confines or not any(real.is_relative_to(c) for c in confines)
         if outside or not shard.endswith(suffix):
-            why = ("which points outside the model's folder or is no file name; refusing to read it: download the "
-                   "model again from a source you trust" if outside else
-                   f"not a {suffix} file as the index's format says; download the model again")
+            why = (
+                "which points outside the model's folder or is no file name; refusing to read it: download the "
+                "model again from a source you trust"
+                if outside
+                else f"not a {suffix} file as the index's format says; download the model again"
+            )
             raise CheckpointError(f"{index}: its weight_map names {shard[:80]!r}, {why}")
     return [model_dir / s for s in shards]
 
@@ -93,9 +126,13 @@ def weight_files(model_dir: Path) -> list[Path]:
             shards = shard_paths(model_dir / index, model_dir)
             missing = [s.name for s in shards if not s.is_file()]
             if missing:
-                raise CheckpointError(f"{model_dir} lacks the weight shard {missing[0]} that {index} lists "
-                                      f"({len(missing)} of {len(shards)} missing); download the model again")
+                raise CheckpointError(
+                    f"{model_dir} lacks the weight shard {missing[0]} that {index} lists "
+                    f"({len(missing)} of {len(shards)} missing); download the model again"
+                )
             return shards
-    raise CheckpointError(f"{model_dir} has no weight file (model.safetensors, its sharded index, or "
-                          "pytorch_model.bin); download the weights into it, e.g. `hf download ORG/NAME "
-                          f"--local-dir {model_dir}`")
+    raise CheckpointError(
+        f"{model_dir} has no weight file (model.safetensors, its sharded index, or "
+        "pytorch_model.bin); download the weights into it, e.g. `hf download ORG/NAME "
+        f"--local-dir {model_dir}`"
+    )

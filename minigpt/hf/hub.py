@@ -20,8 +20,13 @@ from minigpt.hf.files import weight_files
 __all__ = ["HUB_TIMEOUT_S", "download_hf"]
 
 # hub files worth fetching: the config, the tokenizer, and one of the two weight formats (safetensors first)
-META_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-              "special_tokens_map.json"]
+META_FILES = [
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+]
 SAFETENSORS_FILES = ["model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors"]
 BIN_FILES = ["pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*-of-*.bin"]
 
@@ -59,8 +64,14 @@ def _cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        path = Path(snapshot_download(repo_id, revision=revision, local_files_only=True,
-                                      allow_patterns=META_FILES + SAFETENSORS_FILES + BIN_FILES))
+        path = Path(
+            snapshot_download(
+                repo_id,
+                revision=revision,
+                local_files_only=True,
+                allow_patterns=META_FILES + SAFETENSORS_FILES + BIN_FILES,
+            )
+        )
         weight_files(path)
     except (LocalEntryNotFoundError, CheckpointError, OSError, ValueError):
         return None
@@ -93,36 +104,60 @@ def _download_failure(e: Exception, where: str, repo_id: str, revision: str | No
     errors subclass the generic ones below them)."""
     import httpx2
     from huggingface_hub import constants
-    from huggingface_hub.errors import (GatedRepoError, HFValidationError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     waited = f"{hub_timeout():g} s"
-    beforehand = (f"set HF_HUB_OFFLINE=1 to use the cache only, or download the model beforehand with "
-                  f"`hf download {repo_id}` (or pass a local model directory)")
+    beforehand = (
+        f"set HF_HUB_OFFLINE=1 to use the cache only, or download the model beforehand with "
+        f"`hf download {repo_id}` (or pass a local model directory)"
+    )
     match e:
         case HFValidationError():  # also what hf:NAME with characters a hub id cannot hold ends in
-            return (f"{where} is not a hub model id; write hf:ORG/NAME, e.g. hf:openai-community/gpt2 (the hub says: "
-                    f"{first_line(e, 200)})")
+            return (
+                f"{where} is not a hub model id; write hf:ORG/NAME, e.g. hf:openai-community/gpt2 (the hub says: "
+                f"{first_line(e, 200)})"
+            )
         case GatedRepoError():
-            return (f"{where} is gated: accept its license on huggingface.co and log in with `hf auth login`, then "
-                    "try again")
+            return (
+                f"{where} is gated: accept its license on huggingface.co and log in with `hf auth login`, then "
+                "try again"
+            )
         case RepositoryNotFoundError():
-            return (f"{where} was not found on the Hugging Face hub (or is private); check the name, or log in with "
-                    "`hf auth login` for a private model")
+            return (
+                f"{where} was not found on the Hugging Face hub (or is private); check the name, or log in with "
+                "`hf auth login` for a private model"
+            )
         case RevisionNotFoundError():
             return f"{where}: the repository has no revision {revision!r}; leave out @REVISION for the newest"
         case LocalEntryNotFoundError():  # offline (HF_HUB_OFFLINE=1 or no network) and not in the cache
-            reach = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else
-                     f"the hub at {constants.ENDPOINT} cannot be reached or did not answer in {waited}: offline? "
-                     "check HF_ENDPOINT (HF_HUB_ETAG_TIMEOUT=SECONDS waits longer)")
-            return (f"{where} is not in the Hugging Face cache ({_hub_cache()}) and {reach}; download it beforehand "
-                    f"with `hf download {repo_id}` (or run this once online), or pass a local model directory")
+            reach = (
+                "HF_HUB_OFFLINE is set"
+                if constants.HF_HUB_OFFLINE
+                else f"the hub at {constants.ENDPOINT} cannot be reached or did not answer in {waited}: offline? "
+                "check HF_ENDPOINT (HF_HUB_ETAG_TIMEOUT=SECONDS waits longer)"
+            )
+            return (
+                f"{where} is not in the Hugging Face cache ({_hub_cache()}) and {reach}; download it beforehand "
+                f"with `hf download {repo_id}` (or run this once online), or pass a local model directory"
+            )
         case httpx2.TimeoutException():
-            return (f"the hub at {constants.ENDPOINT} did not answer for {where} within {waited} (check HF_ENDPOINT "
-                    f"and the network; HF_HUB_ETAG_TIMEOUT=SECONDS waits longer); {beforehand}")
+            return (
+                f"the hub at {constants.ENDPOINT} did not answer for {where} within {waited} (check HF_ENDPOINT "
+                f"and the network; HF_HUB_ETAG_TIMEOUT=SECONDS waits longer); {beforehand}"
+            )
         case ValueError() | KeyError() | TypeError() | httpx2.HTTPError():  # a captive portal's HTML, `{}`, cut
-            return (f"the hub at {constants.ENDPOINT} gave an answer for {where} that is not the hub's "
-                    f"({type(e).__name__}; a proxy or captive portal? check HF_ENDPOINT); {beforehand}")
+            return (
+                f"the hub at {constants.ENDPOINT} gave an answer for {where} that is not the hub's "
+                f"({type(e).__name__}; a proxy or captive portal? check HF_ENDPOINT); {beforehand}"
+            )
         case _:  # OSError: HTTP errors are OSErrors too: the hub is down, a proxy refuses, the disk is full
-            return (f"cannot download {where} ({first_line(e, 160)}); try again, or download it with "
-                    f"`hf download {repo_id}` and pass the directory")
+            return (
+                f"cannot download {where} ({first_line(e, 160)}); try again, or download it with "
+                f"`hf download {repo_id}` and pass the directory"
+            )

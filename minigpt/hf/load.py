@@ -32,8 +32,14 @@ from minigpt.hf.weights import check_unquantized, from_hf_state_dict
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import Tokenizer
 
-__all__ = ["HUB_PREFIX", "SUPPORTED_ARCHITECTURES", "config_from_hf", "load_hf_model", "read_hf_weights",
-           "resolve_hf_source"]
+__all__ = [
+    "HUB_PREFIX",
+    "SUPPORTED_ARCHITECTURES",
+    "config_from_hf",
+    "load_hf_model",
+    "read_hf_weights",
+    "resolve_hf_source",
+]
 
 HUB_PREFIX = "hf:"
 SUPPORTED_ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM")
@@ -41,11 +47,17 @@ MODEL_TYPES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral"
 # where config.json says its weights are quantized (compressed-tensors models wrote the second)
 QUANTIZATION_KEYS = ("quantization_config", "compression_config")
 # GPT-2's activation_function -> our gelu_approximate (gelu_new, gelu_fast and gelu_pytorch_tanh are one formula)
-GPT2_GELU = {"gelu_new": "tanh", "gelu_fast": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none",
-             "gelu_python": "none"}
+GPT2_GELU = {
+    "gelu_new": "tanh",
+    "gelu_fast": "tanh",
+    "gelu_pytorch_tanh": "tanh",
+    "gelu": "none",
+    "gelu_python": "none",
+}
 
 
 # ------------------------------------------------------------------------------------------------ config.json
+
 
 def hf_architecture(hf_config: dict[str, Any]) -> str | None:
     """The model class config.json names: its `architectures`, else its `model_type`'s class (None: neither)."""
@@ -77,9 +89,15 @@ def _rope_readings(hf: dict[str, Any]) -> dict[str, tuple[Any, str, dict[str, An
     transformers 5 writes `rope_parameters` with rope_theta inside; older versions wrote a top-level `rope_theta`
     and a `rope_scaling` dict (whose kind is `rope_type`, or `type` before that).  A null or {} field is absent."""
     top_theta = hf.get("rope_theta")
-    return {key: (params.get("rope_theta", top_theta), params.get("rope_type", params.get("type", "default")),
-                  {k: v for k, v in params.items() if k not in ("rope_theta", "rope_type", "type")})
-            for key in ("rope_parameters", "rope_scaling") if (params := hf.get(key))}
+    return {
+        key: (
+            params.get("rope_theta", top_theta),
+            params.get("rope_type", params.get("type", "default")),
+            {k: v for k, v in params.items() if k not in ("rope_theta", "rope_type", "type")},
+        )
+        for key in ("rope_parameters", "rope_scaling")
+        if (params := hf.get(key))
+    }
 
 
 def _rope(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
@@ -100,20 +118,28 @@ def _rope_problems(hf: dict[str, Any]) -> Iterator[str]:
     top_theta, readings = hf.get("rope_theta"), _rope_readings(hf)
     for key, (theta, _, _) in readings.items():
         if top_theta is not None and theta != top_theta:
-            yield (f"its config.json gives rope_theta {top_theta} at the top level and {theta} in {key}; "
-                   "transformers 4 reads the first, transformers 5 the second: keep the one the model was trained with")
+            yield (
+                f"its config.json gives rope_theta {top_theta} at the top level and {theta} in {key}; "
+                "transformers 4 reads the first, transformers 5 the second: keep the one the model was trained with"
+            )
     if len(readings) == 2 and readings["rope_parameters"] != readings["rope_scaling"]:
-        yield (f"its config.json holds both rope_parameters ({str(hf['rope_parameters'])[:80]}) and rope_scaling "
-               f"({str(hf['rope_scaling'])[:80]}), which disagree; transformers 5 reads rope_scaling over "
-               "rope_parameters, other versions one or the other: keep the one the model was trained with")
+        yield (
+            f"its config.json holds both rope_parameters ({str(hf['rope_parameters'])[:80]}) and rope_scaling "
+            f"({str(hf['rope_scaling'])[:80]}), which disagree; transformers 5 reads rope_scaling over "
+            "rope_parameters, other versions one or the other: keep the one the model was trained with"
+        )
     _, kind, rest = next(iter(readings.values()), (None, "default", {}))
     partial = rest.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     if partial != 1.0:
-        yield (f"its config.json sets partial_rotary_factor {partial}; minigpt's RoPE rotates the whole head (factor "
-               "1.0) only")
+        yield (
+            f"its config.json sets partial_rotary_factor {partial}; minigpt's RoPE rotates the whole head (factor "
+            "1.0) only"
+        )
     if kind not in ("default", "llama3"):
-        yield (f"its RoPE scaling is {kind!r}, which minigpt does not compute; it imports plain RoPE and rope_type "
-               "llama3 (Llama 3.1/3.2)")
+        yield (
+            f"its RoPE scaling is {kind!r}, which minigpt does not compute; it imports plain RoPE and rope_type "
+            "llama3 (Llama 3.1/3.2)"
+        )
 
 
 def unsupported(hf: dict[str, Any], block_size: int | None = None) -> Iterator[str]:
@@ -125,19 +151,25 @@ def unsupported(hf: dict[str, Any], block_size: int | None = None) -> Iterator[s
         return
     architecture = hf_architecture(hf)
     if architecture is None:
-        yield ("its config.json names no architecture (no `architectures`, no `model_type`), so it is not a Hugging "
-               "Face model's; pass a model directory written by save_pretrained")
+        yield (
+            "its config.json names no architecture (no `architectures`, no `model_type`), so it is not a Hugging "
+            "Face model's; pass a model directory written by save_pretrained"
+        )
     elif architecture not in SUPPORTED_ARCHITECTURES:
-        yield (f"its architecture is {architecture}, which minigpt cannot import; it imports "
-               f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+        yield (
+            f"its architecture is {architecture}, which minigpt cannot import; it imports "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
     else:
         for key in QUANTIZATION_KEYS:  # check_unquantized refuses the tensors of a model that does not say so
             if (spec := hf.get(key)) is not None:
                 method = spec.get("quant_method") if isinstance(spec, dict) else None
                 if method is None and isinstance(spec, dict) and (spec.get("load_in_4bit") or spec.get("load_in_8bit")):
                     method = "bitsandbytes"
-                yield (f"its config.json has {key} ({str(method or spec)[:40]}): minigpt imports unquantized float "
-                       "weights only; use the original (bf16/fp32) model")
+                yield (
+                    f"its config.json has {key} ({str(method or spec)[:40]}): minigpt imports unquantized float "
+                    "weights only; use the original (bf16/fp32) model"
+                )
         if architecture == "GPT2LMHeadModel":
             yield from _gpt2_problems(hf)
         else:
@@ -145,11 +177,15 @@ def unsupported(hf: dict[str, Any], block_size: int | None = None) -> Iterator[s
         window, context = hf.get("sliding_window"), _context(hf, architecture)
         mistral = architecture == "MistralForCausalLM"
         if mistral and window is not None and block_size is not None and block_size > window:
-            yield (f"it attends within a sliding window of {window} tokens, so a block_size of {block_size} would "
-                   f"compute another function than the source; ask for a block_size of at most {window}")
+            yield (
+                f"it attends within a sliding window of {window} tokens, so a block_size of {block_size} would "
+                f"compute another function than the source; ask for a block_size of at most {window}"
+            )
         elif block_size is not None and context is not None and block_size > context:
-            yield (f"block_size {block_size} is longer than the source's context of {context} tokens; ask for at "
-                   f"most {context}")
+            yield (
+                f"block_size {block_size} is longer than the source's context of {context} tokens; ask for at "
+                f"most {context}"
+            )
 
 
 def _gpt2_problems(hf: dict[str, Any]) -> Iterator[str]:
@@ -158,11 +194,16 @@ def _gpt2_problems(hf: dict[str, Any]) -> Iterator[str]:
         yield f"its activation_function is {activation!r}; minigpt's GPT-2 block computes {', '.join(GPT2_GELU)} only"
     # attention variants GPT-2's class can be switched to, which our block does not compute (reorder_and_upcast_attn
     # is not one: it computes the same scores in float32, as our float32 model does)
-    for key, ours in (("scale_attn_by_inverse_layer_idx", False), ("scale_attn_weights", True),
-                      ("add_cross_attention", False)):
+    for key, ours in (
+        ("scale_attn_by_inverse_layer_idx", False),
+        ("scale_attn_weights", True),
+        ("add_cross_attention", False),
+    ):
         if bool(hf.get(key, ours)) != ours:
-            yield (f"its config.json sets {key}={hf.get(key)!r}, which minigpt's GPT-2 block does not compute; only "
-                   f"{key}={str(ours).lower()} imports")
+            yield (
+                f"its config.json sets {key}={hf.get(key)!r}, which minigpt's GPT-2 block does not compute; only "
+                f"{key}={str(ours).lower()} imports"
+            )
 
 
 def _llama_problems(hf: dict[str, Any]) -> Iterator[str]:
@@ -176,23 +217,40 @@ def _llama_problems(hf: dict[str, Any]) -> Iterator[str]:
 
 def _gpt2_fields(hf: dict[str, Any]) -> dict[str, Any]:
     n_embd = _get(hf, "n_embd", "hidden_size")
-    return dict(arch="gpt", n_layer=_get(hf, "n_layer", "num_hidden_layers"),
-                n_head=_get(hf, "n_head", "num_attention_heads"), n_embd=n_embd, vocab_size=hf.get("vocab_size"),
-                bias=True, mlp="gelu", gelu_approximate=GPT2_GELU[hf.get("activation_function", "gelu_new")],
-                mlp_hidden=_get(hf, "n_inner", default=4 * n_embd if isinstance(n_embd, int) else None),
-                norm_eps=_get(hf, "layer_norm_epsilon", default=1e-5),
-                tie_embeddings=bool(hf.get("tie_word_embeddings", True)))
+    return dict(
+        arch="gpt",
+        n_layer=_get(hf, "n_layer", "num_hidden_layers"),
+        n_head=_get(hf, "n_head", "num_attention_heads"),
+        n_embd=n_embd,
+        vocab_size=hf.get("vocab_size"),
+        bias=True,
+        mlp="gelu",
+        gelu_approximate=GPT2_GELU[hf.get("activation_function", "gelu_new")],
+        mlp_hidden=_get(hf, "n_inner", default=4 * n_embd if isinstance(n_embd, int) else None),
+        norm_eps=_get(hf, "layer_norm_epsilon", default=1e-5),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+    )
 
 
 def _llama_fields(hf: dict[str, Any]) -> dict[str, Any]:
     theta, scaling = _rope(hf)
     n_head = hf.get("num_attention_heads")
-    return dict(arch="llama", n_layer=hf.get("num_hidden_layers"), n_head=n_head,
-                n_kv_head=_get(hf, "num_key_value_heads", default=n_head), n_embd=hf.get("hidden_size"),
-                head_dim=_get(hf, "head_dim"), vocab_size=hf.get("vocab_size"), bias=False, mlp="swiglu",
-                mlp_hidden=hf.get("intermediate_size"), rope_base=theta, rope_scaling=scaling,
-                norm_eps=_get(hf, "rms_norm_eps", default=1e-6),
-                tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
+    return dict(
+        arch="llama",
+        n_layer=hf.get("num_hidden_layers"),
+        n_head=n_head,
+        n_kv_head=_get(hf, "num_key_value_heads", default=n_head),
+        n_embd=hf.get("hidden_size"),
+        head_dim=_get(hf, "head_dim"),
+        vocab_size=hf.get("vocab_size"),
+        bias=False,
+        mlp="swiglu",
+        mlp_hidden=hf.get("intermediate_size"),
+        rope_base=theta,
+        rope_scaling=scaling,
+        norm_eps=_get(hf, "rms_norm_eps", default=1e-6),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+    )
 
 
 def config_from_hf(hf_config: dict[str, Any], block_size: int | None = None, **overrides: Any) -> GPTConfig:
@@ -216,12 +274,15 @@ def config_from_hf(hf_config: dict[str, Any], block_size: int | None = None, **o
 def read_hf_config(model_dir: Path) -> dict[str, Any]:
     path = model_dir / "config.json"
     if not path.is_file():
-        raise CheckpointError(f"{model_dir} has no config.json; a Hugging Face model directory holds config.json "
-                              "and the weight files (as written by save_pretrained)")
+        raise CheckpointError(
+            f"{model_dir} has no config.json; a Hugging Face model directory holds config.json "
+            "and the weight files (as written by save_pretrained)"
+        )
     return read_json_object(path)
 
 
 # ------------------------------------------------------------------------------------------------ weight files
+
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError, safe_open
@@ -232,14 +293,17 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         with safe_open(path, framework="pt", backend="pread") as f:
             return {name: f.get_tensor(name) for name in f.keys()}
     except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"cannot read {path}: it is truncated or not a safetensors file ({first_line(e, 120)});"
-                              " download the model again") from None
+        raise CheckpointError(
+            f"cannot read {path}: it is truncated or not a safetensors file ({first_line(e, 120)});"
+            " download the model again"
+        ) from None
 
 
 def _read_bin(path: Path) -> dict[str, torch.Tensor]:
     """A pytorch_model.bin, read as minigpt's own checkpoints are (minigpt.core.torch_files)."""
-    state = load_torch_file(path, fix="use the model's safetensors weights, or download it again",
-                            damaged_fix="download the model again")
+    state = load_torch_file(
+        path, fix="use the model's safetensors weights, or download it again", damaged_fix="download the model again"
+    )
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path} is not a state dict of tensors; download the model again")
     return state
@@ -261,11 +325,12 @@ def resolve_hf_source(source: str | Path) -> tuple[Path, str]:
     text = str(source)
     if not text.startswith(HUB_PREFIX):
         return Path(source), Path(source).name or str(source)
-    repo_id, _, revision = text[len(HUB_PREFIX):].partition("@")  # huggingface_hub checks the id (download_hf)
+    repo_id, _, revision = text[len(HUB_PREFIX) :].partition("@")  # huggingface_hub checks the id (download_hf)
     return download_hf(repo_id, revision or None), repo_id
 
 
 # ------------------------------------------------------------------------------------------------ the model
+
 
 def source_shapes(skeleton: GPT, source_config: GPTConfig) -> dict[str, torch.Size]:
     """Our state's shapes for the source's config, from the meta model of the config we build (skeleton): the two
@@ -277,8 +342,9 @@ def source_shapes(skeleton: GPT, source_config: GPTConfig) -> dict[str, torch.Si
     return shapes
 
 
-def _our_weights(hf_state: dict[str, torch.Tensor], source_config: GPTConfig, config: GPTConfig,
-                 skeleton: GPT) -> dict[str, torch.Tensor]:
+def _our_weights(
+    hf_state: dict[str, torch.Tensor], source_config: GPTConfig, config: GPTConfig, skeleton: GPT
+) -> dict[str, torch.Tensor]:
     """The HF tensors renamed and checked against the source's config, then each made a contiguous float32 tensor
     of its own, one at a time, so that each source tensor (a GPT-2 Conv1D's, transposed; a bf16 one) is freed as
     soon as its copy exists: the weights are held about once, never three times.  skeleton: config's meta model."""
@@ -287,7 +353,7 @@ def _our_weights(hf_state: dict[str, torch.Tensor], source_config: GPTConfig, co
     if config.tie_embeddings:
         del state["lm_head.weight"]  # the embedding itself: converted once, tied again by GPT.from_weights
     if "transformer.wpe.weight" in state:  # learned positions beyond a shorter context are dropped
-        state["transformer.wpe.weight"] = state["transformer.wpe.weight"][:config.block_size].clone()
+        state["transformer.wpe.weight"] = state["transformer.wpe.weight"][: config.block_size].clone()
     for name in list(state):
         state[name] = state[name].to(torch.float32).contiguous()
     if config.tie_embeddings:
@@ -295,8 +361,9 @@ def _our_weights(hf_state: dict[str, torch.Tensor], source_config: GPTConfig, co
     return state
 
 
-def load_hf_model(source: str | Path, device: str | torch.device = "cpu", attention: str | None = None,
-                  block_size: int | None = None) -> tuple[GPT, Tokenizer]:
+def load_hf_model(
+    source: str | Path, device: str | torch.device = "cpu", attention: str | None = None, block_size: int | None = None
+) -> tuple[GPT, Tokenizer]:
     """A Hugging Face model directory or hf:ORG/NAME -> (GPT in eval mode, float32, its tokenizer).
 
     attention picks the attention path; block_size a shorter context than the source's.  Every problem (an
@@ -315,8 +382,9 @@ def load_hf_model(source: str | Path, device: str | torch.device = "cpu", attent
         skeleton = check_config_size(config, "its config.json", CheckpointError)
         files = weight_files(model_dir)  # missing weights are named before the tokenizer may reach for a download
         tokenizer = load_hf_tokenizer(model_dir, {**hf_config, "_name_or_path": name})  # before the big read
-        model = GPT.from_weights(config, _our_weights(read_hf_weights(files), source_config, config, skeleton),
-                                 skeleton)
+        model = GPT.from_weights(
+            config, _our_weights(read_hf_weights(files), source_config, config, skeleton), skeleton
+        )
     except UserError as e:
         message = first_line(e, 1000)
         raise CheckpointError(message if message.startswith(label) else f"{label}: {message}") from None

@@ -29,13 +29,22 @@ from minigpt.core.fsutil import write_json
 from minigpt.core.generation import prompt_ids
 from minigpt.hf.chat_files import chat_tokenizer_json
 from minigpt.hf.files import read_json_object
-from minigpt.core.tokenizers import (ByteTokenizer, CharTokenizer, HFTokenizer, TiktokenTokenizer, Tokenizer,
-                                     encoding_parts, get_tokenizer, tokenizers_library)
+from minigpt.core.tokenizers import (
+    ByteTokenizer,
+    CharTokenizer,
+    HFTokenizer,
+    TiktokenTokenizer,
+    Tokenizer,
+    encoding_parts,
+    get_tokenizer,
+    tokenizers_library,
+)
 
 __all__ = ["load_hf_tokenizer", "save_hf_tokenizer", "NO_LENGTH"]
 
 
 # ------------------------------------------------------------------------------------------------- reading
+
 
 def _read_json(path: Path) -> dict[str, Any]:
     """A JSON object file of the model folder, or {} when the folder has none (checked whole: minigpt.hf.files)."""
@@ -59,22 +68,27 @@ def load_hf_tokenizer(model_dir: Path, hf_config: dict) -> Tokenizer:
     path = model_dir / "tokenizer.json"
     if not path.is_file():
         if hf_config.get("model_type") != "gpt2":
-            raise DataError(f"{model_dir} has no tokenizer.json; minigpt reads a Hugging Face model's tokenizer from "
-                            "its tokenizer.json: save one there with "
-                            "transformers.AutoTokenizer.from_pretrained(...).save_pretrained(dir)")
+            raise DataError(
+                f"{model_dir} has no tokenizer.json; minigpt reads a Hugging Face model's tokenizer from "
+                "its tokenizer.json: save one there with "
+                "transformers.AutoTokenizer.from_pretrained(...).save_pretrained(dir)"
+            )
         tokenizer = get_tokenizer("gpt2")  # GPT-2's vocab.json + merges.txt are this encoding
         if model_vocab is not None and model_vocab < tokenizer.vocab_size:
-            raise DataError(f"{model_dir} is a GPT-2 model with vocab_size {model_vocab} and no tokenizer files, so "
-                            f"its tokenizer would be gpt2 ({tokenizer.vocab_size} tokens, more than the model has); "
-                            "save the model's own tokenizer.json in the directory")
+            raise DataError(
+                f"{model_dir} is a GPT-2 model with vocab_size {model_vocab} and no tokenizer files, so "
+                f"its tokenizer would be gpt2 ({tokenizer.vocab_size} tokens, more than the model has); "
+                "save the model's own tokenizer.json in the directory"
+            )
         return tokenizer
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, ValueError) as e:
         raise DataError(f"cannot read {path} ({first_line(e)}); download the model again") from None
     settings = {**_read_json(model_dir / "special_tokens_map.json"), **_read_json(model_dir / "tokenizer_config.json")}
-    tokenizer = HFTokenizer(text, name=str(hf_config.get("_name_or_path") or model_dir.name or "hf"),
-                            vocab_size=model_vocab)
+    tokenizer = HFTokenizer(
+        text, name=str(hf_config.get("_name_or_path") or model_dir.name or "hf"), vocab_size=model_vocab
+    )
     ids = {}
     for kind in ("bos", "eos"):
         token = _token_text(settings.get(f"{kind}_token"))
@@ -91,12 +105,15 @@ def load_hf_tokenizer(model_dir: Path, hf_config: dict) -> Tokenizer:
     tokenizer.bos_id, tokenizer.eos_id = ids["bos"], ids["eos"]
     tokenizer.eot_id = ids["eos"]
     if tokenizer.backend.get_vocab_size(with_added_tokens=True) > tokenizer.vocab_size:
-        raise DataError(f"{path} has {tokenizer.backend.get_vocab_size(with_added_tokens=True)} tokens but the "
-                        f"model's vocab_size is {tokenizer.vocab_size}; the tokenizer is not this model's")
+        raise DataError(
+            f"{path} has {tokenizer.backend.get_vocab_size(with_added_tokens=True)} tokens but the "
+            f"model's vocab_size is {tokenizer.vocab_size}; the tokenizer is not this model's"
+        )
     return tokenizer
 
 
 # ------------------------------------------------------------------------------------------------- writing
+
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table (the alphabet of byte-level BPE vocabularies)."""
@@ -134,12 +151,20 @@ def _byte_level_bpe(ranks: dict[bytes, int], pattern: str | None):
         splits = [(token[:i], token[i:]) for i in range(1, len(token)) if token[:i] in ranks and token[i:] in ranks]
         merges.extend((ranks[a], ranks[b], rank, a, b) for a, b in splits)
     merges.sort(key=lambda m: (m[2], m[0], m[1]))
-    backend = t.Tokenizer(t.models.BPE({text(b): r for b, r in ranks.items()},
-                                       [(text(a), text(b)) for *_, a, b in merges], fuse_unk=False,
-                                       ignore_merges=True))  # tiktoken takes a whole word that is a token as is
+    backend = t.Tokenizer(
+        t.models.BPE(
+            {text(b): r for b, r in ranks.items()},
+            [(text(a), text(b)) for *_, a, b in merges],
+            fuse_unk=False,
+            ignore_merges=True,
+        )
+    )  # tiktoken takes a whole word that is a token as is
     byte_level = t.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=pattern is None)
-    backend.pre_tokenizer = byte_level if pattern is None else t.pre_tokenizers.Sequence(
-        [t.pre_tokenizers.Split(t.Regex(pattern), behavior="isolated"), byte_level])
+    backend.pre_tokenizer = (
+        byte_level
+        if pattern is None
+        else t.pre_tokenizers.Sequence([t.pre_tokenizers.Split(t.Regex(pattern), behavior="isolated"), byte_level])
+    )
     backend.decoder = t.decoders.ByteLevel()
     backend.post_processor = t.processors.ByteLevel(trim_offsets=False)
     return backend
@@ -165,14 +190,18 @@ def _backend_for(tokenizer: Tokenizer) -> tuple[str, str | None, str | None]:
         specials = sorted(special_tokens.items(), key=lambda kv: kv[1])
         for token, i in specials:  # added at their own ids (they follow the ranks in every tiktoken encoding)
             if backend.get_vocab_size(with_added_tokens=True) != i:
-                raise UserError(f"the tiktoken encoding {enc.name!r} has special token {token!r} at id {i}, not "
-                                "right after the other tokens, which a Hugging Face tokenizer.json cannot express")
+                raise UserError(
+                    f"the tiktoken encoding {enc.name!r} has special token {token!r} at id {i}, not "
+                    "right after the other tokens, which a Hugging Face tokenizer.json cannot express"
+                )
             backend.add_special_tokens([t.AddedToken(token, special=True, normalized=False)])
         eot = tokenizer.eot_id
         eos = next((s for s, i in specials if i == eot), None) if eot is not None else None
         return backend.to_str(), eos, eos  # GPT-2's convention: <|endoftext|> is BOS and EOS, never added
-    raise UserError(f"the {tokenizer.name} tokenizer ({type(tokenizer).__name__}) cannot be written as a Hugging "
-                    "Face tokenizer.json; only char, byte, tiktoken BPE and Hugging Face tokenizers can")
+    raise UserError(
+        f"the {tokenizer.name} tokenizer ({type(tokenizer).__name__}) cannot be written as a Hugging "
+        "Face tokenizer.json; only char, byte, tiktoken BPE and Hugging Face tokenizers can"
+    )
 
 
 NO_LENGTH = 1 << 30  # model_max_length when the context is unknown: transformers' "no limit" is as large
@@ -200,11 +229,14 @@ def save_hf_tokenizer(tokenizer: Tokenizer, out_dir: Path, model_max_length: int
         tokenizer_json, eos = chat_tokenizer_json(chat, tokenizer_json), chat.end_of_turn
     specials = {k: v for k, v in (("bos_token", bos), ("eos_token", eos)) if v is not None}
     (out_dir / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
-    write_json(out_dir / "tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "clean_up_tokenization_spaces": False,  # decode gives the text back as it was
-        "model_max_length": model_max_length or model_context(out_dir) or NO_LENGTH,
-        **specials,
-        **({"chat_template": chat.template} if chat is not None else {}),
-    })
+    write_json(
+        out_dir / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "clean_up_tokenization_spaces": False,  # decode gives the text back as it was
+            "model_max_length": model_max_length or model_context(out_dir) or NO_LENGTH,
+            **specials,
+            **({"chat_template": chat.template} if chat is not None else {}),
+        },
+    )
     write_json(out_dir / "special_tokens_map.json", specials)

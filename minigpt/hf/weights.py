@@ -23,18 +23,29 @@ __all__ = ["check_unquantized", "from_hf_state_dict", "to_hf_state_dict"]
 
 # minigpt name -> HF name, per block ({i} = layer); GPT-2's HF names equal ours
 GPT2_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # stored (in, out) by HF
-LLAMA_TOP = {"transformer.wte.weight": "model.embed_tokens.weight", "transformer.ln_f.weight": "model.norm.weight",
-             "lm_head.weight": "lm_head.weight"}
-LLAMA_BLOCK = {"ln_1.weight": "input_layernorm.weight", "ln_2.weight": "post_attention_layernorm.weight",
-               "attn.c_proj.weight": "self_attn.o_proj.weight", "mlp.c_proj.weight": "mlp.down_proj.weight"}
-LLAMA_FUSED = {"attn.c_attn.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
-               "mlp.c_fc.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}
+LLAMA_TOP = {
+    "transformer.wte.weight": "model.embed_tokens.weight",
+    "transformer.ln_f.weight": "model.norm.weight",
+    "lm_head.weight": "lm_head.weight",
+}
+LLAMA_BLOCK = {
+    "ln_1.weight": "input_layernorm.weight",
+    "ln_2.weight": "post_attention_layernorm.weight",
+    "attn.c_proj.weight": "self_attn.o_proj.weight",
+    "mlp.c_proj.weight": "mlp.down_proj.weight",
+}
+LLAMA_FUSED = {
+    "attn.c_attn.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "mlp.c_fc.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+}
 
 
 def _fused_splits(config: GPTConfig) -> dict[str, list[int]]:
     hs = config.head_dim
-    return {"attn.c_attn.weight": [config.n_head * hs, config.n_kv_head * hs, config.n_kv_head * hs],
-            "mlp.c_fc.weight": [config.mlp_hidden, config.mlp_hidden]}
+    return {
+        "attn.c_attn.weight": [config.n_head * hs, config.n_kv_head * hs, config.n_kv_head * hs],
+        "mlp.c_fc.weight": [config.mlp_hidden, config.mlp_hidden],
+    }
 
 
 def to_hf_state_dict(state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
@@ -83,9 +94,11 @@ def _ours_from_llama(hf: dict[str, torch.Tensor], config: GPTConfig) -> dict[str
         for rest, hf_names in LLAMA_FUSED.items():  # every part is there: from_hf_state_dict checked
             parts = [hf[prefix + n] for n in hf_names]
             if len({p.size(1) for p in parts}) != 1:
-                raise CheckpointError(f"{prefix}{hf_names[0]} and its siblings disagree in width "
-                                      f"({', '.join(str(tuple(p.shape)) for p in parts)}); the weights do not "
-                                      "match config.json")
+                raise CheckpointError(
+                    f"{prefix}{hf_names[0]} and its siblings disagree in width "
+                    f"({', '.join(str(tuple(p.shape)) for p in parts)}); the weights do not "
+                    "match config.json"
+                )
             out[ours + rest] = torch.cat(parts, dim=0)
     return out
 
@@ -94,8 +107,10 @@ UNQUANTIZED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # the extra tensors quantized checkpoints hold beside their weights (the last part of the name): fp8's
 # weight_scale_inv / input_scale, GPTQ and AWQ's qweight, qzeros, scales and g_idx, bitsandbytes' absmax, quant_map,
 # SCB and quant_state.bitsandbytes__nf4, compressed-tensors' weight_packed and weight_zero_point
-QUANTIZATION_TENSOR = re.compile(r"\w*_scale(_inv)?|scales|qweight|qzeros|g_idx|(nested_)?absmax|(nested_)?quant_map"
-                                 r"|SCB|\w*_packed|\w*_zero_point|bitsandbytes__\w+")
+QUANTIZATION_TENSOR = re.compile(
+    r"\w*_scale(_inv)?|scales|qweight|qzeros|g_idx|(nested_)?absmax|(nested_)?quant_map"
+    r"|SCB|\w*_packed|\w*_zero_point|bitsandbytes__\w+"
+)
 GPT2_MASK_BUFFERS = (".attn.bias", ".attn.masked_bias")  # old GPT-2 files' causal mask, bool or uint8 at times
 
 
@@ -112,12 +127,22 @@ def check_unquantized(tensors: dict[str, torch.Tensor], source: str) -> None:
             what = str(tensor.dtype).removeprefix("torch.") + (" (quantized)" if low_bit else "")
         else:
             continue
-        raise CheckpointError(f"{source}: tensor {name} is {what}: minigpt imports unquantized float weights only; "
-                              "use the original (bf16/fp32) model")
+        raise CheckpointError(
+            f"{source}: tensor {name} is {what}: minigpt imports unquantized float weights only; "
+            "use the original (bf16/fp32) model"
+        )
 
 
-MATRICES = ("c_attn.weight", "c_proj.weight", "c_fc.weight", "_proj.weight", "wte.weight", "wpe.weight",
-            "embed_tokens.weight", "lm_head.weight")
+MATRICES = (
+    "c_attn.weight",
+    "c_proj.weight",
+    "c_fc.weight",
+    "_proj.weight",
+    "wte.weight",
+    "wpe.weight",
+    "embed_tokens.weight",
+    "lm_head.weight",
+)
 VECTORS = ("c_attn.bias", "c_proj.bias", "c_fc.bias", "_proj.bias")
 
 
@@ -142,8 +167,9 @@ def hf_shapes(config: GPTConfig, shapes: dict[str, torch.Size] | None = None) ->
         return {}
 
 
-def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: GPTConfig,
-                       shapes: dict[str, torch.Size] | None = None) -> dict[str, torch.Tensor]:
+def from_hf_state_dict(
+    hf_state: dict[str, torch.Tensor], config: GPTConfig, shapes: dict[str, torch.Size] | None = None
+) -> dict[str, torch.Tensor]:
     """HF tensors (GPT-2 or Llama/Mistral names) -> our state_dict for `config`, every name and shape checked:
     a missing tensor or a shape that disagrees with the config is one line naming it.  shapes: our state's shapes
     for `config` (GPT.state_shapes), when the caller has them from a model it built already."""
@@ -154,13 +180,16 @@ def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: GPTConfig,
         if rank is not None and isinstance(tensor, torch.Tensor) and tensor.dim() != rank:
             shape = wanted.get(name, wanted.get("transformer." + name))  # GPT2Model files lack the prefix
             expected = f"config.json implies {shape}" if shape else f"this kind of weight has {rank}"
-            raise CheckpointError(f"tensor {name} has {tensor.dim()} dimension(s) {tuple(tensor.shape)}, where "
-                                  f"{expected}; the weight files are damaged or belong to another model")
+            raise CheckpointError(
+                f"tensor {name} has {tensor.dim()} dimension(s) {tuple(tensor.shape)}, where "
+                f"{expected}; the weight files are damaged or belong to another model"
+            )
     # HF names (GPT2Model files lack the prefix); a tied head is left out of the files, and of `wanted`
     missing = next((n for n in wanted if n not in hf_state and n.removeprefix("transformer.") not in hf_state), None)
     if missing is not None:
-        raise CheckpointError(f"the weights have no tensor for {missing}; the weight files are incomplete or belong "
-                              "to another model")
+        raise CheckpointError(
+            f"the weights have no tensor for {missing}; the weight files are incomplete or belong to another model"
+        )
     ours = _ours_from_gpt2(hf_state) if config.arch == "gpt" else _ours_from_llama(hf_state, config)
     expected = dict(shapes)  # a copy: the tied head is dropped from it below
     if config.tie_embeddings:
@@ -168,8 +197,10 @@ def from_hf_state_dict(hf_state: dict[str, torch.Tensor], config: GPTConfig,
         expected.pop("lm_head.weight")
     for name, shape in expected.items():
         if ours[name].shape != shape:
-            raise CheckpointError(f"tensor {name} has shape {tuple(ours[name].shape)} but config.json implies "
-                                  f"{tuple(shape)}; the weights do not match config.json")
+            raise CheckpointError(
+                f"tensor {name} has shape {tuple(ours[name].shape)} but config.json implies "
+                f"{tuple(shape)}; the weights do not match config.json"
+            )
     out = {name: ours[name] for name in expected}
     if config.tie_embeddings:  # load_state_dict(strict=True) wants both names; re-tie after assign=True loads
         out["lm_head.weight"] = out["transformer.wte.weight"]

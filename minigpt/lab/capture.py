@@ -33,8 +33,17 @@ from minigpt.core.generation import prompt_ids
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import Tokenizer
 
-__all__ = ["AttentionCapture", "attention_maps", "capture_attention", "head_metrics", "induction_scores",
-           "induction_length", "lab_prompt_ids", "save_npz", "METRICS"]
+__all__ = [
+    "AttentionCapture",
+    "attention_maps",
+    "capture_attention",
+    "head_metrics",
+    "induction_scores",
+    "induction_length",
+    "lab_prompt_ids",
+    "save_npz",
+    "METRICS",
+]
 
 # name -> (column title, one-line meaning): the order of the page's table
 METRICS: dict[str, tuple[str, str]] = {
@@ -42,8 +51,10 @@ METRICS: dict[str, tuple[str, str]] = {
     "distance": ("mean distance", "mean number of tokens back a query looks"),
     "first": ("first token", "mean weight on the first token (attention sink)"),
     "previous": ("previous token", "mean weight on the previous token"),
-    "induction": ("induction", "on a repeated random sequence, mean weight on the token after the previous "
-                               "occurrence of the current token"),
+    "induction": (
+        "induction",
+        "on a repeated random sequence, mean weight on the token after the previous occurrence of the current token",
+    ),
 }
 
 
@@ -60,9 +71,12 @@ def lab_prompt_ids(tokenizer: Tokenizer, text: str, config: GPTConfig) -> list[i
     heads = config.n_layer * config.n_head
     fits = min(config.block_size, math.isqrt(WEIGHTS_BUDGET // (heads * 4)))  # refused, not approximated
     if len(ids) > fits:
-        why = (f" but the model reads at most block_size={config.block_size}" if len(ids) > config.block_size else
-               f": its attention weights ({config.n_layer} layers x {config.n_head} heads x {len(ids)}^2 floats) would "
-               f"take {heads * len(ids) ** 2 * 4 / 2**30:.1f} GiB, over the lab's {WEIGHTS_BUDGET / 2**30:.0f} GiB")
+        why = (
+            f" but the model reads at most block_size={config.block_size}"
+            if len(ids) > config.block_size
+            else f": its attention weights ({config.n_layer} layers x {config.n_head} heads x {len(ids)}^2 floats) would "
+            f"take {heads * len(ids) ** 2 * 4 / 2**30:.1f} GiB, over the lab's {WEIGHTS_BUDGET / 2**30:.0f} GiB"
+        )
         raise UserError(f"the prompt is {len(ids)} tokens{why}; shorten it to {fits} tokens or fewer")
     return ids
 
@@ -101,8 +115,10 @@ def head_metrics(weights: torch.Tensor) -> dict[str, torch.Tensor]:
     previous = torch.zeros_like(first)
     if T > 1:
         previous[..., 1:] = torch.diagonal(w, offset=-1, dim1=-2, dim2=-1)
-    return {name: m[..., rows].mean(-1) for name, m in
-            (("entropy", entropy), ("distance", distance), ("first", first), ("previous", previous))}
+    return {
+        name: m[..., rows].mean(-1)
+        for name, m in (("entropy", entropy), ("distance", distance), ("first", first), ("previous", previous))
+    }
 
 
 def induction_length(block_size: int) -> int:
@@ -165,15 +181,25 @@ def capture_attention(model: GPT, tokenizer: Tokenizer, text: str, seed: int = 0
         metrics["induction"] = induction_scores(_weights(model, random_repeated_ids(tokenizer, n, seed)), n)
     else:
         metrics["induction"] = torch.full(weights.shape[:2], float("nan"))
-    return AttentionCapture(tokens=token_strings(tokenizer, ids), ids=ids, weights=weights, metrics=metrics,
-                            config=asdict(model.config), induction_tokens=n)
+    return AttentionCapture(
+        tokens=token_strings(tokenizer, ids),
+        ids=ids,
+        weights=weights,
+        metrics=metrics,
+        config=asdict(model.config),
+        induction_tokens=n,
+    )
 
 
 def save_npz(capture: AttentionCapture, path: str | Path) -> Path:
     """weights float32 (L, H, T, T), ids, tokens, the metrics (L, H) each, and the config as JSON text."""
     path = Path(path)
-    np.savez_compressed(path, weights=capture.weights.numpy().astype(np.float32),
-                        ids=np.asarray(capture.ids, dtype=np.int64), tokens=np.asarray(capture.tokens, dtype=str),
-                        config=np.asarray(json.dumps(capture.config)),
-                        **{f"metric_{k}": v.numpy() for k, v in capture.metrics.items()})
+    np.savez_compressed(
+        path,
+        weights=capture.weights.numpy().astype(np.float32),
+        ids=np.asarray(capture.ids, dtype=np.int64),
+        tokens=np.asarray(capture.tokens, dtype=str),
+        config=np.asarray(json.dumps(capture.config)),
+        **{f"metric_{k}": v.numpy() for k, v in capture.metrics.items()},
+    )
     return path

@@ -77,8 +77,9 @@ def layer_figure(weights: torch.Tensor | np.ndarray, layer: int, tokens: list[st
     labelled = tokens is not None and T <= 40
     size = 3.2 if labelled else 2.4
     fig, axes = plt.subplots(rows, cols, figsize=(cols * size, rows * size + 0.4), dpi=DPI, squeeze=False)
-    fig.suptitle(f"layer {layer}: attention of each query (row) over the keys (columns), colour = \u221aweight",
-                 fontsize=10)
+    fig.suptitle(
+        f"layer {layer}: attention of each query (row) over the keys (columns), colour = \u221aweight", fontsize=10
+    )
     for h, ax in enumerate(axes.flat):
         if h >= H:
             ax.axis("off")
@@ -112,12 +113,13 @@ def grid_image(weights: torch.Tensor | np.ndarray, min_cell: int = 48, gap: int 
     for layer in range(L):
         for head in range(H):
             y, x = gap + layer * (cell + gap), gap + head * (cell + gap)
-            image[y:y + cell, x:x + cell] = rgb[layer, head]
+            image[y : y + cell, x : x + cell] = rgb[layer, head]
     return image
 
 
-def save_figures(weights: torch.Tensor | np.ndarray, tokens: list[str], out_dir: str | Path,
-                 title: str = "") -> list[Path]:
+def save_figures(
+    weights: torch.Tensor | np.ndarray, tokens: list[str], out_dir: str | Path, title: str = ""
+) -> list[Path]:
     """attention_grid.png and attention_layer{N}.png for each layer; returns their paths."""
     out_dir = Path(out_dir)
     paths = []

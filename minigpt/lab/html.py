@@ -54,19 +54,30 @@ def _json_for_script(value: object) -> str:
 
 def render_html(capture: AttentionCapture, title: str = "") -> str:
     """The page for one capture, as a string."""
-    metrics = {k: [[None if math.isnan(x) else round(float(x), 4) for x in row] for row in v.tolist()]
-               for k, v in capture.metrics.items()}
+    metrics = {
+        k: [[None if math.isnan(x) else round(float(x), 4) for x in row] for row in v.tolist()]
+        for k, v in capture.metrics.items()
+    }
     data = {
-        "n_layer": capture.n_layer, "n_head": capture.n_head, "kv_group": capture.kv_group,
-        "tokens": capture.tokens, "summary": _summary(capture) + (f" \u2014 {title}" if title else ""),
-        "metric_names": list(METRICS), "metric_titles": [t for t, _ in METRICS.values()],
-        "metric_info": [i for _, i in METRICS.values()], "metrics": metrics,
-        "induction_tokens": capture.induction_tokens, "weights": pack_weights(capture.weights.numpy()),
+        "n_layer": capture.n_layer,
+        "n_head": capture.n_head,
+        "kv_group": capture.kv_group,
+        "tokens": capture.tokens,
+        "summary": _summary(capture) + (f" \u2014 {title}" if title else ""),
+        "metric_names": list(METRICS),
+        "metric_titles": [t for t, _ in METRICS.values()],
+        "metric_info": [i for _, i in METRICS.values()],
+        "metrics": metrics,
+        "induction_tokens": capture.induction_tokens,
+        "weights": pack_weights(capture.weights.numpy()),
     }
     page = _asset("attention_lab.html")
-    for key, value in (("__STYLE__", _asset("attention_lab.css")), ("__SCRIPT__", _asset("attention_lab.js")),
-                       ("__TITLE__", html.escape(title or _summary(capture)).replace("/", "&#47;")),
-                       ("__DATA__", _json_for_script(data))):
+    for key, value in (
+        ("__STYLE__", _asset("attention_lab.css")),
+        ("__SCRIPT__", _asset("attention_lab.js")),
+        ("__TITLE__", html.escape(title or _summary(capture)).replace("/", "&#47;")),
+        ("__DATA__", _json_for_script(data)),
+    ):
         page = page.replace(key, value, 1)
     assert "//" not in page, "the page must not hold '//' (see the module docstring)"
     return page

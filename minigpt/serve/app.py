@@ -40,8 +40,10 @@ from minigpt.serve.protocol import ChatRequest, CompletionRequest
 __all__ = ["APIError", "create_app"]
 
 # the page may load nothing but itself and talk to nothing but this server
-PAGE_POLICY = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
-               "img-src data:; base-uri 'none'; form-action 'none'")
+PAGE_POLICY = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+    "img-src data:; base-uri 'none'; form-action 'none'"
+)
 
 
 class APIError(Exception):
@@ -52,14 +54,18 @@ class APIError(Exception):
     def response(self) -> JSONResponse:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
         headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}},
-                            status_code=self.status, headers=headers)
+        return JSONResponse(
+            {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}},
+            status_code=self.status,
+            headers=headers,
+        )
 
 
 def union_member(part: object) -> bool:
     """A part of pydantic's error location that names the union member it tried: a type, CamelCase or with brackets."""
-    return isinstance(part, str) and (part in ("str", "int", "float", "bool", "none") or "[" in part or
-                                      part[:1].isupper())
+    return isinstance(part, str) and (
+        part in ("str", "int", "float", "bool", "none") or "[" in part or part[:1].isupper()
+    )
 
 
 def field_path(loc: tuple) -> str | None:
@@ -73,11 +79,19 @@ def validation_error(e: RequestValidationError) -> APIError:
     error = min(e.errors(), key=lambda error: error["type"].endswith("_type"))
     param = field_path(error["loc"])
     if error["type"] == "json_invalid":
-        return APIError(400, "the request body is not valid JSON; send a JSON object "
-                             "(Content-Type: application/json)", code="invalid_json")
+        return APIError(
+            400,
+            "the request body is not valid JSON; send a JSON object (Content-Type: application/json)",
+            code="invalid_json",
+        )
     if error["type"] == "extra_forbidden":
-        return APIError(400, f"unrecognized request argument supplied: {param} (not an OpenAI field, or one this "
-                             "server does not support)", param, "unsupported_parameter")
+        return APIError(
+            400,
+            f"unrecognized request argument supplied: {param} (not an OpenAI field, or one this "
+            "server does not support)",
+            param,
+            "unsupported_parameter",
+        )
     if error["type"] == "missing":
         return APIError(400, f"missing required parameter: {param}", param, "missing_required_parameter")
     return APIError(400, f"{param or 'body'}: {error['msg']}", param, "invalid_value")
@@ -92,8 +106,11 @@ class BodyLimit:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
-        too_large = APIError(413, f"the request body is over {self.max_bytes:,} bytes; send a shorter one "
-                                  "(minigpt serve --max_body_bytes)", code="request_too_large").response()
+        too_large = APIError(
+            413,
+            f"the request body is over {self.max_bytes:,} bytes; send a shorter one (minigpt serve --max_body_bytes)",
+            code="request_too_large",
+        ).response()
         body = bytearray()
         while True:  # read it whole (bounded), then hand it on
             message = await receive()
@@ -131,21 +148,33 @@ class Server:
 
     def check_model(self, model: str) -> None:
         if model != self.name:
-            raise APIError(404, f"the model '{model}' does not exist; this server serves '{self.name}' "
-                                "(GET /v1/models)", "model", "model_not_found")
+            raise APIError(
+                404,
+                f"the model '{model}' does not exist; this server serves '{self.name}' (GET /v1/models)",
+                "model",
+                "model_not_found",
+            )
 
-    def generation(self, body: ChatRequest | CompletionRequest, ids: list[int], limit: int | None,
-                   default: int | None = None) -> Generation:
+    def generation(
+        self, body: ChatRequest | CompletionRequest, ids: list[int], limit: int | None, default: int | None = None
+    ) -> Generation:
         """The engine's request: max_tokens as asked (it must fit the context), else `default` (or all the room)."""
         room = self.context - len(ids)
         if room < 1:  # the prompt alone fills the context
             param = "messages" if isinstance(body, ChatRequest) else "prompt"
-            problem = (f"the prompt is {len(ids)} tokens, and this model's context of {self.context} tokens must also "
-                       "hold the reply; send a shorter prompt")
+            problem = (
+                f"the prompt is {len(ids)} tokens, and this model's context of {self.context} tokens must also "
+                "hold the reply; send a shorter prompt"
+            )
         elif limit is not None and limit > room:
-            param, problem = "max_tokens", (f"max_tokens is {limit}, but the prompt ({len(ids)} tokens) leaves room "
-                                            f"for {room} in this model's context of {self.context}; ask for at most "
-                                            f"{room}")
+            param, problem = (
+                "max_tokens",
+                (
+                    f"max_tokens is {limit}, but the prompt ({len(ids)} tokens) leaves room "
+                    f"for {room} in this model's context of {self.context}; ask for at most "
+                    f"{room}"
+                ),
+            )
         else:
             problem = None
         if problem:
@@ -158,10 +187,16 @@ class Server:
     def chat_ids(self, body: ChatRequest) -> list[int]:
         """The conversation's ids (a UserError, e.g. characters outside a char vocabulary: the app's 400)."""
         if not self.is_chat:
-            raise APIError(400, f"the model '{self.name}' is a base model: it {NO_CHAT_TEMPLATE}; or send the text "
-                                "to POST /v1/completions", "messages", "model_not_chat")
-        return self.tokenizer.encode_chat([m.as_template_message() for m in body.messages],
-                                          add_generation_prompt=True)[0]
+            raise APIError(
+                400,
+                f"the model '{self.name}' is a base model: it {NO_CHAT_TEMPLATE}; or send the text "
+                "to POST /v1/completions",
+                "messages",
+                "model_not_chat",
+            )
+        return self.tokenizer.encode_chat([m.as_template_message() for m in body.messages], add_generation_prompt=True)[
+            0
+        ]
 
     def submit(self, generation: Generation, request: Request) -> AsyncIterator[Update]:
         """Queue the request now (a full queue, QueueFull, is the app's 503 before any response starts) -> its
@@ -193,9 +228,16 @@ def usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def create_app(model: GPT, tokenizer: Tokenizer, name: str, api_key: str | None = None,
-               cors_origins: Sequence[str] = (), max_batch: int = 8, max_queue: int = 64,
-               max_body_bytes: int = 1 << 20) -> FastAPI:
+def create_app(
+    model: GPT,
+    tokenizer: Tokenizer,
+    name: str,
+    api_key: str | None = None,
+    cors_origins: Sequence[str] = (),
+    max_batch: int = 8,
+    max_queue: int = 64,
+    max_body_bytes: int = 1 << 20,
+) -> FastAPI:
     """The server's app; its engine thread starts and stops with the app (uvicorn runs the lifespan)."""
     server = Server(model, tokenizer, name, Engine(model, tokenizer, max_batch, max_queue))
     page = (files("minigpt.serve") / "static" / "index.html").read_text(encoding="utf-8")
@@ -210,8 +252,12 @@ def create_app(model: GPT, tokenizer: Tokenizer, name: str, api_key: str | None 
     app.state.server = server
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     if cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError) -> JSONResponse:
@@ -229,8 +275,12 @@ def create_app(model: GPT, tokenizer: Tokenizer, name: str, api_key: str | None 
 
     @app.exception_handler(QueueFull)
     async def busy(request: Request, e: QueueFull) -> JSONResponse:
-        return APIError(503, f"the server is busy ({server.engine.max_batch} requests decoding, "
-                             f"{server.engine.max_queue} waiting); try again shortly", code="server_busy").response()
+        return APIError(
+            503,
+            f"the server is busy ({server.engine.max_batch} requests decoding, "
+            f"{server.engine.max_queue} waiting); try again shortly",
+            code="server_busy",
+        ).response()
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:  # an unknown path or method
@@ -246,8 +296,9 @@ def create_app(model: GPT, tokenizer: Tokenizer, name: str, api_key: str | None 
             return
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
-            raise APIError(401, "a valid API key is required: send the header 'Authorization: Bearer KEY'",
-                           code="invalid_api_key")
+            raise APIError(
+                401, "a valid API key is required: send the header 'Authorization: Bearer KEY'", code="invalid_api_key"
+            )
 
     v1 = [Depends(authorized)]
 
@@ -257,8 +308,14 @@ def create_app(model: GPT, tokenizer: Tokenizer, name: str, api_key: str | None 
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "model": name, "chat": server.is_chat, "context_length": server.context,
-                "api_key_required": api_key is not None, **server.engine.stats()}
+        return {
+            "status": "ok",
+            "model": name,
+            "chat": server.is_chat,
+            "context_length": server.context,
+            "api_key_required": api_key is not None,
+            **server.engine.stats(),
+        }
 
     @app.get("/v1/models", dependencies=v1)
     async def models() -> dict:
@@ -281,12 +338,27 @@ def create_app(model: GPT, tokenizer: Tokenizer, name: str, api_key: str | None 
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name}
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
-            return streamed(updates, head | {"object": "chat.completion.chunk"}, len(ids), include_usage,
-                            lambda text: {"delta": {"content": text}}, {"delta": {"role": "assistant", "content": ""}})
+            return streamed(
+                updates,
+                head | {"object": "chat.completion.chunk"},
+                len(ids),
+                include_usage,
+                lambda text: {"delta": {"content": text}},
+                {"delta": {"role": "assistant", "content": ""}},
+            )
         text, last = await collected(updates)
-        return head | {"object": "chat.completion", "choices": [{
-            "index": 0, "message": {"role": "assistant", "content": text, "refusal": None}, "logprobs": None,
-            "finish_reason": last.finish_reason}], "usage": usage(len(ids), last.completion_tokens)}
+        return head | {
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text, "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": last.finish_reason,
+                }
+            ],
+            "usage": usage(len(ids), last.completion_tokens),
+        }
 
     @app.post("/v1/completions", dependencies=v1)
     async def completions(body: CompletionRequest, request: Request):
@@ -294,14 +366,20 @@ def create_app(model: GPT, tokenizer: Tokenizer, name: str, api_key: str | None 
         ids = prompt_ids(tokenizer, body.prompt)
         generation = server.generation(body, ids, body.max_tokens, default=16)  # OpenAI's default for completions
         updates = server.submit(generation, request)
-        head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name,
-                "object": "text_completion"}
+        head = {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "created": int(time.time()),
+            "model": name,
+            "object": "text_completion",
+        }
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
             return streamed(updates, head, len(ids), include_usage, lambda text: {"text": text, "logprobs": None})
         text, last = await collected(updates)
-        return head | {"choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": last.finish_reason}],
-                       "usage": usage(len(ids), last.completion_tokens)}
+        return head | {
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": last.finish_reason}],
+            "usage": usage(len(ids), last.completion_tokens),
+        }
 
     return app
 
@@ -317,8 +395,14 @@ async def collected(updates: AsyncIterator[Update]) -> tuple[str, Update]:
     return "".join(parts), update
 
 
-def streamed(updates: AsyncIterator[Update], head: dict, prompt_tokens: int, include_usage: bool,
-             choice, first: dict | None = None) -> StreamingResponse:
+def streamed(
+    updates: AsyncIterator[Update],
+    head: dict,
+    prompt_tokens: int,
+    include_usage: bool,
+    choice,
+    first: dict | None = None,
+) -> StreamingResponse:
     """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`."""
     extra = {"usage": None} if include_usage else {}
 
@@ -330,8 +414,16 @@ def streamed(updates: AsyncIterator[Update], head: dict, prompt_tokens: int, inc
             yield chunk(first)
         async for update in updates:
             if update.finish_reason == "error":
-                yield sse({"error": {"message": update.error, "type": "server_error", "param": None,
-                                     "code": "decoding_failed"}})
+                yield sse(
+                    {
+                        "error": {
+                            "message": update.error,
+                            "type": "server_error",
+                            "param": None,
+                            "code": "decoding_failed",
+                        }
+                    }
+                )
                 return
             if update.text:
                 yield chunk(choice(update.text))
@@ -341,5 +433,6 @@ def streamed(updates: AsyncIterator[Update], head: dict, prompt_tokens: int, inc
                     yield sse(head | {"choices": [], "usage": usage(prompt_tokens, update.completion_tokens)})
         yield sse("[DONE]")
 
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )

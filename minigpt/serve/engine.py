@@ -71,8 +71,9 @@ class QueueFull(Exception):
 class Ticket:
     """A submitted request's handle: cancel() frees its place (before the next decode step)."""
 
-    def __init__(self, request: Request, on_update: Callable[[Update], object], generator: torch.Generator,
-                 text: TextStream) -> None:
+    def __init__(
+        self, request: Request, on_update: Callable[[Update], object], generator: torch.Generator, text: TextStream
+    ) -> None:
         self.request, self.on_update, self.generator, self.text = request, on_update, generator, text
         self.cancelled = self.finished = False
         self.cached = 0  # positions of this request in the cache
@@ -120,8 +121,12 @@ class Engine:
 
     def stats(self) -> dict[str, int]:
         with self._wake:  # the waiting queue changes under this lock
-            return {"running": sum(not t.cancelled for t in self.running), "waiting": self.queued(),
-                    "max_batch": self.max_batch, "max_queue": self.max_queue}
+            return {
+                "running": sum(not t.cancelled for t in self.running),
+                "waiting": self.queued(),
+                "max_batch": self.max_batch,
+                "max_queue": self.max_queue,
+            }
 
     def start(self) -> None:
         self._stopping = False
@@ -148,8 +153,10 @@ class Engine:
                         self._wake.wait()
                     if self._stopping:
                         break
-                    joining = [self.waiting.popleft() for _ in range(min(len(self.waiting),
-                                                                       self.max_batch - len(self.running)))]
+                    joining = [
+                        self.waiting.popleft()
+                        for _ in range(min(len(self.waiting), self.max_batch - len(self.running)))
+                    ]
                 try:
                     for ticket in joining:
                         self._admit(ticket)
@@ -177,7 +184,7 @@ class Engine:
         one = self.model.new_kv_cache(1, max_len=len(prompt))
         ids = torch.tensor([prompt], device=self.device)
         logits = self.model(ids, kv_cache=one, input_pos=0, last_only=True)[0][:, -1]  # (1, V)
-        if not self._advance(ticket, logits[:, :self.vocab_size]):
+        if not self._advance(ticket, logits[:, : self.vocab_size]):
             return
         if self.cache is None:
             self.cache = self.model.new_kv_cache(self.max_batch)
@@ -191,12 +198,12 @@ class Engine:
         """One token of every running request, as one batch."""
         tokens = torch.tensor([[t.next_token] for t in self.running], device=self.device)  # (B, 1)
         input_pos = torch.tensor([t.cached for t in self.running], device=self.device)  # (B,)
-        logits = self.model(tokens, kv_cache=self.cache, input_pos=input_pos)[0][:, -1, :self.vocab_size]  # (B, V)
+        logits = self.model(tokens, kv_cache=self.cache, input_pos=input_pos)[0][:, -1, : self.vocab_size]  # (B, V)
         self.steps += 1
         greedy = logits.argmax(dim=-1).tolist()  # one call for all greedy rows
         for b, ticket in enumerate(list(self.running)):
             ticket.cached += 1
-            self._advance(ticket, logits[b:b + 1], greedy[b])
+            self._advance(ticket, logits[b : b + 1], greedy[b])
         for ticket in [t for t in self.running if t.finished]:
             self._leave(ticket)
 

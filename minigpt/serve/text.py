@@ -51,6 +51,6 @@ class TextStream:
 
     def _take(self, text: str, end: int | None) -> str:
         end = len(text) if end is None else end
-        new = text[self.sent:end]
+        new = text[self.sent : end]
         self.sent = max(self.sent, end)
         return new

@@ -39,8 +39,10 @@ class CompileModel(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.enabled = pl_module.device.type != "cpu" or has_cpp_compiler()
         if not self.enabled:  # inductor's CPU backend compiles C++: without a compiler it would die mid-run
-            rank_zero_warn("torch.compile needs a C++ compiler on the CPU and none was found (install g++, e.g. "
-                           "`apt-get install g++`); training without compiling")
+            rank_zero_warn(
+                "torch.compile needs a C++ compiler on the CPU and none was found (install g++, e.g. "
+                "`apt-get install g++`); training without compiling"
+            )
             return
         pl_module.model.compile()
 
@@ -80,8 +82,14 @@ class TextSamples(Callback):
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         tokenizer = getattr(pl_module, "tokenizer", None)
         experiment = getattr(trainer.logger, "experiment", None)
-        if (not self.tokens or tokenizer is None or trainer.sanity_checking or not trainer.is_global_zero
-                or not hasattr(experiment, "add_text") or not runs_whole_model(trainer)):
+        if (
+            not self.tokens
+            or tokenizer is None
+            or trainer.sanity_checking
+            or not trainer.is_global_zero
+            or not hasattr(experiment, "add_text")
+            or not runs_whole_model(trainer)
+        ):
             return
         start = prompt_ids(tokenizer, "")
         idx = torch.tensor([start], dtype=torch.long, device=pl_module.device)
@@ -89,7 +97,7 @@ class TextSamples(Callback):
         # eager: generation's growing shapes would each trigger a recompile; isolated: training's RNG is untouched
         with torch.compiler.set_stance("force_eager"), isolate_rng(include_cuda=True):
             out = generate(pl_module.model, idx, self.tokens, temperature=0.8, top_k=200, generator=g)
-        text = tokenizer.decode(out[0, len(start):].tolist())
+        text = tokenizer.decode(out[0, len(start) :].tolist())
         experiment.add_text("sample", "```\n" + text + "\n```", trainer.global_step)
 
 
@@ -123,16 +131,23 @@ class AttentionImages(Callback):
 
         model, tokenizer = pl_module.model, getattr(pl_module, "tokenizer", None)
         logger = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
-        if (logger is None or tokenizer is None or trainer.sanity_checking or not trainer.is_global_zero
-                or not runs_whole_model(trainer) or not self.active_for(model.config.n_layer, model.config.n_head)):
+        if (
+            logger is None
+            or tokenizer is None
+            or trainer.sanity_checking
+            or not trainer.is_global_zero
+            or not runs_whole_model(trainer)
+            or not self.active_for(model.config.n_layer, model.config.n_head)
+        ):
             return
         ids = self.probe_ids(tokenizer, model.config.block_size)
         idx = torch.tensor([ids], dtype=torch.long, device=pl_module.device)
         raw = getattr(model, "_orig_mod", model)  # a compiled model's own module: no recompile for this shape
         with torch.compiler.set_stance("force_eager"), isolate_rng(include_cuda=True):
             weights = raw.attention_weights(idx)[:, 0]  # (L, H, T, T)
-        logger.experiment.add_image("attention", grid_image(weights.cpu().numpy()), trainer.global_step,
-                                    dataformats="HWC")
+        logger.experiment.add_image(
+            "attention", grid_image(weights.cpu().numpy()), trainer.global_step, dataformats="HWC"
+        )
 
 
 class HarnessTasks(Callback):
@@ -150,9 +165,11 @@ class HarnessTasks(Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not runs_whole_model(trainer):
-            raise UserError("--eval_tasks cannot run under FSDP (the harness's generation runs the model outside "
-                            "the wrapped forward); train with ddp or one device, or run eval.py --tasks on the "
-                            "checkpoints")
+            raise UserError(
+                "--eval_tasks cannot run under FSDP (the harness's generation runs the model outside "
+                "the wrapped forward); train with ddp or one device, or run eval.py --tasks on the "
+                "checkpoints"
+            )
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         tokenizer = getattr(pl_module, "tokenizer", None)

@@ -24,8 +24,11 @@ class SafeCheckpointIO(TorchCheckpointIO):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         # the write is atomic: on a full disk whatever was at `path` before is still there, whole
-        with write_errors(f"checkpoint {path}", "the previous checkpoint is kept: free space there (or make it "
-                          "writable) and continue with --resume", CheckpointError):
+        with write_errors(
+            f"checkpoint {path}",
+            "the previous checkpoint is kept: free space there (or make it writable) and continue with --resume",
+            CheckpointError,
+        ):
             save_file(checkpoint, path)
 
     def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> dict:

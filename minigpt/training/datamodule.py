@@ -31,8 +31,9 @@ VAL_STREAM = 1 << 20  # keeps validation generators apart from training ones
 class RandomWindows(Dataset):
     """Item i is a (batch_size, block_size + 1) batch of windows at offsets drawn from rng(seed, stream, i)."""
 
-    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int, stream: int,
-                 length: int) -> None:
+    def __init__(
+        self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int, stream: int, length: int
+    ) -> None:
         self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
         self.seed, self.stream, self.length = seed, stream, length
 
@@ -42,7 +43,7 @@ class RandomWindows(Dataset):
     def __getitem__(self, i: int) -> torch.Tensor:
         rng = np.random.default_rng([self.seed, self.stream, i])
         starts = rng.integers(0, len(self.tokens) - self.block_size, size=self.batch_size)
-        windows = np.stack([self.tokens[s:s + self.block_size + 1] for s in starts])
+        windows = np.stack([self.tokens[s : s + self.block_size + 1] for s in starts])
         return torch.from_numpy(windows.astype(np.int64))  # (B, T + 1)
 
 
@@ -127,20 +128,28 @@ class TokenDataModule(L.LightningDataModule):
     def _load(self) -> PreparedData:
         if self.prepared is None and self.hparams.format == "chat":
             hp = self.hparams
-            self.prepared = load_chat_data(hp.source, hp.tokenizer, hp.chat_template, hp.val_fraction, hp.block_size,
-                                           hp.seed, hp.train_on_prompt)
+            self.prepared = load_chat_data(
+                hp.source, hp.tokenizer, hp.chat_template, hp.val_fraction, hp.block_size, hp.seed, hp.train_on_prompt
+            )
         if self.prepared is None:
             hp = self.hparams
-            data_dir = prepare_data(hp.source, hp.tokenizer, data_root=hp.data_root, val_fraction=hp.val_fraction,
-                                    text_column=hp.text_column)
+            data_dir = prepare_data(
+                hp.source,
+                hp.tokenizer,
+                data_root=hp.data_root,
+                val_fraction=hp.val_fraction,
+                text_column=hp.text_column,
+            )
             self.data_dir = Path(data_dir)
             self.prepared = load_prepared(data_dir)
             for split in ("train", "val"):
                 n = len(getattr(self.prepared, split))
                 if n < hp.block_size + 1:
-                    raise UserError(f"the {split} split has {n} tokens, fewer than one window of block_size + 1 = "
-                                    f"{hp.block_size + 1}; use a longer corpus, a smaller block_size"
-                                    + (" or a larger val_fraction" if split == "val" else ""))
+                    raise UserError(
+                        f"the {split} split has {n} tokens, fewer than one window of block_size + 1 = "
+                        f"{hp.block_size + 1}; use a longer corpus, a smaller block_size"
+                        + (" or a larger val_fraction" if split == "val" else "")
+                    )
         return self.prepared
 
     def prepare_data(self) -> None:
@@ -158,8 +167,10 @@ class TokenDataModule(L.LightningDataModule):
         self._load()
         _, world = self._world()
         if self.hparams.val_batches < world:  # some device would get no validation batch: Lightning fails deep down
-            raise ConfigError(f"data.val_batches: {self.hparams.val_batches} validation batch(es) cannot be shared "
-                              f"by {world} devices (each needs one); set data.val_batches to at least {world}")
+            raise ConfigError(
+                f"data.val_batches: {self.hparams.val_batches} validation batch(es) cannot be shared "
+                f"by {world} devices (each needs one); set data.val_batches to at least {world}"
+            )
 
     def _world(self) -> tuple[int, int]:
         trainer = self.trainer
@@ -178,9 +189,14 @@ class TokenDataModule(L.LightningDataModule):
             windows = RandomWindows(data.train, hp.block_size, hp.batch_size, hp.seed, stream=rank, length=1 << 62)
         length = steps * accumulate
         start = (lambda: self.trainer.global_step * accumulate) if self.trainer is not None else (lambda: 0)
-        return DataLoader(windows, batch_size=None, sampler=ResumableSampler(length, start),
-                          num_workers=hp.num_workers, persistent_workers=hp.num_workers > 0,
-                          generator=own_generator())
+        return DataLoader(
+            windows,
+            batch_size=None,
+            sampler=ResumableSampler(length, start),
+            num_workers=hp.num_workers,
+            persistent_workers=hp.num_workers > 0,
+            generator=own_generator(),
+        )
 
     def val_dataloader(self) -> DataLoader:
         hp, data = self.hparams, self._load()
@@ -190,8 +206,14 @@ class TokenDataModule(L.LightningDataModule):
             windows = FixedConversations(data.val, hp.batch_size)
             n_batches = min(hp.val_batches, len(windows))
         else:
-            windows = RandomWindows(data.val, hp.block_size, hp.batch_size, hp.seed, stream=VAL_STREAM,
-                                    length=hp.val_batches)
+            windows = RandomWindows(
+                data.val, hp.block_size, hp.batch_size, hp.seed, stream=VAL_STREAM, length=hp.val_batches
+            )
             n_batches = hp.val_batches
-        return DataLoader(windows, batch_size=None, sampler=list(range(rank, n_batches, world)),
-                          num_workers=hp.num_workers, generator=own_generator())
+        return DataLoader(
+            windows,
+            batch_size=None,
+            sampler=list(range(rank, n_batches, world)),
+            num_workers=hp.num_workers,
+            generator=own_generator(),
+        )

@@ -43,18 +43,27 @@ def check_finetune_resumable(ckpt: dict[str, Any], lora: LoRAConfig | None, path
     saved = checkpoint_lora(ckpt)
     problem = None
     if saved is None and lora is not None:
-        problem = (f"{path} is a full fine-tuning run (its checkpoint holds the whole model); resume it without "
-                   "--finetune lora, or start a LoRA run in another out_dir")
+        problem = (
+            f"{path} is a full fine-tuning run (its checkpoint holds the whole model); resume it without "
+            "--finetune lora, or start a LoRA run in another out_dir"
+        )
     elif saved is not None and lora is None:
-        problem = (f"{path} is a LoRA run (its checkpoint holds adapters for the base {saved[1]['source']}); resume "
-                   "it with --finetune lora, or start a new run in another out_dir")
+        problem = (
+            f"{path} is a LoRA run (its checkpoint holds adapters for the base {saved[1]['source']}); resume "
+            "it with --finetune lora, or start a new run in another out_dir"
+        )
     elif saved is not None:
         old, new = saved[0].to_dict(), lora.to_dict()
-        diff = [f"lora.{k}={old[k]!r} (this run's config gives {new[k]!r})" for k in old
-                if k not in CHANGEABLE and old[k] != new.get(k)]
+        diff = [
+            f"lora.{k}={old[k]!r} (this run's config gives {new[k]!r})"
+            for k in old
+            if k not in CHANGEABLE and old[k] != new.get(k)
+        ]
         if diff:
-            problem = (f"{path} was trained with " + ", ".join(diff) + "; remove the conflicting lora settings to "
-                       "resume, or start a new run in another out_dir")
+            problem = (
+                f"{path} was trained with " + ", ".join(diff) + "; remove the conflicting lora settings to "
+                "resume, or start a new run in another out_dir"
+            )
     if problem:
         raise UserError(problem)
 
@@ -64,14 +73,22 @@ def check_same_base(ckpt: dict[str, Any], base: GPT, source: str, path: Path) ->
     saved = checkpoint_lora(ckpt)[1]
     found = fingerprint(base)
     if found != saved["fingerprint"]:
-        raise UserError(f"{path} was trained on the base {saved['source']} (fingerprint {saved['fingerprint'][:12]}), "
-                        f"and init_from {source} is another model (fingerprint {found[:12]}); resume with --init_from "
-                        f"{saved['source']}, or start a new run in another out_dir")
+        raise UserError(
+            f"{path} was trained on the base {saved['source']} (fingerprint {saved['fingerprint'][:12]}), "
+            f"and init_from {source} is another model (fingerprint {found[:12]}); resume with --init_from "
+            f"{saved['source']}, or start a new run in another out_dir"
+        )
     return found
 
 
-def lora_run_model(source: str, base: GPT, config: GPTConfig, lora: LoRAConfig,
-                   resumed: dict[str, Any] | None = None, last: Path | None = None) -> tuple[GPT, dict[str, Any]]:
+def lora_run_model(
+    source: str,
+    base: GPT,
+    config: GPTConfig,
+    lora: LoRAConfig,
+    resumed: dict[str, Any] | None = None,
+    last: Path | None = None,
+) -> tuple[GPT, dict[str, Any]]:
     """The LoRA model a run of `config` trains on `base` (init_from's model), and the checkpoint entry naming the
     base.  The caller drops its own reference to `base` next, so a cast base_dtype frees the float32 weights."""
     found = check_same_base(resumed, base, source, last) if resumed is not None else fingerprint(base)
@@ -80,6 +97,7 @@ def lora_run_model(source: str, base: GPT, config: GPTConfig, lora: LoRAConfig,
 
 
 # ------------------------------------------------------------------------------------------------- checkpoints
+
 
 def keep_trained(ckpt: dict[str, Any], module: nn.Module, entry: dict[str, Any]) -> None:
     """on_save_checkpoint: drop the frozen base from Lightning's state_dict and name it in minigpt's section."""

@@ -42,16 +42,22 @@ def init_from_source(config: Any, given: Any, resumed: dict[str, Any] | None = N
     src, out_dir = config["init_from"], Path(config["out_dir"])
     resuming = resumed is not None
     if not resuming and Path(str(src)).is_dir() and Path(str(src)).resolve() == out_dir.resolve():
-        raise UserError(f"init_from {src} is out_dir itself: the run would write its files into the source model's "
-                        "folder; choose another --out_dir")
+        raise UserError(
+            f"init_from {src} is out_dir itself: the run would write its files into the source model's "
+            "folder; choose another --out_dir"
+        )
     if resuming:
         source_model, tokenizer = None, checkpoint.checkpoint_tokenizer(resumed)
         source_config = checkpoint.model_config(resumed)
     else:
         source_model, tokenizer = load_source(src)
         source_config = source_model.config
-        if config["data"].get("format") == "chat" and tokenizer is not None and is_hf_source(src) \
-                and (template := read_chat_template(resolve_hf_source(src)[0])) is not None:
+        if (
+            config["data"].get("format") == "chat"
+            and tokenizer is not None
+            and is_hf_source(src)
+            and (template := read_chat_template(resolve_hf_source(src)[0])) is not None
+        ):
             tokenizer = ChatTokenizer.for_base(tokenizer, template)  # the source's own chat format
     if tokenizer is None:
         raise UserError(f"init_from {src}: it has no tokenizer; fine-tune from a checkpoint written by train.py")
@@ -61,20 +67,35 @@ def init_from_source(config: Any, given: Any, resumed: dict[str, Any] | None = N
     ours = (tokenizer_file.resolve(), (out_dir / "tokenizer.json").resolve())
     source_keys = source_config.to_dict()
     user_keys = {k: v for k, v in (given.get("model") or {}).items() if v is not None} if given is not None else {}
-    conflicts = [f"model.{k}={v!r} (the source has {source_keys[k]!r})" for k, v in user_keys.items()
-                 if k in source_keys and k not in (*FINETUNE_FIELDS, *LINKED_MODEL_FIELDS) and v != source_keys[k]]
+    conflicts = [
+        f"model.{k}={v!r} (the source has {source_keys[k]!r})"
+        for k, v in user_keys.items()
+        if k in source_keys and k not in (*FINETUNE_FIELDS, *LINKED_MODEL_FIELDS) and v != source_keys[k]
+    ]
     block_size = user_keys.get("block_size", source_config.block_size)
     # what the run sets that the source decides: (refused when, the problem and its fix)
-    refusals = [message for refused, message in (
-        (given_tokenizer is not None and Path(str(given_tokenizer)).resolve() not in ours,
-         f"data.tokenizer is set ({given_tokenizer}), but a fine-tuning run uses its source's tokenizer; remove "
-         "data.tokenizer"),
-        (bool(conflicts), "the model comes from the source, but this run sets " + ", ".join(conflicts) + "; remove "
-         f"these model settings (a fine-tuning run may change only {', '.join(RUNTIME_FIELDS)} and a smaller "
-         "block_size)"),
-        (block_size > source_config.block_size, f"model.block_size={block_size} is larger than the source's "
-         f"{source_config.block_size}; use a block_size of at most {source_config.block_size}"),
-    ) if refused]
+    refusals = [
+        message
+        for refused, message in (
+            (
+                given_tokenizer is not None and Path(str(given_tokenizer)).resolve() not in ours,
+                f"data.tokenizer is set ({given_tokenizer}), but a fine-tuning run uses its source's tokenizer; remove "
+                "data.tokenizer",
+            ),
+            (
+                bool(conflicts),
+                "the model comes from the source, but this run sets " + ", ".join(conflicts) + "; remove "
+                f"these model settings (a fine-tuning run may change only {', '.join(RUNTIME_FIELDS)} and a smaller "
+                "block_size)",
+            ),
+            (
+                block_size > source_config.block_size,
+                f"model.block_size={block_size} is larger than the source's "
+                f"{source_config.block_size}; use a block_size of at most {source_config.block_size}",
+            ),
+        )
+        if refused
+    ]
     if refusals:
         raise UserError(f"init_from {src}: {refusals[0]}")
     for key, value in source_keys.items():
@@ -101,7 +122,7 @@ def load_init_weights(model: GPT, source: GPT) -> None:
     dropped (nanoGPT's crop_block_size), and tokens a chat format adds get rows at the mean embedding."""
     state = grow_vocabulary(source.state_dict(), model.config.vocab_size)
     if "transformer.wpe.weight" in state:
-        state["transformer.wpe.weight"] = state["transformer.wpe.weight"][:model.config.block_size]
+        state["transformer.wpe.weight"] = state["transformer.wpe.weight"][: model.config.block_size]
     model.load_state_dict(state)
 
 
@@ -110,5 +131,7 @@ def read_last(last: Path) -> dict[str, Any]:
     try:
         return read_checkpoint(last)
     except CheckpointError as e:
-        raise UserError(f"--resume: {first_line(e, 400)}; copy checkpoints/best.ckpt over it to resume from the "
-                        "best one, or start over with --overwrite") from None
+        raise UserError(
+            f"--resume: {first_line(e, 400)}; copy checkpoints/best.ckpt over it to resume from the "
+            "best one, or start over with --overwrite"
+        ) from None

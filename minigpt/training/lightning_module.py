@@ -31,8 +31,14 @@ class NonFiniteLossError(UserError):
 
 
 class GPTLightningModule(L.LightningModule):
-    def __init__(self, config: GPTConfig, optim: OptimConfig | None = None, tokenizer: Tokenizer | None = None,
-                 model: GPT | None = None, lora: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        config: GPTConfig,
+        optim: OptimConfig | None = None,
+        tokenizer: Tokenizer | None = None,
+        model: GPT | None = None,
+        lora: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         self.config = config
         self.optim = optim or OptimConfig()
@@ -61,7 +67,8 @@ class GPTLightningModule(L.LightningModule):
             raise NonFiniteLossError(
                 f"the training loss became {loss.item()} at step {self.global_step}; training stopped and the last "
                 "good checkpoint is kept; lower the learning rate, raise warmup_steps or train in float32 "
-                "(precision 32-true), then resume")
+                "(precision 32-true), then resume"
+            )
         self._losses.append(loss.detach())  # logged at the step's end, on the steps Lightning writes
         return loss
 
@@ -111,8 +118,12 @@ class GPTLightningModule(L.LightningModule):
     def _sharded(self) -> bool:
         return isinstance(self.trainer.strategy, FSDPStrategy)
 
-    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
-                                    gradient_clip_algorithm: str | None = None) -> None:
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
         """Clip as Lightning would, keeping the norm before clipping if clipping measures it (the grad_norm of a
         step logged off the log_every_n_steps grid)."""
         self._clip_norm = None
@@ -139,11 +150,17 @@ class GPTLightningModule(L.LightningModule):
         # Lightning could not clip before it
         trainer = self._trainer  # None outside a Trainer (benchmarks' bare loop)
         if trainer is not None and self.optim.optimizer == "muon" and self._sharded():
-            raise UserError("optim.optimizer muon cannot train under FSDP: Muon orthogonalises whole matrices and FSDP "
-                            "shards them across devices; use --trainer.strategy ddp, or --optim.optimizer adamw")
+            raise UserError(
+                "optim.optimizer muon cannot train under FSDP: Muon orthogonalises whole matrices and FSDP "
+                "shards them across devices; use --trainer.strategy ddp, or --optim.optimizer adamw"
+            )
         scaler = getattr(trainer.precision_plugin, "scaler", None) if trainer is not None else None
-        optimizer = build_optimizer(self.model, self.optim, fused=self.device.type in ("cuda", "cpu") and scaler is None)
-        decay_end = trainer_decay_end(trainer, self.optim) if trainer is not None else (lambda step: self.optim.decay_steps)
+        optimizer = build_optimizer(
+            self.model, self.optim, fused=self.device.type in ("cuda", "cpu") and scaler is None
+        )
+        decay_end = (
+            trainer_decay_end(trainer, self.optim) if trainer is not None else (lambda step: self.optim.decay_steps)
+        )
         scheduler = build_scheduler(optimizer, self.optim, decay_end)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "lr"}}
 

@@ -63,14 +63,24 @@ class OptimConfig:
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             yield "learning_rate", f"must be a positive number, got {self.learning_rate}", "use e.g. 1e-3"
         for name, value, ok, need, fix in (
-            ("min_lr_ratio", self.min_lr_ratio, 0.0 <= self.min_lr_ratio <= 1.0, "[0, 1]",
-             "use e.g. 0.1 (or 0 to decay to zero)"),
+            (
+                "min_lr_ratio",
+                self.min_lr_ratio,
+                0.0 <= self.min_lr_ratio <= 1.0,
+                "[0, 1]",
+                "use e.g. 0.1 (or 0 to decay to zero)",
+            ),
             ("weight_decay", self.weight_decay, 0.0 <= self.weight_decay < 10.0, "[0, 10)", "use e.g. 0.1"),
             ("beta1", self.beta1, 0.0 <= self.beta1 < 1.0, "[0, 1)", "use e.g. 0.9 / 0.95"),
             ("beta2", self.beta2, 0.0 <= self.beta2 < 1.0, "[0, 1)", "use e.g. 0.9 / 0.95"),
             ("muon_ns_steps", self.muon_ns_steps, 1 <= self.muon_ns_steps <= 10, "[1, 10]", "use e.g. 5"),
-            ("cooldown_fraction", self.cooldown_fraction, 0.0 < self.cooldown_fraction <= 1.0, "(0, 1]",
-             "use e.g. 0.2 (1 = a linear decay from the end of warmup)"),
+            (
+                "cooldown_fraction",
+                self.cooldown_fraction,
+                0.0 < self.cooldown_fraction <= 1.0,
+                "(0, 1]",
+                "use e.g. 0.2 (1 = a linear decay from the end of warmup)",
+            ),
         ):
             if not ok:
                 yield name, f"must be in {need}, got {value}", fix
@@ -81,6 +91,7 @@ class OptimConfig:
 
 
 # ------------------------------------------------------------------------------------------------ optimizer
+
 
 def param_groups(model: nn.Module) -> tuple[list[tuple[str, nn.Parameter]], list[nn.Parameter]]:
     """(named matrices and embeddings: decayed, the rest: biases and norm gains, never decayed)."""
@@ -96,18 +107,32 @@ def build_optimizer(model: GPT, cfg: OptimConfig, fused: bool) -> torch.optim.Op
         # Muon orthogonalises updates of the blocks' hidden matrices; embeddings and the head stay with AdamW
         hidden = [p for n, p in decay if p.dim() == 2 and n.startswith("transformer.h.")]
         ids = {id(p) for p in hidden}
-        return MuonWithAdamW([{"params": hidden, "weight_decay": cfg.weight_decay}],
-                             [{"params": [p for _, p in decay if id(p) not in ids], "weight_decay": cfg.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}],
-                             lr=cfg.learning_rate, betas=betas, fused=fused, ns_steps=cfg.muon_ns_steps,
-                             row_splits=model.stacked_projections())
-    return torch.optim.AdamW([{"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}],
-                             lr=cfg.learning_rate, betas=betas, fused=fused)
+        return MuonWithAdamW(
+            [{"params": hidden, "weight_decay": cfg.weight_decay}],
+            [
+                {"params": [p for _, p in decay if id(p) not in ids], "weight_decay": cfg.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=cfg.learning_rate,
+            betas=betas,
+            fused=fused,
+            ns_steps=cfg.muon_ns_steps,
+            row_splits=model.stacked_projections(),
+        )
+    return torch.optim.AdamW(
+        [
+            {"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=cfg.learning_rate,
+        betas=betas,
+        fused=fused,
+    )
 
 
-def newton_schulz(grad: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
-                  dtype: torch.dtype) -> torch.Tensor:
+def newton_schulz(
+    grad: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float, dtype: torch.dtype
+) -> torch.Tensor:
     """Muon's quintic Newton-Schulz iteration, as torch.optim.Muon computes it, in `dtype`: ~U V^T for G = U S V^T.
 
     grad: one matrix (m, n), or a stack of same-shaped matrices (k, m, n), each orthogonalised on its own in one
@@ -171,8 +196,13 @@ class Muon(torch.optim.Muon):
                     by_shape.setdefault(piece[0].shape, []).append(piece)
             for shape, pieces in by_shape.items():
                 single = len(pieces) == 1  # a lone matrix takes torch's own 2-D path
-                ortho = newton_schulz(pieces[0][1] if single else torch.stack([u for _, u in pieces]),
-                                      group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
+                ortho = newton_schulz(
+                    pieces[0][1] if single else torch.stack([u for _, u in pieces]),
+                    group["ns_coefficients"],
+                    group["ns_steps"],
+                    group["eps"],
+                    self.ns_dtype,
+                )
                 alpha = -lr * muon_lr_ratio(group["adjust_lr_fn"], shape)
                 for (weight, _), u in zip(pieces, [ortho] if single else ortho):
                     weight.add_(u, alpha=alpha)  # weight: the parameter, or a view of its rows
@@ -196,8 +226,16 @@ class MuonWithAdamW(torch.optim.Optimizer):
     load_state_dict() and an LR scheduler see all groups at once.
     """
 
-    def __init__(self, muon_groups: list[dict], adamw_groups: list[dict], lr: float, betas: tuple[float, float],
-                 fused: bool, ns_steps: int = 5, row_splits: dict[torch.Tensor, list[int]] | None = None) -> None:
+    def __init__(
+        self,
+        muon_groups: list[dict],
+        adamw_groups: list[dict],
+        lr: float,
+        betas: tuple[float, float],
+        fused: bool,
+        ns_steps: int = 5,
+        row_splits: dict[torch.Tensor, list[int]] | None = None,
+    ) -> None:
         # match_rms_adamw scales Muon's update to AdamW's size, so one learning rate serves both
         self.muon = Muon(muon_groups, lr=lr, adjust_lr_fn="match_rms_adamw", ns_steps=ns_steps, row_splits=row_splits)
         self.adamw = torch.optim.AdamW(adamw_groups, lr=lr, betas=betas, fused=fused)
@@ -222,6 +260,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
 # ------------------------------------------------------------------------------------------------- schedule
 
+
 def lr_multiplier(step: int, cfg: OptimConfig, decay_end: int | None) -> float:
     """Learning rate at `step` as a fraction of the peak.  decay_end None: no known end, so hold the peak."""
     if step < cfg.warmup_steps:
@@ -243,8 +282,9 @@ def projected_decay_end(step: int, elapsed_s: float, remaining_s: float) -> int:
     return int(step * (elapsed_s + remaining_s) / elapsed_s)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig,
-                    decay_end: Callable[[int], int | None]) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: OptimConfig, decay_end: Callable[[int], int | None]
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Stepped once per optimizer step; decay_end(step) says where the decay ends, as far as known then."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(step, cfg, decay_end(step)))
 

@@ -35,8 +35,9 @@ def check_writable(out_dir: Path) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise UserError(f"cannot write to out_dir {out_dir} ({e.strerror or type(e).__name__}); "
-                        "choose a writable --out_dir") from None
+        raise UserError(
+            f"cannot write to out_dir {out_dir} ({e.strerror or type(e).__name__}); choose a writable --out_dir"
+        ) from None
 
 
 class RunLock:
@@ -54,8 +55,9 @@ class RunLock:
                 other = f"pid {self.pid_file.read_text().strip()}"
             except OSError:
                 other = "pid unknown"
-            raise UserError(f"{out_dir} is in use by another train.py ({other}); wait for it to finish or "
-                            "choose another --out_dir") from None
+            raise UserError(
+                f"{out_dir} is in use by another train.py ({other}); wait for it to finish or choose another --out_dir"
+            ) from None
         self.pid_file.write_text(str(os.getpid()))
 
     def close(self) -> None:
@@ -115,8 +117,10 @@ def recover(out_dir: Path) -> None:
             for name in names:
                 (out_dir / name).unlink(missing_ok=True)
             _move(names, aside, out_dir)
-            print(f"put back the previous run's files that an interrupted --overwrite had set aside in {aside.name}",
-                  file=sys.stderr)
+            print(
+                f"put back the previous run's files that an interrupted --overwrite had set aside in {aside.name}",
+                file=sys.stderr,
+            )
         shutil.rmtree(aside, ignore_errors=True)
 
 
@@ -134,8 +138,11 @@ def stop_on_signals(trainer: Trainer) -> Iterator[list[str]]:
             raise KeyboardInterrupt
         received.append("SIGINT")
         trainer.should_stop = True
-        print("\nstopping after this step and saving a checkpoint (Ctrl-C again to stop at once)",
-              file=sys.stderr, flush=True)
+        print(
+            "\nstopping after this step and saving a checkpoint (Ctrl-C again to stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:

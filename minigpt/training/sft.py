@@ -55,8 +55,10 @@ def base_tokenizer(spec: str, conversations: list[list[dict[str, str]]]) -> Toke
     if resolved == "char":
         return CharTokenizer.from_texts([*ROLES, "\n"] + [m["content"] for c in conversations for m in c])
     if str(resolved).startswith("bpe:"):
-        raise DataError(f"data.tokenizer {spec}: a BPE is trained on a text corpus, not on chat data; pretrain a "
-                        "base with it first and fine-tune that with --init_from")
+        raise DataError(
+            f"data.tokenizer {spec}: a BPE is trained on a text corpus, not on chat data; pretrain a "
+            "base with it first and fine-tune that with --init_from"
+        )
     return get_tokenizer(resolved)
 
 
@@ -66,8 +68,9 @@ def read_template(path: str | None) -> str | None:
     try:
         return read_user_text(Path(path).expanduser(), TEMPLATE_BYTES)
     except (OSError, ValueError) as e:  # ValueError: not UTF-8, too large, a device (/dev/zero)
-        raise DataError(f"data.chat_template: cannot read {path} ({first_line(e)}); give a Jinja template "
-                        "file") from None
+        raise DataError(
+            f"data.chat_template: cannot read {path} ({first_line(e)}); give a Jinja template file"
+        ) from None
 
 
 def encode_row(tokenizer: ChatTokenizer, messages: list[dict[str, str]], train_on_prompt: bool) -> np.ndarray:
@@ -76,16 +79,25 @@ def encode_row(tokenizer: ChatTokenizer, messages: list[dict[str, str]], train_o
     return np.where(np.asarray(mask, dtype=bool), row, ~row)
 
 
-def load_chat_data(source: str, tokenizer: str, chat_template: str | None, val_fraction: float, block_size: int,
-                   seed: int, train_on_prompt: bool = False) -> ChatData:
+def load_chat_data(
+    source: str,
+    tokenizer: str,
+    chat_template: str | None,
+    val_fraction: float,
+    block_size: int,
+    seed: int,
+    train_on_prompt: bool = False,
+) -> ChatData:
     """Read, check, tokenize and split the conversations of `source` (see the module docstring)."""
     conversations = read_conversations(source)
     base = base_tokenizer(tokenizer, conversations)
     template = read_template(chat_template)
     if isinstance(base, ChatTokenizer) and template is not None and template != base.template:
-        raise DataError(f"data.chat_template {chat_template}: the model already has a chat template (its source's, "
-                        "or the one this run was trained with), and a model answers in the format it was trained in; "
-                        "remove data.chat_template")
+        raise DataError(
+            f"data.chat_template {chat_template}: the model already has a chat template (its source's, "
+            "or the one this run was trained with), and a model answers in the format it was trained in; "
+            "remove data.chat_template"
+        )
     rows, truncated, skipped = [], 0, 0
     where = f"data.chat_template {chat_template}" if template is not None else source  # named in an error
     try:
@@ -94,7 +106,7 @@ def load_chat_data(source: str, tokenizer: str, chat_template: str | None, val_f
             where = f"{source} conversation {i}"
             row = encode_row(chat, messages, train_on_prompt)
             if len(row) > block_size + 1:
-                row, truncated = row[:block_size + 1], truncated + 1
+                row, truncated = row[: block_size + 1], truncated + 1
             if not (row[1:] >= 0).any():
                 skipped += 1
                 continue
@@ -102,18 +114,28 @@ def load_chat_data(source: str, tokenizer: str, chat_template: str | None, val_f
     except UserError as e:  # the template's errors (render budget, a bad template) and a row's, named by where
         raise DataError(f"{where}: {first_line(e, 400)}") from None
     if len(rows) < 2:
-        raise DataError(f"{source}: {len(rows)} conversation(s) fit block_size={block_size} with an assistant token "
-                        "to learn, too few to split into training and validation; add conversations or raise "
-                        "block_size")
+        raise DataError(
+            f"{source}: {len(rows)} conversation(s) fit block_size={block_size} with an assistant token "
+            "to learn, too few to split into training and validation; add conversations or raise "
+            "block_size"
+        )
     order = np.random.default_rng([seed, 7]).permutation(len(rows))
     n_val = min(len(rows) - 1, max(1, round(len(rows) * val_fraction)))
     val = [rows[i] for i in sorted(order[:n_val])]
     train = [rows[i] for i in sorted(order[n_val:])]
-    counts = {"conversations": len(conversations), "train": len(train), "val": len(val), "truncated": truncated,
-              "skipped": skipped, "tokens": int(sum(len(r) for r in rows))}
-    rank_zero_info(f"chat data {source}: {len(conversations):,} conversations ({len(train):,} train, {len(val):,} val, "
-                   f"{counts['tokens']:,} tokens); {truncated} longer than block_size + 1 = {block_size + 1} tokens "
-                   f"truncated, {skipped} skipped (no assistant token left)")
+    counts = {
+        "conversations": len(conversations),
+        "train": len(train),
+        "val": len(val),
+        "truncated": truncated,
+        "skipped": skipped,
+        "tokens": int(sum(len(r) for r in rows)),
+    }
+    rank_zero_info(
+        f"chat data {source}: {len(conversations):,} conversations ({len(train):,} train, {len(val):,} val, "
+        f"{counts['tokens']:,} tokens); {truncated} longer than block_size + 1 = {block_size + 1} tokens "
+        f"truncated, {skipped} skipped (no assistant token left)"
+    )
     return ChatData(chat, train, val, counts)
 
 
@@ -121,7 +143,7 @@ def pad_rows(rows: list[np.ndarray]) -> torch.Tensor:
     """(B, L) int64, L the longest row, padded with PAD on the right."""
     batch = np.full((len(rows), max(len(r) for r in rows)), PAD, dtype=np.int64)
     for i, r in enumerate(rows):
-        batch[i, :len(r)] = r
+        batch[i, : len(r)] = r
     return torch.from_numpy(batch)
 
 
@@ -156,7 +178,7 @@ class FixedConversations(Dataset):
         return math.ceil(len(self.rows) / self.batch_size)
 
     def __getitem__(self, j: int) -> torch.Tensor:
-        return pad_rows(self.rows[j * self.batch_size:(j + 1) * self.batch_size])
+        return pad_rows(self.rows[j * self.batch_size : (j + 1) * self.batch_size])
 
 
 @torch.no_grad()
@@ -171,8 +193,9 @@ def chat_loss(model: GPT, rows: list[np.ndarray], batch_size: int) -> tuple[floa
         for j in range(len(batches)):
             inputs, targets = split_batch(batches[j].to(device))
             logits, _ = model(inputs)
-            nats += F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1,
-                                    reduction="sum").item()
+            nats += F.cross_entropy(
+                logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1, reduction="sum"
+            ).item()
             n += int((targets >= 0).sum())
     finally:
         model.train(was_training)
@@ -182,10 +205,15 @@ def chat_loss(model: GPT, rows: list[np.ndarray], batch_size: int) -> tuple[floa
 def check_chat_resumable(ckpt: dict, tokenizer: Tokenizer | None, path: Path) -> None:
     """A chat run resumes with the chat template it was trained with: one line naming the option otherwise."""
     saved = ckpt[SECTION].get("tokenizer") or {}
-    if isinstance(tokenizer, ChatTokenizer) and saved.get("type") == "chat" and \
-            saved.get("chat_template") != tokenizer.template:
-        raise UserError(f"{path} was trained with another chat template than this run's (data.chat_template); "
-                        "resume with the template it was trained with, or start a new run in another out_dir")
+    if (
+        isinstance(tokenizer, ChatTokenizer)
+        and saved.get("type") == "chat"
+        and saved.get("chat_template") != tokenizer.template
+    ):
+        raise UserError(
+            f"{path} was trained with another chat template than this run's (data.chat_template); "
+            "resume with the template it was trained with, or start a new run in another out_dir"
+        )
 
 
 def grow_vocabulary(state: dict[str, torch.Tensor], vocab_size: int) -> dict[str, torch.Tensor]:

@@ -22,26 +22,52 @@ if hasattr(torch_pytree, "treespec_leaf") and getattr(lightning_pytree, "LeafSpe
     lightning_pytree.LeafSpec = torch_pytree.treespec_leaf
 # Lightning's precision settings (its Trainer checks them again) and minigpt's "auto"; declared here because
 # Lightning's own type for them is private
-Precision = Literal["auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true",
-                    "transformer-engine", "transformer-engine-float16", "32", "16", "bf16", "64", 32, 16, 64]
+Precision = Literal[
+    "auto",
+    "32-true",
+    "bf16-mixed",
+    "16-mixed",
+    "bf16-true",
+    "16-true",
+    "64-true",
+    "transformer-engine",
+    "transformer-engine-float16",
+    "32",
+    "16",
+    "bf16",
+    "64",
+    32,
+    16,
+    64,
+]
 
 
 class MiniGPTTrainer(Trainer):
     """Lightning's Trainer with one more precision: "auto" (the default), bf16-mixed where the device computes
     bf16 natively and float32 elsewhere (see minigpt/core/precision.py).  Every other argument is Lightning's."""
 
-    def __init__(self, *args: Any, precision: Precision | None = "auto",
-                 **kwargs: Any) -> None:
+    def __init__(self, *args: Any, precision: Precision | None = "auto", **kwargs: Any) -> None:
         # settings Lightning would divide by (or loop on, or silently misuse) before it checks them
-        limits = (("accumulate_grad_batches", 1, ">= 1"), ("log_every_n_steps", 1, ">= 1"),
-                  ("val_check_interval", 1e-9, "> 0"), ("check_val_every_n_epoch", 1, ">= 1 or null"),
-                  ("min_steps", 0, ">= 0 or null"), ("num_sanity_val_steps", -1, ">= -1 (-1: all)"),
-                  ("gradient_clip_val", 0, ">= 0 (0 or null: no clipping)"))  # < 0 ascends
-        problems = [f"trainer.{key} must be {rule}, got {kwargs[key]}" for key, need, rule in limits
-                    if isinstance(kwargs.get(key), (int, float)) and kwargs[key] < need]
+        limits = (
+            ("accumulate_grad_batches", 1, ">= 1"),
+            ("log_every_n_steps", 1, ">= 1"),
+            ("val_check_interval", 1e-9, "> 0"),
+            ("check_val_every_n_epoch", 1, ">= 1 or null"),
+            ("min_steps", 0, ">= 0 or null"),
+            ("num_sanity_val_steps", -1, ">= -1 (-1: all)"),
+            ("gradient_clip_val", 0, ">= 0 (0 or null: no clipping)"),
+        )  # < 0 ascends
+        problems = [
+            f"trainer.{key} must be {rule}, got {kwargs[key]}"
+            for key, need, rule in limits
+            if isinstance(kwargs.get(key), (int, float)) and kwargs[key] < need
+        ]
         # a run that would stop before its first step and exit 0, as if it had trained
-        problems += [f"trainer.{key}=0 trains nothing; give a positive number (evaluate a model with eval.py instead)"
-                     for key in ("max_steps", "max_epochs", "limit_train_batches") if kwargs.get(key) == 0]
+        problems += [
+            f"trainer.{key}=0 trains nothing; give a positive number (evaluate a model with eval.py instead)"
+            for key in ("max_steps", "max_epochs", "limit_train_batches")
+            if kwargs.get(key) == 0
+        ]
         if problems:
             raise UserError(problems[0])
         precision, _ = resolve_precision(precision, kwargs.get("accelerator", "auto"))
@@ -65,14 +91,27 @@ def run_callbacks(config: Any, batch_size: int) -> list:
     checkpoints = Path(config["out_dir"]) / "checkpoints"
     callbacks = [
         # best.ckpt: lowest validation loss so far
-        ModelCheckpoint(dirpath=checkpoints, filename="best", monitor="val_loss", mode="min", save_top_k=1,
-                        enable_version_counter=False, auto_insert_metric_name=False),
+        ModelCheckpoint(
+            dirpath=checkpoints,
+            filename="best",
+            monitor="val_loss",
+            mode="min",
+            save_top_k=1,
+            enable_version_counter=False,
+            auto_insert_metric_name=False,
+        ),
         # last.ckpt: every checkpoint_every steps, what --resume continues from
-        ModelCheckpoint(dirpath=checkpoints, filename="last", every_n_train_steps=config["checkpoint_every"],
-                        save_top_k=1, enable_version_counter=False),
+        ModelCheckpoint(
+            dirpath=checkpoints,
+            filename="last",
+            every_n_train_steps=config["checkpoint_every"],
+            save_top_k=1,
+            enable_version_counter=False,
+        ),
         LearningRateMonitor(logging_interval="step"),
-        ThroughputMonitor(batch_size_fn=lambda batch: batch.size(0), length_fn=lambda batch: batch[:, 1:].numel(),
-                          window_size=10),  # rates over the last 10 batches
+        ThroughputMonitor(
+            batch_size_fn=lambda batch: batch.size(0), length_fn=lambda batch: batch[:, 1:].numel(), window_size=10
+        ),  # rates over the last 10 batches
         RNGState(),
         TextSamples(config["sample_tokens"]),
         AttentionImages(config["attention_images"]),

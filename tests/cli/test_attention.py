@@ -28,16 +28,24 @@ def test_attention_py_writes_every_file(ckpt, tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"captured 2 layers x 4 heads over {len(PROMPT)} tokens" in out
     names = sorted(p.name for p in (tmp_path / "lab").iterdir())
-    assert names == ["attention.html", "attention.npz", "attention_grid.png", "attention_layer0.png",
-                     "attention_layer1.png"]
+    assert names == [
+        "attention.html",
+        "attention.npz",
+        "attention_grid.png",
+        "attention_layer0.png",
+        "attention_layer1.png",
+    ]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--prompt", ""], "the prompt is empty"),
-    (["--prompt", "a" * 33], "the prompt is 33 tokens but the model reads at most block_size=32"),
-    (["--prompt", "abcZ"], "1 character(s) outside the model's char vocabulary: 'Z'"),
-    (["--prompt-file", "nonexistent.txt"], "prompt file not found"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--prompt", ""], "the prompt is empty"),
+        (["--prompt", "a" * 33], "the prompt is 33 tokens but the model reads at most block_size=32"),
+        (["--prompt", "abcZ"], "1 character(s) outside the model's char vocabulary: 'Z'"),
+        (["--prompt-file", "nonexistent.txt"], "prompt file not found"),
+    ],
+)
 def test_bad_prompts_are_one_line_errors(ckpt, tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as e:
         attention_main(["--ckpt", str(ckpt), "--out", str(tmp_path), *args])
@@ -46,7 +54,12 @@ def test_bad_prompts_are_one_line_errors(ckpt, tmp_path, capsys, args, message):
 
 
 def test_missing_checkpoint_is_one_line_without_traceback(tmp_path):
-    done = subprocess.run([sys.executable, str(REPO / "attention.py"), "--ckpt", str(tmp_path / "nope.ckpt"),
-                           "--prompt", "abc"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "attention.py"), "--ckpt", str(tmp_path / "nope.ckpt"), "--prompt", "abc"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
     assert "Traceback" not in done.stderr

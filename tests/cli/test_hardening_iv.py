@@ -34,8 +34,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def write_run(run: Path, tokenizer, vocab_size: int) -> Path:
     (run / "checkpoints").mkdir(parents=True)
-    save_file(model_checkpoint(varied_gpt("gpt", vocab_size=vocab_size, block_size=64), tokenizer),
-              run / "checkpoints" / "last.ckpt")
+    save_file(
+        model_checkpoint(varied_gpt("gpt", vocab_size=vocab_size, block_size=64), tokenizer),
+        run / "checkpoints" / "last.ckpt",
+    )
     return run
 
 
@@ -60,8 +62,11 @@ def one_error(capsys, run) -> str:
 def test_chat_turns_piped_with_windows_line_endings_are_read_as_typed(chat_run, capsys):
     """The "\\r" of "\\r\\n" stayed in each turn, and a char model refused it as a character it does not know."""
     out = io.StringIO()
-    sample_cli.main(["--ckpt", str(chat_run), "--chat", "--temperature", "0", "--max_new_tokens", "4"],
-                    stdout=out, stdin=io.StringIO("what is 1 and 2?\r\n\r\nand 3 and 4?\r\n"))
+    sample_cli.main(
+        ["--ckpt", str(chat_run), "--chat", "--temperature", "0", "--max_new_tokens", "4"],
+        stdout=out,
+        stdin=io.StringIO("what is 1 and 2?\r\n\r\nand 3 and 4?\r\n"),
+    )
     assert len(out.getvalue().splitlines()) == 2 and "error" not in capsys.readouterr().err
 
 
@@ -78,8 +83,12 @@ def test_closed_or_unreadable_standard_input_is_an_empty_prompt(chat_run, monkey
 
 
 def test_standard_input_that_is_not_utf8_is_one_line(chat_run, capsys):
-    line = one_error(capsys, lambda: sample_cli.main(["--ckpt", str(chat_run), "--prompt", "-"],
-                                                     stdout=io.StringIO(), stdin=io.StringIO("what \udcff")))
+    line = one_error(
+        capsys,
+        lambda: sample_cli.main(
+            ["--ckpt", str(chat_run), "--prompt", "-"], stdout=io.StringIO(), stdin=io.StringIO("what \udcff")
+        ),
+    )
     assert line.startswith("error: standard input is not UTF-8 text")  # (Python reads bad bytes as surrogates)
 
 
@@ -90,10 +99,17 @@ def test_a_run_set_aside_by_a_killed_overwrite_is_found_by_every_reader(tmp_path
     """An --overwrite killed before its first checkpoint left the run in .checkpoints.old-PID: train.py put it back,
     but sample, eval, export and attention said "no checkpoint in run directory" until someone trained again."""
     run = write_run(tmp_path / "run", CharTokenizer(CHARS), len(CHARS))
-    killed = subprocess.run([sys.executable, "-c", "import os, signal, sys; from pathlib import Path; "
-                             "from minigpt.training.run_dir import replacing\n"
-                             "with replacing(Path(sys.argv[1]), True): os.kill(os.getpid(), signal.SIGKILL)",
-                             str(run)], cwd=REPO)
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, signal, sys; from pathlib import Path; "
+            "from minigpt.training.run_dir import replacing\n"
+            "with replacing(Path(sys.argv[1]), True): os.kill(os.getpid(), signal.SIGKILL)",
+            str(run),
+        ],
+        cwd=REPO,
+    )
     assert killed.returncode == -9 and not (run / "checkpoints" / "last.ckpt").exists()
     aside = find_checkpoint(run)
     assert aside.parent.parent.name.startswith(".checkpoints.old-") and aside.name == "last.ckpt"
@@ -105,19 +121,28 @@ def test_a_run_set_aside_by_a_killed_overwrite_is_found_by_every_reader(tmp_path
     assert out.getvalue().startswith("the")
     eval_cli.main(["--ckpt", str(run), "--text", str(tmp_path / "text.txt")])
     export_cli.main(["--ckpt", str(run), "--out", str(tmp_path / "export")])
-    attention_cli.main(["--ckpt", str(run), "--prompt", "the cat", "--out", str(tmp_path / "lab")],
-                       stdout=io.StringIO())
+    attention_cli.main(
+        ["--ckpt", str(run), "--prompt", "the cat", "--out", str(tmp_path / "lab")], stdout=io.StringIO()
+    )
     assert "nats/token" in capsys.readouterr().out and (tmp_path / "export" / "config.json").is_file()
 
 
 # ------------------------------------------------------------------------------------------- train.py output
 
 
-def test_a_run_ended_by_max_time_says_so_and_lightning_warns_nothing(tiny_run_args, corpus, data_root, tmp_path,
-                                                                      capsys):
+def test_a_run_ended_by_max_time_says_so_and_lightning_warns_nothing(
+    tiny_run_args, corpus, data_root, tmp_path, capsys
+):
     """The README's SFT demo stopped after 131 of its 2,000 steps with nothing on screen saying why."""
-    argv = tiny_run_args(corpus, data_root, tmp_path / "run", steps=1_000_000, trainer__max_time="00:00:00:01",
-                         trainer__val_check_interval=1_000_000, checkpoint_every=1_000_000)
+    argv = tiny_run_args(
+        corpus,
+        data_root,
+        tmp_path / "run",
+        steps=1_000_000,
+        trainer__max_time="00:00:00:01",
+        trainer__val_check_interval=1_000_000,
+        checkpoint_every=1_000_000,
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer = train_cli.main(argv)
@@ -127,15 +152,22 @@ def test_a_run_ended_by_max_time_says_so_and_lightning_warns_nothing(tiny_run_ar
     assert not [w for w in caught if "LeafSpec" in str(w.message)]  # Lightning's deprecated tree leaf, at its cause
 
 
-MAINS = {"train": train_cli.main, "sample": sample_cli.main, "eval": eval_cli.main, "export": export_cli.main,
-         "attention": attention_cli.main}
+MAINS = {
+    "train": train_cli.main,
+    "sample": sample_cli.main,
+    "eval": eval_cli.main,
+    "export": export_cli.main,
+    "attention": attention_cli.main,
+}
 
 
 @pytest.mark.parametrize("command", MAINS)
 def test_usage_names_the_command_as_it_was_run(monkeypatch, capsys, command):
     """`minigpt train --help` said `usage: train.py`."""
-    for argv0, usage in [("/usr/local/bin/minigpt", f"usage: minigpt {command} "),
-                         (f"{command}.py", f"usage: {command}.py ")]:
+    for argv0, usage in [
+        ("/usr/local/bin/minigpt", f"usage: minigpt {command} "),
+        (f"{command}.py", f"usage: {command}.py "),
+    ]:
         monkeypatch.setattr(sys, "argv", [argv0, *([command] if "minigpt" in argv0 else []), "--help"])
         with pytest.raises(SystemExit) as e:
             MAINS[command](["--help"])
@@ -157,8 +189,11 @@ def test_transformers_generates_from_an_export_without_a_max_length_warning(tmp_
     logger = logging.getLogger("transformers")
     logger.addHandler(handler)
     try:
-        model.generate(transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")("the", return_tensors="pt")
-                       ["input_ids"], max_new_tokens=3, do_sample=False)
+        model.generate(
+            transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")("the", return_tensors="pt")["input_ids"],
+            max_new_tokens=3,
+            do_sample=False,
+        )
     finally:
         logger.removeHandler(handler)
     assert not [r for r in records if "max_length" in r.getMessage()], [r.getMessage() for r in records]
@@ -173,8 +208,11 @@ def test_a_task_name_is_never_read_as_a_file_of_the_current_directory(tmp_path, 
     monkeypatch.chdir(tmp_path)
 
     class NoTasks:  # the harness's index (15 s to build): here it knows no task
-        def __init__(self, **kwargs): pass
-        def match_tasks(self, names): return []
+        def __init__(self, **kwargs):
+            pass
+
+        def match_tasks(self, names):
+            return []
 
     monkeypatch.setattr(task_files, "checked_task_manager", lambda: NoTasks)
     with pytest.raises(UserError, match="unknown task 'arc_easy'.*ending in .yaml"):
@@ -182,11 +220,18 @@ def test_a_task_name_is_never_read_as_a_file_of_the_current_directory(tmp_path, 
     assert not (tmp_path / "RAN").exists()
 
 
-@pytest.mark.parametrize("text, message", [
-    ("task: deep\nx: " + "[" * 100_000 + "]" * 100_000 + "\n", "nested more than 100 levels deep"),  # libyaml crashed
-    ("task: loop\ninclude: loop.yaml\n", "it includes itself"),
-    ("task: far\nprocess_docs: !function json.loads\n", "!function json.loads is not a function of json.py"),
-], ids=["deep", "include-cycle", "installed-module"])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "task: deep\nx: " + "[" * 100_000 + "]" * 100_000 + "\n",
+            "nested more than 100 levels deep",
+        ),  # libyaml crashed
+        ("task: loop\ninclude: loop.yaml\n", "it includes itself"),
+        ("task: far\nprocess_docs: !function json.loads\n", "!function json.loads is not a function of json.py"),
+    ],
+    ids=["deep", "include-cycle", "installed-module"],
+)
 def test_a_task_file_that_cannot_be_used_is_one_line(tmp_path, text, message):
     (tmp_path / "loop.yaml").write_text(text)
     with pytest.raises(UserError, match=message) as e:

@@ -27,6 +27,7 @@ HEAVY = ("lightning", "pytorch_lightning", "matplotlib", "datasets", "transforme
 
 # --------------------------------------------------------------------------------------------------- dispatch
 
+
 @pytest.mark.parametrize("argv", [[], ["--help"], ["-h"]])
 def test_help_and_no_arguments_list_every_command(argv, capsys):
     main(argv)
@@ -69,8 +70,10 @@ def test_each_commands_help_is_its_own(command, capsys):
 def test_flags_reach_the_command(command, tmp_path, capsys):
     """The flags after the command name are the command's (not sys.argv, not the name itself)."""
     args = ["--ckpt", str(tmp_path / "missing.ckpt")] + {
-        "eval": ["--text", str(REPO / "README.md")], "export": ["--out", str(tmp_path / "hf")],
-        "attention": ["--prompt", "x", "--out", str(tmp_path / "lab")]}.get(command, [])
+        "eval": ["--text", str(REPO / "README.md")],
+        "export": ["--out", str(tmp_path / "hf")],
+        "attention": ["--prompt", "x", "--out", str(tmp_path / "lab")],
+    }.get(command, [])
     with pytest.raises(SystemExit) as exit_info:
         main([command, *args])
     assert exit_info.value.code == 2
@@ -79,6 +82,7 @@ def test_flags_reach_the_command(command, tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------------------------------- the default config
+
 
 def test_the_shipped_default_config_is_configs_default_yaml():
     assert default_config().read_bytes() == (REPO / "configs" / "default.yaml").read_bytes()
@@ -119,8 +123,22 @@ def test_a_wheel_installs_the_default_config_and_the_lab_assets(tmp_path):
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
     shutil.copytree(REPO / "minigpt", source / "minigpt", ignore=shutil.ignore_patterns("__pycache__"))
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                            "-w", str(tmp_path / "wheel"), str(source)], capture_output=True, text=True)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "wheel"),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert built.returncode == 0, built.stderr
     (wheel,) = (tmp_path / "wheel").glob("minigpt-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -131,13 +149,23 @@ def test_a_wheel_installs_the_default_config_and_the_lab_assets(tmp_path):
     assert "minigpt = minigpt.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
     target = tmp_path / "installed"
-    installed = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
-                                str(wheel)], capture_output=True, text=True)
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+        capture_output=True,
+        text=True,
+    )
     assert installed.returncode == 0, installed.stderr
-    probe = ("import json, minigpt; from minigpt.configs import default_config; "
-             "print(json.dumps([minigpt.__file__, str(default_config()), default_config().read_text()]))")
-    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
-                         env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"})
+    probe = (
+        "import json, minigpt; from minigpt.configs import default_config; "
+        "print(json.dumps([minigpt.__file__, str(default_config()), default_config().read_text()]))"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
+    )
     assert ran.returncode == 0, ran.stderr
     package, config, text = json.loads(ran.stdout)
     assert Path(package).is_relative_to(target) and Path(config).is_relative_to(target)
@@ -162,10 +190,18 @@ print(json.dumps(found))
 @pytest.fixture(scope="module")
 def heavy_imports() -> dict[str, list[str]]:
     """The heavy libraries each module brings in at import time (in one fresh interpreter, in this order)."""
-    modules = ["minigpt", "minigpt.cli.main", "minigpt.cli.sample", "minigpt.cli.eval", "minigpt.cli.export",
-               "minigpt.cli.attention", "minigpt.cli.train"]
-    ran = subprocess.run([sys.executable, "-c", IMPORTED.format(heavy=HEAVY, modules=modules)], capture_output=True,
-                         text=True, cwd=REPO)
+    modules = [
+        "minigpt",
+        "minigpt.cli.main",
+        "minigpt.cli.sample",
+        "minigpt.cli.eval",
+        "minigpt.cli.export",
+        "minigpt.cli.attention",
+        "minigpt.cli.train",
+    ]
+    ran = subprocess.run(
+        [sys.executable, "-c", IMPORTED.format(heavy=HEAVY, modules=modules)], capture_output=True, text=True, cwd=REPO
+    )
     assert ran.returncode == 0, ran.stderr
     return json.loads(ran.stdout)
 
@@ -174,7 +210,9 @@ def test_minigpt_and_the_inference_commands_import_no_lightning(heavy_imports):
     assert heavy_imports["minigpt.cli.train"] and "lightning" in heavy_imports["minigpt.cli.train"]  # it can see one
     for module in ("minigpt", "minigpt.cli.main", "minigpt.cli.sample", "minigpt.cli.eval", "minigpt.cli.export"):
         assert heavy_imports[module] == [], module
-    assert not {"lightning", "pytorch_lightning", "datasets", "transformers"} & set(heavy_imports["minigpt.cli.attention"])
+    assert not {"lightning", "pytorch_lightning", "datasets", "transformers"} & set(
+        heavy_imports["minigpt.cli.attention"]
+    )
 
 
 def test_the_attention_command_imports_matplotlib_only_when_it_draws(heavy_imports):
@@ -182,9 +220,14 @@ def test_the_attention_command_imports_matplotlib_only_when_it_draws(heavy_impor
 
 
 def test_minigpt_sample_imports_only_the_sample_command():
-    code = ("import sys\nfrom minigpt.cli.main import main\ntry:\n    main(['sample', '--help'])\n"
-            "except SystemExit:\n    pass\nprint(sorted(m for m in sys.modules if m.startswith('minigpt.cli.') "
-            "or m.split('.')[0] in ('lightning', 'pytorch_lightning')))")
+    code = (
+        "import sys\nfrom minigpt.cli.main import main\ntry:\n    main(['sample', '--help'])\n"
+        "except SystemExit:\n    pass\nprint(sorted(m for m in sys.modules if m.startswith('minigpt.cli.') "
+        "or m.split('.')[0] in ('lightning', 'pytorch_lightning')))"
+    )
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.splitlines()[-1] == "['minigpt.cli.errors', 'minigpt.cli.main', 'minigpt.cli.parsing', 'minigpt.cli.sample']"
+    assert (
+        ran.stdout.splitlines()[-1]
+        == "['minigpt.cli.errors', 'minigpt.cli.main', 'minigpt.cli.parsing', 'minigpt.cli.sample']"
+    )

@@ -40,15 +40,16 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def char_ckpt(tmp_path_factory) -> Path:
-    return write_ckpt(tmp_path_factory.mktemp("run") / "checkpoints" / "best.ckpt",
-                      varied_gpt("llama", 2), CharTokenizer(CHARS))
+    return write_ckpt(
+        tmp_path_factory.mktemp("run") / "checkpoints" / "best.ckpt", varied_gpt("llama", 2), CharTokenizer(CHARS)
+    )
 
 
 def greedy_text(ckpt: Path, prompt: str, n: int) -> str:
     """What sample.py must print for a greedy run, computed in-process."""
     model, tok = load_model(ckpt)
     ids = torch.tensor([tok.encode(prompt)])
-    return tok.decode(generate(model, ids, n, temperature=0)[0, ids.size(1):].tolist())
+    return tok.decode(generate(model, ids, n, temperature=0)[0, ids.size(1) :].tolist())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -85,7 +86,7 @@ def test_streamer_holds_back_partial_utf8():
     for b in text.encode("utf-8"):
         before = buf.getvalue()
         stream.push([b])
-        writes.append(buf.getvalue()[len(before):])
+        writes.append(buf.getvalue()[len(before) :])
     stream.flush()
     assert buf.getvalue() == text
     assert "\ufffd" not in buf.getvalue()
@@ -124,6 +125,7 @@ def test_default_checkpoint_is_the_newest_run_under_out(tmp_path, monkeypatch, c
     run = tmp_path / "out" / "run1"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "last.ckpt").write_bytes(char_ckpt.read_bytes())
+
     class Recorder(io.StringIO):
         writes = 0
 
@@ -136,8 +138,22 @@ def test_default_checkpoint_is_the_newest_run_under_out(tmp_path, monkeypatch, c
     assert out.getvalue() == "hello" + greedy_text(char_ckpt, "hello", 12) + "\n"
     assert out.writes == 1 + 12 + 1  # streamed: the prompt, then every token as it came, then the newline
     out2 = io.StringIO()
-    main(["--ckpt", str(run), "--prompt", "hello", "--temperature", "0", "--max_new_tokens", "12",
-          "--no-kv-cache", "--attention", "manual"], stdout=out2)
+    main(
+        [
+            "--ckpt",
+            str(run),
+            "--prompt",
+            "hello",
+            "--temperature",
+            "0",
+            "--max_new_tokens",
+            "12",
+            "--no-kv-cache",
+            "--attention",
+            "manual",
+        ],
+        stdout=out2,
+    )
     assert out2.getvalue() == out.getvalue()
 
 
@@ -169,16 +185,40 @@ def cli_started(request, tmp_path_factory, char_ckpt):
     assert not marker.exists()
     env = {**os.environ, "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
     runs = {
-        "file_batch": (["--ckpt", str(char_ckpt), "--prompt-file", str(prompt_file), "--num_samples", "3",
-                        "--temperature", "0", "--max_new_tokens", "15"], None),
-        "stdin_stream": (["--ckpt", str(char_ckpt.parent.parent), "--prompt", "-", "--temperature", "0",
-                          "--max_new_tokens", "20"], "to be, or not"),
+        "file_batch": (
+            [
+                "--ckpt",
+                str(char_ckpt),
+                "--prompt-file",
+                str(prompt_file),
+                "--num_samples",
+                "3",
+                "--temperature",
+                "0",
+                "--max_new_tokens",
+                "15",
+            ],
+            None,
+        ),
+        "stdin_stream": (
+            ["--ckpt", str(char_ckpt.parent.parent), "--prompt", "-", "--temperature", "0", "--max_new_tokens", "20"],
+            "to be, or not",
+        ),
         "malicious": (["--ckpt", str(evil), "--prompt", "a"], None),
     }
-    procs = {name: subprocess.Popen([sys.executable, "sample.py", *args], cwd=REPO, env=env, text=True,
-                                    encoding="utf-8", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE)
-             for name, (args, _) in runs.items()}
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "sample.py", *args],
+            cwd=REPO,
+            env=env,
+            text=True,
+            encoding="utf-8",
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for name, (args, _) in runs.items()
+    }
     for name, proc in procs.items():  # small inputs: they fit the pipe buffer, nothing blocks
         proc.stdin.write(runs[name][1] or "")
         proc.stdin.close()
@@ -229,8 +269,18 @@ def test_cli_refuses_a_malicious_checkpoint_without_running_it(cli_runs):
 
 
 def test_cli_sampling_is_seeded_and_batch_rows_differ(char_ckpt):
-    args = ["--ckpt", str(char_ckpt), "--prompt", "a", "--max_new_tokens", "30", "--temperature", "1.0",
-            "--num_samples", "2"]
+    args = [
+        "--ckpt",
+        str(char_ckpt),
+        "--prompt",
+        "a",
+        "--max_new_tokens",
+        "30",
+        "--temperature",
+        "1.0",
+        "--num_samples",
+        "2",
+    ]
 
     def run(*extra):
         buf = io.StringIO()
@@ -255,7 +305,7 @@ def bad_files(tmp: Path, good: Path) -> dict[str, Path]:
     """Damaged checkpoints: the dicts are hand-made on purpose, to test that loading refuses them."""
     truncated = tmp / "truncated.ckpt"
     data = good.read_bytes()
-    truncated.write_bytes(data[:len(data) // 2])
+    truncated.write_bytes(data[: len(data) // 2])
     text = tmp / "notes.txt"
     text.write_text("not a checkpoint\n")
     plain = tmp / "plain.ckpt"
@@ -276,8 +326,18 @@ def bad_files(tmp: Path, good: Path) -> dict[str, Path]:
     ckpt = model_checkpoint(varied_gpt(), CharTokenizer(CHARS))
     ckpt["minigpt"]["format"] = 99
     torch.save(ckpt, future)
-    return dict(missing=tmp / "missing.ckpt", truncated=truncated, text=text, plain=plain, no_weights=no_weights,
-                hollow=hollow, wrong=wrong, bad_config=bad_config, future=future, empty_dir=tmp)
+    return dict(
+        missing=tmp / "missing.ckpt",
+        truncated=truncated,
+        text=text,
+        plain=plain,
+        no_weights=no_weights,
+        hollow=hollow,
+        wrong=wrong,
+        bad_config=bad_config,
+        future=future,
+        empty_dir=tmp,
+    )
 
 
 def one_error_line(capsys, exc: pytest.ExceptionInfo) -> str:
@@ -287,12 +347,21 @@ def one_error_line(capsys, exc: pytest.ExceptionInfo) -> str:
     return err
 
 
-@pytest.mark.parametrize("case,needle", [("missing", "not found"), ("truncated", "truncated"),
-                                         ("text", "not a checkpoint"), ("plain", "not a minigpt checkpoint"),
-                                         ("no_weights", "its weights do not match its config"), ("hollow", "no tokenizer"),
-                                         ("wrong", "config gives (60, 64), weights hold (60, 32)"), ("bad_config", "not divisible"),
-                                         ("future", "checkpoint format 99"),
-                                         ("empty_dir", "no checkpoint in run directory")])
+@pytest.mark.parametrize(
+    "case,needle",
+    [
+        ("missing", "not found"),
+        ("truncated", "truncated"),
+        ("text", "not a checkpoint"),
+        ("plain", "not a minigpt checkpoint"),
+        ("no_weights", "its weights do not match its config"),
+        ("hollow", "no tokenizer"),
+        ("wrong", "config gives (60, 64), weights hold (60, 32)"),
+        ("bad_config", "not divisible"),
+        ("future", "checkpoint format 99"),
+        ("empty_dir", "no checkpoint in run directory"),
+    ],
+)
 def test_bad_checkpoint_is_one_error_line(tmp_path, capsys, char_ckpt, case, needle):
     path = bad_files(tmp_path, char_ckpt)[case]
     with pytest.raises(SystemExit) as e:
@@ -300,25 +369,28 @@ def test_bad_checkpoint_is_one_error_line(tmp_path, capsys, char_ckpt, case, nee
     assert needle in one_error_line(capsys, e)
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--prompt", "Zebra? Zed!"], "'Z'"),
-    (["--prompt", "caf\u00e9"], "'\u00e9'"),
-    (["--temperature", "-1"], "temperature must be >= 0 (0 = greedy), got -1.0"),
-    (["--temperature", "nan"], "temperature"),
-    (["--top_k", "0"], "top_k must be >= 1"),
-    (["--top_k", "many"], "invalid top_k value: 'many'"),
-    (["--top_p", "0"], "top_p must be in (0, 1]"),
-    (["--top_p", "1.5"], "top_p must be in (0, 1]"),
-    (["--max_new_tokens", "-1"], "max_new_tokens must be >= 0"),
-    (["--num_samples", "0"], "--num_samples must be >= 1"),
-    (["--num_samples", "two"], "num_samples"),
-    (["--attention", "flash"], "attention: unknown value 'flash'; choose one of sdpa, manual, einops"),
-    (["--device", "gpu"], "device 'gpu' is not a device"),
-    (["--prompt-file", "/nonexistent/prompt.txt"], "prompt file not found"),
-    (["--prompt", "a", "--prompt_file", "/nonexistent/prompt.txt"], "--prompt or --prompt-file, not both"),
-    (["--bogus", "1"], "unrecognized arguments: --bogus"),
-    (["--config", "/nonexistent/sample.yaml"], "sample.yaml"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--prompt", "Zebra? Zed!"], "'Z'"),
+        (["--prompt", "caf\u00e9"], "'\u00e9'"),
+        (["--temperature", "-1"], "temperature must be >= 0 (0 = greedy), got -1.0"),
+        (["--temperature", "nan"], "temperature"),
+        (["--top_k", "0"], "top_k must be >= 1"),
+        (["--top_k", "many"], "invalid top_k value: 'many'"),
+        (["--top_p", "0"], "top_p must be in (0, 1]"),
+        (["--top_p", "1.5"], "top_p must be in (0, 1]"),
+        (["--max_new_tokens", "-1"], "max_new_tokens must be >= 0"),
+        (["--num_samples", "0"], "--num_samples must be >= 1"),
+        (["--num_samples", "two"], "num_samples"),
+        (["--attention", "flash"], "attention: unknown value 'flash'; choose one of sdpa, manual, einops"),
+        (["--device", "gpu"], "device 'gpu' is not a device"),
+        (["--prompt-file", "/nonexistent/prompt.txt"], "prompt file not found"),
+        (["--prompt", "a", "--prompt_file", "/nonexistent/prompt.txt"], "--prompt or --prompt-file, not both"),
+        (["--bogus", "1"], "unrecognized arguments: --bogus"),
+        (["--config", "/nonexistent/sample.yaml"], "sample.yaml"),
+    ],
+)
 def test_bad_input_is_one_error_line(capsys, char_ckpt, args, needle):
     with pytest.raises(SystemExit) as e:
         main(["--ckpt", str(char_ckpt), "--max_new_tokens", "2", *args], stdout=io.StringIO())
@@ -328,7 +400,7 @@ def test_bad_input_is_one_error_line(capsys, char_ckpt, args, needle):
 @pytest.mark.parametrize("device", ["cuda", "cuda:0", "mps"])
 def test_unavailable_device_is_one_error_line(capsys, char_ckpt, device):
     kind = device.split(":")[0]
-    if (torch.cuda.is_available() if kind == "cuda" else torch.backends.mps.is_available()):
+    if torch.cuda.is_available() if kind == "cuda" else torch.backends.mps.is_available():
         pytest.skip(f"{kind} is available here")
     with pytest.raises(SystemExit) as e:
         main(["--ckpt", str(char_ckpt), "--device", device], stdout=io.StringIO())
@@ -380,17 +452,34 @@ def test_help_runs_the_entry_script_and_exits_0(capsys, monkeypatch):
         runpy.run_path(str(REPO / "sample.py"), run_name="__main__")
     assert e.value.code in (0, None)
     out = capsys.readouterr().out
-    for flag in ("--ckpt", "--prompt", "--prompt-file", "--num_samples", "--max_new_tokens", "--temperature",
-                 "--top_k", "--top_p", "--seed", "--device", "--attention", "--no-kv-cache", "--no-stop",
-                 "--config", "--print_config"):
+    for flag in (
+        "--ckpt",
+        "--prompt",
+        "--prompt-file",
+        "--num_samples",
+        "--max_new_tokens",
+        "--temperature",
+        "--top_k",
+        "--top_p",
+        "--seed",
+        "--device",
+        "--attention",
+        "--no-kv-cache",
+        "--no-stop",
+        "--config",
+        "--print_config",
+    ):
         assert flag in out, flag
     assert "sdpa,manual,einops" in out  # the choices, from minigpt.core.config.ATTENTIONS
 
 
 def test_yaml_config_sets_options_and_flags_override_it(tmp_path, capsys, char_ckpt):
     config = tmp_path / "sample.yaml"
-    config.write_text(f"ckpt: {char_ckpt}\nprompt: hello\ntemperature: 0\nmax_new_tokens: 12\n"
-                      "kv_cache: false\nattention: manual\ntop_k: none\n", encoding="utf-8")
+    config.write_text(
+        f"ckpt: {char_ckpt}\nprompt: hello\ntemperature: 0\nmax_new_tokens: 12\n"
+        "kv_cache: false\nattention: manual\ntop_k: none\n",
+        encoding="utf-8",
+    )
     out = io.StringIO()
     main(["--config", str(config)], stdout=out)
     assert out.getvalue() == "hello" + greedy_text(char_ckpt, "hello", 12) + "\n"
@@ -401,8 +490,14 @@ def test_yaml_config_sets_options_and_flags_override_it(tmp_path, capsys, char_c
         main(["--config", str(config), "--print_config"])
     assert e.value.code in (0, None)
     printed = capsys.readouterr().out
-    for line in ("prompt: hello", "max_new_tokens: 12", "kv_cache: false", "stop: true", "attention: manual",
-                 "top_k: null"):
+    for line in (
+        "prompt: hello",
+        "max_new_tokens: 12",
+        "kv_cache: false",
+        "stop: true",
+        "attention: manual",
+        "top_k: null",
+    ):
         assert line in printed.splitlines(), line
     config.write_text("temprature: 0\n", encoding="utf-8")
     with pytest.raises(SystemExit) as e:

@@ -38,8 +38,18 @@ def chat_ckpt(tmp_path_factory, chat_model):
 
 def test_minigpt_serve_answers_with_the_checkpoints_replies_until_interrupted(chat_ckpt, chat_model):
     env = os.environ | {"MINIGPT_API_KEY": "sesame"}
-    command = [sys.executable, "-m", "minigpt.cli.main", "serve", "--ckpt", str(chat_ckpt), "--port", "0",
-               "--log_level", "warning"]
+    command = [
+        sys.executable,
+        "-m",
+        "minigpt.cli.main",
+        "serve",
+        "--ckpt",
+        str(chat_ckpt),
+        "--port",
+        "0",
+        "--log_level",
+        "warning",
+    ]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     watchdog = threading.Timer(120, process.kill)  # a server that never starts must not hang the suite
     watchdog.start()
@@ -53,8 +63,9 @@ def test_minigpt_serve_answers_with_the_checkpoints_replies_until_interrupted(ch
         with pytest.raises(openai.AuthenticationError):  # the key from the environment is required
             openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="sesame", max_retries=0, timeout=60)
-        reply = client.chat.completions.create(model="sft", messages=[{"role": "user", "content": "hi"}],
-                                               temperature=0, max_tokens=12)
+        reply = client.chat.completions.create(
+            model="sft", messages=[{"role": "user", "content": "hi"}], temperature=0, max_tokens=12
+        )
         expected = ChatSession(*chat_model, max_new_tokens=12, temperature=0, top_k=None).reply("hi")
         assert reply.choices[0].message.content == expected
         process.send_signal(signal.SIGINT)  # Ctrl-C: uvicorn shuts down cleanly

@@ -34,8 +34,10 @@ def test_tiny_run_learns_and_writes_a_loadable_checkpoint(tiny_run_args, corpus,
     val_loss = trainer.callback_metrics["val_loss"].item()
     assert val_loss < math.log(vocab) - 0.7  # well below the uniform guess ln(vocab)
     out = capsys.readouterr().out
-    assert (f"estimated val loss {val_loss:.4f} (2 batches) after 40 steps; checkpoint: "
-            f"{tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}") in out
+    assert (
+        f"estimated val loss {val_loss:.4f} (2 batches) after 40 steps; checkpoint: "
+        f"{tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}"
+    ) in out
     assert "stopped by max_time" not in out  # max_steps ended it
 
     run = tmp_path / "run"
@@ -66,7 +68,9 @@ def test_tensorboard_gets_losses_lr_grad_norm_throughput_and_samples(tiny_run_ar
     assert any("sample" in t for t in events.Tags()["tensors"]), events.Tags()
 
 
-def test_tensorboard_train_loss_is_the_logged_steps_own_loss(tiny_run_args, record_training_losses, corpus, data_root, tmp_path, monkeypatch):
+def test_tensorboard_train_loss_is_the_logged_steps_own_loss(
+    tiny_run_args, record_training_losses, corpus, data_root, tmp_path, monkeypatch
+):
     """train_loss and grad_norm are logged only on the steps Lightning writes (every log_every_n_steps = 5):
     each written point is that step's own value, not one left over from an earlier step."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -80,7 +84,9 @@ def test_tensorboard_train_loss_is_the_logged_steps_own_loss(tiny_run_args, reco
     assert sorted(e.step for e in events.Scalars("grad_norm")) == [4, 9, 14, 19]
 
 
-def test_a_run_stopped_early_writes_its_last_steps_own_loss_and_grad_norm(tiny_run_args, record_training_losses, corpus, data_root, tmp_path, monkeypatch):
+def test_a_run_stopped_early_writes_its_last_steps_own_loss_and_grad_norm(
+    tiny_run_args, record_training_losses, corpus, data_root, tmp_path, monkeypatch
+):
     """A max_time stop makes Lightning write the stopping step's metrics off the log_every_n_steps grid: that point
     holds the stopping step's own loss and gradient norm (before clipping), not those of the last logged step."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -88,8 +94,9 @@ def test_a_run_stopped_early_writes_its_last_steps_own_loss_and_grad_norm(tiny_r
     seen = record_training_losses(monkeypatch)
     norms = []
     real_clip = torch.nn.utils.clip_grad_norm_
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_",
-                        lambda *a, **k: norms.append(real_clip(*a, **k)) or norms[-1])
+    monkeypatch.setattr(
+        torch.nn.utils, "clip_grad_norm_", lambda *a, **k: norms.append(real_clip(*a, **k)) or norms[-1]
+    )
     real_end = GPTLightningModule.on_train_batch_end
 
     def stop_after_12_steps(self, outputs, batch, batch_idx):  # as Lightning's Timer does, in its callback hook
@@ -106,15 +113,24 @@ def test_a_run_stopped_early_writes_its_last_steps_own_loss_and_grad_norm(tiny_r
     assert all(grad_norm[step] == pytest.approx(norms[step].item()) for step in grad_norm), (grad_norm, norms)
 
 
-def test_under_gradient_accumulation_train_loss_is_the_mean_over_the_steps_micro_batches(tiny_run_args, record_training_losses, corpus, data_root, tmp_path,
-                                                                                        monkeypatch):
+def test_under_gradient_accumulation_train_loss_is_the_mean_over_the_steps_micro_batches(
+    tiny_run_args, record_training_losses, corpus, data_root, tmp_path, monkeypatch
+):
     """With accumulate_grad_batches=2 an optimizer step's gradient is the mean over two micro-batches: the written
     train_loss is the mean of their two losses, at each logged step (every 3), not the last micro-batch's loss."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     seen = record_training_losses(monkeypatch)
-    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=12, trainer__accumulate_grad_batches=2,
-                       trainer__log_every_n_steps=3))
+    main(
+        tiny_run_args(
+            corpus,
+            data_root,
+            tmp_path / "run",
+            steps=12,
+            trainer__accumulate_grad_batches=2,
+            trainer__log_every_n_steps=3,
+        )
+    )
     assert len(seen) == 24
     step_loss = [(seen[2 * s][1] + seen[2 * s + 1][1]) / 2 for s in range(12)]
     events = EventAccumulator(str(tmp_path / "run")).Reload()
@@ -122,9 +138,12 @@ def test_under_gradient_accumulation_train_loss_is_the_mean_over_the_steps_micro
     assert sorted(written) == sorted(e.step for e in events.Scalars("grad_norm")) == [2, 5, 8, 11]
     assert all(written[step] == pytest.approx(step_loss[step]) for step in written), (written, step_loss)
 
+
 def under_fsdp(module: GPTLightningModule, **trainer_attrs) -> GPTLightningModule:
     """FSDP itself needs a GPU: Lightning's own FSDP strategy and precision objects stand in for a trainer running it."""
-    module._trainer = SimpleNamespace(strategy=FSDPStrategy(), precision_plugin=FSDPPrecision("32-true"), **trainer_attrs)
+    module._trainer = SimpleNamespace(
+        strategy=FSDPStrategy(), precision_plugin=FSDPPrecision("32-true"), **trainer_attrs
+    )
     return module
 
 
@@ -153,13 +172,29 @@ def test_same_seed_same_run_other_seed_other_run(tiny_run_args, corpus, data_roo
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
-@pytest.mark.parametrize("arch,attention,n_kv_head", [
-    ("gpt", "sdpa", 2), ("gpt", "manual", 2), ("gpt", "einops", 2),
-    ("llama", "sdpa", 1), ("llama", "manual", 1), ("llama", "einops", 2),
-])
+@pytest.mark.parametrize(
+    "arch,attention,n_kv_head",
+    [
+        ("gpt", "sdpa", 2),
+        ("gpt", "manual", 2),
+        ("gpt", "einops", 2),
+        ("llama", "sdpa", 1),
+        ("llama", "manual", 1),
+        ("llama", "einops", 2),
+    ],
+)
 def test_every_attention_path_and_block_trains(tiny_run_args, corpus, data_root, tmp_path, arch, attention, n_kv_head):
-    trainer = main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=10, model__arch=arch,
-                                 model__attention=attention, model__n_kv_head=n_kv_head))
+    trainer = main(
+        tiny_run_args(
+            corpus,
+            data_root,
+            tmp_path / "run",
+            steps=10,
+            model__arch=arch,
+            model__attention=attention,
+            model__n_kv_head=n_kv_head,
+        )
+    )
     cfg = trainer.lightning_module.config
     assert (cfg.arch, cfg.attention, cfg.n_kv_head) == (arch, attention, n_kv_head)
     assert math.isfinite(trainer.callback_metrics["val_loss"].item())
@@ -170,10 +205,21 @@ def test_bf16_mixed_trains_with_gradient_clipping(tiny_run_args, corpus, data_ro
     scaler, so the module clips itself.  The clip must really happen: record the norms clip_grad_norm_ sees."""
     seen = []
     real = torch.nn.utils.clip_grad_norm_
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, max_norm, *a, **k: seen.append(
-        (max_norm, real(params, max_norm, *a, **k))))
-    trainer = main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=10, trainer__precision="bf16-mixed",
-                                 trainer__gradient_clip_val=0.5))
+    monkeypatch.setattr(
+        torch.nn.utils,
+        "clip_grad_norm_",
+        lambda params, max_norm, *a, **k: seen.append((max_norm, real(params, max_norm, *a, **k))),
+    )
+    trainer = main(
+        tiny_run_args(
+            corpus,
+            data_root,
+            tmp_path / "run",
+            steps=10,
+            trainer__precision="bf16-mixed",
+            trainer__gradient_clip_val=0.5,
+        )
+    )
     assert trainer.global_step == 10 and math.isfinite(trainer.callback_metrics["val_loss"].item())
     assert len(seen) == 10 and all(max_norm == 0.5 for max_norm, _ in seen)
 
@@ -190,15 +236,23 @@ def test_paths_give_the_same_training(tiny_run_args, corpus, data_root, tmp_path
 def test_resume_continues_exactly(tiny_run_args, corpus, data_root, tmp_path, optimizer, monkeypatch):
     # the first part stops at step 10 of a 20-step schedule, as a run killed there would
     def args(out, steps):
-        return tiny_run_args(corpus, data_root, tmp_path / out, steps=steps, optim__decay_steps=20,
-                             optim__optimizer=optimizer, model__dropout=0.1)
+        return tiny_run_args(
+            corpus,
+            data_root,
+            tmp_path / out,
+            steps=steps,
+            optim__decay_steps=20,
+            optim__optimizer=optimizer,
+            model__dropout=0.1,
+        )
 
     main(args("straight", 20))
     main(args("resumed", 10))
     reads = []
     load_torch_file = checkpoint.load_torch_file
-    monkeypatch.setattr(checkpoint, "load_torch_file", lambda path, *a, **k: reads.append(path) or
-                        load_torch_file(path, *a, **k))
+    monkeypatch.setattr(
+        checkpoint, "load_torch_file", lambda path, *a, **k: reads.append(path) or load_torch_file(path, *a, **k)
+    )
     trainer = main(args("resumed", 20) + ["--resume", "true"])
     assert trainer.global_step == 20
     assert len(reads) == 1, "minigpt's resume checks and Lightning's restore share one read of last.ckpt"
@@ -223,12 +277,17 @@ def test_resume_with_another_model_shape_is_refused(tiny_run_args, corpus, data_
         main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=10, model__n_embd=64) + ["--resume", "true"])
 
 
-@pytest.mark.parametrize("flag,value,match", [
-    ("--model.n_layerz", "2", "unrecognized arguments: --model.n_layerz"),
-    ("--model.n_layer", "two", 'Parser key "model.n_layer"'),
-    ("--trainer.max_stepz", "2", "unrecognized arguments: --trainer.max_stepz"),
-])
-def test_unknown_key_or_wrong_type_names_the_key(tiny_run_args, corpus, data_root, tmp_path, capsys, flag, value, match):
+@pytest.mark.parametrize(
+    "flag,value,match",
+    [
+        ("--model.n_layerz", "2", "unrecognized arguments: --model.n_layerz"),
+        ("--model.n_layer", "two", 'Parser key "model.n_layer"'),
+        ("--trainer.max_stepz", "2", "unrecognized arguments: --trainer.max_stepz"),
+    ],
+)
+def test_unknown_key_or_wrong_type_names_the_key(
+    tiny_run_args, corpus, data_root, tmp_path, capsys, flag, value, match
+):
     with pytest.raises(SystemExit) as exit_info:
         main(tiny_run_args(corpus, data_root, tmp_path / "run") + [flag, value])
     assert exit_info.value.code == 2
@@ -247,8 +306,9 @@ def test_overrides_and_config_files(tiny_run_args, corpus, data_root, tmp_path):
 
 
 def test_train_py_help_and_print_config():
-    result = subprocess.run([sys.executable, "train.py", "--print_config"], cwd=REPO, capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "train.py", "--print_config"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     for key in ("attention: sdpa", "arch: gpt", "source: stdlib", "tokenizer: char", "max_steps:", "out_dir:"):
         assert key in result.stdout, key
@@ -257,9 +317,23 @@ def test_train_py_help_and_print_config():
 @pytest.mark.slow
 def test_two_process_ddp_on_cpu_trains(tiny_run_args, corpus, tmp_path):
     args = tiny_run_args(corpus, tmp_path / "data", tmp_path / "run", steps=10)
-    result = subprocess.run([sys.executable, "train.py", *args, "--trainer.accelerator", "cpu",
-                             "--trainer.devices", "2", "--trainer.strategy", "ddp"],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            *args,
+            "--trainer.accelerator",
+            "cpu",
+            "--trainer.devices",
+            "2",
+            "--trainer.strategy",
+            "ddp",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "estimated val loss" in result.stdout
     assert read_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")["global_step"] == 10
@@ -292,8 +366,17 @@ def test_compiled_training_matches_eager(tiny_run_args, corpus, data_root, tmp_p
     monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
     runs = {}
     for compile in (False, True):
-        trainer = main(tiny_run_args(corpus, data_root, tmp_path / str(compile), steps=10, model__arch="llama",
-                                     model__dropout=0.1, compile=compile))
+        trainer = main(
+            tiny_run_args(
+                corpus,
+                data_root,
+                tmp_path / str(compile),
+                steps=10,
+                model__arch="llama",
+                model__dropout=0.1,
+                compile=compile,
+            )
+        )
         runs[compile] = weights(tmp_path / str(compile) / "checkpoints" / "last.ckpt")
         assert trainer.global_step == 10
         compiled = [c for c in trainer.callbacks if isinstance(c, CompileModel)]

@@ -18,8 +18,9 @@ def test_later_turns_reuse_the_kv_cache_and_reply_as_without_it():
     tok = ChatTokenizer.for_base(CharTokenizer("abcdefghijklmnopqrstuvwxyz \n?"))
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=256, vocab_size=tok.vocab_size)).eval()
-    cached, plain = (ChatSession(model, tok, "be kind", max_new_tokens=8, temperature=0, use_kv_cache=c)
-                     for c in (True, False))
+    cached, plain = (
+        ChatSession(model, tok, "be kind", max_new_tokens=8, temperature=0, use_kv_cache=c) for c in (True, False)
+    )
     for turn in ("hello", "how are you", "bye"):
         assert cached.reply(turn) == plain.reply(turn)
     total = len(tok.encode_chat(cached.messages)[0])
@@ -33,12 +34,14 @@ def test_a_long_chat_runs_each_token_about_once_and_replies_as_without_the_cache
     tok = ChatTokenizer.for_base(CharTokenizer("abcdefghijklmnopqrstuvwxyz \n?0123456789"))
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=96, vocab_size=tok.vocab_size)).eval()
-    cached, plain = (ChatSession(model, tok, "be kind", max_new_tokens=8, temperature=0, use_kv_cache=c)
-                     for c in (True, False))
+    cached, plain = (
+        ChatSession(model, tok, "be kind", max_new_tokens=8, temperature=0, use_kv_cache=c) for c in (True, False)
+    )
     turns = [f"turn {t} hello" for t in range(24)]
     for turn in turns:
         assert cached.reply(turn) == plain.reply(turn)
     assert len(tok.encode_chat(cached.messages)[0]) <= 96  # the old turns were dropped
-    per_turn = len(tok.encode_chat([{"role": "user", "content": turns[-1]},
-                                    {"role": "assistant", "content": "x" * 8}])[0])
+    per_turn = len(
+        tok.encode_chat([{"role": "user", "content": turns[-1]}, {"role": "assistant", "content": "x" * 8}])[0]
+    )
     assert cached.prefilled <= len(turns) * per_turn  # 678 of 1,008 here; a refill at every turn ran 1,558

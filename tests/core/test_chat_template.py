@@ -50,11 +50,14 @@ def test_a_source_template_without_the_generation_tag_gives_the_same_mask():
     assert own.encode_chat(CONVERSATION) == ours.encode_chat(CONVERSATION)
 
 
-@pytest.mark.parametrize("template, why", [
-    ("{{ raise_exception('no system role, please') }}", "no system role, please"),
-    ("{{ messages[0].content.__class__.__mro__ }}", "SecurityError"),  # the sandbox holds
-    ("{% for m in messages %}{{ m['role'] + 1 }}{% endfor %}", "TypeError"),
-])
+@pytest.mark.parametrize(
+    "template, why",
+    [
+        ("{{ raise_exception('no system role, please') }}", "no system role, please"),
+        ("{{ messages[0].content.__class__.__mro__ }}", "SecurityError"),  # the sandbox holds
+        ("{% for m in messages %}{{ m['role'] + 1 }}{% endfor %}", "TypeError"),
+    ],
+)
 def test_a_template_that_fails_to_render_is_one_line(template, why):
     tok = ChatTokenizer.for_base(ByteTokenizer(), template + IM_END)
     with pytest.raises(DataError, match="the chat template fails to render") as e:

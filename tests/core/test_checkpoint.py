@@ -12,8 +12,15 @@ import pytest
 import torch
 
 from minigpt import GPT, GPTConfig, load_model
-from minigpt.core.checkpoint import (FORMAT_VERSION, RNG_STATE_KEY, model_checkpoint, model_state_dict, pack,
-                                read_checkpoint, save_file)
+from minigpt.core.checkpoint import (
+    FORMAT_VERSION,
+    RNG_STATE_KEY,
+    model_checkpoint,
+    model_state_dict,
+    pack,
+    read_checkpoint,
+    save_file,
+)
 from minigpt.core.errors import CheckpointError
 from minigpt.core.tokenizers import CharTokenizer
 from support import count_model_builds
@@ -28,9 +35,12 @@ def test_format_1_checkpoints_still_load_and_their_rng_state_moves_to_its_callba
     """What train.py wrote before the redesign: weights under 'model.', the RNG state in our section."""
     model, tok = tiny_model(), CharTokenizer("abcde")
     rng = torch.get_rng_state()
-    old = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-           "minigpt": {"model_config": model.config.to_dict(), "tokenizer": tok.to_dict(), "rng": {"cpu": rng}},
-           "global_step": 3, "epoch": 0}
+    old = {
+        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+        "minigpt": {"model_config": model.config.to_dict(), "tokenizer": tok.to_dict(), "rng": {"cpu": rng}},
+        "global_step": 3,
+        "epoch": 0,
+    }
     torch.save(old, tmp_path / "old.ckpt")
     loaded, tokenizer = load_model(tmp_path / "old.ckpt")
     idx = torch.tensor([[0, 1, 2, 3]])
@@ -88,12 +98,15 @@ def _zip(path, records: dict, compress=zipfile.ZIP_STORED):
     return path
 
 
-@pytest.mark.parametrize("kind,needle", [
-    ("bare pickle", "bare pickle"),
-    ("zip with an allocating pickle", "its pickle calls bytearray"),
-    ("compressed zip record", "compressed records"),
-    ("absurd config", "n_layer=10000000, over the plausible limit"),
-])
+@pytest.mark.parametrize(
+    "kind,needle",
+    [
+        ("bare pickle", "bare pickle"),
+        ("zip with an allocating pickle", "its pickle calls bytearray"),
+        ("compressed zip record", "compressed records"),
+        ("absurd config", "n_layer=10000000, over the plausible limit"),
+    ],
+)
 def test_implausible_checkpoints_are_refused_fast_before_allocating(tmp_path, kind, needle):
     path = tmp_path / "x.ckpt"
     if kind == "bare pickle":
@@ -102,8 +115,11 @@ def test_implausible_checkpoints_are_refused_fast_before_allocating(tmp_path, ki
     elif kind == "zip with an allocating pickle":
         _zip(path, {"archive/data.pkl": pickle.dumps(_Bomb(), protocol=2), "archive/version": "3\n"})
     elif kind == "compressed zip record":
-        _zip(path, {"archive/data.pkl": pickle.dumps({}, protocol=2), "archive/data/0": b"\0" * (1 << 20)},
-             zipfile.ZIP_DEFLATED)
+        _zip(
+            path,
+            {"archive/data.pkl": pickle.dumps({}, protocol=2), "archive/data/0": b"\0" * (1 << 20)},
+            zipfile.ZIP_DEFLATED,
+        )
     else:
         ckpt = model_checkpoint(tiny_model(), CharTokenizer("abcde"))
         ckpt["minigpt"]["model_config"]["n_layer"] = 10**7
@@ -121,11 +137,13 @@ def test_loading_a_checkpoint_and_sampling_never_start_torchs_compiler(tmp_path)
         torch.manual_seed(0)
         model = GPT(GPTConfig(arch=arch, n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=5))
         save_file(model_checkpoint(model, CharTokenizer("abcde")), tmp_path / f"{arch}.ckpt")
-    code = ("import sys\nimport torch\nfrom minigpt import load_model, generate\n"
-            f"for arch in ('gpt', 'llama'):\n    m, tok = load_model({str(tmp_path)!r} + f'/{{arch}}.ckpt')\n"
-            "    out = generate(m, torch.tensor([tok.encode('ab')]), max_new_tokens=5, temperature=0)\n"
-            "    print(out.shape[1])\n"
-            "print('torch._dynamo' in sys.modules)")
+    code = (
+        "import sys\nimport torch\nfrom minigpt import load_model, generate\n"
+        f"for arch in ('gpt', 'llama'):\n    m, tok = load_model({str(tmp_path)!r} + f'/{{arch}}.ckpt')\n"
+        "    out = generate(m, torch.tensor([tok.encode('ab')]), max_new_tokens=5, temperature=0)\n"
+        "    print(out.shape[1])\n"
+        "print('torch._dynamo' in sys.modules)"
+    )
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split() == ["7", "7", "False"]
@@ -142,7 +160,7 @@ def _with_data_pkl(path, data: bytes):
 MALFORMED_PICKLES = {  # damaged rather than malicious; torch.load's own answer in the comment
     "PROTO then STOP": lambda good: b"\x80\x02.",  # IndexError: pop from empty list
     "an unset memo slot": lambda good: b"\x80\x02h\x05.",  # BINGET of a slot never PUT: KeyError
-    "cut mid-opcode": lambda good: good[:len(good) // 3],  # EOFError
+    "cut mid-opcode": lambda good: good[: len(good) // 3],  # EOFError
     "an unknown opcode": lambda good: b"\x80\x02\xff.",
     "a dict missing its value": lambda good: b"\x80\x02}X\x01\x00\x00\x00as.",  # IndexError
 }
@@ -173,6 +191,7 @@ def test_a_checkpoint_with_a_sparse_tensor_or_a_lying_storage_is_refused(tmp_pat
         good = archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
     assert good.count(b"K\x10t") == 1  # the persistent id's element count, 16, closing its tuple
     _with_data_pkl(tmp_path / "lying.ckpt", good.replace(b"K\x10t", b"J\x00\xca\x9a\x3bt"))
-    with pytest.raises(CheckpointError, match="asks for 4000000000 bytes of torch.float32 from the record data/0, "
-                                              "which holds 64 bytes"):
+    with pytest.raises(
+        CheckpointError, match="asks for 4000000000 bytes of torch.float32 from the record data/0, which holds 64 bytes"
+    ):
         load_model(tmp_path / "lying.ckpt")

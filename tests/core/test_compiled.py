@@ -46,7 +46,7 @@ def test_compiled_decode_gives_the_plain_loops_greedy_ids_and_compiles_once():
         # one graph for every position and cache length, and one more for the step that fills the cache exactly
         assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
         for length in (9, 20):  # other lengths: other cache sizes, the same graphs
-            assert torch.equal(generate(model, idx, length, temperature=0, compile=True), plain[:, :5 + length])
+            assert torch.equal(generate(model, idx, length, temperature=0, compile=True), plain[:, : 5 + length])
         assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
         int8 = quantize_model(model)
         int8_plain = generate(int8, idx, n, temperature=0)

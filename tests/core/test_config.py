@@ -38,10 +38,16 @@ def other_value(field) -> object:
         return {"n_head": 2, "n_kv_head": 1, "n_embd": 64, "mlp_hidden": 96}.get(field.name, (field.default or 1) + 1)
     if base is float:
         return {"dropout": 0.25, "min_lr_ratio": 0.5, "beta1": 0.8, "beta2": 0.9, "norm_eps": 1e-6}.get(
-            field.name, (field.default or 1.0) * 2)
+            field.name, (field.default or 1.0) * 2
+        )
     if typing.get_origin(base) is dict:
-        return {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 64}
+        return {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        }
     raise AssertionError(f"no test value for {field.name}: {tp}")
 
 
@@ -97,16 +103,22 @@ def test_vocab_size_is_linked_from_the_data_not_a_flag(tiny_run_args, corpus, da
     assert "model.vocab_size" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(learning_rate=-1e-3), "optim.learning_rate: must be a positive number"),
-    (dict(min_lr_ratio=-0.5), r"optim.min_lr_ratio: must be in \[0, 1\]"),
-    (dict(beta2=1.0), r"optim.beta2: must be in \[0, 1\)"),
-    (dict(warmup_steps=-1), "optim.warmup_steps: must be >= 0"),
-    (dict(muon_ns_steps=0), r"optim.muon_ns_steps: must be in \[1, 10\]"),
-    (dict(decay_steps=0), "optim.decay_steps: must be >= 1"),
-    (dict(cooldown_fraction=0.0), r"optim.cooldown_fraction: must be in \(0, 1\]"),
-    (dict(lr_schedule="exp"), "optim.lr_schedule: unknown value 'exp'; choose one of cosine, linear, constant, wsd"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(learning_rate=-1e-3), "optim.learning_rate: must be a positive number"),
+        (dict(min_lr_ratio=-0.5), r"optim.min_lr_ratio: must be in \[0, 1\]"),
+        (dict(beta2=1.0), r"optim.beta2: must be in \[0, 1\)"),
+        (dict(warmup_steps=-1), "optim.warmup_steps: must be >= 0"),
+        (dict(muon_ns_steps=0), r"optim.muon_ns_steps: must be in \[1, 10\]"),
+        (dict(decay_steps=0), "optim.decay_steps: must be >= 1"),
+        (dict(cooldown_fraction=0.0), r"optim.cooldown_fraction: must be in \(0, 1\]"),
+        (
+            dict(lr_schedule="exp"),
+            "optim.lr_schedule: unknown value 'exp'; choose one of cosine, linear, constant, wsd",
+        ),
+    ],
+)
 def test_optim_settings_are_range_checked_where_declared(kwargs, match):
     from minigpt.core.errors import ConfigError
 

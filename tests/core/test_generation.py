@@ -40,15 +40,16 @@ def test_generation_longer_than_block_size(arch, use_kv_cache):
     model = varied_gpt(arch, 2)
     idx = random_ids(length=7)
     n = 2 * BLOCK + 5  # past the block twice: three refills of the cache
-    out = generate(model, idx, n, temperature=0.8, use_kv_cache=use_kv_cache,
-                   generator=torch.Generator().manual_seed(0))
+    out = generate(
+        model, idx, n, temperature=0.8, use_kv_cache=use_kv_cache, generator=torch.Generator().manual_seed(0)
+    )
     assert out.shape == (2, 7 + n)
     assert torch.equal(out[:, :7], idx)
     assert out.min() >= 0 and out.max() < model.config.vocab_size
     # a prompt longer than the block is cropped to its last block_size tokens, and kept in the output
     long_prompt = random_ids(batch=1, length=BLOCK + 10)
     out = generate(model, long_prompt, 10, temperature=0, use_kv_cache=use_kv_cache)
-    assert out.shape == (1, BLOCK + 20) and torch.equal(out[:, :BLOCK + 10], long_prompt)
+    assert out.shape == (1, BLOCK + 20) and torch.equal(out[:, : BLOCK + 10], long_prompt)
     cropped = generate(model, long_prompt[:, -BLOCK:], 1, temperature=0, use_kv_cache=use_kv_cache)
     assert out[0, BLOCK + 10] == cropped[0, -1]
 
@@ -65,11 +66,11 @@ def test_cache_refill_is_a_fresh_prefill_of_the_last_tokens(arch):
     # the cache holds tokens 0..BLOCK-1 when token BLOCK is sampled; the next step is the refill
     n = BLOCK + 1 + keep - 4  # fill the block, refill, then fill it again
     out = generate(model, idx, n, temperature=0)
-    assert torch.equal(out[:, :BLOCK + 1], generate(model, idx, BLOCK + 1 - 4, temperature=0, use_kv_cache=False))
+    assert torch.equal(out[:, : BLOCK + 1], generate(model, idx, BLOCK + 1 - 4, temperature=0, use_kv_cache=False))
     start = BLOCK + 1 - keep  # the refill sees out[start:BLOCK+1] at positions 0..keep-1
     with torch.inference_mode():
-        expected = model(out[:, start:BLOCK + keep])[0].argmax(-1)  # predicts tokens start+1 .. BLOCK+keep
-    assert torch.equal(out[0, BLOCK + 1:], expected[0, keep - 1:])
+        expected = model(out[:, start : BLOCK + keep])[0].argmax(-1)  # predicts tokens start+1 .. BLOCK+keep
+    assert torch.equal(out[0, BLOCK + 1 :], expected[0, keep - 1 :])
 
 
 def test_same_seed_same_samples_different_seed_different():
@@ -103,7 +104,7 @@ def test_stop_token_stops_pads_and_streams():
         if first is None:
             assert torch.equal(gen[row], free[row, :expected_len])
         else:
-            assert torch.equal(gen[row, :first + 1], free[row, :first + 1])
+            assert torch.equal(gen[row, : first + 1], free[row, : first + 1])
             assert (gen[row, first:] == stop).all()
     assert torch.equal(torch.stack(seen, dim=1), gen)  # on_token saw every step, in order
     # a single sequence ends right at its stop token
@@ -113,8 +114,7 @@ def test_stop_token_stops_pads_and_streams():
 
 def test_vocab_size_limits_sampled_ids():
     model = varied_gpt("gpt", 4)
-    out = generate(model, random_ids(), 40, temperature=2.0, generator=torch.Generator().manual_seed(0),
-                   vocab_size=3)
+    out = generate(model, random_ids(), 40, temperature=2.0, generator=torch.Generator().manual_seed(0), vocab_size=3)
     assert out[:, 5:].max() < 3
 
 

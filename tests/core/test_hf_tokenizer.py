@@ -21,8 +21,12 @@ def trained_bpe(corpus, tmp_path_factory):
     tok = tokenizers.Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train([str(corpus)], trainer)
     path = tmp_path_factory.mktemp("bpe") / "tokenizer.json"
     tok.save(str(path))
@@ -45,8 +49,9 @@ def test_a_damaged_tokenizers_file_is_one_line_naming_it(tmp_path):
         get_tokenizer(path)
 
 
-def test_training_and_sampling_with_a_user_trained_tokenizer(trained_bpe, tiny_run_args, corpus, data_root, tmp_path,
-                                                             capsys):
+def test_training_and_sampling_with_a_user_trained_tokenizer(
+    trained_bpe, tiny_run_args, corpus, data_root, tmp_path, capsys
+):
     trainer = train_main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=6, data__tokenizer=trained_bpe))
     assert trainer.lightning_module.config.vocab_size == 300
     capsys.readouterr()

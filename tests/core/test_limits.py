@@ -23,15 +23,27 @@ from minigpt.loading import load_model
 
 REPO = Path(__file__).resolve().parents[2]
 # each field within CONFIG_LIMITS; together 1.1 TB of RoPE tables (cos and sin: 2 x 2^21 positions x 65536 x 4 bytes)
-HUGE_LLAMA = dict(arch="llama", n_layer=2, n_head=4, n_kv_head=4, n_embd=64, head_dim=65536, block_size=1 << 21,
-                  vocab_size=256)
+HUGE_LLAMA = dict(
+    arch="llama", n_layer=2, n_head=4, n_kv_head=4, n_embd=64, head_dim=65536, block_size=1 << 21, vocab_size=256
+)
 
 
-@pytest.mark.parametrize("config", [
-    GPTConfig(arch="gpt", n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=100),
-    GPTConfig(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=24, vocab_size=90,
-              tie_embeddings=False),
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        GPTConfig(arch="gpt", n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=100),
+        GPTConfig(
+            arch="llama",
+            n_layer=2,
+            n_head=4,
+            n_kv_head=2,
+            n_embd=32,
+            block_size=24,
+            vocab_size=90,
+            tie_embeddings=False,
+        ),
+    ],
+)
 def test_the_implied_memory_is_what_the_built_model_holds(config):
     model = GPT(config)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())  # tied weights counted once
@@ -42,8 +54,11 @@ def test_the_implied_memory_is_what_the_built_model_holds(config):
 def test_fields_that_each_pass_are_refused_by_their_product(monkeypatch):
     monkeypatch.delenv(MAX_MODEL_GB_ENV, raising=False)
     started = time.perf_counter()
-    with pytest.raises(CheckpointError, match=r"^its config.json implies a model of 1100\.0 GB \(weights 0\.5 GB, "
-                                              r"RoPE tables 1099\.5 GB\), more than this machine's memory") as e:
+    with pytest.raises(
+        CheckpointError,
+        match=r"^its config.json implies a model of 1100\.0 GB \(weights 0\.5 GB, "
+        r"RoPE tables 1099\.5 GB\), more than this machine's memory",
+    ) as e:
         check_config_size(GPTConfig(**HUGE_LLAMA), "its config.json", CheckpointError)
     assert f"set {MAX_MODEL_GB_ENV}=GB to build it anyway" in str(e.value) and "\n" not in str(e.value)
     assert time.perf_counter() - started < 5  # decided on the meta device, not in the allocator
@@ -67,15 +82,26 @@ def test_a_hugging_face_config_implying_terabytes_is_one_line_without_allocating
     allocator.  Loaded under a 2 GB address-space limit: refused from the config, nothing allocated."""
     torch.manual_seed(0)
     folder = tmp_path / "model"
-    export_hf(GPT(GPTConfig(arch="llama", n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=256)),
-              ByteTokenizer(), folder)
+    export_hf(
+        GPT(GPTConfig(arch="llama", n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=256)),
+        ByteTokenizer(),
+        folder,
+    )
     config = json.loads((folder / "config.json").read_text())
     config.update(head_dim=65536, max_position_embeddings=1 << 21)
     (folder / "config.json").write_text(json.dumps(config))
-    code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))\n"
-            f"from minigpt.cli.sample import main; main(['--ckpt', {str(folder)!r}, '--max_new_tokens', '2'])")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    code = (
+        "import resource; resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))\n"
+        f"from minigpt.cli.sample import main; main(['--ckpt', {str(folder)!r}, '--max_new_tokens', '2'])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.startswith(f"error: {folder}: its config.json implies a model of"), done.stderr
     assert "RoPE tables" in done.stderr and done.stderr.count("\n") == 1
@@ -110,6 +136,9 @@ def test_sampling_memory_is_bounded_from_the_sizes_before_anything_is_allocated(
     assert parts["KV cache"] == 4 * 2 * 2 * 1000 * 2 * 64 * 16  # 2 x 110 positions, capped at block_size
     monkeypatch.setenv("MINIGPT_MAX_MODEL_GB", "1")
     check_sampling_size(config, 1000, 10, 100)  # about 0.1 GB
-    with pytest.raises(UserError, match=r"generating 100,000 sequence\(s\) of 10 \+ 100 tokens .* more than "
-                                        r"MINIGPT_MAX_MODEL_GB=1 \(1.0 GB\); draw fewer samples"):
+    with pytest.raises(
+        UserError,
+        match=r"generating 100,000 sequence\(s\) of 10 \+ 100 tokens .* more than "
+        r"MINIGPT_MAX_MODEL_GB=1 \(1.0 GB\); draw fewer samples",
+    ):
         check_sampling_size(config, 100_000, 10, 100)

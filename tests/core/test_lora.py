@@ -9,8 +9,17 @@ import torch
 
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import ConfigError
-from minigpt.core.lora import (TARGETS, LoRAConfig, LoRALinear, UpcastLinear, adapter_names, fingerprint, lora_model,
-                               merge_lora, training_flops_per_token)
+from minigpt.core.lora import (
+    TARGETS,
+    LoRAConfig,
+    LoRALinear,
+    UpcastLinear,
+    adapter_names,
+    fingerprint,
+    lora_model,
+    merge_lora,
+    training_flops_per_token,
+)
 from minigpt.core.model import GPT
 
 SMALL = dict(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=50)
@@ -208,15 +217,18 @@ def test_the_fingerprint_names_the_weights_and_the_shape_not_the_attention_path(
     assert fingerprint(other) != print_
 
 
-@pytest.mark.parametrize("settings,message", [
-    (dict(rank=0), "lora.rank: must be a positive integer, got 0"),
-    (dict(alpha=0.0), "lora.alpha: must be a positive number"),
-    (dict(alpha=float("nan")), "lora.alpha: must be a positive number"),
-    (dict(dropout=1.0), "lora.dropout: must be in [0, 1)"),
-    (dict(targets=["q", "ffn"]), "lora.targets: unknown target 'ffn'; choose from " + ", ".join(TARGETS)),
-    (dict(targets=[]), "lora.targets: is empty"),
-    (dict(base_dtype="int4"), "lora.base_dtype: unknown value 'int4'"),
-])
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        (dict(rank=0), "lora.rank: must be a positive integer, got 0"),
+        (dict(alpha=0.0), "lora.alpha: must be a positive number"),
+        (dict(alpha=float("nan")), "lora.alpha: must be a positive number"),
+        (dict(dropout=1.0), "lora.dropout: must be in [0, 1)"),
+        (dict(targets=["q", "ffn"]), "lora.targets: unknown target 'ffn'; choose from " + ", ".join(TARGETS)),
+        (dict(targets=[]), "lora.targets: is empty"),
+        (dict(base_dtype="int4"), "lora.base_dtype: unknown value 'int4'"),
+    ],
+)
 def test_a_bad_setting_is_one_line_naming_it(settings, message):
     with pytest.raises(ConfigError, match=None) as e:
         LoRAConfig(**settings)
@@ -226,8 +238,11 @@ def test_a_bad_setting_is_one_line_naming_it(settings, message):
 def test_a_rank_larger_than_a_targeted_projection_is_refused_before_anything_changes():
     base = base_model(arch="llama", n_kv_head=1)  # k and v: 8 rows
     before = copy.deepcopy(base.state_dict())
-    with pytest.raises(ConfigError, match=r"lora.rank: 9 is larger than the k projection \(8 x 32\); choose "
-                                          r"lora.rank of at most 8"):
+    with pytest.raises(
+        ConfigError,
+        match=r"lora.rank: 9 is larger than the k projection \(8 x 32\); choose "
+        r"lora.rank of at most 8",
+    ):
         lora_model(base, base.config, LoRAConfig(rank=9))
     assert all(torch.equal(before[k], v) for k, v in base.state_dict().items())  # the base is as it was
     assert lora_model(base, base.config, LoRAConfig(rank=9, targets=["q", "o"]))  # q and o are 32 x 32

@@ -61,12 +61,12 @@ def test_causal_future_tokens_never_change_the_past(attention, arch, n_kv_head):
     idx = torch.randint(0, 256, (2, 48), generator=torch.Generator().manual_seed(2))
     changed = idx.clone()
     t = 20
-    changed[:, t + 1:] = torch.randint(0, 256, changed[:, t + 1:].shape)
+    changed[:, t + 1 :] = torch.randint(0, 256, changed[:, t + 1 :].shape)
     with torch.no_grad():
         a, _ = model(idx)
         b, _ = model(changed)
-    assert torch.equal(a[:, :t + 1], b[:, :t + 1])
-    assert not torch.allclose(a[:, t + 1:], b[:, t + 1:])  # the test can see a change when there is one
+    assert torch.equal(a[:, : t + 1], b[:, : t + 1])
+    assert not torch.allclose(a[:, t + 1 :], b[:, t + 1 :])  # the test can see a change when there is one
 
 
 @pytest.mark.parametrize("attention", PATHS)
@@ -79,12 +79,11 @@ def test_kv_cache_matches_full_forward(attention, arch, n_kv_head):
         cache = model.new_kv_cache(batch_size=2)
         prompt = 17
         steps = [model(idx[:, :prompt], kv_cache=cache, input_pos=0)[0]]  # prefill
-        steps += [model(idx[:, prompt:prompt + 5], kv_cache=cache, input_pos=prompt)[0]]  # a chunk mid-way
+        steps += [model(idx[:, prompt : prompt + 5], kv_cache=cache, input_pos=prompt)[0]]  # a chunk mid-way
         for pos in range(prompt + 5, idx.size(1)):  # then one token at a time
-            steps.append(model(idx[:, pos:pos + 1], kv_cache=cache, input_pos=pos)[0])
+            steps.append(model(idx[:, pos : pos + 1], kv_cache=cache, input_pos=pos)[0])
     incremental = torch.cat(steps, dim=1)
     assert (incremental - full).abs().max().item() <= 1e-5
-
 
 
 @pytest.mark.parametrize("attention", PATHS)
@@ -106,17 +105,18 @@ def test_rows_at_their_own_positions_decode_as_each_would_alone(attention, arch,
                 layer.copy_row(row, source, 0, n)
         pos = torch.tensor(lengths)
         for width in (2, 1, 1, 1, 1, 1):  # two tokens per row, then one at a time
-            idx = torch.stack([s[p:p + width] for s, p in zip(seqs, pos.tolist())])  # (B, width)
+            idx = torch.stack([s[p : p + width] for s, p in zip(seqs, pos.tolist())])  # (B, width)
             logits = model(idx, kv_cache=cache, input_pos=pos)[0]
             for row, p in enumerate(pos.tolist()):
-                assert (logits[row] - alone[row][p:p + width]).abs().max().item() <= 1e-5, (row, p)
+                assert (logits[row] - alone[row][p : p + width]).abs().max().item() <= 1e-5, (row, p)
             pos = pos + width
 
 
 def test_kv_cache_holds_what_is_used_not_the_whole_context():
     """Eight positions of a long-context model cache eight positions' keys, growing by doubling up to block_size."""
-    model = build(GPTConfig(arch="llama", n_layer=1, n_head=2, n_kv_head=1, n_embd=16, block_size=1 << 14,
-                            vocab_size=256))
+    model = build(
+        GPTConfig(arch="llama", n_layer=1, n_head=2, n_kv_head=1, n_embd=16, block_size=1 << 14, vocab_size=256)
+    )
     cache = model.new_kv_cache(batch_size=1)
     assert cache[0].k.size(2) == 0
     idx = torch.randint(0, 256, (1, 8))
@@ -124,7 +124,7 @@ def test_kv_cache_holds_what_is_used_not_the_whole_context():
         model(idx[:, :5], kv_cache=cache, input_pos=0)
         assert cache[0].k.size(2) == 5
         for pos in range(5, 8):
-            model(idx[:, pos:pos + 1], kv_cache=cache, input_pos=pos)
+            model(idx[:, pos : pos + 1], kv_cache=cache, input_pos=pos)
     assert cache[0].k.size(2) == cache[0].v.size(2) == 10  # 5, then doubled once: not 16384
     small = model.new_kv_cache(batch_size=1, max_len=6)
     with torch.no_grad():
@@ -133,6 +133,7 @@ def test_kv_cache_holds_what_is_used_not_the_whole_context():
         assert small[0].k.size(2) == 6  # doubling stops at max_len
         with pytest.raises(ValueError, match="holds 6 positions"):
             model(idx[:, 6:7], kv_cache=small, input_pos=6)
+
 
 def test_gqa_equals_mha_with_repeated_kv():
     """A GQA model equals a plain multi-head model whose K/V projections repeat each shared head."""
@@ -170,7 +171,7 @@ def test_rope_matches_complex_rotation():
     # and what RoPE is for: q.k depends on the distance between positions only
     q, k = torch.randn(hs), torch.randn(hs)
     cos, sin = rope_cache(64, hs)
-    rot = lambda v, p: apply_rope(v.view(1, 1, 1, hs), cos[p:p + 1], sin[p:p + 1]).flatten()  # noqa: E731
+    rot = lambda v, p: apply_rope(v.view(1, 1, 1, hs), cos[p : p + 1], sin[p : p + 1]).flatten()  # noqa: E731
     assert torch.allclose(rot(q, 10) @ rot(k, 3), rot(q, 40) @ rot(k, 33), atol=1e-5)
 
 
@@ -184,8 +185,17 @@ def test_flops_per_token_matches_torch_flop_counter(arch, tie):
     matmuls the counter sees; the causal half is not subtracted, as in PaLM / nanoGPT)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    cfg = GPTConfig(arch=arch, n_layer=2, n_head=4, n_kv_head=2 if arch == "llama" else None, n_embd=64,
-                    block_size=32, vocab_size=100, tie_embeddings=tie, attention="manual")
+    cfg = GPTConfig(
+        arch=arch,
+        n_layer=2,
+        n_head=4,
+        n_kv_head=2 if arch == "llama" else None,
+        n_embd=64,
+        block_size=32,
+        vocab_size=100,
+        tie_embeddings=tie,
+        attention="manual",
+    )
     model = GPT(cfg)
     B, T = 3, cfg.block_size
     idx = torch.randint(0, cfg.vocab_size, (B, T))
@@ -249,14 +259,17 @@ def test_sequence_longer_than_block_size_is_a_clear_error():
         model(torch.zeros(1, 65, dtype=torch.long))
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(n_embd=66, n_head=4), r"model\.n_embd: 66 is not divisible by n_head=4"),
-    (dict(n_head=6, n_kv_head=4, n_embd=48), r"model\.n_kv_head: n_head=6 is not divisible by n_kv_head=4"),
-    (dict(arch="mamba"), r"model\.arch: unknown value 'mamba'; choose one of gpt, llama"),
-    (dict(attention="flash2"), r"model\.attention: unknown value 'flash2'; choose one of sdpa, manual, einops"),
-    (dict(arch="llama", n_embd=36, n_head=4), r"model\.head_dim: head size 9 is odd but RoPE"),
-    (dict(n_layer=0), r"model\.n_layer: must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(n_embd=66, n_head=4), r"model\.n_embd: 66 is not divisible by n_head=4"),
+        (dict(n_head=6, n_kv_head=4, n_embd=48), r"model\.n_kv_head: n_head=6 is not divisible by n_kv_head=4"),
+        (dict(arch="mamba"), r"model\.arch: unknown value 'mamba'; choose one of gpt, llama"),
+        (dict(attention="flash2"), r"model\.attention: unknown value 'flash2'; choose one of sdpa, manual, einops"),
+        (dict(arch="llama", n_embd=36, n_head=4), r"model\.head_dim: head size 9 is odd but RoPE"),
+        (dict(n_layer=0), r"model\.n_layer: must be a positive integer"),
+    ],
+)
 def test_bad_config_names_field_and_fix(kw, match):
     with pytest.raises(ConfigError, match=match):
         GPTConfig(**kw)
@@ -273,10 +286,11 @@ def test_presets_build_and_overrides_rederive_defaults():
 def test_llama3_rope_scaling_follows_its_three_bands():
     """Llama 3.1's scaling, checked frequency by frequency against the rule written out by hand."""
     hs, base = 64, 500000.0
-    scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                   original_max_position_embeddings=64)
+    scaling = dict(
+        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64
+    )
     cos, sin = rope_cache(3, hs, base, scaling)
-    got = torch.atan2(sin[1, :hs // 2], cos[1, :hs // 2]).double()  # position 1: the angle is the frequency
+    got = torch.atan2(sin[1, : hs // 2], cos[1, : hs // 2]).double()  # position 1: the angle is the frequency
     for j, freq in enumerate(base ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)):
         wavelen = 2 * math.pi / freq
         if wavelen < 64 / 4.0:  # short wavelengths: unchanged
@@ -305,7 +319,9 @@ def test_explicit_head_dim_and_tanh_gelu_run_on_every_path():
     gelu = build(tiny("gpt", gelu_approximate="tanh"))
     x = torch.randn(3, 64)
     h = gelu.transformer.h[0].mlp.c_fc(x)
-    expected = gelu.transformer.h[0].mlp.c_proj(0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3))))
+    expected = gelu.transformer.h[0].mlp.c_proj(
+        0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3)))
+    )
     assert torch.allclose(gelu.transformer.h[0].mlp(x), expected, atol=1e-6)
 
 
@@ -355,8 +371,9 @@ def test_activation_checkpointing_recomputes_the_blocks_and_keeps_less_for_the_b
         """(block calls in the forward, in the backward, bytes autograd saved for the backward)"""
         saved = []
         calls.clear()
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
-                                                      lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: saved.append(t.numel() * t.element_size()) or t, lambda t: t
+        ):
             _, loss = model(idx, idx)
         forward_calls = len(calls)
         loss.backward()

@@ -22,7 +22,9 @@ def cpu(monkeypatch, tmp_path):
 
     def machine(capability: str, fp32: float = 200.0, bf16: float = 800.0) -> None:
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-        monkeypatch.setattr(precision, "matmul_gflops", lambda dtype, *a, **k: bf16 if dtype == torch.bfloat16 else fp32)
+        monkeypatch.setattr(
+            precision, "matmul_gflops", lambda dtype, *a, **k: bf16 if dtype == torch.bfloat16 else fp32
+        )
 
     return machine
 
@@ -59,7 +61,6 @@ def test_probe_is_cached_per_machine(cpu, monkeypatch):
     assert precision.probe_cpu_bf16() == (150.0, 1.0)
 
 
-
 def test_probe_cache_is_written_whole_and_an_unwritable_cache_does_not_stop_training(cpu):
     cpu("AVX512", fp32=200, bf16=800)
     assert precision.probe_cpu_bf16() == (200, 800)
@@ -91,14 +92,24 @@ def test_explicit_precision_is_kept(cpu):
     assert resolve_precision("bf16-mixed", "cpu", "manual")[0] == "bf16-mixed"
 
 
-@pytest.mark.parametrize("capability,fp32,bf16,expected", [("AVX2", 140, 1, "32-true"),
-                                                            ("AVX512", 210, 800, "bf16-mixed")])
-def test_shipped_cpu_recipe_resolves_by_the_cpu(cpu, corpus, data_root, tmp_path, capability, fp32, bf16,
-                                                expected):
+@pytest.mark.parametrize(
+    "capability,fp32,bf16,expected", [("AVX2", 140, 1, "32-true"), ("AVX512", 210, 800, "bf16-mixed")]
+)
+def test_shipped_cpu_recipe_resolves_by_the_cpu(cpu, corpus, data_root, tmp_path, capability, fp32, bf16, expected):
     from minigpt.cli.train import parse
 
     cpu(capability, fp32, bf16)
-    cli = parse(["--config", str(REPO / "configs" / "shakespeare_char_cpu.yaml"), "--data.source", str(corpus),
-                 "--data.data_root", str(data_root), "--out_dir", str(tmp_path / "run")])
+    cli = parse(
+        [
+            "--config",
+            str(REPO / "configs" / "shakespeare_char_cpu.yaml"),
+            "--data.source",
+            str(corpus),
+            "--data.data_root",
+            str(data_root),
+            "--out_dir",
+            str(tmp_path / "run"),
+        ]
+    )
     assert cli.config["trainer"]["precision"] == "auto"
     assert cli.trainer.precision == expected

@@ -43,8 +43,9 @@ def test_int8_linear_is_the_dequantized_linear(rows, bias, monkeypatch):
     x = torch.randn(1, rows, 40)
     expected = F.linear(x, layer.weight.float() * layer.scale[:, None], linear.bias)
     torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(int8_matvec(x, layer.weight, layer.scale) + (linear.bias if bias else 0), expected,
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        int8_matvec(x, layer.weight, layer.scale) + (linear.bias if bias else 0), expected, rtol=1e-5, atol=1e-5
+    )
     assert (layer(x) - linear(x)).abs().max() < 0.02  # and close to the float layer it replaced
 
 

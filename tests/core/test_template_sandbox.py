@@ -20,27 +20,38 @@ def render(template: str, messages=None) -> str:
     return tok.render(messages or [{"role": "user", "content": "hi"}])[0]
 
 
-@pytest.mark.parametrize("template", [
-    "{% for i in range(10**5) %}{% for j in range(10**5) %}{% endfor %}{% endfor %}",  # issue 40's
-    "{% for m in messages %}{% for a in m.content * 5000 %}{% for b in m.content * 5000 %}{% endfor %}"
-    "{% endfor %}{% endfor %}",  # loops over data, no call in the body
-    "{% for x in [[1]] recursive %}{% for i in range(10**5) %}{% endfor %}{{ loop([[1]]) }}{% endfor %}",
-])
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{% for i in range(10**5) %}{% for j in range(10**5) %}{% endfor %}{% endfor %}",  # issue 40's
+        "{% for m in messages %}{% for a in m.content * 5000 %}{% for b in m.content * 5000 %}{% endfor %}"
+        "{% endfor %}{% endfor %}",  # loops over data, no call in the body
+        "{% for x in [[1]] recursive %}{% for i in range(10**5) %}{% endfor %}{{ loop([[1]]) }}{% endfor %}",
+    ],
+)
 def test_a_template_that_loops_for_ever_stops_at_its_step_budget(template):
     with pytest.raises(DataError, match=f"render budget of {MAX_STEPS:,} steps"):
         render(template)
 
 
-@pytest.mark.parametrize("template", [
-    "{{ 'x' * 3*10**8 }}",  # issue 40's: refused before it is built
-    "{{ 'x'.center(10**9) }}", "{{ 'x'|center(10**9) }}", "{{ '{:>999999999}'.format(1) }}",
-    "{{ '%999999999d' % 1 }}", "{{ ('x' * 60000).replace('x', 'y' * 60000) }}",
-    "{{ ('x' * 100000).join(range(100000)|map('string')) }}", "{{ (range(100000)|map('string'))|join('x' * 100000) }}",
-    "{% set a = 'x' * 900000 %}{{ a ~ a ~ a ~ a ~ a ~ a }}",
-    "{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
-    "{{ [['x' * 1000] * 1000] * 1000 }}", "{{ 2 ** 100000000 }}",
-    "{% for i in range(100000) %}{{ 'y' * 100 }}{% endfor %}",  # the output itself
-])
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ 'x' * 3*10**8 }}",  # issue 40's: refused before it is built
+        "{{ 'x'.center(10**9) }}",
+        "{{ 'x'|center(10**9) }}",
+        "{{ '{:>999999999}'.format(1) }}",
+        "{{ '%999999999d' % 1 }}",
+        "{{ ('x' * 60000).replace('x', 'y' * 60000) }}",
+        "{{ ('x' * 100000).join(range(100000)|map('string')) }}",
+        "{{ (range(100000)|map('string'))|join('x' * 100000) }}",
+        "{% set a = 'x' * 900000 %}{{ a ~ a ~ a ~ a ~ a ~ a }}",
+        "{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+        "{{ [['x' * 1000] * 1000] * 1000 }}",
+        "{{ 2 ** 100000000 }}",
+        "{% for i in range(100000) %}{{ 'y' * 100 }}{% endfor %}",  # the output itself
+    ],
+)
 def test_a_template_that_grows_without_end_stops_at_its_size_budget(template):
     with pytest.raises(DataError, match="more than the 1,048,5.. its conversation allows"):
         render(template)
@@ -48,9 +59,12 @@ def test_a_template_that_grows_without_end_stops_at_its_size_budget(template):
 
 def test_ordinary_templates_render_as_before():
     messages = [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello"}]
-    out = render("{{ messages|tojson }}|{{ messages|selectattr('role', 'equalto', 'user')|list|length }}|"
-                 "{{ '%d-%s' % (3, 'a') }}|{{ '{}:{}'.format(1, 2) }}|{{ messages[0]['content']|upper }}|"
-                 "{% for m in messages %}{{ loop.index }}{{ m.role[0] }}{% endfor %}", messages)
+    out = render(
+        "{{ messages|tojson }}|{{ messages|selectattr('role', 'equalto', 'user')|list|length }}|"
+        "{{ '%d-%s' % (3, 'a') }}|{{ '{}:{}'.format(1, 2) }}|{{ messages[0]['content']|upper }}|"
+        "{% for m in messages %}{{ loop.index }}{{ m.role[0] }}{% endfor %}",
+        messages,
+    )
     assert out == json.dumps(messages) + "|1|3-a|1:2|HI THERE|1u2a<|im_end|>"
     tok = ChatTokenizer.for_base(ByteTokenizer())  # the default ChatML template, on a long conversation
     long = [{"role": ("user", "assistant")[i % 2], "content": "word " * 2000} for i in range(50)]

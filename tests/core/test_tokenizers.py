@@ -19,8 +19,13 @@ MERGES = [b"th", b"the", b" t", b" the", b"in", b"ing", b"an", b"and", b" a", b"
 # ids with gaps, as cl100k_base and o200k_base have: one unused id among the ranks, three before the specials
 RANKS = {bytes([i]): i for i in range(256)} | {m: 257 + i for i, m in enumerate(MERGES)}
 SPECIALS = {"<|endoftext|>": 273, "<|fim_prefix|>": 274, "<|endofprompt|>": 280}
-SAMPLES = ["the thing and the other thing's 123 12\n\nin an ending", "  spaces\tand\ttabs  \n",
-           "unicode: naïve café — 東京 🙂", "a document<|endoftext|>the next<|endofprompt|>", ""]
+SAMPLES = [
+    "the thing and the other thing's 123 12\n\nin an ending",
+    "  spaces\tand\ttabs  \n",
+    "unicode: naïve café — 東京 🙂",
+    "a document<|endoftext|>the next<|endofprompt|>",
+    "",
+]
 
 
 def local_encoding(name: str = "local_bpe") -> tiktoken.Encoding:
@@ -94,18 +99,28 @@ def test_a_tokenizer_whose_regex_gives_up_is_one_line_naming_it():
     tok = HFTokenizer(evil_tokenizer_json(), name="evil/tokenizer.json")
     assert tok.encode("ab") == [2]
     for encode in (lambda: tok.encode("a" * 40 + "b"), lambda: tok.encode_batch(["ab", "a" * 40 + "b"])):
-        with pytest.raises(DataError, match=r"^the tokenizer evil/tokenizer.json cannot encode this text: the "
-                                            r"tokenizers library gave up inside it \(Onig: Regex search error"):
+        with pytest.raises(
+            DataError,
+            match=r"^the tokenizer evil/tokenizer.json cannot encode this text: the "
+            r"tokenizers library gave up inside it \(Onig: Regex search error",
+        ):
             encode()
 
 
 def test_the_rust_panic_report_is_held_back_and_other_stderr_goes_through():
-    code = (EVIL_TOKENIZER + "import os, sys\nfrom minigpt.core.hf_tokenizer import HFTokenizer, rust_panics_as_errors\n"
-            "h = HFTokenizer(tok.to_str(), name='evil')\n"
-            "with rust_panics_as_errors('x'):\n    os.write(2, b'kept\\n')\n"
-            "try:\n    h.encode('a' * 40 + 'b')\nexcept Exception as e:\n    print(type(e).__name__)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "RUST_BACKTRACE": "1"})
+    code = (
+        EVIL_TOKENIZER + "import os, sys\nfrom minigpt.core.hf_tokenizer import HFTokenizer, rust_panics_as_errors\n"
+        "h = HFTokenizer(tok.to_str(), name='evil')\n"
+        "with rust_panics_as_errors('x'):\n    os.write(2, b'kept\\n')\n"
+        "try:\n    h.encode('a' * 40 + 'b')\nexcept Exception as e:\n    print(type(e).__name__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "RUST_BACKTRACE": "1"},
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "DataError\n"
     assert done.stderr == "kept\n"  # no 'panicked at', no stack backtrace

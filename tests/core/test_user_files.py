@@ -11,8 +11,15 @@ import random
 
 import pytest
 
-from minigpt.core.user_files import (MAX_JSON_DEPTH, TEMPLATE_BYTES, json_depth, json_lines, loads, nesting,
-                                     read_user_text)
+from minigpt.core.user_files import (
+    MAX_JSON_DEPTH,
+    TEMPLATE_BYTES,
+    json_depth,
+    json_lines,
+    loads,
+    nesting,
+    read_user_text,
+)
 
 DEEP = 100_000
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -21,8 +28,14 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 # ------------------------------------------------------------------------------------------------ JSON depth
 
 
-@pytest.mark.parametrize("text", ["[" * DEEP + "]" * DEEP, '{"a":' * DEEP + "1" + "}" * DEEP,
-                                  "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1)])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * DEEP + "]" * DEEP,
+        '{"a":' * DEEP + "1" + "}" * DEEP,
+        "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1),
+    ],
+)
 def test_json_nested_past_the_bound_is_a_value_error_not_a_recursion_error(text):
     with pytest.raises(ValueError, match=f"nested more than {MAX_JSON_DEPTH} levels deep"):
         loads(text)
@@ -40,8 +53,10 @@ def test_the_streaming_depth_scan_reads_strings_and_escapes_as_json_does():
     rng = random.Random(0)
     pieces = ["\\", '"', "[", "{", "]", "}", 'x\\\\"', "\\\\\\\\"]
     for _ in range(200):
-        value = {"a": ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 6))) for _ in range(4)],
-                 "b": [[[{"c": "\\\\"}]]]}
+        value = {
+            "a": ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 6))) for _ in range(4)],
+            "b": [[[{"c": "\\\\"}]]],
+        }
         for _ in range(rng.randint(0, 5)):
             value = [value, "\\"]
         text = json.dumps(value).encode()
@@ -65,7 +80,11 @@ def test_a_device_a_fifo_a_folder_or_a_huge_file_is_refused_without_reading_it(t
     os.mkfifo(fifo)  # opening it would block until a writer comes
     big = tmp_path / "big.jinja"
     big.write_bytes(b"x" * (TEMPLATE_BYTES + 1))
-    for path, why in [("/dev/zero", "a character device"), (fifo, "a FIFO"), (tmp_path, "a directory"),
-                      (big, f"larger than {TEMPLATE_BYTES:,} bytes")]:
+    for path, why in [
+        ("/dev/zero", "a character device"),
+        (fifo, "a FIFO"),
+        (tmp_path, "a directory"),
+        (big, f"larger than {TEMPLATE_BYTES:,} bytes"),
+    ]:
         with pytest.raises(ValueError, match=why):
             read_user_text(path, TEMPLATE_BYTES)

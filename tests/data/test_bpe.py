@@ -56,8 +56,9 @@ def test_a_single_document_is_trained_on_its_training_prefix_only(tmp_path):
     filler = [word(rng) for _ in range(20)] * 5  # rarer than `unseen`: had it been trained on, it would merge first
     text = " ".join([seen] * 900 + filler) + "\n" + " ".join([unseen] * 100) + "\n"
     (tmp_path / "one.txt").write_text(text)
-    data = load_prepared(prepare_data(str(tmp_path / "one.txt"), "bpe:300", data_root=tmp_path / "data",
-                                      val_fraction=0.1))
+    data = load_prepared(
+        prepare_data(str(tmp_path / "one.txt"), "bpe:300", data_root=tmp_path / "data", val_fraction=0.1)
+    )
     tok = data.tokenizer
     assert len(tok.encode(" " + seen)) == 1 and len(tok.encode(" " + unseen)) > 1
     train, val = tok.decode(data.train.tolist()), tok.decode(data.val.tolist())
@@ -77,15 +78,21 @@ def test_training_is_deterministic_and_cached(folder_corpus, tmp_path, capsys):
     assert "prepared earlier from the same source and tokenizer" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("bpe:0", "a byte-level BPE needs a vocabulary of at least 258"),
-    ("bpe:100", "a byte-level BPE needs a vocabulary of at least 258"),
-    ("bpe:", "VOCAB must be a whole number of tokens, e.g. bpe:4096"),
-    ("bpe:lots", "VOCAB must be a whole number of tokens"),
-    ("bpe:-5", "VOCAB must be a whole number of tokens"),
-    ("bpe:²⁵⁸", "VOCAB must be a whole number of tokens, e.g. bpe:4096 .in the digits 0-9."),  # isdigit(), not int()
-    ("bpe:٤٠٩٦", "in the digits 0-9"),
-])
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("bpe:0", "a byte-level BPE needs a vocabulary of at least 258"),
+        ("bpe:100", "a byte-level BPE needs a vocabulary of at least 258"),
+        ("bpe:", "VOCAB must be a whole number of tokens, e.g. bpe:4096"),
+        ("bpe:lots", "VOCAB must be a whole number of tokens"),
+        ("bpe:-5", "VOCAB must be a whole number of tokens"),
+        (
+            "bpe:²⁵⁸",
+            "VOCAB must be a whole number of tokens, e.g. bpe:4096 .in the digits 0-9.",
+        ),  # isdigit(), not int()
+        ("bpe:٤٠٩٦", "in the digits 0-9"),
+    ],
+)
 def test_a_bad_vocabulary_size_is_one_line_before_any_reading(tmp_path, spec, message):
     with pytest.raises(DataError, match=message) as e:
         prepare_data(str(tmp_path / "absent.txt"), spec, data_root=tmp_path / "data")
@@ -94,8 +101,11 @@ def test_a_bad_vocabulary_size_is_one_line_before_any_reading(tmp_path, spec, me
 
 def test_a_vocabulary_the_corpus_cannot_fill_says_what_it_got_and_leaves_nothing(tmp_path):
     (tmp_path / "small.txt").write_text("abc abc abd " * 50)
-    with pytest.raises(DataError, match=r"^bpe:5000: the training text \(\d+ characters\) fills only (\d+) tokens "
-                                        r"\(\d+ merges\); ask for bpe:\1 or fewer, or give more text$"):
+    with pytest.raises(
+        DataError,
+        match=r"^bpe:5000: the training text \(\d+ characters\) fills only (\d+) tokens "
+        r"\(\d+ merges\); ask for bpe:\1 or fewer, or give more text$",
+    ):
         prepare_data(str(tmp_path / "small.txt"), "bpe:5000", data_root=tmp_path / "data")
     assert [p.name for p in (tmp_path / "data").iterdir()] == []  # no cache, no temporary folder
 

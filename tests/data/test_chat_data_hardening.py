@@ -21,17 +21,23 @@ SEPARATORS = ("\u2028", "\u2029", "\u0085", "\x1e", "\x1d", "\x1c", "\x0b", "\x0
 
 def test_chat_rows_holding_line_separators_are_read_whole(tmp_path):
     """str.splitlines() cut these rows in two ("not JSON"); JSON Lines are split at "\\n" only."""
-    rows = [{"messages": [{"role": "user", "content": f"one{sep}two"}, {"role": "assistant", "content": sep}]}
-            for sep in SEPARATORS]
+    rows = [
+        {"messages": [{"role": "user", "content": f"one{sep}two"}, {"role": "assistant", "content": sep}]}
+        for sep in SEPARATORS
+    ]
     path = tmp_path / "chats.jsonl"
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in rows), encoding="utf-8")
     assert read_conversations(str(path)) == [r["messages"] for r in rows]
 
 
-@pytest.mark.parametrize("name, text, where", [
-    ("deep.jsonl", '{"messages": ' + "[" * DEEP + "]" * DEEP + "}\n", "deep.jsonl line 1: not JSON"),
-    ("deep.json", "[" + '{"a":' * DEEP + "1" + "}" * DEEP + "]", "deep.json: not JSON"),
-], ids=["jsonl", "json"])
+@pytest.mark.parametrize(
+    "name, text, where",
+    [
+        ("deep.jsonl", '{"messages": ' + "[" * DEEP + "]" * DEEP + "}\n", "deep.jsonl line 1: not JSON"),
+        ("deep.json", "[" + '{"a":' * DEEP + "1" + "}" * DEEP + "]", "deep.json: not JSON"),
+    ],
+    ids=["jsonl", "json"],
+)
 def test_chat_data_nested_past_the_bound_is_one_line(tmp_path, name, text, where):
     (tmp_path / name).write_text(text)
     with pytest.raises(DataError, match=f"{where} .nested more than 100 levels deep") as e:

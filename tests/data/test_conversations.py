@@ -19,22 +19,28 @@ def test_rows_from_jsonl_json_and_parquet_and_alpaca_rows(tmp_path):
     import datasets
 
     datasets.Dataset.from_list([{"messages": CONVERSATION}]).to_parquet(str(tmp_path / "a.parquet"))
-    expected_alpaca = [{"role": "user", "content": "Add the numbers.\n\n2 and 3"}, {"role": "assistant", "content": "5"}]
+    expected_alpaca = [
+        {"role": "user", "content": "Add the numbers.\n\n2 and 3"},
+        {"role": "assistant", "content": "5"},
+    ]
     assert read_conversations(str(tmp_path / "a.jsonl")) == [CONVERSATION, expected_alpaca]
     assert read_conversations(str(tmp_path / "a.json")) == [CONVERSATION, expected_alpaca]
     assert read_conversations(str(tmp_path / "a.parquet")) == [CONVERSATION]
 
 
-@pytest.mark.parametrize("row, message", [
-    ("{not json", r"line 2: not JSON"),
-    ('{"messages": [{"role": "user"}]}', r"line 2: message 0 has no \"role\" or no \"content\""),
-    ('{"messages": [{"role": "robot", "content": "hi"}]}', r"line 2: message 0 has the unknown role 'robot'"),
-    ('{"messages": []}', r"line 2: the conversation is empty"),
-    ('{"messages": [{"role": "user", "content": "hi"}]}', r"line 2: the conversation has no assistant turn"),
-    ('{"text": "hi"}', r"line 2: no \"messages\""),
-    ('[1, 2]', r"line 2: a row must be a JSON object"),
-    ('{"messages": [{"role": "user", "content": 3}, {"role": "assistant", "content": "x"}]}', r"content is int"),
-])
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ("{not json", r"line 2: not JSON"),
+        ('{"messages": [{"role": "user"}]}', r"line 2: message 0 has no \"role\" or no \"content\""),
+        ('{"messages": [{"role": "robot", "content": "hi"}]}', r"line 2: message 0 has the unknown role 'robot'"),
+        ('{"messages": []}', r"line 2: the conversation is empty"),
+        ('{"messages": [{"role": "user", "content": "hi"}]}', r"line 2: the conversation has no assistant turn"),
+        ('{"text": "hi"}', r"line 2: no \"messages\""),
+        ("[1, 2]", r"line 2: a row must be a JSON object"),
+        ('{"messages": [{"role": "user", "content": 3}, {"role": "assistant", "content": "x"}]}', r"content is int"),
+    ],
+)
 def test_a_bad_row_is_one_line_naming_the_file_and_line(tmp_path, row, message):
     path = tmp_path / "chats.jsonl"
     path.write_text(json.dumps({"messages": CONVERSATION}) + "\n" + row + "\n")

@@ -75,9 +75,11 @@ def web():
 
 def test_url_downloads_must_be_complete_and_not_html(tmp_path, web):
     root = tmp_path / "data"
-    for path, needle in [("/cut.txt", f"incomplete: 1,000 of its {len(TEXT):,} bytes"),
-                         ("/login", "HTML page (Content-Type text/html)"),
-                         ("/sneaky.txt", "HTML page (its content starts like HTML)")]:
+    for path, needle in [
+        ("/cut.txt", f"incomplete: 1,000 of its {len(TEXT):,} bytes"),
+        ("/login", "HTML page (Content-Type text/html)"),
+        ("/sneaky.txt", "HTML page (its content starts like HTML)"),
+    ]:
         with pytest.raises(DataError, match=r"download it yourself") as e:
             prepare_data(web + path, "char", data_root=root)
         assert needle in str(e.value)
@@ -113,14 +115,23 @@ def test_damaged_caches_are_prepared_again_and_refused_when_loaded(tmp_path, cap
     verify_mod._VERIFIED.clear()  # (a check that passed is remembered by file stats, which coarse clocks may keep)
 
     def damages():
-        yield "zeroed train.bin", "train.bin's checksum", lambda: (d / "train.bin").write_bytes(
-            bytes(len(good["train.bin"])))
-        yield "id out of range", f"val.bin holds token id 65535, outside the vocabulary of {vocab}", lambda: (
-            d / "val.bin").write_bytes(b"\xff\xff" + good["val.bin"][2:])
+        yield (
+            "zeroed train.bin",
+            "train.bin's checksum",
+            lambda: (d / "train.bin").write_bytes(bytes(len(good["train.bin"]))),
+        )
+        yield (
+            "id out of range",
+            f"val.bin holds token id 65535, outside the vocabulary of {vocab}",
+            lambda: (d / "val.bin").write_bytes(b"\xff\xff" + good["val.bin"][2:]),
+        )
         yield "truncated", "train.bin holds", lambda: (d / "train.bin").write_bytes(good["train.bin"][:-2])
         reordered = dict(reversed(list(json.loads(good["tokenizer.json"]).items())))
-        yield "reordered tokenizer.json", "tokenizer.json differs", lambda: (d / "tokenizer.json").write_text(
-            json.dumps(reordered))
+        yield (
+            "reordered tokenizer.json",
+            "tokenizer.json differs",
+            lambda: (d / "tokenizer.json").write_text(json.dumps(reordered)),
+        )
 
     for what, reason, damage in damages():
         damage()
@@ -145,9 +156,13 @@ def test_damaged_caches_are_prepared_again_and_refused_when_loaded(tmp_path, cap
 
 
 def test_folders_read_compressed_and_utf16_text_and_say_what_they_skip(tmp_path, capsys):
-    texts = {"plain.txt": "plain words here\n" * 40, "packed.txt.gz": "gzipped words, ünïcødé\n" * 40,
-             "more.txt.bz2": "bzipped words\n" * 40, "wide.txt": "utf-16 wörds\n" * 40,
-             "wider.txt": "utf-32 wörds\n" * 40}
+    texts = {
+        "plain.txt": "plain words here\n" * 40,
+        "packed.txt.gz": "gzipped words, ünïcødé\n" * 40,
+        "more.txt.bz2": "bzipped words\n" * 40,
+        "wide.txt": "utf-16 wörds\n" * 40,
+        "wider.txt": "utf-32 wörds\n" * 40,
+    }
     folder = tmp_path / "corpus"
     folder.mkdir()
     (folder / "plain.txt").write_text(texts["plain.txt"])
@@ -164,8 +179,10 @@ def test_folders_read_compressed_and_utf16_text_and_say_what_they_skip(tmp_path,
     text = p.tokenizer.decode(np.concatenate([p.train, p.val]).tolist())
     assert all(t in text for t in texts.values())
     out = capsys.readouterr().out
-    assert "data: skipped 3 file(s) that hold no text: 1 empty (empty.txt), 1 binary (image.png), 1 archive " \
-           "(old.zip)" in out
+    assert (
+        "data: skipped 3 file(s) that hold no text: 1 empty (empty.txt), 1 binary (image.png), 1 archive "
+        "(old.zip)" in out
+    )
 
     # a .gz file on its own, with the byte tokenizer: the text's bytes, not the compressed ones
     single = folder / "packed.txt.gz"
@@ -186,13 +203,30 @@ def test_folders_read_compressed_and_utf16_text_and_say_what_they_skip(tmp_path,
 
 
 def test_every_numeric_setting_is_range_checked_where_declared(tmp_path, capsys):
-    for field, value in [("batch_size", 0), ("val_batches", 0), ("val_fraction", 1.0), ("val_fraction", float("nan")),
-                         ("num_workers", -1), ("block_size", 0), ("seed", -1), ("seed", 2**32)]:
+    for field, value in [
+        ("batch_size", 0),
+        ("val_batches", 0),
+        ("val_fraction", 1.0),
+        ("val_fraction", float("nan")),
+        ("num_workers", -1),
+        ("block_size", 0),
+        ("seed", -1),
+        ("seed", 2**32),
+    ]:
         with pytest.raises(ConfigError, match=rf"^data\.{field}: must .*, got .*; use e\.g\. "):
             TokenDataModule(**{field: value})
-    for field, value in [("learning_rate", 0.0), ("learning_rate", float("inf")), ("min_lr_ratio", -0.5),
-                         ("min_lr_ratio", 1.5), ("weight_decay", -1.0), ("beta1", 1.0), ("beta2", -0.1),
-                         ("warmup_steps", -1), ("decay_steps", 0), ("min_lr_ratio", float("nan"))]:
+    for field, value in [
+        ("learning_rate", 0.0),
+        ("learning_rate", float("inf")),
+        ("min_lr_ratio", -0.5),
+        ("min_lr_ratio", 1.5),
+        ("weight_decay", -1.0),
+        ("beta1", 1.0),
+        ("beta2", -0.1),
+        ("warmup_steps", -1),
+        ("decay_steps", 0),
+        ("min_lr_ratio", float("nan")),
+    ]:
         with pytest.raises(ConfigError, match=rf"^optim\.{field}: .*; "):
             OptimConfig(**{field: value})
     from minigpt.cli import eval as eval_cli
@@ -232,14 +266,21 @@ def test_a_full_or_read_only_disk_is_one_line_and_leaves_no_partial_cache(tmp_pa
     d = prepare_data(str(src), "char", data_root=root)
     before = files_in(root)
     src.write_text(TEXT + "a new line\n")  # the source changed: a new preparation starts, and fails
-    for code, strerror in [(errno.ENOSPC, "No space left on device"), (errno.EROFS, "Read-only file system"),
-                           (errno.EDQUOT, "Disk quota exceeded")]:
+    for code, strerror in [
+        (errno.ENOSPC, "No space left on device"),
+        (errno.EROFS, "Read-only file system"),
+        (errno.EDQUOT, "Disk quota exceeded"),
+    ]:
+
         def full(*a, **k):
             raise OSError(code, os.strerror(code))
 
         monkeypatch.setattr(prepare_mod, "write_json", full)
-        with pytest.raises(DataError, match=rf"^cannot write prepared data in {root} \({strerror}\); free space "
-                                            r"there, or set data_root"):
+        with pytest.raises(
+            DataError,
+            match=rf"^cannot write prepared data in {root} \({strerror}\); free space "
+            r"there, or set data_root",
+        ):
             prepare_data(str(src), "char", data_root=root)
         assert files_in(root) == before  # no temporary directory left
         assert load_prepared(d).meta["num_chars"] == len(TEXT)  # and the old preparation untouched
@@ -275,11 +316,16 @@ def test_tampered_tokenizers_are_refused(tmp_path):
     with pytest.raises(CheckpointError, match="a lone surrogate"):
         tokenizer_from_dict({"type": "char", "chars": "ab\ud800"})
     ranks = {bytes([i]): i for i in range(256)}
-    d = TiktokenTokenizer(__import__("tiktoken").Encoding("t", pat_str=r"\S+|\s+", mergeable_ranks=ranks,
-                                                          special_tokens={"<|endoftext|>": 256})).to_dict()
+    d = TiktokenTokenizer(
+        __import__("tiktoken").Encoding(
+            "t", pat_str=r"\S+|\s+", mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 256}
+        )
+    ).to_dict()
     tokenizer_from_dict(d)  # as written: fine
-    for tamper in [lambda d: d["mergeable_ranks"].update({"YQ==": 5}),  # b"a" given the rank of b"\x05"
-                   lambda d: d["special_tokens"].update({"<|endoftext|>": 7})]:
+    for tamper in [
+        lambda d: d["mergeable_ranks"].update({"YQ==": 5}),  # b"a" given the rank of b"\x05"
+        lambda d: d["special_tokens"].update({"<|endoftext|>": 7}),
+    ]:
         bad = json.loads(json.dumps(d))
         tamper(bad)
         with pytest.raises(CheckpointError, match="two tokens share an id"):

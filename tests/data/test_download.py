@@ -43,7 +43,7 @@ def trickle(wfile, size: int = 1000, every_s: float = 0.05) -> None:
     """A Content-Length promised, then one byte every `every_s` seconds: no single read ever times out."""
     wfile.write(f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {size}\r\n\r\n".encode())
     for i in range(size):
-        wfile.write(b"abcdefghij\n"[i % 11:i % 11 + 1])
+        wfile.write(b"abcdefghij\n"[i % 11 : i % 11 + 1])
         time.sleep(every_s)
 
 
@@ -80,7 +80,7 @@ _Misbehaving.routes = {
     "/close-whole.txt": reply(body=TEXT.encode(), status="HTTP/1.0 200 OK"),
     "/chunked-cut.txt": reply("Transfer-Encoding: chunked", body=chunked(TEXT.encode()[:1000], last=False)),
     "/chunked-torn.txt": reply("Transfer-Encoding: chunked", body=b"%x\r\n" % len(TEXT) + TEXT.encode()[:1000]),
-    "/gzip-cut.txt": reply("Content-Encoding: gzip", f"Content-Length: {len(GZ)}", body=GZ[:len(GZ) // 2]),
+    "/gzip-cut.txt": reply("Content-Encoding: gzip", f"Content-Length: {len(GZ)}", body=GZ[: len(GZ) // 2]),
     "/not-gzip.txt": reply("Content-Encoding: gzip", f"Content-Length: {len(TEXT)}", body=TEXT.encode()),
     "/gzip-no-length.txt": reply("Content-Encoding: gzip", body=GZ, status="HTTP/1.0 200 OK"),
     "/br.txt": reply("Content-Encoding: br", "Content-Length: 5", body=b"\x0b\x02\x80hi"),
@@ -89,27 +89,37 @@ _Misbehaving.routes = {
     "/trickle.txt": trickle,
     # what a whole body looks like, however it is framed or encoded
     "/gzip.txt": reply("Content-Encoding: gzip", f"Content-Length: {len(GZ)}", body=GZ),
-    "/x-gzip-chunked.txt": reply("Transfer-Encoding: chunked", "Content-Encoding: x-gzip",
-                                 body=chunked(GZ[:100], GZ[100:])),
-    "/chunked.txt": reply("Transfer-Encoding: chunked", body=chunked(*[line.encode() for line in
-                                                                       TEXT.splitlines(keepends=True)])),
+    "/x-gzip-chunked.txt": reply(
+        "Transfer-Encoding: chunked", "Content-Encoding: x-gzip", body=chunked(GZ[:100], GZ[100:])
+    ),
+    "/chunked.txt": reply(
+        "Transfer-Encoding: chunked", body=chunked(*[line.encode() for line in TEXT.splitlines(keepends=True)])
+    ),
 }
 
 
-@pytest.mark.parametrize("path, needle", [
-    ("/close.txt", "sent with neither a Content-Length nor chunked encoding, so a download cut short could not be "
-                   "told from a whole one; download it yourself (e.g. with curl), check that it is whole"),
-    ("/close-whole.txt", "neither a Content-Length nor chunked encoding"),  # whole, but nothing proves it
-    ("/gzip-no-length.txt", "neither a Content-Length nor chunked encoding"),
-    ("/chunked-cut.txt", "is incomplete: the connection closed before its last chunk; try again, or download it "
-                         "yourself"),
-    ("/chunked-torn.txt", "is incomplete: the connection closed before its last chunk"),
-    ("/gzip-cut.txt", f"is incomplete: {len(GZ) // 2:,} of its {len(GZ):,} bytes arrived"),
-    ("/not-gzip.txt", "gzip-encoded download of"),
-    ("/br.txt", "Content-Encoding 'br', which minigpt does not decode (only gzip); download it yourself"),
-    ("/deflate.txt", "Content-Encoding 'deflate', which minigpt does not decode"),
-    ("/packed.txt.gz", "is a .gz file sent with Content-Encoding gzip"),
-])
+@pytest.mark.parametrize(
+    "path, needle",
+    [
+        (
+            "/close.txt",
+            "sent with neither a Content-Length nor chunked encoding, so a download cut short could not be "
+            "told from a whole one; download it yourself (e.g. with curl), check that it is whole",
+        ),
+        ("/close-whole.txt", "neither a Content-Length nor chunked encoding"),  # whole, but nothing proves it
+        ("/gzip-no-length.txt", "neither a Content-Length nor chunked encoding"),
+        (
+            "/chunked-cut.txt",
+            "is incomplete: the connection closed before its last chunk; try again, or download it yourself",
+        ),
+        ("/chunked-torn.txt", "is incomplete: the connection closed before its last chunk"),
+        ("/gzip-cut.txt", f"is incomplete: {len(GZ) // 2:,} of its {len(GZ):,} bytes arrived"),
+        ("/not-gzip.txt", "gzip-encoded download of"),
+        ("/br.txt", "Content-Encoding 'br', which minigpt does not decode (only gzip); download it yourself"),
+        ("/deflate.txt", "Content-Encoding 'deflate', which minigpt does not decode"),
+        ("/packed.txt.gz", "is a .gz file sent with Content-Encoding gzip"),
+    ],
+)
 def test_a_download_not_proven_whole_and_plain_is_refused_and_not_kept(tmp_path, server, path, needle):
     root = tmp_path / "data"
     with deadline(30), pytest.raises(DataError) as e:
@@ -133,8 +143,14 @@ def test_a_trickling_server_is_given_up_on_in_bounded_time(tmp_path, server, mon
     root = tmp_path / "data"
     monkeypatch.setattr(download_mod, "DOWNLOAD_RATE_WINDOW_S", 0.5)  # (60 s by default)
     t0 = time.monotonic()
-    with deadline(30), pytest.raises(DataError, match=r"is too slow: \d+ bytes in the last \d+ s, under the minimum "
-                                                      r"of 16 KiB/s; try again later, or download it yourself"):
+    with (
+        deadline(30),
+        pytest.raises(
+            DataError,
+            match=r"is too slow: \d+ bytes in the last \d+ s, under the minimum "
+            r"of 16 KiB/s; try again later, or download it yourself",
+        ),
+    ):
         prepare_data(server + "/trickle.txt", "char", data_root=root)
     assert time.monotonic() - t0 < 5  # the 1,000 bytes would take 50 s
     assert nothing_kept(root)

@@ -27,7 +27,8 @@ from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokeni
 GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 MERGES = [b"th", b"the", b" t", b" the", b"in", b"ing", b"an", b"and", b" a", b"er", b"on", b"es", b"\n\n"]
 
-TEXT = """First Citizen:
+TEXT = (
+    """First Citizen:
 Before we proceed any further, hear me speak.
 
 All:
@@ -41,13 +42,19 @@ Resolved. resolved.
 
 First Citizen:
 First, you know Caius Marcius is chief enemy to the people.
-""" * 8
+"""
+    * 8
+)
 
 
 def make_encoding(name: str = "test_bpe", eot: int | None = None) -> tiktoken.Encoding:
     ranks = {bytes([i]): i for i in range(256)} | {m: 256 + i for i, m in enumerate(MERGES)}
-    return tiktoken.Encoding(name=name, pat_str=GPT2_PAT, mergeable_ranks=ranks,
-                             special_tokens={"<|endoftext|>": len(ranks) if eot is None else eot})
+    return tiktoken.Encoding(
+        name=name,
+        pat_str=GPT2_PAT,
+        mergeable_ranks=ranks,
+        special_tokens={"<|endoftext|>": len(ranks) if eot is None else eot},
+    )
 
 
 def tokenizer_file(path: Path, enc: tiktoken.Encoding) -> Path:
@@ -97,7 +104,7 @@ def documents(p) -> list[list[int]]:
         while ids:
             k = ids.index(p.tokenizer.eot_id)
             docs.append(ids[:k])
-            ids = ids[k + 1:]
+            ids = ids[k + 1 :]
     return docs
 
 
@@ -196,15 +203,24 @@ def test_char_single_document_split(tmp_path):
     p = load_prepared(d)
     n = len(TEXT)
     assert len(p.train) == int(n * 0.9) and len(p.val) == n - int(n * 0.9)  # nanoGPT: first 90% / last 10%
-    assert p.tokenizer.decode(p.train.tolist()) == TEXT[:int(n * 0.9)]
-    assert p.tokenizer.decode(p.val.tolist()) == TEXT[int(n * 0.9):]
+    assert p.tokenizer.decode(p.train.tolist()) == TEXT[: int(n * 0.9)]
+    assert p.tokenizer.decode(p.val.tolist()) == TEXT[int(n * 0.9) :]
     m = p.meta
     assert m["dtype"] == "uint16" and p.train.dtype == np.uint16
     assert m["num_documents"] == 1 and m["num_chars"] == n and m["split"] == "tokens"
     assert m["vocab_size"] == len(set(TEXT)) and m["eot_id"] is None and m["tokenizer"] == "char"
     assert m["content_sha256"] == hashlib.sha256(TEXT.encode()).hexdigest()
-    for key in ("source", "origin", "fingerprint", "created", "format_version", "train_tokens", "val_tokens",
-                "val_fraction", "num_bytes"):
+    for key in (
+        "source",
+        "origin",
+        "fingerprint",
+        "created",
+        "format_version",
+        "train_tokens",
+        "val_tokens",
+        "val_fraction",
+        "num_bytes",
+    ):
         assert key in m
 
 
@@ -241,7 +257,7 @@ def test_bpe_folder_eot_between_documents(tmp_path, bpe, bpe_file):
         while ids:
             k = ids.index(eot)
             docs.append(ids[:k])
-            ids = ids[k + 1:]
+            ids = ids[k + 1 :]
     assert sorted(p.tokenizer.decode(x) for x in docs) == sorted(texts)
     assert sorted(map(tuple, docs)) == sorted(tuple(bpe.encode_ordinary(t)) for t in texts)
 
@@ -401,8 +417,12 @@ def test_bpe_tokenizer_file(tmp_path, bpe, bpe_file, monkeypatch):
     copy = write(tmp_path / "elsewhere" / "test_bpe.json", Path(bpe_file).read_bytes())
     assert prepare_data(str(folder), str(copy), data_root=tmp_path / "data") == d and calls == []
     # ...and another content is another tokenizer, even under the same name and path
-    fewer = tiktoken.Encoding("test_bpe", pat_str=GPT2_PAT, special_tokens={"<|endoftext|>": 256},
-                              mergeable_ranks={bytes([i]): i for i in range(256)})
+    fewer = tiktoken.Encoding(
+        "test_bpe",
+        pat_str=GPT2_PAT,
+        special_tokens={"<|endoftext|>": 256},
+        mergeable_ranks={bytes([i]): i for i in range(256)},
+    )
     tokenizer_file(copy, fewer)
     d2 = prepare_data(str(folder), str(copy), data_root=tmp_path / "data")
     assert d2 != d and calls == [1]
@@ -438,7 +458,10 @@ def test_document_keys(tmp_path, hf_cache):
     folder = docs_folder(tmp_path / "corpus")
     c = resolve_source(str(folder))
     assert [(d.key, d.name) for d in iter_documents(c)] == [
-        ("a.txt", str(folder / "a.txt")), ("c.md", str(folder / "c.md")), ("sub/b.txt", str(folder / "sub/b.txt"))]
+        ("a.txt", str(folder / "a.txt")),
+        ("c.md", str(folder / "c.md")),
+        ("sub/b.txt", str(folder / "sub/b.txt")),
+    ]
     assert c.skipped == 1  # image.png (binary); .hidden is not even listed
     src = write_jsonl(tmp_path / "rows.jsonl", ["one\n", "", "three\n"])
     c = resolve_source(str(src))
@@ -573,8 +596,9 @@ def test_error_types(tmp_path, hf_cache, monkeypatch):
     with pytest.raises(CheckpointError, match="damaged tiktoken tokenizer dict"):
         tokenizer_from_dict({"type": "tiktoken", "name": "x"})
     with pytest.raises(CheckpointError, match="damaged tiktoken tokenizer dict"):
-        tokenizer_from_dict({"type": "tiktoken", "name": "x", "pat_str": "a", "mergeable_ranks": {"!!": 0},
-                             "special_tokens": {}})
+        tokenizer_from_dict(
+            {"type": "tiktoken", "name": "x", "pat_str": "a", "mergeable_ranks": {"!!": 0}, "special_tokens": {}}
+        )
 
     src = write(tmp_path / "t.txt", TEXT)
     d = prepare_data(str(src), "char", data_root=tmp_path / "data")
@@ -608,8 +632,11 @@ def test_stdlib_source(tmp_path):
     assert prepare_mod.DEFAULT_SOURCE == sources_mod.DEFAULT_SOURCE == "stdlib" and c.kind == "stdlib"
     assert len(c.files) > 300
     assert all(f.relpath.endswith(".py") for f in c.files)
-    assert not any(part in ("test", "tests", "idle_test", "site-packages", "__pycache__")
-                   for f in c.files for part in f.relpath.split("/")[:-1])
+    assert not any(
+        part in ("test", "tests", "idle_test", "site-packages", "__pycache__")
+        for f in c.files
+        for part in f.relpath.split("/")[:-1]
+    )
     assert [f.relpath for f in c.files] == sorted(f.relpath for f in c.files)
     assert 3e6 < sum(f.size for f in c.files) < 40e6
     p = load_prepared(prepare_data("stdlib", "byte", data_root=tmp_path / "data"))

@@ -18,8 +18,11 @@ def test_lines_give_bytes_of_the_total_tokens_and_rates():
     p.close()
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2
-    assert re.fullmatch(r"data: corpus \(gpt2\): 3\.0 MB of 4\.0 MB \(75%, ETA \d+s\) read, 700,000 tokens, "
-                        r"[\d.]+ MB/s, [\d.]+ M tokens/s", lines[1]), lines[1]
+    assert re.fullmatch(
+        r"data: corpus \(gpt2\): 3\.0 MB of 4\.0 MB \(75%, ETA \d+s\) read, 700,000 tokens, "
+        r"[\d.]+ MB/s, [\d.]+ M tokens/s",
+        lines[1],
+    ), lines[1]
 
 
 def test_no_line_before_the_interval():

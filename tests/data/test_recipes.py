@@ -67,8 +67,10 @@ def test_the_shakespeare_recipe_fails_in_one_line_offline(tmp_path, capsys):
 def test_the_addition_recipe_holds_out_whole_pairs_and_writes_chat_rows(tmp_path, capsys):
     addition = recipe("addition_chat")
     addition.main(["--out", str(tmp_path), "--train", "3000", "--test", "100", "--digits", "2"])
-    train, test = ([json.loads(line) for line in (tmp_path / f"{side}.jsonl").read_text().splitlines()]
-                   for side in ("train", "test"))
+    train, test = (
+        [json.loads(line) for line in (tmp_path / f"{side}.jsonl").read_text().splitlines()]
+        for side in ("train", "test")
+    )
     assert (len(train), len(test)) == (3000, 100)
     assert "configs/sft_addition.yaml" in capsys.readouterr().out
 

@@ -30,8 +30,11 @@ def test_fifos_sockets_and_devices_are_refused_without_opening_them(tmp_path):
     sock.bind(str(folder / "s.txt"))
     try:
         for source, needle in [
-            (fifo, f"{fifo} is a FIFO (named pipe), not a regular file: it could block or never end; pass a regular "
-                   "text file"),
+            (
+                fifo,
+                f"{fifo} is a FIFO (named pipe), not a regular file: it could block or never end; pass a regular "
+                "text file",
+            ),
             ("/dev/zero", "/dev/zero is a character device, not a regular file"),  # would never end
             (folder, f"{folder / 's.txt'} is a socket, not a regular file"),
         ]:
@@ -53,17 +56,32 @@ def test_fifos_sockets_and_devices_are_refused_without_opening_them(tmp_path):
     (tmp_path / "link.txt").symlink_to(folder / "a.txt")
     with deadline(60):
         assert load_prepared(prepare_data(str(folder), "char", data_root=root)).meta["num_chars"] == 2 * len(TEXT)
-        assert load_prepared(prepare_data(str(tmp_path / "link.txt"), "char", data_root=root)).meta["num_chars"] == \
-            len(TEXT)
+        assert load_prepared(prepare_data(str(tmp_path / "link.txt"), "char", data_root=root)).meta["num_chars"] == len(
+            TEXT
+        )
 
 
 def test_train_on_a_fifo_is_one_error_line_not_a_hang(tmp_path):
     os.mkfifo(tmp_path / "stream.txt")
-    result = subprocess.run([sys.executable, "train.py", "--data.source", str(tmp_path / "stream.txt"),
-                             "--data.data_root", str(tmp_path / "data"), "--out_dir", str(tmp_path / "run")],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--data.source",
+            str(tmp_path / "stream.txt"),
+            "--data.data_root",
+            str(tmp_path / "data"),
+            "--out_dir",
+            str(tmp_path / "run"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: {tmp_path / 'stream.txt'} is a FIFO (named pipe), not a regular file: it could block or never "
-        "end; pass a regular text file (save the data into one first)")
+        "end; pass a regular text file (save the data into one first)"
+    )
     assert sorted(os.listdir(tmp_path)) == ["stream.txt"]

@@ -34,8 +34,14 @@ REPO = Path(__file__).resolve().parents[2]
 os.environ["HF_DATASETS_OFFLINE"] = os.environ["HF_HUB_OFFLINE"] = "1"  # never download (conftest sets them too)
 
 WORDS = "the quick brown fox jumps over a lazy dog while cats sit on warm mats and birds sing".split()
-MC = [{"question": f"what does the {a} do", "choices": [f"the {a} {v}" for v in ("sits", "sings", "jumps")],
-       "answer": i % 3} for i, a in enumerate(["fox", "dog", "cat", "bird", "mat", "sun", "owl"])]
+MC = [
+    {
+        "question": f"what does the {a} do",
+        "choices": [f"the {a} {v}" for v in ("sits", "sings", "jumps")],
+        "answer": i % 3,
+    }
+    for i, a in enumerate(["fox", "dog", "cat", "bird", "mat", "sun", "owl"])
+]
 
 
 def words(n: int, seed: int) -> str:
@@ -51,8 +57,9 @@ def task_yaml(folder: Path, name: str, rows: list[dict], body: str) -> Path:
     data = folder / f"{name}.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     path = folder / f"{name}.yaml"
-    path.write_text(f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
-                    f"test_split: test\n{body}")
+    path.write_text(
+        f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n{body}"
+    )
     return path
 
 
@@ -60,15 +67,30 @@ def task_yaml(folder: Path, name: str, rows: list[dict], body: str) -> Path:
 def tasks(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("tasks")
     return {
-        "mc": task_yaml(folder, "local_mc", MC, 'output_type: multiple_choice\n'
-                        'doc_to_text: "Question: {{question}}\\nAnswer:"\ndoc_to_choice: "{{choices}}"\n'
-                        'doc_to_target: "{{answer}}"\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n'),
-        "ppl": task_yaml(folder, "local_ppl", PPL, 'output_type: loglikelihood_rolling\ndoc_to_text: ""\n'
-                         'doc_to_target: "{{text}}"\nmetric_list:\n  - metric: word_perplexity\n'
-                         '  - metric: byte_perplexity\n  - metric: bits_per_byte\n'),
-        "gen": task_yaml(folder, "local_gen", GEN, 'output_type: generate_until\ndoc_to_text: "{{prompt}}"\n'
-                         'doc_to_target: "{{answer}}"\ngeneration_kwargs:\n  until: [" on", "\\n"]\n'
-                         '  max_gen_toks: 12\n  do_sample: false\nmetric_list:\n  - metric: exact_match\n'),
+        "mc": task_yaml(
+            folder,
+            "local_mc",
+            MC,
+            "output_type: multiple_choice\n"
+            'doc_to_text: "Question: {{question}}\\nAnswer:"\ndoc_to_choice: "{{choices}}"\n'
+            'doc_to_target: "{{answer}}"\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n',
+        ),
+        "ppl": task_yaml(
+            folder,
+            "local_ppl",
+            PPL,
+            'output_type: loglikelihood_rolling\ndoc_to_text: ""\n'
+            'doc_to_target: "{{text}}"\nmetric_list:\n  - metric: word_perplexity\n'
+            "  - metric: byte_perplexity\n  - metric: bits_per_byte\n",
+        ),
+        "gen": task_yaml(
+            folder,
+            "local_gen",
+            GEN,
+            'output_type: generate_until\ndoc_to_text: "{{prompt}}"\n'
+            'doc_to_target: "{{answer}}"\ngeneration_kwargs:\n  until: [" on", "\\n"]\n'
+            "  max_gen_toks: 12\n  do_sample: false\nmetric_list:\n  - metric: exact_match\n",
+        ),
     }
 
 
@@ -80,8 +102,12 @@ def small_bpe() -> tiktoken.Encoding:
     """A BPE with a few merges and <|endoftext|>, built here (tiktoken's own encodings would be a download)."""
     merges = [b"th", b"the", b" t", b" the", b"in", b"ing", b"at", b" s", b"ts", b"its", b"og", b" d", b"ox"]
     ranks = {bytes([i]): i for i in range(256)} | {m: 256 + i for i, m in enumerate(merges)}
-    return tiktoken.Encoding("small_bpe", pat_str=r"""'s|'t| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
-                             mergeable_ranks=ranks, special_tokens={"<|endoftext|>": len(ranks)})
+    return tiktoken.Encoding(
+        "small_bpe",
+        pat_str=r"""'s|'t| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+        mergeable_ranks=ranks,
+        special_tokens={"<|endoftext|>": len(ranks)},
+    )
 
 
 def trained(model: GPT, ids: list[int], steps: int = 150) -> GPT:
@@ -92,7 +118,7 @@ def trained(model: GPT, ids: list[int], steps: int = 150) -> GPT:
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):
         starts = torch.randint(0, len(data) - T - 1, (8,), generator=g)
-        batch = torch.stack([data[s:s + T + 1] for s in starts])
+        batch = torch.stack([data[s : s + T + 1] for s in starts])
         _, loss = model(batch[:, :-1], batch[:, 1:])
         opt.zero_grad()
         loss.backward()
@@ -113,8 +139,7 @@ def models(tmp_path_factory) -> dict[str, tuple[GPT, object, Path]]:
         ("byte", ByteTokenizer(), dict(arch="gpt")),
     ]:
         torch.manual_seed(0)
-        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=tokenizer.vocab_size,
-                              **config))
+        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=tokenizer.vocab_size, **config))
         trained(model, tokenizer.encode(text))
         built[name] = (model, tokenizer, export_hf(model, tokenizer, root / name))
     return built
@@ -130,8 +155,13 @@ def char_ckpt(models, tmp_path_factory) -> Path:
 
 def samples(lm, task: Path) -> list[dict]:
     """The harness's per-document records of `task` through `lm`, in document order."""
-    results = simple_evaluate(model=lm, tasks=[load_yaml(task)], task_manager=TaskManager(include_defaults=False),
-                              log_samples=True, bootstrap_iters=0)
+    results = simple_evaluate(
+        model=lm,
+        tasks=[load_yaml(task)],
+        task_manager=TaskManager(include_defaults=False),
+        log_samples=True,
+        bootstrap_iters=0,
+    )
     return sorted(next(iter(results["samples"].values())), key=lambda s: s["doc_id"])
 
 
@@ -160,12 +190,17 @@ def test_every_export_says_its_context_and_char_exports_have_a_start_token(model
 
 def test_a_char_vocabulary_without_a_newline_starts_from_its_first_character(tmp_path):
     tokenizer = CharTokenizer("abc xyz")
-    export_hf(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=tokenizer.vocab_size)),
-              tokenizer, tmp_path / "x")
+    export_hf(
+        GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=tokenizer.vocab_size)),
+        tokenizer,
+        tmp_path / "x",
+    )
     hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "x")
     assert (hf.bos_token, hf.bos_token_id, len(hf)) == (" ", 0, tokenizer.vocab_size)
-    assert MiniGPTLM(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=7)),
-                     tokenizer).prefix_token_id == 0
+    assert (
+        MiniGPTLM(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=7)), tokenizer).prefix_token_id
+        == 0
+    )
 
 
 # ------------------------------------------------------------------------------------------------ agreement
@@ -180,8 +215,9 @@ def test_multiple_choice_loglikelihoods_and_answers_equal_transformers_on_the_ex
     assert len(ours) == len(theirs) == len(MC)
     for a, b in zip(ours, theirs):
         assert [r[0][1] for r in a["resps"]] == [r[0][1] for r in b["resps"]]  # greedy flags
-        assert torch.allclose(torch.tensor([r[0][0] for r in a["resps"]]), torch.tensor([r[0][0] for r in b["resps"]]),
-                              atol=1e-4, rtol=0)
+        assert torch.allclose(
+            torch.tensor([r[0][0] for r in a["resps"]]), torch.tensor([r[0][0] for r in b["resps"]]), atol=1e-4, rtol=0
+        )
         assert (a["acc"], a["acc_norm"]) == (b["acc"], b["acc_norm"])
     assert len({s["acc"] for s in ours}) == 2, "the task should have right and wrong answers"
 
@@ -215,13 +251,26 @@ def test_bits_per_byte_equals_eval_py_on_the_same_windows(models, tmp_path, char
     partial window the harness fills with earlier context, eval.py does not: 0.1 % here.)"""
     model, tokenizer, _ = models["char"]
     T = model.config.block_size
-    text = PPL[-1]["text"][:len(PPL[-1]["text"]) // T * T]  # whole windows: the harness's last one slides back
+    text = PPL[-1]["text"][: len(PPL[-1]["text"]) // T * T]  # whole windows: the harness's last one slides back
     assert text.isascii() and len(tokenizer.encode(text)) > 50 * model.config.block_size  # bytes = chars = tokens
-    harness = flat_metrics(evaluate_tasks(
-        MiniGPTLM(model, tokenizer),
-        [str(task_yaml(tmp_path, "one_text", [{"text": text}], 'output_type: loglikelihood_rolling\n'
-                                 'doc_to_text: ""\ndoc_to_target: "{{text}}"\nmetric_list:\n'
-                                 '  - metric: bits_per_byte\n'))], bootstrap_iters=0))["one_text/bits_per_byte"]
+    harness = flat_metrics(
+        evaluate_tasks(
+            MiniGPTLM(model, tokenizer),
+            [
+                str(
+                    task_yaml(
+                        tmp_path,
+                        "one_text",
+                        [{"text": text}],
+                        "output_type: loglikelihood_rolling\n"
+                        'doc_to_text: ""\ndoc_to_target: "{{text}}"\nmetric_list:\n'
+                        "  - metric: bits_per_byte\n",
+                    )
+                )
+            ],
+            bootstrap_iters=0,
+        )
+    )["one_text/bits_per_byte"]
     (tmp_path / "text.txt").write_text("\n" + text)
     nats, n = eval_cli.run(["--ckpt", str(char_ckpt), "--text", str(tmp_path / "text.txt")])
     eval_bits_per_char = float(capsys.readouterr().out.split(",")[-1].split()[0])
@@ -236,8 +285,20 @@ def test_bits_per_byte_equals_eval_py_on_the_same_windows(models, tmp_path, char
 
 def test_eval_py_runs_local_tasks_prints_the_table_and_writes_the_json(char_ckpt, tasks, tmp_path, capsys):
     out = tmp_path / "results" / "r.json"
-    eval_cli.main(["--ckpt", str(char_ckpt), "--tasks", ",".join(str(p) for p in tasks.values()),
-                   "--limit", "2", "--batch_size", "4", "--output", str(out)])
+    eval_cli.main(
+        [
+            "--ckpt",
+            str(char_ckpt),
+            "--tasks",
+            ",".join(str(p) for p in tasks.values()),
+            "--limit",
+            "2",
+            "--batch_size",
+            "4",
+            "--output",
+            str(out),
+        ]
+    )
     printed = capsys.readouterr().out
     for fragment in ("local_mc", "acc_norm", "local_ppl", "bits_per_byte", "local_gen", "exact_match", str(out)):
         assert fragment in printed, fragment
@@ -248,8 +309,18 @@ def test_eval_py_runs_local_tasks_prints_the_table_and_writes_the_json(char_ckpt
 
 
 def test_flat_metrics_names_task_and_metric_and_drops_stderr():
-    results = {"results": {"t": {"alias": "t", "acc,none": 0.5, "acc_stderr,none": 0.1, "sample_len": 3,
-                                 "exact_match,strict-match": 1.0, "ppl,none": "N/A"}}}
+    results = {
+        "results": {
+            "t": {
+                "alias": "t",
+                "acc,none": 0.5,
+                "acc_stderr,none": 0.1,
+                "sample_len": 3,
+                "exact_match,strict-match": 1.0,
+                "ppl,none": "N/A",
+            }
+        }
+    }
     assert flat_metrics(results) == {"t/acc": 0.5, "t/exact_match_strict-match": 1.0}
 
 
@@ -269,14 +340,18 @@ def test_bad_task_input_is_one_line(char_ckpt, tasks, tmp_path, capsys):
     assert "broken.yaml is not valid YAML" in one_error_line(capsys, ["--ckpt", str(char_ckpt), "--tasks", str(broken)])
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     assert "list.yaml is not a harness task" in one_error_line(
-        capsys, ["--ckpt", str(char_ckpt), "--tasks", str(tmp_path / "list.yaml")])
+        capsys, ["--ckpt", str(char_ckpt), "--tasks", str(tmp_path / "list.yaml")]
+    )
     (tmp_path / "notask.yaml").write_text("dataset_path: json\n")
-    assert "is not a harness task" in one_error_line(capsys, ["--ckpt", str(char_ckpt), "--tasks",
-                                                              str(tmp_path / "notask.yaml")])
-    assert "task file not found" in one_error_line(capsys, ["--ckpt", str(char_ckpt), "--tasks",
-                                                            str(tmp_path / "nope.yaml")])
-    assert "--limit must be >= 1" in one_error_line(capsys, ["--ckpt", str(char_ckpt), "--tasks", str(tasks["mc"]),
-                                                             "--limit", "0"])
+    assert "is not a harness task" in one_error_line(
+        capsys, ["--ckpt", str(char_ckpt), "--tasks", str(tmp_path / "notask.yaml")]
+    )
+    assert "task file not found" in one_error_line(
+        capsys, ["--ckpt", str(char_ckpt), "--tasks", str(tmp_path / "nope.yaml")]
+    )
+    assert "--limit must be >= 1" in one_error_line(
+        capsys, ["--ckpt", str(char_ckpt), "--tasks", str(tasks["mc"]), "--limit", "0"]
+    )
     assert "either --text" in one_error_line(capsys, ["--ckpt", str(char_ckpt)])
     missing_data = tmp_path / "gone.yaml"
     missing_data.write_text(tasks["mc"].read_text().replace("local_mc.jsonl", "gone.jsonl"))
@@ -284,10 +359,16 @@ def test_bad_task_input_is_one_line(char_ckpt, tasks, tmp_path, capsys):
 
 
 def test_a_char_model_given_text_outside_its_vocabulary_is_one_line(char_ckpt, tmp_path, capsys):
-    odd = task_yaml(tmp_path, "odd", [{"text": "ünïcödé"}], 'output_type: loglikelihood_rolling\n'
-                    'doc_to_text: ""\ndoc_to_target: "{{text}}"\nmetric_list:\n  - metric: bits_per_byte\n')
-    assert "outside the model's char vocabulary" in one_error_line(capsys, ["--ckpt", str(char_ckpt), "--tasks",
-                                                                            str(odd)])
+    odd = task_yaml(
+        tmp_path,
+        "odd",
+        [{"text": "ünïcödé"}],
+        "output_type: loglikelihood_rolling\n"
+        'doc_to_text: ""\ndoc_to_target: "{{text}}"\nmetric_list:\n  - metric: bits_per_byte\n',
+    )
+    assert "outside the model's char vocabulary" in one_error_line(
+        capsys, ["--ckpt", str(char_ckpt), "--tasks", str(odd)]
+    )
 
 
 def test_a_model_without_a_tokenizer_is_one_line(models, tasks, tmp_path, capsys):
@@ -306,13 +387,16 @@ def test_an_unknown_task_name_is_one_line(char_ckpt, capsys):
 
 
 def test_without_lm_eval_tasks_is_one_line_saying_how_to_install(char_ckpt, tasks):
-    code = ("import sys; sys.modules['lm_eval'] = None\nfrom minigpt.cli.eval import main\n"
-            f"main(['--ckpt', {str(char_ckpt)!r}, '--tasks', {str(tasks['mc'])!r}])")
+    code = (
+        "import sys; sys.modules['lm_eval'] = None\nfrom minigpt.cli.eval import main\n"
+        f"main(['--ckpt', {str(char_ckpt)!r}, '--tasks', {str(tasks['mc'])!r}])"
+    )
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert ran.returncode == 2, ran.stderr
     assert ran.stderr.strip().splitlines() == [
         'error: the lm-evaluation-harness is not installed; install the eval extra: pip install -e ".[eval]" '
-        "(or python3 -m pip install lm-eval)"]
+        "(or python3 -m pip install lm-eval)"
+    ]
 
 
 @pytest.mark.slow  # ~12 s: a tiny model through both backends

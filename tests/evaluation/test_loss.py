@@ -41,7 +41,6 @@ def test_evaluate_tokens_matches_token_by_token_reference():
         evaluate_tokens(model, tokens[:1])
 
 
-
 def test_evaluation_batches_within_the_logits_budget(monkeypatch):
     """However large the batch asked for, the logits held at once stay within the budget (a GPT-2 shape at batch
     32 held 13 GB); the result is the same."""
@@ -54,11 +53,14 @@ def test_evaluation_batches_within_the_logits_budget(monkeypatch):
     monkeypatch.setattr(evaluate, "LOGITS_BUDGET", 3 * 16 * 11 * 4)  # three windows' logits
     batches = []
     real_forward = model.forward
-    monkeypatch.setattr(model, "forward", lambda idx, *a, **k: batches.append(idx.size(0)) or real_forward(idx, *a, **k))
+    monkeypatch.setattr(
+        model, "forward", lambda idx, *a, **k: batches.append(idx.size(0)) or real_forward(idx, *a, **k)
+    )
     for asked in (None, 1000):
         batches.clear()
         assert math.isclose(evaluate_tokens(model, tokens, batch_size=asked)[0], reference, rel_tol=1e-5)
         assert max(batches) == 3 and sum(batches) == 13  # 12 full windows and the rest
+
 
 # --------------------------------------------------------------------------------------------------
 # eval.py on a hand-made checkpoint (the train-then-eval test is below)
@@ -99,8 +101,7 @@ def run_eval_py(monkeypatch, *args: str) -> None:
     runpy.run_path(str(REPO / "eval.py"), run_name="__main__")
 
 
-def test_eval_py_prints_nats_per_token_and_bits_per_char_of_evaluate_tokens(char_run, monkeypatch, capsys,
-                                                                              tmp_path):
+def test_eval_py_prints_nats_per_token_and_bits_per_char_of_evaluate_tokens(char_run, monkeypatch, capsys, tmp_path):
     run, text = char_run
     run_eval_py(monkeypatch, "--ckpt", str(run), "--text", str(text), "--batch_size", "3")
     line = capsys.readouterr().out.strip()
@@ -109,8 +110,10 @@ def test_eval_py_prints_nats_per_token_and_bits_per_char_of_evaluate_tokens(char
     nats, n = evaluate_tokens(model, tokenizer.encode(content))
     assert n == len(content) - 1
     # char-level: every character after the first is one predicted token
-    assert line == (f"{text}: {n:,} tokens, {nats / n:.4f} nats/token, "
-                    f"{nats / math.log(2) / n:.4f} bits/char, {nats / math.log(2) / n:.4f} bits/byte")  # ASCII
+    assert line == (
+        f"{text}: {n:,} tokens, {nats / n:.4f} nats/token, "
+        f"{nats / math.log(2) / n:.4f} bits/char, {nats / math.log(2) / n:.4f} bits/byte"
+    )  # ASCII
     assert 0 < nats / n < 2 * math.log(len(CHARS))  # a random model: about uniform over the vocabulary
     config = tmp_path / "eval.yaml"  # the same from a YAML file
     config.write_text(f"ckpt: {run / 'checkpoints' / 'best.ckpt'}\ntext: {text}\nbatch_size: 1\n", encoding="utf-8")
@@ -144,12 +147,19 @@ def test_eval_py_batch_size_below_1_is_one_error_line(char_run, capsys, batch_si
     assert f"--batch_size must be >= 1, got {batch_size}" in err
 
 
-@pytest.mark.parametrize("case,needle", [
-    ("no_text_flag", "text"), ("missing_text", "text file not found"), ("not_utf8", "is not UTF-8 text"),
-    ("unknown_chars", "2 character(s) outside the model's char vocabulary: '!', 'Z'"),
-    ("one_char", "nothing to evaluate"), ("missing_ckpt", "checkpoint not found"),
-    ("device", "device cuda:3: CUDA is not available here"), ("batch_size_type", "batch_size"),
-])
+@pytest.mark.parametrize(
+    "case,needle",
+    [
+        ("no_text_flag", "text"),
+        ("missing_text", "text file not found"),
+        ("not_utf8", "is not UTF-8 text"),
+        ("unknown_chars", "2 character(s) outside the model's char vocabulary: '!', 'Z'"),
+        ("one_char", "nothing to evaluate"),
+        ("missing_ckpt", "checkpoint not found"),
+        ("device", "device cuda:3: CUDA is not available here"),
+        ("batch_size_type", "batch_size"),
+    ],
+)
 def test_eval_py_bad_input_is_one_error_line(char_run, capsys, tmp_path, case, needle):
     run, text = char_run
     (tmp_path / "latin1.txt").write_bytes("caf\u00e9\n".encode("latin-1"))

@@ -15,8 +15,10 @@ from minigpt.core.config import GPTConfig
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import HFTokenizer
 
-WORDS = ("the quick brown fox jumps over a lazy dog while cats sit on warm mats and birds sing "
-         "héllo wörld café naïve señor straße ☃ über déjà vu").split()
+WORDS = (
+    "the quick brown fox jumps over a lazy dog while cats sit on warm mats and birds sing "
+    "héllo wörld café naïve señor straße ☃ über déjà vu"
+).split()
 
 
 def words_text(n_lines: int = 300, seed: int = 0) -> str:
@@ -29,8 +31,7 @@ def random_model(seed: int = 0, **config) -> GPT:
     """Every weight drawn: matrices at std 2/sqrt(fan-in) (greedy text then varies from token to token, where init
     scale repeats one token), biases at std 0.2, norm gains at 1 +- 0.2, so that each one shows in the logits."""
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(**{"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 96, "vocab_size": 256,
-                             **config}))
+    model = GPT(GPTConfig(**{"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 96, "vocab_size": 256, **config}))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
@@ -42,13 +43,15 @@ def random_model(seed: int = 0, **config) -> GPT:
     return model.eval()
 
 
-def trained_model(ids: list[int], vocab_size: int, mask: list[bool] | None = None, steps: int = 150, seed: int = 0,
-                  **config) -> GPT:
+def trained_model(
+    ids: list[int], vocab_size: int, mask: list[bool] | None = None, steps: int = 150, seed: int = 0, **config
+) -> GPT:
     """A small model trained on the token stream `ids` (AdamW, batches of 8 windows of block_size tokens; with
     `mask`, only tokens where it is True are predicted), in eval mode."""
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(**{"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 128, "vocab_size": vocab_size,
-                             **config}))
+    model = GPT(
+        GPTConfig(**{"n_layer": 2, "n_head": 4, "n_embd": 64, "block_size": 128, "vocab_size": vocab_size, **config})
+    )
     data = torch.tensor(ids)
     targets = data.masked_fill(~torch.tensor(mask), -1) if mask is not None else data
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
@@ -58,8 +61,8 @@ def trained_model(ids: list[int], vocab_size: int, mask: list[bool] | None = Non
     try:
         for _ in range(steps):
             starts = torch.randint(0, len(data) - T - 1, (8,))
-            x = torch.stack([data[s:s + T] for s in starts])
-            y = torch.stack([targets[s + 1:s + T + 1] for s in starts])
+            x = torch.stack([data[s : s + T] for s in starts])
+            y = torch.stack([targets[s + 1 : s + T + 1] for s in starts])
             loss = model(x, y)[1]
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -69,8 +72,9 @@ def trained_model(ids: list[int], vocab_size: int, mask: list[bool] | None = Non
     return model.eval()
 
 
-def trained_chat_model(tokenizer: ChatTokenizer, conversations: list[list[dict[str, str]]], steps: int = 250,
-                       **config) -> GPT:
+def trained_chat_model(
+    tokenizer: ChatTokenizer, conversations: list[list[dict[str, str]]], steps: int = 250, **config
+) -> GPT:
     """A small model trained on the assistant turns of `conversations` (shuffled, repeated): it learns to answer
     each one and to end its turn."""
     rng = random.Random(0)
@@ -100,23 +104,35 @@ CORPUS = "".join(TEXTS)
 # o200k_base (tiktoken_ext/openai_public.py; their functions download the ranks, so the patterns are copied here),
 # and the original GPT-2 release's
 GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-LLAMA3 = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
-          r"""|\s+(?!\S)|\s+""")
-QWEN2 = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
-         r"""|\s+(?!\S)|\s+""")
-CL100K = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$"""
-          r"""|\s*[\r\n]|\s+(?!\S)|\s""")
-O200K = "|".join([
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+""",
-])
+LLAMA3 = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
+    r"""|\s+(?!\S)|\s+"""
+)
+QWEN2 = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
+    r"""|\s+(?!\S)|\s+"""
+)
+CL100K = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$"""
+    r"""|\s*[\r\n]|\s+(?!\S)|\s"""
+)
+O200K = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
 
 
 def byte_pair_ranks() -> dict[bytes, int]:
     """The 256 bytes, then every adjacent byte pair of the texts (the merges that can cross any split)."""
     data = CORPUS.encode()
-    pairs = sorted({data[i:i + 2] for i in range(len(data) - 1)})
+    pairs = sorted({data[i : i + 2] for i in range(len(data) - 1)})
     return {bytes([i]): i for i in range(256)} | {p: 256 + i for i, p in enumerate(pairs)}
 
 
@@ -135,10 +151,12 @@ def hf_tokenizer(pre_tokenizer: str) -> HFTokenizer:
     split = {"llama3": LLAMA3, "qwen2": QWEN2}.get(pre_tokenizer)
     backend.pre_tokenizer = {
         "bytelevel": byte_level,
-        "smollm": t.pre_tokenizers.Sequence([t.pre_tokenizers.Digits(individual_digits=True),
-                                             t.pre_tokenizers.ByteLevel(add_prefix_space=False)]),
-    }.get(pre_tokenizer) or t.pre_tokenizers.Sequence([t.pre_tokenizers.Split(t.Regex(split), behavior="isolated"),
-                                                        byte_level])
+        "smollm": t.pre_tokenizers.Sequence(
+            [t.pre_tokenizers.Digits(individual_digits=True), t.pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        ),
+    }.get(pre_tokenizer) or t.pre_tokenizers.Sequence(
+        [t.pre_tokenizers.Split(t.Regex(split), behavior="isolated"), byte_level]
+    )
     backend.decoder = t.decoders.ByteLevel()
     backend.add_special_tokens([t.AddedToken("<|endoftext|>", special=True, normalized=False)])
     return HFTokenizer(backend.to_str(), eos_id=backend.token_to_id("<|endoftext|>"))

@@ -42,8 +42,9 @@ class LlamaCpp:
         gc.collect()
 
     def post(self, path: str, body: dict) -> dict:
-        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=600) as response:
             return json.loads(response.read())
 
@@ -52,8 +53,15 @@ class LlamaCpp:
         return self.post("/tokenize", {"content": text, "add_special": add_special, "parse_special": True})["tokens"]
 
     def completion(self, ids: list[int], n: int, **options) -> dict:
-        body = {"prompt": ids, "n_predict": n, "temperature": 0.0, "top_k": 1, "return_tokens": True,
-                "cache_prompt": True, **options}
+        body = {
+            "prompt": ids,
+            "n_predict": n,
+            "temperature": 0.0,
+            "top_k": 1,
+            "return_tokens": True,
+            "cache_prompt": True,
+            **options,
+        }
         return self.post("/completion", body)
 
     def greedy(self, ids: list[int], n: int) -> list[int]:
@@ -63,8 +71,10 @@ class LlamaCpp:
     def argmax_along(self, ids: list[int], continuation: list[int]) -> list[int]:
         """llama.cpp's greedy choice after ids + continuation[:t], for each t: equal to `continuation` exactly when
         its own greedy run would write it (end-of-sequence or not, which its --ignore-eos would forbid)."""
-        return [max(lp, key=lp.get) for lp in (self.next_logprobs(ids + continuation[:t], 1)
-                                               for t in range(len(continuation)))]
+        return [
+            max(lp, key=lp.get)
+            for lp in (self.next_logprobs(ids + continuation[:t], 1) for t in range(len(continuation)))
+        ]
 
     def next_logprobs(self, ids: list[int], k: int) -> dict[int, float]:
         """token id -> log-probability of the k likeliest next tokens after `ids` (softmax of the raw logits).
@@ -88,13 +98,15 @@ class LlamaCpp:
     @property
     def whole_char(self) -> int:
         if not hasattr(self, "_whole_char"):
-            self._whole_char = next(ids[0] for text in ("a", "e", " ", ".", "\n", "0", "x")
-                                    if len(ids := self.tokenize(text)) == 1)
+            self._whole_char = next(
+                ids[0] for text in ("a", "e", " ", ".", "\n", "0", "x") if len(ids := self.tokenize(text)) == 1
+            )
         return self._whole_char
 
     def chat(self, messages: list[dict[str, str]], max_tokens: int = 64) -> tuple[str, str]:
         """(reply, finish_reason) of llama.cpp's chat API, which renders the GGUF's own chat template."""
-        result = self.server.handle_chat_completions({"messages": messages, "max_tokens": max_tokens,
-                                                      "temperature": 0.0})
+        result = self.server.handle_chat_completions(
+            {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
+        )
         choice = result["choices"][0]
         return choice["message"]["content"], choice["finish_reason"]

@@ -34,8 +34,10 @@ def tiny_model(seed: int = 0) -> GPT:
 
 def contents(folder: Path) -> dict[str, bytes | str | dict]:
     """Every entry under folder, recursively: a file's bytes, a link's target, a folder's contents."""
-    return {p.name: os.readlink(p) if p.is_symlink() else contents(p) if p.is_dir() else p.read_bytes()
-            for p in sorted(folder.iterdir())}
+    return {
+        p.name: os.readlink(p) if p.is_symlink() else contents(p) if p.is_dir() else p.read_bytes()
+        for p in sorted(folder.iterdir())
+    }
 
 
 def hidden_leftovers(parent: Path) -> list[str]:
@@ -58,6 +60,7 @@ def refused(out: Path, match: str, model_seed: int = 1) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- the manifest
+
 
 def test_an_export_lists_every_file_it_wrote_and_overwrite_replaces_it(previous):
     out, before = previous
@@ -84,8 +87,11 @@ def test_overwrite_refuses_a_transformers_folder_with_the_same_file_names(tmp_pa
     vocab = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
     transformers.PreTrainedTokenizerFast(tokenizer_object=vocab).save_pretrained(out)
     assert {p.name for p in out.iterdir()} <= EXPORT_FILES  # the names alone would pass for an export
-    refused(out, r"holds no minigpt_export.json .* --overwrite would delete config.json, generation_config.json, "
-                 r"model.safetensors, \.\.\.; choose another output folder, or move them away")
+    refused(
+        out,
+        r"holds no minigpt_export.json .* --overwrite would delete config.json, generation_config.json, "
+        r"model.safetensors, \.\.\.; choose another output folder, or move them away",
+    )
     (tmp_path / "only_config").mkdir()
     (tmp_path / "only_config" / "config.json").write_text('{"my": "settings"}')
     refused(tmp_path / "only_config", r"holds no minigpt_export.json")
@@ -117,39 +123,58 @@ def test_a_user_folder_or_file_inside_an_export_is_never_deleted(previous):
     refused(out, r"tokenizer.json is a symbolic link, not a file export.py wrote")
 
 
-@pytest.mark.parametrize("edit, why", [
-    (lambda data: data.replace(b'"n_layer": 1', b'"n_layer": 2'), "SHA-256"),  # same size: only the hash sees it
-    (lambda data: data + b"\n", "size"),
-], ids=["same-size", "longer"])
+@pytest.mark.parametrize(
+    "edit, why",
+    [
+        (lambda data: data.replace(b'"n_layer": 1', b'"n_layer": 2'), "SHA-256"),  # same size: only the hash sees it
+        (lambda data: data + b"\n", "size"),
+    ],
+    ids=["same-size", "longer"],
+)
 def test_an_export_the_user_edited_is_refused(previous, edit, why):
     out, _ = previous
     config = out / "config.json"
     edited = edit(config.read_bytes())
     assert edited != config.read_bytes()
     config.write_bytes(edited)
-    refused(out, rf"{config} was changed after export.py wrote it \(its {why} differs from minigpt_export.json\), so "
-                 "--overwrite would delete it; choose another output folder, or move it away")
+    refused(
+        out,
+        rf"{config} was changed after export.py wrote it \(its {why} differs from minigpt_export.json\), so "
+        "--overwrite would delete it; choose another output folder, or move it away",
+    )
 
 
-@pytest.mark.parametrize("manifest, why", [
-    (b"not json", "Expecting value"),
-    (b"[" * 100_000 + b"]" * 100_000, "nested more than 100 levels deep"),
-    (b'{"format": "something-else", "files": []}', "no format 'minigpt-hf-export'"),
-    (b'{"format": "minigpt-hf-export", "files": [{"name": "../config.json", "size": 1, "sha256": "00"}]}',
-     "a file entry is not a unique plain name"),
-    (b'{"format": "minigpt-hf-export", "files": [{"name": "config.json", "size": true, "sha256": "00"}]}',
-     "a file entry is not a unique plain name"),
-    (None, "not a regular file"),  # a folder named like the manifest
-], ids=["not-json", "deep", "other-format", "path-name", "bool-size", "folder"])
+@pytest.mark.parametrize(
+    "manifest, why",
+    [
+        (b"not json", "Expecting value"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested more than 100 levels deep"),
+        (b'{"format": "something-else", "files": []}', "no format 'minigpt-hf-export'"),
+        (
+            b'{"format": "minigpt-hf-export", "files": [{"name": "../config.json", "size": 1, "sha256": "00"}]}',
+            "a file entry is not a unique plain name",
+        ),
+        (
+            b'{"format": "minigpt-hf-export", "files": [{"name": "config.json", "size": true, "sha256": "00"}]}',
+            "a file entry is not a unique plain name",
+        ),
+        (None, "not a regular file"),  # a folder named like the manifest
+    ],
+    ids=["not-json", "deep", "other-format", "path-name", "bool-size", "folder"],
+)
 def test_a_damaged_or_foreign_manifest_is_one_line(previous, manifest, why):
     out, _ = previous
     (out / MANIFEST).unlink()
     (out / MANIFEST).mkdir() if manifest is None else (out / MANIFEST).write_bytes(manifest)
-    refused(out, rf"{out / MANIFEST} is not a manifest export.py wrote \({why}.*\), so --overwrite cannot tell an "
-                 "export's files from yours")
+    refused(
+        out,
+        rf"{out / MANIFEST} is not a manifest export.py wrote \({why}.*\), so --overwrite cannot tell an "
+        "export's files from yours",
+    )
 
 
 # ------------------------------------------------------------------------------------------------- races and kills
+
 
 def test_a_file_added_while_the_export_is_written_is_kept(previous, monkeypatch):
     out, before = previous
@@ -199,14 +224,24 @@ def test_an_export_killed_between_its_renames_is_put_back_by_the_next_one(previo
 
 # ------------------------------------------------------------------------------------------------- a full disk
 
-@pytest.mark.parametrize("failure, reason", [
-    (SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
-     "No space left on device"),
-    (Exception("Error while saving: Os { code: 122, kind: QuotaExceeded, message: \"Disk quota exceeded\" }"),
-     "Disk quota exceeded"),  # the form of older safetensors and of tokenizers
-], ids=["safetensors-enospc", "rust-edquot"])
-def test_a_library_write_error_of_a_full_disk_is_one_line_and_keeps_the_old_export(previous, monkeypatch,
-                                                                                   failure, reason):
+
+@pytest.mark.parametrize(
+    "failure, reason",
+    [
+        (
+            SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+            "No space left on device",
+        ),
+        (
+            Exception('Error while saving: Os { code: 122, kind: QuotaExceeded, message: "Disk quota exceeded" }'),
+            "Disk quota exceeded",
+        ),  # the form of older safetensors and of tokenizers
+    ],
+    ids=["safetensors-enospc", "rust-edquot"],
+)
+def test_a_library_write_error_of_a_full_disk_is_one_line_and_keeps_the_old_export(
+    previous, monkeypatch, failure, reason
+):
     out, before = previous
 
     def full_disk(tensors, path):
@@ -274,14 +309,24 @@ def test_export_py_on_a_full_disk_and_on_ctrl_c_is_one_line_and_keeps_the_old_ex
     tokenizer = ByteTokenizer()
     save_file(model_checkpoint(tiny_model(1), tokenizer), tmp_path / "model.ckpt")
     new = tmp_path / "new" / "hf"
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "model.ckpt"), str(out), str(new)], cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "model.ckpt"), str(out), str(new)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     (full_code, full_err), (new_code, new_err), (int_code, int_err) = json.loads(proc.stdout.splitlines()[-1])
-    assert (full_code, full_err) == (2, f"error: cannot write {out} (File too large); free space there or choose "
-                                        "another output folder\n")
-    assert (new_code, new_err) == (2, f"error: cannot write {new} (File too large); free space there or choose "
-                                      "another output folder\n")
+    assert (full_code, full_err) == (
+        2,
+        f"error: cannot write {out} (File too large); free space there or choose another output folder\n",
+    )
+    assert (new_code, new_err) == (
+        2,
+        f"error: cannot write {new} (File too large); free space there or choose another output folder\n",
+    )
     assert (int_code, int_err) == (130, "error: interrupted\n")
     assert contents(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.ckpt", "out"]  # no temporary folder, no new/

@@ -37,8 +37,13 @@ gguf = pytest.importorskip("gguf")
 pytest.importorskip("xllamacpp")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is as fast
 
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 16}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
 CASES = {
     "gpt": dict(arch="gpt"),
     "gpt-untied-tanh": dict(arch="gpt", tie_embeddings=False, gelu_approximate="tanh", norm_eps=1e-6, mlp_hidden=160),
@@ -53,7 +58,7 @@ PROMPT = list("héllo wörld ☃".encode())
 
 def greedy(model, ids: list[int], n: int) -> list[int]:
     with torch.no_grad():
-        return generate(model, torch.tensor([ids]), max_new_tokens=n, temperature=0)[0, len(ids):].tolist()
+        return generate(model, torch.tensor([ids]), max_new_tokens=n, temperature=0)[0, len(ids) :].tolist()
 
 
 def log_probs(model, ids: list[int]) -> torch.Tensor:
@@ -79,20 +84,22 @@ def test_llama_cpp_computes_what_minigpt_computes(name, tmp_path):
 
 # ------------------------------------------------------------------------------------------------- trained models
 
+
 class Trained:
     """A small trained model with its tokenizer, exported on first use in each weight type, and llama.cpp's
     teacher-forced scores of each file on held-out text (greedy choice and log-probability at 95 positions)."""
 
     def __init__(self, model, tokenizer, root: Path) -> None:
         self.model, self.tokenizer, self.root = model, tokenizer, root
-        self.held_out = tokenizer.encode(words_text(n_lines=20, seed=1))[:model.config.block_size]
+        self.held_out = tokenizer.encode(words_text(n_lines=20, seed=1))[: model.config.block_size]
         self.paths: dict[str, Path] = {}
         self.runs: dict[str, tuple[list[int], list[float]]] = {}
 
     def path(self, gguf_type: str) -> Path:
         if gguf_type not in self.paths:
-            self.paths[gguf_type] = export_gguf(self.model, self.tokenizer, self.root / f"{gguf_type}.gguf",
-                                                gguf_type).path
+            self.paths[gguf_type] = export_gguf(
+                self.model, self.tokenizer, self.root / f"{gguf_type}.gguf", gguf_type
+            ).path
         return self.paths[gguf_type]
 
     def scores(self, gguf_type: str) -> tuple[list[int], list[float]]:
@@ -107,8 +114,10 @@ def trained(tmp_path_factory) -> dict[str, Trained]:
     """A char-level llama (GQA) and a byte-level gpt (untied), trained for a few seconds on lines of words."""
     text = words_text()
     out = {}
-    for kind, tokenizer, config in (("char-llama", CharTokenizer(text), dict(arch="llama", n_kv_head=2)),
-                                    ("byte-gpt", ByteTokenizer(), dict(arch="gpt", tie_embeddings=False))):
+    for kind, tokenizer, config in (
+        ("char-llama", CharTokenizer(text), dict(arch="llama", n_kv_head=2)),
+        ("byte-gpt", ByteTokenizer(), dict(arch="gpt", tie_embeddings=False)),
+    ):
         model = trained_model(tokenizer.encode(text), tokenizer.vocab_size, **config)
         out[kind] = Trained(model, tokenizer, tmp_path_factory.mktemp(kind))
     return out
@@ -135,11 +144,15 @@ def quantization(run: Trained, gguf_type: str) -> tuple[float, float]:
 
 
 @pytest.mark.parametrize("kind", ["char-llama", "byte-gpt"])
-@pytest.mark.parametrize("gguf_type, min_agreement, max_ppl_change", [
-    ("q8_0", 0.95, 0.02),
-    pytest.param("f16", 0.99, 0.002, marks=pytest.mark.slow),
-    pytest.param("bf16", 0.98, 0.005, marks=pytest.mark.slow),
-    pytest.param("q4_0", 0.90, 0.05, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "gguf_type, min_agreement, max_ppl_change",
+    [
+        ("q8_0", 0.95, 0.02),
+        pytest.param("f16", 0.99, 0.002, marks=pytest.mark.slow),
+        pytest.param("bf16", 0.98, 0.005, marks=pytest.mark.slow),
+        pytest.param("q4_0", 0.90, 0.05, marks=pytest.mark.slow),
+    ],
+)
 def test_quantized_files_agree_with_f32(trained, kind, gguf_type, min_agreement, max_ppl_change):
     agreement, ppl_ratio = quantization(trained[kind], gguf_type)
     assert agreement >= min_agreement and abs(ppl_ratio - 1) <= max_ppl_change, (agreement, ppl_ratio)
@@ -170,12 +183,20 @@ def test_rows_that_are_not_whole_blocks_stay_f16_and_are_counted(tmp_path):
 
 # ------------------------------------------------------------------------------------------------- chat
 
-QA = [("What is 2+2?", "4"), ("Capital of France?", "Paris."), ("Say hi in German.", "Hallo!"),
-      ("Colour of the sky?", "Blue, mostly."), ("Snowman emoji?", "☃"), ("Spell café.", "c-a-f-é")]
+QA = [
+    ("What is 2+2?", "4"),
+    ("Capital of France?", "Paris."),
+    ("Say hi in German.", "Hallo!"),
+    ("Colour of the sky?", "Blue, mostly."),
+    ("Snowman emoji?", "☃"),
+    ("Spell café.", "c-a-f-é"),
+]
 # not ChatML: llama.cpp can only answer if it renders the template the file carries
-TEMPLATE = ("{% for m in messages %}{{ '[' + m['role'] + ']: ' }}{% if m['role'] == 'assistant' %}{% generation %}"
-            "{{ m['content'] + '<|im_end|>' }}{% endgeneration %}{% else %}{{ m['content'] + '<|im_end|>' }}{% endif %}"
-            "{{ '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '[assistant]: ' }}{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}{{ '[' + m['role'] + ']: ' }}{% if m['role'] == 'assistant' %}{% generation %}"
+    "{{ m['content'] + '<|im_end|>' }}{% endgeneration %}{% else %}{{ m['content'] + '<|im_end|>' }}{% endif %}"
+    "{{ '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '[assistant]: ' }}{% endif %}"
+)
 
 
 def test_a_chat_model_answers_through_llama_cpps_chat_api_and_stops_at_end_of_turn(tmp_path):

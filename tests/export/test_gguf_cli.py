@@ -62,35 +62,54 @@ def test_export_command_writes_one_file_llama_cpp_runs(tmp_path, capsys):
 
 
 # the Llama 3 way: a ChatML template in tokenizer_config.json, and <|begin_of_text|> before every text
-CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
-          "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 
 
 def hf_folder(folder: Path, family: str) -> None:
     """Saved by transformers: a LlamaForCausalLM (GQA, untied, RoPE theta 500000) with a Llama-3-style tokenizer that
     puts BOS first, or a GPT2LMHeadModel with a GPT-2-style byte-level tokenizer; both with a ChatML template."""
     import tokenizers
+
     transformers = pytest.importorskip("transformers")
 
     backend = tokenizers.Tokenizer.from_str(hf_tokenizer("llama3" if family == "llama" else "bytelevel").tokenizer_json)
-    backend.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
-                                for t in ("<|begin_of_text|>", "<|im_start|>", "<|im_end|>")])
+    backend.add_special_tokens(
+        [
+            tokenizers.AddedToken(t, special=True, normalized=False)
+            for t in ("<|begin_of_text|>", "<|im_start|>", "<|im_end|>")
+        ]
+    )
     if family == "llama":
         bos = ("<|begin_of_text|>", backend.token_to_id("<|begin_of_text|>"))
         backend.post_processor = tokenizers.processors.TemplateProcessing(single=f"{bos[0]} $A", special_tokens=[bos])
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|begin_of_text|>",
-                                                eos_token="<|im_end|>")
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<|begin_of_text|>", eos_token="<|im_end|>"
+    )
     fast.chat_template = CHATML
     fast.save_pretrained(folder)
     ids = dict(vocab_size=len(fast), bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id)
     torch.manual_seed(0)
     if family == "llama":
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            max_position_embeddings=96, rope_theta=500000.0, tie_word_embeddings=False, **ids))
+        model = transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=96,
+                rope_theta=500000.0,
+                tie_word_embeddings=False,
+                **ids,
+            )
+        )
     else:
-        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=96,
-                                                                     **ids))
+        model = transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=96, **ids)
+        )
     with torch.no_grad():  # drawn as gguf_models.random_model draws them (GPT-2's Conv1D is (in, out): 64 in)
         for name, p in model.named_parameters():
             p.normal_(0, 0.25) if p.dim() >= 2 else p.normal_(0 if name.endswith("bias") else 1, 0.2)
@@ -111,7 +130,7 @@ def test_an_imported_hugging_face_folder_exports_with_its_tokenizer_and_template
             assert llama.tokenize(text, add_special=True) == tokenizer.encode(text), text  # BOS first, as minigpt
         prompt = tokenizer.encode(TEXTS[0])
         with torch.no_grad():
-            ours = generate(model, torch.tensor([prompt]), max_new_tokens=32, temperature=0)[0, len(prompt):].tolist()
+            ours = generate(model, torch.tensor([prompt]), max_new_tokens=32, temperature=0)[0, len(prompt) :].tolist()
             reference = torch.log_softmax(model(torch.tensor([prompt]))[0][0, -1].double(), -1)
         assert len(set(ours)) > 8 and llama.argmax_along(prompt, ours) == ours
         theirs = llama.next_logprobs(prompt, 8)
@@ -120,8 +139,9 @@ def test_an_imported_hugging_face_folder_exports_with_its_tokenizer_and_template
 
 def test_ctrl_c_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
     write_checkpoint(tmp_path / "model.ckpt")
-    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", lambda self, **kw: (_ for _ in ()).throw(
-        KeyboardInterrupt()))
+    monkeypatch.setattr(
+        gguf.GGUFWriter, "write_tensors_to_file", lambda self, **kw: (_ for _ in ()).throw(KeyboardInterrupt())
+    )
     with pytest.raises(SystemExit) as e:
         export_main(["--ckpt", str(tmp_path / "model.ckpt"), "--format", "gguf", "--out", str(tmp_path / "m.gguf")])
     assert e.value.code == 130 and capsys.readouterr().err == "error: interrupted\n"
@@ -135,18 +155,24 @@ def test_export_command_mistakes_are_one_line_exit_2_and_write_nothing(tmp_path)
     (tmp_path / "folder").mkdir()
     missing = ["--ckpt", str(tmp_path / "missing.ckpt"), "--format", "gguf"]  # --out is checked before loading
     cases = [
-        (["--ckpt", str(tmp_path / "qk.ckpt"), "--format", "gguf", "--out", str(tmp_path / "a.gguf")],
-         "cannot export to GGUF: qk_norm=true: llama.cpp's llama architecture has no query/key normalisation"),
-        (["--ckpt", str(tmp_path / "relu2.ckpt"), "--format", "gguf", "--out", str(tmp_path / "a.gguf")],
-         "mlp=relu2 with arch gpt: llama.cpp's gpt2 MLP is GELU only"),
+        (
+            ["--ckpt", str(tmp_path / "qk.ckpt"), "--format", "gguf", "--out", str(tmp_path / "a.gguf")],
+            "cannot export to GGUF: qk_norm=true: llama.cpp's llama architecture has no query/key normalisation",
+        ),
+        (
+            ["--ckpt", str(tmp_path / "relu2.ckpt"), "--format", "gguf", "--out", str(tmp_path / "a.gguf")],
+            "mlp=relu2 with arch gpt: llama.cpp's gpt2 MLP is GELU only",
+        ),
         ([*missing, "--out", str(tmp_path / "notes.txt")], "notes.txt already exists; choose another output file"),
         ([*missing, "--out", str(tmp_path / "notes.txt"), "--overwrite"], "is not a GGUF file export.py wrote"),
         ([*missing, "--out", str(tmp_path / "folder")], "folder is a folder; give the path of the .gguf file"),
         ([*missing, "--out", str(tmp_path / "notes.txt" / "m.gguf")], "notes.txt exists and is not a folder"),
         ([*missing, "--out", str(tmp_path / "a.gguf")], "checkpoint not found"),
         ([*missing, "--out", str(tmp_path / "a.gguf"), "--gguf_type", "q3_k"], "gguf_type"),
-        (["--ckpt", str(tmp_path / "qk.ckpt"), "--out", str(tmp_path / "hf"), "--gguf_type", "q8_0"],
-         "--gguf_type is a setting of --format gguf"),
+        (
+            ["--ckpt", str(tmp_path / "qk.ckpt"), "--out", str(tmp_path / "hf"), "--gguf_type", "q8_0"],
+            "--gguf_type is a setting of --format gguf",
+        ),
     ]
     for (code, err), (_, expected) in zip(script_runs("export.py", [argv for argv, _ in cases], 300), cases):
         assert code == 2 and err.startswith("error: ") and expected in err, err
@@ -164,11 +190,13 @@ def test_the_benchmark_runs_end_to_end(tmp_path, capsys):
     assert json.loads((tmp_path / "gguf.json").read_text())["results"] == json.loads(json.dumps(result["results"]))
     rows = result["results"]
     assert [(r["runtime"].split()[0], r["weights"]) for r in rows[:5]] == [("minigpt", "float32")] + [
-        ("llama.cpp", q) for q in ("f32", "f16", "q8_0", "q4_0")]
+        ("llama.cpp", q) for q in ("f32", "f16", "q8_0", "q4_0")
+    ]
     assert len(rows) == 10 and all(r["decode_tok_s"] > 0 for r in rows)
     sizes = [r["file_mib"] for r in rows[1:5]]
     assert sizes == sorted(sizes, reverse=True)
     assert {(r["model"], r["weights"]) for r in result["agreement"]} == {
-        (m, q) for m in ("char-llama", "byte-gpt") for q in ("f32", "f16", "bf16", "q8_0", "q4_0")}
+        (m, q) for m in ("char-llama", "byte-gpt") for q in ("f32", "f16", "bf16", "q8_0", "q4_0")
+    }
     assert all(r["positions"] == 95 and r["ppl_ratio"] > 0 for r in result["agreement"])
     assert "| shape | runtime | weights |" in capsys.readouterr().out

@@ -49,8 +49,9 @@ def test_an_existing_out_is_replaced_only_with_overwrite_and_only_an_unchanged_e
         export_gguf(first, ByteTokenizer(), tmp_path / "link.gguf", overwrite=True)
 
 
-@pytest.mark.parametrize("failure, error", [(OSError(28, "No space left on device"), UserError),
-                                            (KeyboardInterrupt(), KeyboardInterrupt)])
+@pytest.mark.parametrize(
+    "failure, error", [(OSError(28, "No space left on device"), UserError), (KeyboardInterrupt(), KeyboardInterrupt)]
+)
 def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(failure, error, tmp_path, monkeypatch):
     out = tmp_path / "model.gguf"
     export_gguf(random_model(seed=1), ByteTokenizer(), out)

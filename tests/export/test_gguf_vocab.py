@@ -32,8 +32,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is
 
 def tiktoken_tokenizer(pattern: str) -> TiktokenTokenizer:
     ranks = byte_pair_ranks()
-    return TiktokenTokenizer(tiktoken.Encoding(name="pairs", pat_str=pattern, mergeable_ranks=ranks,
-                                               special_tokens={"<|endoftext|>": len(ranks)}))
+    return TiktokenTokenizer(
+        tiktoken.Encoding(
+            name="pairs", pat_str=pattern, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": len(ranks)}
+        )
+    )
 
 
 def own_bpe(tmp_path_factory) -> HFTokenizer:
@@ -58,8 +61,11 @@ KINDS = {
     "hf-smollm": lambda _: hf_tokenizer("smollm"),
     "own-bpe": own_bpe,
 }
-CONVERSATION = [{"role": "system", "content": "Réponds brièvement."}, {"role": "user", "content": "2+2 ? ☃"},
-                {"role": "assistant", "content": "4, naïvement."}]
+CONVERSATION = [
+    {"role": "system", "content": "Réponds brièvement."},
+    {"role": "user", "content": "2+2 ? ☃"},
+    {"role": "assistant", "content": "4, naïvement."},
+]
 CHATS = {"chat-char": "char", "chat-byte": "byte", "chat-tiktoken": "tiktoken-gpt2", "chat-hf": "hf-llama3"}
 
 
@@ -83,8 +89,14 @@ def test_llama_cpp_tokenizes_text_to_minigpts_ids(kind, tmp_path_factory, tmp_pa
             assert llama.tokenize(text, add_special=result.vocab.add_bos) == ids, text
     if kind.startswith(("tiktoken", "hf", "own")):
         assert max(tokenizer.encode(CORPUS)) >= 256  # the texts exercise merges
-    assert result.vocab.pre == {"hf-llama3": "llama-bpe", "tiktoken-cl100k": "llama-bpe", "tiktoken-o200k": "gpt-4o",
-                                "hf-qwen2": "qwen2", "hf-smollm": "smollm", "chat-hf": "llama-bpe"}.get(kind, "gpt-2")
+    assert result.vocab.pre == {
+        "hf-llama3": "llama-bpe",
+        "tiktoken-cl100k": "llama-bpe",
+        "tiktoken-o200k": "gpt-4o",
+        "hf-qwen2": "qwen2",
+        "hf-smollm": "smollm",
+        "chat-hf": "llama-bpe",
+    }.get(kind, "gpt-2")
 
 
 def test_special_tokens_and_the_chat_template_travel_in_the_file(tmp_path_factory, tmp_path):
@@ -94,8 +106,12 @@ def test_special_tokens_and_the_chat_template_travel_in_the_file(tmp_path_factor
     assert (vocab.bos, vocab.eos, vocab.end_of_turn) == (eot, im_end, im_end) and not vocab.add_bos
     assert vocab.types[im_end] == vocab.types[eot] == 3  # control tokens: parsed in a prompt, never in plain text
     assert "{% generation %}" in chat.template and "{% generation %}" not in vocab.chat_template
-    assert chat.render(CONVERSATION)[0] == ChatTokenizer(chat.base, vocab.chat_template, chat.added, chat.specials,
-                                                          chat.end_of_turn).render(CONVERSATION)[0]
+    assert (
+        chat.render(CONVERSATION)[0]
+        == ChatTokenizer(chat.base, vocab.chat_template, chat.added, chat.specials, chat.end_of_turn).render(
+            CONVERSATION
+        )[0]
+    )
     plain = gguf_vocab(tokenizer_of("tiktoken-gpt2", tmp_path_factory), chat.base.vocab_size)
     assert (plain.bos, plain.eos, plain.chat_template) == (eot, eot, None)
     byte = gguf_vocab(ByteTokenizer(), 300)  # a model vocabulary padded past the tokenizer's: unused tokens
@@ -118,14 +134,24 @@ def test_a_char_vocabulary_ends_on_the_character_its_model_is_least_likely_to_wr
     assert probs[eos] == probs.min()
 
 
-@pytest.mark.parametrize("build, message", [
-    (lambda: TiktokenTokenizer(tiktoken.Encoding(name="odd", pat_str=r"\S+|\s+",
-                                                 mergeable_ranks={bytes([i]): i for i in range(256)},
-                                                 special_tokens={})),
-     "splits text with a pattern llama.cpp has no pre-tokenizer for"),
-    (lambda: sentencepiece_style(), "is not a byte-level BPE"),
-    (lambda: hf_tokenizer("bytelevel").__class__(normalised()), "normalises text first (NFKC)"),
-])
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (
+            lambda: TiktokenTokenizer(
+                tiktoken.Encoding(
+                    name="odd",
+                    pat_str=r"\S+|\s+",
+                    mergeable_ranks={bytes([i]): i for i in range(256)},
+                    special_tokens={},
+                )
+            ),
+            "splits text with a pattern llama.cpp has no pre-tokenizer for",
+        ),
+        (lambda: sentencepiece_style(), "is not a byte-level BPE"),
+        (lambda: hf_tokenizer("bytelevel").__class__(normalised()), "normalises text first (NFKC)"),
+    ],
+)
 def test_a_tokenizer_llama_cpp_would_encode_otherwise_is_refused_before_writing(build, message, tmp_path):
     tokenizer = build()
     model = random_model(n_layer=1, n_embd=32, vocab_size=tokenizer.vocab_size)
@@ -142,8 +168,7 @@ def sentencepiece_style() -> HFTokenizer:
     vocab = {"<unk>": 0, **{f"<0x{i:02X}>": 1 + i for i in range(256)}, "▁": 257, "a": 258, "▁a": 259}
     backend = t.Tokenizer(t.models.BPE(vocab, [("▁", "a")], byte_fallback=True, unk_token="<unk>"))
     backend.pre_tokenizer = t.pre_tokenizers.Metaspace()
-    backend.decoder = t.decoders.Sequence([t.decoders.Replace("▁", " "), t.decoders.ByteFallback(),
-                                           t.decoders.Fuse()])
+    backend.decoder = t.decoders.Sequence([t.decoders.Replace("▁", " "), t.decoders.ByteFallback(), t.decoders.Fuse()])
     return HFTokenizer(backend.to_str())
 
 

@@ -28,10 +28,35 @@ transformers = pytest.importorskip("transformers")
 
 SAMPLE = "First Citizen:\nBefore we proceed any further, hear me speak.\n  héllo wörld ☃ 'tis 12345\tdone\n"
 GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-MERGES = [b"th", b"the", b" t", b" the", b"in", b"ing", b"er", b"Ci", b"Cit", b"\xc3\xa9", b"h\xc3\xa9", b"pe",
-          b"spe", b" spe", b"ea", b" w", b"12", b"123", b"\xe2\x98", b"\xe2\x98\x83"]
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 16}
+MERGES = [
+    b"th",
+    b"the",
+    b" t",
+    b" the",
+    b"in",
+    b"ing",
+    b"er",
+    b"Ci",
+    b"Cit",
+    b"\xc3\xa9",
+    b"h\xc3\xa9",
+    b"pe",
+    b"spe",
+    b" spe",
+    b"ea",
+    b" w",
+    b"12",
+    b"123",
+    b"\xe2\x98",
+    b"\xe2\x98\x83",
+]
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
 SMALL = dict(n_layer=2, n_head=4, n_embd=64, block_size=48, vocab_size=256)
 
 # each row exercises a different path of the conversion
@@ -47,8 +72,9 @@ CASES = {
 
 def small_bpe() -> tiktoken.Encoding:
     ranks = {bytes([i]): i for i in range(256)} | {m: 256 + i for i, m in enumerate(MERGES)}
-    return tiktoken.Encoding(name="small_bpe", pat_str=GPT2_PAT, mergeable_ranks=ranks,
-                             special_tokens={"<|endoftext|>": len(ranks)})
+    return tiktoken.Encoding(
+        name="small_bpe", pat_str=GPT2_PAT, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": len(ranks)}
+    )
 
 
 def random_model(seed: int = 0, **overrides) -> GPT:
@@ -107,8 +133,11 @@ def test_greedy_generation_gives_the_same_tokens(exported, name):
 
 @pytest.mark.parametrize("kind", ["char", "byte", "tiktoken"])
 def test_autotokenizer_gives_our_ids(kind, tmp_path):
-    tokenizer = {"char": lambda: CharTokenizer(SAMPLE + "xyz"), "byte": ByteTokenizer,
-                 "tiktoken": lambda: TiktokenTokenizer(small_bpe())}[kind]()
+    tokenizer = {
+        "char": lambda: CharTokenizer(SAMPLE + "xyz"),
+        "byte": ByteTokenizer,
+        "tiktoken": lambda: TiktokenTokenizer(small_bpe()),
+    }[kind]()
     model = random_model(arch="llama", vocab_size=tokenizer.vocab_size)
     export_hf(model, tokenizer, tmp_path / "out")
     hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
@@ -125,17 +154,20 @@ def test_autotokenizer_gives_our_ids(kind, tmp_path):
     assert generation.get("eos_token_id") == eot and "max_length" not in generation
 
 
-@pytest.mark.parametrize("overrides, option", [
-    (dict(qk_norm=True), "qk_norm=true"),
-    (dict(mlp="relu2"), "mlp=relu2"),
-    (dict(arch="llama", mlp="relu2"), "mlp=relu2"),
-    (dict(mlp="swiglu"), "mlp=swiglu with arch gpt"),
-    (dict(arch="llama", mlp="gelu"), "mlp=gelu with arch llama"),
-    (dict(n_kv_head=2), "n_kv_head=2 (grouped-query attention) with arch gpt"),
-    (dict(head_dim=8), "head_dim=8 with arch gpt"),
-    (dict(arch="llama", n_embd=60, n_head=8, head_dim=8), "n_embd=60 with n_head=8"),
-    (dict(arch="llama", bias=True), "bias=true with arch llama"),
-])
+@pytest.mark.parametrize(
+    "overrides, option",
+    [
+        (dict(qk_norm=True), "qk_norm=true"),
+        (dict(mlp="relu2"), "mlp=relu2"),
+        (dict(arch="llama", mlp="relu2"), "mlp=relu2"),
+        (dict(mlp="swiglu"), "mlp=swiglu with arch gpt"),
+        (dict(arch="llama", mlp="gelu"), "mlp=gelu with arch llama"),
+        (dict(n_kv_head=2), "n_kv_head=2 (grouped-query attention) with arch gpt"),
+        (dict(head_dim=8), "head_dim=8 with arch gpt"),
+        (dict(arch="llama", n_embd=60, n_head=8, head_dim=8), "n_embd=60 with n_head=8"),
+        (dict(arch="llama", bias=True), "bias=true with arch llama"),
+    ],
+)
 def test_an_option_hf_cannot_express_is_one_line_and_writes_nothing(overrides, option, tmp_path):
     model = random_model(**overrides)
     with pytest.raises(UserError) as e:
@@ -149,11 +181,17 @@ def test_an_existing_out_is_kept_unless_overwrite_and_overwrite_replaces_only_an
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     model = random_model()
-    with pytest.raises(UserError, match=r"already holds files \(notes.txt\); choose another output folder, or "
-                                        r"pass --overwrite"):
+    with pytest.raises(
+        UserError,
+        match=r"already holds files \(notes.txt\); choose another output folder, or "
+        r"pass --overwrite",
+    ):
         export_hf(model, ByteTokenizer(), out)
-    with pytest.raises(UserError, match=r"holds no minigpt_export.json .* so its files may be yours and --overwrite "
-                                        r"would delete notes.txt; choose another output folder"):
+    with pytest.raises(
+        UserError,
+        match=r"holds no minigpt_export.json .* so its files may be yours and --overwrite "
+        r"would delete notes.txt; choose another output folder",
+    ):
         export_hf(model, ByteTokenizer(), out, overwrite=True)
     assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
 
@@ -201,12 +239,11 @@ def test_export_command_writes_a_folder_transformers_loads(tmp_path, capsys):
     assert line.startswith(f"wrote LlamaForCausalLM ({model.num_params():,} parameters) to {tmp_path / 'hf'}: ")
     assert line.count("\n") == 1
     hf = load_hf(tmp_path / "hf")
-    text = SAMPLE[:SMALL["block_size"]]
+    text = SAMPLE[: SMALL["block_size"]]
     ids = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")(text, return_tensors="pt")["input_ids"]
     assert ids[0].tolist() == tokenizer.encode(text)
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, model(ids)[0], atol=1e-4, rtol=0)
-
 
 
 def test_a_char_export_read_back_names_characters_outside_its_vocabulary(tmp_path):
@@ -222,10 +259,25 @@ def test_a_char_export_read_back_names_characters_outside_its_vocabulary(tmp_pat
     with pytest.raises(UnknownCharactersError):
         tokenizer.encode_batch([SAMPLE[:10], "\u00a9"])
     assert tokenizer.encode(SAMPLE[:10]) == CharTokenizer(SAMPLE).encode(SAMPLE[:10])
-    done = subprocess.run([sys.executable, str(REPO / "sample.py"), "--ckpt", str(tmp_path / "hf"), "--prompt",
-                           "\u00a9", "--max_new_tokens", "2"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "outside the model's char vocabulary" in \
-        done.stderr, done.stderr
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "sample.py"),
+            "--ckpt",
+            str(tmp_path / "hf"),
+            "--prompt",
+            "\u00a9",
+            "--max_new_tokens",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        done.returncode == 2 and done.stderr.count("\n") == 1 and "outside the model's char vocabulary" in done.stderr
+    ), done.stderr
+
 
 def test_export_command_mistakes_are_one_line_exit_2(tmp_path):
     write_checkpoint(tmp_path / "qk.ckpt", qk_norm=True)
@@ -233,15 +285,19 @@ def test_export_command_mistakes_are_one_line_exit_2(tmp_path):
     (tmp_path / "taken" / "config.json").write_text("{}")
     (tmp_path / "notes.txt").write_text("mine")
     missing = ["--ckpt", str(tmp_path / "missing.ckpt")]  # --out is checked before the checkpoint is looked at
-    cases = [(["--ckpt", str(tmp_path / "qk.ckpt"), "--out", str(tmp_path / "out")], "qk_norm=true"),
-             (["--ckpt", str(tmp_path / "qk.ckpt"), "--out", str(tmp_path / "taken")], "already holds files"),
-             ([*missing, "--out", str(tmp_path / "taken"), "--overwrite"], "holds no minigpt_export.json"),
-             ([*missing, "--out", str(tmp_path / "notes.txt" / "sub" / "hf")],
-              f"{tmp_path / 'notes.txt'} is a file, not a folder, so {tmp_path / 'notes.txt' / 'sub' / 'hf'} cannot "
-              "be created in it; choose another output folder"),
-             ([*missing, "--out", str(tmp_path / "notes.txt")], "notes.txt exists and is not a folder"),
-             ([*missing, "--out", ""], "--out is empty"),
-             ([*missing, "--out", str(tmp_path / "out")], "checkpoint not found")]
+    cases = [
+        (["--ckpt", str(tmp_path / "qk.ckpt"), "--out", str(tmp_path / "out")], "qk_norm=true"),
+        (["--ckpt", str(tmp_path / "qk.ckpt"), "--out", str(tmp_path / "taken")], "already holds files"),
+        ([*missing, "--out", str(tmp_path / "taken"), "--overwrite"], "holds no minigpt_export.json"),
+        (
+            [*missing, "--out", str(tmp_path / "notes.txt" / "sub" / "hf")],
+            f"{tmp_path / 'notes.txt'} is a file, not a folder, so {tmp_path / 'notes.txt' / 'sub' / 'hf'} cannot "
+            "be created in it; choose another output folder",
+        ),
+        ([*missing, "--out", str(tmp_path / "notes.txt")], "notes.txt exists and is not a folder"),
+        ([*missing, "--out", ""], "--out is empty"),
+        ([*missing, "--out", str(tmp_path / "out")], "checkpoint not found"),
+    ]
     # one interpreter runs export.py for each case, as `python export.py ARGS` would (its exit code and stderr)
     for (code, err), (_, expected) in zip(script_runs("export.py", [argv for argv, _ in cases], 120), cases):
         assert code == 2 and err.startswith("error: ") and expected in err, err

@@ -93,11 +93,40 @@ def lora_run(tmp_path_factory, corpus):
     torch.manual_seed(0)
     base = GPT(GPTConfig(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=32, vocab_size=256))
     save_file(model_checkpoint(base, ByteTokenizer()), root / "base.ckpt")
-    train_main(["--init_from", str(root / "base.ckpt"), "--finetune", "lora", "--lora.rank", "4",
-                "--data.source", str(corpus), "--data.data_root", str(root / "data"), "--out_dir", str(root / "run"),
-                "--data.batch_size", "4", "--data.val_batches", "1", "--trainer.max_steps", "6",
-                "--trainer.val_check_interval", "6", "--trainer.enable_progress_bar", "false", "--sample_tokens", "0",
-                "--optim.learning_rate", "0.05", "--optim.warmup_steps", "0", "--eval_full", "false"])
+    train_main(
+        [
+            "--init_from",
+            str(root / "base.ckpt"),
+            "--finetune",
+            "lora",
+            "--lora.rank",
+            "4",
+            "--data.source",
+            str(corpus),
+            "--data.data_root",
+            str(root / "data"),
+            "--out_dir",
+            str(root / "run"),
+            "--data.batch_size",
+            "4",
+            "--data.val_batches",
+            "1",
+            "--trainer.max_steps",
+            "6",
+            "--trainer.val_check_interval",
+            "6",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--sample_tokens",
+            "0",
+            "--optim.learning_rate",
+            "0.05",
+            "--optim.warmup_steps",
+            "0",
+            "--eval_full",
+            "false",
+        ]
+    )
     return root / "run"
 
 
@@ -109,11 +138,14 @@ def test_export_py_writes_peft_files_and_the_merged_model_from_a_lora_run(lora_r
 
     export_main(["--ckpt", str(lora_run), "--format", "peft", "--out", str(tmp_path / "adapter")])
     assert "wrote PEFT LoRA adapters" in capsys.readouterr().out
-    assert sorted(p.name for p in (tmp_path / "adapter").iterdir()) == ["adapter_config.json",
-                                                                        "adapter_model.safetensors",
-                                                                        "minigpt_export.json"]
-    torch.testing.assert_close(peft_logits(tmp_path / "adapter", tmp_path / "adapter-base", idx), expected,
-                               atol=1e-4, rtol=0)
+    assert sorted(p.name for p in (tmp_path / "adapter").iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "minigpt_export.json",
+    ]
+    torch.testing.assert_close(
+        peft_logits(tmp_path / "adapter", tmp_path / "adapter-base", idx), expected, atol=1e-4, rtol=0
+    )
 
     export_main(["--ckpt", str(lora_run), "--out", str(tmp_path / "merged")])  # --format hf: the merged model
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged")

@@ -10,27 +10,69 @@ from minigpt.hf.tokenizer_files import save_hf_tokenizer
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 256  # the byte tokenizer's: every model here gets a tokenizer.json of ours
-ROPE_LLAMA3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                   original_max_position_embeddings=16)  # a short original context, so the scaling bites in 64
+ROPE_LLAMA3 = dict(
+    rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16
+)  # a short original context, so the scaling bites in 64
 SMALL = dict(vocab_size=VOCAB, bos_token_id=None, eos_token_id=None, pad_token_id=None)
 MODELS = {
     "gpt2": lambda: transformers.GPT2Config(n_positions=64, n_embd=48, n_layer=2, n_head=4, **SMALL),
     "gpt2-exact-gelu-untied": lambda: transformers.GPT2Config(
-        n_positions=64, n_embd=48, n_layer=2, n_head=3, n_inner=80, activation_function="gelu",
-        layer_norm_epsilon=1e-3, tie_word_embeddings=False, reorder_and_upcast_attn=True, **SMALL),
+        n_positions=64,
+        n_embd=48,
+        n_layer=2,
+        n_head=3,
+        n_inner=80,
+        activation_function="gelu",
+        layer_norm_epsilon=1e-3,
+        tie_word_embeddings=False,
+        reorder_and_upcast_attn=True,
+        **SMALL,
+    ),
     "llama-gqa-tied": lambda: transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=64, rope_theta=500000.0, tie_word_embeddings=True, **SMALL),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+        **SMALL,
+    ),
     "llama-head-dim-untied": lambda: transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-        head_dim=24, rms_norm_eps=1e-5, max_position_embeddings=64, tie_word_embeddings=False, **SMALL),
+        hidden_size=64,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=24,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        **SMALL,
+    ),
     "llama3-rope-scaling": lambda: transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
-        max_position_embeddings=64, rope_theta=500000.0, rope_scaling=ROPE_LLAMA3, tie_word_embeddings=True,
-        **SMALL),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        rope_theta=500000.0,
+        rope_scaling=ROPE_LLAMA3,
+        tie_word_embeddings=True,
+        **SMALL,
+    ),
     "mistral": lambda: transformers.MistralConfig(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=64, sliding_window=64, **SMALL),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        sliding_window=64,
+        **SMALL,
+    ),
 }
 CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
 

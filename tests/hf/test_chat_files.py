@@ -19,8 +19,11 @@ transformers = pytest.importorskip("transformers")
 
 def chat_model(tok: ChatTokenizer, arch: str = "gpt") -> GPT:
     torch.manual_seed(0)
-    return GPT(GPTConfig(arch=arch, n_layer=1, n_head=2, n_embd=32, block_size=128, vocab_size=tok.vocab_size,
-                         tie_embeddings=False)).eval()
+    return GPT(
+        GPTConfig(
+            arch=arch, n_layer=1, n_head=2, n_embd=32, block_size=128, vocab_size=tok.vocab_size, tie_embeddings=False
+        )
+    ).eval()
 
 
 @pytest.mark.parametrize("kind", BASES)
@@ -59,6 +62,6 @@ def test_generate_stops_at_the_end_of_turn_token(tmp_path):
     assert hf_model.generation_config.eos_token_id == tok.eot_id
     prompt = torch.tensor([tok.encode_chat(CONVERSATION[:2], add_generation_prompt=True)[0]])
     out = hf_model.generate(prompt, max_new_tokens=5, do_sample=False)
-    assert out[0, prompt.size(1):].tolist() == [tok.eot_id]  # one token, and it ended the reply
+    assert out[0, prompt.size(1) :].tolist() == [tok.eot_id]  # one token, and it ended the reply
     hf_model.generation_config.eos_token_id = None  # the control: without it, all five come
     assert hf_model.generate(prompt, max_new_tokens=5, do_sample=False).size(1) == prompt.size(1) + 5

@@ -51,13 +51,19 @@ def test_the_export_itself_loads(hf_folder):
     assert model.config.n_layer == 1
 
 
-@pytest.mark.parametrize("file,content,match", [
-    ("config.json", deeply_nested(), r"cannot read .*config.json \(nested more than 100 levels deep"),
-    ("config.json", "[1, 2]", "config.json is not a JSON object"),
-    ("config.json", "{not json", r"cannot read .*config.json \("),
-    ("tokenizer_config.json", '{"a": ' + deeply_nested() + "}",
-     r"cannot read .*tokenizer_config.json \(nested more than 100 levels deep"),
-])
+@pytest.mark.parametrize(
+    "file,content,match",
+    [
+        ("config.json", deeply_nested(), r"cannot read .*config.json \(nested more than 100 levels deep"),
+        ("config.json", "[1, 2]", "config.json is not a JSON object"),
+        ("config.json", "{not json", r"cannot read .*config.json \("),
+        (
+            "tokenizer_config.json",
+            '{"a": ' + deeply_nested() + "}",
+            r"cannot read .*tokenizer_config.json \(nested more than 100 levels deep",
+        ),
+    ],
+)
 def test_malformed_json_documents_are_one_line_naming_the_file(hf_folder, tmp_path, file, content, match):
     folder = copy_of(hf_folder, tmp_path)
     (folder / file).write_text(content)
@@ -65,11 +71,20 @@ def test_malformed_json_documents_are_one_line_naming_the_file(hf_folder, tmp_pa
         load_model(folder)
 
 
-@pytest.mark.parametrize("field,value", [("model_type", ["llama"]), ("architectures", "LlamaForCausalLM"),
-                                         ("hidden_act", {"name": "silu"}), ("num_hidden_layers", "2"),
-                                         ("num_attention_heads", True), ("rope_theta", "big"),
-                                         ("sliding_window", [4096]), ("rope_scaling", ["llama3"]),
-                                         ("tie_word_embeddings", "no")])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("model_type", ["llama"]),
+        ("architectures", "LlamaForCausalLM"),
+        ("hidden_act", {"name": "silu"}),
+        ("num_hidden_layers", "2"),
+        ("num_attention_heads", True),
+        ("rope_theta", "big"),
+        ("sliding_window", [4096]),
+        ("rope_scaling", ["llama3"]),
+        ("tie_word_embeddings", "no"),
+    ],
+)
 def test_config_fields_of_the_wrong_json_type_name_the_field(hf_folder, tmp_path, field, value):
     folder = copy_of(hf_folder, tmp_path)
     config = json.loads((folder / "config.json").read_text())
@@ -80,17 +95,20 @@ def test_config_fields_of_the_wrong_json_type_name_the_field(hf_folder, tmp_path
     assert "where a model's config.json has" in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("weight_map,match", [
-    ({"model.embed_tokens.weight": 3}, "weight_map is not a map of tensor names to file names"),
-    ({"model.embed_tokens.weight": None}, "weight_map is not a map"),
-    ({"model.embed_tokens.weight": "../../etc/passwd"}, "points outside the model's folder"),
-    ({"model.embed_tokens.weight": "/etc/passwd"}, "points outside the model's folder"),
-    ({"model.embed_tokens.weight": "a\u0000b.safetensors"}, "points outside the model's folder or is no file name"),
-    ({"model.embed_tokens.weight": "x" * 5000 + ".safetensors"}, "is no file name"),
-    ({"model.embed_tokens.weight": ""}, "is no file name"),
-    ({"model.embed_tokens.weight": "."}, "is no file name"),
-    ({"model.embed_tokens.weight": "config.json"}, "'config.json', not a .safetensors file"),
-])
+@pytest.mark.parametrize(
+    "weight_map,match",
+    [
+        ({"model.embed_tokens.weight": 3}, "weight_map is not a map of tensor names to file names"),
+        ({"model.embed_tokens.weight": None}, "weight_map is not a map"),
+        ({"model.embed_tokens.weight": "../../etc/passwd"}, "points outside the model's folder"),
+        ({"model.embed_tokens.weight": "/etc/passwd"}, "points outside the model's folder"),
+        ({"model.embed_tokens.weight": "a\u0000b.safetensors"}, "points outside the model's folder or is no file name"),
+        ({"model.embed_tokens.weight": "x" * 5000 + ".safetensors"}, "is no file name"),
+        ({"model.embed_tokens.weight": ""}, "is no file name"),
+        ({"model.embed_tokens.weight": "."}, "is no file name"),
+        ({"model.embed_tokens.weight": "config.json"}, "'config.json', not a .safetensors file"),
+    ],
+)
 def test_a_sharded_index_is_checked_and_confined_to_the_folder(hf_folder, tmp_path, weight_map, match):
     folder = copy_of(hf_folder, tmp_path)
     (folder / "model.safetensors").rename(folder / "model-00001-of-00001.safetensors")
@@ -112,18 +130,25 @@ def test_a_symlinked_shard_leading_outside_is_refused(hf_folder, tmp_path):
 def test_the_sampler_says_it_in_one_line(hf_folder, tmp_path):
     folder = copy_of(hf_folder, tmp_path)
     (folder / "config.json").write_text(deeply_nested())
-    done = subprocess.run([sys.executable, str(REPO / "sample.py"), "--ckpt", str(folder), "--max_new_tokens", "2"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "sample.py"), "--ckpt", str(folder), "--max_new_tokens", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert "nested more than 100 levels deep" in done.stderr
 
 
-@pytest.mark.parametrize("arch,name,shape,expected", [
-    ("gpt", "transformer.h.0.attn.c_attn.weight", (2, 16, 48), (16, 48)),
-    ("gpt", "transformer.ln_f.weight", (16, 1), (16,)),
-    ("llama", "model.layers.0.self_attn.q_proj.weight", (256,), (16, 16)),
-    ("llama", "model.embed_tokens.weight", (), (256, 16)),
-])
+@pytest.mark.parametrize(
+    "arch,name,shape,expected",
+    [
+        ("gpt", "transformer.h.0.attn.c_attn.weight", (2, 16, 48), (16, 48)),
+        ("gpt", "transformer.ln_f.weight", (16, 1), (16,)),
+        ("llama", "model.layers.0.self_attn.q_proj.weight", (256,), (16, 16)),
+        ("llama", "model.embed_tokens.weight", (), (256, 16)),
+    ],
+)
 def test_a_tensor_of_the_wrong_rank_is_one_line_naming_it(tmp_path, arch, name, shape, expected):
     from safetensors.torch import load_file, save_file
 
@@ -142,6 +167,7 @@ def test_a_tensor_of_the_wrong_rank_is_one_line_naming_it(tmp_path, arch, name, 
 
 # ------------------------------------------------------------------------------------------- the hub's cache
 
+
 def sharded_in_cache(folder: Path, cache: Path, repo_id: str, commit: str = "0" * 40) -> Path:
     """`folder`'s weights as two shards, laid out as huggingface_hub's cache lays out a download: every snapshot
     file a relative link into the repository's blobs/."""
@@ -157,8 +183,9 @@ def sharded_in_cache(folder: Path, cache: Path, repo_id: str, commit: str = "0" 
             (staged / f.name).write_bytes(f.read_bytes())
     for shard, part in halves.items():
         save_file({n: tensors[n] for n in part}, staged / shard, metadata={"format": "pt"})
-    (staged / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {n: shard for shard, part in halves.items() for n in part}}))
+    (staged / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {n: shard for shard, part in halves.items() for n in part}})
+    )
     repo = cache / f"models--{repo_id.replace('/', '--')}"
     (repo / "blobs").mkdir(parents=True)
     (repo / "refs").mkdir()
@@ -195,14 +222,18 @@ def test_a_partial_download_in_the_cache_is_not_taken_for_complete(hf_folder, hu
 
 # ------------------------------------------------------------------------------------------- pytorch_model.bin
 
-def torch_archive_with(source: Path, target: Path, data_pkl: bytes | None = None,
-                       compression: int = zipfile.ZIP_STORED) -> Path:
+
+def torch_archive_with(
+    source: Path, target: Path, data_pkl: bytes | None = None, compression: int = zipfile.ZIP_STORED
+) -> Path:
     """A copy of the torch.save archive `source`, its data.pkl replaced (when given) or its records compressed."""
     staged = target.with_name(target.name + ".staged")
     with zipfile.ZipFile(source) as old, zipfile.ZipFile(staged, "w", compression=compression) as new:
         for record in old.infolist():
-            new.writestr(record.filename, data_pkl if data_pkl is not None and record.filename.endswith("data.pkl")
-                         else old.read(record))
+            new.writestr(
+                record.filename,
+                data_pkl if data_pkl is not None and record.filename.endswith("data.pkl") else old.read(record),
+            )
     return staged.replace(target)
 
 
@@ -236,7 +267,7 @@ def test_a_pytorch_model_bin_loads_like_its_safetensors(hf_folder, bin_folder):
 MALFORMED_PICKLES = {  # a stream that is damaged rather than malicious; torch.load's own answer in the comment
     "PROTO then STOP": lambda good: b"\x80\x02.",  # IndexError: pop from empty list
     "an unset memo slot": lambda good: b"\x80\x02h\x05.",  # BINGET 5, never PUT: KeyError
-    "cut mid-opcode": lambda good: good[:len(good) // 2],  # EOFError
+    "cut mid-opcode": lambda good: good[: len(good) // 2],  # EOFError
     "SETITEM on an empty stack": lambda good: b"\x80\x02}s.",  # IndexError
     "an unknown opcode": lambda good: b"\x80\x02\xff.",
     "empty": lambda good: b"",
@@ -305,18 +336,23 @@ def sparse_state(folder: Path) -> dict:
     return state
 
 
-@pytest.mark.parametrize("case,needle", [
-    ("compressed records (a zip bomb)", "it holds compressed records"),
-    ("bytearray(8e9)", "its pickle calls bytearray"),
-    ("torch.FloatTensor(1e10)", "its pickle calls torch.FloatTensor, which allocates from a number"),
-    ("torch.UntypedStorage(1e10)", "its pickle calls torch.storage.UntypedStorage"),
-    ("a storage larger than its record", "asks for 4000000000 bytes of torch.float32 from the record data/0, which "
-                                         "holds"),
-    ("a legacy (non-zip) file", "it is not a zip archive as torch.save writes it"),
-    ("a sparse tensor", "it holds a sparse tensor (torch._utils._rebuild_sparse_tensor)"),
-    ("a meta-device tensor", "it holds a meta-device tensor"),
-    ("a pickled os.system", "holds objects other than tensors and plain data (GLOBAL posix.system)"),
-])
+@pytest.mark.parametrize(
+    "case,needle",
+    [
+        ("compressed records (a zip bomb)", "it holds compressed records"),
+        ("bytearray(8e9)", "its pickle calls bytearray"),
+        ("torch.FloatTensor(1e10)", "its pickle calls torch.FloatTensor, which allocates from a number"),
+        ("torch.UntypedStorage(1e10)", "its pickle calls torch.storage.UntypedStorage"),
+        (
+            "a storage larger than its record",
+            "asks for 4000000000 bytes of torch.float32 from the record data/0, which holds",
+        ),
+        ("a legacy (non-zip) file", "it is not a zip archive as torch.save writes it"),
+        ("a sparse tensor", "it holds a sparse tensor (torch._utils._rebuild_sparse_tensor)"),
+        ("a meta-device tensor", "it holds a meta-device tensor"),
+        ("a pickled os.system", "holds objects other than tensors and plain data (GLOBAL posix.system)"),
+    ],
+)
 def test_pytorch_model_bin_gets_the_checks_of_our_checkpoints(bin_folder, hf_folder, case, needle):
     """What a crafted .bin could make torch.load allocate or build is refused first, from the archive alone: every
     storage is exactly its record, and the records fit the file, so the load is bounded by the file's size."""
@@ -332,8 +368,12 @@ def test_pytorch_model_bin_gets_the_checks_of_our_checkpoints(bin_folder, hf_fol
     elif case == "a meta-device tensor":
         torch.save({"model.norm.weight": torch.empty(16, device="meta")}, path)
     else:
-        call = {"bytearray(8e9)": (bytearray, 8 * 10**9), "torch.FloatTensor(1e10)": (torch.FloatTensor, 10**10),
-                "torch.UntypedStorage(1e10)": (torch.UntypedStorage, 10**10), "a pickled os.system": (os.system, "")}
+        call = {
+            "bytearray(8e9)": (bytearray, 8 * 10**9),
+            "torch.FloatTensor(1e10)": (torch.FloatTensor, 10**10),
+            "torch.UntypedStorage(1e10)": (torch.UntypedStorage, 10**10),
+            "a pickled os.system": (os.system, ""),
+        }
         torch_archive_with(path, path, pickle.dumps(Allocates(*call[case]), protocol=2))
     start = time.perf_counter()
     with pytest.raises(CheckpointError) as e:
@@ -343,6 +383,7 @@ def test_pytorch_model_bin_gets_the_checks_of_our_checkpoints(bin_folder, hf_fol
 
 
 # ------------------------------------------------------------------------------------------- quantized weights
+
 
 def edit_config(folder: Path, **changes) -> None:
     config = json.loads((folder / "config.json").read_text())
@@ -354,21 +395,29 @@ def edit_config(folder: Path, **changes) -> None:
     (folder / "config.json").write_text(json.dumps(config))
 
 
-@pytest.mark.parametrize("key,spec,named", [
-    ("quantization_config", {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
-     "fp8"),
-    ("quantization_config", {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}, "bitsandbytes"),
-    ("quantization_config", {"quant_method": "gptq", "bits": 4}, "gptq"),
-    ("compression_config", {"quant_method": "compressed-tensors"}, "compressed-tensors"),
-])
+@pytest.mark.parametrize(
+    "key,spec,named",
+    [
+        (
+            "quantization_config",
+            {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
+            "fp8",
+        ),
+        ("quantization_config", {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}, "bitsandbytes"),
+        ("quantization_config", {"quant_method": "gptq", "bits": 4}, "gptq"),
+        ("compression_config", {"quant_method": "compressed-tensors"}, "compressed-tensors"),
+    ],
+)
 def test_a_config_json_saying_quantized_is_refused_before_the_weights_are_read(hf_folder, tmp_path, key, spec, named):
     folder = copy_of(hf_folder, tmp_path)
     edit_config(folder, **{key: spec})
     (folder / "model.safetensors").write_bytes(b"never read")  # the refusal comes before any weight file is opened
     with pytest.raises(CheckpointError) as e:
         load_model(folder)
-    assert (f"its config.json has {key} ({named}): minigpt imports unquantized float weights only; use the original "
-            "(bf16/fp32) model") in one_line(e)
+    assert (
+        f"its config.json has {key} ({named}): minigpt imports unquantized float weights only; use the original "
+        "(bf16/fp32) model"
+    ) in one_line(e)
 
 
 def quantized(state: dict, scheme: str) -> dict:
@@ -392,14 +441,17 @@ def quantized(state: dict, scheme: str) -> dict:
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "bin"])
-@pytest.mark.parametrize("scheme,needle", [
-    ("fp8 with weight_scale_inv", "is float8_e4m3fn (quantized)"),
-    ("fp8 alone", "self_attn.q_proj.weight is float8_e5m2 (quantized)"),
-    ("int8 alone", "self_attn.q_proj.weight is int8 (quantized)"),
-    ("a float weight with its input_scale", "self_attn.q_proj.input_scale is a quantization's scale"),
-    ("bitsandbytes 4-bit", "is uint8 (quantized)"),
-    ("gptq", "self_attn.q_proj.qweight is a quantization's scale or index"),
-])
+@pytest.mark.parametrize(
+    "scheme,needle",
+    [
+        ("fp8 with weight_scale_inv", "is float8_e4m3fn (quantized)"),
+        ("fp8 alone", "self_attn.q_proj.weight is float8_e5m2 (quantized)"),
+        ("int8 alone", "self_attn.q_proj.weight is int8 (quantized)"),
+        ("a float weight with its input_scale", "self_attn.q_proj.input_scale is a quantization's scale"),
+        ("bitsandbytes 4-bit", "is uint8 (quantized)"),
+        ("gptq", "self_attn.q_proj.qweight is a quantization's scale or index"),
+    ],
+)
 def test_quantized_tensors_are_refused_naming_the_file_and_tensor(hf_folder, tmp_path, fmt, scheme, needle):
     """Without the scales the import would compute another model, silently: the dtype or the extra tensors say it."""
     from safetensors.torch import load_file, save_file
@@ -416,6 +468,7 @@ def test_quantized_tensors_are_refused_naming_the_file_and_tensor(hf_folder, tmp
 
 
 # ------------------------------------------------------------------------------------------- RoPE in config.json
+
 
 def with_rope(folder: Path, **rope) -> Path:
     """config.json with these RoPE fields only (the export writes rope_parameters and a top-level rope_theta)."""
@@ -438,26 +491,48 @@ def sharp_folder(tmp_path_factory) -> Path:
     return out
 
 
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 4}  # a context of 4 in a block of 16: the scaling bites
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 4,
+}  # a context of 4 in a block of 16: the scaling bites
 
 
-@pytest.mark.parametrize("changes,needle", [
-    (dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rope_scaling={"rope_type": "linear",
-                                                                                          "factor": 2.0}),
-     "holds both rope_parameters ({'rope_type': 'default', 'rope_theta': 10000.0}) and rope_scaling ({'rope_type': "
-     "'linear', 'factor': 2.0}), which disagree"),
-    (dict(rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, rope_scaling={"rope_type": "default"}),
-     "holds both rope_parameters"),  # rope_scaling wins in transformers 5, and with it rope_theta 10000
-    (dict(rope_parameters={**LLAMA3, "rope_theta": 10000.0}, rope_scaling={**LLAMA3, "factor": 4.0}),
-     "holds both rope_parameters"),
-    (dict(rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, rope_theta=10000.0),
-     "gives rope_theta 10000.0 at the top level and 500000.0 in rope_parameters; transformers 4 reads the first, "
-     "transformers 5 the second"),
-    (dict(rope_parameters=None, rope_scaling={**LLAMA3, "rope_theta": 20000.0}, rope_theta=10000.0),
-     "gives rope_theta 10000.0 at the top level and 20000.0 in rope_scaling"),
-    (dict(partial_rotary_factor=0.5), "sets partial_rotary_factor 0.5"),
-])
+@pytest.mark.parametrize(
+    "changes,needle",
+    [
+        (
+            dict(
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                rope_scaling={"rope_type": "linear", "factor": 2.0},
+            ),
+            "holds both rope_parameters ({'rope_type': 'default', 'rope_theta': 10000.0}) and rope_scaling ({'rope_type': "
+            "'linear', 'factor': 2.0}), which disagree",
+        ),
+        (
+            dict(
+                rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, rope_scaling={"rope_type": "default"}
+            ),
+            "holds both rope_parameters",
+        ),  # rope_scaling wins in transformers 5, and with it rope_theta 10000
+        (
+            dict(rope_parameters={**LLAMA3, "rope_theta": 10000.0}, rope_scaling={**LLAMA3, "factor": 4.0}),
+            "holds both rope_parameters",
+        ),
+        (
+            dict(rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, rope_theta=10000.0),
+            "gives rope_theta 10000.0 at the top level and 500000.0 in rope_parameters; transformers 4 reads the first, "
+            "transformers 5 the second",
+        ),
+        (
+            dict(rope_parameters=None, rope_scaling={**LLAMA3, "rope_theta": 20000.0}, rope_theta=10000.0),
+            "gives rope_theta 10000.0 at the top level and 20000.0 in rope_scaling",
+        ),
+        (dict(partial_rotary_factor=0.5), "sets partial_rotary_factor 0.5"),
+    ],
+)
 def test_rope_fields_that_transformers_versions_read_differently_are_refused(hf_folder, tmp_path, changes, needle):
     folder = with_rope(copy_of(hf_folder, tmp_path), **changes)
     with pytest.raises(CheckpointError) as e:
@@ -483,13 +558,19 @@ def test_every_rope_scaling_minigpt_does_not_compute_is_refused(hf_folder, tmp_p
     assert f"its RoPE scaling is '{rope_type}', which minigpt does not compute" in one_line(e)
 
 
-@pytest.mark.parametrize("rope", [
-    dict(rope_parameters={**LLAMA3, "rope_theta": 5000.0}, rope_scaling={**LLAMA3, "rope_theta": 5000.0},
-         rope_theta=5000.0),  # both forms, and both rope_theta, agreeing
-    dict(rope_parameters=None, rope_scaling=LLAMA3, rope_theta=5000.0),  # as transformers 4 wrote Llama 3.1
-    dict(rope_parameters={**LLAMA3, "rope_theta": 5000.0}),  # as transformers 5 writes it
-    dict(rope_parameters={"rope_type": "default"}, rope_scaling={"type": "default"}, rope_theta=5000.0),
-])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        dict(
+            rope_parameters={**LLAMA3, "rope_theta": 5000.0},
+            rope_scaling={**LLAMA3, "rope_theta": 5000.0},
+            rope_theta=5000.0,
+        ),  # both forms, and both rope_theta, agreeing
+        dict(rope_parameters=None, rope_scaling=LLAMA3, rope_theta=5000.0),  # as transformers 4 wrote Llama 3.1
+        dict(rope_parameters={**LLAMA3, "rope_theta": 5000.0}),  # as transformers 5 writes it
+        dict(rope_parameters={"rope_type": "default"}, rope_scaling={"type": "default"}, rope_theta=5000.0),
+    ],
+)
 def test_rope_fields_that_agree_give_transformers_logits(sharp_folder, tmp_path, rope):
     """Read as LlamaForCausalLM reads the same folder: logits equal within 1e-4 (float32), where plain RoPE differs."""
     transformers = pytest.importorskip("transformers")

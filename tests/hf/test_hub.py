@@ -71,9 +71,14 @@ def test_hub_downloads_fetch_one_weight_format(saved, tmp_path, monkeypatch):
     assert [(c[0], c[1]) for c in calls] == [("someorg/old-gpt2", "v1.0")] * 2
     assert "model.safetensors" in calls[0][2] and "pytorch_model.bin" not in calls[0][2]
     assert "pytorch_model.bin" in calls[1][2] and "model.safetensors" not in calls[1][2]
-    assert {f.name for f in (tmp_path / "snapshot").iterdir()} == {"config.json", "generation_config.json",
-                                                                   "pytorch_model.bin", "tokenizer.json",
-                                                                   "tokenizer_config.json", "special_tokens_map.json"}
+    assert {f.name for f in (tmp_path / "snapshot").iterdir()} == {
+        "config.json",
+        "generation_config.json",
+        "pytorch_model.bin",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    }
     idx = ids()
     assert (our_logits(model, idx) - hf_logits(hf_model, idx)).abs().max() < 1e-4
 
@@ -91,12 +96,16 @@ def test_hub_id_offline_and_not_cached_is_one_line(hub_cache):
 def test_sample_cli_offline_hub_id_is_one_line_and_exit_2(tmp_path):
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     env.pop("HF_HUB_CACHE", None)
-    result = subprocess.run([sys.executable, str(REPO / "sample.py"), "--ckpt", "hf:someorg/absent-model",
-                             "--max_new_tokens", "5"], capture_output=True, text=True, env=env, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "sample.py"), "--ckpt", "hf:someorg/absent-model", "--max_new_tokens", "5"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.startswith("error: hf:someorg/absent-model is not in the Hugging Face cache (HF_HOME=")
-
 
 
 @contextlib.contextmanager
@@ -131,24 +140,35 @@ def misbehaving_hub(mode: str):
         server.server_close()
 
 
-HUB_SAMPLE = ("from minigpt.cli.sample import main\n"
-              "main(['--ckpt', 'hf:someorg/tiny-llama', '--max_new_tokens', '3', '--prompt', 'ab'])")
+HUB_SAMPLE = (
+    "from minigpt.cli.sample import main\n"
+    "main(['--ckpt', 'hf:someorg/tiny-llama', '--max_new_tokens', '3', '--prompt', 'ab'])"
+)
 
 
-@pytest.mark.parametrize("mode,fragments", [
-    ("stall", ["is not in the Hugging Face cache", "did not answer in 2 s", "HF_ENDPOINT", "`hf download"]),
-    ("html", ["is not the hub's (JSONDecodeError", "captive portal", "HF_ENDPOINT", "HF_HUB_OFFLINE=1"]),
-    ("json", ["is not the hub's (KeyError", "HF_ENDPOINT", "`hf download someorg/tiny-llama`"]),
-])
+@pytest.mark.parametrize(
+    "mode,fragments",
+    [
+        ("stall", ["is not in the Hugging Face cache", "did not answer in 2 s", "HF_ENDPOINT", "`hf download"]),
+        ("html", ["is not the hub's (JSONDecodeError", "captive portal", "HF_ENDPOINT", "HF_HUB_OFFLINE=1"]),
+        ("json", ["is not the hub's (KeyError", "HF_ENDPOINT", "`hf download someorg/tiny-llama`"]),
+    ],
+)
 def test_a_hub_that_stalls_or_lies_is_one_line_in_bounded_time(tmp_path, mode, fragments):
     with misbehaving_hub(mode) as endpoint:
-        env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_ENDPOINT": endpoint, "PYTHONPATH": str(REPO),
-               "HF_HUB_ETAG_TIMEOUT": "2"}  # huggingface_hub's setting for a slow network: minigpt's bound too
+        env = {
+            **os.environ,
+            "HF_HOME": str(tmp_path / "hf_home"),
+            "HF_ENDPOINT": endpoint,
+            "PYTHONPATH": str(REPO),
+            "HF_HUB_ETAG_TIMEOUT": "2",
+        }  # huggingface_hub's setting for a slow network: minigpt's bound too
         env.pop("HF_HUB_OFFLINE", None)
         env.pop("HF_HUB_CACHE", None)
         start = time.perf_counter()
-        result = subprocess.run([sys.executable, "-c", HUB_SAMPLE], capture_output=True, text=True, env=env,
-                                timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-c", HUB_SAMPLE], capture_output=True, text=True, env=env, timeout=120
+        )
     assert time.perf_counter() - start < 40
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
@@ -164,7 +184,12 @@ def test_a_model_complete_in_the_cache_never_waits_on_the_hub(saved, tmp_path):
         env.pop("HF_HUB_OFFLINE", None)
         env.pop("HF_HUB_CACHE", None)
         start = time.perf_counter()
-        result = subprocess.run([sys.executable, "-c", HUB_SAMPLE.replace("'ab'", "'x'")], capture_output=True,
-                                text=True, env=env, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-c", HUB_SAMPLE.replace("'ab'", "'x'")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
     assert result.returncode == 0, result.stderr
     assert time.perf_counter() - start < 30

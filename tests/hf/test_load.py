@@ -24,8 +24,8 @@ hf = pytest.importorskip("minigpt.hf.load")
 from hf_models import MODELS, SMALL, VOCAB, hf_logits, ids, our_logits, random_hf_model, save  # noqa: E402
 
 
-
 # ------------------------------------------------------------------------------------------- same function
+
 
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("attention", ["sdpa", "manual", "einops"])
@@ -41,15 +41,24 @@ def test_imported_logits_equal_transformers(saved, name, attention):
 
 def test_imported_config_carries_the_source_options(saved):
     cfg = load_model(saved["gpt2"][1])[0].config
-    assert (cfg.arch, cfg.gelu_approximate, cfg.bias, cfg.tie_embeddings, cfg.block_size) == ("gpt", "tanh", True,
-                                                                                              True, 64)
+    assert (cfg.arch, cfg.gelu_approximate, cfg.bias, cfg.tie_embeddings, cfg.block_size) == (
+        "gpt",
+        "tanh",
+        True,
+        True,
+        64,
+    )
     cfg = load_model(saved["gpt2-exact-gelu-untied"][1])[0].config
     assert (cfg.gelu_approximate, cfg.mlp_hidden, cfg.norm_eps, cfg.tie_embeddings) == ("none", 80, 1e-3, False)
     cfg = load_model(saved["llama-head-dim-untied"][1])[0].config
     assert (cfg.arch, cfg.head_dim, cfg.n_embd, cfg.norm_eps, cfg.tie_embeddings) == ("llama", 24, 64, 1e-5, False)
     cfg = load_model(saved["llama3-rope-scaling"][1])[0].config
     assert (cfg.n_kv_head, cfg.rope_base, cfg.rope_scaling["rope_type"], cfg.rope_scaling["factor"]) == (
-        1, 500000.0, "llama3", 8.0)
+        1,
+        500000.0,
+        "llama3",
+        8.0,
+    )
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama-gqa-tied", "llama3-rope-scaling", "mistral"])
@@ -70,7 +79,7 @@ def test_kv_cache_decoding_equals_the_full_forward(saved, name):
     cache = model.new_kv_cache(batch_size=2)
     with torch.no_grad():
         steps = [model(idx[:, :12], kv_cache=cache, input_pos=0)[0]]  # prefill, then one token at a time
-        steps += [model(idx[:, t:t + 1], kv_cache=cache, input_pos=t)[0] for t in range(12, 30)]
+        steps += [model(idx[:, t : t + 1], kv_cache=cache, input_pos=t)[0] for t in range(12, 30)]
     diff = (torch.cat(steps, dim=1) - expected).abs().max().item()
     assert diff < 1e-4, f"{name}: cached decoding differs by {diff}"
 
@@ -81,8 +90,14 @@ def test_greedy_generation_gives_the_same_ids_as_transformers(saved, name):
     model, _ = load_model(path)
     prompt = ids(batch=1, T=8, seed=3)
     with torch.no_grad():
-        expected = hf_model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                                     max_new_tokens=20, min_new_tokens=20, pad_token_id=0)
+        expected = hf_model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            do_sample=False,
+            max_new_tokens=20,
+            min_new_tokens=20,
+            pad_token_id=0,
+        )
     for use_kv_cache in (True, False):
         out = generate(model, prompt, 20, temperature=0.0, use_kv_cache=use_kv_cache)
         assert out.tolist() == expected.tolist()
@@ -94,13 +109,17 @@ def test_a_shorter_block_size_crops_the_learned_positions(saved):
     assert model.config.block_size == 32 and model.transformer.wpe.weight.shape == (32, 48)
     idx = ids(T=32)
     assert (our_logits(model, idx) - hf_logits(hf_model, idx)).abs().max() < 1e-4
-    with pytest.raises(CheckpointError, match=r"block_size 128 is longer than the source's context of 64 tokens; "
-                                              r"ask for at most 64"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"block_size 128 is longer than the source's context of 64 tokens; "
+        r"ask for at most 64",
+    ):
         hf.load_hf_model(path, block_size=128)
 
 
-@pytest.mark.parametrize("name, block_size", [("gpt2", None), ("gpt2", 32), ("llama-gqa-tied", None),
-                                              ("llama3-rope-scaling", 16)])
+@pytest.mark.parametrize(
+    "name, block_size", [("gpt2", None), ("gpt2", 32), ("llama-gqa-tied", None), ("llama3-rope-scaling", 16)]
+)
 def test_an_import_builds_the_model_once_on_the_meta_device(saved, monkeypatch, name, block_size):
     """The size check's meta model gives the shapes the files are checked against (the source's, with a shorter
     block_size too) and is the one filled."""
@@ -113,6 +132,7 @@ def test_an_import_builds_the_model_once_on_the_meta_device(saved, monkeypatch, 
 
 
 # ------------------------------------------------------------------------------------------- the commands
+
 
 def test_eval_and_sample_take_a_model_directory(saved, tmp_path, capsys):
     from minigpt.cli import eval as eval_cli
@@ -131,16 +151,23 @@ def test_eval_and_sample_take_a_model_directory(saved, tmp_path, capsys):
     assert capsys.readouterr().out.startswith("Hi")
 
 
-def test_train_init_from_a_llama3_directory(tiny_run_args, record_training_losses, saved, corpus, data_root, tmp_path, monkeypatch):
+def test_train_init_from_a_llama3_directory(
+    tiny_run_args, record_training_losses, saved, corpus, data_root, tmp_path, monkeypatch
+):
     """Fine-tuning starts from the imported weights: the first loss is transformers' on that batch, and the run's
     model config keeps the source's head_dim, RoPE scaling and GQA."""
     from minigpt.cli.train import main
 
     hf_model, path = saved["llama3-rope-scaling"]
-    args = tiny_run_args(corpus, data_root, tmp_path / "ft", steps=2, trainer__precision="32-true",
-                         model__block_size=32)
-    args = [x for k, v in zip(args[::2], args[1::2]) if not k.startswith("--model.") or k == "--model.block_size"
-            for x in (k, v)] + ["--init_from", str(path)]
+    args = tiny_run_args(
+        corpus, data_root, tmp_path / "ft", steps=2, trainer__precision="32-true", model__block_size=32
+    )
+    args = [
+        x
+        for k, v in zip(args[::2], args[1::2])
+        if not k.startswith("--model.") or k == "--model.block_size"
+        for x in (k, v)
+    ] + ["--init_from", str(path)]
     seen = record_training_losses(monkeypatch)
     trainer = main(args)
     cfg = trainer.lightning_module.config
@@ -153,6 +180,7 @@ def test_train_init_from_a_llama3_directory(tiny_run_args, record_training_losse
 
 
 # ------------------------------------------------------------------------------------------- file layouts
+
 
 def test_sharded_safetensors_load(tmp_path):
     hf_model = random_hf_model(MODELS["llama-gqa-tied"]())
@@ -182,8 +210,9 @@ def test_the_hub_gpt2_file_layout_loads(saved, tmp_path):
     from safetensors.torch import save_file
 
     hf_model, path = saved["gpt2"]
-    weights = {k.removeprefix("transformer."): v.clone() for k, v in hf_model.state_dict().items()
-               if k != "lm_head.weight"}
+    weights = {
+        k.removeprefix("transformer."): v.clone() for k, v in hf_model.state_dict().items() if k != "lm_head.weight"
+    }
     for i in range(hf_model.config.n_layer):
         weights[f"h.{i}.attn.bias"] = torch.ones(64, 64).tril().view(1, 1, 64, 64)
         weights[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
@@ -207,6 +236,7 @@ def test_bfloat16_weights_are_imported_as_float32(tmp_path):
 
 # ------------------------------------------------------------------------------------------- tokenizers
 
+
 def test_the_sources_tokenizer_json_gives_transformers_ids(tmp_path):
     """A byte-level BPE trained here, with Llama's habit of prepending <s> (its post-processor)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -215,17 +245,31 @@ def test_the_sources_tokenizer_json_gives_transformers_ids(tmp_path):
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    backend.train_from_iterator([text], trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
-                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    backend.train_from_iterator(
+        [text],
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
     vocab = backend.get_vocab_size()
-    hf_model = random_hf_model(transformers.LlamaConfig(
-        vocab_size=vocab + 4, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
-        max_position_embeddings=64, bos_token_id=0, eos_token_id=1))  # a vocabulary padded past the tokenizer's
+    hf_model = random_hf_model(
+        transformers.LlamaConfig(
+            vocab_size=vocab + 4,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=64,
+            bos_token_id=0,
+            eos_token_id=1,
+        )
+    )  # a vocabulary padded past the tokenizer's
     hf_model.save_pretrained(tmp_path)
     backend.save(str(tmp_path / "tokenizer.json"))
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>"}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>"})
+    )
 
     model, tokenizer = load_model(tmp_path)
     sample = "Before we proceed, speak: hear me! héllo ☃\n"
@@ -256,6 +300,7 @@ def test_a_gpt2_source_without_tokenizer_files_uses_tiktoken_gpt2(tmp_path, monk
 
 # ------------------------------------------------------------------------------------------- bad input
 
+
 def copy_model(saved, name, tmp_path):
     return shutil.copytree(saved[name][1], tmp_path / name)
 
@@ -276,15 +321,19 @@ def one_line_error(source, **kwargs) -> str:
 def test_an_unsupported_architecture_is_named(saved, tmp_path, architecture):
     path = copy_model(saved, "llama-gqa-tied", tmp_path)
     edit_config(path, architectures=[architecture])
-    assert one_line_error(path) == (f"{path}: its architecture is {architecture}, which minigpt cannot import; it "
-                                    "imports GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM")
+    assert one_line_error(path) == (
+        f"{path}: its architecture is {architecture}, which minigpt cannot import; it "
+        "imports GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM"
+    )
 
 
 def test_a_missing_weight_file_is_named(saved, tmp_path):
     path = copy_model(saved, "gpt2", tmp_path)
     (path / "model.safetensors").unlink()
-    assert one_line_error(path).startswith(f"{path} has no weight file (model.safetensors, its sharded index, or "
-                                           "pytorch_model.bin); download the weights into it")
+    assert one_line_error(path).startswith(
+        f"{path} has no weight file (model.safetensors, its sharded index, or "
+        "pytorch_model.bin); download the weights into it"
+    )
 
 
 def test_a_missing_shard_is_named(tmp_path):
@@ -309,8 +358,10 @@ def test_a_truncated_weight_file_is_named(saved, tmp_path, weights):
 def test_a_shape_that_disagrees_with_config_json_is_named(saved, tmp_path):
     path = copy_model(saved, "gpt2", tmp_path)
     edit_config(path, n_inner=100)
-    assert one_line_error(path) == (f"{path}: tensor transformer.h.0.mlp.c_fc.weight has shape (192, 48) but "
-                                    "config.json implies (100, 48); the weights do not match config.json")
+    assert one_line_error(path) == (
+        f"{path}: tensor transformer.h.0.mlp.c_fc.weight has shape (192, 48) but "
+        "config.json implies (100, 48); the weights do not match config.json"
+    )
     path = copy_model(saved, "llama-gqa-tied", tmp_path)
     edit_config(path, num_key_value_heads=4)
     assert "do not match config.json" in one_line_error(path)
@@ -326,23 +377,31 @@ def test_a_missing_tensor_is_named(saved, tmp_path):
     assert "the weights have no tensor for lm_head.weight" in one_line_error(path)
 
 
-@pytest.mark.parametrize("changes,message", [
-    (dict(scale_attn_by_inverse_layer_idx=True), "sets scale_attn_by_inverse_layer_idx=True, which minigpt's GPT-2 "
-                                                 "block does not compute"),
-    (dict(activation_function="relu"), "its activation_function is 'relu'"),
-])
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (
+            dict(scale_attn_by_inverse_layer_idx=True),
+            "sets scale_attn_by_inverse_layer_idx=True, which minigpt's GPT-2 block does not compute",
+        ),
+        (dict(activation_function="relu"), "its activation_function is 'relu'"),
+    ],
+)
 def test_gpt2_variants_our_block_cannot_compute_are_refused(saved, tmp_path, changes, message):
     path = copy_model(saved, "gpt2", tmp_path)
     edit_config(path, **changes)
     assert message in one_line_error(path)
 
 
-@pytest.mark.parametrize("changes,message", [
-    (dict(rope_parameters=dict(rope_type="yarn", factor=4.0, rope_theta=10000.0)), "its RoPE scaling is 'yarn'"),
-    (dict(attention_bias=True), "its config.json sets attention_bias=true"),
-    (dict(hidden_act="gelu"), "its hidden_act is 'gelu'"),
-    (dict(num_hidden_layers=10**6), "n_layer=1000000, over the plausible limit"),
-])
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (dict(rope_parameters=dict(rope_type="yarn", factor=4.0, rope_theta=10000.0)), "its RoPE scaling is 'yarn'"),
+        (dict(attention_bias=True), "its config.json sets attention_bias=true"),
+        (dict(hidden_act="gelu"), "its hidden_act is 'gelu'"),
+        (dict(num_hidden_layers=10**6), "n_layer=1000000, over the plausible limit"),
+    ],
+)
 def test_llama_variants_minigpt_cannot_compute_are_refused(saved, tmp_path, changes, message):
     path = copy_model(saved, "llama-gqa-tied", tmp_path)
     edit_config(path, **changes)
@@ -350,9 +409,18 @@ def test_llama_variants_minigpt_cannot_compute_are_refused(saved, tmp_path, chan
 
 
 def test_a_mistral_model_imports_within_its_sliding_window(tmp_path):
-    hf_model = random_hf_model(transformers.MistralConfig(
-        hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=64, sliding_window=24, **SMALL))
+    hf_model = random_hf_model(
+        transformers.MistralConfig(
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            sliding_window=24,
+            **SMALL,
+        )
+    )
     model, _ = load_model(save(hf_model, tmp_path))
     assert model.config.block_size == 24
     idx = ids(T=24)
@@ -360,45 +428,125 @@ def test_a_mistral_model_imports_within_its_sliding_window(tmp_path):
 
 
 def test_a_mistral_sliding_window_caps_the_context():
-    config = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 64,
-              "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "max_position_embeddings": 32768, "sliding_window": 4096, "vocab_size": 100}
+    config = {
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32768,
+        "sliding_window": 4096,
+        "vocab_size": 100,
+    }
     assert hf.config_from_hf(config).block_size == 4096  # within the window, sliding attention is full attention
     assert hf.config_from_hf({**config, "sliding_window": None}).block_size == 32768
-    with pytest.raises(CheckpointError, match=r"sliding window of 4096 tokens, so a block_size of 8192 would "
-                                              r"compute another function than the source; ask for a block_size of "
-                                              r"at most 4096"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"sliding window of 4096 tokens, so a block_size of 8192 would "
+        r"compute another function than the source; ask for a block_size of "
+        r"at most 4096",
+    ):
         hf.config_from_hf(config, block_size=8192)
 
 
 # ------------------------------------------------------------------------------------------- real shapes
 
 REAL_CONFIGS = {  # the config.json of published models (abridged to what shapes the network), no weights needed
-    "gpt2": {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
-             "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024, "vocab_size": 50257,
-             "layer_norm_epsilon": 1e-05},
-    "distilgpt2": {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
-                   "n_embd": 768, "n_head": 12, "n_layer": 6, "n_positions": 1024, "vocab_size": 50257},
-    "Llama-3.2-1B": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
-                     "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
-                     "num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 131072,
-                     "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": True,
-                     "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                                      "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-                     "vocab_size": 128256, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False},
-    "TinyLlama-1.1B": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
-                       "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
-                       "num_key_value_heads": 4, "max_position_embeddings": 2048, "rms_norm_eps": 1e-05,
-                       "rope_scaling": None, "tie_word_embeddings": False, "vocab_size": 32000, "hidden_act": "silu"},
-    "SmolLM2-135M": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
-                     "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
-                     "num_key_value_heads": 3, "max_position_embeddings": 8192, "rms_norm_eps": 1e-05,
-                     "rope_theta": 100000, "tie_word_embeddings": True, "vocab_size": 49152, "hidden_act": "silu"},
-    "Mistral-7B-v0.1": {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
-                        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-                        "num_key_value_heads": 8, "max_position_embeddings": 32768, "rms_norm_eps": 1e-05,
-                        "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": False,
-                        "vocab_size": 32000, "hidden_act": "silu"},
+    "gpt2": {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "activation_function": "gelu_new",
+        "n_ctx": 1024,
+        "n_embd": 768,
+        "n_head": 12,
+        "n_layer": 12,
+        "n_positions": 1024,
+        "vocab_size": 50257,
+        "layer_norm_epsilon": 1e-05,
+    },
+    "distilgpt2": {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "activation_function": "gelu_new",
+        "n_embd": 768,
+        "n_head": 12,
+        "n_layer": 6,
+        "n_positions": 1024,
+        "vocab_size": 50257,
+    },
+    "Llama-3.2-1B": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": True,
+        "rope_scaling": {
+            "factor": 32.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "vocab_size": 128256,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+    },
+    "TinyLlama-1.1B": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 22,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": None,
+        "tie_word_embeddings": False,
+        "vocab_size": 32000,
+        "hidden_act": "silu",
+    },
+    "SmolLM2-135M": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 100000,
+        "tie_word_embeddings": True,
+        "vocab_size": 49152,
+        "hidden_act": "silu",
+    },
+    "Mistral-7B-v0.1": {
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 10000.0,
+        "sliding_window": 4096,
+        "tie_word_embeddings": False,
+        "vocab_size": 32000,
+        "hidden_act": "silu",
+    },
 }
 
 
@@ -428,10 +576,16 @@ def test_a_transformers_4_llama3_config_gives_transformers_rope_frequencies():
 
     config = hf.config_from_hf(REAL_CONFIGS["Llama-3.2-1B"])
     assert (config.rope_base, config.block_size, config.head_dim) == (500000.0, 131072, 64)
-    assert config.rope_scaling == {"rope_type": "llama3", "factor": 32.0, "high_freq_factor": 4.0,
-                                   "low_freq_factor": 1.0, "original_max_position_embeddings": 8192}
+    assert config.rope_scaling == {
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+    }
     rotary = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(
-        transformers.AutoConfig.for_model(**REAL_CONFIGS["Llama-3.2-1B"]))
+        transformers.AutoConfig.for_model(**REAL_CONFIGS["Llama-3.2-1B"])
+    )
     positions = torch.tensor([[0, 1, 7, 1000, 8191, 65536, 131071]])
     cos, sin = rotary(torch.zeros(1, dtype=torch.float32), positions)
     our_cos, our_sin = rope_cache(131072, 64, config.rope_base, config.rope_scaling)

@@ -16,26 +16,53 @@ from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokeni
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
 
-SAMPLE = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n  héllo wörld ☃ 日本語 'tis 12345\t"
-          "done  \n")
+SAMPLE = "First Citizen:\nBefore we proceed any further, hear me speak.\n\n  héllo wörld ☃ 日本語 'tis 12345\tdone  \n"
 GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-MERGES = [b"th", b"the", b" t", b" the", b"in", b"ing", b"er", b"\n\n", b"Ci", b"Cit", b"\xc3\xa9", b"h\xc3\xa9",
-          b"\xe2\x98", b"\xe2\x98\x83", b"pe", b"spe", b" spe", b"ea", b" w", b"12", b"123"]
+MERGES = [
+    b"th",
+    b"the",
+    b" t",
+    b" the",
+    b"in",
+    b"ing",
+    b"er",
+    b"\n\n",
+    b"Ci",
+    b"Cit",
+    b"\xc3\xa9",
+    b"h\xc3\xa9",
+    b"\xe2\x98",
+    b"\xe2\x98\x83",
+    b"pe",
+    b"spe",
+    b" spe",
+    b"ea",
+    b" w",
+    b"12",
+    b"123",
+]
 
 
 def small_bpe(name: str = "small_bpe") -> tiktoken.Encoding:
     ranks = {bytes([i]): i for i in range(256)} | {m: 256 + i for i, m in enumerate(MERGES)}
-    return tiktoken.Encoding(name=name, pat_str=GPT2_PAT, mergeable_ranks=ranks,
-                             special_tokens={"<|endoftext|>": len(ranks)})
+    return tiktoken.Encoding(
+        name=name, pat_str=GPT2_PAT, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": len(ranks)}
+    )
 
 
 @pytest.mark.parametrize("kind", ["char", "byte", "tiktoken"])
 def test_saved_tokenizer_gives_the_same_ids_through_transformers(kind, tmp_path):
-    tok = {"char": lambda: CharTokenizer(SAMPLE + "xyz"), "byte": ByteTokenizer,
-           "tiktoken": lambda: TiktokenTokenizer(small_bpe())}[kind]()
+    tok = {
+        "char": lambda: CharTokenizer(SAMPLE + "xyz"),
+        "byte": ByteTokenizer,
+        "tiktoken": lambda: TiktokenTokenizer(small_bpe()),
+    }[kind]()
     save_hf_tokenizer(tok, tmp_path)
-    assert {p.name for p in tmp_path.iterdir()} >= {"tokenizer.json", "tokenizer_config.json",
-                                                     "special_tokens_map.json"}
+    assert {p.name for p in tmp_path.iterdir()} >= {
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    }
     hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
     ids = tok.encode(SAMPLE)
     if kind == "tiktoken":
@@ -68,8 +95,11 @@ class OddTokenizer(Tokenizer):
 
 
 def test_a_kind_that_cannot_be_written_is_one_line(tmp_path):
-    with pytest.raises(UserError, match=r"^the odd tokenizer \(OddTokenizer\) cannot be written as a Hugging Face "
-                                        r"tokenizer.json; only char, byte, tiktoken BPE and Hugging Face"):
+    with pytest.raises(
+        UserError,
+        match=r"^the odd tokenizer \(OddTokenizer\) cannot be written as a Hugging Face "
+        r"tokenizer.json; only char, byte, tiktoken BPE and Hugging Face",
+    ):
         save_hf_tokenizer(OddTokenizer(), tmp_path)
 
 
@@ -85,9 +115,16 @@ def llama_style_dir(path):
     backend.post_processor = t.processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     path.mkdir()
     backend.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
-        "eos_token": {"__type": "AddedToken", "content": "</s>", "special": True}, "unk_token": "<unk>"}))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": {"__type": "AddedToken", "content": "</s>", "special": True},
+                "unk_token": "<unk>",
+            }
+        )
+    )
     config = {"model_type": "llama", "vocab_size": 64, "bos_token_id": 1, "eos_token_id": 2}
     (path / "config.json").write_text(json.dumps(config))
     return config
@@ -138,8 +175,11 @@ def test_gpt2_without_tokenizer_files_is_tiktoken_gpt2(tmp_path, monkeypatch):
 
 
 def test_other_models_without_a_tokenizer_json_are_one_line(tmp_path):
-    with pytest.raises(DataError, match=r"has no tokenizer.json; minigpt reads a Hugging Face model's tokenizer from "
-                                        r"its tokenizer.json"):
+    with pytest.raises(
+        DataError,
+        match=r"has no tokenizer.json; minigpt reads a Hugging Face model's tokenizer from "
+        r"its tokenizer.json",
+    ):
         load_hf_tokenizer(tmp_path, {"model_type": "llama", "vocab_size": 100})
 
 

@@ -65,7 +65,11 @@ def test_metrics_on_hand_built_weights():
     uniform = torch.ones(T, T).tril()
     uniform = uniform / uniform.sum(-1, keepdim=True)
     m = head_metrics(torch.stack([prev, first, uniform]))
-    assert m["previous"].tolist() == [1.0, pytest.approx(0.2), pytest.approx(np.mean([1 / (t + 1) for t in range(1, T)]))]
+    assert m["previous"].tolist() == [
+        1.0,
+        pytest.approx(0.2),
+        pytest.approx(np.mean([1 / (t + 1) for t in range(1, T)])),
+    ]
     assert m["first"].tolist()[:2] == [pytest.approx(0.2), 1.0]  # query 1's previous token is the first
     assert m["entropy"][:2].tolist() == [0.0, 0.0]
     assert m["entropy"][2].item() == pytest.approx(np.mean([math.log(t + 1) for t in range(1, T)]), rel=1e-5)
@@ -104,11 +108,14 @@ def test_a_capture_over_the_memory_budget_is_refused_before_running(monkeypatch)
     from minigpt.lab import capture
 
     model = random_model()  # 2 layers x 4 heads
-    monkeypatch.setattr(capture, "WEIGHTS_BUDGET", 2 * 4 * 10 ** 2 * 4)  # exactly 10 tokens' weights
+    monkeypatch.setattr(capture, "WEIGHTS_BUDGET", 2 * 4 * 10**2 * 4)  # exactly 10 tokens' weights
     assert attention_maps(model, CharTokenizer(CHARS), "a" * 10)[1].shape[-1] == 10
     monkeypatch.setattr(model, "attention_weights", lambda *a, **k: pytest.fail("computed despite the budget"))
-    with pytest.raises(UserError, match=r"the prompt is 11 tokens: its attention weights \(2 layers x 4 heads x "
-                                        r"11\^2 floats\) .* shorten it to 10 tokens or fewer"):
+    with pytest.raises(
+        UserError,
+        match=r"the prompt is 11 tokens: its attention weights \(2 layers x 4 heads x "
+        r"11\^2 floats\) .* shorten it to 10 tokens or fewer",
+    ):
         attention_maps(model, CharTokenizer(CHARS), "a" * 11)
 
 

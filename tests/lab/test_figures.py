@@ -27,6 +27,7 @@ def test_pngs_have_the_grid_size_and_npz_holds_everything(tmp_path):
             assert np.asarray(im.convert("L")).std() > 10
 
     from minigpt.lab.capture import save_npz
+
     with np.load(save_npz(capture, tmp_path / "attention.npz")) as npz:  # no pickles needed
         assert npz["weights"].dtype == np.float32 and np.array_equal(npz["weights"], capture.weights.numpy())
         assert npz["tokens"].tolist() == list(PROMPT) and npz["ids"].tolist() == capture.ids

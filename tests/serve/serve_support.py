@@ -20,12 +20,19 @@ CHARS = "\n !',.:;?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXY"
 BLOCK = 160
 
 
-def alone(model: GPT, tokenizer, ids: list[int], max_tokens: int, stop_token: int | None = None,
-          **sampling) -> list[int]:
+def alone(
+    model: GPT, tokenizer, ids: list[int], max_tokens: int, stop_token: int | None = None, **sampling
+) -> list[int]:
     """The tokens generate() gives for this prompt alone (greedy unless told), the stop token included."""
-    out = generate(model, torch.tensor([ids]), max_tokens, stop_token=stop_token, vocab_size=tokenizer.vocab_size,
-                   **({"temperature": 0} | sampling))
-    return out[0, len(ids):].tolist()
+    out = generate(
+        model,
+        torch.tensor([ids]),
+        max_tokens,
+        stop_token=stop_token,
+        vocab_size=tokenizer.vocab_size,
+        **({"temperature": 0} | sampling),
+    )
+    return out[0, len(ids) :].tolist()
 
 
 @contextmanager

@@ -91,8 +91,9 @@ def test_greedy_chat_equals_chat_session_and_generate(chat_url, chat_model):
             continue
         # a second turn: the conversation so far, as a client sends it, gets ChatSession's next reply
         follow = messages + [{"role": "assistant", "content": expected}, {"role": "user", "content": "and then?"}]
-        again = client(chat_url).chat.completions.create(model="tiny-chat", messages=follow, temperature=0,
-                                                         max_completion_tokens=12)
+        again = client(chat_url).chat.completions.create(
+            model="tiny-chat", messages=follow, temperature=0, max_completion_tokens=12
+        )
         session.max_new_tokens = 12
         assert again.choices[0].message.content == session.reply("and then?")
     assert reasons == {"stop", "length"}  # both endings were seen
@@ -115,14 +116,15 @@ def test_stop_sequences_end_the_text_before_them(base_url, base_model, chat_url,
     model, tok = base_model
     full = tok.decode(alone(model, tok, prompt_ids(tok, "ROMEO:"), 40))
     stop = full[12:15]  # three characters: three tokens, so the stream must hold back a partial match
-    expected = full[:full.index(stop)]
+    expected = full[: full.index(stop)]
     for stops in (stop, ["never", stop], [stop, full[20:22]]):
         kw = dict(model="tiny-base", prompt="ROMEO:", max_tokens=40, temperature=0, stop=stops)
         reply = client(base_url).completions.create(**kw)
         assert (reply.choices[0].text, reply.choices[0].finish_reason) == (expected, "stop")
         assert streamed_completion(base_url, **kw)[:2] == (expected, "stop")
-    unmatched = client(base_url).completions.create(model="tiny-base", prompt="ROMEO:", max_tokens=40, temperature=0,
-                                                     stop=["never"])
+    unmatched = client(base_url).completions.create(
+        model="tiny-base", prompt="ROMEO:", max_tokens=40, temperature=0, stop=["never"]
+    )
     assert (unmatched.choices[0].text, unmatched.choices[0].finish_reason) == (full, "length")
 
     model, tok = chat_model
@@ -130,7 +132,7 @@ def test_stop_sequences_end_the_text_before_them(base_url, base_model, chat_url,
     reply = ChatSession(model, tok, max_new_tokens=BLOCK, temperature=0, top_k=None).reply("hi")
     stop = reply[5:7]
     text, finish, _, _ = streamed_chat(chat_url, model="tiny-chat", messages=messages, temperature=0, stop=stop)
-    assert (text, finish) == (reply[:reply.index(stop)], "stop")
+    assert (text, finish) == (reply[: reply.index(stop)], "stop")
 
 
 def test_seeded_sampling_is_each_requests_own(base_url, base_model):
@@ -177,8 +179,13 @@ BAD = [  # (path, body, status, param, words in the message)
     (CHAT, GOOD | {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages.0.role", "system"),
     (CHAT, GOOD | {"messages": [{"role": "user"}]}, 400, "messages.0.content", "missing"),
     (CHAT, GOOD | {"messages": [{"role": "user", "content": "Zebra"}]}, 400, "messages", "'Z'"),
-    (CHAT, GOOD | {"messages": [{"role": "user", "content": "a" * BLOCK}], "max_tokens": None}, 400, "messages",
-     "context of 160 tokens"),
+    (
+        CHAT,
+        GOOD | {"messages": [{"role": "user", "content": "a" * BLOCK}], "max_tokens": None},
+        400,
+        "messages",
+        "context of 160 tokens",
+    ),
     (CHAT, GOOD | {"model": "gpt-4o"}, 404, "model", "serves 'tiny-chat'"),
     (CHAT, b"{" + b" " * (2 << 20) + b"}", 413, None, "over 1,048,576 bytes"),
     ("/v1/nowhere", GOOD, 404, None, "Not Found"),
@@ -188,8 +195,12 @@ BAD = [  # (path, body, status, param, words in the message)
 def test_every_bad_request_is_a_4xx_with_openais_error_json(chat_url):
     for path, body, status, param, words in BAD:
         content = body if isinstance(body, bytes) else None
-        response = httpx.post(chat_url + path, content=content, json=None if content else body,
-                              headers={"Content-Type": "application/json"})
+        response = httpx.post(
+            chat_url + path,
+            content=content,
+            json=None if content else body,
+            headers={"Content-Type": "application/json"},
+        )
         assert response.status_code == status, (body, response.text)
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"}
@@ -228,6 +239,7 @@ def test_api_key_is_required_when_set_and_cors_only_when_asked(base_model):
         other = httpx.get(f"{url}/health", headers={"Origin": "http://evil.test"})
         assert "access-control-allow-origin" not in other.headers
     with serving(create_app(*base_model, "tiny-base")) as url:  # by default no origin is allowed
-        response = httpx.options(f"{url}/v1/models", headers={"Origin": "http://allowed.test",
-                                                               "Access-Control-Request-Method": "GET"})
+        response = httpx.options(
+            f"{url}/v1/models", headers={"Origin": "http://allowed.test", "Access-Control-Request-Method": "GET"}
+        )
         assert "access-control-allow-origin" not in response.headers

@@ -36,16 +36,23 @@ def alone(chat_model, text: str, settings: dict) -> str:
     """What ChatSession (one conversation, nothing else running) replies, cut at the first stop sequence."""
     model, tok = chat_model
     generator = torch.Generator().manual_seed(settings["seed"]) if "seed" in settings else None
-    reply = ChatSession(model, tok, max_new_tokens=settings.get("max_tokens", BLOCK), top_k=None,
-                        temperature=settings["temperature"], top_p=settings.get("top_p"), generator=generator
-                        ).reply(text)
+    reply = ChatSession(
+        model,
+        tok,
+        max_new_tokens=settings.get("max_tokens", BLOCK),
+        top_k=None,
+        temperature=settings["temperature"],
+        top_p=settings.get("top_p"),
+        generator=generator,
+    ).reply(text)
     cuts = [reply.find(s) for s in settings.get("stop", []) if s in reply]
-    return reply[:min(cuts)] if cuts else reply
+    return reply[: min(cuts)] if cuts else reply
 
 
 async def stream(client: openai.AsyncOpenAI, text: str, settings: dict, leave_after: int | None = None) -> str:
-    chunks = await client.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": text}],
-                                                  stream=True, **settings)
+    chunks = await client.chat.completions.create(
+        model="tiny-chat", messages=[{"role": "user", "content": text}], stream=True, **settings
+    )
     received = []
     async for chunk in chunks:
         received.append(chunk.choices[0].delta.content or "")
@@ -63,8 +70,9 @@ def test_eight_concurrent_streams_get_what_each_would_get_alone(chat_model):
 
     async def clients() -> list[str]:
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
-        return await asyncio.gather(*(stream(client, text, settings) for text, settings in CLIENTS),
-                                    stream(client, *LEAVER, leave_after=3))
+        return await asyncio.gather(
+            *(stream(client, text, settings) for text, settings in CLIENTS), stream(client, *LEAVER, leave_after=3)
+        )
 
     with serving(app) as url:
         *got, left = asyncio.run(clients())

@@ -47,8 +47,9 @@ def test_a_user_chats_two_turns_in_chromium_and_the_replies_stream(chat_model):
             page.evaluate(WATCH)
             page.type_text("#input", text)
             page.press("Enter")
-            page.wait_for(f"document.querySelectorAll('.assistant').length === {turn} && "
-                          "document.body.dataset.busy === '0'")
+            page.wait_for(
+                f"document.querySelectorAll('.assistant').length === {turn} && document.body.dataset.busy === '0'"
+            )
             expected = session.reply(text)
             assert page.evaluate(LAST_REPLY) == expected
             grew = [t for t in dict.fromkeys(page.evaluate("window.seen")) if t]  # distinct, in order

@@ -30,19 +30,31 @@ WORDS = "the quick brown fox jumps over a lazy dog while cats sit on warm mats a
 def task_files(tmp_path_factory) -> list[Path]:
     """A multiple-choice and a rolling-perplexity task in the corpus's characters (the conftest word corpus)."""
     folder = tmp_path_factory.mktemp("train_tasks")
-    mc = [{"q": f"the {a} sit on", "choices": [" warm mats", " the dog", " birds sing"], "answer": i % 3}
-          for i, a in enumerate(["fox", "dog", "cats", "birds", "a lazy dog"])]
+    mc = [
+        {"q": f"the {a} sit on", "choices": [" warm mats", " the dog", " birds sing"], "answer": i % 3}
+        for i, a in enumerate(["fox", "dog", "cats", "birds", "a lazy dog"])
+    ]
     ppl = [{"text": " ".join(WORDS[(i * 3 + k) % len(WORDS)] for k in range(30))} for i in range(4)]
     files = []
     for name, rows, body in [
-        ("train_mc", mc, 'output_type: multiple_choice\ndoc_to_text: "{{q}}"\ndoc_to_choice: "{{choices}}"\n'
-                         'doc_to_target: "{{answer}}"\nmetric_list:\n  - metric: acc\n'),
-        ("train_ppl", ppl, 'output_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n'
-                           'metric_list:\n  - metric: bits_per_byte\n'),
+        (
+            "train_mc",
+            mc,
+            'output_type: multiple_choice\ndoc_to_text: "{{q}}"\ndoc_to_choice: "{{choices}}"\n'
+            'doc_to_target: "{{answer}}"\nmetric_list:\n  - metric: acc\n',
+        ),
+        (
+            "train_ppl",
+            ppl,
+            'output_type: loglikelihood_rolling\ndoc_to_text: ""\ndoc_to_target: "{{text}}"\n'
+            "metric_list:\n  - metric: bits_per_byte\n",
+        ),
     ]:
         (folder / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-        (folder / f"{name}.yaml").write_text(f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
-                                             f"    test: {folder / f'{name}.jsonl'}\ntest_split: test\n{body}")
+        (folder / f"{name}.yaml").write_text(
+            f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+            f"    test: {folder / f'{name}.jsonl'}\ntest_split: test\n{body}"
+        )
         files.append(folder / f"{name}.yaml")
     return files
 
@@ -56,13 +68,16 @@ def scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
 
 def harness_on_checkpoint(ckpt: Path, task_files: list[Path], limit: int) -> dict[str, float]:
     results = eval_cli.run(["--ckpt", str(ckpt), "--tasks", ",".join(map(str, task_files)), "--limit", str(limit)])
-    return {"eval/train_mc/acc": results["results"]["train_mc"]["acc,none"],
-            "eval/train_ppl/bits_per_byte": results["results"]["train_ppl"]["bits_per_byte,none"]}
+    return {
+        "eval/train_mc/acc": results["results"]["train_mc"]["acc,none"],
+        "eval/train_ppl/bits_per_byte": results["results"]["train_ppl"]["bits_per_byte,none"],
+    }
 
 
 @needs_lm_eval
-def test_eval_tasks_are_logged_at_each_validation_and_leave_training_as_it_was(tiny_run_args, corpus, data_root,
-                                                                               tmp_path, task_files, capsys):
+def test_eval_tasks_are_logged_at_each_validation_and_leave_training_as_it_was(
+    tiny_run_args, corpus, data_root, tmp_path, task_files, capsys
+):
     args = tiny_run_args(corpus, data_root, tmp_path / "run", steps=20)
     main([*args, "--eval_tasks", ",".join(map(str, task_files)), "--eval_limit", "4"])
     logged = scalars(tmp_path / "run")
@@ -73,12 +88,14 @@ def test_eval_tasks_are_logged_at_each_validation_and_leave_training_as_it_was(t
     assert read_checkpoint(last)["global_step"] == 20
     for tag, value in harness_on_checkpoint(last, task_files, limit=4).items():
         assert abs(logged[tag][-1][1] - value) < 1e-5, tag
-    assert logged["eval/train_ppl/bits_per_byte"][-1][1] < logged["eval/train_ppl/bits_per_byte"][0][1], \
+    assert logged["eval/train_ppl/bits_per_byte"][-1][1] < logged["eval/train_ppl/bits_per_byte"][0][1], (
         "the model learns"
+    )
     # the same run without the harness trains to the same weights: its seeding did not reach training's RNG
     main(tiny_run_args(corpus, data_root, tmp_path / "plain", steps=20))
-    ours, plain = (read_checkpoint(p / "checkpoints" / "last.ckpt")["state_dict"] for p in (tmp_path / "run",
-                                                                                          tmp_path / "plain"))
+    ours, plain = (
+        read_checkpoint(p / "checkpoints" / "last.ckpt")["state_dict"] for p in (tmp_path / "run", tmp_path / "plain")
+    )
     assert all(torch.equal(ours[k], plain[k]) for k in plain)
 
 
@@ -87,26 +104,48 @@ def test_a_misspelt_eval_task_stops_the_run_before_training(tiny_run_args, corpu
     from minigpt.cli.errors import run_cli
 
     with pytest.raises(SystemExit) as exit_info:
-        run_cli(lambda: main([*tiny_run_args(corpus, data_root, tmp_path / "run"),
-                              "--eval_tasks", str(tmp_path / "nope.yaml")]))
+        run_cli(
+            lambda: main(
+                [*tiny_run_args(corpus, data_root, tmp_path / "run"), "--eval_tasks", str(tmp_path / "nope.yaml")]
+            )
+        )
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "Traceback" not in err
     assert [line for line in err.splitlines() if line.startswith("error:")] == [
-        f"error: task file not found: {tmp_path / 'nope.yaml'}; give an existing task YAML file or a task name"]
+        f"error: task file not found: {tmp_path / 'nope.yaml'}; give an existing task YAML file or a task name"
+    ]
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 @needs_lm_eval
 @pytest.mark.slow
-def test_two_process_ddp_splits_the_examples_and_logs_what_one_process_gets(tiny_run_args, corpus, tmp_path,
-                                                                            task_files):
+def test_two_process_ddp_splits_the_examples_and_logs_what_one_process_gets(
+    tiny_run_args, corpus, tmp_path, task_files
+):
     """Each rank scores its share of the examples; rank 0 logs the gathered figures, which equal the harness's
     on the checkpoint in one process."""
     args = tiny_run_args(corpus, tmp_path / "data", tmp_path / "run", steps=10)
-    result = subprocess.run([sys.executable, "train.py", *args, "--trainer.accelerator", "cpu",
-                             "--trainer.devices", "2", "--trainer.strategy", "ddp",
-                             "--eval_tasks", ",".join(map(str, task_files)), "--eval_limit", "5"],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            *args,
+            "--trainer.accelerator",
+            "cpu",
+            "--trainer.devices",
+            "2",
+            "--trainer.strategy",
+            "ddp",
+            "--eval_tasks",
+            ",".join(map(str, task_files)),
+            "--eval_limit",
+            "5",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     logged = scalars(tmp_path / "run")
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"

@@ -58,20 +58,23 @@ def test_empty_and_too_short_and_binary_corpora(tiny_run_args, tmp_path, data_ro
     assert_one_line_error(code, err, "byte")
 
 
-
-@pytest.mark.parametrize("flags,fragments", [
-    (["--trainer.gradient_clip_val", "-1"], ["trainer.gradient_clip_val must be >= 0", "got -1"]),
-    (["--init_from", ""], ["init_from is empty", "hf:ORG/NAME"]),
-    (["--init_from", "  "], ["init_from is empty"]),
-    (["--trainer.check_val_every_n_epoch", "0"], ["trainer.check_val_every_n_epoch must be >= 1 or null"]),  # was
-    (["--trainer.min_steps", "-3"], ["trainer.min_steps must be >= 0"]),                            # ZeroDivisionError
-    (["--trainer.num_sanity_val_steps", "-2"], ["trainer.num_sanity_val_steps must be >= -1"]),
-    (["--trainer.max_steps", "0"], ["trainer.max_steps=0 trains nothing"]),  # each of these three exited 0
-    (["--trainer.max_epochs", "0"], ["trainer.max_epochs=0 trains nothing"]),
-    (["--trainer.limit_train_batches", "0"], ["trainer.limit_train_batches=0 trains nothing"]),
-])
-def test_values_that_would_train_silently_wrong_are_refused(tiny_run_args, corpus, data_root, tmp_path, capsys, flags,
-                                                            fragments):
+@pytest.mark.parametrize(
+    "flags,fragments",
+    [
+        (["--trainer.gradient_clip_val", "-1"], ["trainer.gradient_clip_val must be >= 0", "got -1"]),
+        (["--init_from", ""], ["init_from is empty", "hf:ORG/NAME"]),
+        (["--init_from", "  "], ["init_from is empty"]),
+        (["--trainer.check_val_every_n_epoch", "0"], ["trainer.check_val_every_n_epoch must be >= 1 or null"]),  # was
+        (["--trainer.min_steps", "-3"], ["trainer.min_steps must be >= 0"]),  # ZeroDivisionError
+        (["--trainer.num_sanity_val_steps", "-2"], ["trainer.num_sanity_val_steps must be >= -1"]),
+        (["--trainer.max_steps", "0"], ["trainer.max_steps=0 trains nothing"]),  # each of these three exited 0
+        (["--trainer.max_epochs", "0"], ["trainer.max_epochs=0 trains nothing"]),
+        (["--trainer.limit_train_batches", "0"], ["trainer.limit_train_batches=0 trains nothing"]),
+    ],
+)
+def test_values_that_would_train_silently_wrong_are_refused(
+    tiny_run_args, corpus, data_root, tmp_path, capsys, flags, fragments
+):
     """A negative clip value would clip to gradient ascent; an empty init_from would silently train from scratch;
     a zero check_val_every_n_epoch divided by zero; a zero length or limit ended the run before its first step with
     exit code 0, as if it had trained."""
@@ -95,14 +98,16 @@ def test_resume_mistakes_leave_the_run_untouched(tiny_run_args, corpus, data_roo
     capsys.readouterr()
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     before = last.read_bytes()
-    code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "run", model__n_layer=2) + ["--resume", "true"],
-                          capsys)
+    code, err = run_train(
+        tiny_run_args(corpus, data_root, tmp_path / "run", model__n_layer=2) + ["--resume", "true"], capsys
+    )
     assert_one_line_error(code, err, "n_layer=1 (this run's config gives 2)")
     assert last.read_bytes() == before
 
 
-def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tiny_run_args, corpus, data_root, tmp_path, capsys,
-                                                                                 monkeypatch):
+def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
+    tiny_run_args, corpus, data_root, tmp_path, capsys, monkeypatch
+):
     from minigpt.training import lightning_module
 
     real_step = lightning_module.GPTLightningModule.training_step
@@ -122,8 +127,13 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
 
 
 def test_bad_input_through_the_real_command():
-    result = subprocess.run([sys.executable, "train.py", "--model.attention", "flash3", "--data.source", "/nope"],
-                            cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "train.py", "--model.attention", "flash3", "--data.source", "/nope"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: ")
@@ -137,23 +147,36 @@ def test_sigkill_at_random_moments_then_resume_matches_an_uninterrupted_run(tiny
     steps = 60
 
     def args(out):
-        return tiny_run_args(corpus, tmp_path / "data", tmp_path / out, steps=steps, checkpoint_every=3,
-                             model__dropout=0.1, trainer__val_check_interval=20, optim__decay_steps=steps)
+        return tiny_run_args(
+            corpus,
+            tmp_path / "data",
+            tmp_path / out,
+            steps=steps,
+            checkpoint_every=3,
+            model__dropout=0.1,
+            trainer__val_check_interval=20,
+            optim__decay_steps=steps,
+        )
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "train.py", *args("straight")], cwd=REPO, check=True, env=env,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "train.py", *args("straight")], cwd=REPO, check=True, env=env, capture_output=True, timeout=300
+    )
     rng = random.Random(0)
     last = tmp_path / "killed" / "checkpoints" / "last.ckpt"
     kills = 0
     for attempt in range(3):
         extra = ["--resume", "true"] if last.exists() else ["--overwrite", "true"]
         seen = last.stat().st_mtime_ns if last.exists() else None
-        proc = subprocess.Popen([sys.executable, "train.py", *args("killed"), *extra], cwd=REPO, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "train.py", *args("killed"), *extra],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.time() + 120
-        while (not last.exists() or last.stat().st_mtime_ns == seen) and time.time() < deadline \
-                and proc.poll() is None:
+        while (not last.exists() or last.stat().st_mtime_ns == seen) and time.time() < deadline and proc.poll() is None:
             time.sleep(0.05)  # wait until this process is training and saving, then kill at a random moment
         time.sleep(rng.uniform(0.0, 1.0))
         if proc.poll() is None:
@@ -162,8 +185,14 @@ def test_sigkill_at_random_moments_then_resume_matches_an_uninterrupted_run(tiny
         proc.wait()
         assert read_checkpoint(last)["global_step"] <= steps  # loadable after every kill
     assert kills >= 2, "the runs ended before they could be killed; make them longer"
-    subprocess.run([sys.executable, "train.py", *args("killed"), "--resume", "true"], cwd=REPO, check=True, env=env,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "train.py", *args("killed"), "--resume", "true"],
+        cwd=REPO,
+        check=True,
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
     a = read_checkpoint(tmp_path / "straight" / "checkpoints" / "last.ckpt")
     b = read_checkpoint(last)
     assert a["global_step"] == b["global_step"] == steps
@@ -184,8 +213,9 @@ def test_a_second_train_py_on_the_same_run_directory_is_refused(tiny_run_args, c
     main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))  # free again once the holder is gone
 
 
-def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tiny_run_args, corpus, data_root, tmp_path, capsys,
-                                                                        monkeypatch):
+def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(
+    tiny_run_args, corpus, data_root, tmp_path, capsys, monkeypatch
+):
     from minigpt.training import lightning_module
 
     main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))
@@ -234,10 +264,17 @@ def test_sigint_and_sigterm_save_a_checkpoint_at_the_step_and_exit_non_zero(tiny
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
-        args = tiny_run_args(corpus, tmp_path / f"data-{sig.name}", tmp_path / sig.name, steps=100000,
-                             checkpoint_every=3)
-        procs[sig] = subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, env=env, text=True,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        args = tiny_run_args(
+            corpus, tmp_path / f"data-{sig.name}", tmp_path / sig.name, steps=100000, checkpoint_every=3
+        )
+        procs[sig] = subprocess.Popen(
+            [sys.executable, "train.py", *args],
+            cwd=REPO,
+            env=env,
+            text=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
     for sig, proc in procs.items():
         last = tmp_path / sig.name / "checkpoints" / "last.ckpt"
         deadline = time.time() + 120
@@ -256,7 +293,9 @@ def test_sigint_and_sigterm_save_a_checkpoint_at_the_step_and_exit_non_zero(tiny
         assert read_checkpoint(last)["global_step"] == step
 
 
-def test_compile_without_a_cpp_compiler_trains_eagerly_with_one_warning(tiny_run_args, corpus, data_root, tmp_path, monkeypatch):
+def test_compile_without_a_cpp_compiler_trains_eagerly_with_one_warning(
+    tiny_run_args, corpus, data_root, tmp_path, monkeypatch
+):
     from minigpt.training import callbacks
     from minigpt.training.callbacks import CompileModel
 
@@ -269,8 +308,9 @@ def test_compile_without_a_cpp_compiler_trains_eagerly_with_one_warning(tiny_run
     assert getattr(trainer.lightning_module.model, "_compiled_call_impl", None) is None
 
 
-def test_a_full_disk_while_saving_a_checkpoint_is_one_line_and_keeps_the_previous_one(tiny_run_args, corpus, data_root, tmp_path,
-                                                                                      capsys, monkeypatch):
+def test_a_full_disk_while_saving_a_checkpoint_is_one_line_and_keeps_the_previous_one(
+    tiny_run_args, corpus, data_root, tmp_path, capsys, monkeypatch
+):
     import errno
 
     from minigpt.core import checkpoint
@@ -286,8 +326,9 @@ def test_a_full_disk_while_saving_a_checkpoint_is_one_line_and_keeps_the_previou
 
     monkeypatch.setattr(checkpoint.torch, "save", save)
     code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "run", steps=30), capsys)
-    assert_one_line_error(code, err, "cannot write checkpoint", "No space left on device", "previous checkpoint is kept",
-                          "--resume")
+    assert_one_line_error(
+        code, err, "cannot write checkpoint", "No space left on device", "previous checkpoint is kept", "--resume"
+    )
     monkeypatch.setattr(checkpoint.torch, "save", real_save)
     ckpts = tmp_path / "run" / "checkpoints"
     assert read_checkpoint(ckpts / "last.ckpt")["global_step"] == 10

@@ -38,11 +38,13 @@ def finetune_args(tiny_run_args):
         pairs = [(k, v) for k, v in zip(args[::2], args[1::2]) if not k.startswith("--model.")]
         pairs += [(f"--{k.replace('__', '.')}", str(v)) for k, v in overrides.items()]
         return [x for pair in pairs for x in pair] + ["--init_from", str(source)]
+
     return build
 
 
-def test_init_from_starts_from_the_source_weights_and_tokenizer(record_training_losses, finetune_args, source_run, other_corpus, data_root, tmp_path,
-                                                                monkeypatch):
+def test_init_from_starts_from_the_source_weights_and_tokenizer(
+    record_training_losses, finetune_args, source_run, other_corpus, data_root, tmp_path, monkeypatch
+):
     seen = record_training_losses(monkeypatch)
     out = tmp_path / "ft"
     trainer = main(finetune_args(other_corpus, data_root, out, source_run, steps=5))
@@ -63,10 +65,21 @@ def test_init_from_starts_from_the_source_weights_and_tokenizer(record_training_
     assert "init_from:" in (out / "config.yaml").read_text()
 
 
-def test_init_from_may_change_attention_dropout_and_shorten_block_size(finetune_args, source_run, other_corpus, data_root,
-                                                                       tmp_path):
-    trainer = main(finetune_args(other_corpus, data_root, tmp_path / "ft", source_run, steps=3,
-                                 model__attention="einops", model__dropout=0.1, model__block_size=16))
+def test_init_from_may_change_attention_dropout_and_shorten_block_size(
+    finetune_args, source_run, other_corpus, data_root, tmp_path
+):
+    trainer = main(
+        finetune_args(
+            other_corpus,
+            data_root,
+            tmp_path / "ft",
+            source_run,
+            steps=3,
+            model__attention="einops",
+            model__dropout=0.1,
+            model__block_size=16,
+        )
+    )
     cfg = trainer.lightning_module.config
     assert (cfg.attention, cfg.dropout, cfg.block_size, cfg.n_embd) == ("einops", 0.1, 16, 32)
     assert trainer.datamodule.hparams.block_size == 16
@@ -75,13 +88,32 @@ def test_init_from_may_change_attention_dropout_and_shorten_block_size(finetune_
     assert wpe.shape == (16, 32) and source.transformer.wpe.weight.shape == (32, 32)
 
 
-@pytest.mark.parametrize("attention,precision", [("sdpa", "32-true"), ("manual", "bf16-mixed"),
-                                                  ("einops", "bf16-mixed")])
-def test_every_attention_path_and_precision_fine_tunes(record_training_losses, finetune_args, source_run, other_corpus, data_root, tmp_path, monkeypatch,
-                                                       attention, precision):
+@pytest.mark.parametrize(
+    "attention,precision", [("sdpa", "32-true"), ("manual", "bf16-mixed"), ("einops", "bf16-mixed")]
+)
+def test_every_attention_path_and_precision_fine_tunes(
+    record_training_losses,
+    finetune_args,
+    source_run,
+    other_corpus,
+    data_root,
+    tmp_path,
+    monkeypatch,
+    attention,
+    precision,
+):
     seen = record_training_losses(monkeypatch)
-    trainer = main(finetune_args(other_corpus, data_root, tmp_path / "ft", source_run, steps=2,
-                                 model__attention=attention, trainer__precision=precision))
+    trainer = main(
+        finetune_args(
+            other_corpus,
+            data_root,
+            tmp_path / "ft",
+            source_run,
+            steps=2,
+            model__attention=attention,
+            trainer__precision=precision,
+        )
+    )
     assert trainer.lightning_module.config.attention == attention and trainer.global_step == 2
     source, _ = load_model(source_run)
     with torch.no_grad():
@@ -89,9 +121,14 @@ def test_every_attention_path_and_precision_fine_tunes(record_training_losses, f
     assert seen[0][1] == pytest.approx(loss.item(), abs=0.05 if precision == "bf16-mixed" else 1e-5)
 
 
-def test_init_from_refuses_a_conflicting_model_setting(finetune_args, source_run, other_corpus, data_root, tmp_path, capsys):
-    with pytest.raises(UserError, match=r"init_from .*: the model comes from the source, but this run sets "
-                                        r"model.n_layer=2 \(the source has 1\); remove these model settings"):
+def test_init_from_refuses_a_conflicting_model_setting(
+    finetune_args, source_run, other_corpus, data_root, tmp_path, capsys
+):
+    with pytest.raises(
+        UserError,
+        match=r"init_from .*: the model comes from the source, but this run sets "
+        r"model.n_layer=2 \(the source has 1\); remove these model settings",
+    ):
         main(finetune_args(other_corpus, data_root, tmp_path / "ft", source_run, model__n_layer=2))
     with pytest.raises(UserError, match=r"model.block_size=64 is larger than the source's 32"):
         main(finetune_args(other_corpus, data_root, tmp_path / "ft", source_run, model__block_size=64))
@@ -101,9 +138,9 @@ def test_init_from_refuses_a_conflicting_model_setting(finetune_args, source_run
         main(finetune_args(other_corpus, data_root, tmp_path / "ft", tmp_path / "nowhere"))
 
 
-
-def test_a_refused_finetuning_run_writes_nothing_into_out_dir(finetune_args, source_run, other_corpus, data_root,
-                                                             tmp_path):
+def test_a_refused_finetuning_run_writes_nothing_into_out_dir(
+    finetune_args, source_run, other_corpus, data_root, tmp_path
+):
     """A run refused because out_dir holds another run leaves that run's tokenizer.json as it was, and a source
     folder given as its own out_dir is refused before anything is written into it."""
     other = tmp_path / "other-run"
@@ -117,14 +154,16 @@ def test_a_refused_finetuning_run_writes_nothing_into_out_dir(finetune_args, sou
         main(finetune_args(other_corpus, data_root, source_run, source_run, steps=1))
     assert {p.name: p.read_bytes() for p in source_run.iterdir() if p.is_file()} == before
 
+
 def test_model_keys_from_a_config_file_count_as_set(finetune_args, source_run, other_corpus, data_root, tmp_path):
     config = tmp_path / "ft.yaml"
     config.write_text("model:\n  block_size: 16\n  n_head: 4\n  n_embd: 32\n")  # n_embd agrees with the source
     with pytest.raises(UserError, match=r"this run sets model.n_head=4 \(the source has 2\); remove"):
         main(["--config", str(config)] + finetune_args(other_corpus, data_root, tmp_path / "ft", source_run))
     config.write_text("model:\n  block_size: 16\n")
-    trainer = main(["--config", str(config)] + finetune_args(other_corpus, data_root, tmp_path / "ft", source_run,
-                                                             steps=1))
+    trainer = main(
+        ["--config", str(config)] + finetune_args(other_corpus, data_root, tmp_path / "ft", source_run, steps=1)
+    )
     assert trainer.lightning_module.config.block_size == 16
 
 
@@ -135,15 +174,23 @@ def test_a_character_the_source_lacks_is_one_line(finetune_args, source_run, dat
         run_cli(lambda: main(finetune_args(text, data_root, tmp_path / "ft", source_run)))
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("error: ") and err.endswith(
-        "new.txt has 2 character(s) not in the char tokenizer's vocabulary: '!', 'Z'; remove them, use a char "
-        "tokenizer made from text that has them, or the byte tokenizer, which encodes any text"), err
+    assert (
+        len(err.splitlines()) == 1
+        and err.startswith("error: ")
+        and err.endswith(
+            "new.txt has 2 character(s) not in the char tokenizer's vocabulary: '!', 'Z'; remove them, use a char "
+            "tokenizer made from text that has them, or the byte tokenizer, which encodes any text"
+        )
+    ), err
 
 
-def test_resume_continues_a_finetuning_run_exactly(finetune_args, source_run, other_corpus, data_root, tmp_path, monkeypatch):
+def test_resume_continues_a_finetuning_run_exactly(
+    finetune_args, source_run, other_corpus, data_root, tmp_path, monkeypatch
+):
     def args(out, steps):
-        return finetune_args(other_corpus, data_root, tmp_path / out, source_run, steps=steps, optim__decay_steps=12,
-                             model__dropout=0.1)
+        return finetune_args(
+            other_corpus, data_root, tmp_path / out, source_run, steps=steps, optim__decay_steps=12, model__dropout=0.1
+        )
 
     main(args("straight", 12))
     main(args("resumed", 6))
@@ -156,9 +203,13 @@ def test_resume_continues_a_finetuning_run_exactly(finetune_args, source_run, ot
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is None or importlib.util.find_spec("minigpt.hf.load") is None,
-                    reason="needs transformers and minigpt.hf.load (the Hugging Face import)")
-def test_init_from_a_hugging_face_gpt2_directory(record_training_losses, finetune_args, other_corpus, data_root, tmp_path, monkeypatch):
+@pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None or importlib.util.find_spec("minigpt.hf.load") is None,
+    reason="needs transformers and minigpt.hf.load (the Hugging Face import)",
+)
+def test_init_from_a_hugging_face_gpt2_directory(
+    record_training_losses, finetune_args, other_corpus, data_root, tmp_path, monkeypatch
+):
     """A small random GPT-2 saved with save_pretrained, with a char-level tokenizer.json of ours."""
     import transformers
 

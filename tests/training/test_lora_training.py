@@ -31,16 +31,26 @@ def source_run(tiny_run_args, corpus, data_root, tmp_path_factory):
 def lora_args(tiny_run_args):
     def build(corpus, data_root, out, source, steps=10, **overrides):
         """tiny_run_args without model keys (the model comes from the source), float32, rank 4."""
-        args = tiny_run_args(corpus, data_root, out, steps=steps, trainer__precision="32-true",
-                             optim__learning_rate=0.02, optim__decay_steps=20, sample_tokens=0)
+        args = tiny_run_args(
+            corpus,
+            data_root,
+            out,
+            steps=steps,
+            trainer__precision="32-true",
+            optim__learning_rate=0.02,
+            optim__decay_steps=20,
+            sample_tokens=0,
+        )
         pairs = [(k, v) for k, v in zip(args[::2], args[1::2]) if not k.startswith("--model.")]
         pairs += [(f"--{k.replace('__', '.')}", str(v)) for k, v in {"lora__rank": 4, **overrides}.items()]
         return [x for pair in pairs for x in pair] + ["--init_from", str(source), "--finetune", "lora"]
+
     return build
 
 
-def test_a_lora_run_trains_adapters_only_and_load_model_merges_them(lora_args, source_run, corpus, data_root,
-                                                                    tmp_path, record_training_losses, monkeypatch):
+def test_a_lora_run_trains_adapters_only_and_load_model_merges_them(
+    lora_args, source_run, corpus, data_root, tmp_path, record_training_losses, monkeypatch
+):
     seen = record_training_losses(monkeypatch)
     out = tmp_path / "lora"
     trainer = main(lora_args(corpus, data_root, out, source_run))
@@ -55,8 +65,11 @@ def test_a_lora_run_trains_adapters_only_and_load_model_merges_them(lora_args, s
     trained = set(adapter_names(model))
     for name, tensor in source.state_dict().items():  # the base's bytes, after 10 optimizer steps
         assert name in model.state_dict() and torch.equal(model.state_dict()[name], tensor), name
-    assert any(not torch.equal(model.state_dict()[n], torch.zeros_like(model.state_dict()[n]))
-               for n in trained if ".lora_B." in n)
+    assert any(
+        not torch.equal(model.state_dict()[n], torch.zeros_like(model.state_dict()[n]))
+        for n in trained
+        if ".lora_B." in n
+    )
 
     ckpt = read_checkpoint(out / "checkpoints" / "last.ckpt")
     assert set(model_state_dict(ckpt)) == trained  # adapters only, and their optimizer state only
@@ -77,8 +90,9 @@ def test_a_lora_run_trains_adapters_only_and_load_model_merges_them(lora_args, s
     assert lora.rank == 4 and any(isinstance(m, LoRALinear) for m in unmerged.modules())
 
 
-def test_train_embeddings_trains_and_saves_the_embeddings_and_load_model_merges_them(lora_args, source_run, corpus,
-                                                                                     data_root, tmp_path):
+def test_train_embeddings_trains_and_saves_the_embeddings_and_load_model_merges_them(
+    lora_args, source_run, corpus, data_root, tmp_path
+):
     out = tmp_path / "lora"
     trainer = main(lora_args(corpus, data_root, out, source_run, lora__train_embeddings="true"))
     source, _ = load_model(source_run)
@@ -107,10 +121,12 @@ def test_a_lora_run_resumes_exactly(lora_args, source_run, corpus, data_root, tm
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), "resumed must match straight bitwise"
 
 
-def test_activation_checkpointing_may_be_switched_on_when_a_lora_run_resumes(lora_args, source_run, corpus, data_root,
-                                                                            tmp_path):
+def test_activation_checkpointing_may_be_switched_on_when_a_lora_run_resumes(
+    lora_args, source_run, corpus, data_root, tmp_path
+):
     """A runtime setting: a LoRA run resumed with --model.activation_checkpointing true (the recompute redraws the
     adapters' dropout masks) ends where the run without it ends."""
+
     def args(out, steps):
         return lora_args(corpus, data_root, tmp_path / out, source_run, steps=steps, lora__dropout=0.1)
 
@@ -125,8 +141,9 @@ def test_activation_checkpointing_may_be_switched_on_when_a_lora_run_resumes(lor
         torch.testing.assert_close(b[name], a[name], atol=1e-6, rtol=1e-5, msg=name)
 
 
-def test_resuming_as_another_kind_of_run_or_on_another_base_is_refused(lora_args, tiny_run_args, source_run, corpus,
-                                                                      data_root, tmp_path):
+def test_resuming_as_another_kind_of_run_or_on_another_base_is_refused(
+    lora_args, tiny_run_args, source_run, corpus, data_root, tmp_path
+):
     out = tmp_path / "lora"
     main(lora_args(corpus, data_root, out, source_run, steps=4))
     last = out / "checkpoints" / "last.ckpt"
@@ -136,12 +153,18 @@ def test_resuming_as_another_kind_of_run_or_on_another_base_is_refused(lora_args
     main(tiny_run_args(corpus, data_root, other_base, steps=3, model__block_size=64))
     refusals = {
         "is a LoRA run .* resume it with --finetune lora": full + ["--resume", "true"],
-        r"was trained with lora.rank=4 \(this run's config gives 8\)":
-            lora_args(corpus, data_root, out, source_run, steps=8, lora__rank=8) + ["--resume", "true"],
-        "was trained on the base .* and init_from .* is another model .* resume with --init_from":
-            lora_args(corpus, data_root, out, other_base, steps=8) + ["--resume", "true"],
-        "is a full fine-tuning run .* resume it without --finetune lora":
-            lora_args(corpus, data_root, other_base, source_run, steps=8) + ["--resume", "true"],
+        r"was trained with lora.rank=4 \(this run's config gives 8\)": lora_args(
+            corpus, data_root, out, source_run, steps=8, lora__rank=8
+        )
+        + ["--resume", "true"],
+        "was trained on the base .* and init_from .* is another model .* resume with --init_from": lora_args(
+            corpus, data_root, out, other_base, steps=8
+        )
+        + ["--resume", "true"],
+        "is a full fine-tuning run .* resume it without --finetune lora": lora_args(
+            corpus, data_root, other_base, source_run, steps=8
+        )
+        + ["--resume", "true"],
     }
     for match, argv in refusals.items():
         with pytest.raises(UserError, match=match) as e:
@@ -154,16 +177,45 @@ def test_resuming_as_another_kind_of_run_or_on_another_base_is_refused(lora_args
 
 @pytest.mark.slow  # about 15 s: a chat LoRA run on a llama base with a bfloat16 base, then a chat
 def test_chat_data_trains_new_token_rows_and_the_run_chats(tiny_run_args, corpus, data_root, tmp_path):
-    main(tiny_run_args(corpus, data_root, tmp_path / "base", steps=5, model__block_size=64, model__arch="llama",
-                       model__n_kv_head=1, model__tie_embeddings="false"))
-    rows = [{"messages": [{"role": "user", "content": f"What is {a} + {a + 1}?"},
-                          {"role": "assistant", "content": str(2 * a + 1)}]} for a in range(60)]
+    main(
+        tiny_run_args(
+            corpus,
+            data_root,
+            tmp_path / "base",
+            steps=5,
+            model__block_size=64,
+            model__arch="llama",
+            model__n_kv_head=1,
+            model__tie_embeddings="false",
+        )
+    )
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"What is {a} + {a + 1}?"},
+                {"role": "assistant", "content": str(2 * a + 1)},
+            ]
+        }
+        for a in range(60)
+    ]
     chats = tmp_path / "chats.jsonl"
     chats.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = {"data.source": chats, "data.format": "chat", "data.data_root": data_root, "out_dir": tmp_path / "sft",
-            "data.batch_size": 4, "data.val_batches": 2, "trainer.max_steps": 6, "trainer.val_check_interval": 3,
-            "trainer.enable_progress_bar": False, "sample_tokens": 4, "init_from": tmp_path / "base",
-            "finetune": "lora", "lora.base_dtype": "bfloat16", "model.attention": "einops"}
+    args = {
+        "data.source": chats,
+        "data.format": "chat",
+        "data.data_root": data_root,
+        "out_dir": tmp_path / "sft",
+        "data.batch_size": 4,
+        "data.val_batches": 2,
+        "trainer.max_steps": 6,
+        "trainer.val_check_interval": 3,
+        "trainer.enable_progress_bar": False,
+        "sample_tokens": 4,
+        "init_from": tmp_path / "base",
+        "finetune": "lora",
+        "lora.base_dtype": "bfloat16",
+        "model.attention": "einops",
+    }
     trainer = main([x for k, v in args.items() for x in (f"--{k}", str(v))])
     model = trainer.lightning_module.model
     assert model.transformer.h[0].mlp.c_fc.weight.dtype == torch.bfloat16
@@ -171,6 +223,9 @@ def test_chat_data_trains_new_token_rows_and_the_run_chats(tiny_run_args, corpus
     merged, tokenizer = load_model(tmp_path / "sft")
     assert isinstance(tokenizer, ChatTokenizer) and merged.config.vocab_size == tokenizer.vocab_size
     out = io.StringIO()
-    sample_main(["--ckpt", str(tmp_path / "sft"), "--chat", "--temperature", "0", "--max_new_tokens", "4"],
-                stdout=out, stdin=io.StringIO("What is 1 + 2?\n"))
+    sample_main(
+        ["--ckpt", str(tmp_path / "sft"), "--chat", "--temperature", "0", "--max_new_tokens", "4"],
+        stdout=out,
+        stdin=io.StringIO("What is 1 + 2?\n"),
+    )
     assert len(out.getvalue().splitlines()) == 1

@@ -73,8 +73,9 @@ def test_muon_is_torchs_muon_when_bf16_is_native(monkeypatch, adjust_lr_fn, nest
     assert opt.ns_dtype == torch.bfloat16
     assert all(torch.equal(p, q) for p, q in zip(ours, theirs))
     assert opt.state_dict()["state"].keys() == ref.state_dict()["state"].keys()
-    assert all(torch.equal(opt.state[p]["momentum_buffer"], ref.state[q]["momentum_buffer"])
-               for p, q in zip(ours, theirs))
+    assert all(
+        torch.equal(opt.state[p]["momentum_buffer"], ref.state[q]["momentum_buffer"]) for p, q in zip(ours, theirs)
+    )
 
 
 def test_muon_iterates_in_float32_where_bf16_is_not_native(monkeypatch):
@@ -135,8 +136,16 @@ def test_newton_schulz_of_a_stack_is_each_matrix_s():
 @pytest.mark.parametrize("arch", ["llama", "gpt"])
 def test_build_optimizer_splits_fused_projections_for_muon(arch):
     """q/k/v (with fewer key/value heads) and SwiGLU's gate/up reach Muon as separate projections."""
-    config = GPTConfig(arch=arch, n_layer=2, n_head=4, n_kv_head=2 if arch == "llama" else 4, n_embd=32,
-                       mlp_hidden=48, vocab_size=50, block_size=16)
+    config = GPTConfig(
+        arch=arch,
+        n_layer=2,
+        n_head=4,
+        n_kv_head=2 if arch == "llama" else 4,
+        n_embd=32,
+        mlp_hidden=48,
+        vocab_size=50,
+        block_size=16,
+    )
     model = GPT(config)
     splits = build_optimizer(model, OptimConfig(optimizer="muon"), fused=False).muon.row_splits
     block = model.transformer.h[1]

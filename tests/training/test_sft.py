@@ -20,23 +20,42 @@ from minigpt.training.sft import grow_vocabulary, load_chat_data, split_batch
 
 
 def write_chats(path, n: int = 60, long: int = 0):
-    rows = [{"messages": [{"role": "user", "content": f"What is {a} + {a + 1}?"},
-                          {"role": "assistant", "content": str(2 * a + 1)}]} for a in range(n)]
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"What is {a} + {a + 1}?"},
+                {"role": "assistant", "content": str(2 * a + 1)},
+            ]
+        }
+        for a in range(n)
+    ]
     rows += [{"messages": [{"role": "user", "content": "x" * 200}, {"role": "assistant", "content": "y"}]}] * long
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
 def sft_args(chats, data_root, out_dir, steps=10, **extra):
-    args = {"data.source": chats, "data.format": "chat", "data.data_root": data_root, "out_dir": out_dir,
-            "data.batch_size": 4, "data.val_batches": 2, "trainer.max_steps": steps, "trainer.val_check_interval": 5,
-            "trainer.enable_progress_bar": False, "sample_tokens": 4, "checkpoint_every": 5, **extra}
+    args = {
+        "data.source": chats,
+        "data.format": "chat",
+        "data.data_root": data_root,
+        "out_dir": out_dir,
+        "data.batch_size": 4,
+        "data.val_batches": 2,
+        "trainer.max_steps": steps,
+        "trainer.val_check_interval": 5,
+        "trainer.enable_progress_bar": False,
+        "sample_tokens": 4,
+        "checkpoint_every": 5,
+        **extra,
+    }
     return [x for k, v in args.items() for x in (f"--{k}", str(v))]
 
 
 @pytest.mark.slow  # about 20 s: a base, a fine-tune, a resume, a chat
-def test_a_char_base_learns_to_chat_and_resumes_and_talks(tmp_path, corpus, data_root, tiny_run_args,
-                                                        record_training_losses, monkeypatch):
+def test_a_char_base_learns_to_chat_and_resumes_and_talks(
+    tmp_path, corpus, data_root, tiny_run_args, record_training_losses, monkeypatch
+):
     train_main(tiny_run_args(corpus, data_root, tmp_path / "base", steps=5, model__block_size=64))
     base_model, base_tok = load_model(tmp_path / "base")
     chats = write_chats(tmp_path / "chats.jsonl")
@@ -50,7 +69,7 @@ def test_a_char_base_learns_to_chat_and_resumes_and_talks(tmp_path, corpus, data
     inputs, targets = split_batch(seen[0][0])
     for row_in, row_t in zip(inputs.tolist(), targets.tolist()):  # the loss reads the assistant's tokens only
         learned = tok.decode([t for t in row_t if t >= 0])
-        assert learned.endswith(IM_END) and learned[:-len(IM_END)].isdigit()
+        assert learned.endswith(IM_END) and learned[: -len(IM_END)].isdigit()
         assert tok.decode(row_in).startswith("<|im_start|>user\nWhat is ")
 
     train_main(sft_args(chats, data_root, tmp_path / "sft", steps=15, resume="true", **sft))
@@ -58,25 +77,40 @@ def test_a_char_base_learns_to_chat_and_resumes_and_talks(tmp_path, corpus, data
     other = tmp_path / "other.jinja"
     other.write_text("{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}")
     with pytest.raises(UserError, match="already has a chat template.*remove data.chat_template") as e:
-        train_main(sft_args(chats, data_root, tmp_path / "sft", steps=20, resume="true", **sft,
-                            **{"data.chat_template": other}))
+        train_main(
+            sft_args(
+                chats, data_root, tmp_path / "sft", steps=20, resume="true", **sft, **{"data.chat_template": other}
+            )
+        )
     assert "\n" not in str(e.value)
 
     out = io.StringIO()
-    sample_main(["--ckpt", str(tmp_path / "sft"), "--chat", "--temperature", "0", "--max_new_tokens", "6",
-                 "--system", "add"], stdout=out, stdin=io.StringIO("What is 1 + 2?\n\nWhat is 3 + 4?\n"))
+    sample_main(
+        ["--ckpt", str(tmp_path / "sft"), "--chat", "--temperature", "0", "--max_new_tokens", "6", "--system", "add"],
+        stdout=out,
+        stdin=io.StringIO("What is 1 + 2?\n\nWhat is 3 + 4?\n"),
+    )
     assert len(out.getvalue().splitlines()) == 2  # one reply line per user line (the blank line is no turn)
 
 
 def test_a_chat_run_from_scratch_resumes_only_with_its_template(tmp_path, data_root):
     chats = write_chats(tmp_path / "chats.jsonl", n=20)
-    small = {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 16, "model.block_size": 48, "data.tokenizer": "char"}
+    small = {
+        "model.n_layer": 1,
+        "model.n_head": 2,
+        "model.n_embd": 16,
+        "model.block_size": 48,
+        "data.tokenizer": "char",
+    }
     train_main(sft_args(chats, data_root, tmp_path / "run", steps=4, **small))
     other = tmp_path / "other.jinja"
     other.write_text("{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}")
     with pytest.raises(UserError, match="another chat template than this run's .data.chat_template.") as e:
-        train_main(sft_args(chats, data_root, tmp_path / "run", steps=8, resume="true", **small,
-                            **{"data.chat_template": other}))
+        train_main(
+            sft_args(
+                chats, data_root, tmp_path / "run", steps=8, resume="true", **small, **{"data.chat_template": other}
+            )
+        )
     assert "\n" not in str(e.value)
     train_main(sft_args(chats, data_root, tmp_path / "run", steps=8, resume="true", **small))
     assert torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
@@ -93,8 +127,10 @@ def test_conversations_longer_than_the_block_are_cut_or_skipped_and_counted(tmp_
 
 def test_bad_chat_data_in_train_py_is_one_line(tmp_path, data_root):
     chats = tmp_path / "chats.jsonl"
-    chats.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
-                     '{"messages": [{"role": "user", "content": "hi"}, {"role": "bot", "content": "yo"}]}\n')
+    chats.write_text(
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "bot", "content": "yo"}]}\n'
+    )
     with pytest.raises(DataError, match=r"chats.jsonl line 2: message 1 has the unknown role 'bot'"):
         train_main(sft_args(chats, data_root, tmp_path / "run"))
     assert not (tmp_path / "run" / "checkpoints").exists()
@@ -117,6 +153,7 @@ def test_the_sft_demo_runs_at_toy_size(tmp_path):
     spec = importlib.util.spec_from_file_location("sft_demo", path)
     demo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(demo)
-    result = demo.main(["--smoke", "--base", str(tmp_path / "base"), "--out", str(tmp_path / "sft"),
-                        "--data", str(tmp_path / "data")])
+    result = demo.main(
+        ["--smoke", "--base", str(tmp_path / "base"), "--out", str(tmp_path / "sft"), "--data", str(tmp_path / "data")]
+    )
     assert result["steps"] == 4 and result["test_conversations"] == 10 and 0 <= result["after"] <= 1
