@@ -14,7 +14,7 @@ import gzip
 import json
 import pickle
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 TINY = [

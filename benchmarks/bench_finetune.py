@@ -36,10 +36,10 @@ from benchmarks.common import (
     write_json,
 )
 from minigpt.core.config import GPTConfig  # noqa: E402
-from minigpt.training.lightning_module import GPTLightningModule  # noqa: E402
 from minigpt.core.model import GPT  # noqa: E402
-from minigpt.training.optim import OptimConfig  # noqa: E402
 from minigpt.training.init_from import load_init_weights  # noqa: E402
+from minigpt.training.lightning_module import GPTLightningModule  # noqa: E402
+from minigpt.training.optim import OptimConfig  # noqa: E402
 
 CONFIG = REPO_ROOT / "configs" / "finetune_shakespeare.yaml"
 

@@ -36,6 +36,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "export"))  # the GGUF tests' helpers
 
+from gguf_models import trained_model, words_text  # noqa: E402
+from llamacpp_server import LlamaCpp  # noqa: E402
+
 from benchmarks.common import (
     common_parser,
     describe_machine,
@@ -50,8 +53,6 @@ from minigpt.core.generation import generate  # noqa: E402
 from minigpt.core.model import GPT  # noqa: E402
 from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer  # noqa: E402
 from minigpt.export.gguf import export_gguf  # noqa: E402
-from gguf_models import trained_model, words_text  # noqa: E402
-from llamacpp_server import LlamaCpp  # noqa: E402
 
 SHAPES = {
     "gpt2-124M": dict(arch="gpt", n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257),

@@ -135,11 +135,11 @@ def decode_logits(model: Any, idx: torch.Tensor, prefill: int) -> torch.Tensor:
 def agreement(name: str, hf_config: Any, work: Path) -> list[dict[str, Any]]:
     import transformers
 
-    from minigpt.loading import load_model
-    from minigpt.export.hf import export_hf
     from minigpt.core.generation import generate
-    from minigpt.hf.tokenizer_files import save_hf_tokenizer
     from minigpt.core.tokenizers import ByteTokenizer
+    from minigpt.export.hf import export_hf
+    from minigpt.hf.tokenizer_files import save_hf_tokenizer
+    from minigpt.loading import load_model
 
     hf_model = random_hf_model(hf_config)
     src = work / "src"
@@ -222,9 +222,10 @@ def child(what: str, src: str, out: str) -> None:
     """One measurement in this (fresh) process; prints its figures as JSON on the last line."""
     loaded = []
     if what == "import":
-        from minigpt.loading import load_model
-        import minigpt.hf.load  # noqa: F401  (its imports are not the import's cost)
         import safetensors.torch  # noqa: F401
+
+        import minigpt.hf.load  # noqa: F401  (its imports are not the import's cost)
+        from minigpt.loading import load_model
 
         result = measure(lambda: loaded.append(load_model(src)[0]))
     elif what == "transformers":
@@ -234,10 +235,10 @@ def child(what: str, src: str, out: str) -> None:
             lambda: loaded.append(transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval())
         )
     else:  # export of a model in memory: the GPT-2 config the import gives, random weights
-        from minigpt.export.hf import export_hf
-        from minigpt.hf.load import config_from_hf, read_hf_config
         from minigpt.core.model import GPT
         from minigpt.core.tokenizers import ByteTokenizer
+        from minigpt.export.hf import export_hf
+        from minigpt.hf.load import config_from_hf, read_hf_config
 
         model = GPT(config_from_hf(read_hf_config(Path(src)))).eval()
         result = measure(lambda: export_hf(model, ByteTokenizer(), out))
@@ -269,8 +270,8 @@ def run_child(what: str, src: Path, out: Path, repeats: int) -> dict[str, Any]:
 def cost(work: Path, quick: bool, repeats: int) -> list[dict[str, Any]]:
     import transformers
 
-    from minigpt.hf.tokenizer_files import save_hf_tokenizer
     from minigpt.core.tokenizers import ByteTokenizer
+    from minigpt.hf.tokenizer_files import save_hf_tokenizer
 
     config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2) if quick else transformers.GPT2Config()
     torch.manual_seed(0)

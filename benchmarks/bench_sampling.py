@@ -32,9 +32,9 @@ from benchmarks.common import (
     write_json,
 )
 from minigpt.core.config import GPTConfig  # noqa: E402
+from minigpt.core.generation import generate  # noqa: E402
 from minigpt.core.model import GPT  # noqa: E402
 from minigpt.loading import load_model  # noqa: E402
-from minigpt.core.generation import generate  # noqa: E402
 
 SHAPE = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65, dropout=0.0)
 

@@ -45,17 +45,21 @@ import io
 import json
 import logging
 import pstats
+import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-import sys
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
+
+import lightning as L  # noqa: E402
+from lightning.pytorch.callbacks import Callback  # noqa: E402
 
 from benchmarks.common import (
     REPO_ROOT,
@@ -72,13 +76,10 @@ from benchmarks.common import (
     wait_for_quiet,
     write_json,
 )
-from minigpt.training.datamodule import RandomWindows  # noqa: E402
 from minigpt.core.config import GPTConfig  # noqa: E402
+from minigpt.training.datamodule import RandomWindows  # noqa: E402
 from minigpt.training.lightning_module import GPTLightningModule  # noqa: E402
 from minigpt.training.optim import OptimConfig  # noqa: E402
-
-import lightning as L  # noqa: E402
-from lightning.pytorch.callbacks import Callback  # noqa: E402
 
 NANOGPT_TOKENS_PER_S = 15_000  # nanoGPT's own trainer on this recipe, fp32, on the reference 2-core machine
 NANOGPT_MS_PER_ITER = 50
@@ -670,7 +671,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     # ---------------------------------------------------------------- report
     print(
-        f"\nPeak matmul FLOP/s (MFU denominators): "
+        "\nPeak matmul FLOP/s (MFU denominators): "
         + ", ".join(
             f"{k}: {v['tflops'] * 1e3:.1f} GFLOP/s (at {v['n']}^3, best of {', '.join(map(str, v['sizes']))}"
             + (f"; {', '.join(map(str, v['skipped']))} skipped, over 1 s a matmul" if v["skipped"] else "")

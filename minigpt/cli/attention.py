@@ -16,13 +16,13 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from minigpt.lab.html import write_html
-from minigpt.lab.capture import capture_attention, save_npz
-from minigpt.loading import load_model
-from minigpt.cli.parsing import CommandParser, add_prompt_arguments, add_source_argument, read_prompt, resolve_device
-from minigpt.core.seed import check_seed
-from minigpt.core.errors import UserError
 from minigpt.cli.errors import run_cli
+from minigpt.cli.parsing import CommandParser, add_prompt_arguments, add_source_argument, read_prompt, resolve_device
+from minigpt.core.errors import UserError
+from minigpt.core.seed import check_seed
+from minigpt.lab.capture import capture_attention, save_npz
+from minigpt.lab.html import write_html
+from minigpt.loading import load_model
 
 DEFAULT_OUT = "out/attention"
 

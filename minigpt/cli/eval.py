@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from minigpt.loading import load_model
+from minigpt.cli.errors import run_cli
 from minigpt.cli.parsing import (
     QUANTIZE_CHOICES,
     CommandParser,
@@ -27,8 +27,8 @@ from minigpt.cli.parsing import (
     resolve_device,
 )
 from minigpt.core.errors import UserError
-from minigpt.cli.errors import run_cli
 from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens, text_ids
+from minigpt.loading import load_model
 
 MINIMUMS = {"batch_size": 1, "limit": 1, "num_fewshot": 0}  # each count's smallest value (CommandParser checks)
 

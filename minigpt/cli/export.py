@@ -18,14 +18,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
-from minigpt.loading import is_hf_source, load_model
+from minigpt.cli.errors import run_cli
 from minigpt.cli.parsing import CommandParser, add_source_argument
 from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.errors import UserError
-from minigpt.cli.errors import run_cli
 from minigpt.export.gguf import GGUFType, export_gguf
 from minigpt.export.gguf_file import check_out_file
 from minigpt.export.hf import HF_CLASS, check_exportable, check_out_dir, export_hf
+from minigpt.loading import is_hf_source, load_model
 
 
 def build_parser() -> CommandParser:

@@ -18,8 +18,7 @@ from typing import Any, TextIO, get_args
 
 import torch
 
-from minigpt.core.chat import ChatSession
-from minigpt.loading import load_chat_model, load_model
+from minigpt.cli.errors import run_cli
 from minigpt.cli.parsing import (
     QUANTIZE_CHOICES,
     CommandParser,
@@ -32,13 +31,14 @@ from minigpt.cli.parsing import (
     resolve_device,
     typed,
 )
+from minigpt.core.chat import ChatSession
 from minigpt.core.config import Attention
-from minigpt.core.seed import check_seed
 from minigpt.core.errors import UserError, first_line
-from minigpt.cli.errors import run_cli
 from minigpt.core.generation import Sampling, generate, prompt_ids
 from minigpt.core.limits import check_sampling_size
+from minigpt.core.seed import check_seed
 from minigpt.core.tokenizers import Tokenizer
+from minigpt.loading import load_chat_model, load_model
 
 # ---------------------------------------------------------------------------------------------------
 # Terminal output

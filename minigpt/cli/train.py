@@ -36,26 +36,26 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
+from minigpt.cli.errors import fail, run_cli
 from minigpt.cli.parsing import OneLineErrors, literal_choices, misplaced_setting
 from minigpt.configs import default_config
 from minigpt.core.checkpoint import check_resumable
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError, first_line
-from minigpt.cli.errors import fail, run_cli
-from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens
 from minigpt.core.fsutil import atomic_write
+from minigpt.core.lora import Finetune, LoRAConfig
 from minigpt.core.precision import resolve_precision
 from minigpt.core.seed import check_seed
-from minigpt.training.checkpoint_io import SafeCheckpointIO
+from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens
 from minigpt.training.callbacks import harness_callbacks
+from minigpt.training.checkpoint_io import SafeCheckpointIO
 from minigpt.training.datamodule import TokenDataModule
-from minigpt.core.lora import Finetune, LoRAConfig
 from minigpt.training.finetune_lora import check_finetune_resumable, load_base, lora_run_model
 from minigpt.training.init_from import init_from_source, load_init_weights, read_last
 from minigpt.training.lightning_module import GPTLightningModule
 from minigpt.training.optim import OptimConfig
-from minigpt.training.sft import chat_loss, check_chat_resumable
 from minigpt.training.run_dir import SIGNALS, check_writable, lock_run_dir, recover, replacing, stop_on_signals
+from minigpt.training.sft import chat_loss, check_chat_resumable
 from minigpt.training.trainer import TRAINER_DEFAULTS, MiniGPTTrainer, run_callbacks
 
 # Our sampler restarts exactly where a run stopped (see datamodule.py), so Lightning's caution does not apply.

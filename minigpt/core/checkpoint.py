@@ -30,8 +30,8 @@ from minigpt.core.errors import CheckpointError, UserError, first_line, shown_ch
 from minigpt.core.fsutil import atomic_write
 from minigpt.core.limits import check_config_size, state_shapes
 from minigpt.core.model import GPT
-from minigpt.core.torch_files import load_torch_file
 from minigpt.core.tokenizers import Tokenizer, tokenizer_from_dict
+from minigpt.core.torch_files import load_torch_file
 
 FORMAT_VERSION = 2
 SECTION = "minigpt"

@@ -6,9 +6,9 @@ Each field is declared once, here: its type (choices as `Literal`), its default 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
 import functools
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from minigpt.core.errors import ConfigError

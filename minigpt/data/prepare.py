@@ -28,8 +28,8 @@ import numpy as np
 
 from minigpt.core.errors import DataError, UserError, first_line
 from minigpt.core.fsutil import fsync_dir, install_dir, remove_stale, temp_sibling, write_errors, write_json
-from minigpt.core.user_files import DOCUMENT_BYTES, loads, read_user_bytes
 from minigpt.core.tokenizers import BPE_PREFIX, Tokenizer, get_tokenizer, resolve_tokenizer, tokenizer_from_dict
+from minigpt.core.user_files import DOCUMENT_BYTES, loads, read_user_bytes
 from minigpt.data.bpe import plan_split, train_bpe
 from minigpt.data.encoding import char_vocabulary
 from minigpt.data.progress import Progress

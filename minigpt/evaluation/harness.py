@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import json
 import logging
-from importlib.util import find_spec
 from collections.abc import Sequence
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +29,12 @@ import torch
 import torch.distributed as dist
 
 from minigpt.core.errors import UserError, first_line
-from minigpt.evaluation.loss import LOGITS_BUDGET, text_ids
-from minigpt.evaluation.task_files import read_task_file, resolve_tasks
 from minigpt.core.fsutil import atomic_write, write_errors
 from minigpt.core.generation import generate, prompt_ids
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import HFTokenizer, Tokenizer
+from minigpt.evaluation.loss import LOGITS_BUDGET, text_ids
+from minigpt.evaluation.task_files import read_task_file, resolve_tasks
 
 INSTALL = (
     'the lm-evaluation-harness is not installed; install the eval extra: pip install -e ".[eval]" '

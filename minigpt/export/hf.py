@@ -27,6 +27,8 @@ import torch
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError
 from minigpt.core.fsutil import remove_stale, temp_sibling, write_json
+from minigpt.core.model import GPT
+from minigpt.core.tokenizers import Tokenizer
 from minigpt.export.folder import (
     MANIFEST,
     FolderState,
@@ -40,8 +42,6 @@ from minigpt.export.folder import (
 )
 from minigpt.hf.tokenizer_files import save_hf_tokenizer
 from minigpt.hf.weights import to_hf_state_dict
-from minigpt.core.model import GPT
-from minigpt.core.tokenizers import Tokenizer
 
 __all__ = ["EXPORT_FILES", "check_exportable", "export_hf", "hf_config"]
 

@@ -21,16 +21,16 @@ from typing import Any
 
 import torch
 
-from minigpt.core.torch_files import load_torch_file
-from minigpt.core.limits import check_config_size, state_shapes
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import CheckpointError, UserError, first_line
+from minigpt.core.limits import check_config_size, state_shapes
+from minigpt.core.model import GPT
+from minigpt.core.tokenizers import Tokenizer
+from minigpt.core.torch_files import load_torch_file
 from minigpt.hf.files import config_field_problems, read_json_object, weight_files
 from minigpt.hf.hub import download_hf
 from minigpt.hf.tokenizer_files import load_hf_tokenizer
 from minigpt.hf.weights import check_unquantized, from_hf_state_dict
-from minigpt.core.model import GPT
-from minigpt.core.tokenizers import Tokenizer
 
 __all__ = [
     "HUB_PREFIX",

@@ -27,8 +27,6 @@ from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.errors import DataError, UserError, first_line
 from minigpt.core.fsutil import write_json
 from minigpt.core.generation import prompt_ids
-from minigpt.hf.chat_files import chat_tokenizer_json
-from minigpt.hf.files import read_json_object
 from minigpt.core.tokenizers import (
     ByteTokenizer,
     CharTokenizer,
@@ -39,6 +37,8 @@ from minigpt.core.tokenizers import (
     get_tokenizer,
     tokenizers_library,
 )
+from minigpt.hf.chat_files import chat_tokenizer_json
+from minigpt.hf.files import read_json_object
 
 __all__ = ["load_hf_tokenizer", "save_hf_tokenizer", "NO_LENGTH"]
 

@@ -34,7 +34,8 @@ from minigpt.core.errors import UserError, first_line
 from minigpt.core.generation import prompt_ids
 from minigpt.core.model import GPT
 from minigpt.core.tokenizer_base import Tokenizer
-from minigpt.serve.engine import Engine, QueueFull, Request as Generation, Ticket, Update
+from minigpt.serve.engine import Engine, QueueFull, Ticket, Update
+from minigpt.serve.engine import Request as Generation
 from minigpt.serve.protocol import ChatRequest, CompletionRequest
 
 __all__ = ["APIError", "create_app"]

@@ -19,10 +19,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from minigpt.core.seed import MAX_SEED
 from minigpt.core.errors import ConfigError, UserError
-from minigpt.data.prepare import PreparedData, load_prepared, prepare_data
+from minigpt.core.seed import MAX_SEED
 from minigpt.core.tokenizers import Tokenizer
+from minigpt.data.prepare import PreparedData, load_prepared, prepare_data
 from minigpt.training.sft import FixedConversations, RandomConversations, load_chat_data
 
 VAL_STREAM = 1 << 20  # keeps validation generators apart from training ones

@@ -20,10 +20,10 @@ from minigpt.core.errors import ConfigError, UserError
 from minigpt.core.limits import check_config_size
 from minigpt.core.lora import training_flops_per_token
 from minigpt.core.model import GPT
-from minigpt.training.finetune_lora import keep_trained, restore_frozen
-from minigpt.training.sft import split_batch
-from minigpt.training.optim import OptimConfig, build_optimizer, build_scheduler, trainer_decay_end
 from minigpt.core.tokenizers import Tokenizer
+from minigpt.training.finetune_lora import keep_trained, restore_frozen
+from minigpt.training.optim import OptimConfig, build_optimizer, build_scheduler, trainer_decay_end
+from minigpt.training.sft import split_batch
 
 
 class NonFiniteLossError(UserError):

@@ -10,7 +10,9 @@ import pytest
 from minigpt.cli.attention import main as attention_main
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.core.tokenizers import CharTokenizer
-from support import LAB_CHARS as CHARS, LAB_PROMPT as PROMPT, lab_model as random_model
+from support import LAB_CHARS as CHARS
+from support import LAB_PROMPT as PROMPT
+from support import lab_model as random_model
 
 REPO = Path(__file__).resolve().parents[2]  # the repository root
 

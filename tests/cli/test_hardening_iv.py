@@ -14,7 +14,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-from support import varied_gpt
 
 from minigpt.cli import attention as attention_cli
 from minigpt.cli import eval as eval_cli
@@ -26,6 +25,7 @@ from minigpt.core.checkpoint import find_checkpoint, model_checkpoint, save_file
 from minigpt.core.errors import UserError
 from minigpt.core.tokenizers import CharTokenizer
 from minigpt.evaluation import task_files
+from support import varied_gpt
 
 REPO = Path(__file__).resolve().parents[2]
 CHARS = "\n !',.:;?abcdefghijklmnopqrstuvwxyz0123456789"

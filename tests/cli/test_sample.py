@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import byte_bpe, random_ids, varied_gpt
 
 from minigpt import GPT
-from minigpt.core.checkpoint import model_checkpoint, save_file
-from minigpt.loading import load_model
-from minigpt.core.errors import UserError
 from minigpt.cli.errors import run_cli
-from minigpt.core.generation import generate, sample_next
 from minigpt.cli.sample import TextStreamer, main
+from minigpt.core.checkpoint import model_checkpoint, save_file
+from minigpt.core.errors import UserError
+from minigpt.core.generation import generate, sample_next
 from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
+from minigpt.loading import load_model
+from support import byte_bpe, random_ids, varied_gpt
 
 REPO = Path(__file__).resolve().parents[2]
 PATHS = ["sdpa", "manual", "einops"]

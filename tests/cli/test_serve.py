@@ -13,13 +13,13 @@ import threading
 
 import openai
 import pytest
-from support import varied_gpt
 
 from minigpt import ChatSession
 from minigpt.cli.serve import default_name, main
 from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.core.tokenizers import CharTokenizer
+from support import varied_gpt
 
 
 @pytest.fixture(scope="module")

@@ -3,24 +3,23 @@
 import math
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from pathlib import Path
 import torch
-
 from lightning.pytorch.plugins.precision import FSDPPrecision
 from lightning.pytorch.strategies import FSDPStrategy
 
 REPO = Path(__file__).resolve().parents[2]  # the repository root
+from minigpt.cli.train import main
 from minigpt.core import checkpoint
 from minigpt.core.checkpoint import build_model, checkpoint_tokenizer, model_state_dict, read_checkpoint
 from minigpt.core.config import GPTConfig
+from minigpt.core.errors import UserError
+from minigpt.training.callbacks import CompileModel
 from minigpt.training.lightning_module import GPTLightningModule
 from minigpt.training.optim import OptimConfig
-from minigpt.cli.train import main
-from minigpt.training.callbacks import CompileModel
-from minigpt.core.errors import UserError
 
 
 def weights(ckpt_path) -> dict[str, torch.Tensor]:

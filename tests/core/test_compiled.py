@@ -6,12 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from support import random_ids, varied_gpt
-
 import minigpt.core.compiled as compiled
 import minigpt.core.quantize as quantize
 from minigpt.core.generation import generate
 from minigpt.core.quantize import quantize_model
+from support import random_ids, varied_gpt
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BLOCK = 32  # varied_gpt's block_size

@@ -8,10 +8,10 @@ from dataclasses import MISSING, fields
 import pytest
 import yaml
 
-from minigpt.core.config import GPTConfig
-from minigpt.training.optim import OptimConfig
 from minigpt.cli.train import main
+from minigpt.core.config import GPTConfig
 from minigpt.training.init_from import LINKED_MODEL_FIELDS
+from minigpt.training.optim import OptimConfig
 
 SECTIONS = {"model": GPTConfig, "optim": OptimConfig}
 

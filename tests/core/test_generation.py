@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from support import byte_bpe, random_ids, varied_gpt
-
 from minigpt.core.errors import UserError
 from minigpt.core.generation import Sampling, filter_logits, generate, prompt_ids, refill_length
 from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
+from support import byte_bpe, random_ids, varied_gpt
 
 PATHS = ["sdpa", "manual", "einops"]
 CHARS = "\n !',.:;?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXY"

@@ -4,7 +4,6 @@ plausible bound can still multiply to terabytes.  MINIGPT_MAX_MODEL_GB raises th
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 import time

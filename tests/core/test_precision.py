@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[2]  # the repository root

@@ -8,15 +8,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from support import random_ids, varied_gpt
-
 import minigpt.core.compiled as compiled
 import minigpt.core.quantize as quantize
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.core.generation import generate
+from minigpt.core.quantize import Int8Embedding, Int8Linear, int8_matvec, quantize_model, quantize_rows
 from minigpt.core.tokenizers import ByteTokenizer
 from minigpt.loading import load_model
-from minigpt.core.quantize import Int8Embedding, Int8Linear, int8_matvec, quantize_model, quantize_rows
+from support import random_ids, varied_gpt
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

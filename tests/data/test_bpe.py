@@ -111,8 +111,8 @@ def test_a_vocabulary_the_corpus_cannot_fill_says_what_it_got_and_leaves_nothing
 
 
 def test_train_py_takes_bpe_and_refuses_bad_sizes_in_one_line(tiny_run_args, corpus, data_root, tmp_path, capsys):
-    from minigpt.cli.train import main
     from minigpt.cli.errors import run_cli
+    from minigpt.cli.train import main
 
     with pytest.raises(SystemExit) as e:
         run_cli(lambda: main(tiny_run_args(corpus, data_root, tmp_path / "bad", data__tokenizer="bpe:100")))

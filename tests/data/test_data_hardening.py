@@ -26,11 +26,11 @@ import minigpt.data.prepare as prepare_mod
 import minigpt.data.verify as verify_mod
 from minigpt import GPT, GPTConfig, load_model
 from minigpt.core.checkpoint import model_checkpoint, save_file
-from minigpt.training.datamodule import TokenDataModule
 from minigpt.core.errors import CheckpointError, ConfigError, DataError, UserError
-from minigpt.training.optim import OptimConfig
-from minigpt.data.prepare import load_prepared, prepare_data
 from minigpt.core.tokenizers import CharTokenizer, TiktokenTokenizer, tokenizer_from_dict
+from minigpt.data.prepare import load_prepared, prepare_data
+from minigpt.training.datamodule import TokenDataModule
+from minigpt.training.optim import OptimConfig
 
 TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(300))
 

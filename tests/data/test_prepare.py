@@ -19,10 +19,10 @@ import minigpt.data.prepare as prepare_mod
 import minigpt.data.sources as sources_mod
 import minigpt.data.token_files as token_files_mod
 from minigpt.core.errors import CheckpointError, DataError, UnknownCharactersError, UserError
+from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer, get_tokenizer, tokenizer_from_dict
 from minigpt.data.prepare import load_prepared, prepare_data
 from minigpt.data.sources import iter_documents, resolve_source
 from minigpt.data.token_files import token_dtype
-from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer, get_tokenizer, tokenizer_from_dict
 
 GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 MERGES = [b"th", b"the", b" t", b" the", b"in", b"ing", b"an", b"and", b" a", b"er", b"on", b"es", b"\n\n"]

@@ -10,13 +10,13 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]  # the repository root
 from minigpt import GPT, GPTConfig
-from minigpt.core.checkpoint import model_checkpoint, save_file
-from minigpt.loading import load_model
-from minigpt.core.errors import UserError
 from minigpt.cli.eval import main as eval_main
-from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens
-from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer
 from minigpt.cli.train import main
+from minigpt.core.checkpoint import model_checkpoint, save_file
+from minigpt.core.errors import UserError
+from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer
+from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens
+from minigpt.loading import load_model
 
 
 def test_evaluate_tokens_matches_token_by_token_reference():

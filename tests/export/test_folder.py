@@ -20,8 +20,8 @@ from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import ByteTokenizer
-from minigpt.export.hf import EXPORT_FILES, check_out_dir, export_hf
 from minigpt.export.folder import MANIFEST
+from minigpt.export.hf import EXPORT_FILES, check_out_dir, export_hf
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=256)  # model.safetensors is ~100 KB
@@ -194,8 +194,8 @@ def test_a_file_added_while_the_export_is_written_is_kept(previous, monkeypatch)
 @pytest.mark.parametrize("where", ["write_files", "between the renames"])
 def test_ctrl_c_during_an_export_keeps_the_old_one(previous, monkeypatch, where):
     out, before = previous
-    import minigpt.export.hf as export
     import minigpt.export.folder as export_folder
+    import minigpt.export.hf as export
 
     def interrupt(*args):
         raise KeyboardInterrupt

@@ -16,9 +16,9 @@ from minigpt.cli.export import main as export_main
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.core.generation import generate
 from minigpt.core.tokenizers import CharTokenizer
-from support import script_runs
 from minigpt.export.gguf_file import check_previous_gguf
 from minigpt.loading import load_model
+from support import script_runs
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gguf_models import TEXTS, hf_tokenizer, random_model  # noqa: E402

@@ -6,22 +6,22 @@ here, with every weight drawn at std 0.5, so a swapped or untransposed matrix ca
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 import tiktoken
 import torch
 
 REPO = Path(__file__).resolve().parents[2]  # the repository root
+from minigpt.cli.export import main as export_main
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UnknownCharactersError, UserError
-from minigpt.export.hf import EXPORT_FILES, export_hf
-from minigpt.cli.export import main as export_main
-from minigpt.loading import load_model
 from minigpt.core.generation import generate
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
+from minigpt.export.hf import EXPORT_FILES, export_hf
+from minigpt.loading import load_model
 from support import script_runs
 
 transformers = pytest.importorskip("transformers")

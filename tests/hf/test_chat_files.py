@@ -11,7 +11,6 @@ from minigpt.core.chat_template import IM_END, ChatTokenizer
 from minigpt.core.config import GPTConfig
 from minigpt.core.model import GPT
 from minigpt.export.hf import export_hf
-
 from support import BASES, CONVERSATION, SMOL_TEMPLATE, hf_base
 
 transformers = pytest.importorskip("transformers")

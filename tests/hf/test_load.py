@@ -6,23 +6,22 @@ test_hub.py).  Offline: every model and vocabulary is built here."""
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[2]  # the repository root
-from minigpt.loading import load_model
 from minigpt.core.errors import CheckpointError
 from minigpt.core.generation import generate
-from minigpt.hf.tokenizer_files import save_hf_tokenizer
 from minigpt.core.tokenizers import ByteTokenizer
+from minigpt.hf.tokenizer_files import save_hf_tokenizer
+from minigpt.loading import load_model
 from support import count_model_builds
 
 transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("minigpt.hf.load")
 from hf_models import MODELS, SMALL, VOCAB, hf_logits, ids, our_logits, random_hf_model, save  # noqa: E402
-
 
 # ------------------------------------------------------------------------------------------- same function
 
@@ -554,8 +553,8 @@ REAL_CONFIGS = {  # the config.json of published models (abridged to what shapes
 def test_published_configs_give_transformers_tensor_shapes(name):
     """Our model for each config.json, renamed to HF names, has exactly the tensors transformers builds from it
     (both on the meta device: nothing allocated)."""
-    from minigpt.hf.weights import to_hf_state_dict
     from minigpt.core.model import GPT
+    from minigpt.hf.weights import to_hf_state_dict
 
     config = hf.config_from_hf(REAL_CONFIGS[name])
     hf_config = transformers.AutoConfig.for_model(**REAL_CONFIGS[name])

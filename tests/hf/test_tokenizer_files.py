@@ -9,9 +9,15 @@ import tiktoken
 import torch
 
 from minigpt.core.errors import CheckpointError, DataError, UserError
-from minigpt.core.tokenizers import HFTokenizer
+from minigpt.core.tokenizers import (
+    ByteTokenizer,
+    CharTokenizer,
+    HFTokenizer,
+    TiktokenTokenizer,
+    Tokenizer,
+    tokenizer_from_dict,
+)
 from minigpt.hf.tokenizer_files import load_hf_tokenizer, save_hf_tokenizer
-from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer, Tokenizer, tokenizer_from_dict
 
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")

@@ -11,7 +11,9 @@ from minigpt import GPT, GPTConfig, attention_maps
 from minigpt.core.errors import UserError
 from minigpt.core.tokenizers import CharTokenizer
 from minigpt.lab.capture import capture_attention, head_metrics, induction_scores, random_repeated_ids
-from support import LAB_CHARS as CHARS, LAB_PROMPT as PROMPT, lab_model as random_model
+from support import LAB_CHARS as CHARS
+from support import LAB_PROMPT as PROMPT
+from support import lab_model as random_model
 
 
 def hand_built(scale: float = 10.0) -> GPT:

@@ -10,7 +10,9 @@ from PIL import Image
 from minigpt.core.tokenizers import CharTokenizer
 from minigpt.lab.capture import capture_attention
 from minigpt.lab.figures import CELL_INCHES, DPI, MARGIN_INCHES, grid_image, save_figures
-from support import LAB_CHARS as CHARS, LAB_PROMPT as PROMPT, lab_model as random_model
+from support import LAB_CHARS as CHARS
+from support import LAB_PROMPT as PROMPT
+from support import lab_model as random_model
 
 
 def test_pngs_have_the_grid_size_and_npz_holds_everything(tmp_path):

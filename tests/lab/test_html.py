@@ -8,7 +8,9 @@ from benchmarks.browser import chromium_path, open_page, screenshot
 from minigpt.core.tokenizers import CharTokenizer
 from minigpt.lab.capture import capture_attention
 from minigpt.lab.html import write_html
-from support import LAB_CHARS as CHARS, LAB_PROMPT as PROMPT, lab_model as random_model
+from support import LAB_CHARS as CHARS
+from support import LAB_PROMPT as PROMPT
+from support import lab_model as random_model
 
 
 def test_page_is_offline_and_builds_its_views_in_chromium(tmp_path):

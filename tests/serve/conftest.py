@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 from serve_support import BLOCK, CHARS
-from support import varied_gpt
 
 from minigpt import GPT
 from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.tokenizers import CharTokenizer
+from support import varied_gpt
 
 
 @pytest.fixture(scope="session")

@@ -6,15 +6,15 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[2]  # the repository root
-from minigpt.core.checkpoint import model_state_dict, read_checkpoint
-from minigpt.cli.train import main
 from minigpt.cli.errors import run_cli
+from minigpt.cli.train import main
+from minigpt.core.checkpoint import model_state_dict, read_checkpoint
 
 
 def run_train(args, capsys) -> tuple[int, str]:

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from minigpt.core.checkpoint import model_state_dict, read_checkpoint
-from minigpt.loading import load_model
-from minigpt.core.errors import UserError
 from minigpt.cli.errors import run_cli
 from minigpt.cli.train import main
+from minigpt.core.checkpoint import model_state_dict, read_checkpoint
+from minigpt.core.errors import UserError
+from minigpt.loading import load_model
 
 
 @pytest.fixture(scope="module")
@@ -213,8 +213,8 @@ def test_init_from_a_hugging_face_gpt2_directory(
     """A small random GPT-2 saved with save_pretrained, with a char-level tokenizer.json of ours."""
     import transformers
 
-    from minigpt.hf.tokenizer_files import save_hf_tokenizer
     from minigpt.core.tokenizers import CharTokenizer
+    from minigpt.hf.tokenizer_files import save_hf_tokenizer
 
     tok = CharTokenizer(other_corpus.read_text())
     config = transformers.GPT2Config(vocab_size=tok.vocab_size, n_positions=32, n_embd=32, n_layer=1, n_head=2)

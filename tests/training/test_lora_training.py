@@ -12,8 +12,8 @@ import torch
 
 from minigpt.cli.sample import main as sample_main
 from minigpt.cli.train import main
-from minigpt.core.checkpoint import model_state_dict, read_checkpoint
 from minigpt.core.chat_template import ChatTokenizer
+from minigpt.core.checkpoint import model_state_dict, read_checkpoint
 from minigpt.core.errors import UserError
 from minigpt.core.lora import LoRALinear, adapter_names, fingerprint
 from minigpt.loading import load_lora_run, load_model
