@@ -5,9 +5,10 @@ lm-evaluation-harness's tasks on it.
     python eval.py --ckpt hf:openai-community/gpt2 --tasks hellaswag,arc_easy --limit 100 --output results.json
     python eval.py --config eval.yaml                 # the same options from YAML (see --print_config)
 
-The loss is minigpt.evaluation.loss.evaluate_tokens; the tasks run in process through minigpt.evaluation.harness (the `eval`
-extra, imported only for --tasks); loading is minigpt.loading.load_model.  Every user mistake (a bad flag,
-checkpoint, text file or task) ends in one `error:` line and exit code 2.
+The loss is minigpt.evaluation.loss.evaluate_tokens; the tasks run in process through
+minigpt.evaluation.harness (the `eval` extra, imported only for --tasks); loading is
+minigpt.loading.load_model.  Every user mistake (a bad flag, checkpoint, text file or task) ends in one
+`error:` line and exit code 2.
 """
 
 from __future__ import annotations

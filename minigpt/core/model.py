@@ -142,7 +142,7 @@ class CausalSelfAttention(nn.Module):
     # The three paths, side by side: same inputs, same output.  q: (B, nh, T, hs), k and v: (B, nkv, S, hs).
 
     def _sdpa(self, q, k, v, mask):
-        T, S = q.size(2), k.size(2)
+        T = q.size(2)
         # is_causal=True aligns the triangle top-left, which is right only when queries and keys start at
         # the same position (training, prefill: T == S); one new token (T == 1) sees every key, no mask at all.
         # Decided from T alone: a compiled decode step's S is symbolic, and sdpa takes a plain bool.

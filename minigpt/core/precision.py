@@ -88,7 +88,8 @@ def cpu_has_native_bf16() -> tuple[bool, str]:
 
 
 def has_native_bf16(device: torch.device) -> bool:
-    """Whether `device` computes bf16 natively (a GPU with bf16 units, a CPU whose bf16 matmuls keep up with float32)."""
+    """Whether `device` computes bf16 natively: a GPU with bf16 units, a CPU whose bf16 matmuls keep up with
+    float32."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported(including_emulation=False)
     return device.type == "cpu" and cpu_has_native_bf16()[0]

@@ -264,8 +264,8 @@ def bpe_vocab_size(spec: str) -> int:
         raise DataError(
             f"tokenizer {spec!r}: "
             + (
-                f"a byte-level BPE needs a vocabulary of at least {BPE_MIN_VOCAB} (256 bytes, {len(BPE_SPECIALS)} special "
-                f"token, one merge) and at most {BPE_MAX_VOCAB:,}; e.g. bpe:4096"
+                f"a byte-level BPE needs a vocabulary of at least {BPE_MIN_VOCAB} (256 bytes, "
+                f"{len(BPE_SPECIALS)} special token, one merge) and at most {BPE_MAX_VOCAB:,}; e.g. bpe:4096"
                 if number
                 else "VOCAB must be a whole number of tokens, e.g. bpe:4096 (in the digits 0-9)"
             )

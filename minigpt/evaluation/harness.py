@@ -202,7 +202,7 @@ class MiniGPTLM(TemplateLM):
             ids = self.tok_encode(context)[-keep:] or [self.prefix_token_id]
             new: list[int] = []
 
-            def stop_at_until(next_ids: torch.Tensor) -> None:
+            def stop_at_until(next_ids: torch.Tensor, new: list[int] = new, until: list = until) -> None:
                 new.append(int(next_ids[0]))
                 if until and any(u in self.tok_decode(new) for u in until):
                     raise _Stopped

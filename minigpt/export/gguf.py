@@ -154,7 +154,7 @@ def named_tensors(model: GPT) -> dict[str, torch.Tensor]:
     for i in range(config.n_layer):
         src, dst = f"transformer.h.{i}.", f"blk.{i}."
         for kind in ("weight", "bias"):
-            get = lambda name: state.get(f"{src}{name}.{kind}")  # noqa: E731
+            get = lambda name: state.get(f"{src}{name}.{kind}")  # noqa: E731, B023 (called in this iteration)
             layer = {
                 "attn_norm": get("ln_1"),
                 "ffn_norm": get("ln_2"),

@@ -74,7 +74,8 @@ def lab_prompt_ids(tokenizer: Tokenizer, text: str, config: GPTConfig) -> list[i
         why = (
             f" but the model reads at most block_size={config.block_size}"
             if len(ids) > config.block_size
-            else f": its attention weights ({config.n_layer} layers x {config.n_head} heads x {len(ids)}^2 floats) would "
+            else f": its attention weights ({config.n_layer} layers x {config.n_head} heads x {len(ids)}^2 floats) "
+            f"would "
             f"take {heads * len(ids) ** 2 * 4 / 2**30:.1f} GiB, over the lab's {WEIGHTS_BUDGET / 2**30:.0f} GiB"
         )
         raise UserError(f"the prompt is {len(ids)} tokens{why}; shorten it to {fits} tokens or fewer")

@@ -151,10 +151,10 @@ class AttentionImages(Callback):
 
 
 class HarnessTasks(Callback):
-    """At each validation, lm-evaluation-harness tasks (minigpt.evaluation.harness) on the model being trained, at most `limit`
-    examples each, logged as eval/<task>/<metric> at the step.  Under DDP every rank scores its share of each
-    task's examples (the harness splits them and gathers the scores over torch.distributed) and rank 0 logs; FSDP
-    is refused: its model is whole only inside a forward pass of the wrapped module, which generation does not use.
+    """At each validation, lm-evaluation-harness tasks (minigpt.evaluation.harness) on the model being trained, at
+    most `limit` examples each, logged as eval/<task>/<metric> at the step.  Under DDP every rank scores its share
+    of each task's examples (the harness splits them and gathers the scores over torch.distributed) and rank 0 logs;
+    FSDP is refused: its model is whole only inside a forward pass of the wrapped module, which generation does not use.
     Tasks are checked when the callback is made, so a misspelt task stops the run before training starts."""
 
     def __init__(self, tasks: list[str], limit: int | None = 100, batch_size: int = 8) -> None:
