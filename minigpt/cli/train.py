@@ -47,7 +47,7 @@ from minigpt.core.lora import Finetune, LoRAConfig
 from minigpt.core.precision import resolve_precision
 from minigpt.core.seed import check_seed
 from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens
-from minigpt.training.callbacks import harness_callbacks
+from minigpt.training.callbacks import harness_callbacks, seconds_since_launch
 from minigpt.training.checkpoint_io import SafeCheckpointIO
 from minigpt.training.datamodule import TokenDataModule
 from minigpt.training.finetune_lora import check_finetune_resumable, load_base, lora_run_model
@@ -57,6 +57,8 @@ from minigpt.training.optim import OptimConfig
 from minigpt.training.run_dir import SIGNALS, check_writable, lock_run_dir, recover, replacing, stop_on_signals
 from minigpt.training.sft import chat_loss, check_chat_resumable
 from minigpt.training.trainer import TRAINER_DEFAULTS, MiniGPTTrainer, run_callbacks
+
+IMPORTED = seconds_since_launch()  # the start-up report's first part: Python, torch, Lightning and minigpt loaded
 
 # Our sampler restarts exactly where a run stopped (see datamodule.py), so Lightning's caution does not apply.
 warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch ended")
@@ -128,6 +130,14 @@ class MiniGPTCLI(LightningCLI):
             nargs="?",
             default=False,
             help="torch.compile the model; compiled on a dummy batch before the training clock starts.",
+        )
+        parser.add_argument(
+            "--compile_regions",
+            action=ActionYesNo,
+            nargs="?",
+            default=True,
+            help="With --compile: compile the repeated block once (every layer reuses its code) and the head, "
+            "not the whole model as one graph: several times quicker to start (docs/performance.md).",
         )
         parser.add_argument(
             "--sample_tokens",
@@ -254,7 +264,7 @@ class MiniGPTCLI(LightningCLI):
         user_callbacks = self.config_init["trainer"].get("callbacks") or []
         kwargs["callbacks"] = (
             list(user_callbacks)
-            + run_callbacks(self.config, self.datamodule.hparams.batch_size)
+            + run_callbacks(self.config, self.datamodule.hparams.batch_size, IMPORTED)
             + harness_callbacks(self.config)
         )
         # resolved here, where the attention path is known (bf16 does not pay for sdpa on a CPU)

@@ -375,6 +375,10 @@ class GPT(nn.Module):
                 x = block(x, rope, kv_cache[i] if kv_cache is not None else None, input_pos, attn_weights)
         if last_only:
             x = x[:, -1:]  # (B, 1, C)
+        return self.head(x, targets)
+
+    def head(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The last hidden states (B, T, C) -> logits (B, T, vocab), and the mean cross-entropy against targets."""
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
         loss = None
         if targets is not None:

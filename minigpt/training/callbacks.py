@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -14,9 +15,11 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.seed import isolate_rng
 
+import minigpt
 from minigpt.core.checkpoint import RNG_STATE_KEY
 from minigpt.core.errors import UserError
 from minigpt.core.generation import generate, prompt_ids
+from minigpt.core.model import GPT
 
 
 def has_cpp_compiler() -> bool:
@@ -25,14 +28,71 @@ def has_cpp_compiler() -> bool:
     return any(shutil.which(name) for name in names)
 
 
+def seconds_since_launch() -> float:
+    """Seconds since this process started: from /proc on Linux (the kernel's start time of the process, so the
+    interpreter's own start counts), else since minigpt was first imported."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - minigpt.IMPORTED_AT
+
+
+class StartupTimes(Callback):
+    """Says, once the first optimizer step is done, how long it took from launch and where the time went:
+    imports (until the command's modules were loaded), config and model (parsing, data, building the model),
+    Lightning's setup (devices, strategy, optimizer), compiling (CompileModel's warm-up), the first step."""
+
+    def __init__(self, imported: float) -> None:
+        self.stamps = {"imports": imported}
+        self.compile: CompileModel | None = None
+        self.report: str | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.stamps.setdefault("config and model", seconds_since_launch())
+        self.compile = next((c for c in trainer.callbacks if isinstance(c, CompileModel)), None)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.stamps.setdefault("Lightning setup", seconds_since_launch())  # runs before CompileModel's warm-up
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if self.report is not None or trainer.global_step < 1:
+            return  # an accumulating micro-batch: the optimizer step comes later
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)  # once: the step is done, not only queued
+        now, parts, previous = seconds_since_launch(), [], 0.0
+        compiled = self.compile.seconds if self.compile is not None and self.compile.seconds else 0.0
+        for name, at in self.stamps.items():
+            parts.append(f"{name} {at - previous:.1f}s")
+            previous = at
+        if compiled:
+            parts.append(f"compile {compiled:.1f}s")
+        parts.append(f"first step {now - previous - compiled:.1f}s")
+        self.report = f"first optimizer step {now:.1f}s after launch: " + ", ".join(parts)
+        rank_zero_info(self.report)
+
+
+def compile_regions(model: GPT) -> None:
+    """Regional compilation: each block is compiled, and since the blocks run the same code on their own weights
+    (torch.compile takes module parameters as inputs), the first block's graph serves every layer; the head and
+    loss are one more region.  A fraction of compiling the whole model as one graph, which traces and optimises
+    every layer again; the embedding lookups between the regions stay eager."""
+    for block in model.transformer.h:
+        block.compile()
+    model.head = torch.compile(model.head)  # this instance's head: the method, compiled (a plain attribute)
+
+
 class CompileModel(Callback):
     """torch.compile the model in place (parameter names, and so checkpoints, stay the same), and run one
     training and one validation step's worth of forward/backward on a dummy batch before the training clock
     (and max_time) starts, leaving the weights, gradients and RNG state as they were.  Under DDP the first
-    real step compiles instead."""
+    real step compiles instead.  regions: compile the repeated block and the head (compile_regions) instead of
+    the whole model as one graph."""
 
-    def __init__(self, batch_size: int) -> None:
+    def __init__(self, batch_size: int, regions: bool = True) -> None:
         self.batch_size = batch_size
+        self.regions = regions
         self.enabled = True
         self.seconds: float | None = None
 
@@ -44,7 +104,10 @@ class CompileModel(Callback):
                 "`apt-get install g++`); training without compiling"
             )
             return
-        pl_module.model.compile()
+        if self.regions:
+            compile_regions(pl_module.model)
+        else:
+            pl_module.model.compile()
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.world_size > 1 or not self.enabled:

@@ -172,6 +172,11 @@ class TokenDataModule(L.LightningDataModule):
                 f"by {world} devices (each needs one); set data.val_batches to at least {world}"
             )
 
+    def _on_cuda(self) -> bool:
+        # pinned batches copy to the GPU without the host waiting for the GPU's queued work (a pageable copy
+        # waits): the next step is queued while this one runs
+        return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+
     def _world(self) -> tuple[int, int]:
         trainer = self.trainer
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
@@ -196,6 +201,7 @@ class TokenDataModule(L.LightningDataModule):
             num_workers=hp.num_workers,
             persistent_workers=hp.num_workers > 0,
             generator=own_generator(),
+            pin_memory=self._on_cuda(),
         )
 
     def val_dataloader(self) -> DataLoader:

@@ -30,6 +30,12 @@ class NonFiniteLossError(UserError):
     """The loss became NaN or infinite."""
 
 
+def host_read_is_free(device: torch.device) -> bool:
+    """Whether reading a value of `device` on the host costs nothing: on a CPU it does not; on a GPU it makes the
+    host wait for every queued kernel."""
+    return device.type != "cuda"
+
+
 class GPTLightningModule(L.LightningModule):
     def __init__(
         self,
@@ -51,6 +57,9 @@ class GPTLightningModule(L.LightningModule):
         self._losses: list[torch.Tensor] = []  # this optimizer step's training loss, one per (micro-)batch
         self._step_logs: dict[str, torch.Tensor] | None = None  # the optimizer step's train_loss (and grad_norm)
         self._clip_norm: torch.Tensor | None = None  # this step's norm before clipping, if clipping measured it
+        # On a GPU, the step where the loss first became NaN/inf (-1: none yet), kept on the device: reading the
+        # loss on the host every step would make the CPU wait for the GPU and stop it from queueing the next step
+        self._first_nonfinite: torch.Tensor | None = None
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         return self.model(idx, targets)
@@ -63,14 +72,31 @@ class GPTLightningModule(L.LightningModule):
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         _, loss = self.model(*split_batch(batch))  # batch: (B, T + 1) windows (chat rows: ~id = not a target)
-        if not torch.isfinite(loss):  # stop before the bad step touches the weights; checkpoints stay good
-            raise NonFiniteLossError(
-                f"the training loss became {loss.item()} at step {self.global_step}; training stopped and the last "
-                "good checkpoint is kept; lower the learning rate, raise warmup_steps or train in float32 "
-                "(precision 32-true), then resume"
-            )
+        finite = torch.isfinite(loss.detach())
+        if host_read_is_free(loss.device):  # stop before the bad step touches the weights
+            if not finite:
+                self._stop_nonfinite(self.global_step, str(loss.item()))
+        else:  # read on the steps that log (the host waits for the loss there anyway) and before any save
+            if self._first_nonfinite is None:
+                self._first_nonfinite = torch.full((), -1, dtype=torch.long, device=loss.device)
+            bad_now = ~finite & (self._first_nonfinite < 0)
+            self._first_nonfinite = torch.where(bad_now, self.global_step, self._first_nonfinite)
+            every = self.trainer.log_every_n_steps if self._trainer is not None else 1
+            if every <= 1 or self.global_step % every == 0:
+                self._check_finite()
         self._losses.append(loss.detach())  # logged at the step's end, on the steps Lightning writes
         return loss
+
+    def _check_finite(self) -> None:
+        if self._first_nonfinite is not None and (step := int(self._first_nonfinite)) >= 0:
+            self._stop_nonfinite(step)
+
+    def _stop_nonfinite(self, step: int, value: str = "NaN or infinite") -> None:
+        # on a GPU the weights may have taken a bad step since; no checkpoint is written with them (on_save_checkpoint)
+        raise NonFiniteLossError(
+            f"the training loss became {value} at step {step}; training stopped and the last good checkpoint "
+            "is kept; lower the learning rate, raise warmup_steps or train in float32 (precision 32-true), then resume"
+        )
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         _, loss = self.model(*split_batch(batch))
@@ -165,6 +191,7 @@ class GPTLightningModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "lr"}}
 
     def on_save_checkpoint(self, ckpt: dict[str, Any]) -> None:
+        self._check_finite()  # never save weights that a NaN/inf loss has touched
         checkpoint.pack(ckpt, self, self.model, self.tokenizer)
         if self.lora is not None:  # the adapters only, and where their base is
             keep_trained(ckpt, self, self.lora)

@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, Th
 
 from minigpt.core.errors import UserError
 from minigpt.core.precision import resolve_precision
-from minigpt.training.callbacks import AttentionImages, CompileModel, RNGState, TextSamples
+from minigpt.training.callbacks import AttentionImages, CompileModel, RNGState, StartupTimes, TextSamples
 
 PROGRESS_REFRESH = 10
 
@@ -87,7 +87,8 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 }
 
 
-def run_callbacks(config: Any, batch_size: int) -> list:
+def run_callbacks(config: Any, batch_size: int, imported: float | None = None) -> list:
+    """imported: seconds from launch to the command's modules loaded, the start of StartupTimes' report."""
     checkpoints = Path(config["out_dir"]) / "checkpoints"
     callbacks = [
         # best.ckpt: lowest validation loss so far
@@ -119,8 +120,10 @@ def run_callbacks(config: Any, batch_size: int) -> list:
     if config["trainer"].get("enable_progress_bar") is not False:
         # redrawn every PROGRESS_REFRESH steps, not every step: redrawing cost ~3% of a small CPU model's step
         callbacks.append(TQDMProgressBar(refresh_rate=PROGRESS_REFRESH))
+    if imported is not None:
+        callbacks.append(StartupTimes(imported))  # before CompileModel: Lightning's setup ends before compiling
     if config["compile"]:
-        callbacks.append(CompileModel(batch_size))
+        callbacks.append(CompileModel(batch_size, regions=config["compile_regions"]))
     if not config["trainer"].get("max_time"):  # Lightning adds its own Timer for max_time; else time the run
         callbacks.append(Timer())
     return callbacks

@@ -364,20 +364,29 @@ def test_compiled_training_matches_eager(tiny_run_args, corpus, data_root, tmp_p
 
     monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
     runs = {}
-    for compile in (False, True):
+    # eager; the blocks and head compiled as regions (the default); the whole model as one graph
+    for compile, regions in ((False, True), (True, True), (True, False)):
+        name = f"{compile}-{regions}"
         trainer = main(
             tiny_run_args(
                 corpus,
                 data_root,
-                tmp_path / str(compile),
+                tmp_path / name,
                 steps=10,
                 model__arch="llama",
                 model__dropout=0.1,
                 compile=compile,
+                compile_regions=regions,
             )
         )
-        runs[compile] = weights(tmp_path / str(compile) / "checkpoints" / "last.ckpt")
+        runs[name] = weights(tmp_path / name / "checkpoints" / "last.ckpt")
         assert trainer.global_step == 10
         compiled = [c for c in trainer.callbacks if isinstance(c, CompileModel)]
         assert (len(compiled) == 1 and compiled[0].seconds is not None) == compile
-    assert all(torch.allclose(runs[False][k], runs[True][k], atol=1e-4) for k in runs[False])
+        model = trainer.lightning_module.model
+        blocks_compiled = [getattr(b, "_compiled_call_impl", None) is not None for b in model.transformer.h]
+        assert blocks_compiled == [compile and regions] * len(blocks_compiled)
+        assert (getattr(model, "_compiled_call_impl", None) is not None) == (compile and not regions)
+    eager = runs["False-True"]
+    for name in ("True-True", "True-False"):
+        assert all(torch.allclose(eager[k], runs[name][k], atol=1e-4) for k in eager), name

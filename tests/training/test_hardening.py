@@ -126,6 +126,30 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
     assert all(torch.isfinite(v).all() for v in model_state_dict(ckpt).values())
 
 
+def test_on_a_gpu_a_non_finite_loss_is_read_late_but_named_at_its_step_and_never_saved(
+    tiny_run_args, corpus, data_root, tmp_path, capsys, monkeypatch
+):
+    # on CUDA the loss is not read on the host every step (it would stall the GPU's queue): the first bad step is
+    # kept on the device and read at the next logging step or before any checkpoint is written
+    from minigpt.training import lightning_module
+
+    real_step = lightning_module.GPTLightningModule.training_step
+
+    def step(self, batch, batch_idx):
+        if self.global_step == 13:
+            with torch.no_grad():
+                self.model.lm_head.weight.fill_(float("nan"))
+        return real_step(self, batch, batch_idx)
+
+    monkeypatch.setattr(lightning_module.GPTLightningModule, "training_step", step)
+    monkeypatch.setattr(lightning_module, "host_read_is_free", lambda device: False)
+    code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "run", steps=30), capsys)
+    assert_one_line_error(code, err, "the training loss became NaN or infinite at step 13")
+    ckpt = read_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    assert ckpt["global_step"] == 10
+    assert all(torch.isfinite(v).all() for v in model_state_dict(ckpt).values())
+
+
 def test_bad_input_through_the_real_command():
     result = subprocess.run(
         [sys.executable, "train.py", "--model.attention", "flash3", "--data.source", "/nope"],
@@ -305,7 +329,8 @@ def test_compile_without_a_cpp_compiler_trains_eagerly_with_one_warning(
         trainer = main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=3, compile="true"))
     compiled = next(c for c in trainer.callbacks if isinstance(c, CompileModel))
     assert trainer.global_step == 3 and not compiled.enabled and compiled.seconds is None
-    assert getattr(trainer.lightning_module.model, "_compiled_call_impl", None) is None
+    model = trainer.lightning_module.model
+    assert all(getattr(m, "_compiled_call_impl", None) is None for m in [model, *model.transformer.h])
 
 
 def test_a_full_disk_while_saving_a_checkpoint_is_one_line_and_keeps_the_previous_one(
