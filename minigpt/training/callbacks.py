@@ -11,6 +11,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.throughput import Throughput, get_available_flops
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.seed import isolate_rng
@@ -71,6 +72,56 @@ class StartupTimes(Callback):
         parts.append(f"first step {now - previous - compiled:.1f}s")
         self.report = f"first optimizer step {now:.1f}s after launch: " + ", ".join(parts)
         rank_zero_info(self.report)
+
+
+class TrainingThroughput(Callback):
+    """Tokens, samples and FLOPs per second, and MFU where Lightning knows the device's peak, over the last
+    `window_size` logged steps (2: the steps since the previous logged one): Lightning's ThroughputMonitor measured only at the steps that are logged.
+    ThroughputMonitor synchronizes CUDA after every batch to time it, so the host cannot queue the next step while
+    the GPU runs this one; here the host waits for the GPU only when the rates are logged.  Time spent validating
+    is left out, as ThroughputMonitor leaves it out."""
+
+    def __init__(self, window_size: int = 2) -> None:
+        self.window_size = window_size
+        self.throughput: Throughput | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        precision = str(trainer.precision)
+        dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if "16" in precision else torch.float32
+        peak = get_available_flops(trainer.strategy.root_device, dtype)
+        self.throughput = Throughput(available_flops=peak, world_size=trainer.world_size, window_size=self.window_size)
+        self.batches = self.samples = self.tokens = 0
+        self.start, self.paused = time.perf_counter(), 0.0
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        self.batches, self.samples, self.tokens = (
+            self.batches + 1,
+            self.samples + batch.size(0),
+            self.tokens + batch[:, 1:].numel(),
+        )
+        every = trainer.log_every_n_steps
+        if self.throughput is None or not trainer.is_global_zero or every < 1 or trainer.global_step % every:
+            return
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)  # the steps so far are done, not only queued
+        flops = getattr(pl_module, "flops_per_batch", None)
+        self.throughput.update(
+            time=time.perf_counter() - self.start - self.paused,
+            batches=self.batches,
+            samples=self.samples,
+            lengths=self.tokens,
+            flops=flops * self.batches if flops else None,
+        )
+        rates = {f"train|{k}": v for k, v in self.throughput.compute().items()}
+        if rates and trainer.logger is not None:
+            trainer.logger.log_metrics(rates, step=trainer.global_step)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.validation_start = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.throughput is not None and trainer.state.fn == "fit":
+            self.paused += time.perf_counter() - self.validation_start
 
 
 def compile_regions(model: GPT) -> None:

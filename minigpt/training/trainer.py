@@ -8,11 +8,18 @@ from typing import Any, Literal
 import lightning.pytorch.utilities._pytree as lightning_pytree
 import torch.utils._pytree as torch_pytree
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor, Timer, TQDMProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, Timer, TQDMProgressBar
 
 from minigpt.core.errors import UserError
 from minigpt.core.precision import resolve_precision
-from minigpt.training.callbacks import AttentionImages, CompileModel, RNGState, StartupTimes, TextSamples
+from minigpt.training.callbacks import (
+    AttentionImages,
+    CompileModel,
+    RNGState,
+    StartupTimes,
+    TextSamples,
+    TrainingThroughput,
+)
 
 PROGRESS_REFRESH = 10
 
@@ -110,16 +117,16 @@ def run_callbacks(config: Any, batch_size: int, imported: float | None = None) -
             enable_version_counter=False,
         ),
         LearningRateMonitor(logging_interval="step"),
-        ThroughputMonitor(
-            batch_size_fn=lambda batch: batch.size(0), length_fn=lambda batch: batch[:, 1:].numel(), window_size=10
-        ),  # rates over the last 10 batches
+        TrainingThroughput(),  # rates over the steps since the previous logged step
         RNGState(),
         TextSamples(config["sample_tokens"]),
         AttentionImages(config["attention_images"]),
     ]
     if config["trainer"].get("enable_progress_bar") is not False:
         # redrawn every PROGRESS_REFRESH steps, not every step: redrawing cost ~3% of a small CPU model's step
-        callbacks.append(TQDMProgressBar(refresh_rate=PROGRESS_REFRESH))
+        # no more often than the steps log: each redraw reads the logged loss, which waits for a GPU's queue
+        refresh = max(PROGRESS_REFRESH, config["trainer"].get("log_every_n_steps") or 0)
+        callbacks.append(TQDMProgressBar(refresh_rate=refresh))
     if imported is not None:
         callbacks.append(StartupTimes(imported))  # before CompileModel: Lightning's setup ends before compiling
     if config["compile"]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -177,3 +178,36 @@ def test_attention_images_switch():
     assert AttentionImages(True).active_for(12, 12) and not AttentionImages(False).active_for(1, 1)
     probe = AttentionImages().probe_ids(CharTokenizer("abcdef "), block_size=5)
     assert 0 < len(probe) <= 5  # characters outside the vocabulary are left out, the probe cropped
+
+
+def test_throughput_is_logged_at_the_logged_steps_with_the_tokens_trained(tiny_run_args, corpus, data_root, tmp_path):
+    """TrainingThroughput: the rates of Lightning's Throughput, measured at the logged steps only (on a GPU, timing
+    every batch would make the host wait for the GPU every step)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    args = tiny_run_args(corpus, data_root, tmp_path / "run", steps=12) + ["--trainer.log_every_n_steps", "3"]
+    trainer = main(args)
+    events = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0}).Reload()
+    tokens = events.Scalars("train|device/items_per_sec")
+    # the first logged step only opens the window: a rate needs two points
+    assert [e.step for e in tokens] == [6, 9, 12]
+    assert all(e.value > 0 for e in tokens)
+    samples = events.Scalars("train|device/samples_per_sec")
+    hp = trainer.datamodule.hparams
+    for t, s in zip(tokens, samples):  # each sample is one window of block_size target tokens
+        assert t.value == pytest.approx(s.value * hp.block_size, rel=1e-6)
+
+
+def test_the_start_up_report_names_each_part_and_adds_up(tiny_run_args, corpus, data_root, tmp_path):
+    from minigpt.training.callbacks import StartupTimes
+
+    trainer = main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=2))
+    report = next(c for c in trainer.callbacks if isinstance(c, StartupTimes)).report
+    m = re.fullmatch(
+        r"first optimizer step ([\d.]+)s after launch: imports ([\d.]+)s, config and model ([\d.]+)s, "
+        r"Lightning setup ([\d.]+)s, first step ([\d.]+)s",
+        report,
+    )
+    assert m, report
+    total, parts = float(m[1]), [float(x) for x in m.groups()[1:]]
+    assert sum(parts) == pytest.approx(total, abs=0.25)  # each part rounded to 0.1 s

@@ -1,0 +1,276 @@
+"""On one GPU: minigpt against nanoGPT from launch to loss, and the training step on the GPT-2 124M shape.
+
+    python benchmarks/bench_gpu.py --nanogpt PATH/TO/nanoGPT --corpus tinyshakespeare.txt --out results.json
+    python benchmarks/bench_gpu.py --device cpu --tiny --nanogpt PATH --corpus FILE     # the script's smoke test
+
+Parts (--parts, comma-separated; default all but long):
+  recipe      train.py --config configs/shakespeare_char_gpu.yaml with cold compile caches (fresh folders), then
+              again with warm ones: launch -> first optimizer step (measured here, and train.py's own breakdown),
+              val loss against seconds since launch (TensorBoard's wall times), the full-split val loss at the end
+  variants    the recipe with each --variant's overrides (warm caches), for choosing its settings
+  long        the recipe with --trainer.max_time 00:00:01:45: the lowest loss within ~120 s of launch
+  imports     python -X importtime of train.py's modules: the 25 largest (cumulative seconds)
+  nanogpt     nanoGPT's train.py config/train_shakespeare_char.py (cold caches), its val losses against seconds
+              since launch, cut at --nanogpt_iters
+  throughput  GPT-2 124M, batch 12 x 1024, bf16, compiled: nanoGPT's bench.py and minigpt's training step through
+              Lightning's Trainer (random tokens, as bench.py's real_data=False), ms/iter, tokens/s and MFU
+Every time is wall clock from the process's launch; nothing is warmed up first unless the line says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12}  # dense bf16 FLOP/s, the vendors' datasheets
+
+
+def run_timed(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[list[tuple[float, str]], int]:
+    """Runs cmd; returns its output lines, each with the seconds since launch at which it arrived, and the exit code."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    )
+    lines = []
+    for line in proc.stdout:  # type: ignore[union-attr]
+        for part in line.replace("\r", "\n").splitlines():  # progress bars redraw with \r
+            if part.strip():
+                lines.append((time.perf_counter() - start, part.rstrip()))
+        if time.perf_counter() - start > timeout:
+            proc.kill()
+    return lines, proc.wait()
+
+
+def fresh_env(cache: Path) -> dict[str, str]:
+    """The environment with its own compile caches (cold on first use) and unbuffered output."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"))
+    env["TRITON_CACHE_DIR"] = str(cache / "triton")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def first(lines: list[tuple[float, str]], pattern: str) -> tuple[float, re.Match] | None:
+    for t, line in lines:
+        if m := re.search(pattern, line):
+            return t, m
+    return None
+
+
+def minigpt_run(args, name: str, overrides: list[str], cache: Path, work: Path) -> dict:
+    out = work / name
+    cmd = [sys.executable, str(REPO / "train.py"), "--config", str(REPO / "configs/shakespeare_char_gpu.yaml")]
+    cmd += ["--data.source", str(args.corpus), "--data.data_root", str(work / "data"), "--out_dir", str(out)]
+    if args.tiny:
+        cmd += ["--model.n_layer", "1", "--model.n_embd", "48", "--model.n_head", "2", "--data.batch_size", "4"]
+        cmd += ["--trainer.max_time", "null", "--trainer.max_steps", "30", "--trainer.val_check_interval", "10"]
+        cmd += ["--compile", "false", "--data.val_batches", "2"]
+    if args.device == "cpu":
+        cmd += ["--trainer.accelerator", "cpu"]
+    lines, rc = run_timed(cmd + overrides, REPO, fresh_env(cache), args.timeout)
+    (work / f"{name}.log").write_text("\n".join(f"{t:8.2f} {line}" for t, line in lines))
+    row: dict = {"name": name, "overrides": " ".join(overrides), "rc": rc, "wall_s": lines[-1][0] if lines else None}
+    if hit := first(lines, r"first optimizer step ([\d.]+)s after launch: (.*)"):
+        row["first_step_s"], row["first_step_seen_s"], row["startup"] = float(hit[1][1]), hit[0], hit[1][2]
+    if hit := first(lines, r"full val loss ([\d.]+)"):
+        row["full_val"], row["full_val_at_s"] = float(hit[1][1]), hit[0]
+    if hit := first(lines, r"torch.compile: compiled in ([\d.]+)s"):
+        row["compile_s"] = float(hit[1][1])
+    steps = [int(m[1]) for _, line in lines if (m := re.search(r"after (\d+) steps", line))]
+    row["steps"] = steps[0] if steps else None
+    row["curve"] = val_curve(out, args.launch_wall)
+    if rc != 0:
+        row["tail"] = [line for _, line in lines[-8:]]
+    return row
+
+
+def val_curve(out: Path, launched: dict) -> list[tuple[float, int, float]]:
+    """(seconds since launch, step, val_loss) from the run's TensorBoard events."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out), size_guidance={"scalars": 0})
+    events.Reload()
+    if "val_loss" not in events.Tags().get("scalars", []):
+        return []
+    start = launched[str(out)]
+    return [(round(e.wall_time - start, 2), e.step, round(e.value, 4)) for e in events.Scalars("val_loss")]
+
+
+def nanogpt_run(args, work: Path) -> dict:
+    nano = args.nanogpt.resolve()
+    data = nano / "data/shakespeare_char"
+    if not (data / "input.txt").is_file():
+        (data / "input.txt").write_bytes(args.corpus.read_bytes())
+    subprocess.run([sys.executable, "prepare.py"], cwd=data, check=True, capture_output=True)
+    cmd = [sys.executable, "train.py", "config/train_shakespeare_char.py", f"--max_iters={args.nanogpt_iters}"]
+    cmd += [f"--out_dir={work / 'nanogpt_out'}"]
+    if args.device == "cpu":
+        cmd += ["--device=cpu", "--compile=False", "--dtype=float32"]
+    if args.tiny:
+        cmd += ["--n_layer=1", "--n_embd=48", "--n_head=2", "--batch_size=4", "--eval_iters=2", "--eval_interval=10"]
+    lines, rc = run_timed(cmd, nano, fresh_env(work / "cache_nanogpt"), args.timeout)
+    (work / "nanogpt.log").write_text("\n".join(f"{t:8.2f} {line}" for t, line in lines))
+    curve = [
+        (round(t, 2), int(m[1]), float(m[2]))
+        for t, line in lines
+        if (m := re.search(r"step (\d+): train loss [\d.]+, val loss ([\d.]+)", line))
+    ]
+    row = {"name": "nanogpt", "rc": rc, "curve": curve, "wall_s": lines[-1][0] if lines else None}
+    if hit := first(lines, r"iter 0: loss"):
+        row["first_step_seen_s"] = hit[0]
+    steps = [
+        (t, int(m[1]), float(m[2])) for t, line in lines if (m := re.search(r"iter (\d+): .*time ([\d.]+)ms", line))
+    ]
+    later = [ms for _, i, ms in steps if i >= 100 and i % 250 != 0]  # past compile, off the eval steps
+    row["ms_per_step"] = round(sorted(later)[len(later) // 2], 2) if later else None
+    if rc != 0:
+        row["tail"] = [line for _, line in lines[-8:]]
+    return row
+
+
+def throughput_child(args) -> None:
+    """In a fresh process: minigpt's training step on the 124M shape through Lightning's Trainer."""
+    import lightning as L
+    import torch
+
+    from minigpt.core.config import GPTConfig
+    from minigpt.training.callbacks import CompileModel
+    from minigpt.training.lightning_module import GPTLightningModule
+    from minigpt.training.optim import OptimConfig
+
+    B, T, steps, warm = (2, 64, 6, 2) if args.tiny else (12, 1024, 30, 10)
+    shape = dict(n_layer=2, n_head=2, n_embd=64) if args.tiny else dict(n_layer=12, n_head=12, n_embd=768)
+    config = GPTConfig(arch="gpt", attention="sdpa", block_size=T, vocab_size=50304, dropout=0.0, bias=False, **shape)
+    module = GPTLightningModule(config, OptimConfig(learning_rate=1e-4, weight_decay=1e-2, warmup_steps=1))
+    batch = torch.randint(50304, (B, T + 1), generator=torch.Generator().manual_seed(1337))
+    times: list[float] = []
+
+    class StepClock(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *a) -> None:
+            if trainer.global_step in (warm, steps):
+                if pl_module.device.type == "cuda":
+                    torch.cuda.synchronize()
+                times.append(time.perf_counter())
+
+    loader = torch.utils.data.DataLoader([batch] * (steps + 1), batch_size=None, pin_memory=args.device == "cuda")
+    callbacks = [StepClock()] + ([CompileModel(B, regions=args.regions)] if args.device == "cuda" else [])
+    trainer = L.Trainer(
+        accelerator=args.device, devices=1, precision="bf16-mixed" if args.device == "cuda" else "32-true",
+        max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, gradient_clip_val=1.0, callbacks=callbacks, num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )  # fmt: skip
+    trainer.fit(module, train_dataloaders=loader)
+    ms = (times[1] - times[0]) / (steps - warm) * 1000
+    tokens_s = B * T / ms * 1000
+    flops = module.model.flops_per_token(T) * tokens_s
+    print(json.dumps({"ms_per_iter": round(ms, 2), "tokens_per_s": round(tokens_s), "flops_per_s": flops}))
+
+
+def throughput(args, work: Path) -> dict:
+    gpu = next((k for k in PEAK_BF16 if k in args.gpu_name), None)
+    peak = PEAK_BF16.get(gpu or "", float("nan"))
+    rows: dict = {}
+    for regions in (True, False):
+        cmd = [sys.executable, __file__, "--child", "--device", args.device, "--regions", str(regions)]
+        cmd += ["--tiny"] if args.tiny else []
+        lines, rc = run_timed(cmd, REPO, fresh_env(work / f"cache_tp_{regions}"), args.timeout)
+        got = next((json.loads(line) for _, line in lines if line.startswith("{")), None)
+        key = "minigpt_regions" if regions else "minigpt_whole_model"
+        rows[key] = {**(got or {"rc": rc, "tail": [line for _, line in lines[-6:]]}), "launch_to_end_s": lines[-1][0]}
+        if got:
+            rows[key]["mfu"] = round(rows[key].pop("flops_per_s") / peak, 4)
+    if args.device == "cuda":  # bench.py synchronizes CUDA unconditionally
+        nano = args.nanogpt.resolve()
+        cmd = [sys.executable, "bench.py", "--real_data=False", "--compile=True"]
+        lines, rc = run_timed(cmd, nano, fresh_env(work / "cache_tp_nano"), args.timeout)
+        hit = first(lines, r"time per iteration: ([\d.]+)ms, MFU: ([\d.]+)%")
+        rows["nanogpt_bench"] = {"rc": rc, "launch_to_end_s": lines[-1][0] if lines else None}
+        if hit:
+            ms = float(hit[1][1])
+            tokens_s = 12 * 1024 / ms * 1000
+            from minigpt.core.config import GPTConfig
+            from minigpt.core.model import GPT
+
+            with __import__("torch").device("meta"):
+                m = GPT(GPTConfig(arch="gpt", block_size=1024, vocab_size=50304, bias=False, n_layer=12, n_head=12))
+            rows["nanogpt_bench"].update(
+                ms_per_iter=ms, tokens_per_s=round(tokens_s), mfu=round(m.flops_per_token(1024) * tokens_s / peak, 4),
+                mfu_own_a100_basis=float(hit[1][2]) / 100,
+            )  # fmt: skip
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--nanogpt", type=Path, help="a checkout of karpathy/nanoGPT (not a dependency)")
+    p.add_argument("--corpus", type=Path, help="tinyshakespeare.txt")
+    p.add_argument("--parts", default="recipe,variants,imports,nanogpt,throughput")
+    p.add_argument("--variant", action="append", default=[], help="NAME=OVERRIDES for the variants part")
+    p.add_argument("--nanogpt_iters", type=int, default=2250)
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--tiny", action="store_true", help="tiny sizes: the script's own smoke test")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds allowed per launched command")
+    p.add_argument("--out", type=Path, help="write the results as JSON here (logs beside it)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--regions", default="True", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    args.regions = args.regions == "True"
+    if args.child:
+        return throughput_child(args)
+    import torch
+
+    args.gpu_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    print(
+        f"device: {args.gpu_name}; torch {torch.__version__}; cpu capability {torch.backends.cpu.get_cpu_capability()}"
+    )
+    parts = args.parts.split(",")
+    work = Path(tempfile.mkdtemp(prefix="bench_gpu_"))
+    logs = args.out.with_suffix("") if args.out else work
+    logs.mkdir(parents=True, exist_ok=True)
+    results: dict = {"device": args.gpu_name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    args.launch_wall = {}
+
+    def recipe(name: str, overrides: list[str], cache: Path) -> None:
+        args.launch_wall[str(work / name)] = time.time()
+        row = minigpt_run(args, name, overrides, cache, work)
+        results.setdefault("minigpt", []).append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "curve"}), "\n  curve:", row["curve"], flush=True)
+
+    if "recipe" in parts:
+        recipe("recipe_cold", [], work / "cache_recipe")
+        recipe("recipe_warm", [], work / "cache_recipe")  # the same caches, now filled
+    for spec in args.variant if "variants" in parts else []:
+        name, _, overrides = spec.partition("=")
+        recipe(f"variant_{name}", overrides.split(), work / "cache_recipe")
+    if "long" in parts:
+        recipe("recipe_120s", ["--trainer.max_time", "00:00:01:45", "--trainer.val_check_interval", "500"],
+               work / "cache_recipe")  # fmt: skip
+    if "imports" in parts:  # where a launch's import time goes (after the runs above: a warm disk cache)
+        cmd = [sys.executable, "-X", "importtime", "-c", "import minigpt.cli.train"]
+        got = subprocess.run(cmd, cwd=REPO, env=fresh_env(work / "cache_imports"), capture_output=True, text=True)
+        rows = [line.split("|") for line in got.stderr.splitlines() if line.startswith("import time:")]
+        top = sorted(((int(r[1]), r[2].rstrip()) for r in rows if r[1].strip().isdigit()), reverse=True)
+        results["imports"] = [(round(us / 1e6, 2), name) for us, name in top[:25]]
+        print("imports (cumulative s):", results["imports"], flush=True)
+    if "nanogpt" in parts:
+        results["nanogpt"] = nanogpt_run(args, work)
+        print(json.dumps(results["nanogpt"]), flush=True)
+    if "throughput" in parts:
+        results["throughput"] = throughput(args, work)
+        print(json.dumps(results["throughput"]), flush=True)
+    for log in work.glob("*.log"):
+        (logs / log.name).write_text(log.read_text())
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
