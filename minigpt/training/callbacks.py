@@ -76,10 +76,10 @@ class StartupTimes(Callback):
 
 class TrainingThroughput(Callback):
     """Tokens, samples and FLOPs per second, and MFU where Lightning knows the device's peak, over the last
-    `window_size` logged steps (2: the steps since the previous logged one): Lightning's ThroughputMonitor measured only at the steps that are logged.
-    ThroughputMonitor synchronizes CUDA after every batch to time it, so the host cannot queue the next step while
-    the GPU runs this one; here the host waits for the GPU only when the rates are logged.  Time spent validating
-    is left out, as ThroughputMonitor leaves it out."""
+    `window_size` logged steps (2: the steps since the previous logged one): Lightning's ThroughputMonitor,
+    measured only at the steps that are logged.  ThroughputMonitor synchronizes CUDA after every batch to time
+    it, so the host cannot queue the next step while the GPU runs this one; here the host waits for the GPU only
+    when the rates are logged.  Time spent validating is left out, as ThroughputMonitor leaves it out."""
 
     def __init__(self, window_size: int = 2) -> None:
         self.window_size = window_size
@@ -136,8 +136,10 @@ def compile_regions(model: GPT) -> None:
 
 class CompileModel(Callback):
     """torch.compile the model in place (parameter names, and so checkpoints, stay the same), and run one
-    training and one validation step's worth of forward/backward on a dummy batch before the training clock
-    (and max_time) starts, leaving the weights, gradients and RNG state as they were.  Under DDP the first
+    training step's forward/backward on a dummy batch before the training clock (and max_time) starts, leaving the
+    weights, gradients and RNG state as they were.  Only the training step runs compiled: validation and what
+    runs with it (text samples, attention images) run eagerly (GPTLightningModule.on_validation_start), so no
+    graph is compiled for them.  Under DDP the first
     real step compiles instead.  regions: compile the repeated block and the head (compile_regions) instead of
     the whole model as one graph."""
 
@@ -171,10 +173,6 @@ class CompileModel(Callback):
                 _, loss = model(batch[:, :-1], batch[:, 1:])
             loss.backward()
             model.zero_grad(set_to_none=True)
-            model.eval()
-            with torch.no_grad(), autocast():
-                model(batch[:, :-1], batch[:, 1:])
-            model.train()
         self.seconds = time.perf_counter() - start
         rank_zero_info(f"torch.compile: compiled in {self.seconds:.1f}s (not counted in training time)")
 

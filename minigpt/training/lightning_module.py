@@ -98,6 +98,14 @@ class GPTLightningModule(L.LightningModule):
             "is kept; lower the learning rate, raise warmup_steps or train in float32 (precision 32-true), then resume"
         )
 
+    def on_validation_start(self) -> None:
+        # validation, and the callbacks that run with it (text samples decode with a KV cache, attention images),
+        # run eagerly: compiling graphs for them would cost more start-up than their few batches gain
+        torch.compiler.set_stance("force_eager")
+
+    def on_validation_end(self) -> None:
+        torch.compiler.set_stance("default")
+
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         _, loss = self.model(*split_batch(batch))
         self._val_losses.append(loss.detach())
