@@ -297,6 +297,18 @@ def test_cli_sampling_is_seeded_and_batch_rows_differ(char_ckpt):
     assert run("--seed", "5", "--no-kv-cache") == out  # 31 tokens fit in the block: same function
 
 
+def test_cli_a_tiny_temperature_prints_the_greedy_text(char_ckpt):
+    """--temperature 1e-40 is valid (> 0): it samples the greedy tokens, not 'the checkpoint's weights are broken'."""
+    expected = "a" + greedy_text(char_ckpt, "a", 20) + "\n"
+    for temperature in ("1e-40", "1e-300"):
+        buf = io.StringIO()
+        main(
+            ["--ckpt", str(char_ckpt), "--prompt", "a", "--max_new_tokens", "20", "--temperature", temperature],
+            stdout=buf,
+        )
+        assert buf.getvalue() == expected
+
+
 # --------------------------------------------------------------------------------------------------
 # Bad input, in-process (same code path as sample.py: main wraps everything in run_cli)
 
