@@ -93,6 +93,12 @@ def validation_error(e: RequestValidationError) -> APIError:
             param,
             "unsupported_parameter",
         )
+    if error["type"] == "missing" and param is None:  # the body itself: nothing was sent
+        return APIError(
+            400,
+            "the request body is empty; send a JSON object with the request's fields (Content-Type: application/json)",
+            code="invalid_json",
+        )
     if error["type"] == "missing":
         return APIError(400, f"missing required parameter: {param}", param, "missing_required_parameter")
     return APIError(400, f"{param or 'body'}: {error['msg']}", param, "invalid_value")

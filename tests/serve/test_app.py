@@ -164,6 +164,7 @@ CHAT = "/v1/chat/completions"
 GOOD = {"model": "tiny-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 BAD = [  # (path, body, status, param, words in the message)
     (CHAT, b"{not json", 400, None, "not valid JSON"),
+    (CHAT, b"", 400, None, "the request body is empty; send a JSON object"),
     (CHAT, b"[1, 2]", 400, None, "dictionary"),
     (CHAT, GOOD | {"temperature": "hot"}, 400, "temperature", "number"),
     (CHAT, GOOD | {"temperature": "0.5"}, 400, "temperature", "number"),  # a number as a string is no number
