@@ -192,7 +192,8 @@ class Server:
         return Generation(ids, limit, body.temperature, body.top_k, body.top_p, body.seed, body.stops(), stop_tokens)
 
     def chat_ids(self, body: ChatRequest) -> list[int]:
-        """The conversation's ids (a UserError, e.g. characters outside a char vocabulary: the app's 400)."""
+        """The conversation's ids, what the messages say read as text, never as the template's markers (a
+        UserError, e.g. characters outside a char vocabulary: the app's 400)."""
         if not self.is_chat:
             raise APIError(
                 400,
@@ -201,9 +202,7 @@ class Server:
                 "messages",
                 "model_not_chat",
             )
-        return self.tokenizer.encode_chat([m.as_template_message() for m in body.messages], add_generation_prompt=True)[
-            0
-        ]
+        return self.tokenizer.encode_prompt([m.as_template_message() for m in body.messages])  # their text is text
 
     def submit(self, generation: Generation, request: Request) -> AsyncIterator[Update]:
         """Queue the request now (a full queue, QueueFull, is the app's 503 before any response starts) -> its
