@@ -40,6 +40,7 @@ import jinja2
 import jinja2.ext
 import jinja2.nodes
 
+from minigpt.core.chat_text import ESCAPE, MessageText
 from minigpt.core.errors import DataError, UserError, first_line
 from minigpt.core.template_sandbox import TemplateSandbox
 from minigpt.core.tokenizer_base import Tokenizer
@@ -47,10 +48,6 @@ from minigpt.core.tokenizer_base import Tokenizer
 __all__ = ["ChatTokenizer", "DEFAULT_CHAT_TEMPLATE", "IM_START", "IM_END", "ROLES", "compile_template"]
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
-# encode_prompt hides the markers a message's text holds from the template's renderer: ESCAPE + chr(MARKED + k)
-# stands for the k-th marker's text and ESCAPE + ESCAPE for ESCAPE itself (a noncharacter, and code points of a
-# private use plane: no text means anything by them, and case changes and trim leave them as they are)
-ESCAPE, MARKED = "\ufdd0", 0xF0000
 ROLES = ("system", "user", "assistant")
 # ChatML (as SmolLM2-Instruct and Qwen write it), with the assistant's content and end-of-turn marked for the mask
 DEFAULT_CHAT_TEMPLATE = (
@@ -120,39 +117,6 @@ def compile_template(text: str) -> jinja2.Template:
         ) from None
 
 
-def splitter(tokens: Iterable[str]) -> re.Pattern:
-    """A pattern whose split() gives text, token, text, ..., text: the tokens are matched longest first."""
-    tokens = sorted(set(tokens), key=len, reverse=True)
-    return re.compile("(" + "|".join(map(re.escape, tokens)) + ")" if tokens else "(?!)")  # (?!): matches nowhere
-
-
-def hf_specials(base: Tokenizer) -> dict[str, Any]:
-    """A Hugging Face base's special tokens, text -> the library's AddedToken (lstrip, rstrip, ...)."""
-    return {t.content: t for t in base.backend.get_added_tokens_decoder().values() if t.special}
-
-
-class Escapes:
-    """How encode_prompt hides the markers of a message's text from the template's: each becomes ESCAPE followed by
-    one code point that numbers it, ESCAPE itself ESCAPE ESCAPE; restore() gives the text back."""
-
-    def __init__(self, markers: Iterable[str]) -> None:
-        self.markers = sorted(set(markers), key=len, reverse=True)
-        self.number = {m: k for k, m in enumerate(self.markers)}
-        self.pattern = re.compile("|".join(map(re.escape, [ESCAPE, *self.markers])))
-
-    def escape(self, text: str) -> str:
-        return self.pattern.sub(
-            lambda m: ESCAPE + (ESCAPE if m[0] == ESCAPE else chr(MARKED + self.number[m[0]])), text
-        )
-
-    def restore(self, text: str) -> str:
-        def original(m: re.Match) -> str:
-            k = ord(m[1]) - MARKED
-            return ESCAPE if m[1] == ESCAPE else self.markers[k] if 0 <= k < len(self.markers) else m[0]
-
-        return re.sub(ESCAPE + "(.)", original, text, flags=re.S)
-
-
 def _kind(tokenizer: Tokenizer) -> str:
     """char, byte, tiktoken or hf, read from the object (core.tokenizers imports this module, not the reverse)."""
     if hasattr(tokenizer, "backend"):
@@ -200,8 +164,7 @@ class ChatTokenizer(Tokenizer):
             else None
         )
         self._compiled: jinja2.Template | None = None
-        self._escapes: Escapes | None = None  # encode_prompt's, built on first use
-        self._literal = None  # encode_prompt's copy of a Hugging Face base's backend that reads special tokens as text
+        self._message_text: MessageText | None = None  # encode_prompt's, built on first use
 
     # ------------------------------------------------------------------------------------- building and storing
 
@@ -318,38 +281,6 @@ class ChatTokenizer(Tokenizer):
     def encode(self, text: str) -> list[int]:
         return self.encode_with_spans(text)[0]
 
-    def _text_ids(self, text: str, escapes: Escapes) -> list[int]:
-        """The ids of `text` (between two of the template's markers), whose escaped parts are a message's markers:
-        those are encoded as their characters, the rest as encode_chat encodes it."""
-        if ESCAPE not in text:  # no message text with a marker in it: encode_chat's ids
-            return self._base_encode(text)[0]
-        if self.kind != "hf":  # the base reads no markers (char, byte, tiktoken's encode_ordinary), only added tokens
-            ids: list[int] = []
-            for piece in splitter(t for t in self.added if t not in self.specials).split(escapes.restore(text)):
-                if piece:  # an added character of a char base, or text
-                    ids += [self.added_ids[piece]] if piece in self.added_ids else self.base.encode(piece)
-            return ids
-        # a Hugging Face base reads its special tokens in any text: the template's are split out here (with the
-        # whitespace a token marked lstrip/rstrip takes, as the library does), and the rest is encoded by a copy of
-        # the backend that reads special tokens as text
-        if self._literal is None:
-            self._literal = type(self.base.backend).from_str(self.base.backend.to_str())
-            self._literal.encode_special_tokens = True
-        specials = hf_specials(self.base)
-        pieces = splitter(specials).split(text)  # text, special, text, ..., text
-        ids = []
-        for k, piece in enumerate(pieces):
-            if k % 2:
-                ids.append(self.base.backend.token_to_id(piece))
-                continue
-            if k > 0 and specials[pieces[k - 1]].rstrip:
-                piece = piece.lstrip()
-            if k + 1 < len(pieces) and specials[pieces[k + 1]].lstrip:
-                piece = piece.rstrip()
-            if piece:
-                ids += self._literal.encode(escapes.restore(piece), add_special_tokens=False).ids
-        return ids
-
     def decode(self, ids: Sequence[int]) -> str:
         out: list[str] = []
         run: list[int] = []
@@ -416,23 +347,19 @@ class ChatTokenizer(Tokenizer):
         is encoded as its characters, as OpenAI's API reads what a client sends, while the template's own markers
         stay special tokens.  An assistant message is what the model said, read as encode_chat reads it, so a reply
         sent back gives the model's own tokens again (a model may write a marker's token; a char vocabulary may not
-        hold its characters).  Without a marker in any message, the ids are encode_chat's.  The renderer sees each
-        marker of a message as an escape (ESCAPE), restored to its text after the template's markers are split out."""
-        if self._escapes is None:
-            self._escapes = Escapes([*self.specials, *(hf_specials(self.base) if self.kind == "hf" else ())])
-        escaped = [
-            {**m, "content": self._escapes.escape(m["content"])}
-            if m.get("role") != "assistant" and isinstance(m.get("content"), str)
-            else m
-            for m in messages
-        ]
-        text = self.render(escaped, add_generation_prompt=True)[0]
+        hold its characters).  Without a marker in any message, the ids are encode_chat's (minigpt.core.chat_text
+        says how)."""
+        if self._message_text is None:
+            self._message_text = MessageText(self.kind, self.base, self.specials, self.added_ids)
+        text = self.render(self._message_text.escape(messages), add_generation_prompt=True)[0]
         ids: list[int] = []
         for piece in self._split.split(text) if self._split else [text]:
             if piece in self.added_ids:  # a marker the template wrote (or an added character)
                 ids.append(self.added_ids[piece])
-            elif piece:
-                ids += self._text_ids(piece, self._escapes)
+            elif ESCAPE in piece:  # a message's marker in it: read as text
+                ids += self._message_text.ids(piece)
+            elif piece:  # as encode_chat reads it
+                ids += self._base_encode(piece)[0]
         return ids
 
     def encode_chat(
