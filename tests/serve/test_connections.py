@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 import time
 
 import pytest
@@ -59,40 +60,51 @@ def status_and_error(response: bytes) -> tuple[int, dict | None]:
 
 def test_a_non_streaming_client_that_hangs_up_frees_its_row_within_a_few_steps(base_model):
     """It was noticed only after 0.5 s without an update, and a decoding request sends one every step: 8 closed
-    sockets kept their rows until their replies were complete.  Each decode step here waits for one turn of the
-    server's event loop (so the count of steps does not depend on the machine's speed): the rows must be free a few
-    steps after the sockets close, not the ~150 their max_tokens would take."""
+    sockets kept their rows until their replies were complete.  Here the test lets the engine take each decode step,
+    and each step waits for a turn of the server's event loop, so what is counted is steps, whatever the machine's
+    speed: the rows must be free within a few steps of the sockets closing, not the ~150 their max_tokens take."""
     app = create_app(*base_model, "tiny-base", max_batch=8)
     engine = app.state.server.engine
     loop: list[asyncio.AbstractEventLoop] = []
+    allowed, parked = threading.Semaphore(0), [0]  # steps the test allows; steps the engine has waited for
     submit, step = engine.submit, engine._step
 
     def submitted(request, on_update):  # called on the server's event loop
         loop[:] = [asyncio.get_running_loop()]
         return submit(request, on_update)
 
-    def paced_step() -> None:
+    def gated_step() -> None:
+        parked[0] += 1
+        assert allowed.acquire(timeout=GUARD)
         step()
         asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop[0]).result(timeout=GUARD)
 
-    engine.submit, engine._step = submitted, paced_step
-
-    def running(n: int) -> None:
+    def until(condition) -> None:
         deadline = time.monotonic() + GUARD
-        while len(engine.running) != n:
-            assert time.monotonic() < deadline, (len(engine.running), engine.stats())
-            time.sleep(0.005)
+        while not condition():
+            assert time.monotonic() < deadline, (parked, len(engine.running), engine.stats())
+            time.sleep(0.002)
 
+    engine.submit, engine._step = submitted, gated_step
     body = {"model": "tiny-base", "prompt": "the", "max_tokens": 150, "temperature": 0}
     with serving(app) as url:
         clients = [connect(url, post("/v1/completions", json.dumps(body).encode())) for _ in range(8)]
-        running(8)
-        before = engine.steps
+        until(lambda: parked[0] == 1 and engine.stats()["running"] + engine.stats()["waiting"] == 8)
+        allowed.release()  # one step; then the seven waiting join the batch
+        until(lambda: parked[0] == 2 and len(engine.running) == 8)
         for sock in clients:
             sock.close()
-        running(0)
-        assert engine.steps - before <= 10, engine.steps - before  # 1 here; 147 before the fix
+        steps = 0  # decode steps after the hang-up
+        while True:
+            until(lambda steps=steps: not engine.running or parked[0] == 2 + steps)
+            if not engine.running:
+                break
+            assert steps < 150
+            allowed.release()
+            steps += 1
+        assert steps <= 5, steps  # 1 here; 149 before the fix (every reply to its end)
         assert engine.stats() | {"running": 0, "waiting": 0} == engine.stats()
+        del engine._step  # the engine steps freely again
         served = until_closed(connect(url, post("/v1/completions", GOOD, close=True)))  # and it serves on
         assert status_and_error(served)[0] == 200
 
