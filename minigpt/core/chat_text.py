@@ -42,6 +42,7 @@ class MessageText:
         self.kind, self.base, self.added_ids = kind, base, added_ids
         specials = set(specials)
         self.hf_specials = hf_specials(base) if kind == "hf" else {}
+        self.hf_split = splitter(self.hf_specials)
         self.markers = sorted(specials | set(self.hf_specials), key=len, reverse=True)
         self.number = {m: k for k, m in enumerate(self.markers)}
         self.pattern = re.compile("|".join(map(re.escape, [ESCAPE, *self.markers])))
@@ -86,7 +87,7 @@ class MessageText:
             self.literal = type(self.base.backend).from_str(self.base.backend.to_str())
             self.literal.encode_special_tokens = True
         specials = self.hf_specials
-        pieces = splitter(specials).split(text)  # text, special, text, ..., text
+        pieces = self.hf_split.split(text)  # text, special, text, ..., text
         ids = []
         for k, piece in enumerate(pieces):
             if k % 2:
