@@ -3,6 +3,8 @@ stop sequences, seeds; every bad request is a 4xx with OpenAI's error JSON; the 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import openai
 import pytest
@@ -15,6 +17,8 @@ from minigpt.core.generation import prompt_ids
 from minigpt.core.tokenizers import CharTokenizer
 from minigpt.serve.app import create_app
 from support import varied_gpt
+
+REPO = Path(__file__).resolve().parents[2]
 
 # tiny models run faster on one torch thread; the server's event loop and the clients get the other core
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -250,6 +254,8 @@ def test_every_bad_request_is_a_4xx_with_openais_error_json(chat_url):
         assert error["type"] == "invalid_request_error" and error["param"] == param, (body, error)
         assert words in error["message"], (body, error)
     assert httpx.get(chat_url + CHAT).status_code == 405
+    empty = httpx.post(chat_url + CHAT, content=b"").json()["error"]["message"]
+    assert f"| an empty body | 400 | {empty} |" in (REPO / "docs" / "errors.md").read_text()  # the catalogue's row
     with pytest.raises(openai.BadRequestError, match="at least 1"):  # the client raises OpenAI's own error
         client(chat_url).chat.completions.create(model="tiny-chat", messages=[])
     assert httpx.post(chat_url + CHAT, json=GOOD).status_code == 200  # and the server kept serving

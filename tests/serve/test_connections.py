@@ -10,6 +10,7 @@ import json
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from serve_support import serving
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 GOOD = b'{"model": "tiny-base", "prompt": "the", "max_tokens": 2}'
 TIMEOUT = 1.0  # the request timeout of the tests' server: small, so the tests wait little
 GUARD = 30.0  # the longest any socket waits for the server: a server that never closes fails here
+ERRORS_MD = (Path(__file__).resolve().parents[2] / "docs" / "errors.md").read_text(encoding="utf-8")
 
 
 def connect(url: str, data: bytes = b"") -> socket.socket:
@@ -144,6 +146,7 @@ def test_a_request_not_all_sent_within_the_timeout_is_closed(slow_url, case):
         code, error = status_and_error(last)
         assert code == 408 and error["code"] == "request_timeout" and f"within {TIMEOUT:g} s" in error["message"]
         assert "request_timeout" in error["message"]  # names the setting
+        assert error["message"].replace(f"{TIMEOUT:g} s", "30 s") in ERRORS_MD  # the catalogue's row, as the default
 
 
 def test_headers_sent_a_byte_at_a_time_are_closed_at_the_timeout_and_others_are_served(slow_url):
