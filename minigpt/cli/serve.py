@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from jsonargparse.typing import PositiveInt, restricted_number_type
+from jsonargparse.typing import PositiveFloat, PositiveInt, restricted_number_type
 
 from minigpt.cli.errors import run_cli
 from minigpt.cli.parsing import (
@@ -86,6 +86,14 @@ def build_parser() -> CommandParser:
         help="largest request body accepted (413 past it)",
     )
     p.add_argument(
+        "--request_timeout",
+        "--request-timeout",
+        type=PositiveFloat,
+        default=30.0,
+        help="seconds a client has to send a request's headers, and then its body; past that the connection "
+        "is closed (408)",
+    )
+    p.add_argument(
         "--cors_origins",
         "--cors-origins",
         type=list[str],
@@ -142,7 +150,7 @@ def _main(argv: list[str] | None) -> None:
     try:
         import uvicorn
 
-        from minigpt.serve.app import create_app
+        from minigpt.serve.app import create_app, uvicorn_config
     except ImportError as e:
         raise UserError(
             f"minigpt serve needs the serve extra ({e.name} is missing): pip install 'minigpt[serve]'"
@@ -161,6 +169,7 @@ def _main(argv: list[str] | None) -> None:
         max_batch=args.max_batch,
         max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes,
+        request_timeout=args.request_timeout,
     )
     host, port = sock.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
@@ -172,7 +181,7 @@ def _main(argv: list[str] | None) -> None:
             file=sys.stderr,
             flush=True,
         )
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn_config(app, log_level=args.log_level, timeout_graceful_shutdown=5))
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn shut down cleanly, then re-raised the Ctrl-C: stopping is what it asked for

@@ -7,7 +7,8 @@ the KV cache.
 
     chat(model, tokenizer, "What is 12 + 30?")        # one reply, to a text or a list of messages
 
-Each turn renders the whole conversation with the chat template (minigpt.core.chat_template) and compares its ids
+Each turn renders the whole conversation with the chat template (minigpt.core.chat_template's encode_prompt: a
+message's text is text, so '<|im_end|>' typed by a user is its characters, not the end of a turn) and compares its ids
 with those already in the cache: the common prefix stays, and only the rest is run through the model (when the
 template re-tokenizes an earlier reply differently, the cache is overwritten from the first difference); a reply's
 own tokens then run one at a time.  When a reply no longer has room in block_size, the oldest turns (after the
@@ -72,7 +73,7 @@ class ChatSession:
         fits = block_size - room  # the prompt's bound until turns are dropped; then half the block
         while True:
             try:
-                ids = self.tokenizer.encode_chat(self.messages, add_generation_prompt=True)[0]
+                ids = self.tokenizer.encode_prompt(self.messages)  # the messages' text is text, never a marker
             except UnknownCharactersError as e:
                 problem = str(
                     e.about(

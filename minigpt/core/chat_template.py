@@ -2,7 +2,7 @@
 
     tok = ChatTokenizer.for_base(base_tokenizer)           # ChatML, <|im_start|>/<|im_end|> added as special tokens
     ids, mask = tok.encode_chat([{"role": "user", "content": "2+2"}, {"role": "assistant", "content": "4"}])
-    prompt = tok.encode_chat(messages, add_generation_prompt=True)[0]
+    prompt = tok.encode_prompt(messages)                   # a conversation to reply to, its messages read as text
 
 The template is Jinja, rendered here and nowhere else, the way transformers renders `chat_template`: jinja2's
 ImmutableSandboxedEnvironment (templates from the hub are untrusted code), with a budget per render in steps and
@@ -17,6 +17,13 @@ ChatTokenizer wraps any minigpt tokenizer (char, byte, tiktoken, Hugging Face): 
 a base lacks, and for a char base the characters its corpus never had) take the ids after the base's own, and are
 split out of a text before the base encodes the rest, as `tokenizers` treats added tokens.  Its dict (to_dict)
 holds the base's dict, the added tokens and the template, so a checkpoint carries the chat format whole.
+
+Two ways to encode a conversation: encode_chat reads a marker wherever the rendered text has one, as transformers'
+apply_chat_template does (training data: the exports' equality with transformers rests on it); encode_prompt, for
+what a client or a user types (the server, sample.py --chat, ChatSession), reads the template's own markers as
+special tokens and what people wrote (system, developer and user messages) as text, so '<|im_end|>' in a message
+is its characters and no message can forge a turn (as OpenAI's API reads it); the assistant's messages are the
+model's own words, read as encode_chat reads them.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import jinja2
 import jinja2.ext
 import jinja2.nodes
 
+from minigpt.core.chat_text import ESCAPE, MessageText
 from minigpt.core.errors import DataError, UserError, first_line
 from minigpt.core.template_sandbox import TemplateSandbox
 from minigpt.core.tokenizer_base import Tokenizer
@@ -156,6 +164,7 @@ class ChatTokenizer(Tokenizer):
             else None
         )
         self._compiled: jinja2.Template | None = None
+        self._message_text: MessageText | None = None  # encode_prompt's, built on first use
 
     # ------------------------------------------------------------------------------------- building and storing
 
@@ -331,6 +340,27 @@ class ChatTokenizer(Tokenizer):
             cut = text.find(self.end_of_turn, start, end)
             spans.append((start, cut + len(self.end_of_turn) if cut >= 0 else end))
         return text, spans
+
+    def encode_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        """The ids of a conversation for the model to reply to (the generation prompt added), what people wrote read
+        as text: a marker in a system, developer or user message ('<|im_end|>', a Hugging Face base's special tokens)
+        is encoded as its characters, as OpenAI's API reads what a client sends, while the template's own markers
+        stay special tokens.  An assistant message is what the model said, read as encode_chat reads it, so a reply
+        sent back gives the model's own tokens again (a model may write a marker's token; a char vocabulary may not
+        hold its characters).  Without a marker in any message, the ids are encode_chat's (minigpt.core.chat_text
+        says how)."""
+        if self._message_text is None:
+            self._message_text = MessageText(self.kind, self.base, self.specials, self.added_ids)
+        text = self.render(self._message_text.escape(messages), add_generation_prompt=True)[0]
+        ids: list[int] = []
+        for piece in self._split.split(text) if self._split else [text]:
+            if piece in self.added_ids:  # a marker the template wrote (or an added character)
+                ids.append(self.added_ids[piece])
+            elif ESCAPE in piece:  # a message's marker in it: read as text
+                ids += self._message_text.ids(piece)
+            elif piece:  # as encode_chat reads it
+                ids += self._base_encode(piece)[0]
+        return ids
 
     def encode_chat(
         self, messages: list[dict[str, str]], add_generation_prompt: bool = False, train_on_prompt: bool = False

@@ -34,6 +34,7 @@ __all__ = ["Sampling", "filter_logits", "sample_next", "refill_length", "generat
 
 
 MAX_NEW_TOKENS = 10_000_000  # the output buffer is allocated up front
+FLOAT32_TINY = torch.finfo(torch.float32).tiny  # the smallest normal float32, ~1.2e-38
 
 
 @dataclass(frozen=True)
@@ -98,10 +99,17 @@ def sample_next(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """logits (B, V) of the last position -> next token ids (B,).  temperature 0 = argmax."""
+    """logits (B, V) of the last position -> next token ids (B,).  temperature 0 = argmax.
+
+    Any temperature > 0 samples, however small: the logits are shifted so that the top one is 0 before the
+    division, so a tiny temperature (1e-40, 1e-300) sends the others to -inf (the greedy limit, ties drawn evenly)
+    instead of overflowing float32 to inf and NaN; the divisor is at least float32's smallest normal number
+    (1e-300 would round to 0)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = filter_logits(logits.float() / temperature, top_k, top_p)
+    logits = logits.float()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, FLOAT32_TINY)  # <= 0, the top one 0
+    logits = filter_logits(logits, top_k, top_p)
     probs = logits.softmax(dim=-1)
     try:
         return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)

@@ -1,12 +1,13 @@
 """The HTTP side: OpenAI's Chat Completions and Completions over FastAPI, the chat page at `/`, and the limits.
 
     app = create_app(model, tokenizer, "my-model", api_key="secret")
-    uvicorn.run(app, host="127.0.0.1", port=8000)          # what `minigpt serve` does
+    uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=8000)).run()   # what `minigpt serve` does
 
 Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /health, GET / (the page).
-Every error is OpenAI's JSON, {"error": {"message", "type", "param", "code"}}: a bad request is a 400 naming the
-field (bodies are checked once, by the pydantic models of minigpt.serve.protocol), a missing or wrong key 401, an
-unknown model or path 404, a body over the size limit 413, a full queue 503; the server keeps serving.
+Every error is OpenAI's JSON (minigpt.serve.errors): a bad request is a 400 naming the field (bodies are checked
+once, by the pydantic models of minigpt.serve.protocol), a missing or wrong key 401, an unknown model or path 404, a
+body over the size limit 413, a request not all sent within request_timeout 408 and the connection closed (both
+minigpt.serve.limits), a full queue 503; the server keeps serving.
 Decoding is minigpt.serve.engine's, in its own thread; here each request waits on an asyncio queue that the
 engine's thread fills.
 """
@@ -36,102 +37,17 @@ from minigpt.core.model import GPT
 from minigpt.core.tokenizer_base import Tokenizer
 from minigpt.serve.engine import Engine, QueueFull, Ticket, Update
 from minigpt.serve.engine import Request as Generation
+from minigpt.serve.errors import APIError, validation_error
+from minigpt.serve.limits import BodyLimit, uvicorn_config
 from minigpt.serve.protocol import ChatRequest, CompletionRequest
 
-__all__ = ["APIError", "create_app"]
+__all__ = ["APIError", "create_app", "uvicorn_config"]
 
 # the page may load nothing but itself and talk to nothing but this server
 PAGE_POLICY = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
     "img-src data:; base-uri 'none'; form-action 'none'"
 )
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-
-    def response(self) -> JSONResponse:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(
-            {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}},
-            status_code=self.status,
-            headers=headers,
-        )
-
-
-def union_member(part: object) -> bool:
-    """A part of pydantic's error location that names the union member it tried: a type, CamelCase or with brackets."""
-    return isinstance(part, str) and (
-        part in ("str", "int", "float", "bool", "none") or "[" in part or part[:1].isupper()
-    )
-
-
-def field_path(loc: tuple) -> str | None:
-    """pydantic's location of an error as the request's field: messages.0.content, not body.messages.0.content.str."""
-    return ".".join(str(part) for part in loc[1:] if not union_member(part)) or None
-
-
-def validation_error(e: RequestValidationError) -> APIError:
-    """pydantic's complaint about a body, as one 400 naming the field.  Of a union's complaints, the one about the
-    member the value has the type of (a list of 5 stop sequences is too long, not "not a string")."""
-    error = min(e.errors(), key=lambda error: error["type"].endswith("_type"))
-    param = field_path(error["loc"])
-    if error["type"] == "json_invalid":
-        return APIError(
-            400,
-            "the request body is not valid JSON; send a JSON object (Content-Type: application/json)",
-            code="invalid_json",
-        )
-    if error["type"] == "extra_forbidden":
-        return APIError(
-            400,
-            f"unrecognized request argument supplied: {param} (not an OpenAI field, or one this "
-            "server does not support)",
-            param,
-            "unsupported_parameter",
-        )
-    if error["type"] == "missing":
-        return APIError(400, f"missing required parameter: {param}", param, "missing_required_parameter")
-    return APIError(400, f"{param or 'body'}: {error['msg']}", param, "invalid_value")
-
-
-class BodyLimit:
-    """ASGI middleware: a request body over max_bytes is refused with 413 before any of it is parsed."""
-
-    def __init__(self, app, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
-            return await self.app(scope, receive, send)
-        too_large = APIError(
-            413,
-            f"the request body is over {self.max_bytes:,} bytes; send a shorter one (minigpt serve --max_body_bytes)",
-            code="request_too_large",
-        ).response()
-        body = bytearray()
-        while True:  # read it whole (bounded), then hand it on
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            if len(body) > self.max_bytes:
-                return await too_large(scope, receive, send)
-            if not message.get("more_body"):
-                break
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": bytes(body), "more_body": False}
-
-        await self.app(scope, replay, send)
 
 
 def sse(data: dict | str) -> str:
@@ -186,7 +102,8 @@ class Server:
         return Generation(ids, limit, body.temperature, body.top_k, body.top_p, body.seed, body.stops(), stop_tokens)
 
     def chat_ids(self, body: ChatRequest) -> list[int]:
-        """The conversation's ids (a UserError, e.g. characters outside a char vocabulary: the app's 400)."""
+        """The conversation's ids, what the messages say read as text, never as the template's markers (a
+        UserError, e.g. characters outside a char vocabulary: the app's 400)."""
         if not self.is_chat:
             raise APIError(
                 400,
@@ -195,9 +112,7 @@ class Server:
                 "messages",
                 "model_not_chat",
             )
-        return self.tokenizer.encode_chat([m.as_template_message() for m in body.messages], add_generation_prompt=True)[
-            0
-        ]
+        return self.tokenizer.encode_prompt([m.as_template_message() for m in body.messages])  # their text is text
 
     def submit(self, generation: Generation, request: Request) -> AsyncIterator[Update]:
         """Queue the request now (a full queue, QueueFull, is the app's 503 before any response starts) -> its
@@ -209,19 +124,28 @@ class Server:
     @staticmethod
     async def updates(ticket: Ticket, queue: asyncio.Queue, request: Request) -> AsyncIterator[Update]:
         """The engine's updates for one request, ending with the one that has a finish_reason.  The request
-        leaves the batch when the client goes away (a streaming response is cancelled; otherwise polled)."""
+        leaves the batch as soon as the client goes away: a task waits for the disconnect message alongside the
+        updates (a decoding request sends one every step, so waiting for a pause in them is no way to notice)."""
+
+        async def hang_up() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            ticket.cancel()  # read by the engine before its next step
+            queue.put_nowait(None)
+
+        watch = asyncio.create_task(hang_up())
         try:
             while True:
-                try:
-                    update = await asyncio.wait_for(queue.get(), timeout=0.5)
-                except asyncio.TimeoutError:  # the builtin TimeoutError from Python 3.11 on
-                    if await request.is_disconnected():
-                        return
-                    continue
+                update = await queue.get()
+                if update is None:  # the client went away
+                    return
+                if update.finish_reason is not None:
+                    watch.cancel()  # (before the yield: a caller may stop iterating at the last update)
                 yield update
                 if update.finish_reason is not None:
                     return
         finally:
+            watch.cancel()
             ticket.cancel()  # nothing once it finished; a client gone mid-way frees its row before the next step
 
 
@@ -238,8 +162,11 @@ def create_app(
     max_batch: int = 8,
     max_queue: int = 64,
     max_body_bytes: int = 1 << 20,
+    request_timeout: float = 30.0,
 ) -> FastAPI:
-    """The server's app; its engine thread starts and stops with the app (uvicorn runs the lifespan)."""
+    """The server's app; its engine thread starts and stops with the app (uvicorn runs the lifespan).
+    request_timeout: seconds a request's headers may take to arrive, and then its body (run it with uvicorn_config's
+    protocol for the headers' bound)."""
     server = Server(model, tokenizer, name, Engine(model, tokenizer, max_batch, max_queue))
     page = (files("minigpt.serve") / "static" / "index.html").read_text(encoding="utf-8")
 
@@ -250,8 +177,8 @@ def create_app(
         await asyncio.to_thread(server.engine.stop)
 
     app = FastAPI(title="minigpt", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.server = server
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.state.server, app.state.request_timeout = server, request_timeout
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, timeout=request_timeout)
     if cors_origins:
         app.add_middleware(
             CORSMiddleware,

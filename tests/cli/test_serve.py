@@ -90,6 +90,8 @@ def one_error_line(capsys, argv: list[str]) -> str:
 def test_mistakes_are_one_error_line(capsys, chat_ckpt, tmp_path):
     assert "port" in one_error_line(capsys, ["--port", "70000"])
     assert "max_batch" in one_error_line(capsys, ["--max_batch", "0"])
+    for timeout in ("0", "-1", "nan", "soon"):
+        assert "request_timeout" in one_error_line(capsys, ["--request_timeout", timeout])
     assert "attention" in one_error_line(capsys, ["--attention", "flash"])
     assert "checkpoint not found" in one_error_line(capsys, ["--ckpt", str(tmp_path / "none.ckpt"), "--port", "0"])
     with socket.create_server(("127.0.0.1", 0)) as taken:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minigpt.core.errors import UserError
-from minigpt.core.generation import Sampling, filter_logits, generate, prompt_ids, refill_length
+from minigpt.core.generation import Sampling, filter_logits, generate, prompt_ids, refill_length, sample_next
 from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
 from support import byte_bpe, random_ids, varied_gpt
 
@@ -109,6 +109,26 @@ def test_stop_token_stops_pads_and_streams():
     # a single sequence ends right at its stop token
     one = generate(model, idx[:1], 20, temperature=0, stop_token=stop)
     assert one.size(1) == 3 + 5 and one[0, -1] == stop
+
+
+TINY_TEMPERATURES = (1e-40, 1e-45, 1e-300, 5e-324)  # float32 overflows (or rounds the divisor to 0) at each
+
+
+@pytest.mark.parametrize("temperature", TINY_TEMPERATURES)
+def test_a_tiny_temperature_samples_the_greedy_tokens(temperature):
+    """Dividing float32 logits by 1e-40 overflowed to inf and NaN, which was refused as broken weights: any
+    temperature > 0 samples, and a tiny one gives the greedy limit (ties drawn evenly, never one alone)."""
+    model = varied_gpt("gpt", 4)
+    idx = random_ids(batch=3)
+    greedy = generate(model, idx, 20, temperature=0)
+    for kw in ({}, {"top_k": 5}, {"top_p": 0.9}, {"use_kv_cache": False}):
+        out = generate(model, idx, 20, temperature=temperature, generator=torch.Generator().manual_seed(0), **kw)
+        assert torch.equal(out, greedy), kw
+    tied = torch.tensor([[0.0, 7.5, 7.5, 7.0, -3.0]]).repeat(400, 1)  # two tied maxima, a close third
+    drawn = sample_next(tied, temperature, generator=torch.Generator().manual_seed(0))
+    assert set(drawn.tolist()) == {1, 2} and 150 < int((drawn == 1).sum()) < 250
+    with pytest.raises(UserError, match="NaN/inf logits"):  # broken weights are still named as such
+        sample_next(torch.tensor([[0.0, float("nan"), 1.0]]), temperature)
 
 
 def test_vocab_size_limits_sampled_ids():
