@@ -14,17 +14,20 @@ One graph then serves every position.  A batch of B rows runs in the graph of th
 8, ..., the cache's rows): the rows past B are padding (token 0 at position 0 of cache rows no request holds; the
 server's running requests always fill rows 0..B-1) and their logits are dropped.
 
-Without CUDA (capture=False) the same static step runs eagerly: the tests' reference for the graphs.  A CPU does
+Where a capture fails, a note says so and the step runs eagerly from then on.  Without CUDA (capture=False) the
+same static step runs eagerly: the tests' reference for the graphs.  A CPU does
 not decode this way (launches are cheap there; minigpt.core.compiled's dynamic step is faster).
 """
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Callable
 
 import torch
 
+from minigpt.core.errors import first_line
 from minigpt.core.model import GPT
 
 __all__ = ["DecodeGraphs", "batch_buckets"]
@@ -87,7 +90,12 @@ class DecodeGraphs:
         if not self.capture:
             return self._step(b)[:B]
         if b not in self.graphs:
-            self.graphs[b] = self._capture(b)
+            try:
+                self.graphs[b] = self._capture(b)
+            except RuntimeError as e:  # a step CUDA cannot capture (an op that waits for the host): run it eagerly
+                print(f"note: decoding without CUDA graphs: {first_line(e)}", file=sys.stderr, flush=True)
+                self.capture = False
+                return self._step(b)[:B]
         graph, logits = self.graphs[b]
         graph.replay()
         return logits[:B]

@@ -83,3 +83,22 @@ def test_the_models_graphs_are_kept_for_its_next_generation_and_renewed_when_its
     assert compiled.decode_graphs(model, 1, BLOCK) is graphs  # 25 positions round up to 32 both times
     model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())  # new memory: new graphs
     assert compiled.decode_graphs(model, 1, BLOCK) is not graphs
+
+
+def test_a_step_that_cannot_be_captured_runs_eagerly_with_one_note(monkeypatch, capsys):
+    def no_capture(self, b):
+        raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+    monkeypatch.setattr(DecodeGraphs, "_capture", no_capture)
+    model = varied_gpt("llama", 2)
+    graphs = DecodeGraphs(model, rows=1, capacity=BLOCK, capture=True)
+    growing = model.new_kv_cache(1)
+    idx = random_ids(batch=1, length=6)
+    with torch.inference_mode():
+        for t in range(6):
+            expected = model(idx[:, t : t + 1], kv_cache=growing, input_pos=t)[0][:, -1]
+            assert torch.allclose(graphs(idx[:, t : t + 1], t), expected, atol=1e-5)
+    assert (
+        capsys.readouterr().err
+        == "note: decoding without CUDA graphs: operation not permitted when stream is capturing\n"
+    )

@@ -53,7 +53,7 @@ def test_compiled_graph_gives_the_eager_loops_greedy_ids():
     idx = random_ids(batch=1).cuda()
     eager = generate_ids(model, idx, 40)
     assert torch.equal(generate_ids(model, idx, 40, compile=True), eager)
-    assert list(compiled.decode_graphs(model, 1, BLOCK * 2).graphs) == [1]
+    assert list(compiled.decode_graphs(model, 1, BLOCK).graphs) == [1]  # 45 positions: a cache of block_size
 
 
 def generate_ids(model, idx, n, compile=False):
