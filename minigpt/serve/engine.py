@@ -232,7 +232,14 @@ class Engine:
         if not self.use_graphs:
             return self.model.new_kv_cache(self.max_batch)
         if self.graphs is None:
-            self.graphs = DecodeGraphs(self.model, self.max_batch, self.model.config.block_size)
+            try:
+                self.graphs = DecodeGraphs(self.model, self.max_batch, self.model.config.block_size)
+            except torch.cuda.OutOfMemoryError:  # a long context's whole cache does not fit: grow one as needed
+                log.warning(
+                    "no room for a static KV cache of %d x block_size: decoding without CUDA graphs", self.max_batch
+                )
+                self.use_graphs = False
+                return self.model.new_kv_cache(self.max_batch)
         return self.graphs.cache
 
     def _advance(self, ticket: Ticket, logits: torch.Tensor, greedy: int | None = None) -> bool:
@@ -282,4 +289,4 @@ class Engine:
             self.running[row] = moved
         self.running.pop()
         if not self.running:
-            self.cache = None  # an idle server holds no cache
+            self.cache = None  # an idle server holds no cache (but its decode graphs' static one)

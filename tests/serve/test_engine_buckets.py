@@ -58,3 +58,20 @@ def test_a_padded_bucket_gives_each_request_what_it_gets_alone(request, fixture)
     assert sum(steps.values()) == engine.steps
     assert steps[8] > 0 and steps[4] > 0 and steps[2] > 0 and steps[1] > 0, steps  # six rows, then fewer
     assert engine.graphs.cache[0].k.size(2) == model.config.block_size  # one cache for the engine's life
+
+
+def test_without_room_for_the_static_cache_the_engine_decodes_with_a_growing_one(monkeypatch, base_model, caplog):
+    """A long context's max_batch x block_size cache may not fit on the GPU: the engine says so and goes on."""
+    import minigpt.serve.engine as engine_module
+
+    def no_room(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB")
+
+    monkeypatch.setattr(engine_module, "DecodeGraphs", no_room)
+    model, tokenizer = base_model
+    prompts = [tokenizer.encode(p) for p in PROMPTS[:2]]
+    engine = Engine(model, tokenizer, max_batch=4, decode_graphs=True)
+    got = run_engine(engine, [Request(prompt=p, max_tokens=12, temperature=0) for p in prompts])
+    assert got == [tokenizer.decode(alone(model, tokenizer, p, 12)) for p in prompts]
+    assert engine.graphs is None and not engine.use_graphs
+    assert "decoding without CUDA graphs" in caplog.text
