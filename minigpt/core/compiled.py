@@ -112,7 +112,8 @@ _graphs_of: weakref.WeakKeyDictionary[GPT, tuple[tuple, DecodeGraphs]] = weakref
 
 def decode_graphs(model: GPT, batch_size: int, capacity: int) -> DecodeGraphs:
     """The model's graphs for `batch_size` rows and `capacity` positions: those of its last generation when they
-    fit (the same weights at the same addresses, mode and attention path), else new ones."""
+    fit (the same weights at the same addresses, mode and attention path), else new ones.  Their cache is shared:
+    one compiled generation at a time per model."""
     device = model.lm_head.weight.device
     compile = device.type == "cuda" and compiler_available("cuda")
     weights = tuple(t.data_ptr() for t in itertools.chain(model.parameters(), model.buffers()))
