@@ -94,9 +94,10 @@ def decode_forward(model: GPT, device: torch.device) -> Callable:
 # The KV cache and decode step of one generation
 
 
-def uses_graphs(device: torch.device) -> bool:
-    """Does a compiled generation on this device decode from CUDA graphs?"""
-    return device.type == "cuda"
+def uses_graphs(model: GPT) -> bool:
+    """Does a compiled generation of this model decode from CUDA graphs?  On a GPU, unless its attention is held to
+    a kernel that may take no mask (flash; cuDNN's in some torch versions): that one keeps the dynamic step."""
+    return model.lm_head.weight.device.type == "cuda" and model.config.sdpa_backend not in ("flash", "cudnn")
 
 
 @functools.cache
@@ -131,7 +132,7 @@ def decoding(model: GPT, batch_size: int, length: int, compile: bool) -> tuple[l
     decode(idx (B, 1), kv_cache=cache, input_pos=int) -> (logits (B, 1, V), None): the model itself; with compile,
     the compiled step (decode_forward), or on a GPU the static step replayed from CUDA graphs."""
     device = model.lm_head.weight.device
-    if compile and uses_graphs(device):
+    if compile and uses_graphs(model):
         # a power-of-two capacity: generations of similar lengths share one cache and its graphs
         graphs = decode_graphs(model, batch_size, min(model.config.block_size, 1 << (length - 1).bit_length()))
 

@@ -59,7 +59,7 @@ def test_static_step_gives_the_growing_caches_logits_for_rows_at_their_own_posit
 def test_generate_through_the_graph_path_gives_the_plain_loops_greedy_ids(monkeypatch, arch, n_kv_head, attention):
     """generate(compile=True) as it runs on a GPU (static cache, the step at a device position), eagerly: the same
     greedy ids for two rows, also past block_size (the refill prefills the static cache again)."""
-    monkeypatch.setattr(compiled, "uses_graphs", lambda device: True)
+    monkeypatch.setattr(compiled, "uses_graphs", lambda model: True)
     model = varied_gpt(arch, n_kv_head, attention)
     idx = random_ids()
     n = 2 * BLOCK
@@ -74,7 +74,7 @@ def test_generate_through_the_graph_path_gives_the_plain_loops_greedy_ids(monkey
 
 
 def test_the_models_graphs_are_kept_for_its_next_generation_and_renewed_when_its_weights_move(monkeypatch):
-    monkeypatch.setattr(compiled, "uses_graphs", lambda device: True)
+    monkeypatch.setattr(compiled, "uses_graphs", lambda model: True)
     model = varied_gpt("llama", 2)
     idx = random_ids(batch=1)
     first = generate(model, idx, 20, temperature=0, compile=True)

@@ -56,6 +56,17 @@ def test_compiled_graph_gives_the_eager_loops_greedy_ids():
     assert list(compiled.decode_graphs(model, 1, BLOCK).graphs) == [1]  # 45 positions: a cache of block_size
 
 
+def test_a_model_held_to_the_flash_kernel_keeps_the_dynamic_step(monkeypatch):
+    """flash attention takes no mask, and the static step needs one: such a model decodes as before (captured, its
+    masked step would find no kernel)."""
+    monkeypatch.setattr(compiled, "compiler_available", lambda device_type="cpu": False)  # no compile wait
+    assert compiled.uses_graphs(cuda_gpt("gpt", 4))
+    model = cuda_gpt("gpt", 4, sdpa_backend="flash").to(torch.bfloat16)  # flash runs in 16 bits only
+    assert not compiled.uses_graphs(model)
+    idx = random_ids(batch=1).cuda()
+    assert generate_ids(model, idx, 12, compile=True).shape == (1, 17)
+
+
 def generate_ids(model, idx, n, compile=False):
     from minigpt.core.generation import generate
 
