@@ -5,6 +5,8 @@
     python benchmarks/bench_decode.py --shapes smollm2 --threads 1
     python benchmarks/bench_decode.py --quality out/RUN --text FILE   # int8 against float32 on a trained model
     python benchmarks/bench_decode.py --profile            # where a decode step's time goes, per way
+    python benchmarks/bench_decode.py --device cuda        # a GPU: single-stream greedy and the serve engine, < 60 s
+    python benchmarks/bench_decode.py --device cpu --quick --single_stream   # the same, tiny: its smoke test
 
 Generating a token reads every weight once, so on a CPU decoding is bound by memory bandwidth: tokens/s <= read
 bandwidth / bytes of weights read per token.  For each shape a Hugging Face folder with random weights is built
@@ -20,6 +22,12 @@ cache, with the same threads) over the bytes one decode step reads: every weight
 head; an untied embedding table and learned positions one row each, so not counted).  The KV cache's reads are
 left out of the bound (a few MiB at 144 positions).  A model whose weights fit in the CPU's last-level cache can
 beat the DRAM bound.
+
+On a GPU (--device cuda, or --single_stream anywhere) the GPT-2-124M shape only, float32, random weights:
+single-stream greedy tokens/s of minigpt eager, minigpt compiled (generate(compile=True): on CUDA the decode step
+replayed from CUDA graphs, minigpt.core.decode_graphs) and transformers' generate (GPT2LMHeadModel, the same weights
+and prompt, the ids compared), each the median of --repeats calls of --tokens new tokens; and the serve engine's
+one-client rate (minigpt.serve.engine.Engine, no HTTP: tokens over the time from submit to the last update).
 
 --quality CKPT --text FILE: the exact loss (perplexity) of a trained checkpoint on the text in float32 and int8,
 and next-token agreement: how often int8's most likely next token is float32's, over every position.
@@ -40,14 +48,16 @@ import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import (
+from benchmarks.common import (  # noqa: E402
     common_parser,
     describe_machine,
     load_avg,
     machine_label,
-    markdown_table,  # noqa: E402
+    markdown_table,
     median,
     mib,
+    pick_device,
+    synchronize,
     wait_for_quiet,
     write_json,
 )
@@ -184,8 +194,8 @@ def measure_shape(shape: str, args: Any, work: Path) -> list[dict[str, Any]]:
     }
     rows = []
     for way, (model, run) in ways.items():
-        ids, first_s, seconds = timed(lambda: run(prompt, args.tokens), args.repeats)
-        _, _, prefill_s = timed(lambda: run(long_prompt, 1), max(1, args.repeats - 1))
+        ids, first_s, seconds = timed(lambda run=run: run(prompt, args.tokens), args.repeats)
+        _, _, prefill_s = timed(lambda run=run: run(long_prompt, 1), max(1, args.repeats - 1))
         rows.append(
             dict(
                 shape=SHAPE_NAMES[shape],
@@ -208,6 +218,81 @@ def measure_shape(shape: str, args: Any, work: Path) -> list[dict[str, Any]]:
         r["ids_equal_transformers"] = r["ids"] == reference["ids"]
         r["agreement_with_transformers"] = sum(a == b for a, b in zip(r["ids"], reference["ids"])) / len(r["ids"])
         r["weight_mib"] = mib(r["weight_bytes"])
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# Single stream on a GPU: eager, CUDA graphs, transformers, the serve engine
+
+
+def synced_median(fn: Any, device: torch.device, repeats: int) -> tuple[Any, float, float]:
+    """(result, seconds of the first call, median seconds of `repeats` more), the device synchronized."""
+    times = []
+    for _ in range(repeats + 1):
+        synchronize(device)
+        t0 = time.perf_counter()
+        out = fn()
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return out, times[0], median(times[1:])
+
+
+def engine_one_client(model: GPT, tokenizer: Any, prompt: list[int], tokens: int, repeats: int) -> float:
+    """The serve engine's tokens/s for one client: greedy, `tokens` new tokens, from submit to the last update."""
+    import threading
+
+    from minigpt.serve.engine import Engine, Request
+
+    engine = Engine(model, tokenizer, max_batch=8)
+    engine.start()
+    try:
+        rates = []
+        for _ in range(repeats + 1):  # the first captures the graph
+            done, counted = threading.Event(), []
+
+            def on_update(update: Any, done: threading.Event = done, counted: list = counted) -> None:
+                if update.finish_reason is not None:
+                    counted.append(update.completion_tokens)
+                    done.set()
+
+            t0 = time.perf_counter()
+            engine.submit(Request(prompt=prompt, max_tokens=tokens, temperature=0), on_update)
+            done.wait()
+            rates.append(counted[0] / (time.perf_counter() - t0))
+    finally:
+        engine.stop()
+    return median(rates[1:])
+
+
+def measure_single_stream(args: Any, device: torch.device, work: Path) -> list[dict[str, Any]]:
+    import transformers
+
+    src = build_hf_folder("gpt2", args.quick, work / "gpt2", args.seed)
+    model, tokenizer = load_model(src, device=device)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).to(device).eval()
+    gen = torch.Generator().manual_seed(args.seed)
+    prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_tokens), generator=gen).to(device)
+    ways = {
+        "minigpt eager": lambda: generate(model, prompt, args.tokens, temperature=0.0),
+        f"minigpt compiled{' (CUDA graphs)' if device.type == 'cuda' else ''}": lambda: generate(
+            model, prompt, args.tokens, temperature=0.0, compile=True
+        ),
+        "transformers generate": lambda: hf_generate(hf, prompt, args.tokens),
+    }
+    rows = []
+    for way, run in ways.items():
+        ids, first_s, seconds = synced_median(run, device, args.repeats)
+        ids = ids[0, args.prompt_tokens :].tolist()
+        rows.append(dict(way=way, ids=ids, tokens_per_s=args.tokens / seconds, first_call_s=first_s))
+        print(f"  {way}: {rows[-1]['tokens_per_s']:.1f} tokens/s", flush=True)
+    rate = engine_one_client(model, tokenizer, prompt[0].tolist(), args.tokens, max(1, args.repeats - 1))
+    rows.append(dict(way="serve engine, one client", tokens_per_s=rate))
+    print(f"  serve engine, one client: {rate:.1f} tokens/s", flush=True)
+    reference = rows[2]
+    for r in rows:
+        r["vs_transformers"] = r["tokens_per_s"] / reference["tokens_per_s"]
+        if "ids" in r:
+            r["ids_equal_transformers"] = r["ids"] == reference["ids"]
     return rows
 
 
@@ -321,17 +406,39 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--quality", default=None, metavar="CKPT", help="a trained checkpoint: int8's quality on --text")
     p.add_argument("--text", default=None, help="--quality: the text to score")
     p.add_argument("--quality_tokens", type=int, default=100_000, help="--quality: score at most this many tokens")
+    p.add_argument(
+        "--single_stream",
+        action="store_true",
+        help="single-stream greedy (eager, compiled, transformers) and the serve engine, GPT-2-124M shape: "
+        "the default on a GPU",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.tokens, args.prefill_tokens, args.repeats = 8, 32, 1
     if args.threads:
         torch.set_num_threads(args.threads)
+    device = pick_device(args.device)
     load_before = wait_for_quiet(tries=args.wait_quiet)
-    label = machine_label("cpu", "float32")
+    label = machine_label(device, "float32")
     print(describe_machine(label), flush=True)
     result: dict[str, Any] = dict(benchmark="decode", machine=label, load_avg_1m_before=load_before)
 
-    if args.profile:
+    if args.single_stream or device.type == "cuda":
+        with tempfile.TemporaryDirectory() as work:
+            rows = measure_single_stream(args, device, Path(work))
+        print(
+            f"\nGreedy decoding, one stream, {SHAPE_NAMES['gpt2']} shape{' (tiny: --quick)' if args.quick else ''}, "
+            f"float32, {args.tokens} new tokens after a {args.prompt_tokens}-token prompt (median of {args.repeats})\n"
+        )
+        columns = [
+            ("way", "way", ""),
+            ("tokens_per_s", "tokens/s", ".1f"),
+            ("vs_transformers", "x transformers", ".2f"),
+        ]
+        columns += [("ids_equal_transformers", "ids = transformers'", ""), ("first_call_s", "first call s", ".1f")]
+        print(markdown_table(rows, columns))
+        result |= dict(single_stream=True, tokens=args.tokens, prompt_tokens=args.prompt_tokens, rows=rows)
+    elif args.profile:
         profiles = {}
         with tempfile.TemporaryDirectory() as work:
             for shape in args.shapes.split(","):

@@ -412,3 +412,16 @@ def test_bench_decode_quick(tmp_path, capsys):
     int8, fp32 = rows[2], rows[0]
     assert int8["weight_bytes"] < 0.3 * fp32["weight_bytes"]  # int8 weights and per-row scales: about a quarter
     assert "| shape | way | tokens/s |" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # compiles the tiny model's decode step
+def test_bench_decode_single_stream_quick(tmp_path, capsys):
+    """The GPU measurement (eager, compiled, transformers, the serve engine), tiny and on the CPU."""
+    out = tmp_path / "decode.json"
+    bench_decode.main(["--quick", "--single_stream", "--device", "cpu", "--json", str(out)])
+    rows = read(out)["rows"]
+    ways = ["minigpt eager", "minigpt compiled", "transformers generate", "serve engine, one client"]
+    assert [r["way"] for r in rows] == ways
+    assert all(r["tokens_per_s"] > 0 for r in rows)
+    assert all(r["ids_equal_transformers"] for r in rows[:3])  # the same weights give the same greedy ids
+    assert "| minigpt compiled |" in capsys.readouterr().out

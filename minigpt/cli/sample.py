@@ -146,7 +146,7 @@ def build_parser() -> CommandParser:
         action="store_true",
         help="decode through a step compiled with torch.compile: tens of seconds once (then cached on "
         "disk), then faster tokens; the same output. Needs a C++ compiler (else a note, and no "
-        "compile). Not used by --chat. In YAML: compile: true",
+        "compile); on a GPU the step is replayed from CUDA graphs. Not used by --chat. In YAML: compile: true",
     )
     p.add_argument(
         "--no-kv-cache",

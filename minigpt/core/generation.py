@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minigpt.core.compiled import decode_forward
+from minigpt.core.compiled import decoding
 from minigpt.core.errors import UnknownCharactersError, UserError
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import Tokenizer
@@ -156,7 +156,8 @@ def generate(
     The model is used as it is (call .eval() first to sample without dropout).
     compile: each decode step runs through torch.compile (minigpt.core.compiled): compiled once per model (tens
     of seconds on a CPU, then cached on disk), then little Python per token; the same ids.  Where no compiler is
-    found, the plain loop runs (a note says so).
+    found, the plain loop runs (a note says so).  On a GPU the step is replayed from CUDA graphs
+    (minigpt.core.decode_graphs), compiled where Triton is installed.
     """
     Sampling(temperature, top_k, top_p, max_new_tokens)  # the library's edge: a bad setting is one UserError
     if idx.dim() != 2 or idx.size(1) < 1:
@@ -168,10 +169,7 @@ def generate(
     seq[:, :T0] = idx
     n = T0  # tokens in seq so far
     finished = torch.zeros(B, dtype=torch.bool, device=device)
-    cache = model.new_kv_cache(B) if use_kv_cache else None
-    for layer in cache or []:  # the whole generation's room at once: no growing copies, one buffer to compile for
-        layer.reserve(min(block_size, T0 + max_new_tokens))
-    decode = decode_forward(model, device) if compile and cache is not None else model
+    cache, decode = decoding(model, B, min(block_size, T0 + max_new_tokens), compile) if use_kv_cache else (None, model)
     cached = 0  # positions in the cache: it holds seq[:, n - 1 - cached : n - 1] at positions 0..cached-1
 
     for step in range(max_new_tokens):

@@ -341,7 +341,9 @@ class GPT(nn.Module):
         """
         B, T = idx.shape
         per_row = isinstance(input_pos, torch.Tensor)
-        end = (int(input_pos.max()) if per_row else input_pos) + T
+        # a static cache's step (a CUDA graph's) leaves its positions on the device, bounded by the cache's size
+        static = per_row and kv_cache is not None and kv_cache[0].static
+        end = 0 if static else (int(input_pos.max()) if per_row else input_pos) + T
         if end > self.config.block_size:
             raise ValueError(
                 f"sequence of {end} tokens is longer than block_size="

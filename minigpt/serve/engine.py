@@ -14,6 +14,10 @@ generator and stops.  Decoding one token reads every weight once; a batch shares
 throughput comes from.  A finished request leaves at once, and the last row moves into its place, so the running
 requests always fill rows 0..B-1.
 
+On a GPU the decode step is replayed from a CUDA graph (minigpt.core.decode_graphs): the batch's cache is static,
+allocated once for max_batch rows of block_size positions and kept while the engine lives, and a batch of B rows
+runs padded to the smallest of 1, 2, 4, ... max_batch rows that holds it, so a few graphs serve every step.
+
 Per request the tokens are those of `generate` alone (greedy, or with the same seed): the prefill is the same,
 and each step's row sees only its own keys.  Requests are validated before they get here (minigpt.serve.app):
 prompt + max_tokens fit the model's context, so no cache ever slides.
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minigpt.core.decode_graphs import DecodeGraphs
 from minigpt.core.errors import UserError, first_line
 from minigpt.core.generation import sample_next
 from minigpt.core.model import GPT
@@ -85,14 +90,26 @@ class Ticket:
 
 
 class Engine:
-    def __init__(self, model: GPT, tokenizer: Tokenizer, max_batch: int = 8, max_queue: int = 64) -> None:
+    """decode_graphs: decode from CUDA graphs over a static cache; None = on a GPU (elsewhere True runs the same
+    static, bucketed step eagerly)."""
+
+    def __init__(
+        self,
+        model: GPT,
+        tokenizer: Tokenizer,
+        max_batch: int = 8,
+        max_queue: int = 64,
+        decode_graphs: bool | None = None,
+    ) -> None:
         self.model, self.tokenizer = model.eval(), tokenizer
         self.max_batch, self.max_queue = max_batch, max_queue
         self.device = model.lm_head.weight.device
         self.vocab_size = min(tokenizer.vocab_size, model.config.vocab_size)
         self.waiting: deque[Ticket] = deque()
         self.running: list[Ticket] = []  # request b decodes in row b of the cache
-        self.cache = None  # the batch's KV cache, one per layer; dropped when the batch empties
+        self.cache = None  # the batch's KV cache, one per layer; let go when the batch empties (the graphs keep theirs)
+        self.use_graphs = self.device.type == "cuda" if decode_graphs is None else decode_graphs
+        self.graphs: DecodeGraphs | None = None  # made on the first request, then kept: the graphs hold its cache
         self.steps = 0  # decode steps run (a batch of B rows counts once)
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -187,7 +204,7 @@ class Engine:
         if not self._advance(ticket, logits[:, : self.vocab_size]):
             return
         if self.cache is None:
-            self.cache = self.model.new_kv_cache(self.max_batch)
+            self.cache = self._batch_cache()
         row = len(self.running)
         for layer, source in zip(self.cache, one):
             layer.copy_row(row, source, 0, len(prompt))
@@ -198,7 +215,10 @@ class Engine:
         """One token of every running request, as one batch."""
         tokens = torch.tensor([[t.next_token] for t in self.running], device=self.device)  # (B, 1)
         input_pos = torch.tensor([t.cached for t in self.running], device=self.device)  # (B,)
-        logits = self.model(tokens, kv_cache=self.cache, input_pos=input_pos)[0][:, -1, : self.vocab_size]  # (B, V)
+        if self.graphs is not None:  # padded to its bucket and replayed; the logits of rows 0..B-1
+            logits = self.graphs(tokens, input_pos)[:, : self.vocab_size]  # (B, V)
+        else:
+            logits = self.model(tokens, kv_cache=self.cache, input_pos=input_pos)[0][:, -1, : self.vocab_size]
         self.steps += 1
         greedy = logits.argmax(dim=-1).tolist()  # one call for all greedy rows
         for b, ticket in enumerate(list(self.running)):
@@ -206,6 +226,21 @@ class Engine:
             self._advance(ticket, logits[b : b + 1], greedy[b])
         for ticket in [t for t in self.running if t.finished]:
             self._leave(ticket)
+
+    def _batch_cache(self) -> list:
+        """The running batch's KV cache: a new one that grows, or the decode graphs' static one."""
+        if not self.use_graphs:
+            return self.model.new_kv_cache(self.max_batch)
+        if self.graphs is None:
+            try:
+                self.graphs = DecodeGraphs(self.model, self.max_batch, self.model.config.block_size)
+            except torch.cuda.OutOfMemoryError:  # a long context's whole cache does not fit: grow one as needed
+                log.warning(
+                    "no room for a static KV cache of %d x block_size: decoding without CUDA graphs", self.max_batch
+                )
+                self.use_graphs = False
+                return self.model.new_kv_cache(self.max_batch)
+        return self.graphs.cache
 
     def _advance(self, ticket: Ticket, logits: torch.Tensor, greedy: int | None = None) -> bool:
         """Sample the next token from logits (1, V), send the new text; False once the request is finished."""
@@ -254,4 +289,4 @@ class Engine:
             self.running[row] = moved
         self.running.pop()
         if not self.running:
-            self.cache = None  # an idle server holds no cache
+            self.cache = None  # an idle server holds no cache (but its decode graphs' static one)

@@ -3,6 +3,8 @@ compiled once for a whole generation (no recompile as the sequence grows), and a
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -26,6 +28,27 @@ def test_without_a_compiler_compile_runs_the_plain_loop_with_one_note(monkeypatc
     assert torch.equal(generate(model, idx, 12, temperature=0, compile=True), plain)
     err = capsys.readouterr().err
     assert err.count("note:") == 1 and "C++ compiler" in err
+
+
+def test_a_cpu_compiler_is_found_in_cxx_or_on_path(monkeypatch, tmp_path):
+    """Public means only: $CXX or g++ / clang++ / c++ on PATH; without any, the compiled step is not tried."""
+    compiled.compiler_available.cache_clear()
+    monkeypatch.setenv("PATH", str(tmp_path))  # no compiler here
+    monkeypatch.delenv("CXX", raising=False)
+    try:
+        assert not compiled.compiler_available("cpu")
+        compiled.compiler_available.cache_clear()
+        clang = tmp_path / "clang++"
+        clang.write_text("#!/bin/sh\n")
+        clang.chmod(0o755)
+        assert compiled.compiler_available("cpu")
+        compiled.compiler_available.cache_clear()
+        clang.unlink()
+        monkeypatch.setenv("CXX", sys.executable)  # any executable that CXX names
+        assert compiled.compiler_available("cpu")
+        assert not compiled.compiler_available("mps")  # no compiled decoding there
+    finally:
+        compiled.compiler_available.cache_clear()
 
 
 @pytest.mark.slow  # torch.compile: tens of seconds on 2 cores

@@ -1,0 +1,100 @@
+"""Decoding from CUDA graphs on a GPU (minigpt.core.decode_graphs): generate(compile=True) and the serve engine
+replay a captured static step and give the eager loop's greedy ids; one graph per batch bucket serves every
+position and is reused by the next generation.  Skipped without CUDA (tests/core/test_decode_graphs.py and
+tests/serve/test_engine_buckets.py run the same static step eagerly on the CPU)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import minigpt.core.compiled as compiled
+from minigpt.core.tokenizers import CharTokenizer
+from minigpt.serve.engine import Engine, Request
+from support import random_ids, varied_gpt
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU"),
+]
+PATHS = ["sdpa", "manual", "einops"]
+BLOCK = 32  # varied_gpt's block_size
+
+
+def cuda_gpt(arch: str, n_kv_head: int, attention: str = "sdpa", **config) -> torch.nn.Module:
+    return varied_gpt(arch, n_kv_head, attention, **config).cuda()
+
+
+@pytest.mark.parametrize("attention", PATHS)
+@pytest.mark.parametrize("arch,n_kv_head", [("gpt", 4), ("llama", 2)])
+def test_graph_replays_give_the_eager_loops_greedy_ids(monkeypatch, arch, n_kv_head, attention):
+    """The eager step captured (no compile: one capture per path is quick), past block_size (refills)."""
+    monkeypatch.setattr(compiled, "compiler_available", lambda device_type="cpu": False)
+    model = cuda_gpt(arch, n_kv_head, attention)
+    idx = random_ids().cuda()
+    n = 2 * BLOCK
+    eager = generate_ids(model, idx, n)
+    assert len(set(eager[0, 5:].tolist())) > 4  # varied output, so the comparison means something
+    assert torch.equal(generate_ids(model, idx, n, compile=True), eager)
+    graphs = compiled.decode_graphs(model, 2, BLOCK)
+    assert list(graphs.graphs) == [2] and graphs.bucket_steps[2] == n - 4  # one graph, every step but the prefills
+    graph = graphs.graphs[2][0]
+    assert torch.equal(generate_ids(model, idx, 20, compile=True), eager[:, :25])  # 25 positions: a cache of 32
+    assert compiled.decode_graphs(model, 2, BLOCK).graphs[2][0] is graph  # the next generation replays it
+
+
+def test_compiled_graph_gives_the_eager_loops_greedy_ids():
+    """With Triton, the captured step is torch.compile's (fused kernels): the same ids for a llama GQA model."""
+    if not compiled.compiler_available("cuda"):
+        pytest.skip("Triton is not installed")
+    model = cuda_gpt("llama", 2)
+    idx = random_ids(batch=1).cuda()
+    eager = generate_ids(model, idx, 40)
+    assert torch.equal(generate_ids(model, idx, 40, compile=True), eager)
+    assert list(compiled.decode_graphs(model, 1, BLOCK).graphs) == [1]  # 45 positions: a cache of block_size
+
+
+def test_a_model_held_to_the_flash_kernel_keeps_the_dynamic_step(monkeypatch):
+    """flash attention takes no mask, and the static step needs one: such a model decodes as before (captured, its
+    masked step would find no kernel)."""
+    monkeypatch.setattr(compiled, "compiler_available", lambda device_type="cpu": False)  # no compile wait
+    assert compiled.uses_graphs(cuda_gpt("gpt", 4))
+    model = cuda_gpt("gpt", 4, sdpa_backend="flash").to(torch.bfloat16)  # flash runs in 16 bits only
+    assert not compiled.uses_graphs(model)
+    idx = random_ids(batch=1).cuda()
+    assert generate_ids(model, idx, 12, compile=True).shape == (1, 17)
+
+
+def generate_ids(model, idx, n, compile=False):
+    from minigpt.core.generation import generate
+
+    return generate(model, idx, n, temperature=0, compile=compile)
+
+
+def test_the_engine_replays_one_graph_per_bucket_and_each_request_gets_its_ids_alone():
+    chars = "\n abcdefghijklmnopqrstuvwxyz"
+    model, tokenizer = cuda_gpt("llama", 2, vocab_size=len(chars), block_size=96), CharTokenizer(chars)
+    prompts = [tokenizer.encode(p) for p in ["hello there", "why", "the cat sat on the mat", "a b c", "good day"]]
+    max_tokens = [40, 9, 20, 4, 30]
+    texts, done = [""] * len(prompts), [threading.Event() for _ in prompts]
+    engine = Engine(model, tokenizer, max_batch=8)
+    for i, (ids, n) in enumerate(zip(prompts, max_tokens)):
+
+        def on_update(update, i=i):
+            texts[i] += update.text
+            if update.finish_reason is not None:
+                done[i].set()
+
+        engine.submit(Request(prompt=ids, max_tokens=n, temperature=0), on_update)
+    engine.start()
+    try:
+        assert all(event.wait(120) for event in done)
+    finally:
+        engine.stop()
+    for ids, n, text in zip(prompts, max_tokens, texts):
+        alone = generate_ids(model, torch.tensor([ids], device="cuda"), n)[0, len(ids) :].tolist()
+        assert text == tokenizer.decode(alone)
+    graphs = engine.graphs
+    assert set(graphs.graphs) == {b for b, steps in graphs.bucket_steps.items() if steps} == {1, 2, 4, 8}
