@@ -18,7 +18,7 @@ the run's last.ckpt.  A row whose full fine-tune would not fit this machine's me
 fewer layers of the same width and vocabulary and extrapolated linearly in the number of layers, as is the LoRA row
 at the same depths, to show how far that extrapolation is from LoRA's measured value.
 
-Method (SFT demo).  benchmarks/sft_demo.py's recipe (configs/sft_addition.yaml on the default char base) for a fixed
+Method (SFT demo).  data/sft_addition_demo.py's recipe (configs/sft_addition.yaml on the default char base) for a fixed
 number of steps (--sft_steps, no time cap), once in full and once with --finetune lora (r16, alpha 32, the config's
 lr 0.002, --lora.train_embeddings true); exact match of the greedy reply on the 200 held-out questions.
 """
@@ -277,7 +277,11 @@ def extrapolated(shape: str, rows: list[dict[str, Any]], depths: list[int]) -> l
 
 def sft_comparison(args: Any) -> list[dict[str, Any]]:
     """The addition chat demo fine-tuned in full and with LoRA for the same number of steps."""
-    from benchmarks import sft_demo
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sft_demo", REPO_ROOT / "data" / "sft_addition_demo.py")
+    sft_demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sft_demo)
     from minigpt.cli.train import main as train_main
     from minigpt.loading import load_model
 

@@ -1,9 +1,9 @@
 """Chat fine-tuning shown to work: a base model learns multi-digit addition as an assistant, measured on held-out
 questions before and after.
 
-    python benchmarks/sft_demo.py                      # reuses out/default (else pretrains it: python train.py)
-    python benchmarks/sft_demo.py --minutes 2 --base out/my_char_run
-    python benchmarks/sft_demo.py --smoke              # tiny everything (seconds; the test suite runs it)
+    python3 data/sft_addition_demo.py                # reuses out/default (else pretrains it: python train.py)
+    python3 data/sft_addition_demo.py --minutes 2 --base out/my_char_run
+    python3 data/sft_addition_demo.py --smoke        # tiny everything (seconds; the test suite runs it)
 
 Method.  data/addition_chat.py makes 9,000 training conversations ("What is 47 + 89?" -> "136", operands of 0
 to 99) and 200 held out by a hash of the pair, so no test question is ever trained on.  The base is the
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import platform
 import sys
 import time
 from pathlib import Path
@@ -28,7 +29,6 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from anywhere without installing
 
-from benchmarks.common import describe_machine, machine_label  # noqa: E402
 from minigpt.cli.train import main as train_main  # noqa: E402
 from minigpt.core.chat import chat  # noqa: E402
 from minigpt.core.chat_template import ChatTokenizer  # noqa: E402
@@ -143,16 +143,14 @@ def main(argv: list[str] | None = None) -> dict:
     wall = time.perf_counter() - start
     model, tokenizer = load_model(args.out)
     accuracy_after = accuracy(model, tokenizer, test)
-    label = machine_label("cpu")  # the CPU capability and matmul rates the minutes were measured on
     result = {
         "before": accuracy_before,
         "after": accuracy_after,
         "steps": trainer.global_step,
         "wall_s": round(wall, 1),
         "test_conversations": len(test),
-        "machine": label,
+        "machine": platform.platform(),
     }
-    print(describe_machine(label))
     print(
         f"after {trainer.global_step} SFT steps ({wall:.0f} s in train.py, {torch.get_num_threads()} threads): "
         f"{accuracy_after:.1%} exact match (before: {accuracy_before:.1%})"
