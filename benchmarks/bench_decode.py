@@ -184,8 +184,8 @@ def measure_shape(shape: str, args: Any, work: Path) -> list[dict[str, Any]]:
     }
     rows = []
     for way, (model, run) in ways.items():
-        ids, first_s, seconds = timed(lambda: run(prompt, args.tokens), args.repeats)
-        _, _, prefill_s = timed(lambda: run(long_prompt, 1), max(1, args.repeats - 1))
+        ids, first_s, seconds = timed(lambda run=run: run(prompt, args.tokens), args.repeats)
+        _, _, prefill_s = timed(lambda run=run: run(long_prompt, 1), max(1, args.repeats - 1))
         rows.append(
             dict(
                 shape=SHAPE_NAMES[shape],
