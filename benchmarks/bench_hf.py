@@ -352,8 +352,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
         )
     result = dict(benchmark="hf", machine=label, agreement=rows, cost=costs)
-    if not args.quick:  # smoke runs leave no figures behind
-        write_json(result, args.json)
+    write_json(result, args.json)
     return result
 
 
