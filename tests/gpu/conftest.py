@@ -4,6 +4,8 @@ is absent, so the default run reports them as skipped.  On a GPU machine, from t
 not be installed: pytest's pythonpath and the scripts' own folder find it):
 
     python3 -m pytest -m gpu tests/gpu
+
+Test files here need basenames unique in tests/ (test_gpu_*.py): pytest imports them by basename.
 """
 
 from __future__ import annotations
