@@ -18,7 +18,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))  # run from anywhere without installing
 
-from bad_input_cases import CASES, make_workdir  # noqa: E402  (this script's own folder)
+from bad_input_cases import CASES, make_workdir  # this script's own folder
 
 
 def run(script: str, args: list[str], cwd: Path, stdin: str | None = None) -> dict[str, Any]:
