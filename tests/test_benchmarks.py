@@ -19,7 +19,6 @@ SLOW = pytest.mark.slow
 QUICK = [
     pytest.param("bench_attention", ["--device", "cpu"]),
     pytest.param("bench_train", ["--device", "cpu"]),
-    pytest.param("bench_sampling", ["--device", "cpu"]),
     pytest.param("bench_long_context", ["--device", "cpu"]),
     pytest.param("bench_serve", ["--device", "cpu"]),
     pytest.param("bench_startup", ["--device", "cpu", "--commands", "sample.py --help"]),
