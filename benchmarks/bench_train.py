@@ -26,7 +26,7 @@ train.py's extras: the same Trainer with minigpt.training.trainer.run_callbacks 
 TensorBoard logger and progress bar, against the minimal one, nanogpt shape (or the first), float32, eager: the
 median of the ratios of --overhead_rounds pairs of runs taken back to back (order alternated), since this
 machine's speed drifts by up to ±20% over minutes and a ratio of adjacent runs is far steadier than one of
-best-of times.  Also measured: the AdamW step alone with fused=True vs foreach=True vs the single-tensor loop.
+best-of times.
 """
 
 from __future__ import annotations
@@ -59,11 +59,9 @@ from benchmarks.common import (  # noqa: E402
     load_avg,
     machine_label,
     markdown_table,
-    median,
     peak_matmul_flops,
     pick_device,
     synchronize,
-    time_fn,
     wait_for_quiet,
     write_json,
 )
@@ -234,27 +232,6 @@ def run_lightning(
     )
 
 
-def bench_adamw(shape: dict[str, Any], device: torch.device, repeats: int) -> list[dict[str, Any]]:
-    params = [p for p in make_module(shape, compile=False, total_steps=1000, device=device).model.parameters()]
-    for p in params:
-        p.grad = torch.randn_like(p) * 1e-3
-    rows = []
-    for impl, kw in (("fused", dict(fused=True)), ("foreach", dict(foreach=True)), ("for-loop", dict(foreach=False))):
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
-        try:
-            opt = torch.optim.AdamW(groups, lr=1e-4, betas=(0.9, 0.95), **kw)
-        except (RuntimeError, ValueError) as e:  # fused not supported on this device
-            rows.append(dict(shape=shape["name"], impl=impl, error=str(e)))
-            continue
-        t = median(time_fn(opt.step, device, repeats=repeats, warmup=3))
-        numel = sum(p.numel() for p in params)
-        rows.append(dict(shape=shape["name"], impl=impl, params=numel, tensors=len(params), step_ms=round(t * 1e3, 4)))
-    return rows
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = common_parser(__doc__.splitlines()[0], "train")
     p.add_argument("--shapes", nargs="+", default=["nanogpt", "default"], choices=["nanogpt", "default"])
@@ -264,7 +241,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--warmup", type=int, default=5, help="steps skipped before timing (compilation happens here)")
     p.add_argument("--rounds", type=int, default=1, help="runs per setting: ms/step from the best")
     p.add_argument("--overhead_rounds", type=int, default=8, help="(minimal, train.py's) pairs; 0: none")
-    p.add_argument("--adamw", default="on", choices=["on", "off"], help="fused vs foreach AdamW micro-benchmark")
     p.add_argument("--attention", default="sdpa", choices=["sdpa", "manual", "einops"], help="of every shape")
     p.add_argument("--matmul_n", type=int, default=2048, help="largest matmul of the peak FLOP/s (halved to 64)")
     args = p.parse_args(argv)
@@ -344,12 +320,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             train_py_ms=[round(r["step_s"] * 1e3, 3) for r in train_py],
         )
 
-    adamw = (
-        [row for s in shape_list for row in bench_adamw(s, device, 10 if args.quick else 50)]
-        if args.adamw == "on"
-        else []
-    )
-
     print(
         "\nPeak matmul FLOP/s (MFU denominators): "
         + ", ".join(f"{k}: {v['tflops'] * 1e3:.1f} GFLOP/s (at {v['n']}^3)" for k, v in peaks.items())
@@ -365,11 +335,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{extras['ratio']:.3f} ({100 * (extras['ratio'] - 1):+.1f}%); pairs (train.py/minimal): "
             + ", ".join(f"{o:.2f}/{b:.2f} ms" for b, o in zip(extras["minimal_ms"], extras["train_py_ms"]))
         )
-    if adamw:
-        print("\nAdamW step alone (median ms):\n")
-        cols = [("shape", "shape", ""), ("impl", "implementation", ""), ("tensors", "tensors", "d")]
-        print(markdown_table(adamw, cols + [("params", "params", ",d"), ("step_ms", "ms/step", ".3f")]))
-
     checks: dict[str, Any] = {"mfu_below_measured_peak_all_rows": all(r["mfu"] < 1 for r in rows)}
     if nano := [r for r in rows if r["shape"] == "nanogpt"]:
         best = max(nano, key=lambda r: r["tokens_per_s"])
@@ -401,7 +366,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         peak_matmul=peaks,
         results=rows,
         train_py_extras=extras,
-        adamw=adamw,
         checks=checks,
     )
     print(f"\nwrote {write_json(result, args.json)}")
