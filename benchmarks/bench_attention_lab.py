@@ -21,10 +21,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
+REPO = Path(__file__).resolve().parent.parent
+# run from anywhere without installing; tests/browser.py drives headless Chromium
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from benchmarks.browser import chromium_path, open_page, screenshot  # noqa: E402
 from benchmarks.common import common_parser, describe_machine, machine_label, pick_device, write_json  # noqa: E402
+from browser import chromium_path, open_page, screenshot  # noqa: E402
 from minigpt.core.config import GPTConfig  # noqa: E402
 from minigpt.core.model import GPT  # noqa: E402
 from minigpt.core.tokenizers import ByteTokenizer  # noqa: E402

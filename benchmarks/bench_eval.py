@@ -1,6 +1,6 @@
-"""The lm-evaluation-harness on a multiple-choice task: requests per second through minigpt (minigpt.evaluation.harness's
-MiniGPTLM: minigpt's own forward pass) and through the harness's HFLM on the model's Hugging Face export, same
-machine, same run, and what a 500-item task takes at that rate.
+"""The lm-evaluation-harness on a multiple-choice task: requests per second through minigpt
+(minigpt.evaluation.harness's MiniGPTLM: minigpt's own forward pass) and through the harness's HFLM on the model's
+Hugging Face export, same machine, same run, and what a 500-item task takes at that rate.
 
     python benchmarks/bench_eval.py                  # a GPT-2 124M-shaped model, 12 items (about 2 minutes on 2 cores)
     python benchmarks/bench_eval.py --shape small    # a 6-layer 384-wide model, 40 items (seconds)

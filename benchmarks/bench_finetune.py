@@ -59,7 +59,7 @@ def finetune_module(source: GPT, model_keys: dict[str, Any], optim: dict[str, An
     return module
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = common_parser(__doc__, "bench_finetune")
     p.add_argument("--steps", type=int, default=5, help="timed steps (after --warmup)")
     p.add_argument("--warmup", type=int, default=1, help="untimed first steps")
@@ -67,7 +67,7 @@ def main() -> None:
     p.add_argument("--attention", default=None, help="attention path (default: the config's, else sdpa)")
     p.add_argument("--batch_size", type=int, default=None, help="default: the config's")
     p.add_argument("--block_size", type=int, default=None, help="default: the config's")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     device = pick_device(args.device)
     wait_for_quiet(tries=args.wait_quiet)
 
@@ -128,8 +128,7 @@ def main() -> None:
             ],
         )
     )
-    if not args.quick:  # smoke runs leave no figures behind
-        write_json(dict(machine=label, config=str(CONFIG.relative_to(REPO_ROOT)), rows=rows), args.json)
+    write_json(dict(machine=label, config=str(CONFIG.relative_to(REPO_ROOT)), rows=rows), args.json)
 
 
 if __name__ == "__main__":

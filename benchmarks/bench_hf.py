@@ -1,17 +1,10 @@
-"""Hugging Face interop: how exactly imports and exports agree with transformers, and what a 124M import/export
-costs in time and memory on this machine.
+"""Hugging Face interop: what a 124M import and export cost in time and memory on this machine.
 
-    python benchmarks/bench_hf.py            # agreement table + GPT-2 124M import/export (about a minute)
+    python benchmarks/bench_hf.py            # GPT-2 124M import/export (about a minute)
     python benchmarks/bench_hf.py --quick    # a tiny GPT-2-shaped model instead of 124M (seconds; smoke test)
 
-Agreement.  Small random models of each supported family are built with transformers (GPT-2 with gelu_new, GPT-2
-with exact GELU and an untied head, Llama with GQA and a tied head, Llama with an explicit head_dim, Llama 3 RoPE
-scaling, Mistral), EVERY weight drawn at std 0.5, saved with save_pretrained and imported with
-minigpt.loading.load_model.  For each attention path: the max abs difference of the logits against
-transformers (float32, eager attention, 2 x 48 tokens), of KV-cache decoding (prefill 16, then one token at a
-time) against transformers' full forward, and whether 24 greedy tokens equal transformers' generate().  Export:
-the imported model written with minigpt.export.hf.export_hf and read back by AutoModelForCausalLM.from_pretrained,
-against our logits.
+That imports and exports compute what transformers computes (logits on the three attention paths, KV-cache
+decoding, greedy ids) is proven, family by family, by tests/hf/test_load.py and tests/export/test_hf.py.
 
 Cost.  A GPT-2 124M-shaped model (GPT2Config() defaults, random weights; the values do not change the cost) is
 saved as model.safetensors (float32, 498 MB) with a byte-level tokenizer.json.  Each measurement runs in a fresh
@@ -50,132 +43,6 @@ from benchmarks.common import (
     wait_for_quiet,
     write_json,
 )
-
-PATHS = ("sdpa", "manual", "einops")
-VOCAB = 256
-
-
-# --------------------------------------------------------------------------------------------------
-# Agreement with transformers
-
-
-def small_models() -> dict[str, Any]:
-    """name -> a small transformers config of each family and option the import covers."""
-    import transformers
-
-    small = dict(vocab_size=VOCAB, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    llama = dict(
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=64,
-        **small,
-    )
-    return {
-        "GPT-2 (gelu_new, tied)": transformers.GPT2Config(n_positions=64, n_embd=48, n_layer=2, n_head=4, **small),
-        "GPT-2 (exact GELU, untied)": transformers.GPT2Config(
-            n_positions=64,
-            n_embd=48,
-            n_layer=2,
-            n_head=3,
-            n_inner=80,
-            activation_function="gelu",
-            tie_word_embeddings=False,
-            **small,
-        ),
-        "Llama (GQA 4/2, tied)": transformers.LlamaConfig(
-            num_key_value_heads=2, tie_word_embeddings=True, rope_theta=500000.0, **llama
-        ),
-        "Llama (head_dim 24, untied)": transformers.LlamaConfig(
-            **{**llama, "intermediate_size": 80}, num_key_value_heads=4, head_dim=24, tie_word_embeddings=False
-        ),
-        "Llama 3 (rope_scaling llama3, MQA)": transformers.LlamaConfig(
-            num_key_value_heads=1,
-            tie_word_embeddings=True,
-            rope_theta=500000.0,
-            rope_scaling=dict(
-                rope_type="llama3",
-                factor=8.0,
-                low_freq_factor=1.0,
-                high_freq_factor=4.0,
-                original_max_position_embeddings=16,
-            ),
-            **llama,
-        ),
-        "Mistral (GQA 4/2, untied)": transformers.MistralConfig(num_key_value_heads=2, sliding_window=64, **llama),
-    }
-
-
-def random_hf_model(config: Any, seed: int = 0) -> Any:
-    import transformers
-
-    torch.manual_seed(seed)
-    config._attn_implementation = "eager"
-    cls = {
-        "gpt2": transformers.GPT2LMHeadModel,
-        "llama": transformers.LlamaForCausalLM,
-        "mistral": transformers.MistralForCausalLM,
-    }[config.model_type]
-    model = cls(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():  # every weight at a normal scale: a misplaced tensor cannot hide
-            p.normal_(0.0, 0.5)
-    return model
-
-
-@torch.no_grad()
-def decode_logits(model: Any, idx: torch.Tensor, prefill: int) -> torch.Tensor:
-    cache = model.new_kv_cache(batch_size=idx.size(0))
-    steps = [model(idx[:, :prefill], kv_cache=cache, input_pos=0)[0]]
-    steps += [model(idx[:, t : t + 1], kv_cache=cache, input_pos=t)[0] for t in range(prefill, idx.size(1))]
-    return torch.cat(steps, dim=1)
-
-
-def agreement(name: str, hf_config: Any, work: Path) -> list[dict[str, Any]]:
-    import transformers
-
-    from minigpt.core.generation import generate
-    from minigpt.core.tokenizers import ByteTokenizer
-    from minigpt.export.hf import export_hf
-    from minigpt.hf.tokenizer_files import save_hf_tokenizer
-    from minigpt.loading import load_model
-
-    hf_model = random_hf_model(hf_config)
-    src = work / "src"
-    hf_model.save_pretrained(src)
-    save_hf_tokenizer(ByteTokenizer(), src)
-    idx = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(1))
-    prompt = idx[:1, :8]
-    with torch.no_grad():
-        expected = hf_model(idx).logits
-        greedy = hf_model.generate(
-            prompt,
-            attention_mask=torch.ones_like(prompt),
-            do_sample=False,
-            max_new_tokens=24,
-            min_new_tokens=24,
-            pad_token_id=0,
-        )
-    rows = []
-    for path in PATHS:
-        model, tokenizer = load_model(src, attention=path)
-        with torch.no_grad():
-            ours = model(idx)[0]
-        row = dict(
-            model=name,
-            path=path,
-            import_max_abs=(ours - expected).abs().max().item(),
-            decode_max_abs=(decode_logits(model, idx, 16) - expected).abs().max().item(),
-            greedy_equal=generate(model, prompt, 24, temperature=0.0).tolist() == greedy.tolist(),
-        )
-        out = export_hf(model, tokenizer, work / f"export-{path}", overwrite=True)
-        back = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
-        with torch.no_grad():
-            row["export_max_abs"] = (back(idx).logits - ours).abs().max().item()
-        rows.append(row)
-    return rows
-
 
 # --------------------------------------------------------------------------------------------------
 # Cost of a 124M-shaped import and export, each in a fresh process
@@ -313,28 +180,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(describe_machine(label))
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        rows = []
-        models = small_models()
-        for i, (name, hf_config) in enumerate(models.items()):
-            if args.quick and i % 2:
-                continue
-            (work / f"m{i}").mkdir()
-            rows += agreement(name, hf_config, work / f"m{i}")
-        print()
-        print(
-            markdown_table(
-                rows,
-                [
-                    ("model", "model", ""),
-                    ("path", "attention", ""),
-                    ("import_max_abs", "import: max abs logit diff", ".1e"),
-                    ("decode_max_abs", "KV-cache decode: max abs diff", ".1e"),
-                    ("greedy_equal", "greedy ids equal", ""),
-                    ("export_max_abs", "export: max abs logit diff", ".1e"),
-                ],
-            )
-        )
-        print()
         costs = cost(work, args.quick, 1 if args.quick else args.repeats)
         print()
         print(
@@ -351,9 +196,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ],
             )
         )
-    result = dict(benchmark="hf", machine=label, agreement=rows, cost=costs)
-    if not args.quick:  # smoke runs leave no figures behind
-        write_json(result, args.json)
+    result = dict(benchmark="hf", machine=label, cost=costs)
+    write_json(result, args.json)
     return result
 
 

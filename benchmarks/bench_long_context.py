@@ -1,4 +1,5 @@
-"""What a token costs once the context is full: sampling far past block_size, and a chat of many turns.
+"""What a token costs with and without the KV cache, once the context is full (sampling far past block_size), and in
+a chat of many turns.
 
     python benchmarks/bench_long_context.py                       # gpt and llama (learned positions, RoPE)
     python benchmarks/bench_long_context.py --quick --json /tmp/lc.json
@@ -9,7 +10,9 @@ with the last block_size/2 tokens at positions 0.. (learned positions and RoPE a
 keys, so they cannot be shifted in place).  A refill is a prefill of block_size/2 tokens every block_size/2 steps:
 about one extra prefilled token per generated one, the same whatever the length.  Printed per window of
 block_size/2 tokens: ms per token, so a cost that grew with the length would show as a rising row; and the worst
-single token (the refill's pause).
+single token (the refill's pause).  Without the cache: generate(use_kv_cache=False) for block_size tokens from the
+same prompt, each step a forward pass over the whole context so far; its ms per token against the cached run's over
+the same context lengths (before the context is full).
 
 Chat: ChatSession with the KV cache, `--turns` piped-in turns (max_new_tokens 32, temperature 1, fixed seed) on
 a random byte-level ChatML model: ms per turn and tokens run through the model per turn (prefilled), per
@@ -51,7 +54,7 @@ from minigpt.core.tokenizers import ByteTokenizer  # noqa: E402
 SHAPE = dict(n_layer=4, n_head=4, n_embd=128, dropout=0.0)
 
 
-def per_token_ms(model: GPT, tokens: int, device: torch.device, seed: int) -> list[float]:
+def per_token_ms(model: GPT, tokens: int, device: torch.device, seed: int, kv_cache: bool = True) -> list[float]:
     """Milliseconds of each generated token (the first includes the one-token prefill)."""
     times: list[float] = []
     last = [time.perf_counter()]
@@ -69,6 +72,7 @@ def per_token_ms(model: GPT, tokens: int, device: torch.device, seed: int) -> li
         temperature=1.0,
         generator=torch.Generator(device=device).manual_seed(seed),
         on_token=tick,
+        use_kv_cache=kv_cache,
     )
     return times
 
@@ -81,6 +85,8 @@ def sampling_rows(arch: str, block_size: int, device: torch.device, seed: int, b
     half = block_size // 2
     windows = [statistics.fmean(times[i : i + half]) for i in range(0, len(times), half)]
     full = times[block_size:]  # once the context is full
+    per_token_ms(model, block_size, device, seed, kv_cache=False)  # warm-up without the cache
+    no_cache = statistics.fmean(per_token_ms(model, block_size, device, seed, kv_cache=False)[1:])
     return dict(
         arch=arch,
         block_size=block_size,
@@ -88,6 +94,8 @@ def sampling_rows(arch: str, block_size: int, device: torch.device, seed: int, b
         window_tokens=half,
         ms_per_token_windows=[round(w, 3) for w in windows],
         ms_before_full=round(statistics.fmean(times[1:block_size]), 3),
+        ms_no_cache=round(no_cache, 3),
+        kv_cache_speedup=round(no_cache / statistics.fmean(times[1:block_size]), 2),
         ms_once_full=round(statistics.fmean(full), 3),
         ms_median_once_full=round(statistics.median(full), 3),
         ms_worst_token=round(max(full), 2),
@@ -156,7 +164,9 @@ def main(argv: list[str] | None = None) -> dict:
             [
                 ("arch", "block", ""),
                 ("block_size", "block_size", "d"),
+                ("ms_no_cache", "ms/token, no KV cache", ".3f"),
                 ("ms_before_full", "ms/token before full", ".3f"),
+                ("kv_cache_speedup", "KV cache speed-up", ".2f"),
                 ("ms_once_full", "ms/token once full", ".3f"),
                 ("last_over_first_full_window", "last / first full window", ".3f"),
                 ("ms_worst_token", "worst token (refill), ms", ".2f"),

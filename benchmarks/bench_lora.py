@@ -1,9 +1,9 @@
 """LoRA against full fine-tuning: peak memory, seconds per step, trainable parameters and checkpoint size on a
-Llama-3.2-1B-shaped and a SmolLM-135M-shaped model; and the addition chat demo fine-tuned both ways.
+Llama-3.2-1B-shaped and a SmolLM-135M-shaped model.  (The addition chat demo fine-tuned both ways, full and LoRA:
+data/sft_addition_demo.py --steps 2000 [--lora], beside its recipe.)
 
     python benchmarks/bench_lora.py                       # 135M and 1B shapes: full vs LoRA r8 / r16 / r8 + bf16 base
     python benchmarks/bench_lora.py --shapes 135m --variants full,lora8
-    python benchmarks/bench_lora.py --sft --shapes none   # the addition SFT demo only: LoRA vs full
     python benchmarks/bench_lora.py --quick               # tiny shapes, 4 steps (smoke test)
     python benchmarks/bench_lora.py --shapes 1b --variants lora8,lora8-ckpt --full_layers ""  # recompute
 
@@ -17,10 +17,6 @@ successive training batches after the first two (the first allocates the optimiz
 the run's last.ckpt.  A row whose full fine-tune would not fit this machine's memory (--full_layers) is measured at
 fewer layers of the same width and vocabulary and extrapolated linearly in the number of layers, as is the LoRA row
 at the same depths, to show how far that extrapolation is from LoRA's measured value.
-
-Method (SFT demo).  benchmarks/sft_demo.py's recipe (configs/sft_addition.yaml on the default char base) for a fixed
-number of steps (--sft_steps, no time cap), once in full and once with --finetune lora (r16, alpha 32, the config's
-lr 0.002, --lora.train_embeddings true); exact match of the greedy reply on the 200 held-out questions.
 """
 
 from __future__ import annotations
@@ -39,7 +35,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
 from benchmarks.common import (
-    REPO_ROOT,
     common_parser,
     describe_machine,
     machine_label,  # noqa: E402
@@ -275,85 +270,6 @@ def extrapolated(shape: str, rows: list[dict[str, Any]], depths: list[int]) -> l
     return out
 
 
-def sft_comparison(args: Any) -> list[dict[str, Any]]:
-    """The addition chat demo fine-tuned in full and with LoRA for the same number of steps."""
-    from benchmarks import sft_demo
-    from minigpt.cli.train import main as train_main
-    from minigpt.loading import load_model
-
-    train, test = sft_demo.recipe().make(9_000, 200, digits=2, seed=0)
-    data = Path(args.work) / "addition"
-    data.mkdir(parents=True, exist_ok=True)
-    sft_demo.recipe().write_jsonl(train, data / "train.jsonl")
-    base = Path(args.base)
-    if not (base / "checkpoints" / "last.ckpt").is_file():
-        print(f"no base at {base}: pretraining it with configs/default.yaml", flush=True)
-        train_main(["--out_dir", str(base), "--trainer.enable_progress_bar", "false"])
-    rows = []
-    emb = args.sft_lora_embeddings == "true"
-    label = f"LoRA r{args.sft_rank} lr {args.sft_lora_lr:g}" + (" +emb" if emb else "")
-    runs = {
-        "full": ("full SFT", []),
-        "lora": (
-            label,
-            [
-                "--finetune",
-                "lora",
-                "--lora.rank",
-                str(args.sft_rank),
-                "--lora.alpha",
-                str(2 * args.sft_rank),
-                "--optim.learning_rate",
-                str(args.sft_lora_lr),
-                "--lora.train_embeddings",
-                str(emb).lower(),
-            ],
-        ),
-    }
-    for name, extra in (runs[r] for r in args.sft_runs.split(",")):
-        out = Path(args.work) / "sft" / name.replace(" ", "_").replace(".", "")
-        start = time.perf_counter()
-        trainer = train_main(
-            [
-                "--config",
-                str(REPO_ROOT / "configs" / "sft_addition.yaml"),
-                "--init_from",
-                str(base),
-                "--out_dir",
-                str(out),
-                "--data.source",
-                str(data / "train.jsonl"),
-                "--overwrite",
-                "true",
-                "--trainer.max_steps",
-                str(args.sft_steps),
-                "--trainer.max_time",
-                "null",
-                "--trainer.enable_progress_bar",
-                "false",
-                *extra,
-            ]
-        )
-        wall = time.perf_counter() - start
-        trainable = sum(p.numel() for p in trainer.lightning_module.model.parameters() if p.requires_grad)
-        model, tokenizer = load_model(out)
-        rows.append(
-            dict(
-                run=name,
-                steps=trainer.global_step,
-                trainable=trainable,
-                wall_s=round(wall, 1),
-                exact_match=sft_demo.accuracy(model, tokenizer, test),
-                checkpoint_bytes=(out / "checkpoints" / "last.ckpt").stat().st_size,
-            )
-        )
-        print(
-            f"{name}: {rows[-1]['exact_match']:.1%} exact match after {trainer.global_step} steps ({wall:.0f} s)",
-            flush=True,
-        )
-    return rows
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = common_parser(__doc__.split("\n\n")[0], "bench_lora")
     p.add_argument("--shapes", default="135m,1b", help="comma-separated: 135m, 1b, tiny; none for no table")
@@ -370,25 +286,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--scaled_steps", type=int, default=8, help="optimizer steps of the rows at reduced depth")
     p.add_argument("--corpus", default=None, help="training text (default: a generated one)")
     p.add_argument("--work", default="/tmp/bench_lora", help="sources, prepared data and runs")
-    p.add_argument("--sft", action="store_true", help="also run the addition SFT demo, full vs LoRA")
-    p.add_argument("--sft_steps", type=int, default=2000)
-    p.add_argument("--sft_runs", default="full,lora", help="which SFT runs: full, lora or both")
-    p.add_argument("--sft_rank", type=int, default=16)
-    p.add_argument(
-        "--sft_lora_lr",
-        type=float,
-        default=0.002,
-        help="the LoRA run's peak learning rate (full SFT: the "
-        "config's 0.002); 0.005 leaves it on a plateau at val loss ~1 until the cosine decay",
-    )
-    p.add_argument(
-        "--sft_lora_embeddings",
-        choices=("true", "false"),
-        default="true",
-        help="the LoRA run also trains the embeddings (--lora.train_embeddings): the demo's digits and "
-        "positions, frozen, keep LoRA far from full SFT",
-    )
-    p.add_argument("--base", default=str(REPO_ROOT / "out" / "default"), help="the SFT demo's base run")
     p.add_argument("--child", help=argparse_hidden())
     p.add_argument("--make_source", help=argparse_hidden())
     args = p.parse_args(argv)
@@ -451,20 +348,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ],
             )
         )
-    sft = sft_comparison(args) if args.sft else []
-    if sft:
-        print(
-            markdown_table(
-                sft,
-                [
-                    ("run", "run", ""),
-                    ("steps", "steps", "d"),
-                    ("trainable", "trainable", ",d"),
-                    ("exact_match", "exact match", ".1%"),
-                    ("wall_s", "train.py s", ".0f"),
-                ],
-            )
-        )
     result = dict(
         benchmark="bench_lora",
         machine=label,
@@ -475,10 +358,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             full_layers=args.full_layers,
             scaled_steps=args.scaled_steps,
             precision="32-true",
-            sft_steps=args.sft_steps if args.sft else None,
         ),
         results=rows,
-        sft=sft,
     )
     print(f"wrote {write_json(result, args.json)}")
     return result

@@ -182,7 +182,7 @@ def bench_shape(name: str, args, device: torch.device) -> tuple[str, list[dict]]
         for _ in range(args.repeat):  # levels take turns, so a busy spell slows them alike
             for n in args.clients:
                 turns[n].append(asyncio.run(level(served.url, prompts[:n], tokens)))
-        for n, runs in turns.items():  # the fastest turn: a busy machine only ever slows one down
+        for runs in turns.values():  # the fastest turn: a busy machine only ever slows one down
             rows.append(dict(shape=name, **max(runs, key=lambda run: run["tokens_per_s"]), turns=len(runs)))
     for r in rows:
         r["step_ms"] = round(step_ms(model, r["clients"], args.prompt_tokens + 4, device), 2)

@@ -1,4 +1,4 @@
-"""bf16 numerics vs float32: the CPU recipe for a fixed number of steps, in float32 and as a native-bf16 CPU computes it.
+"""bf16 numerics vs float32: the CPU recipe for fixed steps, in float32 and as a native-bf16 CPU computes it.
 
     python benchmarks/bf16_numerics.py --corpus ../shared/data/tinyshakespeare.txt --steps 1000 --seeds 1337 1
 

@@ -240,7 +240,7 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
 
     model, tokenizer = load_model(args.ckpt, device=device, attention=args.attention, quantize=args.quantize)
     ids = prompt_ids(tokenizer, prompt)
-    check_sampling_size(model.config, args.num_samples, len(ids), args.max_new_tokens, args.kv_cache)
+    check_sampling_size(model.config, args.num_samples, len(ids), args.max_new_tokens, args.kv_cache, model)
     stop_token = tokenizer.eot_id if args.stop else None
     idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(args.seed)

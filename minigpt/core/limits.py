@@ -155,11 +155,17 @@ def sampling_bytes(
 
 
 def check_sampling_size(
-    config: GPTConfig, batch: int, prompt_tokens: int, new_tokens: int, kv_cache: bool = True
+    config: GPTConfig,
+    batch: int,
+    prompt_tokens: int,
+    new_tokens: int,
+    kv_cache: bool = True,
+    model: GPT | None = None,
 ) -> None:
-    """Refuse (one line) a generation whose memory (sampling_bytes) and the model's pass memory_limit()."""
+    """Refuse (one line) a generation whose memory (sampling_bytes) and the model's pass memory_limit().
+    model: the model of `config` already loaded, counted as it is rather than built again on the meta device."""
     parts = sampling_bytes(config, batch, prompt_tokens, new_tokens, kv_cache)
-    total = sum(parts.values()) + sum(implied_bytes(config).values())
+    total = sum(parts.values()) + sum(implied_bytes(config, model).values())
     limit, bound = memory_limit()
     if total > limit:
         shown = ", ".join(f"{name} {gb(n)}" for name, n in parts.items() if n)

@@ -1,25 +1,23 @@
-"""The shared bad-input table (benchmarks/bad_input_cases.py): each case gives one `error:` line with the
+"""The shared bad-input table (tests/cli/bad_input_cases.py): each case gives one `error:` line with the
 expected words and exit code 2, in-process; and docs/errors.md's table lists exactly these cases."""
 
 from __future__ import annotations
 
 import io
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from bad_input_cases import CASES, make_workdir
+
+from minigpt.cli import attention as attention_cli
+from minigpt.cli import eval as eval_cli
+from minigpt.cli import export as export_cli
+from minigpt.cli import sample as sample_cli
+from minigpt.cli import train as train_cli
+from minigpt.cli.errors import run_cli
 
 REPO = Path(__file__).resolve().parents[2]  # the repository root
-
-sys.path.insert(0, str(REPO))
-from benchmarks.bad_input_cases import CASES, make_workdir  # noqa: E402
-from minigpt.cli import attention as attention_cli  # noqa: E402
-from minigpt.cli import eval as eval_cli  # noqa: E402
-from minigpt.cli import export as export_cli  # noqa: E402
-from minigpt.cli import sample as sample_cli  # noqa: E402
-from minigpt.cli import train as train_cli  # noqa: E402
-from minigpt.cli.errors import run_cli  # noqa: E402
 
 RUN = {
     "train.py": lambda argv, stdin: run_cli(lambda: train_cli.main(argv)),

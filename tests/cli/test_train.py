@@ -139,7 +139,8 @@ def test_under_gradient_accumulation_train_loss_is_the_mean_over_the_steps_micro
 
 
 def under_fsdp(module: GPTLightningModule, **trainer_attrs) -> GPTLightningModule:
-    """FSDP itself needs a GPU: Lightning's own FSDP strategy and precision objects stand in for a trainer running it."""
+    """FSDP itself needs a GPU: Lightning's own FSDP strategy and precision objects stand in for a trainer running
+    it."""
     module._trainer = SimpleNamespace(
         strategy=FSDPStrategy(), precision_plugin=FSDPPrecision("32-true"), **trainer_attrs
     )

@@ -141,3 +141,28 @@ def test_sampling_memory_is_bounded_from_the_sizes_before_anything_is_allocated(
         r"MINIGPT_MAX_MODEL_GB=1 \(1.0 GB\); draw fewer samples",
     ):
         check_sampling_size(config, 100_000, 10, 100)
+
+
+def test_sample_py_builds_the_model_once_its_load_and_its_memory_check_included(tmp_path, monkeypatch):
+    """The sampling check measures the model the load built (on the meta device, then filled), not a second one."""
+    import io
+
+    from minigpt.cli import sample as sample_cli
+    from minigpt.core.checkpoint import model_checkpoint, save_file
+    from minigpt.core.tokenizers import CharTokenizer
+    from support import count_model_builds
+
+    torch.manual_seed(0)
+    config = GPTConfig(arch="llama", n_layer=1, n_head=2, n_kv_head=1, n_embd=16, block_size=8, vocab_size=5)
+    save_file(model_checkpoint(GPT(config), CharTokenizer("abcde")), tmp_path / "m.ckpt")
+    builds = count_model_builds(monkeypatch)
+    out = io.StringIO()
+    sample_cli.main(["--ckpt", str(tmp_path / "m.ckpt"), "--prompt", "ab", "--max_new_tokens", "3"], stdout=out)
+    assert builds == ["meta"] and out.getvalue().startswith("ab")
+    model = GPT(config)  # given the model, the check builds nothing and counts what the config implies
+    builds.clear()
+    monkeypatch.setenv(MAX_MODEL_GB_ENV, "1")
+    check_sampling_size(config, 1000, 10, 100, model=model)
+    with pytest.raises(UserError, match=r"generating 100,000 sequence\(s\)"):
+        check_sampling_size(config, 100_000, 10, 100, model=model)
+    assert builds == []

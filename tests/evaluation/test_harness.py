@@ -1,5 +1,5 @@
-"""The lm-evaluation-harness on minigpt models (minigpt.evaluation.harness, eval.py --tasks), offline: tasks built here as
-YAML + JSONL (`dataset_path: json`), a multiple-choice, a rolling-perplexity and a generate-until task.  Scores
+"""The lm-evaluation-harness on minigpt models (minigpt.evaluation.harness, eval.py --tasks), offline: tasks built here
+as YAML + JSONL (`dataset_path: json`), a multiple-choice, a rolling-perplexity and a generate-until task.  Scores
 through minigpt equal those of transformers on the export (HFLM, no extra arguments) and eval.py's own loss."""
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def hflm(path: Path, **kwargs) -> HFLM:
 
 
 def test_every_export_says_its_context_and_char_exports_have_a_start_token(models):
-    for name, (model, tokenizer, path) in models.items():
+    for name, (model, _, path) in models.items():
         config = json.loads((path / "tokenizer_config.json").read_text())
         assert config["model_max_length"] == model.config.block_size == 32, name
         hf = transformers.AutoTokenizer.from_pretrained(path)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from benchmarks.browser import chromium_path, open_page, screenshot
+from browser import chromium_path, open_page, screenshot
 from minigpt.core.tokenizers import CharTokenizer
 from minigpt.lab.capture import capture_attention
 from minigpt.lab.html import write_html

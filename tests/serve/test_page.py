@@ -9,7 +9,7 @@ import httpx
 import pytest
 from serve_support import serving
 
-from benchmarks.browser import Browser, chromium_path
+from browser import Browser, chromium_path
 from minigpt import ChatSession
 from minigpt.serve.app import create_app
 

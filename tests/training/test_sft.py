@@ -144,12 +144,12 @@ def test_new_rows_start_at_the_mean_embedding():
         assert torch.equal(state[name][:10], old) and torch.allclose(state[name][10:], old.mean(0).expand(3, -1))
 
 
-@pytest.mark.slow  # about 10 s: the demo benchmark at toy size
+@pytest.mark.slow  # about 10 s: the demo (data/sft_addition_demo.py) at toy size
 def test_the_sft_demo_runs_at_toy_size(tmp_path):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "sft_demo.py"
+    path = Path(__file__).resolve().parents[2] / "data" / "sft_addition_demo.py"
     spec = importlib.util.spec_from_file_location("sft_demo", path)
     demo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(demo)

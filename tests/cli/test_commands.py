@@ -1,13 +1,10 @@
-"""Hardening IV, the command side (issue 40): standard input closed, not UTF-8 or typed with Windows line endings;
-a run an --overwrite set aside when it was killed, found by every reader; a run stopped by its time budget saying
-so; usage lines naming `minigpt COMMAND`; an export transformers generates from without a warning; task files read
-only from where the user named them.  Every input is built here, on the fly."""
+"""What the commands share (issue 40): standard input closed, not UTF-8 or typed with Windows line endings; a run
+an --overwrite set aside when it was killed, found by every reader; a run stopped by its time budget saying so;
+usage lines naming `minigpt COMMAND`.  Every input is built here, on the fly."""
 
 from __future__ import annotations
 
 import io
-import json
-import logging
 import subprocess
 import sys
 import warnings
@@ -22,9 +19,7 @@ from minigpt.cli import sample as sample_cli
 from minigpt.cli import train as train_cli
 from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.checkpoint import find_checkpoint, model_checkpoint, save_file
-from minigpt.core.errors import UserError
 from minigpt.core.tokenizers import CharTokenizer
-from minigpt.evaluation import task_files
 from support import varied_gpt
 
 REPO = Path(__file__).resolve().parents[2]
@@ -172,68 +167,3 @@ def test_usage_names_the_command_as_it_was_run(monkeypatch, capsys, command):
         with pytest.raises(SystemExit) as e:
             MAINS[command](["--help"])
         assert e.value.code == 0 and capsys.readouterr().out.startswith(usage)
-
-
-# ------------------------------------------------------------------------------------------- the export
-
-
-def test_transformers_generates_from_an_export_without_a_max_length_warning(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    run = write_run(tmp_path / "run", CharTokenizer(CHARS), len(CHARS))
-    export_cli.main(["--ckpt", str(run), "--out", str(tmp_path / "hf")])
-    assert "max_length" not in json.loads((tmp_path / "hf" / "generation_config.json").read_text())
-    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append  # transformers' own logger does not propagate to pytest's
-    logger = logging.getLogger("transformers")
-    logger.addHandler(handler)
-    try:
-        model.generate(
-            transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")("the", return_tensors="pt")["input_ids"],
-            max_new_tokens=3,
-            do_sample=False,
-        )
-    finally:
-        logger.removeHandler(handler)
-    assert not [r for r in records if "max_length" in r.getMessage()], [r.getMessage() for r in records]
-
-
-# ------------------------------------------------------------------------------------------- task files
-
-
-def test_a_task_name_is_never_read_as_a_file_of_the_current_directory(tmp_path, monkeypatch):
-    (tmp_path / "hook.py").write_text(f"open({str(tmp_path / 'RAN')!r}, 'w')\ndef f(d): return d\n")
-    (tmp_path / "arc_easy").write_text("task: arc_easy\nprocess_docs: !function hook.f\n")
-    monkeypatch.chdir(tmp_path)
-
-    class NoTasks:  # the harness's index (15 s to build): here it knows no task
-        def __init__(self, **kwargs):
-            pass
-
-        def match_tasks(self, names):
-            return []
-
-    monkeypatch.setattr(task_files, "checked_task_manager", lambda: NoTasks)
-    with pytest.raises(UserError, match="unknown task 'arc_easy'.*ending in .yaml"):
-        task_files.resolve_tasks(["arc_easy"])
-    assert not (tmp_path / "RAN").exists()
-
-
-@pytest.mark.parametrize(
-    "text, message",
-    [
-        (
-            "task: deep\nx: " + "[" * 100_000 + "]" * 100_000 + "\n",
-            "nested more than 100 levels deep",
-        ),  # libyaml crashed
-        ("task: loop\ninclude: loop.yaml\n", "it includes itself"),
-        ("task: far\nprocess_docs: !function json.loads\n", "!function json.loads is not a function of json.py"),
-    ],
-    ids=["deep", "include-cycle", "installed-module"],
-)
-def test_a_task_file_that_cannot_be_used_is_one_line(tmp_path, text, message):
-    (tmp_path / "loop.yaml").write_text(text)
-    with pytest.raises(UserError, match=message) as e:
-        task_files.read_task_file(str(tmp_path / "loop.yaml"))
-    assert "\n" not in str(e.value)

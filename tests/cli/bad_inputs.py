@@ -1,6 +1,6 @@
-"""Every case of the bad-input table (benchmarks/bad_input_cases.py), run through the real commands.
+"""Every case of the bad-input table (tests/cli/bad_input_cases.py), run through the real commands.
 
-    python benchmarks/bad_inputs.py                  # markdown table on stdout, JSON in benchmarks/results/
+    python3 tests/cli/bad_inputs.py                 # the markdown table of docs/errors.md on stdout
 
 Each case runs `python train.py ...` or `python sample.py ...` in a subprocess in a scratch directory, as a
 user would, and records the exit code, the number of stderr lines, whether a traceback appeared, and the
@@ -15,10 +15,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))  # run from anywhere without installing
 
-from benchmarks.bad_input_cases import CASES, make_workdir  # noqa: E402
-from benchmarks.common import REPO_ROOT, common_parser, markdown_table, write_json  # noqa: E402
+from bad_input_cases import CASES, make_workdir  # this script's own folder
 
 
 def run(script: str, args: list[str], cwd: Path, stdin: str | None = None) -> dict[str, Any]:
@@ -41,9 +41,7 @@ def run(script: str, args: list[str], cwd: Path, stdin: str | None = None) -> di
     )
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = common_parser(__doc__.splitlines()[0], "bad_inputs")
-    args = p.parse_args(argv)
+def main() -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bad_inputs_") as tmp:
         w = Path(tmp)
@@ -64,33 +62,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ckpt.is_file() and run("sample.py", ["--ckpt", str(ckpt), "--max_new_tokens", "5"], w)["exit_code"] == 0
         )
 
-    print(
-        markdown_table(
-            rows,
-            [
-                ("command", "command", ""),
-                ("case", "bad input", ""),
-                ("exit_code", "exit", "d"),
-                ("error_lines", "error lines", "d"),
-                ("message", "message", ""),
-            ],
-        )
-    )
+    print("| command | bad input | what it prints (exit code 2, no traceback) |\n|---|---|---|")
+    for r in rows:
+        print(f"| `{r['command']}` | {r['case']} | {r['message']} |")
     one_line = all(r["exit_code"] == 2 and r["error_lines"] == 1 and not r["traceback"] for r in rows)
     print(
         f"\nall {len(rows)} cases: exit 2, one line, no traceback: {'yes' if one_line else 'NO'}; "
         f"malicious checkpoint ran code: {'YES' if code_ran else 'no'}; "
         f"the run's checkpoint still samples after all of them: {'yes' if survived else 'NO'}"
     )
-    result = dict(
-        benchmark="bad_inputs",
-        results=rows,
-        all_one_line=one_line,
-        malicious_code_ran=code_ran,
-        checkpoint_survived=survived,
-    )
-    print(f"\nwrote {write_json(result, args.json)}")
-    return result
+    return dict(results=rows, all_one_line=one_line, malicious_code_ran=code_ran, checkpoint_survived=survived)
 
 
 if __name__ == "__main__":

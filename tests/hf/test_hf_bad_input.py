@@ -508,8 +508,8 @@ LLAMA3 = {
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                 rope_scaling={"rope_type": "linear", "factor": 2.0},
             ),
-            "holds both rope_parameters ({'rope_type': 'default', 'rope_theta': 10000.0}) and rope_scaling ({'rope_type': "
-            "'linear', 'factor': 2.0}), which disagree",
+            "holds both rope_parameters ({'rope_type': 'default', 'rope_theta': 10000.0}) and rope_scaling "
+            "({'rope_type': 'linear', 'factor': 2.0}), which disagree",
         ),
         (
             dict(
@@ -523,8 +523,8 @@ LLAMA3 = {
         ),
         (
             dict(rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, rope_theta=10000.0),
-            "gives rope_theta 10000.0 at the top level and 500000.0 in rope_parameters; transformers 4 reads the first, "
-            "transformers 5 the second",
+            "gives rope_theta 10000.0 at the top level and 500000.0 in rope_parameters; transformers 4 reads the "
+            "first, transformers 5 the second",
         ),
         (
             dict(rope_parameters=None, rope_scaling={**LLAMA3, "rope_theta": 20000.0}, rope_theta=10000.0),

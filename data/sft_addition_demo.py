@@ -1,9 +1,10 @@
 """Chat fine-tuning shown to work: a base model learns multi-digit addition as an assistant, measured on held-out
 questions before and after.
 
-    python benchmarks/sft_demo.py                      # reuses out/default (else pretrains it: python train.py)
-    python benchmarks/sft_demo.py --minutes 2 --base out/my_char_run
-    python benchmarks/sft_demo.py --smoke              # tiny everything (seconds; the test suite runs it)
+    python3 data/sft_addition_demo.py                # reuses out/default (else pretrains it: python train.py)
+    python3 data/sft_addition_demo.py --minutes 2 --base out/my_char_run
+    python3 data/sft_addition_demo.py --smoke        # tiny everything (seconds; the test suite runs it)
+    python3 data/sft_addition_demo.py --steps 2000 --lora   # LoRA r16 against full SFT: run it with and without
 
 Method.  data/addition_chat.py makes 9,000 training conversations ("What is 47 + 89?" -> "136", operands of 0
 to 99) and 200 held out by a hash of the pair, so no test question is ever trained on.  The base is the
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import platform
 import sys
 import time
 from pathlib import Path
@@ -28,7 +30,6 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from anywhere without installing
 
-from benchmarks.common import describe_machine, machine_label  # noqa: E402
 from minigpt.cli.train import main as train_main  # noqa: E402
 from minigpt.core.chat import chat  # noqa: E402
 from minigpt.core.chat_template import ChatTokenizer  # noqa: E402
@@ -67,6 +68,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", type=Path, default=REPO / "out" / "sft_demo")
     p.add_argument("--data", type=Path, default=REPO / "data" / "addition")
     p.add_argument("--minutes", type=float, default=5.0, help="training time of the fine-tune")
+    p.add_argument("--steps", type=int, default=None, help="train this many steps instead, with no time cap")
+    p.add_argument("--lora", action="store_true", help="fine-tune LoRA adapters (r16, alpha 32), not every weight")
     p.add_argument("--smoke", action="store_true", help="tiny base, data and steps: checks that it runs")
     args = p.parse_args(argv)
     n_train, n_test = (200, 10) if args.smoke else (9_000, 200)
@@ -120,7 +123,9 @@ def main(argv: list[str] | None = None) -> dict:
             "--data.source",
             str(args.data / "train.jsonl"),
             "--trainer.max_time",
-            f"00:00:{seconds // 60:02d}:{seconds % 60:02d}",
+            f"00:00:{seconds // 60:02d}:{seconds % 60:02d}" if args.steps is None else "null",
+            *(["--trainer.max_steps", str(args.steps)] if args.steps is not None else []),
+            *(["--finetune", "lora", "--lora.rank", "16", "--lora.alpha", "32"] if args.lora else []),
             "--overwrite",
             "true",
             *(
@@ -143,18 +148,19 @@ def main(argv: list[str] | None = None) -> dict:
     wall = time.perf_counter() - start
     model, tokenizer = load_model(args.out)
     accuracy_after = accuracy(model, tokenizer, test)
-    label = machine_label("cpu")  # the CPU capability and matmul rates the minutes were measured on
+    trainable = sum(p.numel() for p in trainer.lightning_module.model.parameters() if p.requires_grad)
     result = {
         "before": accuracy_before,
         "after": accuracy_after,
         "steps": trainer.global_step,
+        "trainable": trainable,
         "wall_s": round(wall, 1),
         "test_conversations": len(test),
-        "machine": label,
+        "machine": platform.platform(),
     }
-    print(describe_machine(label))
     print(
-        f"after {trainer.global_step} SFT steps ({wall:.0f} s in train.py, {torch.get_num_threads()} threads): "
+        f"after {trainer.global_step} {'LoRA' if args.lora else 'full'} SFT steps ({trainable:,} trainable, "
+        f"{wall:.0f} s in train.py, {torch.get_num_threads()} threads): "
         f"{accuracy_after:.1%} exact match (before: {accuracy_before:.1%})"
     )
     print(json.dumps(result))

@@ -1,6 +1,6 @@
 """The bad-input table: every user mistake the commands must answer with one `error:` line, exit code 2.
 
-One list, three readers: `benchmarks/bad_inputs.py` runs each case through the real commands and prints the
+One list, three readers: `tests/cli/bad_inputs.py` runs each case through the real commands and prints the
 table in docs/errors.md; `tests/cli/test_bad_inputs.py` runs each case in-process, checks the expected
 fragments, and checks that docs/errors.md's table holds exactly these cases with those fragments.
 

@@ -272,7 +272,7 @@ def test_a_full_or_read_only_disk_is_one_line_and_leaves_no_partial_cache(tmp_pa
         (errno.EDQUOT, "Disk quota exceeded"),
     ]:
 
-        def full(*a, **k):
+        def full(*a, code=code, **k):  # this iteration's code (bound now, not when called)
             raise OSError(code, os.strerror(code))
 
         monkeypatch.setattr(prepare_mod, "write_json", full)
