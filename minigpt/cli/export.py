@@ -99,10 +99,14 @@ def run_gguf(args, out: Path) -> Path:
         name=name,
     )
     kept = f"; {result.kept_f16} matrices kept in f16 (rows not a multiple of 32)" if result.kept_f16 else ""
+    vocab = result.vocab
+    # a char vocabulary is not a BPE: llama.cpp only needs a pre-tokenizer's name for it, and gpt-2's splits no char
+    tokens = (
+        f"char vocabulary (llama.cpp pre-tokenizer {vocab.pre})" if vocab.kind == "char" else f"tokenizer {vocab.pre}"
+    )
     print(
-        f"wrote {result.arch} GGUF ({result.n_params:,} parameters, {args.gguf_type}{kept}, tokenizer "
-        f"{result.vocab.pre}{' + chat template' if result.vocab.chat_template else ''}) to {out}: "
-        f"{out.stat().st_size / 2**20:.1f} MiB",
+        f"wrote {result.arch} GGUF ({result.n_params:,} parameters, {args.gguf_type}{kept}, {tokens}"
+        f"{' + chat template' if vocab.chat_template else ''}) to {out}: {out.stat().st_size / 2**20:.1f} MiB",
         flush=True,
     )
     for note in result.notes:
@@ -111,11 +115,11 @@ def run_gguf(args, out: Path) -> Path:
 
 
 def run_peft(args, out: Path) -> Path:
-    from minigpt.export.peft import export_peft
+    from minigpt.export.peft import check_out_dirs, export_peft
     from minigpt.loading import load_lora_run
 
     base_out = Path(args.base_out or f"{str(out).rstrip('/')}-base")
-    checked = check_out_dir(out, args.overwrite), check_out_dir(base_out, args.overwrite)  # before loading
+    checked = check_out_dirs(out, base_out, args.overwrite)  # before loading: a mistake costs no load time
     model, tokenizer, lora = load_lora_run(args.ckpt)
     export_peft(model, tokenizer, lora, out, base_out, overwrite=args.overwrite, checked=checked)
     n = safetensors_params(out / "adapter_model.safetensors")

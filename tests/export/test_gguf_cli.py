@@ -48,7 +48,10 @@ def test_export_command_writes_one_file_llama_cpp_runs(tmp_path, capsys):
     out = tmp_path / "models" / "tiny.gguf"  # its folder is created
     export_main(["--ckpt", str(tmp_path / "model.ckpt"), "--format", "gguf", "--out", str(out), "--gguf_type", "q8_0"])
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith(f"wrote llama GGUF ({model.num_params():,} parameters, q8_0, tokenizer gpt-2) to {out}")
+    assert lines[0].startswith(
+        f"wrote llama GGUF ({model.num_params():,} parameters, q8_0, char vocabulary (llama.cpp pre-tokenizer gpt-2)) "
+        f"to {out}"
+    )
     assert lines[1].startswith("note: a char vocabulary has no end-of-text token") and len(lines) == 2
     assert metadata(out, "general.name") == "model.ckpt" and metadata(out, "general.file_type") == 7
     assert [p.name for p in out.parent.iterdir()] == ["tiny.gguf"]  # no temporary file beside it
