@@ -3,6 +3,7 @@
 same ones); a full disk, a file-size limit or Ctrl-C while writing is one line, leaves the old export as it was and
 no temporary folder.  Every folder is built here; the full disk is a real write failing under `ulimit -f`."""
 
+import errno
 import hashlib
 import json
 import os
@@ -254,6 +255,28 @@ def test_a_library_write_error_of_a_full_disk_is_one_line_and_keeps_the_old_expo
             export_hf(tiny_model(1), ByteTokenizer(), target, overwrite=overwrite)
         assert str(e.value) == f"cannot write {target} ({reason}); free space there or choose another output folder"
     assert contents(out) == before and sorted(p.name for p in out.parent.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize(
+    "code, fix",
+    [
+        (errno.EROFS, "the folder is read-only; choose another output folder"),
+        (errno.EACCES, "the folder is read-only to this user; choose another output folder, or make it writable"),
+    ],
+)
+def test_a_read_only_folder_is_named_read_only_not_full(previous, monkeypatch, code, fix):
+    """As root a chmod stops nothing: the file system's answer is injected (a real read-only mount:
+    test_gguf_file.py::test_a_full_and_a_read_only_file_system_are_one_line)."""
+    out, before = previous
+
+    def read_only(*args):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr("minigpt.export.hf.write_files", read_only)
+    with pytest.raises(UserError) as e:
+        export_hf(tiny_model(1), ByteTokenizer(), out, overwrite=True)
+    assert str(e.value) == f"cannot write {out} ({os.strerror(code)}); {fix}"
+    assert contents(out) == before and hidden_leftovers(out.parent) == []
 
 
 def test_a_library_error_that_is_no_write_failure_keeps_its_traceback(previous, monkeypatch):
