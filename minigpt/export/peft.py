@@ -156,8 +156,8 @@ def check_out_dirs(
     if out.is_relative_to(base) or base.is_relative_to(out):
         where = "the same folder" if out == base else "one inside the other"
         raise UserError(
-            f"the adapters' folder {out_dir} (--out) and the base's {base_dir} (--base_out) are {where}; give "
-            f"two separate folders, e.g. --base_out {str(out_dir).rstrip('/')}-base"
+            f"--out {out_dir} (the adapters) and --base_out {base_dir} (their base) are {where}; give two "
+            f"separate folders, e.g. --base_out {str(out_dir).rstrip('/')}-base"
         )
     return check_out_dir(out_dir, overwrite, checked[0] if checked else None), check_out_dir(
         base_dir, overwrite, checked[1] if checked else None

@@ -173,7 +173,7 @@ def test_peft_export_into_one_folder_or_nested_folders_is_refused_before_writing
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
         assert (
-            "(--out) and the base's" in err
+            "(the adapters) and --base_out" in err
             and "; give two separate folders" in err
             and ("the same folder" in err or "one inside the other" in err)
         ), err
