@@ -6,6 +6,8 @@ is one line and exit 130 (the file's own guards, --overwrite and a failed write:
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from minigpt.cli.export import main as export_main
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.core.generation import generate
 from minigpt.core.tokenizers import CharTokenizer
+from minigpt.export.gguf import export_gguf
 from minigpt.export.gguf_file import check_previous_gguf
 from minigpt.loading import load_model
 from support import script_runs
@@ -62,6 +65,21 @@ def test_export_command_writes_one_file_llama_cpp_runs(tmp_path, capsys):
         with torch.no_grad():
             ours = generate(model, torch.tensor([ids]), max_new_tokens=16, temperature=0)[0, 40:].tolist()
         assert sum(a == b for a, b in zip(llama.argmax_along(ids, ours), ours)) >= 15  # q8_0
+
+
+def test_the_python_snippet_of_docs_gguf_md_runs_as_written(tmp_path):
+    """docs/gguf.md's Python block, run as a user would (its own process, beside my-model.gguf): it prints the
+    greedy text minigpt writes from the prompt."""
+    snippet = re.search(r"```python\n(.*?)```", (REPO / "docs" / "gguf.md").read_text(), re.S).group(1)
+    tokenizer = CharTokenizer("ROMEO: JULIET, what light through yonder window breaks?\n")
+    model = random_model(vocab_size=tokenizer.vocab_size, block_size=128)
+    export_gguf(model, tokenizer, tmp_path / "my-model.gguf")
+    proc = subprocess.run([sys.executable, "-c", snippet], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    prompt = tokenizer.encode("ROMEO:")
+    with torch.no_grad():
+        ours = generate(model, torch.tensor([prompt]), max_new_tokens=32, temperature=0)[0, len(prompt) :].tolist()
+    assert proc.stdout.rstrip("\n") == tokenizer.decode(ours).rstrip("\n")
 
 
 # the Llama 3 way: a ChatML template in tokenizer_config.json, and <|begin_of_text|> before every text
