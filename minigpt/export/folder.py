@@ -217,8 +217,10 @@ def install_export(tmp: Path, out_dir: Path, approved: FolderState) -> None:
                 "again, with another output folder if the files are yours"
             )
     os.rename(tmp, out_dir)
-    fsync_dir(out_dir.parent)
-    shutil.rmtree(old, ignore_errors=True)
+    try:
+        fsync_dir(out_dir.parent)
+    finally:  # the new export is in place: the old one goes even if Ctrl-C comes now
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def restore_interrupted(out_dir: Path, pid: int | None = None) -> None:

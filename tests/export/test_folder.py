@@ -350,6 +350,6 @@ def test_export_py_on_a_full_disk_and_on_ctrl_c_is_one_line_and_keeps_the_old_ex
         2,
         f"error: cannot write {new} (File too large); free space there or choose another output folder\n",
     )
-    assert (int_code, int_err) == (130, "error: interrupted\n")
+    assert (int_code, int_err) == (130, f"error: interrupted before the export was complete; {out} as it was\n")
     assert contents(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.ckpt", "out"]  # no temporary folder, no new/

@@ -165,7 +165,11 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
     )
     with pytest.raises(SystemExit) as e:
         export_main(["--ckpt", str(tmp_path / "model.ckpt"), "--format", "gguf", "--out", str(tmp_path / "m.gguf")])
-    assert e.value.code == 130 and capsys.readouterr().err == "error: interrupted\n"
+    assert e.value.code == 130
+    assert (
+        capsys.readouterr().err
+        == f"error: interrupted before the export was complete; {tmp_path / 'm.gguf'} as it was\n"
+    )
     assert [p.name for p in tmp_path.iterdir()] == ["model.ckpt"]
 
 

@@ -190,6 +190,32 @@ def test_peft_export_into_one_folder_or_nested_folders_is_refused_before_writing
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "d-base"]
 
 
+def test_ctrl_c_says_which_of_the_two_folders_is_complete(lora_run, tmp_path):
+    """A SIGINT the export sends itself (tests/export/ctrl_c.py): after the base's final rename (written first) the
+    base is complete and the adapters' folder is as it was; after both, the export is complete; during the exit,
+    nothing happens."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from ctrl_c import export_with_ctrl_c
+
+    out, base = tmp_path / "adapter", tmp_path / "adapter-base"
+    argv = ["--ckpt", str(lora_run), "--format", "peft", "--out", str(out)]
+    proc = export_with_ctrl_c("after the final rename", out, *argv)
+    assert (proc.returncode, proc.stderr) == (
+        130,
+        f"error: interrupted before the export was complete: {base} holds the new base, {out} is as it was; run "
+        "the export again (with --overwrite)\n",
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter-base"]
+    proc = export_with_ctrl_c("while the result line is printed", out, *argv, "--overwrite")
+    assert (proc.returncode, proc.stderr) == (
+        130,
+        f"interrupted after the export was complete: it is in {base} and {out}\n",
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "adapter-base"]
+    proc = export_with_ctrl_c("during the exit", out, *argv, "--overwrite")
+    assert (proc.returncode, proc.stderr) == (0, "") and proc.stdout.startswith("wrote PEFT LoRA adapters")
+
+
 def test_the_merged_gguf_of_a_lora_run_runs_in_llama_cpp_with_our_log_probs(lora_run, tmp_path):
     pytest.importorskip("xllamacpp")
     sys.path.insert(0, str(Path(__file__).parent))
