@@ -219,6 +219,8 @@ def main(argv: list[str] | None = None) -> None:
             print(line, file=sys.stderr)
             raise SystemExit(code) from None
 
-    run_cli(export)
-    if argv is None:  # the process's own command line: it exits next, and a Ctrl-C then must not undo that
-        ignore_interrupts_until_exit()
+    try:
+        run_cli(export)
+    finally:
+        if argv is None:  # the process's own command line: it exits next, and a Ctrl-C then changes nothing
+            ignore_interrupts_until_exit()

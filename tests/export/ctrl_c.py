@@ -41,13 +41,19 @@ elif point == "while the result line is printed":
     after(cli, "print")
 elif point == "during the exit":  # an atexit callback: the interpreter is exiting
     atexit.register(ctrl_c)
-sys.argv = ["export.py", *sys.argv[3:]]
-runpy.run_path("export.py", run_name="__main__")
+if sys.argv[3] == "minigpt":  # the installed console script's entry point
+    from minigpt.cli.main import main
+    sys.argv = ["minigpt", "export", *sys.argv[4:]]
+    main()
+else:
+    sys.argv = ["export.py", *sys.argv[3:]]
+    runpy.run_path("export.py", run_name="__main__")
 """
 
 
 def export_with_ctrl_c(point: str, out: Path, *argv: str) -> subprocess.CompletedProcess:
-    """`python export.py ARGV` (whose output is `out`) with a Ctrl-C at `point` (one of POINTS)."""
+    """`python export.py ARGV` (whose output is `out`) with a Ctrl-C at `point` (one of POINTS); ARGV starting with
+    "minigpt": `minigpt export ARGV[1:]`."""
     assert point in POINTS
     return subprocess.run(
         [sys.executable, "-c", CHILD, point, str(out), *argv],

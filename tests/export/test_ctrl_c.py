@@ -65,3 +65,15 @@ def test_ctrl_c_at_any_point_says_whether_the_export_is_complete(fmt, point, pre
         assert snapshot(out) != before
     leftovers = sorted(p.name for p in out.parent.iterdir()) if out.parent.exists() else []
     assert leftovers == ([out.name] if before is not None or point != "before the final rename" else [])
+
+
+def test_a_finished_minigpt_export_ignores_ctrl_c_while_it_exits(tmp_path):
+    """`minigpt export`, whether it exported or refused: the line it ends with, its exit code, no traceback."""
+    save_file(model_checkpoint(tiny_model(1), ByteTokenizer()), tmp_path / "model.ckpt")
+    out = tmp_path / "model.gguf"
+    proc = export_with_ctrl_c("during the exit", out, "minigpt", "--ckpt", str(tmp_path / "model.ckpt"), "--format")
+    assert (proc.returncode, proc.stderr.count("\n")) == (2, 1) and "--format" in proc.stderr  # a mistake: its line
+    argv = ["minigpt", "--ckpt", str(tmp_path / "model.ckpt"), "--format", "gguf", "--out", str(out)]
+    proc = export_with_ctrl_c("during the exit", out, *argv)
+    assert (proc.returncode, proc.stderr) == (0, "") and proc.stdout.startswith("wrote gpt2 GGUF")
+    check_previous_gguf(out)
