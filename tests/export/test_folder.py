@@ -299,6 +299,7 @@ import minigpt.export.hf as export
 results = []
 
 def export_py(*argv):
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as a new process starts (export.py ignores it at exit)
     sys.argv, err = ["export.py", *argv], io.StringIO()
     with contextlib.redirect_stderr(err):
         try:
@@ -310,7 +311,6 @@ def export_py(*argv):
 ckpt, out, new = sys.argv[1:4]
 soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-signal.signal(signal.SIGINT, signal.default_int_handler)  # a suite started in the background inherits SIG_IGN
 resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, hard))  # model.safetensors is ~100 KB
 export_py("--ckpt", ckpt, "--out", out, "--overwrite")
 export_py("--ckpt", ckpt, "--out", new)
