@@ -190,20 +190,19 @@ def holds_new_export(path: Path, approved: FileState | FolderState, is_file: boo
     return True
 
 
-def interrupted(replacing: list[Replaced]) -> tuple[str, int]:
-    """The line and exit code for a Ctrl-C: whether the export was complete when it came (after the final rename,
-    while the result line was printed) or not (then every path is as it was, or, for peft, the base is new)."""
+def interrupted(replacing: list[Replaced]) -> str:
+    """The line for a Ctrl-C: whether the export was complete when it came (after the final rename, while the
+    result line was printed) or not (then every path is as it was, or, for peft, only the base is new)."""
     new = [path for path, approved, is_file in replacing if holds_new_export(path, approved, is_file)]
     if replacing and len(new) == len(replacing):
-        return f"interrupted after the export was complete: it is in {' and '.join(map(str, new))}", 130
+        return f"interrupted after the export was complete: it is in {' and '.join(map(str, new))}"
     if new:  # peft: the base folder was written, the adapters' not
         return (
             f"error: interrupted before the export was complete: {new[0]} holds the new base, "
-            f"{replacing[-1][0]} is as it was; run the export again (with --overwrite)",
-            130,
+            f"{replacing[-1][0]} is as it was; run the export again (with --overwrite)"
         )
     where = f"; {' and '.join(str(path) for path, *_ in replacing)} as it was" if replacing else ""
-    return f"error: interrupted before the export was complete{where}", 130
+    return f"error: interrupted before the export was complete{where}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -215,9 +214,8 @@ def main(argv: list[str] | None = None) -> None:
         try:
             run(argv, replacing)
         except KeyboardInterrupt:
-            line, code = interrupted(replacing)
-            print(line, file=sys.stderr)
-            raise SystemExit(code) from None
+            print(interrupted(replacing), file=sys.stderr)
+            raise SystemExit(130) from None
 
     try:
         run_cli(export)
