@@ -182,9 +182,10 @@ def count_model_builds(monkeypatch) -> list[str]:
     return builds
 
 
-RUNS = """import contextlib, io, json, runpy, sys
+RUNS = """import contextlib, io, json, runpy, signal, sys
 script, results = sys.argv[1], []
 for argv in json.loads(sys.argv[2]):
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as a new process starts (an export ignores it at exit)
     sys.argv, err = [script, *argv], io.StringIO()
     with contextlib.redirect_stderr(err):
         try:

@@ -3,7 +3,9 @@ exit code 130; anything else keeps its traceback, so it can be reported and fixe
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -23,3 +25,13 @@ def run_cli(main: Callable[[], object]) -> None:
         fail("interrupted", code=130)
     except UserError as e:
         fail(first_line(e, limit=2000))
+
+
+def ignore_interrupts_until_exit() -> None:
+    """For a command whose work is done and whose process exits next: Ctrl-C is ignored from here on.  Otherwise it
+    lands in the interpreter's exit, as a traceback from an atexit callback (exit status 0) or, once the interpreter
+    has restored the default handler, as a kill by SIGINT with no message (status -2), either hiding that the work
+    was done.  (SIG_IGN is the one disposition the interpreter's exit keeps.)  Never for a caller in the same
+    process: it would lose its Ctrl-C, and its child processes would inherit the ignored signal."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -7,25 +7,32 @@ default) or as one GGUF file for llama.cpp, Ollama and LM Studio (--format gguf)
 
 The exports are minigpt.export.hf.export_hf and minigpt.export.gguf.export_gguf; loading is
 minigpt.loading.load_model.  Every user mistake (a bad flag, checkpoint, an option the format cannot express, an
---out that is taken or lies below a file, a full disk) ends in one `error:` line and exit code 2; Ctrl-C in one
-`error: interrupted` line and exit code 130, leaving a previous export as it was.
+--out that is taken or lies below a file, a full disk) ends in one `error:` line and exit code 2.  Ctrl-C ends in
+one line saying whether the export was complete (it came after the final rename: the new export is in place,
+verified by its own SHA-256 record) or not (a previous export is as it was), and exit code 130; once the command
+is done, a Ctrl-C while the process exits is ignored.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
-from minigpt.cli.errors import run_cli
+from minigpt.cli.errors import ignore_interrupts_until_exit, run_cli
 from minigpt.cli.parsing import CommandParser, add_source_argument
 from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.errors import UserError
+from minigpt.export.folder import FolderState, check_previous_export, folder_state
 from minigpt.export.gguf import GGUFType, export_gguf
-from minigpt.export.gguf_file import check_out_file
+from minigpt.export.gguf_file import FileState, check_out_file, check_previous_gguf, file_state
 from minigpt.export.hf import HF_CLASS, check_exportable, check_out_dir, export_hf
 from minigpt.loading import is_hf_source, load_model
+
+# a path the export writes, its state as approved before writing, and whether it is a file (GGUF) or a folder
+Replaced = tuple[Path, FileState | FolderState, bool]
 
 
 def build_parser() -> CommandParser:
@@ -78,8 +85,9 @@ def safetensors_params(path: Path) -> int:
         return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
 
 
-def run_gguf(args, out: Path) -> Path:
+def run_gguf(args, out: Path, replacing: list[Replaced]) -> Path:
     checked = check_out_file(out, args.overwrite)  # before loading: a mistake in --out costs no load time
+    replacing.append((out, checked, True))
     model, tokenizer = load_model(args.ckpt)
     template = None
     if is_hf_source(args.ckpt) and not isinstance(tokenizer, ChatTokenizer):  # an imported model's own template
@@ -99,10 +107,14 @@ def run_gguf(args, out: Path) -> Path:
         name=name,
     )
     kept = f"; {result.kept_f16} matrices kept in f16 (rows not a multiple of 32)" if result.kept_f16 else ""
+    vocab = result.vocab
+    # a char vocabulary is not a BPE: llama.cpp only needs a pre-tokenizer's name for it, and gpt-2's splits no char
+    tokens = (
+        f"char vocabulary (llama.cpp pre-tokenizer {vocab.pre})" if vocab.kind == "char" else f"tokenizer {vocab.pre}"
+    )
     print(
-        f"wrote {result.arch} GGUF ({result.n_params:,} parameters, {args.gguf_type}{kept}, tokenizer "
-        f"{result.vocab.pre}{' + chat template' if result.vocab.chat_template else ''}) to {out}: "
-        f"{out.stat().st_size / 2**20:.1f} MiB",
+        f"wrote {result.arch} GGUF ({result.n_params:,} parameters, {args.gguf_type}{kept}, {tokens}"
+        f"{' + chat template' if vocab.chat_template else ''}) to {out}: {out.stat().st_size / 2**20:.1f} MiB",
         flush=True,
     )
     for note in result.notes:
@@ -110,12 +122,13 @@ def run_gguf(args, out: Path) -> Path:
     return out
 
 
-def run_peft(args, out: Path) -> Path:
-    from minigpt.export.peft import export_peft
+def run_peft(args, out: Path, replacing: list[Replaced]) -> Path:
+    from minigpt.export.peft import check_out_dirs, export_peft
     from minigpt.loading import load_lora_run
 
     base_out = Path(args.base_out or f"{str(out).rstrip('/')}-base")
-    checked = check_out_dir(out, args.overwrite), check_out_dir(base_out, args.overwrite)  # before loading
+    checked = check_out_dirs(out, base_out, args.overwrite)  # before loading: a mistake costs no load time
+    replacing += [(base_out, checked[1], False), (out, checked[0], False)]  # the base is written first
     model, tokenizer, lora = load_lora_run(args.ckpt)
     export_peft(model, tokenizer, lora, out, base_out, overwrite=args.overwrite, checked=checked)
     n = safetensors_params(out / "adapter_model.safetensors")
@@ -135,17 +148,20 @@ def problems(args) -> Iterator[str]:
         yield "--gguf_type is a setting of --format gguf; add --format gguf, or drop --gguf_type"
 
 
-def run(argv: list[str] | None = None) -> Path:
-    """export.py without the one-line error handling: exports, prints the result line, returns the output path."""
+def run(argv: list[str] | None = None, replacing: list[Replaced] | None = None) -> Path:
+    """export.py without the one-line error handling: exports, prints the result line, returns the output path.
+    `replacing` gets each path the export writes, with its state as approved, once it is checked."""
+    replacing = [] if replacing is None else replacing
     args = build_parser().parse_args(argv)
     if problem := next(problems(args), None):
         raise UserError(problem)
     out = Path(args.out)
     if args.format == "gguf":
-        return run_gguf(args, out)
+        return run_gguf(args, out, replacing)
     if args.format == "peft":
-        return run_peft(args, out)
+        return run_peft(args, out, replacing)
     checked = check_out_dir(out, args.overwrite)  # before loading: a mistake in --out costs no load time
+    replacing.append((out, checked, False))
     model, tokenizer = load_model(args.ckpt)
     check_exportable(model.config)
     export_hf(model, tokenizer, out, overwrite=args.overwrite, checked=checked)
@@ -158,6 +174,51 @@ def run(argv: list[str] | None = None) -> Path:
     return out
 
 
+# ------------------------------------------------------------------------------------------------- Ctrl-C
+
+
+def holds_new_export(path: Path, approved: FileState | FolderState, is_file: bool) -> bool:
+    """Whether `path` holds a whole export other than what was there when it was approved: the final rename was
+    done (its state changed) and the export's own SHA-256 record (the GGUF file's key, the folder's manifest)
+    holds for every byte."""
+    if (file_state(path) if is_file else folder_state(path) or frozenset()) == approved:
+        return False
+    try:
+        check_previous_gguf(path) if is_file else check_previous_export(path)
+    except (UserError, OSError):
+        return False
+    return True
+
+
+def interrupted(replacing: list[Replaced]) -> str:
+    """The line for a Ctrl-C: whether the export was complete when it came (after the final rename, while the
+    result line was printed) or not (then every path is as it was, or, for peft, only the base is new)."""
+    new = [path for path, approved, is_file in replacing if holds_new_export(path, approved, is_file)]
+    if replacing and len(new) == len(replacing):
+        return f"interrupted after the export was complete: it is in {' and '.join(map(str, new))}"
+    if new:  # peft: the base folder was written, the adapters' not
+        return (
+            f"error: interrupted before the export was complete: {new[0]} holds the new base, "
+            f"{replacing[-1][0]} is as it was; run the export again (with --overwrite)"
+        )
+    where = f"; {' and '.join(str(path) for path, *_ in replacing)} as it was" if replacing else ""
+    return f"error: interrupted before the export was complete{where}"
+
+
 def main(argv: list[str] | None = None) -> None:
-    """export.py: user mistakes end in one 'error:' line and exit code 2."""
-    run_cli(lambda: run(argv))
+    """export.py: user mistakes end in one 'error:' line and exit code 2; Ctrl-C in one line saying whether the
+    export is complete, and exit code 130."""
+    replacing: list[Replaced] = []
+
+    def export() -> None:
+        try:
+            run(argv, replacing)
+        except KeyboardInterrupt:
+            print(interrupted(replacing), file=sys.stderr)
+            raise SystemExit(130) from None
+
+    try:
+        run_cli(export)
+    finally:
+        if argv is None:  # the process's own command line: it exits next, and a Ctrl-C then changes nothing
+            ignore_interrupts_until_exit()

@@ -14,7 +14,7 @@ import importlib
 import sys
 from importlib.metadata import version
 
-from minigpt.cli.errors import fail, run_cli
+from minigpt.cli.errors import fail, ignore_interrupts_until_exit, run_cli
 
 # command -> (module, what it does); each module has main(argv) taking the flags after the command's name
 COMMANDS = {
@@ -62,7 +62,11 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"unknown {what} {name!r}; choose one of {', '.join(COMMANDS)} (see `minigpt --help`)")
     command = importlib.import_module(COMMANDS[name][0])
     # flags passed on, sys.argv left as it is: a multi-device train relaunches `minigpt train ...` from it
-    run_cli(lambda: command.main(flags))
+    try:
+        run_cli(lambda: command.main(flags))
+    finally:
+        if argv is None and name == "export":  # as `python export.py`: a finished export exits without Ctrl-C's noise
+            ignore_interrupts_until_exit()
 
 
 if __name__ == "__main__":

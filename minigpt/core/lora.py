@@ -107,6 +107,19 @@ class LoRAConfig:
                     )
                     return
 
+    def check_targets(self, model: GPTConfig) -> None:
+        """ConfigError if a target names a projection `model` does not have (gate beside a GELU MLP): it would get
+        no adapter, and such targets alone would train nothing.  The full list (the default) means every projection
+        the model has.  Checked where a run starts (minigpt.training.finetune_lora), not where a saved run's model
+        is rebuilt, so a run saved before this check still loads."""
+        have = [piece for pieces in block_pieces(model).values() for piece in pieces]
+        missing = [t for t in self.targets if t not in have]
+        if missing and set(self.targets) != set(TARGETS):
+            raise ConfigError(
+                f"lora.targets: this model has no {missing[0]} projection (its MLP, mlp={model.mlp}, is not gated); "
+                f"choose from its projections {', '.join(have)}"
+            )
+
     @property
     def scaling(self) -> float:
         return self.alpha / self.rank

@@ -6,7 +6,8 @@ unchanged; file names prove nothing (transformers writes the same ones).  The ne
 the old folder is moved aside, checked again to be exactly what was approved, and deleted only once the new one
 is in place; a kill between the renames is repaired by the next export (`restore_interrupted`).
 Write failures the user fixes (full disk, quota, read-only, a file-size limit) are one line, whether the OSError
-comes from Python or from the Rust of safetensors or tokenizers (`storage_errors`).
+comes from Python or from the Rust of safetensors or tokenizers (`storage_errors`; numpy's short write, which has no
+errno, is asked its cause in minigpt.export.gguf_file).
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ SHA256 = re.compile(r"[0-9a-f]{64}")
 # errors the user fixes, not bugs: WRITE_ERRNOS and a file-size limit (EFBIG: `ulimit -f`, FAT32's 4 GiB)
 STORAGE_ERRNOS = WRITE_ERRNOS | {errno.EFBIG}
 STORAGE_FIX = "free space there or choose another output folder"
+# a folder that takes no writes at all needs another folder, not space
+READ_ONLY_FIX = {
+    errno.EROFS: "the folder is read-only; choose another output folder",
+    errno.EACCES: "the folder is read-only to this user; choose another output folder, or make it writable",
+    errno.EPERM: "the folder is read-only to this user; choose another output folder, or make it writable",
+}
 # Rust's std::io::Error in a safetensors or tokenizers exception: "... (os error 28)", older "Os { code: 28, ..."
 RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)|Os \{ code: (\d+)")
 REFUSE = "so --overwrite would delete it; choose another output folder, or move it away"
@@ -210,8 +217,10 @@ def install_export(tmp: Path, out_dir: Path, approved: FolderState) -> None:
                 "again, with another output folder if the files are yours"
             )
     os.rename(tmp, out_dir)
-    fsync_dir(out_dir.parent)
-    shutil.rmtree(old, ignore_errors=True)
+    try:
+        fsync_dir(out_dir.parent)
+    finally:  # the new export is in place: the old one goes even if Ctrl-C comes now
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def restore_interrupted(out_dir: Path, pid: int | None = None) -> None:
@@ -239,8 +248,9 @@ def minigpt_version() -> str | None:
 @contextmanager
 def storage_errors(out_dir: Path) -> Iterator[None]:
     """A write the destination cannot take (full disk, quota, read-only, forbidden, a file-size limit) becomes one
-    line naming out_dir and the fix; raised by Python (OSError) or by safetensors/tokenizers (their own exception,
-    carrying Rust's "(os error N)").  Anything else keeps its traceback."""
+    line naming out_dir and the fix (space for a full disk, another folder for a read-only one); raised by Python
+    (OSError) or by safetensors/tokenizers (their own exception, carrying Rust's "(os error N)").  Anything else
+    keeps its traceback."""
     try:
         yield
     except Exception as e:
@@ -248,4 +258,6 @@ def storage_errors(out_dir: Path) -> Iterator[None]:
         code = e.errno if isinstance(e, OSError) else int(rust.group(1) or rust.group(2)) if rust else None
         if code not in STORAGE_ERRNOS:
             raise
-        raise UserError(f"cannot write {out_dir} ({os.strerror(code)}); {STORAGE_FIX}") from None
+        raise UserError(
+            f"cannot write {out_dir} ({os.strerror(code)}); {READ_ONLY_FIX.get(code, STORAGE_FIX)}"
+        ) from None

@@ -132,6 +132,26 @@ def seal(path: Path) -> None:
         os.fsync(f.fileno())
 
 
+def short_write_cause(path: Path) -> OSError | None:
+    """Why a write to `path` stopped short, as an OSError with its errno; None if it no longer does.  gguf-py writes
+    tensors with numpy's tofile, whose short write carries no errno ("12288 requested and 6552 written"); the file
+    system says why when asked to append to the same file: a full disk, a quota or a file-size limit fails again."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    except OSError as cause:
+        return cause
+    try:
+        probe = bytes(1 << 16)
+        while probe:
+            probe = probe[os.write(fd, probe) :]
+        os.fsync(fd)
+    except OSError as cause:
+        return cause
+    finally:
+        os.close(fd)
+    return None
+
+
 def write_gguf_file(out: Path, write: Callable[[Path], None], approved: FileState) -> None:
     """Call write(path) on a hidden sibling of `out`, seal it, and rename it to `out` (replacing the approved file).
     A full disk, Ctrl-C or any failure leaves `out` as it was and no temporary file."""
@@ -142,7 +162,13 @@ def write_gguf_file(out: Path, write: Callable[[Path], None], approved: FileStat
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
             remove_stale(out.parent)  # the leftovers of exports that were killed
-            write(tmp)
+            try:
+                write(tmp)
+            except OSError as e:
+                cause = short_write_cause(tmp) if e.errno is None else None  # numpy's short write: ask why
+                if cause is None:
+                    raise
+                raise cause from e
             seal(tmp)
             if file_state(out) != approved:  # replaced or created while the model was written
                 raise UserError(

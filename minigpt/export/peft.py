@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from minigpt.core.config import GPTConfig
+from minigpt.core.errors import UserError
 from minigpt.core.fsutil import write_json
 from minigpt.core.lora import GrownEmbedding, GrownHead, LoRAConfig, LoRALinear, block_pieces, new_rows
 from minigpt.core.model import GPT
@@ -31,7 +32,7 @@ from minigpt.core.tokenizers import Tokenizer
 from minigpt.export.folder import FolderState, seal_export
 from minigpt.export.hf import check_exportable, check_out_dir, export_hf, save_safetensors, write_folder
 
-__all__ = ["ADAPTER_FILES", "adapter_config", "base_of", "export_peft", "peft_tensors"]
+__all__ = ["ADAPTER_FILES", "adapter_config", "base_of", "check_out_dirs", "export_peft", "peft_tensors"]
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 PREFIX = "base_model.model."
@@ -145,6 +146,24 @@ def base_of(model: GPT) -> GPT:
     return GPT.from_weights(model.config, state).eval()
 
 
+def check_out_dirs(
+    out_dir: Path, base_dir: Path, overwrite: bool, checked: tuple[FolderState, FolderState] | None = None
+) -> tuple[FolderState, FolderState]:
+    """check_out_dir for the adapters' folder and the base's, which must be two folders, neither inside the other:
+    the base, written first, would otherwise take the adapters' place (or be deleted by their --overwrite).
+    Returns both states as approved."""
+    out, base = Path(out_dir).resolve(), Path(base_dir).resolve()
+    if out.is_relative_to(base) or base.is_relative_to(out):
+        where = "the same folder" if out == base else "one inside the other"
+        raise UserError(
+            f"--out {out_dir} (the adapters) and --base_out {base_dir} (their base) are {where}; give two "
+            f"separate folders, e.g. --base_out {str(out_dir).rstrip('/')}-base"
+        )
+    return check_out_dir(out_dir, overwrite, checked[0] if checked else None), check_out_dir(
+        base_dir, overwrite, checked[1] if checked else None
+    )
+
+
 def export_peft(
     model: GPT,
     tokenizer: Tokenizer | None,
@@ -159,11 +178,11 @@ def export_peft(
     `checked`: the two folders' states as check_out_dir approved them).  Returns (out_dir, base_dir)."""
     out_dir, base_dir = Path(out_dir).resolve(), Path(base_dir).resolve()
     check_exportable(model.config)
-    approved = check_out_dir(out_dir, overwrite, checked[0] if checked else None)
+    approved, base_approved = check_out_dirs(out_dir, base_dir, overwrite, checked)
     tensors, ranks = peft_tensors(model)
     n_base = model.lm_head.weight.size(0)  # the base's rows: a GrownHead's frozen ones, else all
     config = adapter_config(model.config, lora, str(base_dir), ranks, n_base)
-    export_hf(base_of(model), tokenizer, base_dir, overwrite, checked[1] if checked else None)
+    export_hf(base_of(model), tokenizer, base_dir, overwrite, base_approved)
 
     def write(folder: Path) -> None:
         write_json(folder / "adapter_config.json", config)

@@ -90,7 +90,10 @@ def lora_run_model(
     last: Path | None = None,
 ) -> tuple[GPT, dict[str, Any]]:
     """The LoRA model a run of `config` trains on `base` (init_from's model), and the checkpoint entry naming the
-    base.  The caller drops its own reference to `base` next, so a cast base_dtype frees the float32 weights."""
+    base.  The caller drops its own reference to `base` next, so a cast base_dtype frees the float32 weights.
+    A new run's targets must be projections the model has (a resumed one keeps those it was trained with)."""
+    if resumed is None:
+        lora.check_targets(config)
     found = check_same_base(resumed, base, source, last) if resumed is not None else fingerprint(base)
     entry = {"config": lora.to_dict(), "base": {"source": base_location(source), "fingerprint": found}}
     return lora_model(base, config, lora), entry

@@ -374,6 +374,16 @@ CASES: list[Case] = [
         expect=['"lora.targets"', "ffn"],
     ),
     train(
+        "LoRA target the model does not have",
+        "--init_from",
+        "{run}",
+        "--finetune",
+        "lora",
+        "--lora.targets",
+        "[gate]",
+        expect=["lora.targets: this model has no gate projection", "its projections q, k, v, o, up, down"],
+    ),
+    train(
         "resuming a LoRA run as a full one",
         "--out_dir",
         "{w}/lora_run",
@@ -402,6 +412,18 @@ CASES: list[Case] = [
         "--out",
         "{w}/adapter",
         expect=["is not a LoRA run", "--finetune lora"],
+    ),
+    export(
+        "--format peft with --base_out the same folder as --out",
+        "--ckpt",
+        "{w}/lora_run",
+        "--format",
+        "peft",
+        "--out",
+        "{w}/adapter",
+        "--base_out",
+        "{w}/adapter",
+        expect=["(the adapters) and --base_out", "are the same folder", "two separate folders"],
     ),
     # user data is bounded where it is read: JSON depth, template render budget, file kinds, memory (issue 40)
     train(

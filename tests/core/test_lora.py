@@ -246,3 +246,17 @@ def test_a_rank_larger_than_a_targeted_projection_is_refused_before_anything_cha
         lora_model(base, base.config, LoRAConfig(rank=9))
     assert all(torch.equal(before[k], v) for k, v in base.state_dict().items())  # the base is as it was
     assert lora_model(base, base.config, LoRAConfig(rank=9, targets=["q", "o"]))  # q and o are 32 x 32
+
+
+def test_targets_must_be_projections_the_model_has_and_the_full_list_means_all_it_has():
+    gelu, swiglu = base_model(arch="gpt").config, base_model(arch="llama").config
+    for targets in (["gate"], ["q", "gate", "up"]):
+        with pytest.raises(ConfigError) as e:
+            LoRAConfig(targets=targets).check_targets(gelu)
+        assert str(e.value) == (
+            "lora.targets: this model has no gate projection (its MLP, mlp=gelu, is not gated); choose from its "
+            "projections q, k, v, o, up, down"
+        )
+    LoRAConfig().check_targets(gelu)  # the default, every projection: all the model has
+    LoRAConfig(targets=["down", "up", "v", "k", "q", "o", "gate"]).check_targets(gelu)  # the same, in any order
+    LoRAConfig(targets=["gate"]).check_targets(swiglu)

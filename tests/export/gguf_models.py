@@ -88,7 +88,8 @@ def trained_chat_model(
     return trained_model(ids, tokenizer.vocab_size, mask, steps=steps, **config)
 
 
-# the tokenizer tests' texts: contractions, digit runs, whitespace runs, non-ASCII letters, CJK, emoji
+# the tokenizer tests' texts: contractions, digit runs, whitespace runs, non-ASCII letters, CJK, emoji, CRLF and
+# control characters
 TEXTS = [
     "First Citizen:\nBefore we proceed any further, hear me speak.\n",
     "  héllo wörld ☃ 'tis 12345\tdone\n",
@@ -98,6 +99,10 @@ TEXTS = [
     "日本語のテキスト 中文 한국어 Привет мир Ελληνικά العربية",
     "emoji 👍🏽 🇫🇷 ❤️ and math ∑∫√ and tabs\t\tend   ",
     "CamelCaseWords HTTPServer getX2Y3 snake_case_name kebab-case/path/to/file.py",
+    # CRLF lines, and control and space characters: \v \f, the separators \x1c-\x1f, NEL, NBSP, LS, PS, the
+    # ideographic space, a zero-width space, a BOM, NUL, DEL
+    "Line one.\r\nLine two:\r\n\r\n\tTabbed\x0bvt\x0cff\x1cfs\x1d\x1e\x1f \x85nel\xa0nbsp\u2028ls\u2029ps"
+    "\u3000ideo\u200bzw\ufeffbom\x00nul\x7fdel\x01\r\r\n \r\n",
 ]
 CORPUS = "".join(TEXTS)
 # the split patterns as their sources write them: Llama 3's and Qwen2's tokenizer.json, tiktoken's cl100k_base and

@@ -3,6 +3,7 @@
 same ones); a full disk, a file-size limit or Ctrl-C while writing is one line, leaves the old export as it was and
 no temporary folder.  Every folder is built here; the full disk is a real write failing under `ulimit -f`."""
 
+import errno
 import hashlib
 import json
 import os
@@ -256,6 +257,28 @@ def test_a_library_write_error_of_a_full_disk_is_one_line_and_keeps_the_old_expo
     assert contents(out) == before and sorted(p.name for p in out.parent.iterdir()) == ["out"]
 
 
+@pytest.mark.parametrize(
+    "code, fix",
+    [
+        (errno.EROFS, "the folder is read-only; choose another output folder"),
+        (errno.EACCES, "the folder is read-only to this user; choose another output folder, or make it writable"),
+    ],
+)
+def test_a_read_only_folder_is_named_read_only_not_full(previous, monkeypatch, code, fix):
+    """As root a chmod stops nothing: the file system's answer is injected (a real read-only mount:
+    test_gguf_file.py::test_a_full_and_a_read_only_file_system_are_one_line)."""
+    out, before = previous
+
+    def read_only(*args):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr("minigpt.export.hf.write_files", read_only)
+    with pytest.raises(UserError) as e:
+        export_hf(tiny_model(1), ByteTokenizer(), out, overwrite=True)
+    assert str(e.value) == f"cannot write {out} ({os.strerror(code)}); {fix}"
+    assert contents(out) == before and hidden_leftovers(out.parent) == []
+
+
 def test_a_library_error_that_is_no_write_failure_keeps_its_traceback(previous, monkeypatch):
     out, before = previous
 
@@ -276,6 +299,7 @@ import minigpt.export.hf as export
 results = []
 
 def export_py(*argv):
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as a new process starts (export.py ignores it at exit)
     sys.argv, err = ["export.py", *argv], io.StringIO()
     with contextlib.redirect_stderr(err):
         try:
@@ -287,7 +311,6 @@ def export_py(*argv):
 ckpt, out, new = sys.argv[1:4]
 soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-signal.signal(signal.SIGINT, signal.default_int_handler)  # a suite started in the background inherits SIG_IGN
 resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, hard))  # model.safetensors is ~100 KB
 export_py("--ckpt", ckpt, "--out", out, "--overwrite")
 export_py("--ckpt", ckpt, "--out", new)
@@ -327,6 +350,6 @@ def test_export_py_on_a_full_disk_and_on_ctrl_c_is_one_line_and_keeps_the_old_ex
         2,
         f"error: cannot write {new} (File too large); free space there or choose another output folder\n",
     )
-    assert (int_code, int_err) == (130, "error: interrupted\n")
+    assert (int_code, int_err) == (130, f"error: interrupted before the export was complete; {out} as it was\n")
     assert contents(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.ckpt", "out"]  # no temporary folder, no new/

@@ -6,6 +6,8 @@ is one line and exit 130 (the file's own guards, --overwrite and a failed write:
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from minigpt.cli.export import main as export_main
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.core.generation import generate
 from minigpt.core.tokenizers import CharTokenizer
+from minigpt.export.gguf import export_gguf
 from minigpt.export.gguf_file import check_previous_gguf
 from minigpt.loading import load_model
 from support import script_runs
@@ -48,7 +51,10 @@ def test_export_command_writes_one_file_llama_cpp_runs(tmp_path, capsys):
     out = tmp_path / "models" / "tiny.gguf"  # its folder is created
     export_main(["--ckpt", str(tmp_path / "model.ckpt"), "--format", "gguf", "--out", str(out), "--gguf_type", "q8_0"])
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith(f"wrote llama GGUF ({model.num_params():,} parameters, q8_0, tokenizer gpt-2) to {out}")
+    assert lines[0].startswith(
+        f"wrote llama GGUF ({model.num_params():,} parameters, q8_0, char vocabulary (llama.cpp pre-tokenizer gpt-2)) "
+        f"to {out}"
+    )
     assert lines[1].startswith("note: a char vocabulary has no end-of-text token") and len(lines) == 2
     assert metadata(out, "general.name") == "model.ckpt" and metadata(out, "general.file_type") == 7
     assert [p.name for p in out.parent.iterdir()] == ["tiny.gguf"]  # no temporary file beside it
@@ -59,6 +65,21 @@ def test_export_command_writes_one_file_llama_cpp_runs(tmp_path, capsys):
         with torch.no_grad():
             ours = generate(model, torch.tensor([ids]), max_new_tokens=16, temperature=0)[0, 40:].tolist()
         assert sum(a == b for a, b in zip(llama.argmax_along(ids, ours), ours)) >= 15  # q8_0
+
+
+def test_the_python_snippet_of_docs_gguf_md_runs_as_written(tmp_path):
+    """docs/gguf.md's Python block, run as a user would (its own process, beside my-model.gguf): it prints the
+    greedy text minigpt writes from the prompt."""
+    snippet = re.search(r"```python\n(.*?)```", (REPO / "docs" / "gguf.md").read_text(), re.S).group(1)
+    tokenizer = CharTokenizer("ROMEO: JULIET, what light through yonder window breaks?\n")
+    model = random_model(vocab_size=tokenizer.vocab_size, block_size=128)
+    export_gguf(model, tokenizer, tmp_path / "my-model.gguf")
+    proc = subprocess.run([sys.executable, "-c", snippet], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    prompt = tokenizer.encode("ROMEO:")
+    with torch.no_grad():
+        ours = generate(model, torch.tensor([prompt]), max_new_tokens=32, temperature=0)[0, len(prompt) :].tolist()
+    assert proc.stdout.rstrip("\n") == tokenizer.decode(ours).rstrip("\n")
 
 
 # the Llama 3 way: a ChatML template in tokenizer_config.json, and <|begin_of_text|> before every text
@@ -144,7 +165,11 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
     )
     with pytest.raises(SystemExit) as e:
         export_main(["--ckpt", str(tmp_path / "model.ckpt"), "--format", "gguf", "--out", str(tmp_path / "m.gguf")])
-    assert e.value.code == 130 and capsys.readouterr().err == "error: interrupted\n"
+    assert e.value.code == 130
+    assert (
+        capsys.readouterr().err
+        == f"error: interrupted before the export was complete; {tmp_path / 'm.gguf'} as it was\n"
+    )
     assert [p.name for p in tmp_path.iterdir()] == ["model.ckpt"]
 
 

@@ -1,7 +1,8 @@
 """The tokenizer inside a GGUF export: llama.cpp's own tokenizer gives minigpt's ids, for every kind minigpt has
 (char, byte, tiktoken with each split pattern llama.cpp knows, Hugging Face byte-level BPE with each pre-tokenizer,
 minigpt's own bpe:N, chat tokenizers with their markers), on text with contractions, digit runs, whitespace runs,
-non-ASCII letters, CJK and emoji.  A tokenizer llama.cpp would encode differently is refused in one line.
+non-ASCII letters, CJK, emoji, CRLF lines and control and space characters (a char vocabulary: every one Unicode
+has).  A tokenizer llama.cpp would encode differently is refused in one line.
 
 The BPE vocabularies hold every byte pair that occurs in the texts (bytes_pair_ranks): a merge then exists across
 every place a pre-tokenizer may split, so any difference between llama.cpp's pre-tokenizer and minigpt's changes
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from unicodedata import category
 
 import pytest
 import tiktoken
@@ -23,7 +25,17 @@ from minigpt.export.gguf import export_gguf
 from minigpt.export.gguf_vocab import gguf_vocab
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gguf_models import CL100K, CORPUS, GPT2, O200K, TEXTS, byte_pair_ranks, hf_tokenizer, random_model  # noqa: E402
+from gguf_models import (  # noqa: E402
+    CL100K,
+    CORPUS,
+    GPT2,
+    O200K,
+    TEXTS,
+    byte_pair_ranks,
+    hf_tokenizer,
+    random_model,
+    words_text,
+)
 from llamacpp_server import LlamaCpp  # noqa: E402
 
 pytest.importorskip("xllamacpp")
@@ -97,6 +109,32 @@ def test_llama_cpp_tokenizes_text_to_minigpts_ids(kind, tmp_path_factory, tmp_pa
         "hf-smollm": "smollm",
         "chat-hf": "llama-bpe",
     }.get(kind, "gpt-2")
+
+
+def control_and_space_characters() -> str:
+    """Every C0 and C1 control character, DEL, every character Python or Unicode calls a space or separator, every
+    format character (zero-width spaces and joiners, BOM, bidi marks), and noncharacters / private use."""
+    cps = [*range(0x20), 0x7F, *range(0x80, 0xA0)]
+    cps += [c for c in range(0x110000) if not 0xD800 <= c < 0xE000 and (chr(c).isspace() or category(chr(c)) in SPACE)]
+    return "".join(dict.fromkeys(map(chr, cps + [0xE000, 0xFFFE, 0xFFFF, 0x10FFFF])))
+
+
+SPACE = ("Zs", "Zl", "Zp", "Cf")
+
+
+def test_a_char_vocabulary_of_control_and_space_characters_tokenizes_as_in_minigpt(tmp_path):
+    """CRLF text, and each control or space character alone and between others (after a letter, around \\r\\n,
+    doubled, after a space): one token per character, in llama.cpp as in minigpt."""
+    crlf = words_text(60).replace("\n", "\r\n")
+    tokenizer = CharTokenizer(crlf + control_and_space_characters())
+    model = random_model(n_layer=1, n_embd=32, vocab_size=tokenizer.vocab_size)
+    export_gguf(model, tokenizer, tmp_path / "model.gguf")
+    with LlamaCpp(tmp_path / "model.gguf") as llama:
+        assert llama.tokenize(crlf) == tokenizer.encode(crlf)
+        for c in control_and_space_characters():
+            text = f"{c}a{c}\r\n{c}{c} b{c}\r{c}\n"
+            assert llama.tokenize(text) == tokenizer.encode(text), repr(c)
+        assert llama.tokenize(tokenizer.chars) == list(range(tokenizer.vocab_size))
 
 
 def test_special_tokens_and_the_chat_template_travel_in_the_file(tmp_path_factory, tmp_path):

@@ -15,11 +15,12 @@ from minigpt.cli.export import main as export_main
 from minigpt.cli.train import main as train_main
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.core.config import GPTConfig
+from minigpt.core.errors import UserError
 from minigpt.core.lora import LoRAConfig, lora_model
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import ByteTokenizer
 from minigpt.export.peft import export_peft
-from minigpt.loading import load_model
+from minigpt.loading import load_lora_run, load_model
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -162,6 +163,57 @@ def test_peft_export_of_a_run_without_adapters_is_one_line(lora_run, tmp_path, c
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "is not a LoRA run" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "a").exists() and not (tmp_path / "a-base").exists()
+
+
+def test_peft_export_into_one_folder_or_nested_folders_is_refused_before_writing(lora_run, tmp_path, capsys):
+    d = tmp_path / "d"
+    for out, base in [(d, d), (d, d / "base"), (d / "adapter", d), (d, tmp_path / "." / "d" / "..")]:
+        with pytest.raises(SystemExit) as e:
+            export_main(["--ckpt", str(lora_run), "--format", "peft", "--out", str(out), "--base_out", str(base)])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+        assert (
+            "(the adapters) and --base_out" in err
+            and "; give two separate folders" in err
+            and ("the same folder" in err or "one inside the other" in err)
+        ), err
+        assert list(tmp_path.iterdir()) == []  # nothing written, not even the folders
+    # a previous export there with --overwrite: refused all the same, and kept
+    export_main(["--ckpt", str(lora_run), "--format", "peft", "--out", str(d)])
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    with pytest.raises(SystemExit) as e:
+        export_main(["--ckpt", str(lora_run), "--format", "peft", "--out", str(d), "--base_out", str(d), "--overwrite"])
+    assert e.value.code == 2 and "are the same folder" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+    with pytest.raises(UserError, match="one inside the other"):  # the library refuses it too
+        export_peft(*load_lora_run(lora_run), d / "x", d / "x" / "y")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "d-base"]
+
+
+def test_ctrl_c_says_which_of_the_two_folders_is_complete(lora_run, tmp_path):
+    """A SIGINT the export sends itself (tests/export/ctrl_c.py): after the base's final rename (written first) the
+    base is complete and the adapters' folder is as it was; after both, the export is complete; during the exit,
+    nothing happens."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from ctrl_c import export_with_ctrl_c
+
+    out, base = tmp_path / "adapter", tmp_path / "adapter-base"
+    argv = ["--ckpt", str(lora_run), "--format", "peft", "--out", str(out)]
+    proc = export_with_ctrl_c("after the final rename", out, *argv)
+    assert (proc.returncode, proc.stderr) == (
+        130,
+        f"error: interrupted before the export was complete: {base} holds the new base, {out} is as it was; run "
+        "the export again (with --overwrite)\n",
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter-base"]
+    proc = export_with_ctrl_c("while the result line is printed", out, *argv, "--overwrite")
+    assert (proc.returncode, proc.stderr) == (
+        130,
+        f"interrupted after the export was complete: it is in {base} and {out}\n",
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "adapter-base"]
+    proc = export_with_ctrl_c("during the exit", out, *argv, "--overwrite")
+    assert (proc.returncode, proc.stderr) == (0, "") and proc.stdout.startswith("wrote PEFT LoRA adapters")
 
 
 def test_the_merged_gguf_of_a_lora_run_runs_in_llama_cpp_with_our_log_probs(lora_run, tmp_path):

@@ -175,6 +175,26 @@ def test_resuming_as_another_kind_of_run_or_on_another_base_is_refused(
     main(lora_args(corpus, data_root, out, source_run, steps=6, lora__dropout=0.2) + ["--resume", "true"])
 
 
+@pytest.mark.parametrize("train_embeddings", [False, True])
+def test_a_target_the_model_does_not_have_is_refused_before_anything_is_written(
+    lora_args, source_run, corpus, data_root, tmp_path, train_embeddings
+):
+    """gate on a GELU (gpt) model: no adapter could train (a traceback in backward), or with train_embeddings only
+    the embedding rows would (silently); refused in one line naming the model's projections, out_dir untouched."""
+    out = tmp_path / "lora"
+    argv = lora_args(corpus, data_root, out, source_run, steps=2, lora__train_embeddings=train_embeddings)
+    with pytest.raises(UserError) as e:
+        main([*argv, "--lora.targets", "[gate]"])
+    assert str(e.value) == (
+        "lora.targets: this model has no gate projection (its MLP, mlp=gelu, is not gated); choose from its "
+        "projections q, k, v, o, up, down"
+    )
+    assert not out.exists()
+    with pytest.raises(UserError, match="no gate projection"):  # one target it lacks among others: the same
+        main([*argv, "--lora.targets", "[q,gate]"])
+    assert not out.exists()
+
+
 @pytest.mark.slow  # about 15 s: a chat LoRA run on a llama base with a bfloat16 base, then a chat
 def test_chat_data_trains_new_token_rows_and_the_run_chats(tiny_run_args, corpus, data_root, tmp_path):
     main(
