@@ -10,17 +10,13 @@ then loading (load_model, load_chat_model) and export (one module per format), t
 OpenAI-compatible server) and cli (the commands and their exit codes).
 """
 
-import time
-
-IMPORTED_AT = time.perf_counter()  # where /proc is missing, start-up is timed from here (training's StartupTimes)
-
-from minigpt.core.chat import ChatSession, chat  # noqa: E402
-from minigpt.core.config import GPTConfig  # noqa: E402
-from minigpt.core.errors import ConfigError, UserError  # noqa: E402
-from minigpt.core.generation import generate  # noqa: E402
-from minigpt.core.model import GPT, KVCache  # noqa: E402
-from minigpt.lab.capture import attention_maps  # noqa: E402 (numpy and torch only: ~2 ms on top of the rest)
-from minigpt.loading import load_chat_model, load_model  # noqa: E402
+from minigpt.core.chat import ChatSession, chat
+from minigpt.core.config import GPTConfig
+from minigpt.core.errors import ConfigError, UserError
+from minigpt.core.generation import generate
+from minigpt.core.model import GPT, KVCache
+from minigpt.lab.capture import attention_maps  # numpy and torch only: ~2 ms on top of the rest
+from minigpt.loading import load_chat_model, load_model
 
 __all__ = [
     "GPT",

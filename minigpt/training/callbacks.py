@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.seed import isolate_rng
 
-import minigpt
+from minigpt import core
 from minigpt.core.checkpoint import RNG_STATE_KEY
 from minigpt.core.errors import UserError
 from minigpt.core.generation import generate, prompt_ids
@@ -37,7 +37,7 @@ def seconds_since_launch() -> float:
         uptime = float(Path("/proc/uptime").read_text().split()[0])
         return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
-        return time.perf_counter() - minigpt.IMPORTED_AT
+        return time.perf_counter() - core.IMPORTED_AT
 
 
 class StartupTimes(Callback):
@@ -112,7 +112,7 @@ class TrainingThroughput(Callback):
             lengths=self.tokens,
             flops=flops * self.batches if flops else None,
         )
-        rates = {f"train|{k}": v for k, v in self.throughput.compute().items()}
+        rates = {f"train/{k}": v for k, v in self.throughput.compute().items()}
         if rates and trainer.logger is not None:
             trainer.logger.log_metrics(rates, step=trainer.global_step)
 

@@ -188,11 +188,11 @@ def test_throughput_is_logged_at_the_logged_steps_with_the_tokens_trained(tiny_r
     args = tiny_run_args(corpus, data_root, tmp_path / "run", steps=12) + ["--trainer.log_every_n_steps", "3"]
     trainer = main(args)
     events = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0}).Reload()
-    tokens = events.Scalars("train|device/items_per_sec")
+    tokens = events.Scalars("train/device/items_per_sec")
     # the first logged step only opens the window: a rate needs two points
     assert [e.step for e in tokens] == [6, 9, 12]
     assert all(e.value > 0 for e in tokens)
-    samples = events.Scalars("train|device/samples_per_sec")
+    samples = events.Scalars("train/device/samples_per_sec")
     hp = trainer.datamodule.hparams
     for t, s in zip(tokens, samples):  # each sample is one window of block_size target tokens
         assert t.value == pytest.approx(s.value * hp.block_size, rel=1e-6)
