@@ -30,7 +30,8 @@ import torch
 from jsonargparse import ActionYesNo
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.callbacks import EarlyStopping, Timer
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
@@ -39,7 +40,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 from minigpt.cli.errors import fail, run_cli
 from minigpt.cli.parsing import OneLineErrors, literal_choices, misplaced_setting
 from minigpt.configs import default_config
-from minigpt.core.checkpoint import check_resumable
+from minigpt.core.checkpoint import check_resumable, read_checkpoint
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError, first_line
 from minigpt.core.fsutil import atomic_write
@@ -56,10 +57,13 @@ from minigpt.training.lightning_module import GPTLightningModule
 from minigpt.training.optim import OptimConfig
 from minigpt.training.run_dir import SIGNALS, check_writable, lock_run_dir, recover, replacing, stop_on_signals
 from minigpt.training.sft import chat_loss, check_chat_resumable
-from minigpt.training.trainer import TRAINER_DEFAULTS, MiniGPTTrainer, run_callbacks
-
-# Our sampler restarts exactly where a run stopped (see datamodule.py), so Lightning's caution does not apply.
-warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch ended")
+from minigpt.training.trainer import (
+    TRAINER_DEFAULTS,
+    BestCheckpoint,
+    EarlyStoppingConfig,
+    MiniGPTTrainer,
+    run_callbacks,
+)
 
 
 class _DropAdverts(logging.Filter):
@@ -176,6 +180,7 @@ class MiniGPTCLI(LightningCLI):
         parser.add_class_arguments(GPTConfig, "model")  # every field of the dataclass, as declared there
         parser.add_class_arguments(OptimConfig, "optim")
         parser.add_class_arguments(LoRAConfig, "lora")  # read with --finetune lora only
+        parser.add_class_arguments(EarlyStoppingConfig, "early_stopping")
         parser.add_lightning_class_args(TokenDataModule, "data")
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -338,22 +343,19 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         except SIGTERMException:  # Lightning's: raised between steps after a SIGTERM, the state is whole
             stopped_by.append("SIGTERM")
         trainer.save_checkpoint(last, weights_only=False)  # the final state, whatever step the run stopped at
-    if stopped_by:
+    if trainer.is_global_zero:
+        end_of_run(cli, trainer, last)
+    if stopped_by[:1] == ["SIGINT"]:  # Ctrl-C: a stop the user asked for, not an error
+        print(
+            f"stopped by SIGINT (Ctrl-C) at step {trainer.global_step}; saved {last}; continue the run with --resume",
+            file=sys.stderr,
+        )
+        raise SystemExit(128 + SIGNALS["SIGINT"])
+    if stopped_by:  # from outside (a scheduler's SIGTERM): the run did not end as configured
         fail(
             f"stopped by {stopped_by[0]} at step {trainer.global_step}; saved {last}; continue the run with --resume",
             code=128 + SIGNALS[stopped_by[0]],
         )
-    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
-    if trainer.is_global_zero:
-        val_loss = trainer.callback_metrics.get("val_loss")
-        shown = f"{val_loss.item():.4f}" if val_loss is not None else "n/a"
-        # the last periodic validation's val_batches windows: an estimate (the full split's loss follows)
-        print(
-            f"estimated val loss {shown} ({cli.datamodule.hparams.val_batches} batches) after {trainer.global_step} "
-            f"steps; checkpoint: {last}"
-        )
-        if timer is not None:  # fit loop only (validation included): not data preparation, not the final eval
-            print(f"training time {timer.time_elapsed('train'):.1f}s")
     if cli.config["eval_full"] and trainer.world_size == 1:
         start = time.perf_counter()
         with torch.compiler.set_stance("force_eager"):  # a ragged last batch would trigger a recompile
@@ -370,6 +372,7 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
             f"full val loss {nats / n:.4f} over all {n:,} validation tokens{per_text} "
             f"({time.perf_counter() - start:.1f}s to evaluate)"
         )
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
     remaining = timer.time_remaining() if timer is not None else None  # None: no max_time
     if (
         trainer.is_global_zero
@@ -380,6 +383,38 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         of = f" of {trainer.max_steps:,}" if trainer.max_steps > 0 else ""
         print(f"stopped by max_time ({cli.config['trainer']['max_time']}) after {trainer.global_step:,}{of} steps")
     return trainer
+
+
+def end_of_run(cli: MiniGPTCLI, trainer: Trainer, last: Path) -> None:
+    """What the run reached: the last validation's loss, the best one with its step and checkpoint (what a run
+    directory resolves to), why early stopping ended it, and the training time."""
+    val_loss = trainer.callback_metrics.get("val_loss")
+    shown = f"{val_loss.item():.4f}" if val_loss is not None else "n/a"
+    # the last validation's val_batches windows: an estimate (the full split's loss follows)
+    print(
+        f"estimated val loss {shown} ({cli.datamodule.hparams.val_batches} batches) after {trainer.global_step} "
+        f"steps; checkpoint: {last}"
+    )
+    best = next((c for c in trainer.callbacks if isinstance(c, BestCheckpoint)), None)
+    if best is not None and best.best_model_score is not None and Path(best.best_model_path).is_file():
+        path = last.parent / Path(best.best_model_path).name  # as the user named out_dir
+        # a run resumed from a checkpoint older than best_step: the step is in the file
+        step = best.best_step if best.best_step is not None else read_checkpoint(path)["global_step"]
+        print(
+            f"best val loss {best.best_model_score.item():.4f} at step {step}; checkpoint: {path} (what sample.py, "
+            f"eval.py and export.py take from {last.parent.parent})"
+        )
+    stopper = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)
+    if stopper is not None and stopper.stopping_reason == EarlyStoppingReason.PATIENCE_EXHAUSTED:
+        print(
+            f"early stopping: val loss not lower for {stopper.wait_count} validations in a row "
+            f"(early_stopping.patience {stopper.patience}); stopped at step {trainer.global_step}"
+        )
+    elif stopper is not None and stopper.stopping_reason != EarlyStoppingReason.NOT_STOPPED:
+        print(f"early stopping at step {trainer.global_step}: {stopper.stopping_reason_message}")
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    if timer is not None:  # fit loop only (validation included): not data preparation, not the final eval
+        print(f"training time {timer.time_elapsed('train'):.1f}s")
 
 
 def entry() -> None:

@@ -61,6 +61,11 @@ class RunLock:
         self.pid_file.write_text(str(os.getpid()))
 
     def close(self) -> None:
+        """Release the lock and take its two files away: a run that ended (or was stopped) leaves none.  The lock
+        file goes while it is still held; a train.py that opened it meanwhile sees, once it gets the lock, that the
+        file is gone, and starts over on a new one (filelock checks), so two runs cannot both hold the directory."""
+        self.pid_file.unlink(missing_ok=True)
+        Path(self.lock.lock_file).unlink(missing_ok=True)
         self.lock.release()
 
 
