@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import TextIO
 
 from minigpt.cli.errors import run_cli
-from minigpt.cli.parsing import CommandParser, add_prompt_arguments, add_source_argument, read_prompt, resolve_device
+from minigpt.cli.parsing import (
+    CommandParser,
+    add_prompt_arguments,
+    add_source_argument,
+    checkpoint_lines,
+    read_prompt,
+    resolve_device,
+)
 from minigpt.core.errors import UserError
 from minigpt.core.seed import check_seed
 from minigpt.lab.capture import capture_attention, save_npz
@@ -75,6 +82,7 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
 
 def main(argv: list[str] | None = None, stdout: TextIO | None = None, stdin: TextIO | None = None) -> None:
     """attention.py: user mistakes (bad flags, checkpoint or prompt) end in one 'error:' line, exit code 2."""
-    run_cli(
-        lambda: _main(argv, stdout if stdout is not None else sys.stdout, stdin if stdin is not None else sys.stdin)
-    )
+    with checkpoint_lines():
+        run_cli(
+            lambda: _main(argv, stdout if stdout is not None else sys.stdout, stdin if stdin is not None else sys.stdin)
+        )

@@ -23,6 +23,7 @@ from minigpt.cli.parsing import (
     CommandParser,
     add_quantize_argument,
     add_source_argument,
+    checkpoint_lines,
     misplaced_setting,
     read_text_file,
     resolve_device,
@@ -130,4 +131,5 @@ def run(argv: list[str] | None = None) -> tuple[float, int] | dict:
 
 def main(argv: list[str] | None = None) -> None:
     """eval.py: user mistakes end in one 'error:' line and exit code 2."""
-    run_cli(lambda: run(argv))
+    with checkpoint_lines():
+        run_cli(lambda: run(argv))

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from minigpt.cli.errors import run_cli
-from minigpt.cli.parsing import CommandParser, add_source_argument
+from minigpt.cli.parsing import CommandParser, add_source_argument, checkpoint_lines
 from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.errors import UserError
 from minigpt.export.gguf import GGUFType, export_gguf
@@ -160,4 +160,5 @@ def run(argv: list[str] | None = None) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     """export.py: user mistakes end in one 'error:' line and exit code 2."""
-    run_cli(lambda: run(argv))
+    with checkpoint_lines():
+        run_cli(lambda: run(argv))

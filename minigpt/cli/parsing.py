@@ -4,7 +4,9 @@ the --ckpt / --prompt options and the device option.  Each command has `--help`,
 
 from __future__ import annotations
 
+import contextlib
 import io
+import logging
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -127,6 +129,28 @@ def add_source_argument(p: ArgumentParser) -> None:
         help="checkpoint file, run directory, Hugging Face model directory or hf:ORG/NAME "
         "(default: the newest run under out/)",
     )
+
+
+class _Stderr(logging.Handler):
+    """Each record's message as one line on sys.stderr as it is when the record comes (tests swap the stream)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(record.getMessage(), file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def checkpoint_lines() -> Iterator[None]:
+    """While a command runs, minigpt.loading's line saying which checkpoint it picked (for a run directory, or no
+    --ckpt) goes to stderr, where the command's other messages go; stdout keeps only what the command outputs."""
+    logger = logging.getLogger("minigpt.loading")
+    handler, level = _Stderr(logging.INFO), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def add_quantize_argument(p: ArgumentParser) -> None:

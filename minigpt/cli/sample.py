@@ -25,6 +25,7 @@ from minigpt.cli.parsing import (
     add_prompt_arguments,
     add_quantize_argument,
     add_source_argument,
+    checkpoint_lines,
     is_terminal,
     misplaced_setting,
     read_prompt,
@@ -278,4 +279,5 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stdin: Tex
     out = stdout if stdout is not None else sys.stdout
     if stdout is None and hasattr(out, "reconfigure"):
         out.reconfigure(errors="replace")  # a model can emit characters the console cannot show
-    run_cli(lambda: _main(argv, out, stdin if stdin is not None else sys.stdin))
+    with checkpoint_lines():
+        run_cli(lambda: _main(argv, out, stdin if stdin is not None else sys.stdin))

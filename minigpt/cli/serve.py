@@ -24,6 +24,7 @@ from minigpt.cli.parsing import (
     CommandParser,
     add_quantize_argument,
     add_source_argument,
+    checkpoint_lines,
     misplaced_setting,
     resolve_device,
 )
@@ -181,4 +182,5 @@ def _main(argv: list[str] | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_cli(lambda: _main(argv))
+    with checkpoint_lines():
+        run_cli(lambda: _main(argv))
