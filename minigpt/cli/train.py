@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from jsonargparse import ActionYesNo
+from jsonargparse import ActionYesNo, Namespace
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import EarlyStopping, Timer
@@ -38,7 +38,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from minigpt.cli.errors import fail, run_cli
-from minigpt.cli.parsing import OneLineErrors, literal_choices, misplaced_setting
+from minigpt.cli.parsing import OneLineErrors, flag_values, literal_choices, misplaced_setting
 from minigpt.configs import default_config
 from minigpt.core.checkpoint import check_resumable, read_checkpoint
 from minigpt.core.config import GPTConfig
@@ -85,7 +85,27 @@ LINKS = {
 
 
 class TrainArgumentParser(OneLineErrors, LightningArgumentParser):
-    """LightningCLI's parser, with parse mistakes as one line."""
+    """LightningCLI's parser, with parse mistakes as one line.  It notes the keys each --config file sets, for
+    init_from (which must tell a user's setting from a default): jsonargparse reads a --config file through
+    parse_string without defaults, so what it returns there is what the file itself says."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.file_keys: set[str] = set()
+
+    def parse_string(
+        self,
+        content: str,
+        path: str | Path = "",
+        ext_vars: dict | None = None,
+        env: bool | None = None,
+        defaults: bool = True,
+        **kwargs: Any,
+    ) -> Namespace:
+        parsed = super().parse_string(content, path, ext_vars, env, defaults, **kwargs)
+        if not defaults:  # a --config file (the default config file is read as the defaults, not through here)
+            self.file_keys.update(parsed.keys())
+        return parsed
 
 
 class MiniGPTCLI(LightningCLI):
@@ -209,14 +229,9 @@ class MiniGPTCLI(LightningCLI):
                 "--finetune lora trains adapters on a model: name it with --init_from (a .ckpt, a run "
                 "directory, a Hugging Face model directory or hf:ORG/NAME), or drop --finetune lora"
             )
-        # init_from needs to know which settings the user gave (config files and flags), not their defaults: a
-        # parser without the links (whose sources may be unset) parses them again, without defaults
-        self.given = None
-        if self.config.get("init_from"):
-            settings_only = self.init_parser(**self.parser_kwargs)
-            self.add_default_arguments_to_parser(settings_only)
-            self.add_core_arguments_to_parser(settings_only)
-            self.given = settings_only.parse_args(args, defaults=False)
+        # init_from needs to know which settings the user gave, not their defaults: the keys of the --config files
+        # and of the flags (one parse: the files' keys were noted as jsonargparse read them)
+        self.given = parser.file_keys | {key for key, _ in flag_values(given)}
 
     def instantiate_classes(self) -> None:
         source_config, source_model = None, None
