@@ -357,6 +357,12 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
             trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path, weights_only=True)
         except SIGTERMException:  # Lightning's: raised between steps after a SIGTERM, the state is whole
             stopped_by.append("SIGTERM")
+        except SystemExit:  # Lightning's answer to a KeyboardInterrupt: a second Ctrl-C, mid-step; nothing saved
+            if stopped_by[:2] != ["SIGINT", "SIGINT"]:
+                raise
+            saved = f"continue from {last} with --resume" if last.is_file() else "no checkpoint was saved yet"
+            print(f"stopped at once by a second Ctrl-C; {saved}", file=sys.stderr)
+            raise SystemExit(128 + SIGNALS["SIGINT"]) from None
         trainer.save_checkpoint(last, weights_only=False)  # the final state, whatever step the run stopped at
     if trainer.is_global_zero:
         end_of_run(cli, trainer, last)

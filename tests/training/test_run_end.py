@@ -5,14 +5,16 @@ checkpoint a run directory gives them, a mid-epoch resume is resumable to Lightn
 
 import contextlib
 import io
+import os
 import random
 import re
 import shutil
+import signal
 import warnings
 from pathlib import Path
 
 import pytest
-from lightning.pytorch.callbacks import EarlyStopping
+from lightning.pytorch.callbacks import Callback, EarlyStopping
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from minigpt.cli import attention as attention_cli
@@ -132,3 +134,41 @@ def test_a_mid_epoch_resume_is_resumable_to_lightning(tiny_run_args, corpus, dat
     assert not [w for w in caught if "not resumable" in str(w.message)], [str(w.message) for w in caught]
     loops = read_checkpoint(run / "checkpoints" / "last.ckpt")["loops"]["fit_loop"]["state_dict"]
     assert loops["combined_loader"] == [{"next_batch": 20}]
+
+
+class CtrlC(Callback):
+    """Presses Ctrl-C `times` times (SIGINT to this process) at the end of step `step`."""
+
+    def __init__(self, step: int, times: int) -> None:
+        self.step, self.times = step, times
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            for _ in range(self.times):
+                os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.mark.parametrize("times", [1, 2])
+def test_ctrl_c_is_a_stop_not_an_error(tiny_run_args, corpus, data_root, tmp_path, capsys, monkeypatch, times):
+    """Ctrl-C stops after the step, saves it and says where (a second one stops at once): exit 130, no `error:`
+    line, no traceback, and no lock or pid file left in the run folder (issue 48 item 16)."""
+    from minigpt.cli import train as train_cli
+    from minigpt.cli.errors import run_cli
+
+    real = train_cli.run_callbacks
+    monkeypatch.setattr(train_cli, "run_callbacks", lambda *a: real(*a) + [CtrlC(step=3, times=times)])
+    run = tmp_path / "run"
+    last = run / "checkpoints" / "last.ckpt"
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: main(tiny_run_args(corpus, data_root, run, steps=50, checkpoint_every=2)))
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert stopped.value.code == 130 and "error" not in captured.err and "Traceback" not in captured.err
+    if times == 1:
+        assert lines[-1] == f"stopped by SIGINT (Ctrl-C) at step 3; saved {last}; continue the run with --resume"
+        assert read_checkpoint(last)["global_step"] == 3
+        assert "best val loss" in captured.out  # the stop validated first, as the end of any run does
+    else:
+        assert lines[-1] == f"stopped at once by a second Ctrl-C; continue from {last} with --resume"
+        assert read_checkpoint(last)["global_step"] == 2  # the last checkpoint_every save: nothing half-done
+    assert not {".train.lock", ".train.pid"} & {p.name for p in run.iterdir()}
