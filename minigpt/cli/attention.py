@@ -24,6 +24,7 @@ from minigpt.cli.parsing import (
     checkpoint_lines,
     read_prompt,
     resolve_device,
+    show_checkpoint_lines,
 )
 from minigpt.core.errors import UserError
 from minigpt.core.seed import check_seed
@@ -59,6 +60,7 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
     model, tokenizer = load_model(args.ckpt, device=device)
     start = time.perf_counter()
     capture = capture_attention(model, tokenizer, prompt, seed=args.seed)
+    show_checkpoint_lines()
     seconds = time.perf_counter() - start
     try:
         out.mkdir(parents=True, exist_ok=True)

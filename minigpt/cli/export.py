@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from minigpt.cli.errors import run_cli
-from minigpt.cli.parsing import CommandParser, add_source_argument, checkpoint_lines
+from minigpt.cli.parsing import CommandParser, add_source_argument, checkpoint_lines, show_checkpoint_lines
 from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.errors import UserError
 from minigpt.export.gguf import GGUFType, export_gguf
@@ -99,6 +99,7 @@ def run_gguf(args, out: Path) -> Path:
         name=name,
     )
     kept = f"; {result.kept_f16} matrices kept in f16 (rows not a multiple of 32)" if result.kept_f16 else ""
+    show_checkpoint_lines()
     print(
         f"wrote {result.arch} GGUF ({result.n_params:,} parameters, {args.gguf_type}{kept}, tokenizer "
         f"{result.vocab.pre}{' + chat template' if result.vocab.chat_template else ''}) to {out}: "
@@ -119,6 +120,7 @@ def run_peft(args, out: Path) -> Path:
     model, tokenizer, lora = load_lora_run(args.ckpt)
     export_peft(model, tokenizer, lora, out, base_out, overwrite=args.overwrite, checked=checked)
     n = safetensors_params(out / "adapter_model.safetensors")
+    show_checkpoint_lines()
     print(
         f"wrote PEFT LoRA adapters ({n:,} parameters, rank {lora.rank}) to {out} and their base, "
         f"{HF_CLASS[model.config.arch]}, to {base_out}",
@@ -150,6 +152,7 @@ def run(argv: list[str] | None = None) -> Path:
     check_exportable(model.config)
     export_hf(model, tokenizer, out, overwrite=args.overwrite, checked=checked)
     n = safetensors_params(out / "model.safetensors")
+    show_checkpoint_lines()
     print(
         f"wrote {HF_CLASS[model.config.arch]} ({n:,} parameters) to {out}: "
         f"{', '.join(sorted(p.name for p in out.iterdir()))}",

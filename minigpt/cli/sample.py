@@ -30,6 +30,7 @@ from minigpt.cli.parsing import (
     misplaced_setting,
     read_prompt,
     resolve_device,
+    show_checkpoint_lines,
     typed,
 )
 from minigpt.core.chat import ChatSession
@@ -192,6 +193,7 @@ def run_chat(args: Any, device: str, stdout: TextIO, stdin: TextIO) -> None:
         generator,
         use_kv_cache=args.kv_cache,
     )
+    show_checkpoint_lines()
     interactive = is_terminal(stdin)
     skipped = UserError if interactive else ()  # a turn the model cannot read: skipped on a terminal, the end if piped
 
@@ -242,6 +244,7 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
     model, tokenizer = load_model(args.ckpt, device=device, attention=args.attention, quantize=args.quantize)
     ids = prompt_ids(tokenizer, prompt)
     check_sampling_size(model.config, args.num_samples, len(ids), args.max_new_tokens, args.kv_cache)
+    show_checkpoint_lines()
     stop_token = tokenizer.eot_id if args.stop else None
     idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
