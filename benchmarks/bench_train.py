@@ -306,6 +306,7 @@ def run_lightning(
             sample_tokens=200,
             attention_images="auto",
             compile=False,
+            early_stopping={"patience": None},
             trainer={},
         )
         callbacks += [
