@@ -30,8 +30,7 @@ import torch
 from jsonargparse import ActionYesNo, Namespace
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import EarlyStopping, Timer
-from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
+from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
@@ -40,7 +39,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 from minigpt.cli.errors import fail, run_cli
 from minigpt.cli.parsing import OneLineErrors, flag_values, literal_choices, misplaced_setting
 from minigpt.configs import default_config
-from minigpt.core.checkpoint import check_resumable, read_checkpoint
+from minigpt.core.checkpoint import check_resumable
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError, first_line
 from minigpt.core.fsutil import atomic_write
@@ -57,13 +56,7 @@ from minigpt.training.lightning_module import GPTLightningModule
 from minigpt.training.optim import OptimConfig
 from minigpt.training.run_dir import SIGNALS, check_writable, lock_run_dir, recover, replacing, stop_on_signals
 from minigpt.training.sft import chat_loss, check_chat_resumable
-from minigpt.training.trainer import (
-    TRAINER_DEFAULTS,
-    BestCheckpoint,
-    EarlyStoppingConfig,
-    MiniGPTTrainer,
-    run_callbacks,
-)
+from minigpt.training.trainer import TRAINER_DEFAULTS, EarlyStoppingConfig, MiniGPTTrainer, end_of_run, run_callbacks
 
 
 class _DropAdverts(logging.Filter):
@@ -93,17 +86,9 @@ class TrainArgumentParser(OneLineErrors, LightningArgumentParser):
         super().__init__(*args, **kwargs)
         self.file_keys: set[str] = set()
 
-    def parse_string(
-        self,
-        content: str,
-        path: str | Path = "",
-        ext_vars: dict | None = None,
-        env: bool | None = None,
-        defaults: bool = True,
-        **kwargs: Any,
-    ) -> Namespace:
-        parsed = super().parse_string(content, path, ext_vars, env, defaults, **kwargs)
-        if not defaults:  # a --config file (the default config file is read as the defaults, not through here)
+    def parse_string(self, *args: Any, **kwargs: Any) -> Namespace:
+        parsed = super().parse_string(*args, **kwargs)
+        if kwargs.get("defaults") is False:  # a --config file (the default config is read as defaults, elsewhere)
             self.file_keys.update(parsed.keys())
         return parsed
 
@@ -365,7 +350,7 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
             raise SystemExit(128 + SIGNALS["SIGINT"]) from None
         trainer.save_checkpoint(last, weights_only=False)  # the final state, whatever step the run stopped at
     if trainer.is_global_zero:
-        end_of_run(cli, trainer, last)
+        end_of_run(trainer, last, cli.datamodule.hparams.val_batches)
     if stopped_by[:1] == ["SIGINT"]:  # Ctrl-C: a stop the user asked for, not an error
         print(
             f"stopped by SIGINT (Ctrl-C) at step {trainer.global_step}; saved {last}; continue the run with --resume",
@@ -404,38 +389,6 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         of = f" of {trainer.max_steps:,}" if trainer.max_steps > 0 else ""
         print(f"stopped by max_time ({cli.config['trainer']['max_time']}) after {trainer.global_step:,}{of} steps")
     return trainer
-
-
-def end_of_run(cli: MiniGPTCLI, trainer: Trainer, last: Path) -> None:
-    """What the run reached: the last validation's loss, the best one with its step and checkpoint (what a run
-    directory resolves to), why early stopping ended it, and the training time."""
-    val_loss = trainer.callback_metrics.get("val_loss")
-    shown = f"{val_loss.item():.4f}" if val_loss is not None else "n/a"
-    # the last validation's val_batches windows: an estimate (the full split's loss follows)
-    print(
-        f"estimated val loss {shown} ({cli.datamodule.hparams.val_batches} batches) after {trainer.global_step} "
-        f"steps; checkpoint: {last}"
-    )
-    best = next((c for c in trainer.callbacks if isinstance(c, BestCheckpoint)), None)
-    if best is not None and best.best_model_score is not None and Path(best.best_model_path).is_file():
-        path = last.parent / Path(best.best_model_path).name  # as the user named out_dir
-        # a run resumed from a checkpoint older than best_step: the step is in the file
-        step = best.best_step if best.best_step is not None else read_checkpoint(path)["global_step"]
-        print(
-            f"best val loss {best.best_model_score.item():.4f} at step {step}; checkpoint: {path} (what sample.py, "
-            f"eval.py and export.py take from {last.parent.parent})"
-        )
-    stopper = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)
-    if stopper is not None and stopper.stopping_reason == EarlyStoppingReason.PATIENCE_EXHAUSTED:
-        print(
-            f"early stopping: val loss not lower for {stopper.wait_count} validations in a row "
-            f"(early_stopping.patience {stopper.patience}); stopped at step {trainer.global_step}"
-        )
-    elif stopper is not None and stopper.stopping_reason != EarlyStoppingReason.NOT_STOPPED:
-        print(f"early stopping at step {trainer.global_step}: {stopper.stopping_reason_message}")
-    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
-    if timer is not None:  # fit loop only (validation included): not data preparation, not the final eval
-        print(f"training time {timer.time_elapsed('train'):.1f}s")
 
 
 def entry() -> None:

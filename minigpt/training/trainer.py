@@ -21,7 +21,9 @@ from lightning.pytorch.callbacks import (
     Timer,
     TQDMProgressBar,
 )
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
+from minigpt.core.checkpoint import read_checkpoint
 from minigpt.core.errors import ConfigError, UserError
 from minigpt.core.precision import resolve_precision
 from minigpt.training.callbacks import AttentionImages, CompileModel, RNGState, TextSamples
@@ -214,3 +216,32 @@ def run_callbacks(config: Any, batch_size: int) -> list:
     if not config["trainer"].get("max_time"):  # Lightning adds its own Timer for max_time; else time the run
         callbacks.append(Timer())
     return callbacks
+
+
+def end_of_run(trainer: Trainer, last: Path, val_batches: int) -> None:
+    """What train.py prints when a run ends (rank 0): the last validation's loss, the best one with its step and
+    checkpoint (what a run directory resolves to), why early stopping ended it, and the training time."""
+    val_loss = trainer.callback_metrics.get("val_loss")
+    shown = f"{val_loss.item():.4f}" if val_loss is not None else "n/a"
+    # the last validation's val_batches windows: an estimate (the full split's loss follows)
+    print(f"estimated val loss {shown} ({val_batches} batches) after {trainer.global_step} steps; checkpoint: {last}")
+    best = next((c for c in trainer.callbacks if isinstance(c, BestCheckpoint)), None)
+    if best is not None and best.best_model_score is not None and Path(best.best_model_path).is_file():
+        path = last.parent / Path(best.best_model_path).name  # as the user named out_dir
+        # a run resumed from a checkpoint older than best_step: the step is in the file
+        step = best.best_step if best.best_step is not None else read_checkpoint(path)["global_step"]
+        print(
+            f"best val loss {best.best_model_score.item():.4f} at step {step}; checkpoint: {path} (what sample.py, "
+            f"eval.py and export.py take from {last.parent.parent})"
+        )
+    stopper = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)
+    if stopper is not None and stopper.stopping_reason == EarlyStoppingReason.PATIENCE_EXHAUSTED:
+        print(
+            f"early stopping: val loss not lower for {stopper.wait_count} validations in a row "
+            f"(early_stopping.patience {stopper.patience}); stopped at step {trainer.global_step}"
+        )
+    elif stopper is not None and stopper.stopping_reason != EarlyStoppingReason.NOT_STOPPED:
+        print(f"early stopping at step {trainer.global_step}: {stopper.stopping_reason_message}")
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    if timer is not None:  # fit loop only (validation included): not data preparation, not the final eval
+        print(f"training time {timer.time_elapsed('train'):.1f}s")
