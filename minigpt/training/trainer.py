@@ -163,8 +163,9 @@ class FinalValidation(Callback):
     """Validate after the run's last step, whatever val_check_interval says, so the run ends with a val loss and
     best.ckpt has seen it: at that step it asks the loop to stop, and Lightning's loop validates before a stop."""
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        batch_idx = args[-1]
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         last_step = 0 < trainer.max_steps <= trainer.global_step
         last_epoch = 0 < (trainer.max_epochs or 0) <= trainer.current_epoch + 1
         if last_step or (last_epoch and batch_idx + 1 >= trainer.num_training_batches):
