@@ -132,8 +132,12 @@ def test_a_mid_epoch_resume_is_resumable_to_lightning(tiny_run_args, corpus, dat
         trainer = main(tiny_run_args(corpus, data_root, run, steps=20) + ["--resume", "true"])
     assert trainer.global_step == 20 and trainer.num_training_batches > 20  # the resume was mid-epoch
     assert not [w for w in caught if "not resumable" in str(w.message)], [str(w.message) for w in caught]
-    loops = read_checkpoint(run / "checkpoints" / "last.ckpt")["loops"]["fit_loop"]["state_dict"]
-    assert loops["combined_loader"] == [{"next_batch": 20}]
+    # every callback state in the checkpoint found its callback (best.ckpt's is ModelCheckpoint's own key)
+    assert not [w for w in caught if "callbacks used to create the checkpoint" in str(w.message)]
+    ckpt = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    assert ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"next_batch": 20}]
+    best = next(v for k, v in ckpt["callbacks"].items() if k.startswith("ModelCheckpoint{'monitor': 'val_loss'"))
+    assert best["best_step"] == read_checkpoint(run / "checkpoints" / "best.ckpt")["global_step"]
 
 
 class CtrlC(Callback):
