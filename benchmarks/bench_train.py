@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import cProfile
+import functools
 import io
 import json
 import logging
@@ -406,10 +407,13 @@ def bench_adamw(shape: dict[str, Any], device: torch.device, repeats: int) -> li
     params = [p for p in module.model.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
-    groups = lambda: [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},  # noqa: E731
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
+
+    def groups() -> list[dict]:
+        return [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+
     rows = []
     for impl, kw in (("fused", dict(fused=True)), ("foreach", dict(foreach=True)), ("for-loop", dict(foreach=False))):
         try:
@@ -559,13 +563,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 compiled = comp == "on"
                 module = make_module(shape, compiled, args.warmup + args.steps + 1, device)
                 fpt = module.model.flops_per_token(T)
-                lightning_run = lambda: run_lightning(module, shape, prec, device, args.warmup, args.steps)  # noqa: E731
+                lightning_run = functools.partial(run_lightning, module, shape, prec, device, args.warmup, args.steps)
                 if args.no_bare:
                     lruns, bruns = [lightning_run() for _ in range(args.rounds)], []
                 else:
                     lruns, bruns = alternating_pairs(
                         lightning_run,
-                        lambda: run_bare(module, shape, prec, device, args.warmup, args.steps),
+                        functools.partial(run_bare, module, shape, prec, device, args.warmup, args.steps),
                         args.rounds,
                     )
                 lt = min(lruns, key=lambda r: r["step_s"])
@@ -641,7 +645,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         B, T = detail_shape["batch_size"], detail_shape["model"]["block_size"]
         best = {name: min(r, key=lambda x: x["step_s"]) for name, r in runs.items()}
         bare_runs = runs[DETAIL_VARIANTS[0][0]]
-        for name, runner, extras, patch in DETAIL_VARIANTS:
+        for name, _runner, extras, patch in DETAIL_VARIANTS:
             r = best[name]
             d = dict(
                 shape=detail_shape["name"],

@@ -165,7 +165,7 @@ def test_sigkill_at_random_moments_then_resume_matches_an_uninterrupted_run(tiny
     rng = random.Random(0)
     last = tmp_path / "killed" / "checkpoints" / "last.ckpt"
     kills = 0
-    for attempt in range(3):
+    for _attempt in range(3):
         extra = ["--resume", "true"] if last.exists() else ["--overwrite", "true"]
         seen = last.stat().st_mtime_ns if last.exists() else None
         proc = subprocess.Popen(
