@@ -166,6 +166,12 @@ CASES: list[Case] = [
         "0",
         expect=["early_stopping.patience: must be >= 1 or null, got 0"],
     ),
+    train(
+        "early stopping min_delta below 0",
+        "--early_stopping.min_delta",
+        "-0.1",
+        expect=["early_stopping.min_delta: must be >= 0, got -0.1"],
+    ),
     train("batch_size 0", "--data.batch_size", "0", expect=["data.batch_size: must be >= 1"]),
     train("val_batches 0", "--data.val_batches", "0", expect=["data.val_batches: must be >= 1"]),
     train("val_fraction outside (0, 1)", "--data.val_fraction", "1.5", expect=["data.val_fraction: must be between"]),
