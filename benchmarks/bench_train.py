@@ -191,6 +191,7 @@ def run_lightning(
             sample_tokens=200,
             attention_images="auto",
             compile=False,
+            early_stopping={"patience": None},
             trainer={},
         )
         # train.py's callbacks, its checkpoint every 1,000 steps (none in a run this short) in the scratch folder

@@ -8,13 +8,16 @@ The commands, fine-tuning (init_from) and `minigpt.load_model` all come through 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
 
 from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.checkpoint import (
+    DEFAULT_OUT_ROOT,
     checkpoint_model,
+    checkpoint_summary,
     find_checkpoint,
     model_config,
     model_state_dict,
@@ -28,6 +31,9 @@ from minigpt.core.quantize import Quantization, quantize_model
 from minigpt.core.tokenizers import Tokenizer
 from minigpt.hf.chat_files import read_chat_template
 from minigpt.hf.load import load_hf_model, resolve_hf_source
+
+# one INFO line when minigpt picks the checkpoint (a run directory, or none named): the commands show it on stderr
+log = logging.getLogger(__name__)
 
 
 def is_hf_source(source: str | Path | None) -> bool:
@@ -52,14 +58,27 @@ def load_model(
     `attention` picks another attention path for the same weights (same outputs; e.g. 'manual' to get the
     attention weights).  `quantize="int8"`: the weights as loaded, then stored as int8 with a scale per row, for
     inference (minigpt.core.quantize): a quarter of the memory, and faster decoding where bandwidth is the limit.
+    A run directory means its best checkpoint (checkpoints/best.ckpt, the lowest validation loss), else its last.
     """
+    return _load_model(source, device, attention, quantize, announce=True)
+
+
+def _load_model(
+    source: str | Path | None,
+    device: str | torch.device,
+    attention: str | None,
+    quantize: Quantization | None,
+    announce: bool,
+) -> tuple[GPT, Tokenizer]:
     if quantize is not None:
-        model, tokenizer = load_model(source, device=device, attention=attention)
+        model, tokenizer = _load_model(source, device, attention, None, announce)
         return quantize_model(model, quantize), tokenizer
     if is_hf_source(source):
         return load_hf_model(source, device=device, attention=attention)
     path = find_checkpoint(source)
     ckpt = read_checkpoint(path, map_location="cpu")
+    if announce:
+        say_which(source, path, ckpt)
     if checkpoint_lora(ckpt) is None:
         return checkpoint_model(ckpt, path, device, attention)
     return checkpoint_model(ckpt, path, device, attention, build=lambda c, **o: merge_lora(lora_run_model(c, **o)))
@@ -69,6 +88,7 @@ def load_lora_run(source: str | Path | None, device: str | torch.device = "cpu")
     """A LoRA run as trained: (its model on its base, adapters not merged, in eval mode; tokenizer; LoRA config)."""
     path = find_checkpoint(source)
     ckpt = read_checkpoint(path, map_location="cpu")
+    say_which(source, path, ckpt)
     if (lora := checkpoint_lora(ckpt)) is None:
         raise UserError(
             f"{path} is not a LoRA run (it holds a whole model); only a run of train.py --finetune lora "
@@ -77,12 +97,21 @@ def load_lora_run(source: str | Path | None, device: str | torch.device = "cpu")
     return *checkpoint_model(ckpt, path, device, build=lora_run_model), lora[0]
 
 
+def say_which(source: str | Path | None, path: Path, ckpt: dict) -> None:
+    """Log which checkpoint minigpt picked, where it picked it: a run directory's best (else last) checkpoint, or,
+    with no source, the newest run under out/.  A file named by the user is taken as named, without a word."""
+    if source is not None and not Path(source).is_dir():
+        return
+    newest = f"no checkpoint named: the newest run under {DEFAULT_OUT_ROOT}/; " if source is None else ""
+    log.info(f"using {path} ({newest}{checkpoint_summary(ckpt, path)})")
+
+
 def lora_run_model(ckpt: dict, **config_overrides) -> GPT:
     """A LoRA run's model from its checkpoint: the base, read from where the run found it and checked against its
     fingerprint, with the run's adapters (not merged)."""
     cfg, base = checkpoint_lora(ckpt)
-    try:
-        model, _ = load_model(base["source"], attention=config_overrides.get("attention"))
+    try:  # the base is part of this checkpoint, not a second choice to announce
+        model, _ = _load_model(base["source"], "cpu", config_overrides.get("attention"), None, announce=False)
     except UserError as e:
         problem = f"cannot be loaded ({first_line(e, 300)})"
     else:

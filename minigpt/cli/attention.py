@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import TextIO
 
 from minigpt.cli.errors import run_cli
-from minigpt.cli.parsing import CommandParser, add_prompt_arguments, add_source_argument, read_prompt, resolve_device
+from minigpt.cli.parsing import (
+    CommandParser,
+    add_prompt_arguments,
+    add_source_argument,
+    checkpoint_lines,
+    read_prompt,
+    resolve_device,
+    show_checkpoint_lines,
+)
 from minigpt.core.errors import UserError
 from minigpt.core.seed import check_seed
 from minigpt.lab.capture import capture_attention, save_npz
@@ -52,6 +60,7 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
     model, tokenizer = load_model(args.ckpt, device=device)
     start = time.perf_counter()
     capture = capture_attention(model, tokenizer, prompt, seed=args.seed)
+    show_checkpoint_lines()
     seconds = time.perf_counter() - start
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -75,6 +84,7 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
 
 def main(argv: list[str] | None = None, stdout: TextIO | None = None, stdin: TextIO | None = None) -> None:
     """attention.py: user mistakes (bad flags, checkpoint or prompt) end in one 'error:' line, exit code 2."""
-    run_cli(
-        lambda: _main(argv, stdout if stdout is not None else sys.stdout, stdin if stdin is not None else sys.stdin)
-    )
+    with checkpoint_lines():
+        run_cli(
+            lambda: _main(argv, stdout if stdout is not None else sys.stdout, stdin if stdin is not None else sys.stdin)
+        )

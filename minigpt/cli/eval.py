@@ -23,9 +23,11 @@ from minigpt.cli.parsing import (
     CommandParser,
     add_quantize_argument,
     add_source_argument,
+    checkpoint_lines,
     misplaced_setting,
     read_text_file,
     resolve_device,
+    show_checkpoint_lines,
 )
 from minigpt.core.errors import UserError
 from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens, text_ids
@@ -91,6 +93,7 @@ def run_tasks(args) -> dict:
 
     tasks = resolve_tasks(args.tasks.split(","))  # before loading the model: a wrong name costs nothing
     model, tokenizer = load_model(args.ckpt, device=resolve_device(args.device), quantize=args.quantize)
+    show_checkpoint_lines()
     results = evaluate_tasks(
         MiniGPTLM(model, tokenizer, batch_size=args.batch_size or 1),
         tasks,
@@ -120,6 +123,7 @@ def run(argv: list[str] | None = None) -> tuple[float, int] | dict:
     model, tokenizer = load_model(args.ckpt, device=device, quantize=args.quantize)
     tokens = text_ids(tokenizer, text, f"--text {path}")
     nats, n = evaluate_tokens(model, tokens, args.batch_size)
+    show_checkpoint_lines()
     per_char, per_byte = bits_per_char_and_byte(nats, tokenizer, tokens)
     print(
         f"{path}: {n:,} tokens, {nats / n:.4f} nats/token, {per_char:.4f} bits/char, {per_byte:.4f} bits/byte",
@@ -130,4 +134,5 @@ def run(argv: list[str] | None = None) -> tuple[float, int] | dict:
 
 def main(argv: list[str] | None = None) -> None:
     """eval.py: user mistakes end in one 'error:' line and exit code 2."""
-    run_cli(lambda: run(argv))
+    with checkpoint_lines():
+        run_cli(lambda: run(argv))

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from minigpt.cli.errors import ignore_interrupts_until_exit, run_cli
-from minigpt.cli.parsing import CommandParser, add_source_argument
+from minigpt.cli.parsing import CommandParser, add_source_argument, checkpoint_lines, show_checkpoint_lines
 from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.errors import UserError
 from minigpt.export.folder import FolderState, check_previous_export, folder_state
@@ -107,6 +107,7 @@ def run_gguf(args, out: Path, replacing: list[Replaced]) -> Path:
         name=name,
     )
     kept = f"; {result.kept_f16} matrices kept in f16 (rows not a multiple of 32)" if result.kept_f16 else ""
+    show_checkpoint_lines()
     vocab = result.vocab
     # a char vocabulary is not a BPE: llama.cpp only needs a pre-tokenizer's name for it, and gpt-2's splits no char
     tokens = (
@@ -132,6 +133,7 @@ def run_peft(args, out: Path, replacing: list[Replaced]) -> Path:
     model, tokenizer, lora = load_lora_run(args.ckpt)
     export_peft(model, tokenizer, lora, out, base_out, overwrite=args.overwrite, checked=checked)
     n = safetensors_params(out / "adapter_model.safetensors")
+    show_checkpoint_lines()
     print(
         f"wrote PEFT LoRA adapters ({n:,} parameters, rank {lora.rank}) to {out} and their base, "
         f"{HF_CLASS[model.config.arch]}, to {base_out}",
@@ -166,6 +168,7 @@ def run(argv: list[str] | None = None, replacing: list[Replaced] | None = None) 
     check_exportable(model.config)
     export_hf(model, tokenizer, out, overwrite=args.overwrite, checked=checked)
     n = safetensors_params(out / "model.safetensors")
+    show_checkpoint_lines()
     print(
         f"wrote {HF_CLASS[model.config.arch]} ({n:,} parameters) to {out}: "
         f"{', '.join(sorted(p.name for p in out.iterdir()))}",
@@ -218,7 +221,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(130) from None
 
     try:
-        run_cli(export)
+        with checkpoint_lines():
+            run_cli(export)
     finally:
         if argv is None:  # the process's own command line: it exits next, and a Ctrl-C then changes nothing
             ignore_interrupts_until_exit()

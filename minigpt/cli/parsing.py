@@ -4,7 +4,9 @@ the --ckpt / --prompt options and the device option.  Each command has `--help`,
 
 from __future__ import annotations
 
+import contextlib
 import io
+import logging
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -127,6 +129,47 @@ def add_source_argument(p: ArgumentParser) -> None:
         help="checkpoint file, run directory, Hugging Face model directory or hf:ORG/NAME "
         "(default: the newest run under out/)",
     )
+
+
+class _PendingLines(logging.Handler):
+    """Holds minigpt.loading's lines until the command has accepted its inputs (show_checkpoint_lines): a mistake
+    found after loading (a prompt the vocabulary lacks) stays the command's one `error:` line."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def show(self) -> None:
+        for line in self.lines:
+            print(line, file=sys.stderr, flush=True)  # sys.stderr as it is now (tests swap the stream)
+        self.lines.clear()
+
+
+@contextlib.contextmanager
+def checkpoint_lines() -> Iterator[None]:
+    """While a command runs, the line minigpt.loading logs when it picks a checkpoint (for a run directory, or no
+    --ckpt) goes to stderr, where the command's other messages go, once the command starts its work
+    (show_checkpoint_lines) or, at the latest, when it ends well; a command that fails shows only its error."""
+    logger = logging.getLogger("minigpt.loading")
+    handler, level = _PendingLines(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+        handler.show()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def show_checkpoint_lines() -> None:
+    """The command accepted its inputs and starts its work: say which checkpoint it took (see checkpoint_lines)."""
+    for handler in logging.getLogger("minigpt.loading").handlers:
+        if isinstance(handler, _PendingLines):
+            handler.show()
 
 
 def add_quantize_argument(p: ArgumentParser) -> None:

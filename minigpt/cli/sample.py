@@ -25,10 +25,12 @@ from minigpt.cli.parsing import (
     add_prompt_arguments,
     add_quantize_argument,
     add_source_argument,
+    checkpoint_lines,
     is_terminal,
     misplaced_setting,
     read_prompt,
     resolve_device,
+    show_checkpoint_lines,
     typed,
 )
 from minigpt.core.chat import ChatSession
@@ -191,6 +193,7 @@ def run_chat(args: Any, device: str, stdout: TextIO, stdin: TextIO) -> None:
         generator,
         use_kv_cache=args.kv_cache,
     )
+    show_checkpoint_lines()
     interactive = is_terminal(stdin)
     skipped = UserError if interactive else ()  # a turn the model cannot read: skipped on a terminal, the end if piped
 
@@ -241,6 +244,7 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
     model, tokenizer = load_model(args.ckpt, device=device, attention=args.attention, quantize=args.quantize)
     ids = prompt_ids(tokenizer, prompt)
     check_sampling_size(model.config, args.num_samples, len(ids), args.max_new_tokens, args.kv_cache, model)
+    show_checkpoint_lines()
     stop_token = tokenizer.eot_id if args.stop else None
     idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
@@ -278,4 +282,5 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stdin: Tex
     out = stdout if stdout is not None else sys.stdout
     if stdout is None and hasattr(out, "reconfigure"):
         out.reconfigure(errors="replace")  # a model can emit characters the console cannot show
-    run_cli(lambda: _main(argv, out, stdin if stdin is not None else sys.stdin))
+    with checkpoint_lines():
+        run_cli(lambda: _main(argv, out, stdin if stdin is not None else sys.stdin))

@@ -24,8 +24,10 @@ from minigpt.cli.parsing import (
     CommandParser,
     add_quantize_argument,
     add_source_argument,
+    checkpoint_lines,
     misplaced_setting,
     resolve_device,
+    show_checkpoint_lines,
 )
 from minigpt.core.config import ATTENTIONS, Attention
 from minigpt.core.errors import UserError, first_line
@@ -173,6 +175,7 @@ def _main(argv: list[str] | None) -> None:
     )
     host, port = sock.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    show_checkpoint_lines()
     print(f"serving {name} at {url}/v1 (chat page: {url}/); Ctrl-C stops", file=sys.stderr, flush=True)
     if args.host not in LOCAL_HOSTS and api_key is None:
         print(
@@ -190,4 +193,5 @@ def _main(argv: list[str] | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_cli(lambda: _main(argv))
+    with checkpoint_lines():
+        run_cli(lambda: _main(argv))

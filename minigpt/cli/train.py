@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from jsonargparse import ActionYesNo
+from jsonargparse import ActionYesNo, Namespace
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Timer
@@ -37,7 +37,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from minigpt.cli.errors import fail, run_cli
-from minigpt.cli.parsing import OneLineErrors, literal_choices, misplaced_setting
+from minigpt.cli.parsing import OneLineErrors, flag_values, literal_choices, misplaced_setting
 from minigpt.configs import default_config
 from minigpt.core.checkpoint import check_resumable
 from minigpt.core.config import GPTConfig
@@ -56,12 +56,9 @@ from minigpt.training.lightning_module import GPTLightningModule
 from minigpt.training.optim import OptimConfig
 from minigpt.training.run_dir import SIGNALS, check_writable, lock_run_dir, recover, replacing, stop_on_signals
 from minigpt.training.sft import chat_loss, check_chat_resumable
-from minigpt.training.trainer import TRAINER_DEFAULTS, MiniGPTTrainer, run_callbacks
+from minigpt.training.trainer import TRAINER_DEFAULTS, EarlyStoppingConfig, MiniGPTTrainer, end_of_run, run_callbacks
 
 IMPORTED = seconds_since_launch()  # the start-up report's first part: Python, torch, Lightning and minigpt loaded
-
-# Our sampler restarts exactly where a run stopped (see datamodule.py), so Lightning's caution does not apply.
-warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch ended")
 
 
 class _DropAdverts(logging.Filter):
@@ -83,7 +80,19 @@ LINKS = {
 
 
 class TrainArgumentParser(OneLineErrors, LightningArgumentParser):
-    """LightningCLI's parser, with parse mistakes as one line."""
+    """LightningCLI's parser, with parse mistakes as one line.  It notes the keys each --config file sets, for
+    init_from (which must tell a user's setting from a default): jsonargparse reads a --config file through
+    parse_string without defaults, so what it returns there is what the file itself says."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.file_keys: set[str] = set()
+
+    def parse_string(self, *args: Any, **kwargs: Any) -> Namespace:
+        parsed = super().parse_string(*args, **kwargs)
+        if kwargs.get("defaults") is False:  # a --config file (the default config is read as defaults, elsewhere)
+            self.file_keys.update(parsed.keys())
+        return parsed
 
 
 class MiniGPTCLI(LightningCLI):
@@ -186,6 +195,7 @@ class MiniGPTCLI(LightningCLI):
         parser.add_class_arguments(GPTConfig, "model")  # every field of the dataclass, as declared there
         parser.add_class_arguments(OptimConfig, "optim")
         parser.add_class_arguments(LoRAConfig, "lora")  # read with --finetune lora only
+        parser.add_class_arguments(EarlyStoppingConfig, "early_stopping")
         parser.add_lightning_class_args(TokenDataModule, "data")
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -214,14 +224,9 @@ class MiniGPTCLI(LightningCLI):
                 "--finetune lora trains adapters on a model: name it with --init_from (a .ckpt, a run "
                 "directory, a Hugging Face model directory or hf:ORG/NAME), or drop --finetune lora"
             )
-        # init_from needs to know which settings the user gave (config files and flags), not their defaults: a
-        # parser without the links (whose sources may be unset) parses them again, without defaults
-        self.given = None
-        if self.config.get("init_from"):
-            settings_only = self.init_parser(**self.parser_kwargs)
-            self.add_default_arguments_to_parser(settings_only)
-            self.add_core_arguments_to_parser(settings_only)
-            self.given = settings_only.parse_args(args, defaults=False)
+        # init_from needs to know which settings the user gave, not their defaults: the keys of the --config files
+        # and of the flags (one parse: the files' keys were noted as jsonargparse read them)
+        self.given = parser.file_keys | {key for key, _ in flag_values(given)}
 
     def instantiate_classes(self) -> None:
         source_config, source_model = None, None
@@ -347,23 +352,26 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
             trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path, weights_only=True)
         except SIGTERMException:  # Lightning's: raised between steps after a SIGTERM, the state is whole
             stopped_by.append("SIGTERM")
+        except SystemExit:  # Lightning's answer to a KeyboardInterrupt: a second Ctrl-C, mid-step; nothing saved
+            if stopped_by[:2] != ["SIGINT", "SIGINT"]:
+                raise
+            saved = f"continue from {last} with --resume" if last.is_file() else "no checkpoint was saved yet"
+            print(f"stopped at once by a second Ctrl-C; {saved}", file=sys.stderr)
+            raise SystemExit(128 + SIGNALS["SIGINT"]) from None
         trainer.save_checkpoint(last, weights_only=False)  # the final state, whatever step the run stopped at
-    if stopped_by:
+    if trainer.is_global_zero:
+        end_of_run(trainer, last, cli.datamodule.hparams.val_batches)
+    if stopped_by[:1] == ["SIGINT"]:  # Ctrl-C: a stop the user asked for, not an error
+        print(
+            f"stopped by SIGINT (Ctrl-C) at step {trainer.global_step}; saved {last}; continue the run with --resume",
+            file=sys.stderr,
+        )
+        raise SystemExit(128 + SIGNALS["SIGINT"])
+    if stopped_by:  # from outside (a scheduler's SIGTERM): the run did not end as configured
         fail(
             f"stopped by {stopped_by[0]} at step {trainer.global_step}; saved {last}; continue the run with --resume",
             code=128 + SIGNALS[stopped_by[0]],
         )
-    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
-    if trainer.is_global_zero:
-        val_loss = trainer.callback_metrics.get("val_loss")
-        shown = f"{val_loss.item():.4f}" if val_loss is not None else "n/a"
-        # the last periodic validation's val_batches windows: an estimate (the full split's loss follows)
-        print(
-            f"estimated val loss {shown} ({cli.datamodule.hparams.val_batches} batches) after {trainer.global_step} "
-            f"steps; checkpoint: {last}"
-        )
-        if timer is not None:  # fit loop only (validation included): not data preparation, not the final eval
-            print(f"training time {timer.time_elapsed('train'):.1f}s")
     if cli.config["eval_full"] and trainer.world_size == 1:
         start = time.perf_counter()
         # on the training device: Lightning's teardown has moved the model to the CPU (on an H200 the full split
@@ -383,6 +391,7 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
             f"full val loss {nats / n:.4f} over all {n:,} validation tokens{per_text} "
             f"({time.perf_counter() - start:.1f}s to evaluate)"
         )
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
     remaining = timer.time_remaining() if timer is not None else None  # None: no max_time
     if (
         trainer.is_global_zero

@@ -208,6 +208,23 @@ def find_checkpoint(path: str | Path | None = None, out_root: str | Path = DEFAU
     raise CheckpointError(missing)
 
 
+def checkpoint_summary(ckpt: dict[str, Any], path: Path) -> str:
+    """What a checkpoint holds, in a few words: 'step N', and for a run's best.ckpt 'val loss X, the run's best'
+    (from the state of train.py's best-checkpoint callback, a Lightning ModelCheckpoint, saved inside the file)."""
+    step = ckpt.get("global_step")
+    words = [f"step {step}"] if isinstance(step, int) else []
+    for state in (ckpt.get("callbacks") or {}).values():
+        if (
+            isinstance(state, dict)
+            and state.get("monitor") == "val_loss"
+            and Path(str(state.get("best_model_path"))).name == path.name
+            and isinstance(score := state.get("best_model_score"), torch.Tensor)
+        ):
+            words.append(f"val loss {score.item():.4f}, the run's best")
+            break
+    return ", ".join(words)
+
+
 def load_checkpoint(
     source: str | Path | None = None, device: str | torch.device = "cpu", attention: str | None = None
 ) -> tuple[GPT, Tokenizer]:

@@ -18,7 +18,7 @@ from lightning.pytorch.utilities.seed import isolate_rng
 
 from minigpt import core
 from minigpt.core.checkpoint import RNG_STATE_KEY
-from minigpt.core.errors import UserError
+from minigpt.core.errors import UnknownCharactersError, UserError
 from minigpt.core.generation import generate, prompt_ids
 from minigpt.core.model import GPT
 
@@ -231,10 +231,16 @@ class AttentionImages(Callback):
         return self.enabled is True or (self.enabled == "auto" and n_layer * n_head <= self.AUTO_MAX_HEADS)
 
     def probe_ids(self, tokenizer: Any, block_size: int) -> list[int]:
-        """The probe's ids, up to block_size; characters a char vocabulary lacks are left out."""
+        """The probe's ids, up to block_size; characters a char vocabulary lacks are left out (minigpt's own char
+        tokenizer or a char-level tokenizer.json imported with a Hugging Face model)."""
         chars = getattr(tokenizer, "stoi", None)
         text = "".join(c for c in self.probe if c in chars) if chars is not None else self.probe
-        return (tokenizer.encode(text) if text else prompt_ids(tokenizer, ""))[:block_size]
+        try:
+            ids = tokenizer.encode(text) if text else []
+        except UnknownCharactersError as e:
+            text = "".join(c for c in text if c not in e.chars)
+            ids = tokenizer.encode(text) if text else []
+        return (ids or prompt_ids(tokenizer, ""))[:block_size]
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         from lightning.pytorch.loggers import TensorBoardLogger

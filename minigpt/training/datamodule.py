@@ -61,6 +61,19 @@ class ResumableSampler(Sampler[int]):
         return iter(range(first, first + self.length))
 
 
+class ResumableLoader(DataLoader):
+    """The training DataLoader, resumable in Lightning's terms (the state_dict / load_state_dict pair it looks for
+    before it warns, on a mid-epoch resume, that the loader is not): its position is the trainer's, because the
+    ResumableSampler starts at global_step * accumulate_grad_batches, so the state is the next batch's index and
+    the restored global_step has already restored it."""
+
+    def state_dict(self) -> dict[str, int]:
+        return {"next_batch": self.sampler.start()}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        pass  # the position follows from the trainer's restored global_step (ResumableSampler.start)
+
+
 def own_generator() -> torch.Generator:
     """A DataLoader draws a seed from the global RNG each time it starts iterating unless it has its own
     generator; that draw would make dropout after --resume differ from an uninterrupted run."""
@@ -194,7 +207,7 @@ class TokenDataModule(L.LightningDataModule):
             windows = RandomWindows(data.train, hp.block_size, hp.batch_size, hp.seed, stream=rank, length=1 << 62)
         length = steps * accumulate
         start = (lambda: self.trainer.global_step * accumulate) if self.trainer is not None else (lambda: 0)
-        return DataLoader(
+        return ResumableLoader(
             windows,
             batch_size=None,
             sampler=ResumableSampler(length, start),

@@ -33,12 +33,15 @@ from minigpt.training.sft import grow_vocabulary
 LINKED_MODEL_FIELDS = {"vocab_size"}
 
 
-def init_from_source(config: Any, given: Any, resumed: dict[str, Any] | None = None) -> tuple[GPTConfig, GPT | None]:
+def init_from_source(
+    config: Any, given: set[str], resumed: dict[str, Any] | None = None
+) -> tuple[GPTConfig, GPT | None]:
     """init_from: fill config's model section from the source and point data.tokenizer at its tokenizer (written
     under the data root, keyed by its content; train.py copies it to out_dir/tokenizer.json once the run is
     accepted, so a refused run writes nothing into out_dir).  Returns the source's config and model; the model is
     None when --resume continues the run (`resumed`: its last checkpoint, already read), whose own checkpoint then
-    supplies config and tokenizer (the source's weights are not read again)."""
+    supplies config and tokenizer (the source's weights are not read again).  `given`: the keys the user set in
+    config files and flags ("model.n_layer", "data.tokenizer", ...), whose values are in `config`."""
     src, out_dir = config["init_from"], Path(config["out_dir"])
     resuming = resumed is not None
     if not resuming and Path(str(src)).is_dir() and Path(str(src)).resolve() == out_dir.resolve():
@@ -63,10 +66,11 @@ def init_from_source(config: Any, given: Any, resumed: dict[str, Any] | None = N
         raise UserError(f"init_from {src}: it has no tokenizer; fine-tune from a checkpoint written by train.py")
     text = json.dumps(tokenizer.to_dict()).encode()  # the data layer keys its cache by this file's content
     tokenizer_file = Path(config["data"]["data_root"]) / "tokenizers" / f"{hashlib.sha256(text).hexdigest()[:16]}.json"
-    given_tokenizer = given.get("data.tokenizer") if given is not None else None
+    given_tokenizer = config["data"]["tokenizer"] if "data.tokenizer" in given else None
     ours = (tokenizer_file.resolve(), (out_dir / "tokenizer.json").resolve())
     source_keys = source_config.to_dict()
-    user_keys = {k: v for k, v in (given.get("model") or {}).items() if v is not None} if given is not None else {}
+    model_keys = (key.removeprefix("model.") for key in given if key.startswith("model."))
+    user_keys = {k: config["model"][k] for k in model_keys if config["model"].get(k) is not None}
     conflicts = [
         f"model.{k}={v!r} (the source has {source_keys[k]!r})"
         for k, v in user_keys.items()

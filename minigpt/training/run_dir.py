@@ -61,6 +61,11 @@ class RunLock:
         self.pid_file.write_text(str(os.getpid()))
 
     def close(self) -> None:
+        """Release the lock and take its two files away: a run that ended (or was stopped) leaves none.  The lock
+        file goes while it is still held; a train.py that opened it meanwhile sees, once it gets the lock, that the
+        file is gone, and starts over on a new one (filelock checks), so two runs cannot both hold the directory."""
+        self.pid_file.unlink(missing_ok=True)
+        Path(self.lock.lock_file).unlink(missing_ok=True)
         self.lock.release()
 
 
@@ -127,16 +132,17 @@ def recover(out_dir: Path) -> None:
 @contextlib.contextmanager
 def stop_on_signals(trainer: Trainer) -> Iterator[list[str]]:
     """Ctrl-C (SIGINT) ends training after the current step, like SIGTERM (which Lightning handles), so the
-    checkpoint saved then is a whole one; a second Ctrl-C stops at once.  Yields the list of signals received."""
+    checkpoint saved then is a whole one; a second Ctrl-C stops at once (a KeyboardInterrupt, which Lightning turns
+    into SystemExit(1) after tearing the run down).  Yields the list of signals received."""
     received: list[str] = []
     if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
         yield received
         return
 
     def on_sigint(signum: int, frame: Any) -> None:
-        if received:
-            raise KeyboardInterrupt
         received.append("SIGINT")
+        if len(received) > 1:
+            raise KeyboardInterrupt
         trainer.should_stop = True
         print(
             "\nstopping after this step and saving a checkpoint (Ctrl-C again to stop at once)",

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning.pytorch.utilities._pytree as lightning_pytree
-import torch.utils._pytree as torch_pytree
+import lightning as L
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, Timer, TQDMProgressBar
+from lightning.pytorch.callbacks import (
+    Callback,
+    EarlyStopping,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    Timer,
+    TQDMProgressBar,
+)
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
-from minigpt.core.errors import UserError
+from minigpt.core.checkpoint import read_checkpoint
+from minigpt.core.errors import ConfigError, UserError
 from minigpt.core.precision import resolve_precision
 from minigpt.training.callbacks import (
     AttentionImages,
@@ -23,10 +36,22 @@ from minigpt.training.callbacks import (
 
 PROGRESS_REFRESH = 10
 
-# Lightning 2.6 builds a leaf of its data loaders' tree as LeafSpec(), which torch 2.13 deprecates (a FutureWarning
-# per fit/validate, ~60 in the test suite); torch's own treespec_leaf() is the same leaf, without the warning.
-if hasattr(torch_pytree, "treespec_leaf") and getattr(lightning_pytree, "LeafSpec", None) is torch_pytree.LeafSpec:
-    lightning_pytree.LeafSpec = torch_pytree.treespec_leaf
+# Lightning 2.6 builds each leaf of its data loaders' tree as torch's LeafSpec(), which torch 2.13 deprecates: a
+# FutureWarning at every fit and validate that the user can do nothing about.  Ignored where Lightning raises it.
+LEAF_SPEC_WARNING = {
+    "message": r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    "category": FutureWarning,
+    "module": r"lightning\.pytorch\.utilities\._pytree",
+}
+
+
+@contextlib.contextmanager
+def lightning_warnings_ignored() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", **LEAF_SPEC_WARNING)
+        yield
+
+
 # Lightning's precision settings (its Trainer checks them again) and minigpt's "auto"; declared here because
 # Lightning's own type for them is private
 Precision = Literal[
@@ -80,6 +105,78 @@ class MiniGPTTrainer(Trainer):
         precision, _ = resolve_precision(precision, kwargs.get("accelerator", "auto"))
         super().__init__(*args, precision=precision, **kwargs)
 
+    def fit(self, *args: Any, **kwargs: Any) -> None:
+        with lightning_warnings_ignored():
+            super().fit(*args, **kwargs)
+
+    def validate(self, *args: Any, **kwargs: Any) -> Any:
+        with lightning_warnings_ignored():
+            return super().validate(*args, **kwargs)
+
+
+@dataclass
+class EarlyStoppingConfig:
+    """Early stopping (Lightning's EarlyStopping on val_loss, lower is better); off unless patience is set."""
+
+    patience: int | None = None
+    """Stop after this many validations in a row without a lower val_loss; unset = never stop early."""
+    min_delta: float = 0.0
+    """How much lower val_loss must be than its best to count as lower."""
+
+    def __post_init__(self) -> None:
+        if self.patience is not None and (isinstance(self.patience, bool) or self.patience < 1):
+            raise ConfigError(f"early_stopping.patience: must be >= 1 or null, got {self.patience}; use e.g. 3")
+        if not (math.isfinite(self.min_delta) and self.min_delta >= 0):
+            raise ConfigError(f"early_stopping.min_delta: must be >= 0, got {self.min_delta}; use e.g. 0.0 or 0.001")
+
+
+class BestCheckpoint(ModelCheckpoint):
+    """checkpoints/best.ckpt: the lowest val_loss so far (Lightning's ModelCheckpoint), and the step it was reached
+    at (best_step), which its state keeps for --resume."""
+
+    def __init__(self, dirpath: Path) -> None:
+        super().__init__(
+            dirpath=dirpath,
+            filename="best",
+            monitor="val_loss",
+            mode="min",
+            save_top_k=1,
+            enable_version_counter=False,
+            auto_insert_metric_name=False,
+        )
+        self.best_step: int | None = None
+
+    @property
+    def state_key(self) -> str:
+        # ModelCheckpoint's own key: a run checkpointed before this class existed resumes with its best
+        return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        saved = self.current_score  # ModelCheckpoint sets it only when it saves a new best
+        super().on_validation_end(trainer, pl_module)
+        if self.current_score is not saved:
+            self.best_step = trainer.global_step
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "best_step": self.best_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self.best_step = state_dict.get("best_step")
+
+
+class FinalValidation(Callback):
+    """Validate after the run's last step, whatever val_check_interval says, so the run ends with a val loss and
+    best.ckpt has seen it: at that step it asks the loop to stop, and Lightning's loop validates before a stop."""
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        last_step = 0 < trainer.max_steps <= trainer.global_step
+        last_epoch = 0 < (trainer.max_epochs or 0) <= trainer.current_epoch + 1
+        if last_step or (last_epoch and batch_idx + 1 >= trainer.num_training_batches):
+            trainer.should_stop = True
+
 
 TRAINER_DEFAULTS: dict[str, Any] = {
     "max_steps": 2000,
@@ -98,16 +195,7 @@ def run_callbacks(config: Any, batch_size: int, imported: float | None = None) -
     """imported: seconds from launch to the command's modules loaded, the start of StartupTimes' report."""
     checkpoints = Path(config["out_dir"]) / "checkpoints"
     callbacks = [
-        # best.ckpt: lowest validation loss so far
-        ModelCheckpoint(
-            dirpath=checkpoints,
-            filename="best",
-            monitor="val_loss",
-            mode="min",
-            save_top_k=1,
-            enable_version_counter=False,
-            auto_insert_metric_name=False,
-        ),
+        BestCheckpoint(checkpoints),  # best.ckpt: lowest validation loss so far
         # last.ckpt: every checkpoint_every steps, what --resume continues from
         ModelCheckpoint(
             dirpath=checkpoints,
@@ -121,7 +209,11 @@ def run_callbacks(config: Any, batch_size: int, imported: float | None = None) -
         RNGState(),
         TextSamples(config["sample_tokens"]),
         AttentionImages(config["attention_images"]),
+        FinalValidation(),
     ]
+    if (patience := config["early_stopping"]["patience"]) is not None:
+        min_delta = config["early_stopping"]["min_delta"]
+        callbacks.append(EarlyStopping(monitor="val_loss", mode="min", patience=patience, min_delta=min_delta))
     if config["trainer"].get("enable_progress_bar") is not False:
         # redrawn every PROGRESS_REFRESH steps, not every step: redrawing cost ~3% of a small CPU model's step
         # no more often than the steps log: each redraw reads the logged loss, which waits for a GPU's queue
@@ -134,3 +226,32 @@ def run_callbacks(config: Any, batch_size: int, imported: float | None = None) -
     if not config["trainer"].get("max_time"):  # Lightning adds its own Timer for max_time; else time the run
         callbacks.append(Timer())
     return callbacks
+
+
+def end_of_run(trainer: Trainer, last: Path, val_batches: int) -> None:
+    """What train.py prints when a run ends (rank 0): the last validation's loss, the best one with its step and
+    checkpoint (what a run directory resolves to), why early stopping ended it, and the training time."""
+    val_loss = trainer.callback_metrics.get("val_loss")
+    shown = f"{val_loss.item():.4f}" if val_loss is not None else "n/a"
+    # the last validation's val_batches windows: an estimate (the full split's loss follows)
+    print(f"estimated val loss {shown} ({val_batches} batches) after {trainer.global_step} steps; checkpoint: {last}")
+    best = next((c for c in trainer.callbacks if isinstance(c, BestCheckpoint)), None)
+    if best is not None and best.best_model_score is not None and Path(best.best_model_path).is_file():
+        path = last.parent / Path(best.best_model_path).name  # as the user named out_dir
+        # a run resumed from a checkpoint older than best_step: the step is in the file
+        step = best.best_step if best.best_step is not None else read_checkpoint(path)["global_step"]
+        print(
+            f"best val loss {best.best_model_score.item():.4f} at step {step}; checkpoint: {path} (what sample.py, "
+            f"eval.py and export.py take from {last.parent.parent})"
+        )
+    stopper = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)
+    if stopper is not None and stopper.stopping_reason == EarlyStoppingReason.PATIENCE_EXHAUSTED:
+        print(
+            f"early stopping: val loss not lower for {stopper.wait_count} validations in a row "
+            f"(early_stopping.patience {stopper.patience}); stopped at step {trainer.global_step}"
+        )
+    elif stopper is not None and stopper.stopping_reason != EarlyStoppingReason.NOT_STOPPED:
+        print(f"early stopping at step {trainer.global_step}: {stopper.stopping_reason_message}")
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    if timer is not None:  # fit loop only (validation included): not data preparation, not the final eval
+        print(f"training time {timer.time_elapsed('train'):.1f}s")

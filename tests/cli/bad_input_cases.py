@@ -160,6 +160,18 @@ CASES: list[Case] = [
         expect=["optim.learning_rate: must be a positive number"],
     ),
     train("min_lr_ratio below 0", "--optim.min_lr_ratio", "-0.5", expect=["optim.min_lr_ratio: must be in [0, 1]"]),
+    train(
+        "early stopping patience 0",
+        "--early_stopping.patience",
+        "0",
+        expect=["early_stopping.patience: must be >= 1 or null, got 0"],
+    ),
+    train(
+        "early stopping min_delta below 0",
+        "--early_stopping.min_delta",
+        "-0.1",
+        expect=["early_stopping.min_delta: must be >= 0, got -0.1"],
+    ),
     train("batch_size 0", "--data.batch_size", "0", expect=["data.batch_size: must be >= 1"]),
     train("val_batches 0", "--data.val_batches", "0", expect=["data.val_batches: must be >= 1"]),
     train("val_fraction outside (0, 1)", "--data.val_fraction", "1.5", expect=["data.val_fraction: must be between"]),

@@ -232,3 +232,26 @@ def test_init_from_a_hugging_face_gpt2_directory(
         logits = hf_model(batch[:, :-1]).logits
     expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
     assert first_loss == pytest.approx(expected.item(), abs=1e-4), "the first step must see the HF weights"
+
+
+def test_init_from_parses_the_settings_once(finetune_args, source_run, other_corpus, data_root, tmp_path, monkeypatch):
+    """Which settings the user gave (a config file's keys, the flags) comes from the one parse (issue 44): no
+    second parser, and the config file's keys still count as set."""
+    from minigpt.cli import train as train_cli
+
+    parsers = []
+    real_init = train_cli.TrainArgumentParser.__init__
+
+    def init(self, *args, **kwargs):
+        parsers.append(self)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(train_cli.TrainArgumentParser, "__init__", init)
+    config = tmp_path / "ft.yaml"
+    config.write_text("model:\n  block_size: 16\n  dropout: 0.0\n")
+    argv = ["--config", str(config)] + finetune_args(other_corpus, data_root, tmp_path / "ft", source_run)
+    cli = train_cli.parse(argv + ["--model.attention", "manual"])
+    assert len(parsers) == 1
+    assert {"model.block_size", "model.dropout", "model.attention", "init_from"} <= cli.given
+    assert "model.n_layer" not in cli.given  # a default, which the source decides
+    assert (cli.model.config.block_size, cli.model.config.attention) == (16, "manual")

@@ -1,0 +1,178 @@
+"""How a run ends: its last step validates, the end says the best val loss with its step and checkpoint, early
+stopping (off by default) stops a run that stops improving and keeps its best checkpoint, the commands say which
+checkpoint a run directory gives them, a mid-epoch resume is resumable to Lightning, and the run's lock files go
+(issues 48 and 49)."""
+
+import contextlib
+import io
+import os
+import random
+import re
+import shutil
+import signal
+import warnings
+from pathlib import Path
+
+import pytest
+from lightning.pytorch.callbacks import Callback, EarlyStopping
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from minigpt.cli import attention as attention_cli
+from minigpt.cli import eval as eval_cli
+from minigpt.cli import export as export_cli
+from minigpt.cli import sample as sample_cli
+from minigpt.cli.train import main
+from minigpt.core.checkpoint import read_checkpoint
+
+LETTERS = "abcdefghijklmnopqrst"
+PATIENCE, INTERVAL, MAX_STEPS = 2, 5, 400
+
+
+def val_losses(run: Path) -> list[float]:
+    return [e.value for e in EventAccumulator(str(run)).Reload().Scalars("val_loss")]
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tiny_run_args, data_root, tmp_path_factory):
+    """A run on random letters, which it cannot learn beyond their frequencies: its val loss soon stops falling,
+    and early stopping (patience 2, a validation every 5 steps) ends it long before max_steps."""
+    tmp = tmp_path_factory.mktemp("stopped")
+    rng = random.Random(0)
+    corpus = tmp / "letters.txt"
+    corpus.write_text("".join(rng.choice(LETTERS) for _ in range(4000)))
+    run = tmp / "run"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        trainer = main(
+            tiny_run_args(
+                corpus,
+                data_root,
+                run,
+                steps=MAX_STEPS,
+                trainer__val_check_interval=INTERVAL,
+                early_stopping__patience=PATIENCE,
+                eval_full="false",
+            )
+        )
+    found = re.search(r"^best val loss ([\d.]+) at step (\d+); checkpoint: (.+) \(what sample", out.getvalue(), re.M)
+    assert found, out.getvalue()
+    return run, trainer, out.getvalue(), float(found[1]), int(found[2]), Path(found[3])
+
+
+def test_early_stopping_stops_a_run_that_stops_improving_and_keeps_the_best_checkpoint(stopped_run):
+    run, trainer, out, best_loss, best_step, best = stopped_run
+    assert trainer.global_step < MAX_STEPS, out
+    # it stopped after PATIENCE validations in a row without a lower val loss than the best's
+    assert trainer.global_step - best_step == PATIENCE * INTERVAL, out
+    losses = val_losses(run)
+    assert min(losses) == pytest.approx(best_loss, abs=1e-4) and min(losses[-PATIENCE:]) >= best_loss
+    assert f"early stopping: val loss not lower for {PATIENCE} validations in a row" in out
+    assert f"stopped at step {trainer.global_step}" in out
+    # best.ckpt still holds the best step's weights: the later, worse validations did not replace it
+    assert best == run / "checkpoints" / "best.ckpt"
+    assert read_checkpoint(best)["global_step"] == best_step
+    assert read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == trainer.global_step
+
+
+@pytest.mark.parametrize("steps,interval,validations", [(7, 10, 1), (10, 5, 2)])
+def test_every_run_ends_with_a_validation_and_names_its_best(
+    tiny_run_args, corpus, data_root, tmp_path, capsys, steps, interval, validations
+):
+    """A run whose val_check_interval never comes still validates at its last step (it said "val loss n/a"), and
+    one whose last step validates anyway does so once; early stopping is off unless asked for."""
+    run = tmp_path / "run"
+    trainer = main(tiny_run_args(corpus, data_root, run, steps=steps, trainer__val_check_interval=interval))
+    out = capsys.readouterr().out
+    val_loss = trainer.callback_metrics["val_loss"].item()
+    assert f"estimated val loss {val_loss:.4f} (2 batches) after {steps} steps" in out
+    validated_at = [interval * (i + 1) for i in range(validations - 1)] + [steps]
+    assert len(val_losses(run)) == validations
+    best_loss, best_step = min(zip(val_losses(run), validated_at))
+    best = run / "checkpoints" / "best.ckpt"
+    assert f"best val loss {best_loss:.4f} at step {best_step}; checkpoint: {best}" in out
+    assert read_checkpoint(best)["global_step"] == best_step
+    assert trainer.global_step == steps and not any(isinstance(c, EarlyStopping) for c in trainer.callbacks)
+    assert not {".train.lock", ".train.pid"} & {p.name for p in run.iterdir()}
+
+
+def test_commands_say_which_checkpoint_a_run_directory_gives_them(stopped_run, tmp_path, capsys, monkeypatch):
+    """A run directory means its best checkpoint, and every command reading one says so in one stderr line; with
+    no --ckpt, it names the run it picked under out/; a file the user names is taken without a word."""
+    run, _, _, best_loss, best_step, best = stopped_run
+    line = f"using {best} (step {best_step}, val loss {best_loss:.4f}, the run's best)"
+    capsys.readouterr()
+    sample_cli.main(["--ckpt", str(run), "--prompt", "ab", "--max_new_tokens", "3"], stdout=io.StringIO())
+    assert capsys.readouterr().err.splitlines() == [line]
+    text = tmp_path / "text.txt"
+    text.write_text(LETTERS * 20)
+    eval_cli.main(["--ckpt", str(run), "--text", str(text)])
+    export_cli.main(["--ckpt", str(run), "--out", str(tmp_path / "hf")])
+    attention_cli.main(["--ckpt", str(run), "--prompt", "abc", "--out", str(tmp_path / "lab")], stdout=io.StringIO())
+    assert capsys.readouterr().err.splitlines() == [line] * 3
+
+    sample_cli.main(["--ckpt", str(best), "--prompt", "ab", "--max_new_tokens", "3"], stdout=io.StringIO())
+    assert capsys.readouterr().err == ""
+
+    shutil.copytree(run, tmp_path / "out" / "letters")
+    monkeypatch.chdir(tmp_path)
+    sample_cli.main(["--prompt", "ab", "--max_new_tokens", "3"], stdout=io.StringIO())
+    assert capsys.readouterr().err.splitlines() == [
+        f"using {Path('out/letters/checkpoints/best.ckpt')} (no checkpoint named: the newest run under out/; "
+        f"step {best_step}, val loss {best_loss:.4f}, the run's best)"
+    ]
+
+
+def test_a_mid_epoch_resume_is_resumable_to_lightning(tiny_run_args, corpus, data_root, tmp_path):
+    """The training loader's position is the trainer's step, and it says so through state_dict/load_state_dict:
+    Lightning no longer warns that a mid-epoch resume has a loader that is not resumable (issue 48 item 17)."""
+    run = tmp_path / "run"
+    main(tiny_run_args(corpus, data_root, run, steps=10))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = main(tiny_run_args(corpus, data_root, run, steps=20) + ["--resume", "true"])
+    assert trainer.global_step == 20 and trainer.num_training_batches > 20  # the resume was mid-epoch
+    assert not [w for w in caught if "not resumable" in str(w.message)], [str(w.message) for w in caught]
+    # every callback state in the checkpoint found its callback (best.ckpt's is ModelCheckpoint's own key)
+    assert not [w for w in caught if "callbacks used to create the checkpoint" in str(w.message)]
+    ckpt = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    assert ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"next_batch": 20}]
+    best = next(v for k, v in ckpt["callbacks"].items() if k.startswith("ModelCheckpoint{'monitor': 'val_loss'"))
+    assert best["best_step"] == read_checkpoint(run / "checkpoints" / "best.ckpt")["global_step"]
+
+
+class CtrlC(Callback):
+    """Presses Ctrl-C `times` times (SIGINT to this process) at the end of step `step`."""
+
+    def __init__(self, step: int, times: int) -> None:
+        self.step, self.times = step, times
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            for _ in range(self.times):
+                os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.mark.parametrize("times", [1, 2])
+def test_ctrl_c_is_a_stop_not_an_error(tiny_run_args, corpus, data_root, tmp_path, capsys, monkeypatch, times):
+    """Ctrl-C stops after the step, saves it and says where (a second one stops at once): exit 130, no `error:`
+    line, no traceback, and no lock or pid file left in the run folder (issue 48 item 16)."""
+    from minigpt.cli import train as train_cli
+    from minigpt.cli.errors import run_cli
+
+    real = train_cli.run_callbacks
+    monkeypatch.setattr(train_cli, "run_callbacks", lambda *a: real(*a) + [CtrlC(step=3, times=times)])
+    run = tmp_path / "run"
+    last = run / "checkpoints" / "last.ckpt"
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: main(tiny_run_args(corpus, data_root, run, steps=50, checkpoint_every=2)))
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert stopped.value.code == 130 and "error" not in captured.err and "Traceback" not in captured.err
+    if times == 1:
+        assert lines[-1] == f"stopped by SIGINT (Ctrl-C) at step 3; saved {last}; continue the run with --resume"
+        assert read_checkpoint(last)["global_step"] == 3
+        assert "best val loss" in captured.out  # the stop validated first, as the end of any run does
+    else:
+        assert lines[-1] == f"stopped at once by a second Ctrl-C; continue from {last} with --resume"
+        assert read_checkpoint(last)["global_step"] == 2  # the last checkpoint_every save: nothing half-done
+    assert not {".train.lock", ".train.pid"} & {p.name for p in run.iterdir()}
