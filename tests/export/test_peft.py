@@ -207,13 +207,13 @@ def test_ctrl_c_says_which_of_the_two_folders_is_complete(lora_run, tmp_path):
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter-base"]
     proc = export_with_ctrl_c("while the result line is printed", out, *argv, "--overwrite")
-    assert (proc.returncode, proc.stderr) == (
-        130,
-        f"interrupted after the export was complete: it is in {base} and {out}\n",
-    )
+    *before, last = proc.stderr.splitlines()  # before: the line naming the checkpoint the export took
+    assert (proc.returncode, last) == (130, f"interrupted after the export was complete: it is in {base} and {out}")
+    assert [line.split(" ")[0] for line in before] == ["using"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "adapter-base"]
     proc = export_with_ctrl_c("during the exit", out, *argv, "--overwrite")
-    assert (proc.returncode, proc.stderr) == (0, "") and proc.stdout.startswith("wrote PEFT LoRA adapters")
+    assert proc.returncode == 0 and proc.stdout.startswith("wrote PEFT LoRA adapters")
+    assert [line.split(" ")[0] for line in proc.stderr.splitlines()] == ["using"]  # the checkpoint's line alone
 
 
 def test_the_merged_gguf_of_a_lora_run_runs_in_llama_cpp_with_our_log_probs(lora_run, tmp_path):
