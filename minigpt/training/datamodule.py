@@ -108,8 +108,8 @@ class TokenDataModule(L.LightningDataModule):
                 {"prompt", "chosen", "rejected"} (text, or lists of messages), settings in the dpo section
                 (docs/dpo.md)
             train_on_prompt: chat: train on every token, the prompts too, not only the assistant's replies
-            chat_template: chat and preference: a Jinja chat template file (default: the source model's own, else ChatML with
-                <|im_start|>/<|im_end|> added as special tokens)
+            chat_template: chat and preference: a Jinja chat template file (default: the source model's own, else
+                ChatML with <|im_start|>/<|im_end|> added as special tokens)
         """
         super().__init__()
         # checked here, where they are declared: each would otherwise fail deep inside numpy or Lightning, or

@@ -299,9 +299,9 @@ def dpo_val_loss(module: DPOLightningModule, pairs: list[Pair], batch_size: int)
     training pairs."""
     was_training = module.model.training
     module.model.eval()
-    total, device, offset = 0.0, module.device, module.trainer.datamodule.prepared.train
+    total, device, n_train = 0.0, module.device, len(module.trainer.datamodule.prepared.train)
     try:
-        batches = FixedPairs(pairs, batch_size, len(offset))
+        batches = FixedPairs(pairs, batch_size, n_train)
         for j in range(len(batches)):
             rows, ids = batches[j]
             rows, ids = rows.to(device), ids.to(device)
@@ -317,7 +317,10 @@ def check_dpo_resumable(ckpt: dict[str, Any], dpo: DPOConfig | None, path: Any) 
     entry = ckpt[SECTION].get(SECTION_KEY)
     problem = None
     if entry is None and dpo is not None:
-        problem = f"{path} is not a DPO run; resume it without --data.format preference, or start a DPO run in another out_dir"
+        problem = (
+            f"{path} is not a DPO run; resume it without --data.format preference, or start a DPO run in "
+            "another out_dir"
+        )
     elif entry is not None and dpo is None:
         problem = f"{path} is a DPO run; resume it with --data.format preference, or start a new run in another out_dir"
     elif entry is not None and entry["reference"] != dpo.reference:
