@@ -37,6 +37,7 @@ class Preference:
     prompt: Messages
     chosen: Messages
     rejected: Messages
+    where: str = ""  # the row, as errors name it ("pairs.jsonl line 3")
 
 
 def _messages(value: Any, key: str, where: str, roles: tuple[str, ...]) -> Messages:
@@ -71,7 +72,7 @@ def to_preference(row: Any, where: str) -> Preference:
             f"{where}: chosen and rejected are the same answer, so the pair prefers nothing; give a worse answer "
             "as rejected or drop the row"
         )
-    return Preference(prompt, chosen, rejected)
+    return Preference(prompt, chosen, rejected, where)
 
 
 def read_preferences(source: str) -> list[Preference]:

@@ -112,7 +112,7 @@ def load_preference_data(
     try:
         chat = ChatTokenizer.for_base(base, template, [p.prompt + p.chosen + p.rejected for p in pairs])
         for i, pair in enumerate(pairs, 1):
-            where = f"{source} pair {i}"
+            where = pair.where or f"{source} pair {i}"
             (chosen, rejected), n = encode_pair(chat, pair)
             if n >= block_size + 1 or n >= min(len(chosen), len(rejected)):
                 raise DataError(
