@@ -51,6 +51,8 @@ METRICS = (
 
 @dataclass
 class DPOConfig:
+    """DPO's settings, read with --data.format preference only (docs/dpo.md)."""
+
     beta: PositiveFloat = 0.1  # type: ignore[assignment]
     """How far the model may move from the reference: larger keeps it closer (TRL's beta; > 0)."""
     reference: Reference = "model"
@@ -82,7 +84,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 def encode_pair(chat: ChatTokenizer, pair: Preference) -> tuple[Pair, int]:
     """The pair's two rows and its prompt's length.  The answer starts where the rendered prompt (with the
-    generation prompt) and prompt + answer part (TRL's split: usually right after the prompt)."""
+    generation prompt) and prompt + answer first differ (TRL's split: usually right after the prompt)."""
     prompt, _ = chat.encode_chat(pair.prompt, add_generation_prompt=True)
     chosen, _ = chat.encode_chat(pair.prompt + pair.chosen)
     rejected, _ = chat.encode_chat(pair.prompt + pair.rejected)
