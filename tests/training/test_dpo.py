@@ -131,6 +131,12 @@ def test_full_dpo_logs_trls_metrics_learns_and_resumes_as_if_uninterrupted(setup
         train_main(dpo_args(setup, "resumed", steps=9, resume="true", **{"dpo.reference": "precomputed"}))
     with pytest.raises(UserError, match="is a DPO run; resume it with --data.format preference"):
         train_main(dpo_args(setup, "resumed", steps=9, resume="true", **{"data.format": "chat"}))
+    torch.manual_seed(1)  # another model of the same shape: the frozen copy it would rebuild is not the start
+    other = GPT(GPTConfig(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=64, vocab_size=256))
+    save_file(model_checkpoint(other, ByteTokenizer()), setup / "other.ckpt")
+    with pytest.raises(UserError, match="not the model this DPO run started from"):
+        train_main(dpo_args(setup, "resumed", steps=9, resume="true", init_from=setup / "other.ckpt"))
+    assert torch.load(setup / "resumed" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
 
 
 def test_precomputed_reference_trains_as_the_frozen_copy_and_survives_resume(setup):
