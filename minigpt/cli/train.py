@@ -44,12 +44,14 @@ from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError, first_line
 from minigpt.core.fsutil import atomic_write
 from minigpt.core.lora import Finetune, LoRAConfig
+from minigpt.core.model import GPT
 from minigpt.core.precision import resolve_precision
 from minigpt.core.seed import check_seed
 from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens
 from minigpt.training.callbacks import harness_callbacks, seconds_since_launch
 from minigpt.training.checkpoint_io import SafeCheckpointIO
 from minigpt.training.datamodule import TokenDataModule
+from minigpt.training.dpo import DPOConfig, DPOLightningModule, check_dpo_resumable, dpo_val_loss, frozen_reference
 from minigpt.training.finetune_lora import check_finetune_resumable, load_base, lora_run_model
 from minigpt.training.init_from import init_from_source, load_init_weights, read_last
 from minigpt.training.lightning_module import GPTLightningModule
@@ -196,6 +198,7 @@ class MiniGPTCLI(LightningCLI):
         parser.add_class_arguments(OptimConfig, "optim")
         parser.add_class_arguments(LoRAConfig, "lora")  # read with --finetune lora only
         parser.add_class_arguments(EarlyStoppingConfig, "early_stopping")
+        parser.add_class_arguments(DPOConfig, "dpo")  # read with --data.format preference only (docs/dpo.md)
         parser.add_lightning_class_args(TokenDataModule, "data")
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -208,7 +211,11 @@ class MiniGPTCLI(LightningCLI):
         choices = (
             literal_choices("model", GPTConfig)
             | literal_choices("optim", OptimConfig)
-            | {"finetune": ("full", "lora"), "lora.base_dtype": ("float32", "bfloat16", None)}
+            | {
+                "finetune": ("full", "lora"),
+                "lora.base_dtype": ("float32", "bfloat16", None),
+                "dpo.reference": ("model", "precomputed"),
+            }
         )
         if problem := misplaced_setting(given, choices, LINKS):
             parser.error(problem)
@@ -224,6 +231,21 @@ class MiniGPTCLI(LightningCLI):
                 "--finetune lora trains adapters on a model: name it with --init_from (a .ckpt, a run "
                 "directory, a Hugging Face model directory or hf:ORG/NAME), or drop --finetune lora"
             )
+        if self.config["data"]["format"] == "preference":
+            if not self.config.get("init_from"):
+                parser.error(
+                    "--data.format preference (DPO) tunes a model against itself as it starts: name it with "
+                    "--init_from (a .ckpt, a run directory, a Hugging Face model directory or hf:ORG/NAME)"
+                )
+            if (
+                self.config["finetune"] == "lora"
+                and self.config["lora"]["train_embeddings"]
+                and self.config["dpo"]["reference"] == "model"
+            ):
+                parser.error(
+                    "dpo.reference model with lora.train_embeddings: the base's own embedding rows train, so the "
+                    "model with its adapters off is no longer the starting model; set --dpo.reference precomputed"
+                )
         # init_from needs to know which settings the user gave, not their defaults: the keys of the --config files
         # and of the flags (one parse: the files' keys were noted as jsonargparse read them)
         self.given = parser.file_keys | {key for key, _ in flag_values(given)}
@@ -234,8 +256,10 @@ class MiniGPTCLI(LightningCLI):
         # --resume reads the run's last checkpoint once: its checks, init_from and Lightning's restore share it
         self.resume_checkpoint = read_last(last) if self.config["resume"] and last.is_file() else None
         lora = LoRAConfig(**self.config["lora"]) if self.config["finetune"] == "lora" else None
+        dpo = DPOConfig(**self.config["dpo"]) if self.config["data"]["format"] == "preference" else None
         if self.resume_checkpoint is not None:  # before the source is read: a LoRA run resumes as one, and back
             check_finetune_resumable(self.resume_checkpoint, lora, last)
+            check_dpo_resumable(self.resume_checkpoint, dpo, last)
         if self.config.get("init_from"):  # fills the model section and data.tokenizer from the source
             source_config, source_model = init_from_source(self.config, self.given, self.resume_checkpoint)
         self.config_init = self.parser.instantiate_classes(self.config)
@@ -250,11 +274,18 @@ class MiniGPTCLI(LightningCLI):
             base = source_model if source_model is not None else load_base(self.config["init_from"])
             source_model = None  # lora_run_model takes the weights: no reference here may keep them
             model, entry = lora_run_model(self.config["init_from"], base, config, lora, self.resume_checkpoint, last)
-        self.model = GPTLightningModule(
-            config, self.config_init["optim"], tokenizer=self.datamodule.tokenizer, model=model, lora=entry
+        module, objective = (GPTLightningModule, {}) if dpo is None else (DPOLightningModule, {"dpo": dpo})
+        self.model = module(
+            config, self.config_init["optim"], tokenizer=self.datamodule.tokenizer, model=model, lora=entry, **objective
         )
         if source_model is not None:
             load_init_weights(self.model.model, source_model)
+        if dpo is not None and lora is None and dpo.reference == "model":  # a full run's frozen reference
+            start = self.model.model
+            if source_model is None:  # resumed: the starting weights, read from init_from again
+                start = GPT(config)
+                load_init_weights(start, load_base(self.config["init_from"]))
+            self.model.use_reference(frozen_reference(start, self.resume_checkpoint, self.config["init_from"]))
         self.trainer = self.instantiate_trainer()
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
@@ -378,17 +409,20 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         # took 5.8 s there)
         cli.model.to(trainer.strategy.root_device)
         with torch.compiler.set_stance("force_eager"):  # a ragged last batch would trigger a recompile
-            if cli.datamodule.hparams.format == "chat":  # the assistant's tokens of every conversation
+            if cli.datamodule.hparams.format == "preference":  # DPO's loss over every validation pair
+                loss, n = dpo_val_loss(cli.model, cli.datamodule.prepared.val, cli.datamodule.hparams.batch_size)
+                nats, per_text, unit = loss * n, "", "pairs"
+            elif cli.datamodule.hparams.format == "chat":  # the assistant's tokens of every conversation
                 nats, n = chat_loss(cli.model.model, cli.datamodule.prepared.val, cli.datamodule.hparams.batch_size)
-                per_text = ""  # padded conversations: no running text to count characters of
+                per_text, unit = "", "tokens"  # padded conversations: no running text to count characters of
             else:
                 prepared = cli.datamodule.prepared
                 nats, n = evaluate_tokens(cli.model.model, prepared.val, cli.datamodule.hparams.batch_size)
                 per_char, per_byte = bits_per_char_and_byte(nats, prepared.tokenizer, prepared.val)
-                per_text = f", {per_char:.4f} bits/char, {per_byte:.4f} bits/byte"
+                per_text, unit = f", {per_char:.4f} bits/char, {per_byte:.4f} bits/byte", "tokens"
         trainer.callback_metrics["full_val_loss"] = torch.tensor(nats / n)
         print(
-            f"full val loss {nats / n:.4f} over all {n:,} validation tokens{per_text} "
+            f"full val loss {nats / n:.4f} over all {n:,} validation {unit}{per_text} "
             f"({time.perf_counter() - start:.1f}s to evaluate)"
         )
     timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)

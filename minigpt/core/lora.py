@@ -19,6 +19,7 @@ training precision (LoRALinear upcasts them on the fly).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -172,10 +173,11 @@ class LoRALinear(nn.Module):
         for a in self.lora_A.values():  # A as nn.Linear initialises its weight, B zero (the paper's, PEFT's)
             nn.init.kaiming_uniform_(a, a=math.sqrt(5))
         self.dropout = nn.Dropout(cfg.dropout)
+        self.disabled = False  # adapters_disabled: the base layer alone
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = frozen_linear(x, self.weight, self.bias)  # (B, T, out)
-        if not self.lora_A:
+        if not self.lora_A or self.disabled:
             return y
         a, b = self.stacked()
         h = (self.dropout(x) if self.dropout.p > 0 else x) @ a.T  # (B, T, n r)
@@ -209,11 +211,13 @@ class GrownEmbedding(nn.Module):
     def __init__(self, weight: nn.Parameter, new_rows: nn.Parameter) -> None:
         super().__init__()
         self.weight, self.new_rows = weight, new_rows
+        self.disabled = False  # adapters_disabled: the new rows as they started (the mean row)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         n = self.weight.size(0)
         base = F.embedding(idx.clamp(max=n - 1), self.weight)  # (B, T, C)
-        new = F.embedding((idx - n).clamp(min=0), self.new_rows)
+        rows = new_rows(self.weight, self.new_rows.size(0)) if self.disabled else self.new_rows
+        new = F.embedding((idx - n).clamp(min=0), rows)
         return torch.where((idx < n)[..., None], base, new)
 
 
@@ -223,9 +227,11 @@ class GrownHead(nn.Module):
     def __init__(self, weight: nn.Parameter, new_rows: nn.Parameter) -> None:
         super().__init__()
         self.weight, self.new_rows = weight, new_rows
+        self.disabled = False  # adapters_disabled: the new rows as they started (the mean row)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([frozen_linear(x, self.weight, None), F.linear(x, self.new_rows)], dim=-1)  # (B, T, V)
+        rows = new_rows(self.weight, self.new_rows.size(0)).to(x.dtype) if self.disabled else self.new_rows
+        return torch.cat([frozen_linear(x, self.weight, None), F.linear(x, rows)], dim=-1)  # (B, T, V)
 
 
 # ------------------------------------------------------------------------------------------------- applying
@@ -289,6 +295,21 @@ def lora_model(base: GPT, config: GPTConfig, cfg: LoRAConfig) -> GPT:
     del state
     base.to("meta")
     return apply_lora(model, cfg, config.vocab_size)
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """The LoRA model as its run started, without a copy (PEFT's disable_adapter): every adapter off and a grown
+    vocabulary's new rows at their start, the mean row.  Not the start where lora.train_embeddings trains the
+    base's own rows."""
+    layers = [m for m in model.modules() if isinstance(m, (LoRALinear, GrownEmbedding, GrownHead))]
+    for m in layers:
+        m.disabled = True
+    try:
+        yield model
+    finally:
+        for m in layers:
+            m.disabled = False
 
 
 def adapter_names(model: nn.Module) -> list[str]:

@@ -19,7 +19,7 @@ from minigpt.core.chat_template import ROLES
 from minigpt.core.errors import DataError, first_line
 from minigpt.core.user_files import DOCUMENT_BYTES, json_lines, loads, read_user_text
 
-__all__ = ["read_conversations", "to_messages"]
+__all__ = ["read_conversations", "source_rows", "to_messages"]
 
 Messages = list[dict[str, str]]
 FIX = (
@@ -110,17 +110,20 @@ def _dataset_rows(source: str) -> Iterator[tuple[Any, str]]:
         yield row, f"{source} row {i}"
 
 
-def read_conversations(source: str) -> list[Messages]:
-    """Every conversation of `source`, checked (see the module docstring)."""
+def source_rows(source: str, what: str = "chat data (--data.format chat)", layout: str = '{"messages": [...]}'):
+    """(row, where) for each row of `source`: a .jsonl/.json file, a .parquet file or a datasets name."""
     path = Path(str(source)).expanduser()
     if path.suffix.lower() in (".jsonl", ".json"):
-        rows = _json_rows(path)  # (a missing file: its reader's "cannot read it")
-    elif path.suffix.lower() != ".parquet" and path.exists():
+        return _json_rows(path)  # (a missing file: its reader's "cannot read it")
+    if path.suffix.lower() != ".parquet" and path.exists():
         raise DataError(
-            f"{source}: chat data (--data.format chat) is read from .jsonl, .json or .parquet files or "
-            'a datasets name; convert it to JSON Lines with one {"messages": [...]} per line'
+            f"{source}: {what} is read from .jsonl, .json or .parquet files or "
+            f"a datasets name; convert it to JSON Lines with one {layout} per line"
         )
-    else:
-        rows = _dataset_rows(str(source))
+    return _dataset_rows(str(source))
+
+
+def read_conversations(source: str) -> list[Messages]:
+    """Every conversation of `source`, checked (see the module docstring)."""
     # (none at all is refused where the conversations are split: too few for training and validation)
-    return [to_messages(row, where) for row, where in rows]
+    return [to_messages(row, where) for row, where in source_rows(source)]

@@ -94,6 +94,7 @@ class TrainingThroughput(Callback):
         self.start, self.paused = time.perf_counter(), 0.0
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        batch = batch[0] if isinstance(batch, (tuple, list)) else batch  # DPO: (rows, pair indices)
         self.batches, self.samples, self.tokens = (
             self.batches + 1,
             self.samples + batch.size(0),

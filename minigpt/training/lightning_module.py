@@ -55,6 +55,7 @@ class GPTLightningModule(L.LightningModule):
         self.flops_per_batch: int | None = None  # read by Lightning's ThroughputMonitor for FLOP/s and MFU
         self._val_losses: list[torch.Tensor] = []
         self._losses: list[torch.Tensor] = []  # this optimizer step's training loss, one per (micro-)batch
+        self._batch_metrics: list[dict[str, torch.Tensor]] = []  # batch_loss's other metrics (DPO's), per batch
         self._step_logs: dict[str, torch.Tensor] | None = None  # the optimizer step's train_loss (and grad_norm)
         self._clip_norm: torch.Tensor | None = None  # this step's norm before clipping, if clipping measured it
         # On a GPU, the step where the loss first became NaN/inf (-1: none yet), kept on the device: reading the
@@ -70,8 +71,19 @@ class GPTLightningModule(L.LightningModule):
             flops = training_flops_per_token if self.lora is not None else GPT.flops_per_token
             self.flops_per_batch = flops(self.model, T) * B * T
 
-    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+    def batch_loss(self, batch: torch.Tensor, stage: str) -> torch.Tensor:
+        """The loss of a batch; an objective other than next-token prediction (DPO) overrides it and may append
+        metrics of its own to _batch_metrics, logged with the loss."""
         _, loss = self.model(*split_batch(batch))  # batch: (B, T + 1) windows (chat rows: ~id = not a target)
+        return loss
+
+    def pop_metrics(self) -> dict[str, torch.Tensor]:
+        """The mean of each of batch_loss's metrics over the batches since the last call."""
+        batches, self._batch_metrics = self._batch_metrics, []
+        return {k: torch.stack([m[k] for m in batches]).mean() for k in (batches[0] if batches else {})}
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss = self.batch_loss(batch, "train")
         finite = torch.isfinite(loss.detach())
         if host_read_is_free(loss.device):  # stop before the bad step touches the weights
             if not finite:
@@ -107,7 +119,7 @@ class GPTLightningModule(L.LightningModule):
         torch.compiler.set_stance("default")
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
-        _, loss = self.model(*split_batch(batch))
+        loss = self.batch_loss(batch, "val")
         self._val_losses.append(loss.detach())
 
     def on_validation_epoch_end(self) -> None:
@@ -126,7 +138,7 @@ class GPTLightningModule(L.LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Once per optimizer step, after its last micro-batch's backward and before clipping."""
         losses, self._losses = self._losses, []
-        self._step_logs = {"train_loss": torch.stack(losses).mean()}
+        self._step_logs = {"train_loss": torch.stack(losses).mean(), **self.pop_metrics()}
         every = self.trainer.log_every_n_steps
         if every > 0 and (self.global_step + 1) % every == 0:  # global_step counts this step once it is taken
             self._step_logs["grad_norm"] = self._total_grad_norm()
@@ -139,8 +151,9 @@ class GPTLightningModule(L.LightningModule):
         if every > 0 and (self.global_step % every == 0 or self.trainer.should_stop):
             if "grad_norm" not in logs:  # a stop off the grid: clipping's measure, or the gradients as they are
                 logs["grad_norm"] = self._clip_norm if self._clip_norm is not None else self._total_grad_norm()
-            self.log("train_loss", logs["train_loss"], prog_bar=True)
-            self.log("grad_norm", logs["grad_norm"])
+            self.log("train_loss", logs.pop("train_loss"), prog_bar=True)
+            for name, value in logs.items():  # grad_norm, and batch_loss's metrics under their own names
+                self.log(name, value)
 
     def _total_grad_norm(self) -> torch.Tensor:
         norms = grad_norm(self.model, norm_type=2)  # per parameter, and their total

@@ -540,6 +540,57 @@ CASES: list[Case] = [
         "{w}/outside.yaml",
         expect=["!function os.system", "the one place task hooks are read from"],
     ),
+    # DPO (--data.format preference, issue 47): each pair is checked where it is read, beta where it is declared
+    train(
+        "DPO pair without a rejected answer",
+        "--init_from",
+        "{ckpt}",
+        "--data.format",
+        "preference",
+        "--data.source",
+        "{w}/no_rejected.jsonl",
+        expect=["no_rejected.jsonl line 2", "no 'rejected'", '"prompt", "chosen" and "rejected"'],
+    ),
+    train(
+        "DPO pair whose chosen and rejected are the same",
+        "--init_from",
+        "{ckpt}",
+        "--data.format",
+        "preference",
+        "--data.source",
+        "{w}/same_pair.jsonl",
+        expect=["same_pair.jsonl line 1", "chosen and rejected are the same answer", "drop the row"],
+    ),
+    train(
+        "DPO prompt that fills the context",
+        "--init_from",
+        "{ckpt}",
+        "--data.format",
+        "preference",
+        "--data.source",
+        "{w}/long_prompt.jsonl",
+        expect=["long_prompt.jsonl line 2", "leaves no room for an answer in block_size=32", "shorten the prompt"],
+    ),
+    train(
+        "DPO beta below 0",
+        "--init_from",
+        "{ckpt}",
+        "--data.format",
+        "preference",
+        "--data.source",
+        "{w}/pairs.jsonl",
+        "--dpo.beta",
+        "-0.1",
+        expect=["dpo.beta", "-0.1"],
+    ),
+    train(
+        "DPO without init_from",
+        "--data.format",
+        "preference",
+        "--data.source",
+        "{w}/pairs.jsonl",
+        expect=["--data.format preference (DPO)", "name it with --init_from"],
+    ),
 ]
 
 
@@ -629,6 +680,14 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
     (w / "notes.txt").write_text("not a checkpoint\n")
     (w / "a-file").write_text("not a folder\n")  # a path under a file: unwritable even for root
     (w / "occupied").mkdir()
+    pair = {"prompt": "the quick fox", "chosen": "jumps", "rejected": "sleeps"}
+    for name, rows in (
+        ("pairs.jsonl", [pair, pair]),
+        ("no_rejected.jsonl", [pair, {"prompt": "the dog", "chosen": "naps"}]),
+        ("same_pair.jsonl", [{**pair, "rejected": pair["chosen"]}, pair]),
+        ("long_prompt.jsonl", [pair, {**pair, "prompt": "the lazy dog " * 5}]),
+    ):
+        (w / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
     (w / "occupied" / "notes.txt").write_text("a user's file: export.py must not touch it\n")
     for name, config in (
         ("hf_bert", {"architectures": ["BertForMaskedLM"], "model_type": "bert"}),

@@ -1,0 +1,348 @@
+"""Direct Preference Optimization (DPO, Rafailov et al. 2023): fine-tune on pairs of a chosen and a rejected answer.
+
+train.py --data.format preference trains with DPO instead of SFT (docs/dpo.md); --finetune full|lora and any
+--init_from compose with it.  The loss is TRL's default ("sigmoid"), per pair
+
+    -logsigmoid(beta * ((logp(chosen) - ref_logp(chosen)) - (logp(rejected) - ref_logp(rejected))))
+
+averaged over the batch, each logp summed over the answer's tokens only (the completion after the chat template's
+generation prompt, as TRL splits a pair).  The reference is the starting model, frozen (dpo.reference):
+  model        LoRA: the same model with its adapters switched off (no second copy); full: a frozen copy
+  precomputed  the reference's log-probs of every pair, computed once before the first step and saved in the
+               checkpoints (no second model in memory during training)
+
+A pair is two padded rows of the SFT layout (minigpt.training.sft: ~id where a token is not a target), so a batch
+of B pairs is (2B, T + 1): the chosen rows, then the rejected ones (TRL's order), with the pairs' indices (B,).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from jsonargparse.typing import PositiveFloat
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import Dataset
+
+from minigpt.core.chat_template import ChatTokenizer
+from minigpt.core.checkpoint import SECTION
+from minigpt.core.errors import DataError, UserError, first_line
+from minigpt.core.lora import adapters_disabled, fingerprint
+from minigpt.core.model import GPT
+from minigpt.data.preferences import Preference, read_preferences
+from minigpt.training.lightning_module import GPTLightningModule
+from minigpt.training.sft import base_tokenizer, pad_rows, read_template, split_batch
+
+Reference = Literal["model", "precomputed"]
+METRICS = (
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/accuracies",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+)
+
+
+@dataclass
+class DPOConfig:
+    """DPO's settings, read with --data.format preference only (docs/dpo.md)."""
+
+    beta: PositiveFloat = 0.1  # type: ignore[assignment]
+    """How far the model may move from the reference: larger keeps it closer (TRL's beta; > 0)."""
+    reference: Reference = "model"
+    """The frozen starting model: "model" (LoRA: adapters off; full: a frozen copy) or "precomputed" (its log-probs
+    of every pair computed once before training: no second model in memory)."""
+
+
+# ------------------------------------------------------------------------------------------------- data
+
+Pair = tuple[np.ndarray, np.ndarray]  # (chosen row, rejected row), int64, ~id where not a target
+
+
+@dataclass
+class PreferenceData:
+    tokenizer: ChatTokenizer
+    train: list[Pair]
+    val: list[Pair]
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def encode_pair(chat: ChatTokenizer, pair: Preference) -> tuple[Pair, int]:
+    """The pair's two rows and its prompt's length.  The answer starts where the rendered prompt (with the
+    generation prompt) and prompt + answer first differ (TRL's split: usually right after the prompt)."""
+    prompt, _ = chat.encode_chat(pair.prompt, add_generation_prompt=True)
+    chosen, _ = chat.encode_chat(pair.prompt + pair.chosen)
+    rejected, _ = chat.encode_chat(pair.prompt + pair.rejected)
+    n = min(common_prefix(prompt, chosen), common_prefix(prompt, rejected))
+    rows = []
+    for ids in (chosen, rejected):
+        row = np.asarray(ids, dtype=np.int64)
+        row[:n] = ~row[:n]
+        rows.append(row)
+    return (rows[0], rows[1]), n
+
+
+def load_preference_data(
+    source: str, tokenizer: str, chat_template: str | None, val_fraction: float, block_size: int, seed: int
+) -> PreferenceData:
+    """Read, check, tokenize and split the pairs of `source`; a pair longer than block_size + 1 tokens is cut."""
+    pairs = read_preferences(source)
+    base = base_tokenizer(tokenizer, [p.prompt + p.chosen + p.rejected for p in pairs])
+    template = read_template(chat_template)
+    if isinstance(base, ChatTokenizer) and template is not None and template != base.template:
+        raise DataError(
+            f"data.chat_template {chat_template}: the model already has a chat template; remove data.chat_template"
+        )
+    rows: list[Pair] = []
+    truncated = 0
+    where = f"data.chat_template {chat_template}" if template is not None else source
+    try:
+        chat = ChatTokenizer.for_base(base, template, [p.prompt + p.chosen + p.rejected for p in pairs])
+        for i, pair in enumerate(pairs, 1):
+            where = pair.where or f"{source} pair {i}"
+            (chosen, rejected), n = encode_pair(chat, pair)
+            if n >= block_size + 1 or n >= min(len(chosen), len(rejected)):
+                raise DataError(
+                    f"the prompt takes {n} tokens and leaves no room for an answer in block_size={block_size}; "
+                    "shorten the prompt or drop the pair, or train with a larger block_size"
+                )
+            if max(len(chosen), len(rejected)) > block_size + 1:
+                truncated += 1
+            rows.append((chosen[: block_size + 1], rejected[: block_size + 1]))
+    except UserError as e:  # the template's errors and a pair's, named by where
+        raise DataError(f"{where}: {first_line(e, 400)}") from None
+    if len(rows) < 2:
+        raise DataError(f"{source}: {len(rows)} pair(s), too few to split into training and validation; add pairs")
+    order = np.random.default_rng([seed, 7]).permutation(len(rows))
+    n_val = min(len(rows) - 1, max(1, round(len(rows) * val_fraction)))
+    val = [rows[i] for i in sorted(order[:n_val])]
+    train = [rows[i] for i in sorted(order[n_val:])]
+    counts = {"pairs": len(rows), "train": len(train), "val": len(val), "truncated": truncated}
+    rank_zero_info(
+        f"preference data {source}: {len(rows):,} pairs ({len(train):,} train, {len(val):,} val); {truncated} "
+        f"longer than block_size + 1 = {block_size + 1} tokens truncated"
+    )
+    return PreferenceData(chat, train, val, counts)
+
+
+def pair_batch(pairs: list[Pair], ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(2B, L) rows, the chosen ones then the rejected ones, and the pairs' indices (B,)."""
+    return pad_rows([c for c, _ in pairs] + [r for _, r in pairs]), torch.tensor(ids, dtype=torch.long)
+
+
+class RandomPairs(Dataset):
+    """Item i: batch_size pairs drawn by rng(seed, stream, i) (as RandomConversations)."""
+
+    def __init__(self, pairs: list[Pair], batch_size: int, seed: int, stream: int, length: int) -> None:
+        self.pairs, self.batch_size, self.seed, self.stream, self.length = pairs, batch_size, seed, stream, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rng = np.random.default_rng([self.seed, self.stream, i])
+        picks = rng.choice(len(self.pairs), size=self.batch_size, replace=len(self.pairs) < self.batch_size)
+        return pair_batch([self.pairs[j] for j in picks], picks.tolist())
+
+
+class FixedPairs(Dataset):
+    """Item j: pairs j * batch_size .. (j + 1) * batch_size - 1; their indices start at `offset` (the validation
+    pairs follow the training ones in the precomputed reference's table)."""
+
+    def __init__(self, pairs: list[Pair], batch_size: int, offset: int = 0) -> None:
+        self.pairs, self.batch_size, self.offset = pairs, batch_size, offset
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.pairs) / self.batch_size)
+
+    def __getitem__(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = range(j * self.batch_size, min((j + 1) * self.batch_size, len(self.pairs)))
+        return pair_batch([self.pairs[i] for i in ids], [self.offset + i for i in ids])
+
+
+# ------------------------------------------------------------------------------------------------- the loss
+
+
+def sequence_logps(model: GPT, rows: torch.Tensor) -> torch.Tensor:
+    """(N, T + 1) rows -> (N,) log-probability of each row's target tokens (its answer), summed."""
+    inputs, targets = split_batch(rows)
+    logits, _ = model(inputs)  # (N, T, V)
+    logps = torch.gather(logits.float().log_softmax(-1), 2, targets.clamp(min=0)[..., None]).squeeze(-1)  # (N, T)
+    return (logps * (targets >= 0)).sum(-1)
+
+
+def dpo_loss(logps: torch.Tensor, ref_logps: torch.Tensor, beta: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """logps, ref_logps (2B,): chosen then rejected -> TRL's sigmoid loss (mean over the pairs) and its metrics
+    (TRL's names and definitions: each a mean over the batch's pairs)."""
+    chosen, rejected = logps.chunk(2)
+    ref_chosen, ref_rejected = ref_logps.chunk(2)
+    chosen_logratios, rejected_logratios = chosen - ref_chosen, rejected - ref_rejected
+    loss = -F.logsigmoid(beta * (chosen_logratios - rejected_logratios)).mean()
+    chosen_rewards, rejected_rewards = beta * chosen_logratios.detach(), beta * rejected_logratios.detach()
+    metrics = {
+        "rewards/chosen": chosen_rewards.mean(),
+        "rewards/rejected": rejected_rewards.mean(),
+        "rewards/accuracies": (chosen_rewards > rejected_rewards).float().mean(),
+        "rewards/margins": (chosen_rewards - rejected_rewards).mean(),
+        "logps/chosen": chosen.detach().mean(),
+        "logps/rejected": rejected.detach().mean(),
+    }
+    return loss, metrics
+
+
+# ------------------------------------------------------------------------------------------------- the module
+
+SECTION_KEY = "dpo"  # ckpt["minigpt"]["dpo"]: {"reference", "fingerprint", "ref_logps" (precomputed only)}
+
+
+class DPOLightningModule(GPTLightningModule):
+    """GPTLightningModule whose loss is DPO's.  The reference: a full run's frozen copy (use_reference), a LoRA
+    run's own model with its adapters off, or precomputed log-probs (ref_table)."""
+
+    def __init__(self, *args: Any, dpo: DPOConfig, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.dpo = dpo
+        self._reference: list[GPT] = []  # a full run's frozen copy (dpo.reference model)
+        self.ref_fingerprint: str | None = None
+        self.ref_table: torch.Tensor | None = None  # precomputed: (n_pairs, 2) chosen / rejected log-probs
+
+    def use_reference(self, reference: GPT) -> None:
+        """A full run's frozen reference, kept out of the module tree: not trained, not in the state_dict (a
+        resumed run rebuilds it from init_from, checked against the fingerprint its checkpoints record)."""
+        self._reference = [reference.eval().requires_grad_(False)]
+        self.ref_fingerprint = fingerprint(reference)
+
+    def on_fit_start(self) -> None:
+        for ref in self._reference:
+            ref.to(self.device)
+        if self.dpo.reference == "precomputed" and self.ref_table is None:  # not restored from a checkpoint
+            self.ref_table = self.precompute(self.trainer.datamodule.prepared)
+
+    @torch.no_grad()
+    def precompute(self, data: PreferenceData) -> torch.Tensor:
+        """The starting model's log-probs of every pair (train, then val), in eval mode, in the run's precision."""
+        was_training = self.model.training
+        self.model.eval()
+        table = []
+        try:
+            for pairs, offset in ((data.train, 0), (data.val, len(data.train))):
+                batches = FixedPairs(pairs, self.trainer.datamodule.hparams.batch_size, offset)
+                for j in range(len(batches)):
+                    rows, _ = batches[j]
+                    with self.trainer.precision_plugin.forward_context():
+                        table.append(sequence_logps(self.model, rows.to(self.device)).view(2, -1).T)
+        finally:
+            self.model.train(was_training)
+        return torch.cat(table).float()
+
+    @torch.no_grad()
+    def reference_logps(self, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        if self.dpo.reference == "precomputed":
+            table = self.ref_table.to(rows.device)[ids]  # (B, 2)
+            return torch.cat([table[:, 0], table[:, 1]])
+        if self._reference:
+            return sequence_logps(self._reference[0], rows)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with adapters_disabled(self.model):
+                return sequence_logps(self.model, rows)
+        finally:
+            self.model.train(was_training)
+
+    def batch_loss(self, batch: Any, stage: str) -> torch.Tensor:
+        rows, ids = batch
+        loss, metrics = dpo_loss(sequence_logps(self.model, rows), self.reference_logps(rows, ids), self.dpo.beta)
+        self._batch_metrics.append(metrics)
+        return loss
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_start(batch[0], batch_idx)
+
+    def on_validation_epoch_end(self) -> None:
+        if not self._val_losses:
+            return
+        self.log("val_loss", torch.stack(self._val_losses).mean(), prog_bar=True, sync_dist=True)
+        for name, value in self.pop_metrics().items():
+            self.log(f"val_{name}", value, sync_dist=True)
+        self._val_losses.clear()
+
+    def on_save_checkpoint(self, ckpt: dict[str, Any]) -> None:
+        super().on_save_checkpoint(ckpt)
+        entry = {"reference": self.dpo.reference, "fingerprint": self.ref_fingerprint}
+        if self.ref_table is not None:
+            entry["ref_logps"] = self.ref_table.cpu()
+        ckpt[SECTION][SECTION_KEY] = entry
+
+    def on_load_checkpoint(self, ckpt: dict[str, Any]) -> None:
+        super().on_load_checkpoint(ckpt)
+        table = ckpt[SECTION].get(SECTION_KEY, {}).get("ref_logps")
+        self.ref_table = table.float() if table is not None else None
+
+
+@torch.no_grad()
+def dpo_val_loss(module: DPOLightningModule, pairs: list[Pair], batch_size: int) -> tuple[float, int]:
+    """(mean DPO loss, pairs) over every validation pair (eval_full); the precomputed table lists them after the
+    training pairs."""
+    was_training = module.model.training
+    module.model.eval()
+    total, device, n_train = 0.0, module.device, len(module.trainer.datamodule.prepared.train)
+    try:
+        batches = FixedPairs(pairs, batch_size, n_train)
+        for j in range(len(batches)):
+            rows, ids = batches[j]
+            rows, ids = rows.to(device), ids.to(device)
+            loss, _ = dpo_loss(sequence_logps(module.model, rows), module.reference_logps(rows, ids), module.dpo.beta)
+            total += loss.item() * len(ids)
+    finally:
+        module.model.train(was_training)
+    return total / len(pairs), len(pairs)
+
+
+def check_dpo_resumable(ckpt: dict[str, Any], dpo: DPOConfig | None, path: Any) -> None:
+    """A DPO run resumes as one, with the reference it started with; an SFT or pretraining run not as DPO."""
+    entry = ckpt[SECTION].get(SECTION_KEY)
+    problem = None
+    if entry is None and dpo is not None:
+        problem = (
+            f"{path} is not a DPO run; resume it without --data.format preference, or start a DPO run in "
+            "another out_dir"
+        )
+    elif entry is not None and dpo is None:
+        problem = f"{path} is a DPO run; resume it with --data.format preference, or start a new run in another out_dir"
+    elif entry is not None and entry["reference"] != dpo.reference:
+        problem = (
+            f"{path} was trained with dpo.reference {entry['reference']}; resume with --dpo.reference "
+            f"{entry['reference']}, or start a new run in another out_dir"
+        )
+    if problem:
+        raise UserError(problem)
+
+
+def frozen_reference(model: GPT, ckpt: dict[str, Any] | None, source: str) -> GPT:
+    """The full run's frozen reference: a copy of `model` as it starts (a new run), or, on resume, `model` (rebuilt
+    from init_from) checked against the fingerprint the run recorded."""
+    reference = copy.deepcopy(model)
+    if ckpt is not None:
+        saved = (ckpt[SECTION].get(SECTION_KEY) or {}).get("fingerprint")
+        if saved is not None and fingerprint(reference) != saved:
+            raise UserError(
+                f"init_from {source} is not the model this DPO run started from (its reference); resume with "
+                "the init_from it was started with, or start a new run in another out_dir"
+            )
+    return reference
