@@ -36,7 +36,7 @@ from benchmarks.common import (
     common_parser,
     describe_machine,
     load_avg,
-    machine_label,  # noqa: E402
+    machine_label,
     markdown_table,
     median,
     mib,
@@ -46,8 +46,8 @@ from benchmarks.common import (
     wait_for_quiet,
     write_json,
 )
-from minigpt.core.config import GPTConfig  # noqa: E402
-from minigpt.core.model import CausalSelfAttention, causal_mask  # noqa: E402
+from minigpt.core.config import GPTConfig
+from minigpt.core.model import CausalSelfAttention, causal_mask
 
 PATHS = ("sdpa", "manual", "einops")
 

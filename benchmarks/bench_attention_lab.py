@@ -25,14 +25,14 @@ REPO = Path(__file__).resolve().parent.parent
 # run from anywhere without installing; tests/browser.py drives headless Chromium
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from benchmarks.common import common_parser, describe_machine, machine_label, pick_device, write_json  # noqa: E402
-from browser import chromium_path, open_page, screenshot  # noqa: E402
-from minigpt.core.config import GPTConfig  # noqa: E402
-from minigpt.core.model import GPT  # noqa: E402
-from minigpt.core.tokenizers import ByteTokenizer  # noqa: E402
-from minigpt.lab.capture import capture_attention  # noqa: E402
-from minigpt.lab.html import write_html  # noqa: E402
-from minigpt.loading import load_model  # noqa: E402
+from benchmarks.common import common_parser, describe_machine, machine_label, pick_device, write_json
+from browser import chromium_path, open_page, screenshot
+from minigpt.core.config import GPTConfig
+from minigpt.core.model import GPT
+from minigpt.core.tokenizers import ByteTokenizer
+from minigpt.lab.capture import capture_attention
+from minigpt.lab.html import write_html
+from minigpt.loading import load_model
 
 # plain ASCII, so each byte is one token of the byte tokenizer
 TEXT = (

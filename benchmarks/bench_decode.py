@@ -48,7 +48,7 @@ import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     common_parser,
     describe_machine,
     load_avg,
@@ -61,10 +61,10 @@ from benchmarks.common import (  # noqa: E402
     wait_for_quiet,
     write_json,
 )
-from minigpt.core.generation import generate  # noqa: E402
-from minigpt.core.model import GPT  # noqa: E402
-from minigpt.core.quantize import Int8Embedding  # noqa: E402
-from minigpt.loading import load_model  # noqa: E402
+from minigpt.core.generation import generate
+from minigpt.core.model import GPT
+from minigpt.core.quantize import Int8Embedding
+from minigpt.loading import load_model
 
 GIB = 2**30
 

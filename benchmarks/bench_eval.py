@@ -29,7 +29,7 @@ from typing import Any
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # the task is local: never reach the hub
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
@@ -37,7 +37,7 @@ from benchmarks.common import (
     common_parser,
     describe_machine,
     machine_label,
-    markdown_table,  # noqa: E402
+    markdown_table,
     wait_for_quiet,
     write_json,
 )

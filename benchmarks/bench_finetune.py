@@ -24,22 +24,22 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.bench_train import run_lightning  # noqa: E402
+from benchmarks.bench_train import run_lightning
 from benchmarks.common import (
     REPO_ROOT,
     common_parser,
     describe_machine,
     machine_label,
-    markdown_table,  # noqa: E402
+    markdown_table,
     pick_device,
     wait_for_quiet,
     write_json,
 )
-from minigpt.core.config import GPTConfig  # noqa: E402
-from minigpt.core.model import GPT  # noqa: E402
-from minigpt.training.init_from import load_init_weights  # noqa: E402
-from minigpt.training.lightning_module import GPTLightningModule  # noqa: E402
-from minigpt.training.optim import OptimConfig  # noqa: E402
+from minigpt.core.config import GPTConfig
+from minigpt.core.model import GPT
+from minigpt.training.init_from import load_init_weights
+from minigpt.training.lightning_module import GPTLightningModule
+from minigpt.training.optim import OptimConfig
 
 CONFIG = REPO_ROOT / "configs" / "finetune_shakespeare.yaml"
 

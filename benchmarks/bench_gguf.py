@@ -36,23 +36,23 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "export"))  # the GGUF tests' helpers
 
-from gguf_models import trained_model, words_text  # noqa: E402
-from llamacpp_server import LlamaCpp  # noqa: E402
+from gguf_models import trained_model, words_text
+from llamacpp_server import LlamaCpp
 
 from benchmarks.common import (
     common_parser,
     describe_machine,
     machine_label,
     markdown_table,
-    mib,  # noqa: E402
+    mib,
     wait_for_quiet,
     write_json,
 )
-from minigpt.core.config import GPTConfig  # noqa: E402
-from minigpt.core.generation import generate  # noqa: E402
-from minigpt.core.model import GPT  # noqa: E402
-from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer  # noqa: E402
-from minigpt.export.gguf import export_gguf  # noqa: E402
+from minigpt.core.config import GPTConfig
+from minigpt.core.generation import generate
+from minigpt.core.model import GPT
+from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer
+from minigpt.export.gguf import export_gguf
 
 SHAPES = {
     "gpt2-124M": dict(arch="gpt", n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257),

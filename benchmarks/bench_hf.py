@@ -38,7 +38,7 @@ from benchmarks.common import (
     describe_machine,
     machine_label,
     markdown_table,
-    median,  # noqa: E402
+    median,
     mib,
     wait_for_quiet,
     write_json,

@@ -37,19 +37,19 @@ from benchmarks.common import (
     common_parser,
     describe_machine,
     load_avg,
-    machine_label,  # noqa: E402
+    machine_label,
     markdown_table,
     pick_device,
     synchronize,
     wait_for_quiet,
     write_json,
 )
-from minigpt.core.chat import ChatSession  # noqa: E402
-from minigpt.core.chat_template import ChatTokenizer  # noqa: E402
-from minigpt.core.config import GPTConfig  # noqa: E402
-from minigpt.core.generation import generate  # noqa: E402
-from minigpt.core.model import GPT  # noqa: E402
-from minigpt.core.tokenizers import ByteTokenizer  # noqa: E402
+from minigpt.core.chat import ChatSession
+from minigpt.core.chat_template import ChatTokenizer
+from minigpt.core.config import GPTConfig
+from minigpt.core.generation import generate
+from minigpt.core.model import GPT
+from minigpt.core.tokenizers import ByteTokenizer
 
 SHAPE = dict(n_layer=4, n_head=4, n_embd=128, dropout=0.0)
 

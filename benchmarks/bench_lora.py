@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 from benchmarks.common import (
     common_parser,
     describe_machine,
-    machine_label,  # noqa: E402
+    machine_label,
     markdown_table,
     write_json,
 )

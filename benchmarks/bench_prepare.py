@@ -29,7 +29,7 @@ from benchmarks.common import (
     common_parser,
     describe_machine,
     machine_label,
-    markdown_table,  # noqa: E402
+    markdown_table,
     wait_for_quiet,
     write_json,
 )

@@ -37,24 +37,24 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-import httpx  # noqa: E402
-import uvicorn  # noqa: E402
+import httpx
+import uvicorn
 
 from benchmarks.common import (
     common_parser,
     describe_machine,
     load_avg,
-    machine_label,  # noqa: E402
+    machine_label,
     markdown_table,
     pick_device,
     synchronize,
     wait_for_quiet,
     write_json,
 )
-from minigpt.core.config import GPTConfig  # noqa: E402
-from minigpt.core.model import GPT  # noqa: E402
-from minigpt.core.tokenizers import CharTokenizer  # noqa: E402
-from minigpt.serve.app import create_app  # noqa: E402
+from minigpt.core.config import GPTConfig
+from minigpt.core.model import GPT
+from minigpt.core.tokenizers import CharTokenizer
+from minigpt.serve.app import create_app
 
 CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # tinyshakespeare's 65
 SHAPES = {

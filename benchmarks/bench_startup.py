@@ -31,18 +31,18 @@ from benchmarks.common import (
     common_parser,
     describe_machine,
     load_avg,
-    machine_label,  # noqa: E402
+    machine_label,
     markdown_table,
     median,
     pick_device,
     wait_for_quiet,
     write_json,
 )
-from minigpt.configs import default_config  # noqa: E402
-from minigpt.core.checkpoint import model_checkpoint, save_file  # noqa: E402
-from minigpt.core.config import GPTConfig  # noqa: E402
-from minigpt.core.model import GPT  # noqa: E402
-from minigpt.core.tokenizers import CharTokenizer  # noqa: E402
+from minigpt.configs import default_config
+from minigpt.core.checkpoint import model_checkpoint, save_file
+from minigpt.core.config import GPTConfig
+from minigpt.core.model import GPT
+from minigpt.core.tokenizers import CharTokenizer
 
 GOAL_S = 1.5  # seconds a command may take beyond `import torch`
 BASELINE = "import torch"

@@ -48,11 +48,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-import lightning as L  # noqa: E402
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint  # noqa: E402
-from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
+import lightning as L
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
 
-from benchmarks.common import (  # noqa: E402
+from benchmarks.common import (
     REPO_ROOT,
     common_parser,
     describe_machine,
@@ -65,11 +65,11 @@ from benchmarks.common import (  # noqa: E402
     wait_for_quiet,
     write_json,
 )
-from minigpt.core.config import GPTConfig  # noqa: E402
-from minigpt.training.datamodule import RandomWindows  # noqa: E402
-from minigpt.training.lightning_module import GPTLightningModule  # noqa: E402
-from minigpt.training.optim import OptimConfig  # noqa: E402
-from minigpt.training.trainer import run_callbacks  # noqa: E402
+from minigpt.core.config import GPTConfig
+from minigpt.training.datamodule import RandomWindows
+from minigpt.training.lightning_module import GPTLightningModule
+from minigpt.training.optim import OptimConfig
+from minigpt.training.trainer import run_callbacks
 
 NANOGPT_TOKENS_PER_S = 15_000  # nanoGPT's own trainer on this recipe, fp32, on the reference 2-core machine
 NANOGPT_MS_PER_ITER = 50

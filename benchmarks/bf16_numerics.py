@@ -26,7 +26,7 @@ from benchmarks.common import (
     REPO_ROOT,
     common_parser,
     describe_machine,
-    machine_label,  # noqa: E402
+    machine_label,
     markdown_table,
     write_json,
 )

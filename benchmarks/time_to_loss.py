@@ -41,7 +41,7 @@ from benchmarks.common import (
     common_parser,
     describe_machine,
     load_avg,
-    machine_label,  # noqa: E402
+    machine_label,
     markdown_table,
     wait_for_quiet,
     write_json,

@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import common_parser, describe_machine, machine_label, markdown_table, write_json  # noqa: E402
-from minigpt.core.errors import UserError  # noqa: E402
-from minigpt.data.prepare import load_prepared, prepare_data  # noqa: E402
+from benchmarks.common import common_parser, describe_machine, machine_label, markdown_table, write_json
+from minigpt.core.errors import UserError
+from minigpt.data.prepare import load_prepared, prepare_data
 
 
 def val_counts(source: str, tokenizer: str, data_root: Path) -> tuple[int, int]:

@@ -17,18 +17,18 @@ import torch
 
 pytest.importorskip("lm_eval")
 transformers = pytest.importorskip("transformers")
-import tiktoken  # noqa: E402
-from lm_eval import simple_evaluate  # noqa: E402
-from lm_eval.models.huggingface import HFLM  # noqa: E402
-from lm_eval.tasks import TaskManager  # noqa: E402
-from lm_eval.tasks._yaml_loader import load_yaml  # noqa: E402
+import tiktoken
+from lm_eval import simple_evaluate
+from lm_eval.models.huggingface import HFLM
+from lm_eval.tasks import TaskManager
+from lm_eval.tasks._yaml_loader import load_yaml
 
-from minigpt import GPT, GPTConfig  # noqa: E402
-from minigpt.cli import eval as eval_cli  # noqa: E402
-from minigpt.core.checkpoint import model_checkpoint, save_file  # noqa: E402
-from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer  # noqa: E402
-from minigpt.evaluation.harness import MiniGPTLM, evaluate_tasks, flat_metrics  # noqa: E402
-from minigpt.export.hf import export_hf  # noqa: E402
+from minigpt import GPT, GPTConfig
+from minigpt.cli import eval as eval_cli
+from minigpt.core.checkpoint import model_checkpoint, save_file
+from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
+from minigpt.evaluation.harness import MiniGPTLM, evaluate_tasks, flat_metrics
+from minigpt.export.hf import export_hf
 
 REPO = Path(__file__).resolve().parents[2]
 os.environ["HF_DATASETS_OFFLINE"] = os.environ["HF_HUB_OFFLINE"] = "1"  # never download (conftest sets them too)

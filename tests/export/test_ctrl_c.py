@@ -22,7 +22,7 @@ from minigpt.export.gguf_file import check_previous_gguf
 from minigpt.export.hf import export_hf
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ctrl_c import POINTS, export_with_ctrl_c  # noqa: E402
+from ctrl_c import POINTS, export_with_ctrl_c
 
 pytest.importorskip("gguf")
 TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=256)

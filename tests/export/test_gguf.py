@@ -30,8 +30,8 @@ from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer
 from minigpt.export.gguf import export_gguf
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gguf_models import random_model, trained_chat_model, trained_model, words_text  # noqa: E402
-from llamacpp_server import LlamaCpp  # noqa: E402
+from gguf_models import random_model, trained_chat_model, trained_model, words_text
+from llamacpp_server import LlamaCpp
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("xllamacpp")

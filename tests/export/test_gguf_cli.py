@@ -24,8 +24,8 @@ from minigpt.loading import load_model
 from support import script_runs
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gguf_models import TEXTS, hf_tokenizer, random_model  # noqa: E402
-from llamacpp_server import LlamaCpp  # noqa: E402
+from gguf_models import TEXTS, hf_tokenizer, random_model
+from llamacpp_server import LlamaCpp
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("xllamacpp")

@@ -19,7 +19,7 @@ from minigpt.core.tokenizers import ByteTokenizer
 from minigpt.export.gguf import export_gguf
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gguf_models import random_model  # noqa: E402
+from gguf_models import random_model
 
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is as fast

@@ -25,7 +25,7 @@ from minigpt.export.gguf import export_gguf
 from minigpt.export.gguf_vocab import gguf_vocab
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gguf_models import (  # noqa: E402
+from gguf_models import (
     CL100K,
     CORPUS,
     GPT2,
@@ -36,7 +36,7 @@ from gguf_models import (  # noqa: E402
     random_model,
     words_text,
 )
-from llamacpp_server import LlamaCpp  # noqa: E402
+from llamacpp_server import LlamaCpp
 
 pytest.importorskip("xllamacpp")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is as fast

@@ -20,7 +20,7 @@ from minigpt.loading import load_model
 REPO = Path(__file__).resolve().parents[2]  # the repository root
 transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("minigpt.hf.load")
-from hf_models import hf_logits, ids, our_logits  # noqa: E402
+from hf_models import hf_logits, ids, our_logits
 
 
 def fill_hub_cache(cache, repo_id, model_dir, commit="0123456789abcdef0123456789abcdef01234567"):

@@ -21,7 +21,7 @@ from support import count_model_builds
 
 transformers = pytest.importorskip("transformers")
 hf = pytest.importorskip("minigpt.hf.load")
-from hf_models import MODELS, SMALL, VOCAB, hf_logits, ids, our_logits, random_hf_model, save  # noqa: E402
+from hf_models import MODELS, SMALL, VOCAB, hf_logits, ids, our_logits, random_hf_model, save
 
 # ------------------------------------------------------------------------------------------- same function
 
