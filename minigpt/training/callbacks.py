@@ -95,11 +95,9 @@ class TrainingThroughput(Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         batch = batch[0] if isinstance(batch, (tuple, list)) else batch  # DPO: (rows, pair indices)
-        self.batches, self.samples, self.tokens = (
-            self.batches + 1,
-            self.samples + batch.size(0),
-            self.tokens + batch[:, 1:].numel(),
-        )
+        self.batches += 1
+        self.samples += batch.size(0)
+        self.tokens += batch[:, 1:].numel()
         every = trainer.log_every_n_steps
         if self.throughput is None or not trainer.is_global_zero or every < 1 or trainer.global_step % every:
             return
@@ -140,9 +138,8 @@ class CompileModel(Callback):
     training step's forward/backward on a dummy batch before the training clock (and max_time) starts, leaving the
     weights, gradients and RNG state as they were.  Only the training step runs compiled: validation and what
     runs with it (text samples, attention images) run eagerly (GPTLightningModule.on_validation_start), so no
-    graph is compiled for them.  Under DDP the first
-    real step compiles instead.  regions: compile the repeated block and the head (compile_regions) instead of
-    the whole model as one graph."""
+    graph is compiled for them.  Under DDP the first real step compiles instead.  regions: compile the repeated
+    block and the head (compile_regions) instead of the whole model as one graph."""
 
     def __init__(self, batch_size: int, regions: bool = True) -> None:
         self.batch_size = batch_size

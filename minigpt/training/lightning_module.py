@@ -52,7 +52,7 @@ class GPTLightningModule(L.LightningModule):
         check_config_size(config, "the model config", ConfigError, cause="choose smaller sizes")
         self.model = model if model is not None else GPT(config)  # model: a LoRA run's (finetune_lora)
         self.lora = lora  # a LoRA run's checkpoint entry: where its base is
-        self.flops_per_batch: int | None = None  # read by Lightning's ThroughputMonitor for FLOP/s and MFU
+        self.flops_per_batch: int | None = None  # read by TrainingThroughput (callbacks.py) for FLOP/s and MFU
         self._val_losses: list[torch.Tensor] = []
         self._losses: list[torch.Tensor] = []  # this optimizer step's training loss, one per (micro-)batch
         self._batch_metrics: list[dict[str, torch.Tensor]] = []  # batch_loss's other metrics (DPO's), per batch
