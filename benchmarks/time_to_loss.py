@@ -8,7 +8,7 @@
 
 Each variant is `python train.py --config configs/shakespeare_char_cpu.yaml --data.source CORPUS` plus its
 overrides, stopped by `--trainer.max_time` after --budget seconds of training (the learning-rate decay is
-projected onto the budget, see minigpt.training.optim.trainer_decay_end).  Reported per variant:
+placed on the budget in training time, see minigpt.training.optim.LRSchedule).  Reported per variant:
 
 * full val loss: train.py's own evaluation of the final weights on the whole validation split;
 * time to --target: the training time at the first periodic validation whose loss (val_batches windows,

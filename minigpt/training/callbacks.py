@@ -21,6 +21,7 @@ from minigpt.core.checkpoint import RNG_STATE_KEY
 from minigpt.core.errors import UnknownCharactersError, UserError
 from minigpt.core.generation import generate, prompt_ids
 from minigpt.core.model import GPT
+from minigpt.training.sft import split_batch
 
 
 def has_cpp_compiler() -> bool:
@@ -167,8 +168,8 @@ class CompileModel(Callback):
         batch = torch.zeros(self.batch_size, model.config.block_size + 1, dtype=torch.long, device=pl_module.device)
         autocast = trainer.precision_plugin.forward_context  # the step's precision
         with isolate_rng(include_cuda=True):
-            with autocast():
-                _, loss = model(batch[:, :-1], batch[:, 1:])
+            with autocast():  # split as the training step splits: the same strides, so its first step compiles nothing
+                _, loss = model(*split_batch(batch))
             loss.backward()
             model.zero_grad(set_to_none=True)
         self.seconds = time.perf_counter() - start

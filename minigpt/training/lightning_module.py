@@ -22,7 +22,7 @@ from minigpt.core.lora import training_flops_per_token
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import Tokenizer
 from minigpt.training.finetune_lora import keep_trained, restore_frozen
-from minigpt.training.optim import OptimConfig, build_optimizer, build_scheduler, trainer_decay_end
+from minigpt.training.optim import OptimConfig, build_optimizer, build_scheduler, trainer_schedule
 from minigpt.training.sft import split_batch
 
 
@@ -205,10 +205,10 @@ class GPTLightningModule(L.LightningModule):
         optimizer = build_optimizer(
             self.model, self.optim, fused=self.device.type in ("cuda", "cpu") and scaler is None
         )
-        decay_end = (
-            trainer_decay_end(trainer, self.optim) if trainer is not None else (lambda step: self.optim.decay_steps)
+        decay_end, clock = (
+            trainer_schedule(trainer, self.optim) if trainer is not None else (self.optim.decay_steps, None)
         )
-        scheduler = build_scheduler(optimizer, self.optim, decay_end)
+        scheduler = build_scheduler(optimizer, self.optim, decay_end, clock)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "lr"}}
 
     def on_save_checkpoint(self, ckpt: dict[str, Any]) -> None:

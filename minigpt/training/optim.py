@@ -1,9 +1,10 @@
 """Optimizer, parameter groups and learning-rate schedule: what `configure_optimizers` returns, built here.
 
 The schedule is a multiplier of the peak learning rate: linear warmup, then cosine / linear / constant / wsd
-(warmup-stable-decay) down to `min_lr_ratio` at the decay's end.  Where the decay ends is known from
-`decay_steps` or the trainer's `max_steps`; with only a time budget (`max_time`) it is projected from the speed
-so far, so a time-budgeted run still ends cooled down.  When no end is known, the peak is held.
+(warmup-stable-decay) down to `min_lr_ratio` at the decay's end.  The decay ends at `decay_steps`, else at the
+trainer's `max_steps` or at the end of its time budget (`max_time`), whichever comes first: under a time budget
+its progress is training time, so a run ends cooled down however many steps the machine managed.  When no end
+is known, the peak is held.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class OptimConfig:
     cooldown_fraction: float = 0.2
     """wsd only: the share of the decay (warmup's end to decay's end) spent in the linear cooldown, in (0, 1]."""
     decay_steps: int | None = None
-    """Step at which the decay ends; unset = trainer.max_steps, or projected from the speed under max_time."""
+    """Step at which the decay ends; unset = at trainer.max_steps or at the end of max_time, whichever is first."""
 
     def __post_init__(self) -> None:
         for name, problem, fix in self.problems():
@@ -261,13 +262,18 @@ class MuonWithAdamW(torch.optim.Optimizer):
 # ------------------------------------------------------------------------------------------------- schedule
 
 
-def lr_multiplier(step: int, cfg: OptimConfig, decay_end: int | None) -> float:
-    """Learning rate at `step` as a fraction of the peak.  decay_end None: no known end, so hold the peak."""
+def lr_multiplier(step: int, cfg: OptimConfig, decay_end: int | None, time_progress: float | None = None) -> float:
+    """Learning rate at `step` as a fraction of the peak.  decay_end: the step at which the decay ends;
+    time_progress: under a time budget, the share of the budget after warmup spent so far.  The decay follows
+    whichever end is nearer (the larger progress); with neither known the peak is held."""
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
-    if cfg.lr_schedule == "constant" or decay_end is None or decay_end <= cfg.warmup_steps:
+    progresses = [] if time_progress is None else [time_progress]
+    if decay_end is not None and decay_end > cfg.warmup_steps:
+        progresses.append((step - cfg.warmup_steps) / (decay_end - cfg.warmup_steps))
+    if cfg.lr_schedule == "constant" or not progresses:
         return 1.0
-    progress = min(1.0, (step - cfg.warmup_steps) / (decay_end - cfg.warmup_steps))
+    progress = min(1.0, max(progresses))
     if cfg.lr_schedule == "cosine":
         decay = 0.5 * (1.0 + math.cos(math.pi * progress))
     elif cfg.lr_schedule == "linear":
@@ -277,34 +283,65 @@ def lr_multiplier(step: int, cfg: OptimConfig, decay_end: int | None) -> float:
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
 
 
-def projected_decay_end(step: int, elapsed_s: float, remaining_s: float) -> int:
-    """Under a time budget: the step the run will reach at the budget's end, at the speed so far."""
-    return int(step * (elapsed_s + remaining_s) / elapsed_s)
+# a run's training clock: (seconds elapsed, seconds budgeted), or None when the run has no time budget
+Clock = Callable[[], tuple[float, float] | None]
+
+
+class LRSchedule:
+    """LambdaLR's lr_lambda: the multiplier at a step (lr_multiplier), the decay placed on the time budget when
+    the run has one.  Under a time budget the decay runs from the end of warmup to the budget's end in time, on
+    the clock that stops the run, so the LR reaches its floor as the run stops, on a fast machine or a slow one,
+    and a slow spell mid-run only slows the decay down.
+
+    LambdaLR saves a callable's __dict__ with the scheduler's state (torch's documented behaviour), so __dict__
+    holds only what a resumed run needs: the training time at warmup's end.  The wiring lives in slots."""
+
+    __slots__ = ("cfg", "decay_end", "clock", "__dict__")
+
+    def __init__(self, cfg: OptimConfig, decay_end: int | None, clock: Clock | None = None) -> None:
+        self.cfg, self.decay_end, self.clock = cfg, decay_end, clock
+        self.warmup_end_s: float | None = None  # training seconds at warmup's end, once reached
+
+    def __call__(self, step: int) -> float:
+        return lr_multiplier(step, self.cfg, self.decay_end, self.time_progress(step))
+
+    def time_progress(self, step: int) -> float | None:
+        """The share of the time budget after warmup spent at this step; None: no time budget, or still warming up."""
+        times = self.clock() if self.clock is not None and step >= self.cfg.warmup_steps else None
+        if times is None:
+            return None
+        elapsed, budget = times
+        if self.warmup_end_s is None:
+            # now, at warmup's end; resuming a checkpoint that predates this state: at the average speed so far
+            self.warmup_end_s = elapsed * self.cfg.warmup_steps / step if step else 0.0
+        span = budget - self.warmup_end_s
+        return (elapsed - self.warmup_end_s) / span if span > 0 else 1.0
 
 
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, cfg: OptimConfig, decay_end: Callable[[int], int | None]
+    optimizer: torch.optim.Optimizer, cfg: OptimConfig, decay_end: int | None, clock: Clock | None = None
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """Stepped once per optimizer step; decay_end(step) says where the decay ends, as far as known then."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(step, cfg, decay_end(step)))
+    """Stepped once per optimizer step (after it); clock: the run's training clock, if it has a time budget."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, LRSchedule(cfg, decay_end, clock))
 
 
-def trainer_decay_end(trainer: Any, cfg: OptimConfig) -> Callable[[int], int | None]:
-    """decay_end for a Lightning trainer: decay_steps, else max_steps, else projected under max_time."""
+def trainer_schedule(trainer: Any, cfg: OptimConfig) -> tuple[int | None, Clock | None]:
+    """(decay_end, clock) for a Lightning trainer: decay_steps fixes the decay in steps; else it ends at max_steps
+    or at the end of the time budget (max_time), whichever comes first.  The clock is Lightning's Timer, the one
+    that stops the run under max_time: it counts the fit loop's time (validation included) from the first batch,
+    after compiling (CompileModel), and its elapsed time is in the checkpoint, so a resumed run keeps its place."""
     from lightning.pytorch.callbacks import Timer
 
-    def decay_end(step: int) -> int | None:
-        if cfg.decay_steps:
-            return cfg.decay_steps
-        max_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
-        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
-        remaining = timer.time_remaining("train") if timer is not None else None
-        if remaining is None:
-            return max_steps
-        elapsed = timer.time_elapsed("train")
-        if step <= cfg.warmup_steps or elapsed <= 0:
-            return max_steps  # too early to project the speed
-        projected = projected_decay_end(step, elapsed, remaining)
-        return min(projected, max_steps) if max_steps else projected
+    if cfg.decay_steps:
+        return cfg.decay_steps, None
+    max_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
 
-    return decay_end
+    def clock() -> tuple[float, float] | None:
+        remaining = timer.time_remaining("train") if timer is not None else None
+        if remaining is None:  # no max_time: the schedule never reads the wall clock
+            return None
+        elapsed = timer.time_elapsed("train")
+        return elapsed, elapsed + remaining
+
+    return max_steps, clock

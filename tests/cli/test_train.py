@@ -360,10 +360,19 @@ def test_every_shipped_config_parses_and_builds_its_model(config, capsys):
 def test_compiled_training_matches_eager(tiny_run_args, corpus, data_root, tmp_path, monkeypatch):
     """--compile true compiles before the clock starts, on a dummy batch that must leave no trace: the compiled
     run ends where the eager one does (up to kernel rounding).  With dropout, so a warm-up that moved the RNG
-    would show: inductor's fallback_random makes compiled dropout draw from torch's RNG as eager does."""
+    would show: inductor's fallback_random makes compiled dropout draw from torch's RNG as eager does.  The
+    training steps compile nothing more (a recompile there would count in a time budget): they run with
+    torch's fail_on_recompile stance."""
     import torch._inductor.config
 
     monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    real_step = GPTLightningModule.training_step
+
+    def training_step(self, batch, batch_idx):
+        with torch.compiler.set_stance("fail_on_recompile"):
+            return real_step(self, batch, batch_idx)
+
+    monkeypatch.setattr(GPTLightningModule, "training_step", training_step)
     runs = {}
     # eager; the blocks and head compiled as regions (the default); the whole model as one graph
     for compile, regions in ((False, True), (True, True), (True, False)):

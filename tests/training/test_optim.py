@@ -1,15 +1,13 @@
 """The learning-rate schedule against its definition (warmup, then cosine / linear / constant / wsd to min_lr), and
 minigpt's Muon against torch.optim.Muon."""
 
-import math
-
 import pytest
 import torch
 
 import minigpt.core.precision
 from minigpt.core.config import GPTConfig
 from minigpt.core.model import GPT
-from minigpt.training.optim import Muon, OptimConfig, build_optimizer, lr_multiplier, newton_schulz, projected_decay_end
+from minigpt.training.optim import Muon, OptimConfig, build_optimizer, lr_multiplier, newton_schulz
 
 
 def test_warmup_is_linear_up_to_the_peak():
@@ -39,12 +37,6 @@ def test_wsd_holds_the_peak_then_cools_down_over_its_fraction(fraction):
 def test_no_known_end_holds_the_peak():
     cfg = OptimConfig(warmup_steps=10, lr_schedule="cosine")
     assert lr_multiplier(10_000, cfg, None) == 1.0
-
-
-def test_time_budget_projects_the_end_from_the_speed_so_far():
-    # 100 steps in 10 s with 30 s left: 400 steps by the end of the budget
-    assert projected_decay_end(100, 10.0, 30.0) == 400
-    assert math.isclose(projected_decay_end(50, 25.0, 0.0), 50)
 
 
 def _muon_pair(adjust_lr_fn, nesterov):
