@@ -243,7 +243,7 @@ class GRPOLightningModule(GPTLightningModule):
 
     def on_save_checkpoint(self, ckpt: dict[str, Any]) -> None:
         super().on_save_checkpoint(ckpt)
-        ckpt[SECTION][SECTION_KEY] = {"beta": self.grpo.beta, "fingerprint": self.ref_fingerprint}
+        ckpt[SECTION][SECTION_KEY] = {"beta": float(self.grpo.beta), "fingerprint": self.ref_fingerprint}
 
 
 def check_grpo_resumable(ckpt: dict[str, Any], grpo: GRPOConfig | None, path: Any) -> None:
