@@ -30,7 +30,10 @@ ROWS = [{"prompt": f"{a}+{a + 2}=", "answer": str(2 * a + 2)} for a in range(12)
     for a in range(8)
 ]
 # a reward a random model can climb: the share of digits in what it says
-DIGITS = "def digits(prompt, completion, answer):\n    return sum(c.isdigit() for c in completion) / max(1, len(completion))\n"
+DIGITS = (
+    "def digits(prompt, completion, answer):\n"
+    "    return sum(c.isdigit() for c in completion) / max(1, len(completion))\n"
+)
 
 
 @pytest.fixture(scope="module")
