@@ -110,13 +110,14 @@ def score(reward: Reward, prompts: list[Any], completions: list[str], answers: l
             value = reward(prompt=prompt, completion=completion, answer=answer)
         except Exception as e:  # the user's code: which prompt, in one line
             raise DataError(
-                f"the reward function failed on the prompt of {where} ({type(e).__name__}: {first_line(e)}); "
-                "fix the function (grpo.reward)"
+                f"the reward function failed on the prompt of {where} ({prompt!r:.60}) with {type(e).__name__}: "
+                f"{first_line(e)}; fix the function (grpo.reward)"
             ) from None
         number = float(value) if isinstance(value, numbers.Real) else None  # (bool is an int: 1/0; numpy's too)
         if number is None or not math.isfinite(number):
             raise DataError(
-                f"the reward function returned {value!r:.60} for the prompt of {where}, not a finite number; "
+                f"the reward function returned {value!r:.60} for the prompt of {where} ({prompt!r:.60}), not a "
+                "finite number; "
                 "make it return a float for every completion (grpo.reward)"
             )
         values.append(number)
