@@ -121,8 +121,8 @@ def grpo_loss(
 
 
 def seeded(device: torch.device, *key: int) -> torch.Generator:
-    """A generator for sampling seeded from `key` (the run's seed, the step, the micro-batch): a resumed run
-    samples the completions an uninterrupted one did."""
+    """A generator for sampling seeded from `key` (the run's seed, the rank, the step, the micro-batch): a resumed
+    run samples the completions an uninterrupted one did."""
     seed = int(np.random.SeedSequence(list(key)).generate_state(1, dtype=np.uint64)[0] >> 1)
     return torch.Generator(device=device).manual_seed(seed)
 
@@ -201,7 +201,7 @@ class GRPOLightningModule(GPTLightningModule):
         _, ids = batch
         prompts = self._prompts(ids, stage)
         micro = len(self._losses)  # this optimizer step's micro-batches so far
-        generator = seeded(self.device, self.trainer.datamodule.hparams.seed, self.global_step, micro)
+        generator = seeded(self.device, self.trainer.datamodule.hparams.seed, self.global_rank, self.global_step, micro)
         completions, texts = self.rollout(prompts, generator)
         rewards = self.rewards(prompts, texts)
         advantages = group_advantages(rewards, self.grpo.group_size, self.grpo.scale_rewards)

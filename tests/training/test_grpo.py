@@ -17,6 +17,7 @@ from minigpt.cli.train import main as train_main
 from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.core.config import GPTConfig
+from minigpt.core.errors import UserError
 from minigpt.core.generation import generate
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import ByteTokenizer
@@ -157,11 +158,25 @@ def test_grpo_logs_its_metrics_learns_the_reward_and_resumes_as_if_uninterrupted
         torch.testing.assert_close(resumed[k], whole[k], atol=1e-6, rtol=0)
     assert scalars(setup / "resumed")["reward"] == pytest.approx(logged["reward"], abs=1e-6)
 
+    with pytest.raises(UserError, match="is a GRPO run; resume it with --data.format prompts"):
+        train_main(grpo_args(setup, "resumed", steps=9, resume="true", **{"data.format": "chat"}))
+    torch.manual_seed(1)  # another model of the same shape: the frozen copy it would rebuild is not the start
+    other = GPT(GPTConfig(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=48, vocab_size=256))
+    save_file(model_checkpoint(other, ByteTokenizer()), setup / "other.ckpt")
+    with pytest.raises(UserError, match="not the model this GRPO run started from"):
+        train_main(
+            grpo_args(setup, "resumed", steps=9, resume="true", init_from=setup / "other.ckpt", **{"grpo.beta": 0.05})
+        )
+    assert torch.load(setup / "resumed" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
 
-def test_lora_grpo_with_the_adapters_off_as_reference_ends_in_a_usable_checkpoint(setup, tmp_path, capsys):
-    train_main(
-        grpo_args(setup, "lora", steps=4, finetune="lora", eval_full="true", **{"grpo.beta": 0.1, "lora.rank": 4})
-    )
+
+def test_lora_grpo_in_bf16_autocast_with_the_adapters_off_as_reference_ends_in_a_usable_checkpoint(
+    setup, tmp_path, capsys
+):
+    """LoRA, the KL to the adapters-off start, in bf16-mixed (a GPU's precision; here CPU autocast: sampling under
+    autocast with a bf16 KV cache), ending in a checkpoint every command takes."""
+    extra = {"grpo.beta": 0.1, "lora.rank": 4, "trainer.precision": "bf16-mixed"}
+    train_main(grpo_args(setup, "lora", steps=4, finetune="lora", eval_full="true", **extra))
     assert "full val pass@1" in capsys.readouterr().out
     logged = scalars(setup / "lora")
     assert logged["kl"][-1] > 0 and len(logged["val_pass@G"]) >= 1
