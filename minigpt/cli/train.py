@@ -409,15 +409,13 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         with torch.compiler.set_stance("force_eager"):  # a ragged last batch would trigger a recompile
             if cli.datamodule.hparams.format == "prompts":  # GRPO: pass@1 / pass@G of every held-out prompt
                 found = grpo_val_pass(cli.model, cli.datamodule.prepared.val, cli.datamodule.hparams.batch_size)
-                for name, value in found.items():
-                    trainer.callback_metrics[f"full_val_{name}"] = torch.tensor(value)
-                print(
-                    f"full val pass@1 {found['pass@1']:.4f}, pass@G {found['pass@G']:.4f} (G = "
-                    f"{cli.model.grpo.group_size}), mean reward {found['reward']:.4f} over all "
-                    f"{len(cli.datamodule.prepared.val):,} validation prompts ({time.perf_counter() - start:.1f}s)"
+                trainer.callback_metrics.update({f"full_val_{k}": torch.tensor(v) for k, v in found.items()})
+                n, unit = len(cli.datamodule.prepared.val), "prompts"
+                nats = (1.0 - found["pass@1"]) * n  # GRPO's val_loss: the share of wrong samples
+                per_text = (
+                    f", pass@1 {found['pass@1']:.4f}, pass@G {found['pass@G']:.4f} (G = {cli.model.grpo.group_size})"
                 )
-                return trainer
-            if cli.datamodule.hparams.format == "preference":  # DPO's loss over every validation pair
+            elif cli.datamodule.hparams.format == "preference":  # DPO's loss over every validation pair
                 loss, n = dpo_val_loss(cli.model, cli.datamodule.prepared.val, cli.datamodule.hparams.batch_size)
                 nats, per_text, unit = loss * n, "", "pairs"
             elif cli.datamodule.hparams.format == "chat":  # the assistant's tokens of every conversation

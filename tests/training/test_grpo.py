@@ -177,7 +177,7 @@ def test_lora_grpo_in_bf16_autocast_with_the_adapters_off_as_reference_ends_in_a
     autocast with a bf16 KV cache), ending in a checkpoint every command takes."""
     extra = {"grpo.beta": 0.1, "lora.rank": 4, "trainer.precision": "bf16-mixed"}
     train_main(grpo_args(setup, "lora", steps=4, finetune="lora", eval_full="true", **extra))
-    assert "full val pass@1" in capsys.readouterr().out
+    assert "validation prompts, pass@1 " in capsys.readouterr().out
     logged = scalars(setup / "lora")
     assert logged["kl"][-1] > 0 and len(logged["val_pass@G"]) >= 1
     model, tokenizer = load_model(setup / "lora")  # merged on load, as any LoRA run
