@@ -20,11 +20,12 @@ from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError
 from minigpt.core.generation import generate
 from minigpt.core.model import GPT
-from minigpt.core.tokenizers import ByteTokenizer
+from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
 from minigpt.loading import load_model
-from minigpt.training.grpo import group_advantages, grpo_loss
-from minigpt.training.rewards import exact_match, final_answer
-from minigpt.training.rollouts import sample_groups
+from minigpt.training.grpo import group_advantages, grpo_loss, token_logps
+from minigpt.training.rewards import exact_match, final_answer, score
+from minigpt.training.rollouts import completion_rows, sample_groups
+from support import hf_base, small_bpe
 
 ROWS = [{"prompt": f"{a}+{a + 2}=", "answer": str(2 * a + 2)} for a in range(12)] + [
     {"prompt": [{"role": "system", "content": "Add."}, {"role": "user", "content": f"{a}+1="}], "answer": a + 1}
@@ -135,6 +136,40 @@ def test_batched_sampling_is_generate_per_prompt(arch, attention):
         ids = alone[0, len(prompt) :].tolist()
         cut = ids.index(tokenizer.eot_id) + 1 if tokenizer.eot_id in ids else len(ids)
         assert completion == ids[:cut]
+
+
+BASES = {
+    "char": lambda: CharTokenizer("abcdefghijklmnopqrstuvwxyz0123456789 +=?\n"),
+    "byte": ByteTokenizer,
+    "tiktoken": lambda: TiktokenTokenizer(small_bpe()),
+    "hf": lambda: hf_base(with_markers=False),
+}
+
+
+@pytest.mark.parametrize("kind", list(BASES))
+def test_a_rollout_and_its_loss_on_every_tokenizer_kind(kind):
+    """Prompt ids from the chat template, completions that stop at its end-of-turn token, texts the reward reads,
+    rows whose targets are the completions, a loss with a gradient: on each tokenizer kind a model may have."""
+    torch.manual_seed(2)
+    chat = ChatTokenizer.for_base(BASES[kind](), None, [[{"role": "user", "content": "what is 1+2?"}]])
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=48, vocab_size=chat.vocab_size))
+    messages = [{"role": "user", "content": "what is 1+2?"}]
+    prompt = chat.encode_chat(messages, add_generation_prompt=True)[0]
+    assert chat.decode(prompt).endswith("<|im_start|>assistant\n")
+    with torch.no_grad():
+        model.lm_head.weight[chat.eot_id] += 0.5  # some completions stop early
+    completions = sample_groups(model.eval(), [prompt], 4, 6, 1.0, chat.eot_id, torch.Generator().manual_seed(0))
+    assert all(len(c) == 6 or (c[-1] == chat.eot_id and chat.eot_id not in c[:-1]) for c in completions)
+    texts = [chat.decode([t for t in c if t != chat.eot_id]) for c in completions]
+    assert score(exact_match, [messages] * 4, texts, ["3"] * 4, ["row 1"] * 4).shape == (4,)
+    rows = completion_rows([prompt], completions, 4)
+    assert chat.decode([~t for t in rows[0, : len(prompt)].tolist()]) == chat.decode(prompt)
+    logps, mask = token_logps(model.train(), rows, 1.0)
+    assert mask.sum(1).tolist() == [len(c) for c in completions]
+    advantages = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.5]), 4)
+    loss = grpo_loss(logps, logps.detach(), None, advantages, mask, 0.2, 0.0)[0]
+    loss.backward()
+    assert model.lm_head.weight.grad.abs().sum() > 0
 
 
 def test_grpo_logs_its_metrics_learns_the_reward_and_resumes_as_if_uninterrupted(setup):
