@@ -51,10 +51,12 @@ from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens
 from minigpt.training.callbacks import harness_callbacks, seconds_since_launch
 from minigpt.training.checkpoint_io import SafeCheckpointIO
 from minigpt.training.datamodule import TokenDataModule
-from minigpt.training.dpo import DPOConfig, DPOLightningModule, check_dpo_resumable, dpo_val_loss, frozen_reference
+from minigpt.training.dpo import DPOConfig, check_dpo_resumable, dpo_val_loss, frozen_reference
 from minigpt.training.finetune_lora import check_finetune_resumable, load_base, lora_run_model
+from minigpt.training.grpo import GRPOConfig, check_grpo_resumable, grpo_val_pass
 from minigpt.training.init_from import init_from_source, load_init_weights, read_last
 from minigpt.training.lightning_module import GPTLightningModule
+from minigpt.training.objectives import objective, objective_problem
 from minigpt.training.optim import OptimConfig
 from minigpt.training.run_dir import SIGNALS, check_writable, lock_run_dir, recover, replacing, stop_on_signals
 from minigpt.training.sft import chat_loss, check_chat_resumable
@@ -199,6 +201,7 @@ class MiniGPTCLI(LightningCLI):
         parser.add_class_arguments(LoRAConfig, "lora")  # read with --finetune lora only
         parser.add_class_arguments(EarlyStoppingConfig, "early_stopping")
         parser.add_class_arguments(DPOConfig, "dpo")  # read with --data.format preference only (docs/dpo.md)
+        parser.add_class_arguments(GRPOConfig, "grpo")  # read with --data.format prompts only (docs/grpo.md)
         parser.add_lightning_class_args(TokenDataModule, "data")
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -231,21 +234,8 @@ class MiniGPTCLI(LightningCLI):
                 "--finetune lora trains adapters on a model: name it with --init_from (a .ckpt, a run "
                 "directory, a Hugging Face model directory or hf:ORG/NAME), or drop --finetune lora"
             )
-        if self.config["data"]["format"] == "preference":
-            if not self.config.get("init_from"):
-                parser.error(
-                    "--data.format preference (DPO) tunes a model against itself as it starts: name it with "
-                    "--init_from (a .ckpt, a run directory, a Hugging Face model directory or hf:ORG/NAME)"
-                )
-            if (
-                self.config["finetune"] == "lora"
-                and self.config["lora"]["train_embeddings"]
-                and self.config["dpo"]["reference"] == "model"
-            ):
-                parser.error(
-                    "dpo.reference model with lora.train_embeddings: the base's own embedding rows train, so the "
-                    "model with its adapters off is no longer the starting model; set --dpo.reference precomputed"
-                )
+        if problem := objective_problem(self.config):  # DPO's and GRPO's settings that cannot work together
+            parser.error(problem)
         # init_from needs to know which settings the user gave, not their defaults: the keys of the --config files
         # and of the flags (one parse: the files' keys were noted as jsonargparse read them)
         self.given = parser.file_keys | {key for key, _ in flag_values(given)}
@@ -256,10 +246,12 @@ class MiniGPTCLI(LightningCLI):
         # --resume reads the run's last checkpoint once: its checks, init_from and Lightning's restore share it
         self.resume_checkpoint = read_last(last) if self.config["resume"] and last.is_file() else None
         lora = LoRAConfig(**self.config["lora"]) if self.config["finetune"] == "lora" else None
-        dpo = DPOConfig(**self.config["dpo"]) if self.config["data"]["format"] == "preference" else None
+        module, objective_settings = objective(self.config)  # SFT/pretraining, DPO or GRPO, from data.format
+        dpo, grpo = objective_settings.get("dpo"), objective_settings.get("grpo")
         if self.resume_checkpoint is not None:  # before the source is read: a LoRA run resumes as one, and back
             check_finetune_resumable(self.resume_checkpoint, lora, last)
             check_dpo_resumable(self.resume_checkpoint, dpo, last)
+            check_grpo_resumable(self.resume_checkpoint, grpo, last)
         if self.config.get("init_from"):  # fills the model section and data.tokenizer from the source
             source_config, source_model = init_from_source(self.config, self.given, self.resume_checkpoint)
         self.config_init = self.parser.instantiate_classes(self.config)
@@ -274,18 +266,24 @@ class MiniGPTCLI(LightningCLI):
             base = source_model if source_model is not None else load_base(self.config["init_from"])
             source_model = None  # lora_run_model takes the weights: no reference here may keep them
             model, entry = lora_run_model(self.config["init_from"], base, config, lora, self.resume_checkpoint, last)
-        module, objective = (GPTLightningModule, {}) if dpo is None else (DPOLightningModule, {"dpo": dpo})
         self.model = module(
-            config, self.config_init["optim"], tokenizer=self.datamodule.tokenizer, model=model, lora=entry, **objective
+            config,
+            self.config_init["optim"],
+            tokenizer=self.datamodule.tokenizer,
+            model=model,
+            lora=entry,
+            **objective_settings,
         )
         if source_model is not None:
             load_init_weights(self.model.model, source_model)
-        if dpo is not None and lora is None and dpo.reference == "model":  # a full run's frozen reference
+        # a full run's frozen reference: DPO's (dpo.reference model), GRPO's (for the KL: grpo.beta > 0)
+        key = "dpo" if dpo is not None and dpo.reference == "model" else "grpo" if grpo and grpo.beta > 0 else None
+        if key is not None and lora is None:
             start = self.model.model
             if source_model is None:  # resumed: the starting weights, read from init_from again
                 start = GPT(config)
                 load_init_weights(start, load_base(self.config["init_from"]))
-            self.model.use_reference(frozen_reference(start, self.resume_checkpoint, self.config["init_from"]))
+            self.model.use_reference(frozen_reference(start, self.resume_checkpoint, self.config["init_from"], key))
         self.trainer = self.instantiate_trainer()
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
@@ -409,7 +407,15 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         # took 5.8 s there)
         cli.model.to(trainer.strategy.root_device)
         with torch.compiler.set_stance("force_eager"):  # a ragged last batch would trigger a recompile
-            if cli.datamodule.hparams.format == "preference":  # DPO's loss over every validation pair
+            if cli.datamodule.hparams.format == "prompts":  # GRPO: pass@1 / pass@G of every held-out prompt
+                found = grpo_val_pass(cli.model, cli.datamodule.prepared.val, cli.datamodule.hparams.batch_size)
+                trainer.callback_metrics.update({f"full_val_{k}": torch.tensor(v) for k, v in found.items()})
+                n, unit = len(cli.datamodule.prepared.val), "prompts"
+                nats = (1.0 - found["pass@1"]) * n  # GRPO's val_loss: the share of wrong samples
+                per_text = (
+                    f", pass@1 {found['pass@1']:.4f}, pass@G {found['pass@G']:.4f} (G = {cli.model.grpo.group_size})"
+                )
+            elif cli.datamodule.hparams.format == "preference":  # DPO's loss over every validation pair
                 loss, n = dpo_val_loss(cli.model, cli.datamodule.prepared.val, cli.datamodule.hparams.batch_size)
                 nats, per_text, unit = loss * n, "", "pairs"
             elif cli.datamodule.hparams.format == "chat":  # the assistant's tokens of every conversation

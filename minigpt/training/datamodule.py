@@ -24,6 +24,7 @@ from minigpt.core.seed import MAX_SEED
 from minigpt.core.tokenizers import Tokenizer
 from minigpt.data.prepare import PreparedData, load_prepared, prepare_data
 from minigpt.training.dpo import FixedPairs, RandomPairs, load_preference_data
+from minigpt.training.rollouts import FixedPrompts, RandomPrompts, load_prompt_data
 from minigpt.training.sft import FixedConversations, RandomConversations, load_chat_data
 
 VAL_STREAM = 1 << 20  # keeps validation generators apart from training ones
@@ -94,7 +95,7 @@ class TokenDataModule(L.LightningDataModule):
         val_batches: int = 20,
         seed: int = 1337,
         num_workers: int = 0,
-        format: Literal["text", "chat", "preference"] = "text",
+        format: Literal["text", "chat", "preference", "prompts"] = "text",
         train_on_prompt: bool = False,
         chat_template: str | None = None,
     ) -> None:
@@ -119,10 +120,11 @@ class TokenDataModule(L.LightningDataModule):
                 instruction/input/output, in a .jsonl/.json/.parquet file or a datasets name; the loss is on the
                 assistant's replies only (docs/chat.md); or "preference": source holds pairs for DPO, rows of
                 {"prompt", "chosen", "rejected"} (text, or lists of messages), settings in the dpo section
-                (docs/dpo.md)
+                (docs/dpo.md); or "prompts": source holds prompts for GRPO, rows of {"prompt", "answer"}, settings
+                in the grpo section (docs/grpo.md); batch_size counts prompts, each sampled grpo.group_size times
             train_on_prompt: chat: train on every token, the prompts too, not only the assistant's replies
-            chat_template: chat and preference: a Jinja chat template file (default: the source model's own, else
-                ChatML with <|im_start|>/<|im_end|> added as special tokens)
+            chat_template: chat, preference and prompts: a Jinja chat template file (default: the source model's
+                own, else ChatML with <|im_start|>/<|im_end|> added as special tokens)
         """
         super().__init__()
         # checked here, where they are declared: each would otherwise fail deep inside numpy or Lightning, or
@@ -150,6 +152,11 @@ class TokenDataModule(L.LightningDataModule):
         if self.prepared is None and self.hparams.format == "preference":
             hp = self.hparams
             self.prepared = load_preference_data(
+                hp.source, hp.tokenizer, hp.chat_template, hp.val_fraction, hp.block_size, hp.seed
+            )
+        if self.prepared is None and self.hparams.format == "prompts":
+            hp = self.hparams
+            self.prepared = load_prompt_data(
                 hp.source, hp.tokenizer, hp.chat_template, hp.val_fraction, hp.block_size, hp.seed
             )
         if self.prepared is None:
@@ -213,6 +220,9 @@ class TokenDataModule(L.LightningDataModule):
         elif hp.format == "preference":  # an epoch is about one pass over the pairs
             steps = max(1, len(data.train) // (hp.batch_size * accumulate))
             windows = RandomPairs(data.train, hp.batch_size, hp.seed, stream=rank, length=1 << 62)
+        elif hp.format == "prompts":  # an epoch is about one pass over the prompts
+            steps = max(1, len(data.train) // (hp.batch_size * accumulate))
+            windows = RandomPrompts(data.train, hp.batch_size, hp.seed, stream=rank, length=1 << 62)
         else:
             steps = max(1, len(data.train) // (hp.batch_size * hp.block_size * accumulate))
             windows = RandomWindows(data.train, hp.block_size, hp.batch_size, hp.seed, stream=rank, length=1 << 62)
@@ -237,6 +247,9 @@ class TokenDataModule(L.LightningDataModule):
             n_batches = min(hp.val_batches, len(windows))
         elif hp.format == "preference":
             windows = FixedPairs(data.val, hp.batch_size, offset=len(data.train))
+            n_batches = min(hp.val_batches, len(windows))
+        elif hp.format == "prompts":
+            windows = FixedPrompts(data.val, hp.batch_size)
             n_batches = min(hp.val_batches, len(windows))
         else:
             windows = RandomWindows(

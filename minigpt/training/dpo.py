@@ -334,15 +334,15 @@ def check_dpo_resumable(ckpt: dict[str, Any], dpo: DPOConfig | None, path: Any) 
         raise UserError(problem)
 
 
-def frozen_reference(model: GPT, ckpt: dict[str, Any] | None, source: str) -> GPT:
+def frozen_reference(model: GPT, ckpt: dict[str, Any] | None, source: str, key: str = SECTION_KEY) -> GPT:
     """The full run's frozen reference: a copy of `model` as it starts (a new run), or, on resume, `model` (rebuilt
     from init_from) checked against the fingerprint the run recorded."""
     reference = copy.deepcopy(model)
     if ckpt is not None:
-        saved = (ckpt[SECTION].get(SECTION_KEY) or {}).get("fingerprint")
+        saved = (ckpt[SECTION].get(key) or {}).get("fingerprint")
         if saved is not None and fingerprint(reference) != saved:
             raise UserError(
-                f"init_from {source} is not the model this DPO run started from (its reference); resume with "
+                f"init_from {source} is not the model this {key.upper()} run started from (its reference); resume with "
                 "the init_from it was started with, or start a new run in another out_dir"
             )
     return reference

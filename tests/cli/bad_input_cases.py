@@ -90,6 +90,22 @@ def export(case: str, *args: str, expect: list[str], **kw) -> Case:
     return Case("export.py", case, list(args), expect, **kw)
 
 
+# a GRPO run on the tiny run's checkpoint, small enough that a reward runs within a second of the first step
+GRPO = [
+    "--init_from",
+    "{ckpt}",
+    "--data.format",
+    "prompts",
+    "--data.source",
+    "{w}/prompts.jsonl",
+    "--data.batch_size",
+    "2",
+    "--grpo.group_size",
+    "2",
+    "--grpo.max_new_tokens",
+    "4",
+]
+
 CASES: list[Case] = [
     train("missing corpus path", "--data.source", "{w}/no_such_corpus.txt", expect=["corpus not found"]),
     train("empty corpus", "--data.source", "{w}/empty.txt", expect=["corpus is empty"]),
@@ -591,6 +607,73 @@ CASES: list[Case] = [
         "{w}/pairs.jsonl",
         expect=["--data.format preference (DPO)", "name it with --init_from"],
     ),
+    # GRPO (--data.format prompts, issue 47): rows checked where they are read, the reward where it runs
+    train(
+        "GRPO prompt row without an answer",
+        *GRPO,
+        "--data.source",
+        "{w}/no_answer.jsonl",
+        expect=["no_answer.jsonl line 2", "no 'answer'", 'each row needs "prompt"'],
+    ),
+    train(
+        "GRPO prompt that fills the context",
+        *GRPO,
+        "--data.source",
+        "{w}/long_prompts.jsonl",
+        expect=["long_prompts.jsonl line 2", "leaves no room for a completion in block_size=32", "shorten the prompt"],
+    ),
+    train(
+        "GRPO reward function that raises",
+        *GRPO,
+        "--grpo.reward",
+        "{w}/rewards.py:raises",
+        expect=["the reward function failed on the prompt of", "prompts.jsonl line", "ZeroDivisionError"],
+    ),
+    train(
+        "GRPO reward function that returns NaN",
+        *GRPO,
+        "--grpo.reward",
+        "{w}/rewards.py:nan",
+        expect=["the reward function returned nan for the prompt of", "not a finite number"],
+    ),
+    train(
+        "GRPO reward function that returns infinity",
+        *GRPO,
+        "--grpo.reward",
+        "{w}/rewards.py:inf",
+        expect=["the reward function returned inf for the prompt of", "not a finite number"],
+    ),
+    train(
+        "GRPO reward function that returns text",
+        *GRPO,
+        "--grpo.reward",
+        "{w}/rewards.py:text",
+        expect=["the reward function returned 'yes' for the prompt of", "return a float"],
+    ),
+    train(
+        "GRPO reward file that does not exist",
+        *GRPO,
+        "--grpo.reward",
+        "{w}/no_rewards.py:score",
+        expect=["no such file", "no_rewards.py", "path/to/file.py:function_name"],
+    ),
+    train(
+        "GRPO reward file without the function",
+        *GRPO,
+        "--grpo.reward",
+        "{w}/rewards.py:missing",
+        expect=["has no function missing"],
+    ),
+    train("GRPO group size below 2", *GRPO, "--grpo.group_size", "1", expect=["grpo.group_size", "v>=2"]),
+    train("GRPO beta below 0", *GRPO, "--grpo.beta", "-0.1", expect=["grpo.beta", "-0.1"]),
+    train(
+        "GRPO without init_from",
+        "--data.format",
+        "prompts",
+        "--data.source",
+        "{w}/prompts.jsonl",
+        expect=["--data.format prompts (GRPO)", "name it with --init_from"],
+    ),
 ]
 
 
@@ -688,6 +771,19 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
         ("long_prompt.jsonl", [pair, {**pair, "prompt": "the lazy dog " * 5}]),
     ):
         (w / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompt = {"prompt": "a fox", "answer": "3"}
+    for name, rows in (
+        ("prompts.jsonl", [prompt, {**prompt, "prompt": "the dog"}, {**prompt, "answer": "4"}]),
+        ("no_answer.jsonl", [prompt, {"prompt": "the dog"}]),
+        ("long_prompts.jsonl", [prompt, {**prompt, "prompt": "the lazy dog " * 2}]),
+    ):
+        (w / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (w / "rewards.py").write_text(
+        "def raises(prompt, completion, answer):\n    return 1 / 0\n"
+        "def nan(prompt, completion, answer):\n    return float('nan')\n"
+        "def inf(prompt, completion, answer):\n    return float('inf')\n"
+        "def text(prompt, completion, answer):\n    return 'yes'\n"
+    )
     (w / "occupied" / "notes.txt").write_text("a user's file: export.py must not touch it\n")
     for name, config in (
         ("hf_bert", {"architectures": ["BertForMaskedLM"], "model_type": "bert"}),

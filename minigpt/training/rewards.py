@@ -1,0 +1,124 @@
+"""GRPO's rewards (grpo.reward): the built-in exact match of the final answer, or a user's function from a file.
+
+    reward = load_reward("exact_match")                  # or "my_rewards.py:score" (the user's code: it runs)
+    rewards = score(reward, prompts, completions, answers, wheres)   # (N,) float32, every one a finite number
+
+exact_match: the completion's final answer is its last number (commas between digit groups dropped: "1,234" is
+1234), or, where it holds none, its last non-empty line; it scores 1.0 when it equals the row's answer, numbers
+compared as numbers ("42.0" equals "42"), other text after stripping spaces at both ends; else 0.0.
+
+A user's reward is Python code, like a task file's hooks: `grpo.reward path/to/file.py:function` runs that file
+(and nothing from the current directory or the installed packages by that name), then calls, per completion,
+
+    function(prompt=..., completion=..., answer=...) -> a number (True/False count as 1/0)
+
+prompt as the row gave it (text, or a list of messages), completion the sampled text (without the end-of-turn
+token), answer the row's answer text.  A function that raises, or returns anything but a finite number, stops
+training with one line naming the prompt (nothing already saved is touched).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import math
+import numbers
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from minigpt.core.errors import DataError, UserError, first_line
+
+__all__ = ["EXACT_MATCH", "exact_match", "final_answer", "load_reward", "score"]
+
+EXACT_MATCH = "exact_match"
+NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
+Reward = Callable[..., Any]
+
+
+def final_answer(text: str) -> str:
+    """The completion's last number (commas dropped), or its last non-empty line, stripped."""
+    numbers = NUMBER.findall(text)
+    if numbers:
+        return numbers[-1].replace(",", "")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def as_number(text: str) -> float | None:
+    text = text.strip().replace(",", "")
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def exact_match(prompt: Any = None, completion: str = "", answer: str = "") -> float:
+    """1.0 when the completion's final answer equals `answer` (numbers as numbers), else 0.0."""
+    got, want = final_answer(completion), str(answer).strip()
+    a, b = as_number(got), as_number(want)
+    if a is not None and b is not None:
+        return float(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9))
+    return float(got == want)
+
+
+def _load_module(path: Path) -> Any:
+    """The file as a module of its own, run once (it is the user's code)."""
+    name = "minigpt_reward_" + hashlib.sha256(str(path).encode()).hexdigest()[:16]
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+def load_reward(spec: str) -> Reward:
+    """grpo.reward: "exact_match", or "FILE.py:FUNCTION" (FUNCTION loaded from FILE only)."""
+    if spec == EXACT_MATCH:
+        return exact_match
+    file, sep, function = spec.rpartition(":")
+    usage = 'give "exact_match" or "path/to/file.py:function_name"'
+    if not sep or not file.endswith(".py") or not function.isidentifier():
+        raise UserError(f"grpo.reward {spec!r}: not a reward; {usage}")
+    path = Path(file).expanduser().resolve()
+    if not path.is_file():
+        raise UserError(f"grpo.reward {spec}: no such file {file}; {usage}")
+    try:
+        module = _load_module(path)
+    except Exception as e:  # the user's file failed to run: its error, in one line
+        raise UserError(
+            f"grpo.reward {spec}: {file} failed to load ({type(e).__name__}: {first_line(e)}); fix the file"
+        ) from None
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        raise UserError(f"grpo.reward {spec}: {file} has no function {function}; {usage}")
+    return fn
+
+
+def score(reward: Reward, prompts: list[Any], completions: list[str], answers: list[str], wheres: list[str]):
+    """(N,) float32 rewards of N completions; one UserError naming the prompt for a reward that raises or is not
+    a finite number."""
+    values = []
+    for prompt, completion, answer, where in zip(prompts, completions, answers, wheres):
+        try:
+            value = reward(prompt=prompt, completion=completion, answer=answer)
+        except Exception as e:  # the user's code: which prompt, in one line
+            raise DataError(
+                f"the reward function failed on the prompt of {where} ({prompt!r:.60}) with {type(e).__name__}: "
+                f"{first_line(e)}; fix the function (grpo.reward)"
+            ) from None
+        number = float(value) if isinstance(value, numbers.Real) else None  # (bool is an int: 1/0; numpy's too)
+        if number is None or not math.isfinite(number):
+            raise DataError(
+                f"the reward function returned {value!r:.60} for the prompt of {where} ({prompt!r:.60}), not a "
+                "finite number; "
+                "make it return a float for every completion (grpo.reward)"
+            )
+        values.append(number)
+    return torch.tensor(values, dtype=torch.float32)
