@@ -6,17 +6,18 @@ Generating a token reads every weight once, so on a CPU it runs at memory speed:
 four times the tokens.  Activations stay in float32 (no activation quantization), so the only error is each
 weight's rounding, at most scale / 2.
 
-How the int8 weights are multiplied, by measurement (docs/performance.md#decode has the figures):
-- one token (a few rows): `int8_matvec`, a multiply-and-sum that torch.compile turns into one C++ loop reading the
-  int8 weights and converting them in registers (inside the compiled decode step, or compiled on its own when the
-  model runs eagerly).  The alternatives, for one token on this project's CPU: torch's own
-  `aten._weight_int8pack_mm` ran 3-4x slower than a float32 matmul; torchao 0.18's Int8WeightOnlyConfig
-  dequantizes the whole weight per call (7x slower on a GPT-2 head), compiled it was still 2.5x slower than
-  float32, and its compiled int8-activation config returned wrong values with torch 2.13; fbgemm's
-  `quantized.linear_dynamic` is fast but quantizes the activations too, through quantized tensor types that
-  torch deprecates for removal.
+How the int8 weights are multiplied (docs/performance.md#int8-which-kernel-by-measurement has the figures):
+- one token (a few rows), eagerly: torch's own weight-only int8 kernel, `aten._weight_int8pack_mm`, given the
+  activations in bf16 (its vectorized loops, AVX-512 and AVX2 alike, are for bf16 inputs; in float32 it runs a
+  scalar loop, slower than the float32 matmul).  The bf16 rounding of the activations and of the output adds
+  ~0.2 % relative error to the weights' own rounding.  It needs rows of a multiple of 16 values (its loop has no
+  tail), so a layer whose input size is not falls back to the next way.
+- one token inside a compiled decode step (or a layer the kernel cannot take): `int8_matvec`, a multiply-and-sum
+  that torch.compile turns into one C++ loop reading the int8 weights and converting them in registers.
 - a prompt (many rows): dequantize, then the float matmul, whose cost the rows share.
-- no C++ compiler: dequantize, then matmul, for every call (correct, slower than float32; a note says so).
+- no C++ compiler and a layer the aten kernel cannot take: dequantize, then matmul, for every call (a note says so).
+Whether int8 pays at all is measured once per machine and model shape (`choose_int8`, cached like the bf16
+probe): where the int8 step is not faster than float32, load_model keeps float32 and says so in one line.
 
 The token embedding becomes int8 too: a tied one reads the head's int8 rows (one table, as before), an untied one
 gets its own.  Learned position embeddings and norms stay as they are (small).
@@ -33,12 +34,26 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minigpt.core.compiled import COMPILE_OPTIONS, compiler_available, note_no_compiler
+from minigpt.core.measured import Timer, best_time, read_record, speed_key, update_record
 from minigpt.core.model import GPT
 
-__all__ = ["Quantization", "QUANTIZATIONS", "Int8Linear", "Int8Embedding", "int8_matvec", "quantize_model"]
+__all__ = [
+    "Quantization",
+    "QUANTIZATIONS",
+    "Int8Linear",
+    "Int8Embedding",
+    "choose_int8",
+    "int8_matvec",
+    "int8pack_matmul",
+    "quantize_model",
+]
 
 Quantization = Literal["int8"]
 QUANTIZATIONS = get_args(Quantization)
+
+# The decode kernels: torch's weight-only int8 matmul on bf16 activations, or the (compiled) multiply-and-sum
+Int8Kernel = Literal["int8pack", "matvec"]
+INT8PACK_K_MULTIPLE = 16  # _weight_int8pack_mm's vector loop steps 16 values (AVX-512) or 8 (AVX2) with no tail
 
 # Up to this many rows (batch x tokens) go through int8_matvec; it reads the int8 weights once per row, so at 4
 # rows it reads what one float32 matmul does, and dequantize-then-matmul (int8 read, float32 written and read) wins.
@@ -59,6 +74,14 @@ def int8_matvec(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.
     return (x.unsqueeze(-2) * q.to(x.dtype)).sum(-1) * scale
 
 
+def int8pack_matmul(x: torch.Tensor, q: torch.Tensor, ones: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x (..., K) float32 @ (q * scale[:, None]).T -> (..., N) float32 through aten._weight_int8pack_mm, which reads
+    the int8 rows once.  `ones` (N,) bf16 is the kernel's own scale: the float32 one is applied after, unrounded."""
+    x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()  # (M, K): the kernel assumes rows of K
+    y = torch.ops.aten._weight_int8pack_mm(x2, q, ones)  # (M, N) bf16, accumulated in float32
+    return y.float().reshape(*x.shape[:-1], q.shape[0]) * scale
+
+
 @functools.cache
 def compiled_matvec() -> Callable:
     """int8_matvec compiled on first use, shared by every Int8Linear of an eager model (dynamic: every shape)."""
@@ -68,17 +91,23 @@ def compiled_matvec() -> Callable:
 class Int8Linear(nn.Module):
     """nn.Linear with int8 weights and a per-row scale; `weight` keeps the name (device, shape) callers read."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, kernel: Int8Kernel = "int8pack") -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         q, scale = quantize_rows(linear.weight)
         self.register_buffer("weight", q)  # (N, K) int8
         self.register_buffer("scale", scale)  # (N,)
         self.bias = linear.bias
+        # the aten kernel where it can take this layer (eager decode steps; a compiled step fuses int8_matvec)
+        self.kernel: Int8Kernel = kernel if self.in_features % INT8PACK_K_MULTIPLE == 0 else "matvec"
+        ones = torch.ones(self.out_features, dtype=torch.bfloat16, device=q.device)
+        self.register_buffer("ones", ones, persistent=False)  # (N,) bf16: the aten kernel's scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[:-1].numel() > MATVEC_ROWS:
             y = F.linear(x, self.weight.to(x.dtype)) * self.scale
+        elif self.kernel == "int8pack" and x.device.type == "cpu" and not torch.compiler.is_compiling():
+            y = int8pack_matmul(x, self.weight, self.ones, self.scale)
         elif torch.compiler.is_compiling():  # inside the compiled decode step: fused with the rest
             y = int8_matvec(x, self.weight, self.scale)
         elif compiler_available(x.device.type):
@@ -104,19 +133,63 @@ class Int8Embedding(nn.Module):
         return F.embedding(idx, self.weight).to(self.scale.dtype) * self.scale[idx, None]  # (..., C)
 
 
-def quantize_model(model: GPT, quantization: Quantization = "int8") -> GPT:
+def quantize_model(model: GPT, quantization: Quantization = "int8", kernel: Int8Kernel = "int8pack") -> GPT:
     """Replace the model's linear layers (and its token embedding) by int8 ones, in place; returns the model.
 
     For inference: the int8 tensors are buffers, nothing trains them.  Weights tied between the embedding and the
-    head stay one tensor (the head's int8 rows)."""
+    head stay one tensor (the head's int8 rows).  `kernel`: what multiplies one token's rows eagerly on a CPU."""
     tied = model.config.tie_embeddings
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, name, Int8Linear(child))
+                setattr(module, name, Int8Linear(child, kernel))
     head = model.lm_head
     if tied:
         model.transformer.wte = Int8Embedding(head.weight, head.scale)
     else:
         model.transformer.wte = Int8Embedding(*quantize_rows(model.transformer.wte.weight))
     return model
+
+
+# --------------------------------------------------------------------------------------------------
+# Does int8 pay here?  Measured once per machine and model shape.
+
+
+def linear_step_times(model: GPT, timer: Timer | None = None) -> dict[str, float]:
+    """Seconds one token spends in the model's linear layers (the head included), float32 and int8 eagerly, on
+    this machine: each distinct weight shape timed once on the model's own weights (one row of input), counted
+    as often as it occurs.  `timer(what, fn) -> seconds` times one call (default best_time; tests fake it)."""
+    timer = timer or best_time
+    totals = {"float32": 0.0, "int8": 0.0}
+    seen: dict[tuple[int, int], int] = {}
+    layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    for m in layers:
+        seen[tuple(m.weight.shape)] = seen.get(tuple(m.weight.shape), 0) + 1
+    for (n, k), count in seen.items():
+        linear = next(m for m in layers if tuple(m.weight.shape) == (n, k))
+        int8 = Int8Linear(linear)
+        x = torch.randn(1, k, device=linear.weight.device)
+        with torch.inference_mode():
+            totals["float32"] += count * timer("float32", lambda linear=linear, x=x: F.linear(x, linear.weight))
+            totals["int8"] += count * timer("int8", lambda int8=int8, x=x: int8(x))
+    return totals
+
+
+def choose_int8(model: GPT, timer: Timer | None = None) -> tuple[bool, str]:
+    """(whether int8 weights decode faster than float32 for this model on this CPU, the measurement in words).
+
+    Measured once per machine (CPU, torch version, CPU capability and ISA settings) and model shape, then read
+    from ~/.cache/minigpt/decode_speed.json; only a CPU model is measured (a GPU's int8 path is its own)."""
+    if model.lm_head.weight.device.type != "cpu":
+        return True, "int8 on a GPU: not measured"
+    key = speed_key(model, "int8 vs float32, eager linears")
+    times = read_record(key)
+    if not {"float32", "int8"} <= times.keys():
+        times = linear_step_times(model, timer)
+        update_record(key, **times)
+    fp32, int8 = times["float32"], times["int8"]
+    kind = torch.backends.cpu.get_cpu_capability()
+    return int8 < fp32, (
+        f"one token's matmuls take {1e3 * int8:.1f} ms with int8 weights against {1e3 * fp32:.1f} ms in float32 "
+        f"on this CPU ({kind}; measured once, cached)"
+    )
