@@ -117,6 +117,9 @@ TIMED_EAGER_STEPS = 3  # eager decode steps timed before deciding
 TIMED_COMPILED_STEPS = 8  # compiled steps timed (after the compiling one) to record what compiling saved
 
 
+decode_clock = time.perf_counter  # what AutoCompiledStep times steps with (a test puts a fake one here)
+
+
 def compile_pays(tokens_left: int, eager_s: float, compiled_s: float, compile_s: float) -> bool:
     """Does compiling (compile_s) pay for itself within `tokens_left` decode steps, each eager_s -> compiled_s?"""
     return compile_s < tokens_left * (eager_s - compiled_s)
@@ -132,8 +135,8 @@ class AutoCompiledStep:
     earlier on this machine for this model shape (else the priors).  Called as decode(idx, kv_cache=, input_pos=).
     Both ways give the same ids, so switching mid-generation changes nothing but the time.  `clock` is for tests."""
 
-    def __init__(self, model: GPT, steps: int, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.model, self.steps_left, self.clock = model, steps, clock
+    def __init__(self, model: GPT, steps: int, clock: Callable[[], float] | None = None) -> None:
+        self.model, self.steps_left, self.clock = model, steps, clock or decode_clock
         self.key = speed_key(model, "decode step compiled vs eager")
         self.eager: list[float] = []
         self.compiled: list[float] = []
