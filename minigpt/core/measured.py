@@ -4,10 +4,11 @@ A flag meant to make decoding faster (`--quantize int8`, `--compile`) pays on on
 kernels differ by CPU capability, and compiling costs tens of seconds that a short generation never earns back.
 So minigpt measures, once, and keeps what it measured in ~/.cache/minigpt/decode_speed.json ($XDG_CACHE_HOME),
 under the machine's key (CPU model, torch version, CPU capability, oneDNN/ATen ISA settings: see
-minigpt.core.precision.machine_key) and the model's shape class (its linear layers' shapes), as the bf16 probe
-does.  The decisions themselves are minigpt.core.quantize.choose_int8 and minigpt.core.compiled.AutoCompiledStep;
-here is what they share: the key, the records, timing a call, and torch.compile's cache artifacts kept beside
-the records, so that a second run compiles from them in seconds.
+minigpt.core.precision.machine_key), torch's thread count and the model's shape class (its linear layers'
+shapes), as the bf16 probe does.  Delete the file to measure again (say, after measuring on a busy machine).
+The decisions are minigpt.core.quantize.choose_int8 and minigpt.core.compiled.AutoCompiledStep; here is what they
+share: the key, the records, timing a call, and torch.compile's cache artifacts kept beside the records, so that
+a second run compiles from them in seconds.
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ def shape_class(model: nn.Module) -> str:
 
 
 def speed_key(model: nn.Module, what: str) -> str:
-    """The records' key for `what` (a decision's name and variant) of this model on this machine: a digest."""
-    return hashlib.sha256(f"{machine_key()}|{shape_class(model)}|{what}".encode()).hexdigest()[:24]
+    """The records' key for `what` (a decision's name and variant) of this model on this machine with torch's
+    thread count now (a kernel that wins on one thread can lose on two): a digest."""
+    where = f"{machine_key()}|{torch.get_num_threads()} threads|{shape_class(model)}|{what}"
+    return hashlib.sha256(where.encode()).hexdigest()[:24]
 
 
 def _records() -> dict[str, Any]:

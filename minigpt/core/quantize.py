@@ -190,6 +190,6 @@ def choose_int8(model: GPT, timer: Timer | None = None) -> tuple[bool, str]:
     fp32, int8 = times["float32"], times["int8"]
     kind = torch.backends.cpu.get_cpu_capability()
     return int8 < fp32, (
-        f"one token's matmuls take {1e3 * int8:.1f} ms with int8 weights against {1e3 * fp32:.1f} ms in float32 "
+        f"one token's matmuls take {1e3 * int8:.2f} ms with int8 weights against {1e3 * fp32:.2f} ms in float32 "
         f"on this CPU ({kind}; measured once, cached)"
     )

@@ -151,7 +151,7 @@ def test_the_measurement_counts_every_linear_layer_of_the_model():
     times = quantize.linear_step_times(model, fake_timer(float32=1.0, int8=0.25))
     assert times == {"float32": n_linear * 1.0, "int8": n_linear * 0.25}
     faster, why = quantize.choose_int8(model, fake_timer(float32=1.0, int8=0.25))
-    assert faster and f"{1e3 * 0.25 * n_linear:.1f} ms with int8" in why
+    assert faster and f"{1e3 * 0.25 * n_linear:.2f} ms with int8" in why
 
 
 @torch.inference_mode()
