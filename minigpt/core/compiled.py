@@ -133,7 +133,8 @@ class AutoCompiledStep:
     """A CPU generation's decode step that compiles itself only if that pays: the first TIMED_EAGER_STEPS run
     eagerly and are timed, then compile_pays decides with the steps left, the compile time and saving measured
     earlier on this machine for this model shape (else the priors).  Called as decode(idx, kv_cache=, input_pos=).
-    Both ways give the same ids, so switching mid-generation changes nothing but the time.  `clock` is for tests."""
+    Both ways give the same ids in float32 (int8: within its agreement bound, as the eager aten kernel rounds the
+    activations to bf16), so switching mid-generation changes nothing but the time.  `clock` is for tests."""
 
     def __init__(self, model: GPT, steps: int, clock: Callable[[], float] | None = None) -> None:
         self.model, self.steps_left, self.clock = model, steps, clock or decode_clock

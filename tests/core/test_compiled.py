@@ -77,7 +77,7 @@ def test_compiled_decode_gives_the_plain_loops_greedy_ids_and_compiles_once():
         for length in (9, 20):  # other lengths: other cache sizes, the same graphs
             assert torch.equal(generate(model, idx, length, temperature=0, compile=True), plain[:, : 5 + length])
         assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
-        int8 = quantize_model(model)
+        int8 = quantize_model(model, kernel="matvec")  # the compiled step's int8 math, eagerly: the same ids
         int8_plain = generate(int8, idx, n, temperature=0)
         assert torch.equal(generate(int8, idx, n, temperature=0, compile=True), int8_plain)
 
@@ -86,7 +86,7 @@ def test_compiled_decode_gives_the_plain_loops_greedy_ids_and_compiles_once():
 @pytest.mark.skipif(not compiled.compiler_available("cpu"), reason="no C++ compiler for torch.compile")
 def test_compiled_int8_matvec_is_the_dequantized_matmul():
     torch.manual_seed(0)
-    layer = quantize.Int8Linear(torch.nn.Linear(96, 40))
+    layer = quantize.Int8Linear(torch.nn.Linear(96, 40), kernel="matvec")
     for rows in (1, 2):
         x = torch.randn(rows, 1, 96)
         expected = torch.nn.functional.linear(x, layer.weight.float() * layer.scale[:, None], layer.bias)
