@@ -242,6 +242,6 @@ def decoding(
     cache = model.new_kv_cache(batch_size)
     for layer in cache:  # the whole generation's room at once: no growing copies, one buffer to compile for
         layer.reserve(length)
-    if compile == "auto" and compiler_available(device.type):
+    if compile == "auto" and device.type == "cpu" and compiler_available("cpu"):  # elsewhere "auto" is True
         return cache, AutoCompiledStep(model, steps)
     return cache, decode_forward(model, device) if compile else model
