@@ -75,11 +75,11 @@ def _load_model(
 ) -> tuple[GPT, Tokenizer]:
     if quantize is not None:
         model, tokenizer = _load_model(source, device, attention, None, announce)
-        faster, measured = choose_int8(model)
-        if not faster:  # --quantize is a speed flag: it may not slow a command down
+        choice, measured = choose_int8(model)
+        if choice == "float32":  # --quantize is a speed flag: it may not slow a command down
             note_once(f"--quantize {quantize} declined: {measured}; running float32")
             return model, tokenizer
-        return quantize_model(model, quantize), tokenizer
+        return quantize_model(model, quantize, one_thread=choice == "int8 one thread"), tokenizer
     if is_hf_source(source):
         return load_hf_model(source, device=device, attention=attention)
     path = find_checkpoint(source)

@@ -29,7 +29,7 @@ from minigpt.core.fsutil import atomic_write
 from minigpt.core.precision import machine_key
 from minigpt.core.user_files import loads, read_user_bytes
 
-__all__ = ["best_time", "cache_dir", "read_record", "shape_class", "speed_key", "update_record"]
+__all__ = ["cache_dir", "read_record", "shape_class", "speed_key", "typical_time", "update_record"]
 
 RECORDS_BYTES = 4 << 20  # the records file: a few hundred bytes per machine and model shape
 Timer = Callable[[str, Callable[[], object]], float]  # (what is timed, the call) -> seconds of one call
@@ -81,16 +81,16 @@ def update_record(key: str, **values: float) -> None:
         pass
 
 
-def best_time(what: str, fn: Callable[[], object], repeats: int = 5) -> float:
-    """Seconds of the fastest of `repeats` calls of fn (`what` it is: a name for fake timers), after one untimed
-    call (a busy machine slows some calls, never speeds one up, so the fastest is the least disturbed)."""
+def typical_time(what: str, fn: Callable[[], object], repeats: int = 7) -> float:
+    """Seconds of the median of `repeats` calls of fn (`what` it is: a name for fake timers), after one untimed
+    call.  The median, not the fastest: a kernel that stalls on most calls of a busy machine must count as slow."""
     fn()
-    best = float("inf")
+    times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+        times.append(time.perf_counter() - start)
+    return sorted(times)[repeats // 2]
 
 
 # --------------------------------------------------------------------------------------------------

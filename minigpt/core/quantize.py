@@ -17,7 +17,9 @@ How the int8 weights are multiplied (docs/performance.md#int8-which-kernel-by-me
 - a prompt (many rows): dequantize, then the float matmul, whose cost the rows share.
 - no C++ compiler and a layer the aten kernel cannot take: dequantize, then matmul, for every call (a note says so).
 Whether int8 pays at all is measured once per machine and model shape (`choose_int8`, cached like the bf16
-probe): where the int8 step is not faster than float32, load_model keeps float32 and says so in one line.
+probe): where the int8 step is not faster than float32, load_model keeps float32 and says so in one line.  The
+same measurement decides whether the aten kernel runs on torch's threads or on one: its parallel loop waits for
+every thread, so on a busy machine a descheduled one stalls each call (17 ms instead of 0.1 on 2 busy cores).
 
 The token embedding becomes int8 too: a tied one reads the head's int8 rows (one table, as before), an untied one
 gets its own.  Learned position embeddings and norms stay as they are (small).
@@ -25,8 +27,9 @@ gets its own.  Learned position embeddings and norms stay as they are (small).
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Literal, get_args
 
 import torch
@@ -34,7 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minigpt.core.compiled import COMPILE_OPTIONS, compiler_available, note_no_compiler
-from minigpt.core.measured import Timer, best_time, read_record, speed_key, update_record
+from minigpt.core.measured import Timer, read_record, speed_key, typical_time, update_record
 from minigpt.core.model import GPT
 
 __all__ = [
@@ -82,6 +85,17 @@ def int8pack_matmul(x: torch.Tensor, q: torch.Tensor, ones: torch.Tensor, scale:
     return y.float().reshape(*x.shape[:-1], q.shape[0]) * scale
 
 
+@contextlib.contextmanager
+def single_thread() -> Iterator[None]:
+    """torch's intra-op threads set to 1 for the block (setting them costs well under a microsecond)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @functools.cache
 def compiled_matvec() -> Callable:
     """int8_matvec compiled on first use, shared by every Int8Linear of an eager model (dynamic: every shape)."""
@@ -91,7 +105,7 @@ def compiled_matvec() -> Callable:
 class Int8Linear(nn.Module):
     """nn.Linear with int8 weights and a per-row scale; `weight` keeps the name (device, shape) callers read."""
 
-    def __init__(self, linear: nn.Linear, kernel: Int8Kernel = "int8pack") -> None:
+    def __init__(self, linear: nn.Linear, kernel: Int8Kernel = "int8pack", one_thread: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         q, scale = quantize_rows(linear.weight)
@@ -100,6 +114,7 @@ class Int8Linear(nn.Module):
         self.bias = linear.bias
         # the aten kernel where it can take this layer (eager decode steps; a compiled step fuses int8_matvec)
         self.kernel: Int8Kernel = kernel if self.in_features % INT8PACK_K_MULTIPLE == 0 else "matvec"
+        self.one_thread = one_thread  # run the aten kernel on one thread (measured faster here: see choose_int8)
         ones = torch.ones(self.out_features, dtype=torch.bfloat16, device=q.device)
         self.register_buffer("ones", ones, persistent=False)  # (N,) bf16: the aten kernel's scale
 
@@ -107,7 +122,8 @@ class Int8Linear(nn.Module):
         if x.shape[:-1].numel() > MATVEC_ROWS:
             y = F.linear(x, self.weight.to(x.dtype)) * self.scale
         elif self.kernel == "int8pack" and x.device.type == "cpu" and not torch.compiler.is_compiling():
-            y = int8pack_matmul(x, self.weight, self.ones, self.scale)
+            with single_thread() if self.one_thread else contextlib.nullcontext():
+                y = int8pack_matmul(x, self.weight, self.ones, self.scale)
         elif torch.compiler.is_compiling():  # inside the compiled decode step: fused with the rest
             y = int8_matvec(x, self.weight, self.scale)
         elif compiler_available(x.device.type):
@@ -133,16 +149,19 @@ class Int8Embedding(nn.Module):
         return F.embedding(idx, self.weight).to(self.scale.dtype) * self.scale[idx, None]  # (..., C)
 
 
-def quantize_model(model: GPT, quantization: Quantization = "int8", kernel: Int8Kernel = "int8pack") -> GPT:
+def quantize_model(
+    model: GPT, quantization: Quantization = "int8", kernel: Int8Kernel = "int8pack", one_thread: bool = False
+) -> GPT:
     """Replace the model's linear layers (and its token embedding) by int8 ones, in place; returns the model.
 
     For inference: the int8 tensors are buffers, nothing trains them.  Weights tied between the embedding and the
-    head stay one tensor (the head's int8 rows).  `kernel`: what multiplies one token's rows eagerly on a CPU."""
+    head stay one tensor (the head's int8 rows).  `kernel`: what multiplies one token's rows eagerly on a CPU;
+    `one_thread`: the aten kernel on one thread."""
     tied = model.config.tie_embeddings
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(module, name, Int8Linear(child, kernel))
+                setattr(module, name, Int8Linear(child, kernel, one_thread))
     head = model.lm_head
     if tied:
         model.transformer.wte = Int8Embedding(head.weight, head.scale)
@@ -155,41 +174,49 @@ def quantize_model(model: GPT, quantization: Quantization = "int8", kernel: Int8
 # Does int8 pay here?  Measured once per machine and model shape.
 
 
-def linear_step_times(model: GPT, timer: Timer | None = None) -> dict[str, float]:
-    """Seconds one token spends in the model's linear layers (the head included), float32 and int8 eagerly, on
-    this machine: each distinct weight shape timed once on the model's own weights (one row of input), counted
-    as often as it occurs.  `timer(what, fn) -> seconds` times one call (default best_time; tests fake it)."""
-    timer = timer or best_time
-    totals = {"float32": 0.0, "int8": 0.0}
-    seen: dict[tuple[int, int], int] = {}
+Int8Choice = Literal["float32", "int8", "int8 one thread"]
+
+
+def linear_step_times(model: GPT, timer: Timer | None = None) -> dict[Int8Choice, float]:
+    """Seconds one token spends in the model's linear layers (the head included) on this machine: float32, int8,
+    and (with more than one torch thread) int8 with the aten kernel on one thread.  Each distinct weight shape is
+    timed on the model's own weights (one row of input) and counted as often as it occurs.  `timer(what, fn) ->
+    seconds` times one call (default measured.typical_time; tests pass a fake one)."""
+    timer = timer or typical_time
+    counts: dict[tuple[int, int], int] = {}
     layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
     for m in layers:
-        seen[tuple(m.weight.shape)] = seen.get(tuple(m.weight.shape), 0) + 1
-    for (n, k), count in seen.items():
-        linear = next(m for m in layers if tuple(m.weight.shape) == (n, k))
-        int8 = Int8Linear(linear)
-        x = torch.randn(1, k, device=linear.weight.device)
+        counts[tuple(m.weight.shape)] = counts.get(tuple(m.weight.shape), 0) + 1
+    choices: list[Int8Choice] = ["float32", "int8"] + (["int8 one thread"] if torch.get_num_threads() > 1 else [])
+    totals = dict.fromkeys(choices, 0.0)
+    for shape, count in counts.items():
+        linear = next(m for m in layers if tuple(m.weight.shape) == shape)
+        ways = {"float32": linear, "int8": Int8Linear(linear), "int8 one thread": Int8Linear(linear, one_thread=True)}
+        x = torch.randn(1, shape[1], device=linear.weight.device)
         with torch.inference_mode():
-            totals["float32"] += count * timer("float32", lambda linear=linear, x=x: F.linear(x, linear.weight))
-            totals["int8"] += count * timer("int8", lambda int8=int8, x=x: int8(x))
+            for choice in choices:
+                totals[choice] += count * timer(choice, lambda layer=ways[choice], x=x: layer(x))
     return totals
 
 
-def choose_int8(model: GPT, timer: Timer | None = None) -> tuple[bool, str]:
-    """(whether int8 weights decode faster than float32 for this model on this CPU, the measurement in words).
+def choose_int8(model: GPT, timer: Timer | None = None) -> tuple[Int8Choice, str]:
+    """(the fastest way to decode this model on this CPU: float32, int8, or int8 with the aten kernel on one
+    thread; the measurement in words).
 
-    Measured once per machine (CPU, torch version, CPU capability and ISA settings) and model shape, then read
-    from ~/.cache/minigpt/decode_speed.json; only a CPU model is measured (a GPU's int8 path is its own)."""
+    Measured once per machine (CPU, torch version, CPU capability and ISA settings), torch thread count and model
+    shape, then read from ~/.cache/minigpt/decode_speed.json; only a CPU model is measured (a GPU's int8 path is
+    its own)."""
     if model.lm_head.weight.device.type != "cpu":
-        return True, "int8 on a GPU: not measured"
+        return "int8", "int8 on a GPU: not measured"
     key = speed_key(model, "int8 vs float32, eager linears")
     times = read_record(key)
     if not {"float32", "int8"} <= times.keys():
         times = linear_step_times(model, timer)
         update_record(key, **times)
-    fp32, int8 = times["float32"], times["int8"]
+    fp32, best = times["float32"], min(times, key=times.get)
+    int8 = min(t for choice, t in times.items() if choice != "float32")
     kind = torch.backends.cpu.get_cpu_capability()
-    return int8 < fp32, (
+    return best, (
         f"one token's matmuls take {1e3 * int8:.2f} ms with int8 weights against {1e3 * fp32:.2f} ms in float32 "
         f"on this CPU ({kind}; measured once, cached)"
     )

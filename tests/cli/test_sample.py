@@ -543,7 +543,7 @@ def test_cli_speed_flags_that_would_slow_this_run_are_declined_in_one_note_each(
     import minigpt.core.quantize as quantize
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(char_ckpt.parent / "cache"))
-    monkeypatch.setattr(quantize, "best_time", lambda what, fn: {"float32": 1e-3, "int8": 2e-3}[what])
+    monkeypatch.setattr(quantize, "typical_time", lambda what, fn: 1e-3 if what == "float32" else 2e-3)
     monkeypatch.setattr(compiled, "compiler_available", lambda device_type="cpu": True)
     monkeypatch.setattr(compiled, "decode_clock", iter(range(10**6)).__next__)  # 1 s a step: 30 s cannot pay
     monkeypatch.setattr(compiled, "compiled_forward", lambda: pytest.fail("a short generation must not compile"))
