@@ -160,7 +160,7 @@ def measure_shape(shape: str, args: Any, work: Path) -> list[dict[str, Any]]:
         _, _, prefill_s = synced_median(lambda run=run: run(long_prompt, 1), CPU, max(1, args.repeats - 1))
         row = dict(shape=SHAPE_NAMES[shape], way=way, ids=ids[0, args.prompt_tokens :].tolist(), first_call_s=first_s)
         row |= dict(tokens_per_s=args.tokens / seconds, prefill_tokens_per_s=args.prefill_tokens / prefill_s)
-        rows.append(row | dict(weight_bytes=bytes_per_token(model), int8_decision=choose_int8(fp32)[1]))
+        rows.append(row | dict(weight_bytes=bytes_per_token(model), int8_decision=": ".join(choose_int8(fp32))))
         print(f"  {row['shape']}, {way}: {row['tokens_per_s']:.1f} tokens/s (first call {first_s:.1f} s)", flush=True)
     reference, own_fp32 = rows[-1], rows[0]
     for r in rows:
