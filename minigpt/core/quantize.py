@@ -67,7 +67,7 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """w (N, K) float -> (q (N, K) int8, scale (N,) in w's dtype), symmetric per row."""
     w32 = w.detach().float()
     scale = w32.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127  # an all-zero row stays zero
-    q = (w32 / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    q = (w32 / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8)  # in place: one float copy, not three
     return q, scale.to(w.dtype)
 
 
