@@ -52,6 +52,7 @@ def load_model(
     device: str | torch.device = "cpu",
     attention: str | None = None,
     quantize: Quantization | None = None,
+    generating: tuple[int, int] | None = None,
 ) -> tuple[GPT, Tokenizer]:
     """A checkpoint file, a run directory, None (the newest run under out/), a Hugging Face model directory or
     hf:ORG/NAME -> (model in eval mode, tokenizer).
@@ -60,10 +61,11 @@ def load_model(
     attention weights).  `quantize="int8"`: the weights as loaded, then stored as int8 with a scale per row, for
     inference (minigpt.core.quantize): a quarter of the memory, and faster decoding where bandwidth is the limit.
     Where int8 is measured not to decode faster than float32 on this CPU (minigpt.core.quantize.choose_int8,
-    once per machine and model shape), the model stays float32 and a one-line note on stderr says so.
+    once per machine and model shape), the model stays float32 and a one-line note on stderr says so; given
+    `generating=(batch, tokens)`, the generation to come, also where quantizing would cost more than it saves.
     A run directory means its best checkpoint (checkpoints/best.ckpt, the lowest validation loss), else its last.
     """
-    return _load_model(source, device, attention, quantize, announce=True)
+    return _load_model(source, device, attention, quantize, announce=True, generating=generating)
 
 
 def _load_model(
@@ -72,10 +74,12 @@ def _load_model(
     attention: str | None,
     quantize: Quantization | None,
     announce: bool,
+    generating: tuple[int, int] | None = None,
 ) -> tuple[GPT, Tokenizer]:
     if quantize is not None:
         model, tokenizer = _load_model(source, device, attention, None, announce)
-        choice, measured = choose_int8(model)
+        batch, tokens = generating or (1, None)
+        choice, measured = choose_int8(model, batch=batch, tokens=tokens)
         if choice == "float32":  # --quantize is a speed flag: it may not slow a command down
             note_once(f"--quantize {quantize} declined: {measured}; running float32")
             return model, tokenizer

@@ -242,7 +242,8 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
         return
     prompt = read_prompt(args, stdin)
 
-    model, tokenizer = load_model(args.ckpt, device=device, attention=args.attention, quantize=args.quantize)
+    generating = (args.num_samples, args.max_new_tokens)  # --quantize: only where int8 pays within this generation
+    model, tokenizer = load_model(args.ckpt, device, args.attention, args.quantize, generating)
     ids = prompt_ids(tokenizer, prompt)
     check_sampling_size(model.config, args.num_samples, len(ids), args.max_new_tokens, args.kv_cache, model)
     show_checkpoint_lines()

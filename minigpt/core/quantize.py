@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from collections.abc import Callable, Iterator
 from typing import Literal, get_args
 
@@ -177,21 +178,24 @@ def quantize_model(
 Int8Choice = Literal["float32", "int8", "int8 one thread"]
 
 
-def linear_step_times(model: GPT, timer: Timer | None = None) -> dict[Int8Choice, float]:
+def linear_step_times(model: GPT, timer: Timer | None = None) -> dict[str, float]:
     """Seconds one token spends in the model's linear layers (the head included) on this machine: float32, int8,
-    and (with more than one torch thread) int8 with the aten kernel on one thread.  Each distinct weight shape is
-    timed on the model's own weights (one row of input) and counted as often as it occurs.  `timer(what, fn) ->
-    seconds` times one call (default measured.typical_time; tests pass a fake one)."""
+    and (with more than one torch thread) int8 with the aten kernel on one thread; and "quantize", the seconds
+    quantizing them takes.  Each distinct weight shape is timed on the model's own weights (one row of input) and
+    counted as often as it occurs.  `timer(what, fn) -> seconds` times one call (default measured.typical_time;
+    tests pass a fake one)."""
     timer = timer or typical_time
     counts: dict[tuple[int, int], int] = {}
     layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
     for m in layers:
         counts[tuple(m.weight.shape)] = counts.get(tuple(m.weight.shape), 0) + 1
     choices: list[Int8Choice] = ["float32", "int8"] + (["int8 one thread"] if torch.get_num_threads() > 1 else [])
-    totals = dict.fromkeys(choices, 0.0)
+    totals = dict.fromkeys([*choices, "quantize"], 0.0)
     for shape, count in counts.items():
         linear = next(m for m in layers if tuple(m.weight.shape) == shape)
+        start = time.perf_counter()
         ways = {"float32": linear, "int8": Int8Linear(linear), "int8 one thread": Int8Linear(linear, one_thread=True)}
+        totals["quantize"] += count * (time.perf_counter() - start) / 2
         x = torch.randn(1, shape[1], device=linear.weight.device)
         with torch.inference_mode():
             for choice in choices:
@@ -199,24 +203,35 @@ def linear_step_times(model: GPT, timer: Timer | None = None) -> dict[Int8Choice
     return totals
 
 
-def choose_int8(model: GPT, timer: Timer | None = None) -> tuple[Int8Choice, str]:
+def choose_int8(
+    model: GPT, timer: Timer | None = None, batch: int = 1, tokens: int | None = None
+) -> tuple[Int8Choice, str]:
     """(the fastest way to decode this model on this CPU: float32, int8, or int8 with the aten kernel on one
-    thread; the measurement in words).
+    thread; the measurement in words).  Given the generation to come (`batch` rows, `tokens` new tokens), int8
+    must also earn back its quantizing within it, and a batch past MATVEC_ROWS (where int8 dequantizes every
+    weight at every step) stays float32.
 
     Measured once per machine (CPU, torch version, CPU capability and ISA settings), torch thread count and model
     shape, then read from ~/.cache/minigpt/decode_speed.json; only a CPU model is measured (a GPU's int8 path is
     its own)."""
     if model.lm_head.weight.device.type != "cpu":
         return "int8", "int8 on a GPU: not measured"
+    if batch > MATVEC_ROWS:
+        return "float32", f"int8 decodes faster than float32 only up to {MATVEC_ROWS} sequences at once, not {batch}"
     key = speed_key(model, "int8 vs float32, eager linears")
     times = read_record(key)
     if not {"float32", "int8"} <= times.keys():
         times = linear_step_times(model, timer)
         update_record(key, **times)
-    fp32, best = times["float32"], min(times, key=times.get)
-    int8 = min(t for choice, t in times.items() if choice != "float32")
+    steps = {choice: t for choice, t in times.items() if choice in get_args(Int8Choice)}
+    fp32, best = steps["float32"], min(steps, key=steps.get)
+    int8 = min(t for choice, t in steps.items() if choice != "float32")
     kind = torch.backends.cpu.get_cpu_capability()
-    return best, (
+    why = (
         f"one token's matmuls take {1e3 * int8:.2f} ms with int8 weights against {1e3 * fp32:.2f} ms in float32 "
         f"on this CPU ({kind}; measured once, cached)"
     )
+    quantize_s = times.get("quantize", 0.0)
+    if best != "float32" and tokens is not None and quantize_s >= tokens * (fp32 - int8):
+        return "float32", f"{why}, and quantizing takes {quantize_s:.1f} s, more than {tokens} tokens would save"
+    return best, why

@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import minigpt.core.compiled as compiled
+import minigpt.core.measured as measured
 import minigpt.core.quantize as quantize
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.core.generation import generate
@@ -150,6 +151,7 @@ def test_the_measurement_counts_every_linear_layer_of_the_model():
     model = varied_gpt("gpt", 4, vocab_size=256)
     n_linear = sum(isinstance(m, nn.Linear) for m in model.modules())
     times = quantize.linear_step_times(model, fake_timer(float32=1.0, int8=0.25))
+    assert times.pop("quantize") > 0  # the real seconds quantizing took: no fake for those
     assert times == {"float32": n_linear * 1.0, "int8": n_linear * 0.25}
     choice, why = quantize.choose_int8(model, fake_timer(float32=1.0, int8=0.25))
     assert choice == "int8" and f"{1e3 * 0.25 * n_linear:.2f} ms with int8" in why
@@ -205,3 +207,17 @@ def test_where_one_thread_runs_the_int8_kernel_faster_it_runs_on_one(tmp_path, m
             assert torch.equal(layers[0](x), on_one)  # each output is one thread's sum either way
     finally:
         torch.set_num_threads(threads)
+
+
+def test_int8_must_earn_back_its_quantizing_within_the_generation_asked_for():
+    """Measured (a record standing for it): 1 ms saved per token, 5 s to quantize.  Unknown length: int8; 100
+    tokens: float32 (0.1 s saved); 10,000 tokens: int8; a batch past MATVEC_ROWS: float32 whatever the length."""
+    model = varied_gpt("gpt", 4, vocab_size=256)
+    key = measured.speed_key(model, "int8 vs float32, eager linears")
+    measured.update_record(key, float32=2e-3, int8=1e-3, quantize=5.0)
+    assert quantize.choose_int8(model)[0] == "int8"
+    choice, why = quantize.choose_int8(model, tokens=100)
+    assert choice == "float32" and "quantizing takes 5.0 s, more than 100 tokens would save" in why
+    assert quantize.choose_int8(model, tokens=10_000)[0] == "int8"
+    choice, why = quantize.choose_int8(model, batch=quantize.MATVEC_ROWS + 1, tokens=10_000)
+    assert choice == "float32" and f"up to {quantize.MATVEC_ROWS} sequences" in why
