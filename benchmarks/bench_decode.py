@@ -1,45 +1,40 @@
-"""Greedy decoding speed against the memory-bandwidth bound: minigpt float32, minigpt int8, transformers' generate.
+"""Greedy decoding per CPU kind: the whole sample.py command per speed flag, and the rates after warm-up (minigpt
+float32 and int8, eager and compiled, against transformers' generate and the memory-bandwidth bound).
 
-    python benchmarks/bench_decode.py                      # GPT-2-124M and SmolLM2-135M shapes, random weights
-    python benchmarks/bench_decode.py --quick              # tiny shapes: a smoke test in seconds
-    python benchmarks/bench_decode.py --shapes smollm2 --threads 1
+    python benchmarks/bench_decode.py --kinds native,avx2  # as this CPU is, and as an AVX2 one; GPT-2 and SmolLM2
+    python benchmarks/bench_decode.py --quick              # tiny shapes: a smoke test
+    python benchmarks/bench_decode.py --shapes smollm2 --threads 1 --no_commands
     python benchmarks/bench_decode.py --quality out/RUN --text FILE   # int8 against float32 on a trained model
-    python benchmarks/bench_decode.py --profile            # where a decode step's time goes, per way
-    python benchmarks/bench_decode.py --device cuda        # a GPU: single-stream greedy and the serve engine, < 60 s
+    python benchmarks/bench_decode.py --device cuda        # a GPU: single-stream greedy and the serve engine
     python benchmarks/bench_decode.py --device cpu --quick --single_stream   # the same, tiny: its smoke test
 
-Generating a token reads every weight once, so on a CPU decoding is bound by memory bandwidth: tokens/s <= read
-bandwidth / bytes of weights read per token.  For each shape a Hugging Face folder with random weights is built
-locally (transformers' own init, no download) and loaded three ways in this process: minigpt float32 and int8
-(load_model, quantize="int8"), both decoding with the compiled step (generate(compile=True)), and transformers'
-AutoModelForCausalLM with its `generate`; minigpt float32 without compile (the plain loop) is a fourth row.
-Each generates 128 tokens greedily after a 16-token prompt: one untimed call (it compiles), then the median of
---repeats timed calls.  tokens/s counts the new tokens over the whole call (the prompt's prefill included).
-Prefill is the time of one call that reads a 512-token prompt and generates one token.
-
-The bound: the read bandwidth measured here (the best `sum` over a 1 GiB float32 tensor, larger than any
-cache, with the same threads) over the bytes one decode step reads: every weight once (a tied embedding as the
-head; an untied embedding table and learned positions one row each, so not counted).  The KV cache's reads are
-left out of the bound (a few MiB at 144 positions).  A model whose weights fit in the CPU's last-level cache can
-beat the DRAM bound.
-
-On a GPU (--device cuda, or --single_stream anywhere) the GPT-2-124M shape only, float32, random weights:
-single-stream greedy tokens/s of minigpt eager, minigpt compiled (generate(compile=True): on CUDA the decode step
-replayed from CUDA graphs, minigpt.core.decode_graphs) and transformers' generate (GPT2LMHeadModel, the same weights
-and prompt, the ids compared), each the median of --repeats calls of --tokens new tokens; and the serve engine's
-one-client rate (minigpt.serve.engine.Engine, no HTTP: tokens over the time from submit to the last update).
-
---quality CKPT --text FILE: the exact loss (perplexity) of a trained checkpoint on the text in float32 and int8,
-and next-token agreement: how often int8's most likely next token is float32's, over every position.
+--kinds: each kind in a process of its own, `avx2` with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 (an
+AVX-512 machine computing as an AVX2 one), each with empty caches of its own (decisions, compiled code).
+Commands: `sample.py --ckpt FOLDER --max_new_tokens 128 --temperature 0` on the GPT-2-124M shape with each flag
+combination, twice in a row (the first measures and compiles what it decides to, the second finds it cached): the
+whole command's wall clock and the notes in which it said what it decided.
+Rates: each shape as a Hugging Face folder with random weights (transformers' own init, no download) loaded as
+minigpt float32 and int8 (load_model(quantize="int8"): the kernel chosen here, or float32 where int8 is slower)
+and by transformers; 128 greedy tokens after 16: one untimed call, then the median of --repeats.  "eager" is
+generate() as called without compile, "compiled step" generate(compile=True) whatever the compile costs.
+Prefill: one call reading a 512-token prompt.  Bound: the read bandwidth (best `sum` over 1 GiB of float32, same
+threads) over the bytes one decode step reads (every weight once; an untied table's and positions' one row).
+On a GPU (--device cuda, or --single_stream): GPT-2-124M, float32: minigpt eager, compiled (CUDA graphs) and
+transformers, and the serve engine's one-client rate (minigpt.serve.engine.Engine, no HTTP).
+--quality CKPT --text FILE: perplexity in float32 and int8, and how often their most likely next tokens agree.
 Writes benchmarks/results/decode.json (--json).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
 import sys
 import tempfile
 import time
+import timeit
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +58,15 @@ from benchmarks.common import (
 )
 from minigpt.core.generation import generate
 from minigpt.core.model import GPT
-from minigpt.core.quantize import Int8Embedding
+from minigpt.core.quantize import Int8Embedding, Int8Linear, choose_int8, quantize_model
 from minigpt.loading import load_model
 
 GIB = 2**30
+CPU = torch.device("cpu")
+REPO = Path(__file__).resolve().parent.parent
+KINDS = {"native": {}, "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+FLAGS = {"none": [], "--quantize int8": ["--quantize", "int8"], "--compile": ["--compile"]}
+FLAGS["--quantize int8 --compile"] = FLAGS["--quantize int8"] + FLAGS["--compile"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -80,25 +80,8 @@ def hf_config(shape: str, quick: bool) -> Any:
     if shape == "gpt2":
         size = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=1024) if quick else {}
         return transformers.GPT2Config(**size, **none)
-    size = (
-        dict(
-            hidden_size=64,
-            intermediate_size=160,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=512,
-        )
-        if quick
-        else dict(
-            hidden_size=576,
-            intermediate_size=1536,
-            num_hidden_layers=30,
-            num_attention_heads=9,
-            num_key_value_heads=3,
-            vocab_size=49152,
-        )
-    )
+    keys = "hidden_size intermediate_size num_hidden_layers num_attention_heads num_key_value_heads vocab_size"
+    size = dict(zip(keys.split(), (64, 160, 2, 4, 2, 512) if quick else (576, 1536, 30, 9, 3, 49152)))
     return transformers.LlamaConfig(
         **size, max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True, **none
     )
@@ -129,12 +112,8 @@ def bytes_per_token(model: GPT) -> int:
     """Bytes of weights one decode step reads: each tensor of the state once (shared ones once), except the
     tables read a row at a time (an embedding that is not also the head, learned positions)."""
     head = {t.data_ptr() for t in model.lm_head.state_dict().values()}
-    rows_only = {
-        t.data_ptr()
-        for m in model.modules()
-        if isinstance(m, (nn.Embedding, Int8Embedding))
-        for t in m.state_dict().values()
-    } - head
+    tables = [m for m in model.modules() if isinstance(m, (nn.Embedding, Int8Embedding))]
+    rows_only = {t.data_ptr() for m in tables for t in m.state_dict().values()} - head
     tensors = {t.data_ptr(): t.numel() * t.element_size() for t in model.state_dict().values()}
     return sum(size for ptr, size in tensors.items() if ptr not in rows_only)
 
@@ -143,36 +122,17 @@ def read_bandwidth(nbytes: int = GIB, repeats: int = 10) -> float:
     """Bytes/s of the fastest of `repeats` sums over a float32 tensor of nbytes (read once each)."""
     x = torch.ones(nbytes // 4)
     x.sum()
-    best = math.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t0)
-    return nbytes / best
+    return nbytes / min(timeit.repeat(x.sum, number=1, repeat=repeats))
 
 
 # --------------------------------------------------------------------------------------------------
 # Timing the three ways
 
 
-def timed(fn: Any, repeats: int) -> tuple[Any, float, float]:
-    """(result, seconds of the first call, median seconds of `repeats` further calls)."""
-    t0 = time.perf_counter()
-    out = fn()
-    first = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return out, first, median(times)
-
-
 def hf_generate(hf: Any, prompt: torch.Tensor, tokens: int) -> torch.Tensor:
+    mask = torch.ones_like(prompt)
     with torch.inference_mode():
-        return hf.generate(
-            prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=tokens, pad_token_id=0
-        )
+        return hf.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=tokens, pad_token_id=0)
 
 
 def measure_shape(shape: str, args: Any, work: Path) -> list[dict[str, Any]]:
@@ -180,44 +140,66 @@ def measure_shape(shape: str, args: Any, work: Path) -> list[dict[str, Any]]:
 
     src = build_hf_folder(shape, args.quick, work / shape, args.seed)
     fp32, _ = load_model(src)
-    int8, _ = load_model(src, quantize="int8")
+    int8, _ = load_model(src, quantize="int8")  # float32 where int8 is measured slower here (a note says so)
+    int8_kind = "int8" if isinstance(int8.lm_head, Int8Linear) else "int8 declined -> float32"
     hf = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
     vocab = fp32.config.vocab_size
     gen = torch.Generator().manual_seed(args.seed)
     prompt = torch.randint(0, vocab, (1, args.prompt_tokens), generator=gen)
     long_prompt = torch.randint(0, vocab, (1, args.prefill_tokens), generator=gen)
     ways = {
-        "minigpt float32, compiled step": (fp32, lambda p, n: generate(fp32, p, n, temperature=0.0, compile=True)),
         "minigpt float32, eager": (fp32, lambda p, n: generate(fp32, p, n, temperature=0.0)),
-        "minigpt int8, compiled step": (int8, lambda p, n: generate(int8, p, n, temperature=0.0, compile=True)),
+        "minigpt float32, compiled step": (fp32, lambda p, n: generate(fp32, p, n, temperature=0.0, compile=True)),
+        f"minigpt {int8_kind}, eager": (int8, lambda p, n: generate(int8, p, n, temperature=0.0)),
+        f"minigpt {int8_kind}, compiled step": (int8, lambda p, n: generate(int8, p, n, temperature=0.0, compile=True)),
         "transformers float32": (fp32, lambda p, n: hf_generate(hf, p, n)),
     }
     rows = []
     for way, (model, run) in ways.items():
-        ids, first_s, seconds = timed(lambda run=run: run(prompt, args.tokens), args.repeats)
-        _, _, prefill_s = timed(lambda run=run: run(long_prompt, 1), max(1, args.repeats - 1))
-        rows.append(
-            dict(
-                shape=SHAPE_NAMES[shape],
-                way=way,
-                ids=ids[0, args.prompt_tokens :].tolist(),
-                tokens_per_s=args.tokens / seconds,
-                first_call_s=first_s,
-                prefill_tokens_per_s=args.prefill_tokens / prefill_s,
-                weight_bytes=bytes_per_token(model),
-            )
-        )
-        print(
-            f"  {SHAPE_NAMES[shape]}, {way}: {rows[-1]['tokens_per_s']:.1f} tokens/s "
-            f"(first call {first_s:.1f} s), prefill {rows[-1]['prefill_tokens_per_s']:.0f} tokens/s",
-            flush=True,
-        )
-    reference = rows[-1]
+        ids, first_s, seconds = synced_median(lambda run=run: run(prompt, args.tokens), CPU, args.repeats)
+        _, _, prefill_s = synced_median(lambda run=run: run(long_prompt, 1), CPU, max(1, args.repeats - 1))
+        row = dict(shape=SHAPE_NAMES[shape], way=way, ids=ids[0, args.prompt_tokens :].tolist(), first_call_s=first_s)
+        row |= dict(tokens_per_s=args.tokens / seconds, prefill_tokens_per_s=args.prefill_tokens / prefill_s)
+        rows.append(row | dict(weight_bytes=bytes_per_token(model), int8_decision=": ".join(choose_int8(fp32))))
+        print(f"  {row['shape']}, {way}: {row['tokens_per_s']:.1f} tokens/s (first call {first_s:.1f} s)", flush=True)
+    reference, own_fp32 = rows[-1], rows[0]
     for r in rows:
         r["vs_transformers"] = r["tokens_per_s"] / reference["tokens_per_s"]
+        r["vs_own_float32_eager"] = r["tokens_per_s"] / own_fp32["tokens_per_s"]
         r["ids_equal_transformers"] = r["ids"] == reference["ids"]
         r["agreement_with_transformers"] = sum(a == b for a, b in zip(r["ids"], reference["ids"])) / len(r["ids"])
         r["weight_mib"] = mib(r["weight_bytes"])
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# The whole command: sample.py per flag combination, first and second run
+
+
+def time_commands(args: Any, work: Path) -> list[dict[str, Any]]:
+    """sample.py's wall clock for each flag combination, twice each, with caches empty at the start (this kind's
+    own, under `work`): the first run pays for what it measures or compiles, the second finds it cached."""
+    src = build_hf_folder("gpt2", args.quick, work / "gpt2-command", args.seed)
+    env = {**os.environ, "XDG_CACHE_HOME": str(work / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor")}
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    rows = []
+    for flags, extra in FLAGS.items():
+        row: dict[str, Any] = dict(flags=flags)
+        for run in ("first", "second")[: 1 if args.quick else 2]:
+            cmd = [sys.executable, str(REPO / "sample.py"), "--ckpt", str(src), "--prompt", "Once upon a time"]
+            cmd += ["--max_new_tokens", str(args.tokens), "--temperature", "0", "--no-stop", *extra]
+            t0 = time.perf_counter()
+            out = subprocess.run(cmd, env=env, cwd=work, capture_output=True, text=True)
+            row[f"{run}_s"] = time.perf_counter() - t0
+            if out.returncode != 0:
+                raise SystemExit(f"error: {' '.join(cmd)} failed: {out.stderr.strip()[-500:]}")
+            notes = [line.removeprefix("note: ") for line in out.stderr.splitlines() if line.startswith("note:")]
+            row[f"{run}_notes"] = " / ".join(notes) or "-"
+        rows.append(row)
+        print(f"  sample.py {flags}: " + ", ".join(f"{k} {v:.1f} s" for k, v in row.items() if k.endswith("_s")))
+    for row in rows:
+        row["vs_none_first"] = row["first_s"] / rows[0]["first_s"]
     return rows
 
 
@@ -272,11 +254,10 @@ def measure_single_stream(args: Any, device: torch.device, work: Path) -> list[d
     hf = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).to(device).eval()
     gen = torch.Generator().manual_seed(args.seed)
     prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_tokens), generator=gen).to(device)
+    compiled_way = f"minigpt compiled{' (CUDA graphs)' if device.type == 'cuda' else ''}"
     ways = {
         "minigpt eager": lambda: generate(model, prompt, args.tokens, temperature=0.0),
-        f"minigpt compiled{' (CUDA graphs)' if device.type == 'cuda' else ''}": lambda: generate(
-            model, prompt, args.tokens, temperature=0.0, compile=True
-        ),
+        compiled_way: lambda: generate(model, prompt, args.tokens, temperature=0.0, compile=True),
         "transformers generate": lambda: hf_generate(hf, prompt, args.tokens),
     }
     rows = []
@@ -294,57 +275,6 @@ def measure_single_stream(args: Any, device: torch.device, work: Path) -> list[d
         if "ids" in r:
             r["ids_equal_transformers"] = r["ids"] == reference["ids"]
     return rows
-
-
-# --------------------------------------------------------------------------------------------------
-# Where a decode step's time goes (--profile)
-
-CATEGORIES = {
-    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"),
-    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",),
-    "KV cache writes and growth": ("aten::cat", "aten::index_put_", "aten::copy_", "aten::zeros", "aten::new_zeros"),
-}
-
-
-def profile_steps(run: Any, steps: int) -> dict[str, float]:
-    """ms per decode step by kind: ATen ops' own time (matmul, attention, KV cache, other ops), the compiled
-    graphs' own C++ code, and the rest of the wall time (Python, dispatch, the profiler itself)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    run(steps)  # warm: compiled, and the cache allocated
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        t0 = time.perf_counter()
-        run(steps)
-        wall = time.perf_counter() - t0
-    out = dict.fromkeys([*CATEGORIES, "other ATen ops", "compiled C++ kernels"], 0.0)
-    for e in prof.key_averages():
-        kind = next((k for k, names in CATEGORIES.items() if e.key in names), None)
-        if kind is None:
-            kind = "compiled C++ kernels" if "CompiledFxGraph" in e.key else "other ATen ops"
-        out[kind] += e.self_cpu_time_total / 1e3 / steps
-    out = {k: v for k, v in out.items() if v > 0.005}
-    out["Python and the rest"] = max(0.0, wall * 1e3 / steps - sum(out.values()))
-    out["wall"] = wall * 1e3 / steps
-    return out
-
-
-def profile_shape(shape: str, args: Any, work: Path) -> dict[str, dict[str, float]]:
-    """Each way's profile over one generate call of --profile_steps tokens (its one prefill pass of the short
-    prompt included: about one more step's weight reads)."""
-    import transformers
-
-    src = build_hf_folder(shape, args.quick, work / shape, args.seed)
-    fp32, _ = load_model(src)
-    int8, _ = load_model(src, quantize="int8")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
-    prompt = torch.randint(0, fp32.config.vocab_size, (1, args.prompt_tokens), generator=torch.Generator())
-    ways = {
-        "minigpt float32, eager": lambda n: generate(fp32, prompt, n, temperature=0.0),
-        "minigpt float32, compiled step": lambda n: generate(fp32, prompt, n, temperature=0.0, compile=True),
-        "minigpt int8, compiled step": lambda n: generate(int8, prompt, n, temperature=0.0, compile=True),
-        "transformers float32": lambda n: hf_generate(hf, prompt, n),
-    }
-    return {way: profile_steps(run, args.profile_steps) for way, run in ways.items()}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -370,30 +300,85 @@ def quality(ckpt: str, text_path: str, max_tokens: int) -> dict[str, Any]:
     from minigpt.evaluation.loss import evaluate_tokens
 
     fp32, tokenizer = load_model(ckpt)
-    int8, _ = load_model(ckpt, quantize="int8")
+    int8 = quantize_model(load_model(ckpt)[0])  # int8 whether or not it is faster here: its quality is the question
     ids = tokenizer.encode(Path(text_path).read_text(encoding="utf-8"))[:max_tokens]
     nats32, n = evaluate_tokens(fp32, ids)
     nats8, _ = evaluate_tokens(int8, ids)
     agreement, positions = next_token_agreement(fp32, int8, ids)
     ppl32, ppl8 = math.exp(nats32 / n), math.exp(nats8 / n)
-    return dict(
-        checkpoint=ckpt,
-        text=text_path,
-        tokens=n,
-        params=fp32.num_params(),
-        perplexity_float32=ppl32,
-        perplexity_int8=ppl8,
-        perplexity_change=ppl8 / ppl32 - 1,
-        next_token_agreement=agreement,
-        agreement_positions=positions,
-    )
+    found = dict(checkpoint=ckpt, text=text_path, tokens=n, params=fp32.num_params(), perplexity_float32=ppl32)
+    found |= dict(perplexity_int8=ppl8, perplexity_change=ppl8 / ppl32 - 1, next_token_agreement=agreement)
+    return found | dict(agreement_positions=positions)
 
 
 # --------------------------------------------------------------------------------------------------
 
 
+def columns(spec: str) -> list[tuple[str, ...]]:
+    """'key:header:format, ...' -> markdown_table's columns (an empty format: text, left-aligned)."""
+    return [tuple(c.strip().split(":")) for c in spec.split(",")]
+
+
+FIRST_CALL = "first_call_s:first call s:.1f"
+RATE_COLUMNS = columns(
+    "shape:shape:, way:way:, tokens_per_s:tokens/s:.1f, vs_own_float32_eager:x own float32 eager:.2f, "
+    "vs_transformers:x transformers:.2f, weight_mib:weights MiB:.0f, fraction_of_bound:of bound:.0%, "
+    f"ids_equal_transformers:ids = transformers':, prefill_tokens_per_s:prefill tokens/s:.0f, {FIRST_CALL}"
+)
+COMMAND_COLUMNS = columns(
+    "flags:flags:, first_s:first run s:.1f, second_s:second run s:.1f, vs_none_first:first x plain:.2f, "
+    "first_notes:decisions (first run):, second_notes:decisions (second run):"
+)
+
+
+def measure_kind(args: Any, label: dict[str, Any]) -> dict[str, Any]:
+    """This process's CPU kind: the commands' wall clocks and the rates after warm-up."""
+    result: dict[str, Any] = dict(machine=label)
+    with tempfile.TemporaryDirectory() as work:
+        if not args.no_commands:
+            result["commands"] = time_commands(args, Path(work))
+        bandwidth = read_bandwidth(GIB // 16 if args.quick else GIB)
+        print(f"read bandwidth: {bandwidth / 1e9:.1f} GB/s ({torch.get_num_threads()} threads)", flush=True)
+        rows = [r for shape in args.shapes.split(",") for r in measure_shape(shape.strip(), args, Path(work))]
+    for r in rows:
+        r["bound_tokens_per_s"] = bandwidth / r["weight_bytes"]
+        r["fraction_of_bound"] = r["tokens_per_s"] / r["bound_tokens_per_s"]
+    return result | dict(read_bandwidth_bytes_per_s=bandwidth, rows=rows)
+
+
+def print_kind(kind: str, result: dict[str, Any], args: Any) -> None:
+    where = f"CPU kind {kind}: {describe_machine(result['machine'])}"
+    if "commands" in result:
+        print(f"\n{where}\nsample.py, {SHAPE_NAMES['gpt2']} shape, {args.tokens} tokens, --temperature 0: wall clock\n")
+        print(markdown_table(result["commands"], COMMAND_COLUMNS))
+    print(
+        f"\n{where}\nGreedy decoding, batch 1, {args.tokens} new tokens after a {args.prompt_tokens}-token prompt "
+        f"(median of {args.repeats}, after one untimed call); bound = "
+        f"{result['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s / weight bytes\n"
+    )
+    print(markdown_table(result["rows"], RATE_COLUMNS))
+    for shape in dict.fromkeys(r["shape"] for r in result["rows"]):
+        print(f"int8 decision, {shape}: {next(r for r in result['rows'] if r['shape'] == shape)['int8_decision']}")
+
+
+def run_kind_in_child(kind: str, argv: list[str], work: Path) -> dict[str, Any]:
+    """This script again, as CPU kind `kind` (its environment set before torch starts); its JSON back."""
+    keep, skip = [], False
+    for a in argv:  # drop --kinds and --json: the child measures one kind and writes where it is told
+        if not skip and a.split("=")[0] not in ("--kinds", "--json"):
+            keep.append(a)
+        skip = a in ("--kinds", "--json")
+    out = work / f"{kind}.json"
+    cmd = [sys.executable, __file__, *keep, "--kinds", kind, "--json", str(out)]
+    subprocess.run(cmd, env={**os.environ, **KINDS[kind]}, check=True)
+    return json.loads(out.read_text())["kinds"][kind]
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = sys.argv[1:] if argv is None else argv
     p = common_parser(__doc__.splitlines()[0], "decode")
+    p.add_argument("--kinds", default="native", help="comma-separated CPU kinds to run as: native, avx2")
+    p.add_argument("--no_commands", action="store_true", help="skip the sample.py wall clocks")
     p.add_argument("--shapes", default="gpt2,smollm2", help="comma-separated: gpt2, smollm2")
     p.add_argument("--tokens", type=int, default=128, help="new tokens per timed call")
     p.add_argument("--prompt_tokens", type=int, default=16)
@@ -401,18 +386,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeats", type=int, default=3, help="timed calls per way (the median counts)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--profile", action="store_true", help="where one decode step's time goes, per way")
-    p.add_argument("--profile_steps", type=int, default=32, help="--profile: decode steps profiled")
     p.add_argument("--quality", default=None, metavar="CKPT", help="a trained checkpoint: int8's quality on --text")
     p.add_argument("--text", default=None, help="--quality: the text to score")
     p.add_argument("--quality_tokens", type=int, default=100_000, help="--quality: score at most this many tokens")
     p.add_argument(
         "--single_stream",
         action="store_true",
-        help="single-stream greedy (eager, compiled, transformers) and the serve engine, GPT-2-124M shape: "
-        "the default on a GPU",
+        help="single-stream greedy and the serve engine, GPT-2-124M shape: the default on a GPU",
     )
     args = p.parse_args(argv)
+    kinds = [k.strip() for k in args.kinds.split(",")]
+    if unknown := [k for k in kinds if k not in KINDS]:
+        p.error(f"--kinds: unknown kind {unknown[0]!r}; choose from {', '.join(KINDS)}")
     if args.quick:
         args.tokens, args.prefill_tokens, args.repeats = 8, 32, 1
     if args.threads:
@@ -430,31 +415,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"\nGreedy decoding, one stream, {SHAPE_NAMES['gpt2']} shape{' (tiny: --quick)' if args.quick else ''}, "
             f"float32, {args.tokens} new tokens after a {args.prompt_tokens}-token prompt (median of {args.repeats})\n"
         )
-        columns = [
-            ("way", "way", ""),
-            ("tokens_per_s", "tokens/s", ".1f"),
-            ("vs_transformers", "x transformers", ".2f"),
-        ]
-        columns += [("ids_equal_transformers", "ids = transformers'", ""), ("first_call_s", "first call s", ".1f")]
-        print(markdown_table(rows, columns))
+        spec = "way:way:, tokens_per_s:tokens/s:.1f, vs_transformers:x transformers:.2f, "
+        print(markdown_table(rows, columns(f"{spec}ids_equal_transformers:ids = transformers':, {FIRST_CALL}")))
         result |= dict(single_stream=True, tokens=args.tokens, prompt_tokens=args.prompt_tokens, rows=rows)
-    elif args.profile:
-        profiles = {}
-        with tempfile.TemporaryDirectory() as work:
-            for shape in args.shapes.split(","):
-                profiles[SHAPE_NAMES[shape]] = profile_shape(shape.strip(), args, Path(work))
-        for shape, ways in profiles.items():
-            kinds = list(dict.fromkeys(k for way in ways.values() for k in way))
-            print(
-                f"\n{shape}: ms per token over {args.profile_steps} greedy tokens (after a "
-                f"{args.prompt_tokens}-token prompt; the profiler adds its own cost to every op)\n"
-            )
-            print(
-                markdown_table(
-                    [dict(way=w, **v) for w, v in ways.items()], [("way", "way", "")] + [(k, k, ".2f") for k in kinds]
-                )
-            )
-        result["profile"] = profiles
     elif args.quality:
         if not args.text:
             p.error("--quality needs --text FILE")
@@ -466,49 +429,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         result["quality"] = q
     else:
-        bandwidth = read_bandwidth(GIB // 16 if args.quick else GIB)
-        print(
-            f"read bandwidth: {bandwidth / 1e9:.1f} GB/s (sum over a float32 tensor, {torch.get_num_threads()} "
-            f"threads)",
-            flush=True,
-        )
-        rows = []
+        result |= dict(tokens=args.tokens, prompt_tokens=args.prompt_tokens, repeats=args.repeats, kinds={})
         with tempfile.TemporaryDirectory() as work:
-            for shape in args.shapes.split(","):
-                rows += measure_shape(shape.strip(), args, Path(work))
-        for r in rows:
-            r["bound_tokens_per_s"] = bandwidth / r["weight_bytes"]
-            r["fraction_of_bound"] = r["tokens_per_s"] / r["bound_tokens_per_s"]
-        print(
-            f"\nGreedy decoding, batch 1, {args.tokens} new tokens after a {args.prompt_tokens}-token prompt; "
-            f"prefill of {args.prefill_tokens} tokens; {torch.get_num_threads()} threads; bound = "
-            f"{bandwidth / 1e9:.1f} GB/s / weight bytes\n"
-        )
-        print(
-            markdown_table(
-                rows,
-                [
-                    ("shape", "shape", ""),
-                    ("way", "way", ""),
-                    ("tokens_per_s", "tokens/s", ".1f"),
-                    ("vs_transformers", "x transformers", ".2f"),
-                    ("weight_mib", "weights MiB", ".0f"),
-                    ("bound_tokens_per_s", "bound tokens/s", ".1f"),
-                    ("fraction_of_bound", "of bound", ".0%"),
-                    ("ids_equal_transformers", "ids = transformers'", ""),
-                    ("prefill_tokens_per_s", "prefill tokens/s", ".0f"),
-                    ("first_call_s", "first call s", ".1f"),
-                ],
-            )
-        )
-        result |= dict(
-            read_bandwidth_bytes_per_s=bandwidth,
-            tokens=args.tokens,
-            prompt_tokens=args.prompt_tokens,
-            prefill_tokens=args.prefill_tokens,
-            repeats=args.repeats,
-            rows=rows,
-        )
+            for kind in kinds:
+                if len(kinds) == 1:  # this process runs as it was started (a child: as its kind)
+                    result["kinds"][kind] = measure_kind(args, label)
+                else:
+                    result["kinds"][kind] = run_kind_in_child(kind, argv, Path(work))
+        for kind, measured in result["kinds"].items():
+            print_kind(kind, measured, args)
     result["load_avg_1m_after"] = load_avg()
     print(
         f"\nload average {load_before[-1]} before, {result['load_avg_1m_after']} after; "

@@ -24,10 +24,11 @@ from minigpt.core.checkpoint import (
     read_checkpoint,
     run_checkpoints,
 )
+from minigpt.core.compiled import note_once
 from minigpt.core.errors import CheckpointError, UserError, first_line
 from minigpt.core.lora import LoRAConfig, adapter_names, checkpoint_lora, fingerprint, lora_model, merge_lora
 from minigpt.core.model import GPT
-from minigpt.core.quantize import Quantization, quantize_model
+from minigpt.core.quantize import Quantization, choose_int8, quantize_model
 from minigpt.core.tokenizers import Tokenizer
 from minigpt.hf.chat_files import read_chat_template
 from minigpt.hf.load import load_hf_model, resolve_hf_source
@@ -51,6 +52,7 @@ def load_model(
     device: str | torch.device = "cpu",
     attention: str | None = None,
     quantize: Quantization | None = None,
+    generating: tuple[int, int] | None = None,
 ) -> tuple[GPT, Tokenizer]:
     """A checkpoint file, a run directory, None (the newest run under out/), a Hugging Face model directory or
     hf:ORG/NAME -> (model in eval mode, tokenizer).
@@ -58,9 +60,12 @@ def load_model(
     `attention` picks another attention path for the same weights (same outputs; e.g. 'manual' to get the
     attention weights).  `quantize="int8"`: the weights as loaded, then stored as int8 with a scale per row, for
     inference (minigpt.core.quantize): a quarter of the memory, and faster decoding where bandwidth is the limit.
+    Where int8 is measured not to decode faster than float32 on this CPU (minigpt.core.quantize.choose_int8,
+    once per machine and model shape), the model stays float32 and a one-line note on stderr says so; given
+    `generating=(batch, tokens)`, the generation to come, also where quantizing would cost more than it saves.
     A run directory means its best checkpoint (checkpoints/best.ckpt, the lowest validation loss), else its last.
     """
-    return _load_model(source, device, attention, quantize, announce=True)
+    return _load_model(source, device, attention, quantize, announce=True, generating=generating)
 
 
 def _load_model(
@@ -69,10 +74,16 @@ def _load_model(
     attention: str | None,
     quantize: Quantization | None,
     announce: bool,
+    generating: tuple[int, int] | None = None,
 ) -> tuple[GPT, Tokenizer]:
     if quantize is not None:
         model, tokenizer = _load_model(source, device, attention, None, announce)
-        return quantize_model(model, quantize), tokenizer
+        batch, tokens = generating or (1, None)
+        choice, measured = choose_int8(model, batch=batch, tokens=tokens)
+        if choice == "float32":  # --quantize is a speed flag: it may not slow a command down
+            note_once(f"--quantize {quantize} declined: {measured}; running float32")
+            return model, tokenizer
+        return quantize_model(model, quantize, one_thread=choice == "int8 one thread"), tokenizer
     if is_hf_source(source):
         return load_hf_model(source, device=device, attention=attention)
     path = find_checkpoint(source)

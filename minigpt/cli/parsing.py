@@ -180,7 +180,8 @@ def add_quantize_argument(p: ArgumentParser) -> None:
         type=Quantization | None,
         default=None,
         help="int8: every weight as int8 with a scale per row, for inference: a quarter of the memory and "
-        "faster decoding on a CPU, nearly always float32's next token (docs/performance.md#decode)",
+        "faster decoding on a CPU, nearly always float32's next token. Measured against float32 once per machine: "
+        "where int8 is slower here, a note says so and float32 runs (docs/performance.md#decode)",
     )
 
 

@@ -146,9 +146,10 @@ def build_parser() -> CommandParser:
     p.add_argument(
         "--compile",
         action="store_true",
-        help="decode through a step compiled with torch.compile: tens of seconds once (then cached on "
-        "disk), then faster tokens; the same output. Needs a C++ compiler (else a note, and no "
-        "compile); on a GPU the step is replayed from CUDA graphs. Not used by --chat. In YAML: compile: true",
+        help="decode through a step compiled with torch.compile: tens of seconds once (then seconds, from "
+        "the cache), then faster tokens; the same output. On a CPU it compiles only where the tokens asked for "
+        "pay for the compile, as measured on this machine (else a note, and no compile). Needs a C++ compiler "
+        "(else a note); on a GPU the step is replayed from CUDA graphs. Not used by --chat. In YAML: compile: true",
     )
     p.add_argument(
         "--no-kv-cache",
@@ -241,7 +242,8 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
         return
     prompt = read_prompt(args, stdin)
 
-    model, tokenizer = load_model(args.ckpt, device=device, attention=args.attention, quantize=args.quantize)
+    generating = (args.num_samples, args.max_new_tokens)  # --quantize: only where int8 pays within this generation
+    model, tokenizer = load_model(args.ckpt, device, args.attention, args.quantize, generating)
     ids = prompt_ids(tokenizer, prompt)
     check_sampling_size(model.config, args.num_samples, len(ids), args.max_new_tokens, args.kv_cache, model)
     show_checkpoint_lines()
@@ -256,7 +258,7 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
         stop_token=stop_token,
         generator=generator,
         vocab_size=tokenizer.vocab_size,
-        compile=args.compile,
+        compile="auto" if args.compile else False,  # a speed flag: compiles only where that pays
     )
 
     if args.num_samples == 1:

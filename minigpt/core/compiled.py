@@ -8,6 +8,14 @@ for the step that fills a cache to its last position), given a cache allocated f
 (KVCache.reserve: no growing copies in the graph).  Inductor writes C++ on a CPU, so it needs a compiler (g++ or
 clang++); where none is found everything runs eagerly, with a one-line note.
 
+Compiling costs tens of seconds the first time (a few from the cache) and saves a few milliseconds per token, so
+for a short generation it costs more than it saves.  `generate(compile="auto")` (sample.py --compile) therefore
+decides on a CPU: it times the first eager decode steps, estimates the compile time and the compiled step from
+what earlier runs measured on this machine and model shape (minigpt.core.measured; before any, PRIOR_COMPILE_S
+and PRIOR_SAVING), and compiles only if the tokens left would pay for it; otherwise one note line says why.  What
+a compile produces is saved with torch.compiler.save_cache_artifacts beside those records and loaded before the
+next compile, so a second run compiles from the cache even where the temporary directory was emptied.
+
 On a GPU the step is replayed from CUDA graphs instead (minigpt.core.decode_graphs): the static step over a cache
 allocated for the whole generation, compiled (fused kernels) where Triton is installed, captured once per model,
 batch size and cache size, and kept for the model's next generation of that size.
@@ -21,17 +29,23 @@ import itertools
 import os
 import shutil
 import sys
+import time
 import weakref
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 
 from minigpt.core.decode_graphs import DecodeGraphs
 from minigpt.core.kv_cache import KVCache
+from minigpt.core.measured import artifacts_path, load_artifacts, read_record, save_artifacts, speed_key, update_record
 from minigpt.core.model import GPT
 
 __all__ = [
+    "AutoCompiledStep",
     "COMPILE_OPTIONS",
+    "Compile",
+    "compile_pays",
     "compiler_available",
     "compiled_forward",
     "decode_forward",
@@ -91,6 +105,88 @@ def decode_forward(model: GPT, device: torch.device) -> Callable:
 
 
 # --------------------------------------------------------------------------------------------------
+# Compile only where it pays: generate(compile="auto")
+
+Compile = bool | Literal["auto"]
+# Before this machine has measured a compile: what one costs (docs/performance.md#decode: 10-18 s on two quiet
+# cores the first time, 100-164 s under load; seconds from the cache) and how much of an eager step it saves
+# (1 % on GPT-2, 17 % on SmolLM2 in float32).
+PRIOR_COMPILE_S = {"cold": 30.0, "warm": 5.0}
+PRIOR_SAVING = 0.10
+TIMED_EAGER_STEPS = 3  # eager decode steps timed before deciding
+TIMED_COMPILED_STEPS = 8  # compiled steps timed (after the compiling one) to record what compiling saved
+
+
+decode_clock = time.perf_counter  # what AutoCompiledStep times steps with (a test puts a fake one here)
+
+
+def compile_pays(tokens_left: int, eager_s: float, compiled_s: float, compile_s: float) -> bool:
+    """Does compiling (compile_s) pay for itself within `tokens_left` decode steps, each eager_s -> compiled_s?"""
+    return compile_s < tokens_left * (eager_s - compiled_s)
+
+
+def median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+class AutoCompiledStep:
+    """A CPU generation's decode step that compiles itself only if that pays: the first TIMED_EAGER_STEPS run
+    eagerly and are timed, then compile_pays decides with the steps left, the compile time and saving measured
+    earlier on this machine for this model shape (else the priors).  Called as decode(idx, kv_cache=, input_pos=).
+    Both ways give the same ids in float32 (int8: within its agreement bound, as the eager aten kernel rounds the
+    activations to bf16), so switching mid-generation changes nothing but the time.  `clock` is for tests."""
+
+    def __init__(self, model: GPT, steps: int, clock: Callable[[], float] | None = None) -> None:
+        self.model, self.steps_left, self.clock = model, steps, clock or decode_clock
+        self.key = speed_key(model, "decode step compiled vs eager")
+        self.eager: list[float] = []
+        self.compiled: list[float] = []
+        self.step: Callable | None = None  # the compiled step, once chosen
+        self.decision = "undecided"  # then "compile" or "eager"
+        self.warm = False
+
+    def __call__(self, idx: torch.Tensor, kv_cache: list[KVCache], input_pos: int) -> tuple[torch.Tensor, None]:
+        self.steps_left -= 1
+        start = self.clock()
+        out = (self.step or self.model)(idx, kv_cache=kv_cache, input_pos=input_pos)
+        seconds = self.clock() - start
+        (self.compiled if self.step else self.eager).append(seconds)
+        if self.decision == "undecided" and len(self.eager) >= TIMED_EAGER_STEPS:
+            self.decide()
+        elif self.step and len(self.compiled) == 1:  # the call that compiled
+            update_record(self.key, **{f"compile_s_{'warm' if self.warm else 'cold'}": seconds - median(self.eager)})
+            save_artifacts(self.key)
+        elif self.step and len(self.compiled) == 1 + TIMED_COMPILED_STEPS:
+            update_record(self.key, compiled_over_eager=median(self.compiled[1:]) / median(self.eager))
+        return out
+
+    def estimate(self) -> tuple[float, float, float]:
+        """(eager step s, compiled step s, compile s) for this machine and model, measured or assumed."""
+        record = read_record(self.key)
+        self.warm = artifacts_path(self.key).is_file()
+        kind = "warm" if self.warm else "cold"
+        eager = median(self.eager)
+        ratio = min(1.0, record.get("compiled_over_eager", 1.0 - PRIOR_SAVING))
+        return eager, eager * ratio, record.get(f"compile_s_{kind}", PRIOR_COMPILE_S[kind])
+
+    def decide(self) -> None:
+        eager, compiled, compile_s = self.estimate()
+        if compile_pays(self.steps_left, eager, compiled, compile_s):
+            self.decision = "compile"
+            if self.warm:
+                load_artifacts(self.key)
+            self.step = functools.partial(compiled_forward(), self.model)
+            return
+        self.decision = "eager"
+        note_once(
+            f"--compile declined: compiling the decode step takes ~{compile_s:.0f} s here"
+            f"{' (from the cache)' if self.warm else ''} and would save ~{self.steps_left * (eager - compiled):.1f} s "
+            f"over the {self.steps_left} tokens left ({1e3 * eager:.1f} -> ~{1e3 * compiled:.1f} ms per token); "
+            "decoding uncompiled"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
 # The KV cache and decode step of one generation
 
 
@@ -127,10 +223,13 @@ def decode_graphs(model: GPT, batch_size: int, capacity: int) -> DecodeGraphs:
     return held[1]
 
 
-def decoding(model: GPT, batch_size: int, length: int, compile: bool) -> tuple[list[KVCache], Callable]:
-    """A generation's KV cache, with room for `length` positions, and what runs its decode steps,
+def decoding(
+    model: GPT, batch_size: int, length: int, compile: Compile, steps: int = 0
+) -> tuple[list[KVCache], Callable]:
+    """A generation's KV cache, with room for `length` positions, and what runs its `steps` decode steps,
     decode(idx (B, 1), kv_cache=cache, input_pos=int) -> (logits (B, 1, V), None): the model itself; with compile,
-    the compiled step (decode_forward), or on a GPU the static step replayed from CUDA graphs."""
+    the compiled step (decode_forward), or on a GPU the static step replayed from CUDA graphs; with "auto" on a
+    CPU, an AutoCompiledStep (compiled only if it pays)."""
     device = model.lm_head.weight.device
     if compile and uses_graphs(model):
         # a power-of-two capacity: generations of similar lengths share one cache and its graphs
@@ -143,4 +242,6 @@ def decoding(model: GPT, batch_size: int, length: int, compile: bool) -> tuple[l
     cache = model.new_kv_cache(batch_size)
     for layer in cache:  # the whole generation's room at once: no growing copies, one buffer to compile for
         layer.reserve(length)
+    if compile == "auto" and device.type == "cpu" and compiler_available("cpu"):  # elsewhere "auto" is True
+        return cache, AutoCompiledStep(model, steps)
     return cache, decode_forward(model, device) if compile else model

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minigpt.core.compiled import decoding
+from minigpt.core.compiled import Compile, decoding
 from minigpt.core.errors import UnknownCharactersError, UserError
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import Tokenizer
@@ -145,7 +145,7 @@ def generate(
     generator: torch.Generator | None = None,
     on_token: Callable[[torch.Tensor], object] | None = None,
     vocab_size: int | None = None,
-    compile: bool = False,
+    compile: Compile = False,
 ) -> torch.Tensor:
     """idx (B, T) prompt ids -> (B, T + n) ids, n <= max_new_tokens.
 
@@ -157,7 +157,9 @@ def generate(
     compile: each decode step runs through torch.compile (minigpt.core.compiled): compiled once per model (tens
     of seconds on a CPU, then cached on disk), then little Python per token; the same ids.  Where no compiler is
     found, the plain loop runs (a note says so).  On a GPU the step is replayed from CUDA graphs
-    (minigpt.core.decode_graphs), compiled where Triton is installed.
+    (minigpt.core.decode_graphs), compiled where Triton is installed.  compile="auto": on a CPU, compile only if
+    this generation's tokens pay for the compile, as measured on this machine (minigpt.core.compiled.
+    AutoCompiledStep; a note when it declines); elsewhere as True.
     """
     Sampling(temperature, top_k, top_p, max_new_tokens)  # the library's edge: a bad setting is one UserError
     if idx.dim() != 2 or idx.size(1) < 1:
@@ -169,7 +171,8 @@ def generate(
     seq[:, :T0] = idx
     n = T0  # tokens in seq so far
     finished = torch.zeros(B, dtype=torch.bool, device=device)
-    cache, decode = decoding(model, B, min(block_size, T0 + max_new_tokens), compile) if use_kv_cache else (None, model)
+    length = min(block_size, T0 + max_new_tokens)
+    cache, decode = decoding(model, B, length, compile, max_new_tokens - 1) if use_kv_cache else (None, model)
     cached = 0  # positions in the cache: it holds seq[:, n - 1 - cached : n - 1] at positions 0..cached-1
 
     for step in range(max_new_tokens):

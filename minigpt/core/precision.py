@@ -42,7 +42,7 @@ def _cache_file() -> Path:
     return Path(root) / "minigpt" / "cpu_bf16_probe.json"
 
 
-def _machine_key() -> str:
+def machine_key() -> str:
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(
@@ -58,7 +58,7 @@ def _machine_key() -> str:
 
 def probe_cpu_bf16() -> tuple[float, float]:
     """(float32, bfloat16) matmul GFLOP/s on this CPU, measured once per machine and cached."""
-    path, key = _cache_file(), _machine_key()
+    path, key = _cache_file(), machine_key()
     try:
         cached = loads(read_user_bytes(path, TEMPLATE_BYTES))
         if cached.get("key") == key:

@@ -534,3 +534,24 @@ def test_yaml_config_sets_options_and_flags_override_it(tmp_path, capsys, char_c
     with pytest.raises(SystemExit) as e:
         main(["--config", str(config)], stdout=io.StringIO())
     assert "temprature" in one_error_line(capsys, e)
+
+
+def test_cli_speed_flags_that_would_slow_this_run_are_declined_in_one_note_each(char_ckpt, monkeypatch, capsys):
+    """--quantize int8 where int8 is measured slower, and --compile where 20 tokens cannot pay for a compile: the
+    float32 greedy text, a note for each, nothing compiled (a fake timer and clock decide, not this machine)."""
+    import minigpt.core.compiled as compiled
+    import minigpt.core.quantize as quantize
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(char_ckpt.parent / "cache"))
+    monkeypatch.setattr(quantize, "typical_time", lambda what, fn: 1e-3 if what == "float32" else 2e-3)
+    monkeypatch.setattr(compiled, "compiler_available", lambda device_type="cpu": True)
+    monkeypatch.setattr(compiled, "decode_clock", iter(range(10**6)).__next__)  # 1 s a step: 30 s cannot pay
+    monkeypatch.setattr(compiled, "compiled_forward", lambda: pytest.fail("a short generation must not compile"))
+    compiled.note_once.cache_clear()
+    expected = "a" + greedy_text(char_ckpt, "a", 20) + "\n"
+    buf = io.StringIO()
+    args = ["--ckpt", str(char_ckpt), "--prompt", "a", "--max_new_tokens", "20", "--temperature", "0"]
+    main([*args, "--quantize", "int8", "--compile"], stdout=buf)
+    assert buf.getvalue() == expected
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert len(notes) == 2 and "--quantize int8 declined" in notes[0] and "--compile declined" in notes[1], notes

@@ -3,14 +3,21 @@ compiled once for a whole generation (no recompile as the sequence grows), and a
 
 from __future__ import annotations
 
+import itertools
+import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import minigpt.core.compiled as compiled
+import minigpt.core.measured as measured
 import minigpt.core.quantize as quantize
 from minigpt.core.generation import generate
+from minigpt.core.model import GPT
 from minigpt.core.quantize import quantize_model
 from support import random_ids, varied_gpt
 
@@ -70,7 +77,7 @@ def test_compiled_decode_gives_the_plain_loops_greedy_ids_and_compiles_once():
         for length in (9, 20):  # other lengths: other cache sizes, the same graphs
             assert torch.equal(generate(model, idx, length, temperature=0, compile=True), plain[:, : 5 + length])
         assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
-        int8 = quantize_model(model)
+        int8 = quantize_model(model, kernel="matvec")  # the compiled step's int8 math, eagerly: the same ids
         int8_plain = generate(int8, idx, n, temperature=0)
         assert torch.equal(generate(int8, idx, n, temperature=0, compile=True), int8_plain)
 
@@ -79,8 +86,105 @@ def test_compiled_decode_gives_the_plain_loops_greedy_ids_and_compiles_once():
 @pytest.mark.skipif(not compiled.compiler_available("cpu"), reason="no C++ compiler for torch.compile")
 def test_compiled_int8_matvec_is_the_dequantized_matmul():
     torch.manual_seed(0)
-    layer = quantize.Int8Linear(torch.nn.Linear(96, 40))
+    layer = quantize.Int8Linear(torch.nn.Linear(96, 40), kernel="matvec")
     for rows in (1, 2):
         x = torch.randn(rows, 1, 96)
         expected = torch.nn.functional.linear(x, layer.weight.float() * layer.scale[:, None], layer.bias)
         torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)  # eager model: the compiled matvec
+
+
+# --------------------------------------------------------------------------------------------------
+# compile="auto" (sample.py --compile): compile only where the generation's tokens pay for it
+
+
+def fake_clock(step_s: float):
+    """A clock that advances step_s between two readings: every timed decode step takes step_s."""
+    ticks = itertools.count()
+    return lambda: next(ticks) * step_s
+
+
+@pytest.fixture
+def no_real_compile(monkeypatch, tmp_path):
+    """An empty per-machine cache; "compiling" gives the plain forward (so nothing is slow), and saving
+    artifacts is counted instead of done."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(compiled, "compiler_available", lambda device_type="cpu": True)
+    monkeypatch.setattr(compiled, "compiled_forward", lambda: GPT.forward)
+    saved = []
+    monkeypatch.setattr(compiled, "save_artifacts", saved.append)
+    compiled.note_once.cache_clear()
+    return saved
+
+
+def test_compile_pays_only_when_the_tokens_left_cover_the_compile():
+    assert compiled.compile_pays(1000, eager_s=0.05, compiled_s=0.04, compile_s=5.0)  # 10 s saved > 5
+    assert not compiled.compile_pays(128, eager_s=0.05, compiled_s=0.04, compile_s=5.0)  # 1.3 s < 5
+    assert not compiled.compile_pays(10**6, eager_s=0.05, compiled_s=0.06, compile_s=0.0)  # slower compiled
+
+
+def test_auto_compile_declines_a_short_generation_with_one_note(no_real_compile, monkeypatch, capsys):
+    monkeypatch.setattr(compiled, "decode_clock", fake_clock(0.05))  # 50 ms a step; priors: 30 s, 10 % saved
+    monkeypatch.setattr(compiled, "compiled_forward", lambda: pytest.fail("a short generation must not compile"))
+    model = varied_gpt("gpt", 4)
+    idx = random_ids(batch=1, length=5)
+    plain = generate(model, idx, 20, temperature=0)
+    assert torch.equal(generate(model, idx, 20, temperature=0, compile="auto"), plain)
+    err = capsys.readouterr().err
+    assert err.count("note:") == 1 and "--compile declined" in err and "~30 s" in err and "16 tokens left" in err
+    assert not no_real_compile
+
+
+def test_auto_compile_compiles_where_the_tokens_pay_and_records_what_it_measured(no_real_compile, monkeypatch, capsys):
+    """A compile measured at 0.5 s that halves a 100 ms step pays within 20 tokens: the step compiles after the
+    timed eager steps, the same ids come out, the compile's time and saving are recorded, the artifacts saved;
+    and a longer measured compile declines the same generation."""
+    monkeypatch.setattr(compiled, "decode_clock", fake_clock(0.1))
+    model = varied_gpt("llama", 2)
+    idx = random_ids(batch=1, length=5)
+    plain = generate(model, idx, 20, temperature=0)
+    key = measured.speed_key(model, "decode step compiled vs eager")
+    measured.update_record(key, compile_s_cold=0.5, compiled_over_eager=0.5)
+    steps = []  # the generations' decode steps, to look at their decisions
+    auto_step = compiled.AutoCompiledStep
+    monkeypatch.setattr(compiled, "AutoCompiledStep", lambda *a: steps.append(auto_step(*a)) or steps[-1])
+    assert torch.equal(generate(model, idx, 20, temperature=0, compile="auto"), plain)
+    step = steps[-1]
+    assert step.decision == "compile" and len(step.eager) == compiled.TIMED_EAGER_STEPS and len(step.compiled) == 16
+    assert no_real_compile == [key] and capsys.readouterr().err == ""
+    record = measured.read_record(key)
+    assert record["compile_s_cold"] == pytest.approx(0.0) and record["compiled_over_eager"] == pytest.approx(1.0)
+    measured.update_record(key, compile_s_cold=60.0, compiled_over_eager=0.5)  # 60 s: 16 x 50 ms cannot pay
+    assert torch.equal(generate(model, idx, 20, temperature=0, compile="auto"), plain)
+    assert steps[-1].decision == "eager" and "~60 s" in capsys.readouterr().err
+
+
+REUSE = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from torch._dynamo.utils import counters
+import minigpt.core.compiled as compiled
+from minigpt.core.generation import generate
+from minigpt.core.model import GPT
+from support import random_ids, varied_gpt
+compiled.compile_pays = lambda *args: True  # a tiny model never pays for a compile: compile anyway
+model = varied_gpt("gpt", 4)
+generate(model, random_ids(batch=1, length=5), 12, temperature=0, compile="auto")
+print(counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"])
+"""
+
+
+@pytest.mark.slow  # two processes that compile a tiny model's decode step
+@pytest.mark.skipif(not compiled.compiler_available("cpu"), reason="no C++ compiler for torch.compile")
+def test_a_second_run_compiles_from_the_saved_artifacts_though_inductors_temporary_cache_is_gone(tmp_path):
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    script = REUSE.format(tests=str(Path(__file__).resolve().parents[1]))
+    runs = []
+    for inductor_dir in ("first", "second"):  # a fresh inductor cache each time, as after a reboot
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / inductor_dir)
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr
+        runs.append([int(n) for n in out.stdout.split()])
+    assert runs[0][1] > 0 and runs[1][0] > 0 and runs[1][1] == 0, runs  # compiled, then every graph from the file
+    assert list((tmp_path / "cache" / "minigpt" / "compiled").glob("*.bin"))
+    key = json.loads((tmp_path / "cache" / "minigpt" / "decode_speed.json").read_text())
+    assert any("compile_s_warm" in record for record in key.values())
