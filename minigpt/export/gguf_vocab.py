@@ -29,6 +29,7 @@ from typing import Any
 from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.errors import UserError
 from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, HFTokenizer, Tokenizer
+from minigpt.hf.families import FAMILIES
 from minigpt.hf.tokenizer_files import bytes_to_unicode, save_hf_tokenizer
 
 __all__ = ["GGUFVocab", "PRE_TOKENIZERS", "gguf_vocab", "gguf_chat_template", "pre_tokenizer_name"]
@@ -38,16 +39,13 @@ BYTE_LEVEL = bytes_to_unicode()
 ALPHABET = set(BYTE_LEVEL.values())
 NEVER_MERGED = f"{BYTE_LEVEL[0xFF]} {BYTE_LEVEL[0xFF]}"  # two 0xFF bytes: never adjacent in UTF-8 text
 
-GPT2_REGEX = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 # split patterns (tokenizer.json's Split regex, or a tiktoken pat_str) -> the llama.cpp pre-tokenizer that splits
-# text the same way; each is proven on llama.cpp by tests/export/test_gguf_vocab.py
+# text the same way: each family's own tokenizer's (minigpt.hf.families), then tiktoken's encodings; each is proven
+# on llama.cpp by tests/export/test_gguf_vocab.py
 PRE_TOKENIZERS = {
-    GPT2_REGEX: "gpt-2",
+    **dict(f.gguf_pre_tokenizer for f in FAMILIES.values() if f.gguf_pre_tokenizer is not None),
     # tiktoken's gpt2 / r50k_base / p50k_base (the GPT-2 pattern, written faster)
     r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s""": "gpt-2",
-    # Llama 3's tokenizer.json
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
-    r"""|\s+(?!\S)|\s+""": "llama-bpe",
     # tiktoken's cl100k_base: Llama 3's pattern (possessive forms)
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]"""
     r"""|\s+(?!\S)|\s""": "llama-bpe",
