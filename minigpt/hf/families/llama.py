@@ -141,6 +141,7 @@ class Llama(Family):
     top, block_names, fused = TOP, BLOCK, FUSED
     gguf_permute = True  # llama.cpp's llama rotates interleaved pairs (LLAMA_ROPE_TYPE_NORM)
     rope_kinds = ("default", "llama3")
+    qkv_bias = False  # the class has biases on q, k and v alone (GPTConfig.qkv_bias)
 
     # ------------------------------------------------------------------------------------------- import
     def import_problems(self, hf: dict[str, Any]) -> Iterator[str]:
@@ -188,10 +189,15 @@ class Llama(Family):
                 f"bias=true with arch llama: minigpt exports {self.hf_class} models without biases only; train with "
                 "bias false"
             )
-        if config.qkv_bias:
+        if config.qkv_bias and not self.qkv_bias:
             yield (
                 f"qkv_bias=true: {self.hf_class} has no biases on q/k/v alone (its attention_bias adds o_proj's); "
                 "export as Qwen2 (model.family qwen2)"
+            )
+        if self.qkv_bias and not config.qkv_bias:
+            yield (
+                f"qkv_bias=false: {self.hf_class}'s q, k and v projections always have biases; train with qkv_bias "
+                "true, or leave model.family unset to export as Llama"
             )
         if config.n_embd % config.n_head:  # LlamaConfig checks it even when head_dim is given
             yield (
