@@ -59,7 +59,8 @@ def gguf_lib():
 
 def unsupported_options(config: GPTConfig) -> list[str]:
     """Each option of `config` that its family's llama.cpp architecture cannot express, as "option: why; fix"."""
-    return list(family_of(config).gguf_problems(config))
+    family = family_of(config)
+    return [*family.block_problems(config), *family.gguf_problems(config)]
 
 
 @dataclass

@@ -62,7 +62,8 @@ EXPORT_FILES = {
 
 def unsupported_options(config: GPTConfig) -> list[str]:
     """Each option of `config` that its family's HF class cannot express, as "option: why; fix"."""
-    return list(family_of(config).export_problems(config))
+    family = family_of(config)
+    return [*family.block_problems(config), *family.export_problems(config)]
 
 
 def check_exportable(config: GPTConfig) -> None:

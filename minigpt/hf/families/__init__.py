@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from minigpt.core.config import GPTConfig
-from minigpt.core.errors import UserError
 from minigpt.hf.families.base import Family
 from minigpt.hf.families.gpt2 import GPT2
 from minigpt.hf.families.llama import Llama
@@ -29,16 +28,9 @@ def hf_classes() -> tuple[str, ...]:
 
 
 def family_of(config: GPTConfig) -> Family:
-    """The family `config`'s exports write: its `family`, else its block's own; a family of another block kind is
-    refused (a gpt block has no Llama layout, and the reverse)."""
-    family = BLOCK_DEFAULT[config.arch] if config.family is None else FAMILIES[config.family]
-    if family.block != config.arch:
-        raise UserError(
-            f"model.family={family.model_type} with arch {config.arch}: {family.hf_class} is built of "
-            f"{family.block} blocks; set model.family to one of "
-            f"{', '.join(f.model_type for f in FAMILIES.values() if f.block == config.arch)} or leave it unset"
-        )
-    return family
+    """The family `config`'s exports write: its `family`, else its block's own (block_problems: one of another
+    block kind)."""
+    return BLOCK_DEFAULT[config.arch] if config.family is None else FAMILIES[config.family]
 
 
 def family_field(family: Family) -> str | None:

@@ -68,6 +68,14 @@ class Family:
             )
 
     # ------------------------------------------------------------------------------------------- export
+    def block_problems(self, config: GPTConfig) -> Iterator[str]:
+        """A model of another block kind than this family's (a gpt block has no Llama layout, and the reverse)."""
+        if config.arch != self.block:
+            yield (
+                f"model.family={self.model_type} with arch {config.arch}: {self.hf_class} is built of {self.block} "
+                f"blocks; train with arch {self.block}, or leave model.family unset"
+            )
+
     def export_problems(self, config: GPTConfig) -> Iterator[str]:
         """Each option the HF class cannot express, as "option: why; fix"."""
         if config.mlp == "relu2":

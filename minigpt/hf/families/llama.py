@@ -142,6 +142,7 @@ class Llama(Family):
     gguf_permute = True  # llama.cpp's llama rotates interleaved pairs (LLAMA_ROPE_TYPE_NORM)
     rope_kinds = ("default", "llama3")
     qkv_bias = False  # the class has biases on q, k and v alone (GPTConfig.qkv_bias)
+    qk_norm = False  # the class RMS-normalises each head's queries and keys (GPTConfig.qk_norm)
 
     # ------------------------------------------------------------------------------------------- import
     def import_problems(self, hf: dict[str, Any]) -> Iterator[str]:
@@ -174,11 +175,7 @@ class Llama(Family):
 
     # ------------------------------------------------------------------------------------------- export
     def export_problems(self, config: GPTConfig) -> Iterator[str]:
-        if config.qk_norm:
-            yield (
-                f"qk_norm=true: {self.hf_class} has no query/key normalisation; train with qk_norm false, or "
-                "export as Qwen3 (model.family qwen3)"
-            )
+        yield from self.qk_norm_problems(config, self.hf_class)
         yield from super().export_problems(config)
         if config.mlp == "gelu":
             yield (
@@ -203,6 +200,18 @@ class Llama(Family):
             yield (
                 f"n_embd={config.n_embd} with n_head={config.n_head}: {self.hf_class}'s config requires n_embd "
                 "divisible by n_head (even with an explicit head_dim)"
+            )
+
+    def qk_norm_problems(self, config: GPTConfig, target: str) -> Iterator[str]:
+        if config.qk_norm and not self.qk_norm:
+            yield (
+                f"qk_norm=true: {target} has no query/key normalisation; train with qk_norm false, or export as "
+                "Qwen3 (model.family qwen3)"
+            )
+        if self.qk_norm and not config.qk_norm:
+            yield (
+                f"qk_norm=false: {target} always normalises queries and keys; train with qk_norm true, or leave "
+                "model.family unset to export as Llama"
             )
 
     def hf_config(self, config: GPTConfig) -> dict[str, Any]:
@@ -269,11 +278,7 @@ class Llama(Family):
 
     # ------------------------------------------------------------------------------------------- GGUF
     def gguf_problems(self, config: GPTConfig) -> Iterator[str]:
-        if config.qk_norm:
-            yield (
-                f"qk_norm=true: llama.cpp's {self.gguf_arch} architecture has no query/key normalisation; train with "
-                "qk_norm false, or export as Qwen3 (model.family qwen3)"
-            )
+        yield from self.qk_norm_problems(config, f"llama.cpp's {self.gguf_arch} architecture")
         if config.mlp != "swiglu":
             yield (
                 f"mlp={config.mlp} with arch llama: llama.cpp's {self.gguf_arch} MLP is always gated (SwiGLU); use "
@@ -287,6 +292,8 @@ class Llama(Family):
             "ffn_norm": get("ln_2"),
             "attn_output": get("attn.c_proj"),
             "ffn_down": get("mlp.c_proj"),
+            "attn_q_norm": get("attn.q_norm"),  # qk_norm: one gain per head_dim, shared by the heads
+            "attn_k_norm": get("attn.k_norm"),
         }
         if get("attn.c_attn") is not None:
             q_rows, kv_rows = config.n_head * config.head_dim, config.n_kv_head * config.head_dim
