@@ -20,7 +20,7 @@ GeluApproximate = Literal["none", "tanh"]
 SdpaBackend = Literal["flash", "efficient", "math", "cudnn"]
 # The Hugging Face families minigpt imports and exports, one module each in minigpt/hf/families (this list is their
 # declaration as a field type; tests/hf/test_families.py checks it equals that registry)
-Family = Literal["gpt2", "llama", "mistral", "qwen2"]
+Family = Literal["gpt2", "llama", "mistral", "qwen2", "qwen3"]
 ARCHS, ATTENTIONS, MLPS, SDPA_BACKENDS = (get_args(t) for t in (Arch, Attention, Mlp, SdpaBackend))
 # RoPE scalings minigpt computes (Hugging Face's rope_type names) and the keys each needs
 ROPE_SCALINGS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}

@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 from typing import get_args
 
+import pytest
+
 from minigpt.core.config import ARCHS, Family
 from minigpt.hf.families import FAMILIES
 
@@ -92,3 +94,51 @@ def test_each_byte_level_family_tokenizer_has_its_llama_cpp_pre_tokenizer():
         if family.gguf_pre_tokenizer is not None:
             pattern, name = family.gguf_pre_tokenizer
             assert PRE_TOKENIZERS[pattern] == name
+
+
+@pytest.mark.parametrize(
+    "overrides, option",
+    [
+        (dict(arch="llama", qkv_bias=True), "qkv_bias=true: LlamaForCausalLM has no biases on q/k/v alone"),
+        (dict(arch="llama", family="qwen2"), "qkv_bias=false: Qwen2ForCausalLM's q, k and v projections always"),
+        (dict(arch="llama", family="qwen3"), "qk_norm=false: Qwen3ForCausalLM always normalises queries and keys"),
+        (dict(arch="llama", family="qwen3", qk_norm=True, qkv_bias=True), "qkv_bias=true: Qwen3ForCausalLM"),
+        (dict(arch="gpt", family="qwen2", qkv_bias=True), "model.family=qwen2 with arch gpt"),
+        (dict(arch="llama", family="gpt2"), "model.family=gpt2 with arch llama"),
+    ],
+)
+def test_a_family_refuses_what_its_class_cannot_hold_in_one_line_before_writing(overrides, option, tmp_path):
+    from minigpt.core.config import GPTConfig
+    from minigpt.core.errors import UserError
+    from minigpt.core.model import GPT
+    from minigpt.core.tokenizers import ByteTokenizer
+    from minigpt.export.hf import export_hf
+
+    model = GPT(GPTConfig(**{"n_layer": 1, "n_head": 2, "n_embd": 32, "vocab_size": 256, **overrides}))
+    with pytest.raises(UserError) as e:
+        export_hf(model, ByteTokenizer(), tmp_path / "out")
+    assert str(e.value).startswith(f"cannot export to Hugging Face: {option}") and "\n" not in str(e.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "overrides, option",
+    [
+        (dict(arch="llama", qk_norm=True), "qk_norm=true: llama.cpp's llama architecture has no query/key"),
+        (dict(arch="llama", family="qwen3"), "qk_norm=false: llama.cpp's qwen3 architecture always normalises"),
+        (dict(arch="gpt", family="llama"), "model.family=llama with arch gpt"),
+    ],
+)
+def test_the_gguf_export_asks_the_family_too(overrides, option, tmp_path):
+    pytest.importorskip("gguf")
+    from minigpt.core.config import GPTConfig
+    from minigpt.core.errors import UserError
+    from minigpt.core.model import GPT
+    from minigpt.core.tokenizers import ByteTokenizer
+    from minigpt.export.gguf import export_gguf
+
+    model = GPT(GPTConfig(**{"n_layer": 1, "n_head": 2, "n_embd": 32, "vocab_size": 256, **overrides}))
+    with pytest.raises(UserError) as e:
+        export_gguf(model, ByteTokenizer(), tmp_path / "model.gguf")
+    assert str(e.value).startswith(f"cannot export to GGUF: {option}") and "\n" not in str(e.value)
+    assert list(tmp_path.iterdir()) == []

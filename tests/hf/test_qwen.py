@@ -68,10 +68,8 @@ def test_the_import_reads_the_family(saved, name):
     assert config.qkv_bias == (hf_config.model_type == "qwen2")
     assert config.qk_norm == (hf_config.model_type == "qwen3")
     assert config.rope_base == 1e6 and config.tie_embeddings == hf_config.tie_word_embeddings
-    assert (
-        config.head_dim == getattr(hf_config, "head_dim", None)
-        or hf_config.hidden_size // hf_config.num_attention_heads
-    )
+    default_head_dim = hf_config.hidden_size // hf_config.num_attention_heads
+    assert config.head_dim == (getattr(hf_config, "head_dim", None) or default_head_dim)
 
 
 @pytest.mark.parametrize("name", QWEN)
