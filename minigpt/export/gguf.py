@@ -40,6 +40,10 @@ __all__ = ["GGUFType", "GGUF_TYPES", "GGUFExport", "check_gguf_exportable", "exp
 GGUFType = Literal["f32", "f16", "bf16", "q8_0", "q4_0"]
 GGUF_TYPES: tuple[str, ...] = get_args(GGUFType)
 BLOCK = 32  # values per q8_0 / q4_0 block: a quantized row is a whole number of blocks
+NFC_NOTE = (
+    "the tokenizer NFC-normalises text first and llama.cpp does not: "
+    "text already in NFC, nearly all text, gets the same ids; decomposed accents may not"
+)
 
 
 def gguf_lib():
@@ -79,7 +83,7 @@ def check_gguf_exportable(model: GPT, tokenizer: Tokenizer | None, chat_template
         raise UserError(f"cannot export to GGUF: {problems[0]}")
     char_eos = least_likely_char(model, tokenizer) if isinstance(tokenizer, CharTokenizer) else None
     vocab = gguf_vocab(tokenizer, config.vocab_size, chat_template, char_eos)
-    notes = family_of(config).gguf_notes(config)
+    notes = family_of(config).gguf_notes(config) + ([NFC_NOTE] if vocab.nfc else [])
     if char_eos is not None:
         notes.append(
             f"a char vocabulary has no end-of-text token and llama.cpp needs one: it is "

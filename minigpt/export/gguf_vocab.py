@@ -72,6 +72,7 @@ class GGUFVocab:
     end_of_turn: int | None = None
     chat_template: str | None = None
     kind: str = ""  # "char" or "bpe": how a character added by a chat tokenizer is spelled
+    nfc: bool = False  # the tokenizer NFC-normalises text first (Qwen's), which llama.cpp does not
 
     def write(self, writer: Any) -> None:
         """Add the tokenizer keys to a gguf.GGUFWriter."""
@@ -116,6 +117,7 @@ def gguf_vocab(
     else:
         vocab = _bpe_vocab(doc, model, isinstance(base, ByteTokenizer))
     _add_tokens(vocab, doc.get("added_tokens") or [])
+    vocab.nfc = (doc.get("normalizer") or {}).get("type") == "NFC"
     if len(vocab.tokens) > vocab_size:
         raise UserError(
             f"the tokenizer has {len(vocab.tokens)} tokens but the model only {vocab_size} logits; the "
@@ -155,7 +157,7 @@ def _unreproducible(doc: dict, base: Tokenizer) -> Iterator[str]:
             "SentencePiece-style vocabulary, which this export does not convert (llama.cpp would need its piece "
             "scores)"
         )
-    elif doc.get("normalizer"):
+    elif doc.get("normalizer") and doc["normalizer"].get("type") != "NFC":  # NFC: a note (export.gguf's NFC_NOTE)
         yield f"the tokenizer normalises text first ({doc['normalizer'].get('type')}), which llama.cpp's BPE does not"
     elif not isinstance(base, ByteTokenizer) and pre_tokenizer_name(pre := doc.get("pre_tokenizer")) is None:
         parts = _pre_parts(pre)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -165,20 +166,45 @@ def test_llama_cpp_runs_the_gguf_export_as_the_familys_architecture(saved, name,
             assert max(abs(reference[t - 1, i].item() - lp) for i, lp in theirs.items()) < 1e-4
 
 
+def qwen_style_tokenizer():
+    """A byte-level BPE tokenizer.json as Qwen2's and Qwen3's are: their split pattern (single digits) and an NFC
+    normaliser (gguf_models.hf_tokenizer's BPE, built offline)."""
+    from minigpt.core.tokenizers import HFTokenizer
+
+    base = helper("gguf_models").hf_tokenizer("qwen2")
+    doc = json.loads(base.tokenizer_json)
+    doc["normalizer"] = {"type": "NFC"}
+    return HFTokenizer(json.dumps(doc), eos_id=base.eos_id)
+
+
 def test_a_qwen_style_tokenizer_json_reads_and_names_its_llama_cpp_pre_tokenizer(tmp_path):
     from minigpt.export.gguf_vocab import gguf_vocab
-
-    tokenizer = helper("gguf_models").hf_tokenizer("qwen2")  # byte-level BPE, Qwen2's split pattern
-    save_hf_tokenizer(tokenizer, tmp_path)
     from minigpt.hf.tokenizer_files import load_hf_tokenizer
 
+    tokenizer = qwen_style_tokenizer()
+    save_hf_tokenizer(tokenizer, tmp_path)
     back = load_hf_tokenizer(tmp_path, {"model_type": "qwen2", "vocab_size": tokenizer.vocab_size})
     text = "It's 12345 héllo\n\n  wörld"
     assert back.encode(text) == tokenizer.encode(text) and back.decode(back.encode(text)) == text
-    assert len([t for t in back.encode("12345")]) == 5  # Qwen2 splits digits one by one
+    assert back.encode("e\u0301") == back.encode("\u00e9")  # NFC first: a decomposed é is the composed one
+    assert len(back.encode("12345")) == 5  # Qwen2 splits digits one by one
     vocab = gguf_vocab(back, back.vocab_size)
-    assert vocab.pre == "qwen2"  # llama.cpp's name; every Qwen family declares it for its tokenizer
+    assert vocab.pre == "qwen2" and vocab.nfc  # llama.cpp's name; every Qwen family declares it for its tokenizer
     assert {FAMILIES[family_name(name)].gguf_pre_tokenizer[1] for name in QWEN} == {"qwen2"}
+
+
+def test_llama_cpp_tokenizes_nfc_text_as_the_qwen_style_tokenizer_and_the_export_says_what_differs(saved, tmp_path):
+    pytest.importorskip("gguf")
+    pytest.importorskip("xllamacpp")
+    tokenizer = qwen_style_tokenizer()
+    model, _ = load_model(saved[ONE_OF_EACH[-1]][1])
+    model = helper("gguf_models").random_model(**{**model.config.to_dict(), "vocab_size": tokenizer.vocab_size})
+    result = export_gguf(model, tokenizer, tmp_path / "model.gguf")
+    assert result.vocab.pre == "qwen2" and any("NFC" in note for note in result.notes)
+    with helper("llamacpp_server").LlamaCpp(tmp_path / "model.gguf") as llama:
+        for text in helper("gguf_models").TEXTS:
+            text = unicodedata.normalize("NFC", text)
+            assert llama.tokenize(text) == tokenizer.encode(text), text
 
 
 # ------------------------------------------------------------------------------------------------- train, serve
