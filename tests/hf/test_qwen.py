@@ -267,3 +267,65 @@ def test_a_qwen_import_is_served_with_generates_greedy_text(saved):
             client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
             reply = client.completions.create(model=name, prompt="héllo", max_tokens=12, temperature=0)
         assert reply.choices[0].text == tokenizer.decode(expected[0, len(ids_) :].tolist())
+
+
+# the published configs' sizes (Qwen2.5-0.5B: q/k/v biases, tied; Qwen3-0.6B: head_dim 128 with 16 heads of a
+# 1024-wide model, q/k norms, tied)
+PUBLISHED = {
+    "Qwen2.5-0.5B": {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "sliding_window": 32768,
+        "use_sliding_window": False,
+        "max_window_layers": 24,
+        "tie_word_embeddings": True,
+        "vocab_size": 151936,
+        "hidden_act": "silu",
+    },
+    "Qwen3-0.6B": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "sliding_window": None,
+        "use_sliding_window": False,
+        "tie_word_embeddings": True,
+        "vocab_size": 151936,
+        "hidden_act": "silu",
+    },
+}
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_published_qwen_configs_give_transformers_tensor_shapes(name):
+    """Our model for each config.json, renamed to HF names, has exactly the tensors transformers builds from it
+    (both on the meta device: nothing allocated)."""
+    from minigpt.core.model import GPT
+    from minigpt.hf.load import config_from_hf
+    from minigpt.hf.weights import to_hf_state_dict
+
+    config = config_from_hf(PUBLISHED[name])
+    with torch.device("meta"):
+        ours = to_hf_state_dict(GPT(config).state_dict(), config)
+        theirs = getattr(transformers, PUBLISHED[name]["architectures"][0])(
+            transformers.AutoConfig.for_model(**PUBLISHED[name])
+        ).state_dict()
+    theirs.pop("lm_head.weight")  # tied
+    assert {k: tuple(v.shape) for k, v in ours.items()} == {k: tuple(v.shape) for k, v in theirs.items()}
