@@ -253,7 +253,7 @@ def test_train_py_fine_tunes_a_qwen_folder_full_and_lora(
     assert model.config.family == json.loads((hf_dir / "config.json").read_text())["model_type"]
 
 
-def test_a_qwen_import_is_served_with_generates_greedy_text(saved):
+def test_a_served_qwen_import_completes_as_generate_does(saved):
     openai = pytest.importorskip("openai")
     from minigpt.serve.app import create_app
 
