@@ -28,7 +28,8 @@ from minigpt.core.errors import UserError
 from minigpt.export.folder import FolderState, check_previous_export, folder_state
 from minigpt.export.gguf import GGUFType, export_gguf
 from minigpt.export.gguf_file import FileState, check_out_file, check_previous_gguf, file_state
-from minigpt.export.hf import HF_CLASS, check_exportable, check_out_dir, export_hf
+from minigpt.export.hf import check_exportable, check_out_dir, export_hf
+from minigpt.hf.families import family_of
 from minigpt.loading import is_hf_source, load_model
 
 # a path the export writes, its state as approved before writing, and whether it is a file (GGUF) or a folder
@@ -136,7 +137,7 @@ def run_peft(args, out: Path, replacing: list[Replaced]) -> Path:
     show_checkpoint_lines()
     print(
         f"wrote PEFT LoRA adapters ({n:,} parameters, rank {lora.rank}) to {out} and their base, "
-        f"{HF_CLASS[model.config.arch]}, to {base_out}",
+        f"{family_of(model.config).hf_class}, to {base_out}",
         flush=True,
     )
     return out
@@ -170,7 +171,7 @@ def run(argv: list[str] | None = None, replacing: list[Replaced] | None = None) 
     n = safetensors_params(out / "model.safetensors")
     show_checkpoint_lines()
     print(
-        f"wrote {HF_CLASS[model.config.arch]} ({n:,} parameters) to {out}: "
+        f"wrote {family_of(model.config).hf_class} ({n:,} parameters) to {out}: "
         f"{', '.join(sorted(p.name for p in out.iterdir()))}",
         flush=True,
     )

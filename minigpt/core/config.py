@@ -18,6 +18,9 @@ Attention = Literal["sdpa", "manual", "einops"]
 Mlp = Literal["gelu", "swiglu", "relu2"]
 GeluApproximate = Literal["none", "tanh"]
 SdpaBackend = Literal["flash", "efficient", "math", "cudnn"]
+# The Hugging Face families minigpt imports and exports, one module each in minigpt/hf/families (this list is their
+# declaration as a field type; tests/hf/test_families.py checks it equals that registry)
+Family = Literal["gpt2", "llama", "mistral", "qwen2", "qwen3"]
 ARCHS, ATTENTIONS, MLPS, SDPA_BACKENDS = (get_args(t) for t in (Arch, Attention, Mlp, SdpaBackend))
 # RoPE scalings minigpt computes (Hugging Face's rope_type names) and the keys each needs
 ROPE_SCALINGS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
@@ -52,6 +55,8 @@ class GPTConfig:
     """Dropout probability, in [0, 1)."""
     bias: bool | None = None
     """Biases in linear layers and LayerNorm; unset = true for gpt, false for llama."""
+    qkv_bias: bool = False
+    """Biases on the query/key/value projection even when `bias` is false (Qwen2's attention)."""
     mlp: Mlp | None = None
     """MLP: gelu, swiglu or relu2 (squared ReLU); unset = gelu for gpt, swiglu for llama."""
     gelu_approximate: GeluApproximate = "none"
@@ -70,6 +75,9 @@ class GPTConfig:
     """RMS-normalise queries and keys per head before attention."""
     zero_init_proj: bool = False
     """Start the residual output projections (attention and MLP c_proj) at zero."""
+    family: Family | None = None
+    """The Hugging Face family the exports write (an imported model keeps its source's); unset = gpt2 for arch gpt,
+    llama for arch llama."""
     sdpa_backend: SdpaBackend | None = None
     """Restrict SDPA to one kernel: flash, efficient, math or cudnn; unset = torch picks."""
     activation_checkpointing: bool = False

@@ -91,7 +91,7 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         # q, k and v in one matmul, stacked by rows; with GQA k and v have fewer heads than q
         self.qkv_rows = [self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim]
-        self.c_attn = nn.Linear(config.n_embd, sum(self.qkv_rows), bias=config.bias)
+        self.c_attn = nn.Linear(config.n_embd, sum(self.qkv_rows), bias=config.bias or config.qkv_bias)
         self.c_proj = nn.Linear(self.n_head * self.head_dim, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.q_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else None

@@ -4,10 +4,9 @@
     # then, anywhere:  llama-cli -m model.gguf -p "Once upon a time"
 
 The file is written with gguf-py (llama.cpp's own writer) in the layout llama.cpp's convert_hf_to_gguf.py gives
-the same model exported to Hugging Face: the `gpt` block as llama.cpp's `gpt2` architecture (fused attn_qkv, every
-bias, zeros where minigpt has none; learned positions), the `llama` block as its `llama` architecture (q, k and v
-split, q and k rows permuted from rotate-half to llama.cpp's interleaved rotary pairs, SwiGLU's gate and up split,
-optional biases, GQA/MQA, an explicit head size, Llama 3 RoPE scaling as the rope_freqs factors).  A tied head is
+the same model exported to Hugging Face: the model's family (minigpt.hf.families) names llama.cpp's architecture and
+lays out its tensors (GPT-2's fused attn_qkv with every bias; Llama's split q/k/v with q and k rows permuted to
+llama.cpp's interleaved rotary pairs, Llama 3 RoPE scaling as the rope_freqs factors; ...).  A tied head is
 the token embedding (no output tensor).  The tokenizer goes in the file (minigpt.export.gguf_vocab).
 
 Weight types: f32, f16, bf16, q8_0 and q4_0 for the matrices; norms, biases, positions and RoPE factors stay f32
@@ -29,20 +28,21 @@ import torch
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError
 from minigpt.core.generation import generate, prompt_ids
-from minigpt.core.model import GPT, llama3_scaled_frequencies
+from minigpt.core.model import GPT
 from minigpt.core.tokenizers import CharTokenizer, Tokenizer
 from minigpt.export.gguf_file import SHA_KEY, FileState, check_out_file, write_gguf_file
 from minigpt.export.gguf_vocab import GGUFVocab, gguf_vocab
 from minigpt.export.hf import zero_biases
+from minigpt.hf.families import family_of
 
 __all__ = ["GGUFType", "GGUF_TYPES", "GGUFExport", "check_gguf_exportable", "export_gguf", "gguf_tensors"]
 
 GGUFType = Literal["f32", "f16", "bf16", "q8_0", "q4_0"]
 GGUF_TYPES: tuple[str, ...] = get_args(GGUFType)
-GGUF_ARCH = {"gpt": "gpt2", "llama": "llama"}
 BLOCK = 32  # values per q8_0 / q4_0 block: a quantized row is a whole number of blocks
-EXACT_GELU_NOTE = (
-    "the model's exact (erf) GELU runs as llama.cpp's gpt2 tanh GELU, a difference of about 1e-3 in the activations"
+NFC_NOTE = (
+    "the tokenizer NFC-normalises text first and llama.cpp does not: "
+    "text already in NFC, nearly all text, gets the same ids; decomposed accents may not"
 )
 
 
@@ -62,28 +62,9 @@ def gguf_lib():
 
 
 def unsupported_options(config: GPTConfig) -> list[str]:
-    """Each option of `config` that llama.cpp's gpt2 / llama architecture cannot express, as "option: why; fix"."""
-    arch = GGUF_ARCH[config.arch]
-    problems = []
-    if config.qk_norm:
-        problems.append(
-            f"qk_norm=true: llama.cpp's {arch} architecture has no query/key normalisation; train with qk_norm false"
-        )
-    if config.arch == "gpt" and config.mlp != "gelu":
-        problems.append(
-            f"mlp={config.mlp} with arch gpt: llama.cpp's gpt2 MLP is GELU only; use mlp gelu, or arch llama for SwiGLU"
-        )
-    if config.arch == "llama" and config.mlp != "swiglu":
-        problems.append(
-            f"mlp={config.mlp} with arch llama: llama.cpp's llama MLP is always gated (SwiGLU); use arch "
-            "gpt for a GELU MLP"
-        )
-    if config.arch == "gpt" and config.head_dim * config.n_head != config.n_embd:
-        problems.append(
-            f"head_dim={config.head_dim} with arch gpt: llama.cpp's gpt2 head size is always n_embd / "
-            f"n_head = {config.n_embd / config.n_head:g}; use arch llama for another size"
-        )
-    return problems
+    """Each option of `config` that its family's llama.cpp architecture cannot express, as "option: why; fix"."""
+    family = family_of(config)
+    return [*family.block_problems(config), *family.gguf_problems(config)]
 
 
 @dataclass
@@ -102,7 +83,7 @@ def check_gguf_exportable(model: GPT, tokenizer: Tokenizer | None, chat_template
         raise UserError(f"cannot export to GGUF: {problems[0]}")
     char_eos = least_likely_char(model, tokenizer) if isinstance(tokenizer, CharTokenizer) else None
     vocab = gguf_vocab(tokenizer, config.vocab_size, chat_template, char_eos)
-    notes = [EXACT_GELU_NOTE] if config.arch == "gpt" and config.gelu_approximate == "none" else []
+    notes = family_of(config).gguf_notes(config) + ([NFC_NOTE] if vocab.nfc else [])
     if char_eos is not None:
         notes.append(
             f"a char vocabulary has no end-of-text token and llama.cpp needs one: it is "
@@ -135,55 +116,13 @@ def least_likely_char(model: GPT, tokenizer: CharTokenizer, length: int = 64) ->
 # ------------------------------------------------------------------------------------------------- tensors
 
 
-def rotary_pairs(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """q or k rows (heads x hs, ...) from rotate-half order (pairs i, i + hs/2) to llama.cpp's interleaved pairs
-    (2i, 2i + 1): convert_hf_to_gguf's LlamaModel.permute."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def named_tensors(model: GPT) -> dict[str, torch.Tensor]:
-    """llama.cpp's tensor names -> float32 CPU tensors, in llama.cpp's layout."""
-    config = model.config
+    """llama.cpp's tensor names -> float32 CPU tensors, in the layout of the model's family's architecture."""
+    config, family = model.config, family_of(model.config)
     state = {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
-    if config.arch == "gpt" and not config.bias:  # llama.cpp's gpt2 needs every bias: zeros compute the same
+    if family.all_biases and not config.bias:  # an architecture that needs every bias: zeros compute the same
         state |= {k: v.float() for k, v in zero_biases(model).items()}
-    out = {"token_embd.weight": state["transformer.wte.weight"]}
-    if config.arch == "gpt":
-        out["position_embd.weight"] = state["transformer.wpe.weight"]
-    q_rows, kv_rows = config.n_head * config.head_dim, config.n_kv_head * config.head_dim
-    for i in range(config.n_layer):
-        src, dst = f"transformer.h.{i}.", f"blk.{i}."
-        for kind in ("weight", "bias"):
-            get = lambda name: state.get(f"{src}{name}.{kind}")  # noqa: E731, B023 (called in this iteration)
-            layer = {
-                "attn_norm": get("ln_1"),
-                "ffn_norm": get("ln_2"),
-                "attn_output": get("attn.c_proj"),
-                "ffn_down": get("mlp.c_proj"),
-            }
-            if config.arch == "gpt":
-                layer |= {"attn_qkv": get("attn.c_attn"), "ffn_up": get("mlp.c_fc")}
-            elif get("attn.c_attn") is not None:
-                q, k, v = get("attn.c_attn").split([q_rows, kv_rows, kv_rows])
-                gate, up = get("mlp.c_fc").chunk(2)
-                layer |= {
-                    "attn_q": rotary_pairs(q, config.n_head),
-                    "attn_k": rotary_pairs(k, config.n_kv_head),
-                    "attn_v": v,
-                    "ffn_gate": gate,
-                    "ffn_up": up,
-                }
-            out |= {f"{dst}{name}.{kind}": t for name, t in layer.items() if t is not None}
-    out["output_norm.weight"] = state["transformer.ln_f.weight"]
-    if "transformer.ln_f.bias" in state:
-        out["output_norm.bias"] = state["transformer.ln_f.bias"]
-    if not config.tie_embeddings:
-        out["output.weight"] = state["lm_head.weight"]
-    if config.rope_scaling is not None:  # llama.cpp divides each frequency by its factor
-        exponents = torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim
-        inv_freq = 1.0 / config.rope_base**exponents
-        out["rope_freqs.weight"] = inv_freq / llama3_scaled_frequencies(inv_freq, config.rope_scaling)
-    return out
+    return family.gguf_tensors(state, config)
 
 
 def gguf_tensors(model: GPT, gguf_type: GGUFType) -> tuple[list[tuple[str, np.ndarray, object]], int, int]:
@@ -246,14 +185,7 @@ def write_metadata(writer, config: GPTConfig, gguf_type: GGUFType, name: str | N
     writer.add_head_count(config.n_head)
     writer.add_head_count_kv(config.n_kv_head)
     writer.add_vocab_size(config.vocab_size)
-    if config.arch == "gpt":
-        writer.add_layer_norm_eps(config.norm_eps)
-        return
-    writer.add_layer_norm_rms_eps(config.norm_eps)
-    writer.add_rope_freq_base(config.rope_base)
-    writer.add_rope_dimension_count(config.head_dim)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
+    family_of(config).gguf_metadata(writer, config)
 
 
 def export_gguf(
@@ -280,7 +212,7 @@ def export_gguf(
     gguf = gguf_lib()
 
     def write(path: Path) -> None:
-        writer = gguf.GGUFWriter(path, GGUF_ARCH[config.arch])
+        writer = gguf.GGUFWriter(path, family_of(config).gguf_arch)
         try:
             write_metadata(writer, config, gguf_type, name)
             found.vocab.write(writer)
@@ -293,4 +225,4 @@ def export_gguf(
             writer.close()
 
     write_gguf_file(out, write, approved)
-    return GGUFExport(out, GGUF_ARCH[config.arch], gguf_type, n_params, kept, found.vocab, found.notes)
+    return GGUFExport(out, family_of(config).gguf_arch, gguf_type, n_params, kept, found.vocab, found.notes)

@@ -29,6 +29,7 @@ from typing import Any
 from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.errors import UserError
 from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, HFTokenizer, Tokenizer
+from minigpt.hf.families import FAMILIES
 from minigpt.hf.tokenizer_files import bytes_to_unicode, save_hf_tokenizer
 
 __all__ = ["GGUFVocab", "PRE_TOKENIZERS", "gguf_vocab", "gguf_chat_template", "pre_tokenizer_name"]
@@ -38,16 +39,13 @@ BYTE_LEVEL = bytes_to_unicode()
 ALPHABET = set(BYTE_LEVEL.values())
 NEVER_MERGED = f"{BYTE_LEVEL[0xFF]} {BYTE_LEVEL[0xFF]}"  # two 0xFF bytes: never adjacent in UTF-8 text
 
-GPT2_REGEX = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 # split patterns (tokenizer.json's Split regex, or a tiktoken pat_str) -> the llama.cpp pre-tokenizer that splits
-# text the same way; each is proven on llama.cpp by tests/export/test_gguf_vocab.py
+# text the same way: each family's own tokenizer's (minigpt.hf.families), then tiktoken's encodings; each is proven
+# on llama.cpp by tests/export/test_gguf_vocab.py
 PRE_TOKENIZERS = {
-    GPT2_REGEX: "gpt-2",
+    **dict(f.gguf_pre_tokenizer for f in FAMILIES.values() if f.gguf_pre_tokenizer is not None),
     # tiktoken's gpt2 / r50k_base / p50k_base (the GPT-2 pattern, written faster)
     r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s""": "gpt-2",
-    # Llama 3's tokenizer.json
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
-    r"""|\s+(?!\S)|\s+""": "llama-bpe",
     # tiktoken's cl100k_base: Llama 3's pattern (possessive forms)
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]"""
     r"""|\s+(?!\S)|\s""": "llama-bpe",
@@ -55,9 +53,6 @@ PRE_TOKENIZERS = {
     r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
     r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
     r"""|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+""": "gpt-4o",
-    # Qwen2 / SmolLM3-style: single digits
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)"""
-    r"""|\s+""": "qwen2",
 }
 REFUSED = "llama.cpp would encode text to other ids than minigpt, so the GGUF could not be run as trained"
 
@@ -77,6 +72,7 @@ class GGUFVocab:
     end_of_turn: int | None = None
     chat_template: str | None = None
     kind: str = ""  # "char" or "bpe": how a character added by a chat tokenizer is spelled
+    nfc: bool = False  # the tokenizer NFC-normalises text first (Qwen's), which llama.cpp does not
 
     def write(self, writer: Any) -> None:
         """Add the tokenizer keys to a gguf.GGUFWriter."""
@@ -121,6 +117,7 @@ def gguf_vocab(
     else:
         vocab = _bpe_vocab(doc, model, isinstance(base, ByteTokenizer))
     _add_tokens(vocab, doc.get("added_tokens") or [])
+    vocab.nfc = (doc.get("normalizer") or {}).get("type") == "NFC"
     if len(vocab.tokens) > vocab_size:
         raise UserError(
             f"the tokenizer has {len(vocab.tokens)} tokens but the model only {vocab_size} logits; the "
@@ -160,7 +157,7 @@ def _unreproducible(doc: dict, base: Tokenizer) -> Iterator[str]:
             "SentencePiece-style vocabulary, which this export does not convert (llama.cpp would need its piece "
             "scores)"
         )
-    elif doc.get("normalizer"):
+    elif doc.get("normalizer") and doc["normalizer"].get("type") != "NFC":  # NFC: a note (export.gguf's NFC_NOTE)
         yield f"the tokenizer normalises text first ({doc['normalizer'].get('type')}), which llama.cpp's BPE does not"
     elif not isinstance(base, ByteTokenizer) and pre_tokenizer_name(pre := doc.get("pre_tokenizer")) is None:
         parts = _pre_parts(pre)

@@ -3,11 +3,11 @@
     export_hf(model, tokenizer, "gpt2-export")
     # then, anywhere:  AutoModelForCausalLM.from_pretrained("gpt2-export"), AutoTokenizer.from_pretrained(...)
 
-The `gpt` block becomes `GPT2LMHeadModel`, the `llama` block `LlamaForCausalLM` (tied or untied, with GQA, an
-explicit head size and Llama 3 RoPE scaling). The directory holds what `save_pretrained` writes: config.json,
-model.safetensors, generation_config.json, and the tokenizer (tokenizer.json, tokenizer_config.json,
+The model's family (minigpt.hf.families: GPTConfig.family, unset = GPT-2 for the `gpt` block, Llama for the `llama`
+block) says the class, its config.json keys and tensor names. The directory holds what `save_pretrained` writes:
+config.json, model.safetensors, generation_config.json, and the tokenizer (tokenizer.json, tokenizer_config.json,
 special_tokens_map.json; see minigpt.hf.tokenizer_files), and minigpt_export.json, the manifest that lets
-`--overwrite` replace it (minigpt.export.folder). The tensor names are minigpt.hf.weights.
+`--overwrite` replace it (minigpt.export.folder).
 
 A model option the target class cannot express (qk_norm, relu2, ...) is refused before anything is written.
 The directory is written whole or not at all: into a hidden sibling folder, then renamed into place.
@@ -20,7 +20,6 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -40,6 +39,7 @@ from minigpt.export.folder import (
     seal_export,
     storage_errors,
 )
+from minigpt.hf.families import family_of
 from minigpt.hf.tokenizer_files import save_hf_tokenizer
 from minigpt.hf.weights import to_hf_state_dict
 
@@ -55,48 +55,15 @@ EXPORT_FILES = {
     "special_tokens_map.json",
     MANIFEST,
 }
-HF_CLASS = {"gpt": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
 
 
 # ------------------------------------------------------------------------------------------------- what HF can hold
 
 
 def unsupported_options(config: GPTConfig) -> list[str]:
-    """Each option of `config` that the target HF class cannot express, as "option: why; fix"."""
-    cls = HF_CLASS[config.arch]
-    problems = []
-    if config.qk_norm:
-        problems.append(f"qk_norm=true: {cls} has no query/key normalisation; train with qk_norm false")
-    if config.mlp == "relu2":
-        problems.append(f"mlp=relu2: {cls} has no squared-ReLU MLP; train with mlp gelu (gpt) or swiglu (llama)")
-    if config.arch == "gpt":
-        if config.mlp == "swiglu":
-            problems.append("mlp=swiglu with arch gpt: GPT2LMHeadModel's MLP is not gated; use arch llama for SwiGLU")
-        if config.n_kv_head != config.n_head:
-            problems.append(
-                f"n_kv_head={config.n_kv_head} (grouped-query attention) with arch gpt: GPT2LMHeadModel "
-                "has one key/value head per query head; use arch llama for GQA"
-            )
-        if config.head_dim * config.n_head != config.n_embd:
-            problems.append(
-                f"head_dim={config.head_dim} with arch gpt: GPT2LMHeadModel's head size is always "
-                f"n_embd / n_head = {config.n_embd / config.n_head:g}; use arch llama for another size"
-            )
-    else:
-        if config.mlp == "gelu":
-            problems.append(
-                "mlp=gelu with arch llama: LlamaForCausalLM's MLP is always gated (SwiGLU); use arch gpt for a GELU MLP"
-            )
-        if config.bias:  # LlamaConfig has attention_bias/mlp_bias, but minigpt.hf.weights maps bias-free Llamas only
-            problems.append(
-                "bias=true with arch llama: minigpt exports Llama models without biases only; train with bias false"
-            )
-        if config.n_embd % config.n_head:  # LlamaConfig checks it even when head_dim is given
-            problems.append(
-                f"n_embd={config.n_embd} with n_head={config.n_head}: LlamaConfig requires n_embd "
-                "divisible by n_head (even with an explicit head_dim)"
-            )
-    return problems
+    """Each option of `config` that its family's HF class cannot express, as "option: why; fix"."""
+    family = family_of(config)
+    return [*family.block_problems(config), *family.export_problems(config)]
 
 
 def check_exportable(config: GPTConfig) -> None:
@@ -110,10 +77,13 @@ def check_exportable(config: GPTConfig) -> None:
 
 
 def hf_config(config: GPTConfig, tokenizer: Tokenizer | None = None, dtype: torch.dtype = torch.float32) -> dict:
-    """config.json for GPT2LMHeadModel (arch gpt) or LlamaForCausalLM (arch llama), as save_pretrained writes it."""
+    """config.json of config's family's HF class, as save_pretrained writes it: the keys every class shares, then
+    the family's own."""
     bos, eos = special_ids(tokenizer)
+    family = family_of(config)
     common = {
-        "architectures": [HF_CLASS[config.arch]],
+        "architectures": [family.hf_class],
+        "model_type": family.model_type,
         "vocab_size": config.vocab_size,
         "bos_token_id": bos,
         "eos_token_id": eos,
@@ -122,53 +92,7 @@ def hf_config(config: GPTConfig, tokenizer: Tokenizer | None = None, dtype: torc
         "use_cache": True,
     }
     common["torch_dtype"] = common["dtype"]  # the key transformers 4, vLLM and llama.cpp's converter read
-    if config.arch == "gpt":
-        return {
-            "model_type": "gpt2",
-            **common,
-            "n_positions": config.block_size,
-            "n_ctx": config.block_size,
-            "n_embd": config.n_embd,
-            "n_layer": config.n_layer,
-            "n_head": config.n_head,
-            "n_inner": config.mlp_hidden,
-            # gelu_new is GPT-2's own tanh formula; "gelu" is the exact (erf) one
-            "activation_function": "gelu_new" if config.gelu_approximate == "tanh" else "gelu",
-            "layer_norm_epsilon": config.norm_eps,
-            "resid_pdrop": config.dropout,
-            "embd_pdrop": config.dropout,
-            "attn_pdrop": config.dropout,
-            "scale_attn_weights": True,
-            "scale_attn_by_inverse_layer_idx": False,
-            "reorder_and_upcast_attn": False,
-        }
-    # transformers 5 reads RoPE from rope_parameters; rope_theta / rope_scaling are the keys older transformers,
-    # vLLM and llama.cpp's converter read (5 takes rope_scaling over rope_parameters when both are given: equal here)
-    rope = {"rope_type": "default", "rope_theta": config.rope_base}
-    legacy: dict[str, Any] = {"rope_theta": config.rope_base}
-    if config.rope_scaling is not None:
-        scaling = {k: v for k, v in config.rope_scaling.items() if k != "type"}
-        scaling["rope_type"] = config.rope_scaling.get("rope_type", config.rope_scaling.get("type"))
-        rope = {**scaling, "rope_theta": config.rope_base}
-        legacy["rope_scaling"] = scaling
-    return {
-        "model_type": "llama",
-        **common,
-        "hidden_size": config.n_embd,
-        "intermediate_size": config.mlp_hidden,
-        "num_hidden_layers": config.n_layer,
-        "num_attention_heads": config.n_head,
-        "num_key_value_heads": config.n_kv_head,
-        "head_dim": config.head_dim,
-        "max_position_embeddings": config.block_size,
-        "rms_norm_eps": config.norm_eps,
-        "hidden_act": "silu",
-        "attention_bias": config.bias,
-        "mlp_bias": config.bias,
-        "attention_dropout": config.dropout,
-        "rope_parameters": rope,
-        **legacy,
-    }
+    return {**common, **family.hf_config(config)}
 
 
 def special_ids(tokenizer: Tokenizer | None) -> tuple[int | None, int | None]:
@@ -194,7 +118,7 @@ def hf_tensors(model: GPT) -> dict[str, torch.Tensor]:
     """The HF-named tensors of `model`, on the CPU, each owning its memory (safetensors refuses shared storage)."""
     config = model.config
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    if config.arch == "gpt" and not config.bias:  # GPT-2 always has biases: zeros compute the same function
+    if family_of(config).all_biases and not config.bias:  # the class always has biases: zeros compute the same
         state |= zero_biases(model)
     tensors = to_hf_state_dict(state, config)
     out, seen = {}, set()

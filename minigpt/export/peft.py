@@ -9,12 +9,13 @@ The adapter folder holds what PEFT's save_pretrained writes: adapter_config.json
 The base folder is minigpt.export.hf's export of the frozen weights the run trained on (bfloat16-held weights as
 rounded, a grown vocabulary's new rows at their starting mean), so base + adapter computes what the run computes.
 
-Layouts: Llama keeps q/k/v and gate/up as separate modules, so each of our per-projection adapters is one of
-PEFT's.  GPT-2's c_attn is one fused module: our q, k and v adapters become one adapter of rank 3r (A stacked, B
-block-diagonal) with alpha 3 alpha, the same scale (rank_pattern / alpha_pattern).  New token rows are PEFT's
-trainable_token_indices (`token_adapter.trainable_tokens_delta`, the rows' values).  With lora.train_embeddings
-every row is one (their trained values: the base folder's embedding rows are then replaced, whatever they hold), and
-learned positions are modules_to_save=["wpe"] (transformer.wpe.weight, the trained table).
+Layouts (the model's family names the modules, minigpt.hf.families): Llama-style families keep q/k/v and gate/up
+as separate modules, so each of our per-projection adapters is one of PEFT's.  GPT-2's c_attn is one fused module:
+our q, k and v adapters become one adapter of rank 3r (A stacked, B block-diagonal) with alpha 3 alpha, the same
+scale (rank_pattern / alpha_pattern).  New token rows are PEFT's trainable_token_indices
+(`token_adapter.trainable_tokens_delta`, the rows' values).  With lora.train_embeddings every row is one (their
+trained values: the base folder's embedding rows are then replaced, whatever they hold), and learned positions are
+modules_to_save=["wpe"] (transformer.wpe.weight, the trained table).
 """
 
 from __future__ import annotations
@@ -31,27 +32,12 @@ from minigpt.core.model import GPT
 from minigpt.core.tokenizers import Tokenizer
 from minigpt.export.folder import FolderState, seal_export
 from minigpt.export.hf import check_exportable, check_out_dir, export_hf, save_safetensors, write_folder
+from minigpt.hf.families import family_of
 
 __all__ = ["ADAPTER_FILES", "adapter_config", "base_of", "check_out_dirs", "export_peft", "peft_tensors"]
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 PREFIX = "base_model.model."
-# our (block layer, projection) -> the HF module the adapter sits on, per block
-LLAMA_MODULES = {
-    "q": "self_attn.q_proj",
-    "k": "self_attn.k_proj",
-    "v": "self_attn.v_proj",
-    "o": "self_attn.o_proj",
-    "gate": "mlp.gate_proj",
-    "up": "mlp.up_proj",
-    "down": "mlp.down_proj",
-}
-GPT2_MODULES = {
-    "attn.c_attn": "attn.c_attn",
-    "attn.c_proj": "attn.c_proj",
-    "mlp.c_fc": "mlp.c_fc",
-    "mlp.c_proj": "mlp.c_proj",
-}
 
 
 def lora_layers(model: GPT, i: int) -> dict[str, LoRALinear]:
@@ -67,28 +53,30 @@ def rows(module: torch.nn.Module) -> torch.Tensor:
 
 
 def peft_tensors(model: GPT) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
-    """(PEFT's tensors for a LoRA model, the rank of each module whose adapter is not rank r: GPT-2's c_attn)."""
+    """(PEFT's tensors for a LoRA model, the rank of each module whose adapter is not rank r: a fused one's)."""
     config, out, ranks = model.config, {}, {}
+    family = family_of(config)
     for i in range(config.n_layer):
+        block = PREFIX + family.peft_block.format(i=i)
         for layer_name, layer in lora_layers(model, i).items():
-            if config.arch == "llama":
+            if not family.peft_fused:  # one HF module per projection
                 for piece, a in layer.lora_A.items():
-                    module = f"{PREFIX}model.layers.{i}.{LLAMA_MODULES[piece]}"
+                    module = block + family.peft_modules[piece]
                     out[f"{module}.lora_A.weight"], out[f"{module}.lora_B.weight"] = a, layer.lora_B[piece]
             elif layer.lora_A:  # one HF module: the pieces' adapters side by side (A stacked, B block-diagonal)
-                module = f"{PREFIX}transformer.h.{i}.{GPT2_MODULES[layer_name]}"
+                module = block + family.peft_modules[layer_name]
                 a, b = layer.stacked()  # (n r, in), (out, n r)
                 out[f"{module}.lora_A.weight"], out[f"{module}.lora_B.weight"] = a, b
                 if a.size(0) != len(next(iter(layer.lora_A.values()))):
-                    ranks[GPT2_MODULES[layer_name]] = a.size(0)
-    embed = "model.embed_tokens" if config.arch == "llama" else "transformer.wte"
+                    ranks[family.peft_modules[layer_name]] = a.size(0)
+    embed = family.peft_embedding
     wte, head = model.transformer.wte, model.lm_head
     if wte.weight.requires_grad:  # train_embeddings: every row is a trainable token (base rows, then new ones)
         out[f"{PREFIX}{embed}.token_adapter.trainable_tokens_delta"] = rows(wte)
         if not config.tie_embeddings:
             out[f"{PREFIX}lm_head.token_adapter.trainable_tokens_delta"] = rows(head)
         if "wpe" in model.transformer:  # modules_to_save: PEFT's files name the module's own tensor
-            out[f"{PREFIX}transformer.wpe.weight"] = model.transformer.wpe.weight
+            out[f"{PREFIX}{embed.rpartition('.')[0]}.wpe.weight"] = model.transformer.wpe.weight
     elif isinstance(head, GrownHead):
         out[f"{PREFIX}{embed}.token_adapter.trainable_tokens_delta"] = wte.new_rows
         if not config.tie_embeddings:
@@ -98,16 +86,21 @@ def peft_tensors(model: GPT) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
 
 def adapter_config(config: GPTConfig, lora: LoRAConfig, base: str, ranks: dict[str, int], n_base_vocab: int) -> dict:
     """adapter_config.json: LoraConfig's fields (those not given keep PEFT's defaults)."""
+    family = family_of(config)
     pieces = {p for layer in block_pieces(config).values() for p in layer}
     targeted = [p for p in lora.targets if p in pieces]
-    if config.arch == "llama":
-        modules = sorted({LLAMA_MODULES[p].split(".")[1] for p in targeted})
+    if not family.peft_fused:
+        modules = sorted({family.peft_modules[p].rpartition(".")[2] for p in targeted})
     else:
         modules = sorted(
-            {GPT2_MODULES[name] for name, layer in block_pieces(config).items() if any(p in layer for p in targeted)}
+            {
+                family.peft_modules[name]
+                for name, layer in block_pieces(config).items()
+                if any(p in layer for p in targeted)
+            }
         )
     new_ids = list(range(0 if lora.train_embeddings else n_base_vocab, config.vocab_size))
-    embed = "embed_tokens" if config.arch == "llama" else "wte"
+    embed = family.peft_embedding.rpartition(".")[2]
     tokens = None if not new_ids else new_ids if config.tie_embeddings else {embed: new_ids, "lm_head": new_ids}
     to_save = ["wpe"] if lora.train_embeddings and config.arch == "gpt" else None  # learned positions
     return {
@@ -118,7 +111,7 @@ def adapter_config(config: GPTConfig, lora: LoRAConfig, base: str, ranks: dict[s
         "lora_alpha": lora.alpha,
         "lora_dropout": lora.dropout,
         "target_modules": modules,
-        "fan_in_fan_out": config.arch == "gpt",
+        "fan_in_fan_out": family.fan_in_fan_out,
         "bias": "none",
         "use_rslora": False,
         "use_dora": False,

@@ -27,6 +27,7 @@ from minigpt.core.limits import check_config_size, state_shapes
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import Tokenizer
 from minigpt.core.torch_files import load_torch_file
+from minigpt.hf.families import family_field, family_of_hf, hf_classes
 from minigpt.hf.files import config_field_problems, read_json_object, weight_files
 from minigpt.hf.hub import download_hf
 from minigpt.hf.tokenizer_files import load_hf_tokenizer
@@ -42,18 +43,9 @@ __all__ = [
 ]
 
 HUB_PREFIX = "hf:"
-SUPPORTED_ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM")
-MODEL_TYPES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
+SUPPORTED_ARCHITECTURES = hf_classes()
 # where config.json says its weights are quantized (compressed-tensors models wrote the second)
 QUANTIZATION_KEYS = ("quantization_config", "compression_config")
-# GPT-2's activation_function -> our gelu_approximate (gelu_new, gelu_fast and gelu_pytorch_tanh are one formula)
-GPT2_GELU = {
-    "gelu_new": "tanh",
-    "gelu_fast": "tanh",
-    "gelu_pytorch_tanh": "tanh",
-    "gelu": "none",
-    "gelu_python": "none",
-}
 
 
 # ------------------------------------------------------------------------------------------------ config.json
@@ -64,98 +56,27 @@ def hf_architecture(hf_config: dict[str, Any]) -> str | None:
     names, model_type = hf_config.get("architectures"), hf_config.get("model_type")
     if names:
         return str(names[0])
-    return None if model_type is None else MODEL_TYPES.get(model_type, f"model_type {model_type!r}")
-
-
-def _get(hf_config: dict[str, Any], *keys: str, default: Any = None) -> Any:
-    """The first of `keys` config.json sets to something other than null (configs rename keys across versions)."""
-    return next((hf_config[k] for k in keys if hf_config.get(k) is not None), default)
-
-
-def _context(hf: dict[str, Any], architecture: str) -> int | None:
-    """The source's context in tokens; a Mistral model's is capped at its sliding window, inside which its
-    attention is ours (exact: within the window, sliding and full attention agree)."""
-    if architecture == "GPT2LMHeadModel":
-        return _get(hf, "n_positions", "n_ctx", "max_position_embeddings")
-    context, window = hf.get("max_position_embeddings"), hf.get("sliding_window")
-    if architecture == "MistralForCausalLM" and window is not None and context is not None:
-        return min(context, window)
-    return context
-
-
-def _rope_readings(hf: dict[str, Any]) -> dict[str, tuple[Any, str, dict[str, Any]]]:
-    """RoPE as each of config.json's two fields says it: field -> (theta, kind, the other parameters).
-
-    transformers 5 writes `rope_parameters` with rope_theta inside; older versions wrote a top-level `rope_theta`
-    and a `rope_scaling` dict (whose kind is `rope_type`, or `type` before that).  A null or {} field is absent."""
-    top_theta = hf.get("rope_theta")
-    return {
-        key: (
-            params.get("rope_theta", top_theta),
-            params.get("rope_type", params.get("type", "default")),
-            {k: v for k, v in params.items() if k not in ("rope_theta", "rope_type", "type")},
-        )
-        for key in ("rope_parameters", "rope_scaling")
-        if (params := hf.get(key))
-    }
-
-
-def _rope(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    """(rope theta, scaling dict or None) of a config.json that unsupported() passed."""
-    theta, kind, rest = next(iter(_rope_readings(hf).values()), (hf.get("rope_theta"), "default", {}))
-    theta = 10000.0 if theta is None else theta
-    theta = float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else theta  # else refused
-    if kind == "default":
-        return theta, None
-    return theta, {k: v for k, v in rest.items() if k != "partial_rotary_factor"} | {"rope_type": kind}
-
-
-def _rope_problems(hf: dict[str, Any]) -> Iterator[str]:
-    """A file holding both RoPE forms, or two rope_theta, is read one way by transformers 4 (rope_scaling and the
-    top-level rope_theta) and another by transformers 5 (rope_scaling over rope_parameters, the rope_theta inside
-    over the top-level one): unless the two agree, it is refused, never guessed.  Every rope_type but llama3 is
-    refused too (linear, dynamic, yarn...)."""
-    top_theta, readings = hf.get("rope_theta"), _rope_readings(hf)
-    for key, (theta, _, _) in readings.items():
-        if top_theta is not None and theta != top_theta:
-            yield (
-                f"its config.json gives rope_theta {top_theta} at the top level and {theta} in {key}; "
-                "transformers 4 reads the first, transformers 5 the second: keep the one the model was trained with"
-            )
-    if len(readings) == 2 and readings["rope_parameters"] != readings["rope_scaling"]:
-        yield (
-            f"its config.json holds both rope_parameters ({str(hf['rope_parameters'])[:80]}) and rope_scaling "
-            f"({str(hf['rope_scaling'])[:80]}), which disagree; transformers 5 reads rope_scaling over "
-            "rope_parameters, other versions one or the other: keep the one the model was trained with"
-        )
-    _, kind, rest = next(iter(readings.values()), (None, "default", {}))
-    partial = rest.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
-    if partial != 1.0:
-        yield (
-            f"its config.json sets partial_rotary_factor {partial}; minigpt's RoPE rotates the whole head (factor "
-            "1.0) only"
-        )
-    if kind not in ("default", "llama3"):
-        yield (
-            f"its RoPE scaling is {kind!r}, which minigpt does not compute; it imports plain RoPE and rope_type "
-            "llama3 (Llama 3.1/3.2)"
-        )
+    if model_type is None:
+        return None
+    family = family_of_hf(hf_config)
+    return family.hf_class if family is not None else f"model_type {model_type!r}"
 
 
 def unsupported(hf: dict[str, Any], block_size: int | None = None) -> Iterator[str]:
     """Why minigpt cannot import the model config.json describes (as GPTConfig.problems, one message each, the
-    first one is raised): a field of the wrong JSON type, an architecture or a variant our blocks do not compute,
-    a quantized model (its weights need scales our float model has no place for), a block_size past the source's."""
+    first one is raised): a field of the wrong JSON type, an architecture or a variant our blocks do not compute
+    (the family says which), a quantized model (its weights need scales our float model has no place for), a
+    block_size past the source's."""
     if fields := [f"its config.json: {problem}" for problem in config_field_problems(hf)]:
         yield from fields  # the rules below read the fields as their types
         return
-    architecture = hf_architecture(hf)
+    architecture, family = hf_architecture(hf), family_of_hf(hf)
     if architecture is None:
         yield (
             "its config.json names no architecture (no `architectures`, no `model_type`), so it is not a Hugging "
             "Face model's; pass a model directory written by save_pretrained"
         )
-    elif architecture not in SUPPORTED_ARCHITECTURES:
+    elif family is None:
         yield (
             f"its architecture is {architecture}, which minigpt cannot import; it imports "
             f"{', '.join(SUPPORTED_ARCHITECTURES)}"
@@ -170,101 +91,23 @@ def unsupported(hf: dict[str, Any], block_size: int | None = None) -> Iterator[s
                     f"its config.json has {key} ({str(method or spec)[:40]}): minigpt imports unquantized float "
                     "weights only; use the original (bf16/fp32) model"
                 )
-        if architecture == "GPT2LMHeadModel":
-            yield from _gpt2_problems(hf)
-        else:
-            yield from _llama_problems(hf)
-        window, context = hf.get("sliding_window"), _context(hf, architecture)
-        mistral = architecture == "MistralForCausalLM"
-        if mistral and window is not None and block_size is not None and block_size > window:
-            yield (
-                f"it attends within a sliding window of {window} tokens, so a block_size of {block_size} would "
-                f"compute another function than the source; ask for a block_size of at most {window}"
-            )
-        elif block_size is not None and context is not None and block_size > context:
-            yield (
-                f"block_size {block_size} is longer than the source's context of {context} tokens; ask for at "
-                f"most {context}"
-            )
-
-
-def _gpt2_problems(hf: dict[str, Any]) -> Iterator[str]:
-    activation = hf.get("activation_function", "gelu_new")
-    if GPT2_GELU.get(activation) is None:
-        yield f"its activation_function is {activation!r}; minigpt's GPT-2 block computes {', '.join(GPT2_GELU)} only"
-    # attention variants GPT-2's class can be switched to, which our block does not compute (reorder_and_upcast_attn
-    # is not one: it computes the same scores in float32, as our float32 model does)
-    for key, ours in (
-        ("scale_attn_by_inverse_layer_idx", False),
-        ("scale_attn_weights", True),
-        ("add_cross_attention", False),
-    ):
-        if bool(hf.get(key, ours)) != ours:
-            yield (
-                f"its config.json sets {key}={hf.get(key)!r}, which minigpt's GPT-2 block does not compute; only "
-                f"{key}={str(ours).lower()} imports"
-            )
-
-
-def _llama_problems(hf: dict[str, Any]) -> Iterator[str]:
-    if hf.get("hidden_act", "silu") != "silu":
-        yield f"its hidden_act is {hf.get('hidden_act')!r}; minigpt's SwiGLU MLP computes silu only"
-    for key in ("attention_bias", "mlp_bias"):  # our bias is all-or-nothing, and Llama checkpoints have none
-        if hf.get(key):
-            yield f"its config.json sets {key}=true; minigpt imports Llama-family models without biases only"
-    yield from _rope_problems(hf)
-
-
-def _gpt2_fields(hf: dict[str, Any]) -> dict[str, Any]:
-    n_embd = _get(hf, "n_embd", "hidden_size")
-    return dict(
-        arch="gpt",
-        n_layer=_get(hf, "n_layer", "num_hidden_layers"),
-        n_head=_get(hf, "n_head", "num_attention_heads"),
-        n_embd=n_embd,
-        vocab_size=hf.get("vocab_size"),
-        bias=True,
-        mlp="gelu",
-        gelu_approximate=GPT2_GELU[hf.get("activation_function", "gelu_new")],
-        mlp_hidden=_get(hf, "n_inner", default=4 * n_embd if isinstance(n_embd, int) else None),
-        norm_eps=_get(hf, "layer_norm_epsilon", default=1e-5),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
-    )
-
-
-def _llama_fields(hf: dict[str, Any]) -> dict[str, Any]:
-    theta, scaling = _rope(hf)
-    n_head = hf.get("num_attention_heads")
-    return dict(
-        arch="llama",
-        n_layer=hf.get("num_hidden_layers"),
-        n_head=n_head,
-        n_kv_head=_get(hf, "num_key_value_heads", default=n_head),
-        n_embd=hf.get("hidden_size"),
-        head_dim=_get(hf, "head_dim"),
-        vocab_size=hf.get("vocab_size"),
-        bias=False,
-        mlp="swiglu",
-        mlp_hidden=hf.get("intermediate_size"),
-        rope_base=theta,
-        rope_scaling=scaling,
-        norm_eps=_get(hf, "rms_norm_eps", default=1e-6),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-    )
+        yield from family.import_problems(hf)
+        if block_size is not None:
+            yield from family.block_size_problems(hf, block_size)
 
 
 def config_from_hf(hf_config: dict[str, Any], block_size: int | None = None, **overrides: Any) -> GPTConfig:
     """A Hugging Face config.json (as a dict) -> the GPTConfig computing the same function.
 
     block_size: a shorter context than the source's (learned positions are cropped to it); a longer one is an
-    error.  A Mistral model's context is capped at its sliding window, inside which its attention is ours.
+    error (a family may cap it: a Mistral model's at its sliding window, inside which its attention is ours).
     overrides: other GPTConfig fields, e.g. attention='manual'.
     """
     for problem in unsupported(hf_config, block_size):
         raise CheckpointError(problem)
-    architecture = hf_architecture(hf_config)
-    fields = _gpt2_fields(hf_config) if architecture == "GPT2LMHeadModel" else _llama_fields(hf_config)
-    fields["block_size"] = block_size if block_size is not None else _context(hf_config, architecture)
+    family = family_of_hf(hf_config)
+    fields = family.config_fields(hf_config) | {"family": family_field(family)}
+    fields["block_size"] = block_size if block_size is not None else family.context(hf_config)
     try:
         return GPTConfig(**{**fields, **overrides})
     except (UserError, TypeError) as e:  # TypeError: a null where a number belongs

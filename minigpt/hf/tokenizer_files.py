@@ -38,6 +38,7 @@ from minigpt.core.tokenizers import (
     tokenizers_library,
 )
 from minigpt.hf.chat_files import chat_tokenizer_json
+from minigpt.hf.families import family_of_hf
 from minigpt.hf.files import read_json_object
 
 __all__ = ["load_hf_tokenizer", "save_hf_tokenizer", "NO_LENGTH"]
@@ -67,17 +68,19 @@ def load_hf_tokenizer(model_dir: Path, hf_config: dict) -> Tokenizer:
     model_vocab = model_vocab if isinstance(model_vocab, int) and not isinstance(model_vocab, bool) else None
     path = model_dir / "tokenizer.json"
     if not path.is_file():
-        if hf_config.get("model_type") != "gpt2":
+        family = family_of_hf(hf_config)
+        encoding = family.tiktoken_fallback if family is not None else None
+        if encoding is None:
             raise DataError(
                 f"{model_dir} has no tokenizer.json; minigpt reads a Hugging Face model's tokenizer from "
                 "its tokenizer.json: save one there with "
                 "transformers.AutoTokenizer.from_pretrained(...).save_pretrained(dir)"
             )
-        tokenizer = get_tokenizer("gpt2")  # GPT-2's vocab.json + merges.txt are this encoding
+        tokenizer = get_tokenizer(encoding)  # e.g. GPT-2's vocab.json + merges.txt are tiktoken's gpt2
         if model_vocab is not None and model_vocab < tokenizer.vocab_size:
             raise DataError(
                 f"{model_dir} is a GPT-2 model with vocab_size {model_vocab} and no tokenizer files, so "
-                f"its tokenizer would be gpt2 ({tokenizer.vocab_size} tokens, more than the model has); "
+                f"its tokenizer would be {encoding} ({tokenizer.vocab_size} tokens, more than the model has); "
                 "save the model's own tokenizer.json in the directory"
             )
         return tokenizer

@@ -1,12 +1,9 @@
-"""Tensor names between minigpt and Hugging Face's GPT2LMHeadModel / LlamaForCausalLM (MistralForCausalLM
-uses Llama's names), both ways.
+"""Tensor names between minigpt and a Hugging Face family's, both ways, every name and shape checked.
 
-The blocks compute the same functions, so converting is renaming plus three layout changes:
-- GPT-2 stores its linear layers as `Conv1D`, (in, out): ours are `nn.Linear`, (out, in), so they transpose;
-- Llama keeps q, k and v as three matrices (ours: one `c_attn`, rows q then k then v), and the SwiGLU gate and
-  up as two (ours: one `c_fc`, rows gate then up);
-- a tied output head is one tensor: HF leaves `lm_head.weight` out of its files, we share it with `wte`.
-Both layouts rotate q and k the same way (pairs i and i + hs/2), so no permutation is needed.
+Each family's module (minigpt.hf.families) holds its renaming and layout changes (GPT-2's transposed Conv1D, Llama's
+split q/k/v and gate/up...); this module checks what a file holds against the config before and after, and refuses
+quantized weights.  A tied output head is one tensor: HF leaves `lm_head.weight` out of its files, we share it with
+`wte`.
 """
 
 from __future__ import annotations
@@ -18,89 +15,16 @@ import torch
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import CheckpointError
 from minigpt.core.model import GPT
+from minigpt.hf.families import family_of
 
 __all__ = ["check_unquantized", "from_hf_state_dict", "to_hf_state_dict"]
 
-# minigpt name -> HF name, per block ({i} = layer); GPT-2's HF names equal ours
-GPT2_CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")  # stored (in, out) by HF
-LLAMA_TOP = {
-    "transformer.wte.weight": "model.embed_tokens.weight",
-    "transformer.ln_f.weight": "model.norm.weight",
-    "lm_head.weight": "lm_head.weight",
-}
-LLAMA_BLOCK = {
-    "ln_1.weight": "input_layernorm.weight",
-    "ln_2.weight": "post_attention_layernorm.weight",
-    "attn.c_proj.weight": "self_attn.o_proj.weight",
-    "mlp.c_proj.weight": "mlp.down_proj.weight",
-}
-LLAMA_FUSED = {
-    "attn.c_attn.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
-    "mlp.c_fc.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
-}
-
-
-def _fused_splits(config: GPTConfig) -> dict[str, list[int]]:
-    hs = config.head_dim
-    return {
-        "attn.c_attn.weight": [config.n_head * hs, config.n_kv_head * hs, config.n_kv_head * hs],
-        "mlp.c_fc.weight": [config.mlp_hidden, config.mlp_hidden],
-    }
-
 
 def to_hf_state_dict(state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
-    """Our GPT's state_dict -> the tensors of GPT2LMHeadModel (arch gpt) or LlamaForCausalLM (arch llama)."""
-    out: dict[str, torch.Tensor] = {}
-    splits = _fused_splits(config)
-    for name, tensor in state.items():
-        if name == "lm_head.weight" and config.tie_embeddings:
-            continue  # the same tensor as the embedding; HF ties it back on load
-        if config.arch == "gpt":
-            is_conv = name.endswith(".weight") and name.rsplit(".", 1)[0].endswith(GPT2_CONV1D)
-            out[name] = tensor.t() if is_conv else tensor
-            continue
-        if name in LLAMA_TOP:
-            out[LLAMA_TOP[name]] = tensor
-            continue
-        _, _, i, rest = name.split(".", 3)  # transformer.h.{i}.rest
-        prefix = f"model.layers.{i}."
-        if rest in LLAMA_FUSED:
-            for hf_name, part in zip(LLAMA_FUSED[rest], tensor.split(splits[rest], dim=0)):
-                out[prefix + hf_name] = part
-        else:  # KeyError: a model option with no Llama name, which export refuses first (unsupported_options)
-            out[prefix + LLAMA_BLOCK[rest]] = tensor
-    return {k: v.contiguous() for k, v in out.items()}
-
-
-def _ours_from_gpt2(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, tensor in hf.items():
-        name = name if name.startswith(("transformer.", "lm_head.")) else "transformer." + name  # GPT2Model files
-        if name.endswith((".attn.bias", ".attn.masked_bias")):
-            continue  # old transformers saved its causal mask as a buffer
-        is_conv = name.endswith(".weight") and name.rsplit(".", 1)[0].endswith(GPT2_CONV1D)
-        out[name] = tensor.t() if is_conv else tensor
-    return out
-
-
-def _ours_from_llama(hf: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
-    top = {v: k for k, v in LLAMA_TOP.items()}
-    out = {top[name]: t for name, t in hf.items() if name in top}
-    for i in range(config.n_layer):
-        prefix, ours = f"model.layers.{i}.", f"transformer.h.{i}."
-        for rest, hf_name in LLAMA_BLOCK.items():
-            if prefix + hf_name in hf:
-                out[ours + rest] = hf[prefix + hf_name]
-        for rest, hf_names in LLAMA_FUSED.items():  # every part is there: from_hf_state_dict checked
-            parts = [hf[prefix + n] for n in hf_names]
-            if len({p.size(1) for p in parts}) != 1:
-                raise CheckpointError(
-                    f"{prefix}{hf_names[0]} and its siblings disagree in width "
-                    f"({', '.join(str(tuple(p.shape)) for p in parts)}); the weights do not "
-                    "match config.json"
-                )
-            out[ours + rest] = torch.cat(parts, dim=0)
-    return out
+    """Our GPT's state_dict -> the tensors of config's family's HF class (a tied head left out)."""
+    if config.tie_embeddings:
+        state = {name: t for name, t in state.items() if name != "lm_head.weight"}  # HF ties it back on load
+    return {k: v.contiguous() for k, v in family_of(config).to_hf(state, config).items()}
 
 
 UNQUANTIZED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -170,7 +94,7 @@ def hf_shapes(config: GPTConfig, shapes: dict[str, torch.Size] | None = None) ->
 def from_hf_state_dict(
     hf_state: dict[str, torch.Tensor], config: GPTConfig, shapes: dict[str, torch.Size] | None = None
 ) -> dict[str, torch.Tensor]:
-    """HF tensors (GPT-2 or Llama/Mistral names) -> our state_dict for `config`, every name and shape checked:
+    """HF tensors (config's family's names) -> our state_dict for `config`, every name and shape checked:
     a missing tensor or a shape that disagrees with the config is one line naming it.  shapes: our state's shapes
     for `config` (GPT.state_shapes), when the caller has them from a model it built already."""
     shapes = GPT.state_shapes(config) if shapes is None else shapes
@@ -190,7 +114,7 @@ def from_hf_state_dict(
         raise CheckpointError(
             f"the weights have no tensor for {missing}; the weight files are incomplete or belong to another model"
         )
-    ours = _ours_from_gpt2(hf_state) if config.arch == "gpt" else _ours_from_llama(hf_state, config)
+    ours = family_of(config).from_hf(hf_state, config)
     expected = dict(shapes)  # a copy: the tied head is dropped from it below
     if config.tie_embeddings:
         ours.pop("lm_head.weight", None)  # some files store the tied head anyway: the embedding is the one

@@ -339,6 +339,12 @@ CASES: list[Case] = [
         expect=["BertForMaskedLM", "GPT2LMHeadModel"],
     ),
     sample(
+        "Qwen2 directory with sliding-window attention",
+        "--ckpt",
+        "{w}/hf_qwen_sliding",
+        expect=["hf_qwen_sliding", "use_sliding_window=true", "use_sliding_window false"],
+    ),
+    sample(
         "Hugging Face directory without its weight files", "--ckpt", "{w}/hf_no_weights", expect=["model.safetensors"]
     ),
     attention(
@@ -787,6 +793,20 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
     (w / "occupied" / "notes.txt").write_text("a user's file: export.py must not touch it\n")
     for name, config in (
         ("hf_bert", {"architectures": ["BertForMaskedLM"], "model_type": "bert"}),
+        (
+            "hf_qwen_sliding",
+            {
+                "architectures": ["Qwen2ForCausalLM"],
+                "model_type": "qwen2",
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "vocab_size": 64,
+                "use_sliding_window": True,
+                "sliding_window": 16,
+            },
+        ),
         (
             "hf_no_weights",
             {

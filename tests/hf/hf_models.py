@@ -1,5 +1,6 @@
-"""Small random GPT-2, Llama and Mistral models written by transformers' save_pretrained, and their logits: what
-test_load.py and test_hub.py share (importable by name from tests/hf; the `saved` fixture is in conftest.py)."""
+"""Small random GPT-2, Llama, Mistral, Qwen2 and Qwen3 models written by transformers' save_pretrained, and their
+logits: what test_load.py, test_hub.py and test_qwen.py share (importable by name from tests/hf; the `saved` fixture
+is in conftest.py)."""
 
 import pytest
 import torch
@@ -73,8 +74,87 @@ MODELS = {
         sliding_window=64,
         **SMALL,
     ),
+    # Qwen2: q/k/v biases (drawn like every weight), rope_theta 1e6, tied or untied, GQA ratios 2, 4 (MQA) and 1
+    "qwen2-gqa-tied": lambda: transformers.Qwen2Config(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        **SMALL,
+    ),
+    "qwen2-mqa-untied": lambda: transformers.Qwen2Config(
+        hidden_size=64,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        **SMALL,
+    ),
+    "qwen2-mha-untied": lambda: transformers.Qwen2Config(
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=3,
+        num_key_value_heads=3,
+        max_position_embeddings=64,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+        **SMALL,
+    ),
+    # Qwen3: q/k norms (their gains drawn too), head_dim other than hidden_size / heads, no biases
+    "qwen3-gqa-tied-head-dim": lambda: transformers.Qwen3Config(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        max_position_embeddings=64,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        **SMALL,
+    ),
+    "qwen3-mqa-untied": lambda: transformers.Qwen3Config(
+        hidden_size=64,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=64,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        **SMALL,
+    ),
+    "qwen3-mha-untied": lambda: transformers.Qwen3Config(
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=3,
+        num_key_value_heads=3,
+        head_dim=16,
+        max_position_embeddings=64,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+        **SMALL,
+    ),
 }
-CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
+CLASSES = {
+    "gpt2": "GPT2LMHeadModel",
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 
 
 def random_hf_model(config, seed: int = 0):

@@ -1,0 +1,48 @@
+"""The Hugging Face families minigpt imports and exports, one module each (see docs/layout.md, "Adding a model
+family"): the registry the import and the exports ask.
+
+    family = family_of(model.config)        # the family an export writes
+    family = family_of_hf(config_json)      # the family of a config.json, or None
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from minigpt.core.config import GPTConfig
+from minigpt.hf.families.base import Family
+from minigpt.hf.families.gpt2 import GPT2
+from minigpt.hf.families.llama import Llama
+from minigpt.hf.families.mistral import Mistral
+from minigpt.hf.families.qwen2 import Qwen2
+from minigpt.hf.families.qwen3 import Qwen3
+
+__all__ = ["FAMILIES", "Family", "family_field", "family_of", "family_of_hf", "hf_classes"]
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (GPT2(), Llama(), Mistral(), Qwen2(), Qwen3())}
+# the family a model trained here exports as: the one each block kind was modelled on
+BLOCK_DEFAULT = {"gpt": FAMILIES["gpt2"], "llama": FAMILIES["llama"]}
+
+
+def hf_classes() -> tuple[str, ...]:
+    return tuple(f.hf_class for f in FAMILIES.values())
+
+
+def family_of(config: GPTConfig) -> Family:
+    """The family `config`'s exports write: its `family`, else its block's own (block_problems: one of another
+    block kind)."""
+    return BLOCK_DEFAULT[config.arch] if config.family is None else FAMILIES[config.family]
+
+
+def family_field(family: Family) -> str | None:
+    """GPTConfig.family for a model of `family`: unset where it is its block's own (a model trained here and one
+    imported then compute and export alike, and round trips give back equal configs)."""
+    return None if BLOCK_DEFAULT[family.block] is family else family.model_type
+
+
+def family_of_hf(hf_config: dict[str, Any]) -> Family | None:
+    """The family whose class config.json's `architectures` names (else whose model_type it has); None: no family."""
+    names, model_type = hf_config.get("architectures"), hf_config.get("model_type")
+    if names:
+        return next((f for f in FAMILIES.values() if f.hf_class == names[0]), None)
+    return FAMILIES.get(model_type)

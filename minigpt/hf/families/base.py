@@ -1,0 +1,118 @@
+"""What every Hugging Face family module answers, and the defaults most of them share.
+
+A family is one class (one instance in the registry, minigpt.hf.families): how its config.json maps to GPTConfig
+and back, its tensor names both ways, its GGUF architecture and tensor layout, its PEFT module names, the llama.cpp
+pre-tokenizer of its own tokenizer, and what it refuses.  The import (minigpt.hf.load, minigpt.hf.weights), the
+three exports (minigpt.export.hf, .gguf, .peft) and export.py ask the family, never name one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import torch
+
+from minigpt.core.config import GPTConfig
+
+
+def get(hf: dict[str, Any], *keys: str, default: Any = None) -> Any:
+    """The first of `keys` config.json sets to something other than null (configs rename keys across versions)."""
+    return next((hf[k] for k in keys if hf.get(k) is not None), default)
+
+
+class Family:
+    model_type: ClassVar[str]
+    """config.json's model_type, and GPTConfig.family's value."""
+    hf_class: ClassVar[str]
+    """The transformers class config.json's `architectures` names."""
+    block: ClassVar[str]
+    """The GPTConfig.arch (block kind) this family's models are built of."""
+    gguf_arch: ClassVar[str]
+    """llama.cpp's architecture name (general.architecture)."""
+    gguf_pre_tokenizer: ClassVar[tuple[str, str] | None] = None
+    """(the split pattern of the family's own byte-level BPE tokenizer.json, the llama.cpp pre-tokenizer that splits
+    text alike): minigpt.export.gguf_vocab names the GGUF's pre-tokenizer from it.  None: not byte-level BPE."""
+    tiktoken_fallback: ClassVar[str | None] = None
+    """The tiktoken encoding of a model folder that holds no tokenizer files (GPT-2's vocab.json/merges.txt)."""
+    all_biases: ClassVar[bool] = False
+    """The HF and llama.cpp layouts always hold every bias: a bias-free model exports zeros there."""
+    # PEFT: where our adapters sit in the HF model
+    peft_block: ClassVar[str] = "model.layers.{i}."
+    peft_embedding: ClassVar[str] = "model.embed_tokens"
+    peft_modules: ClassVar[dict[str, str]] = {}
+    """Our projection (q, k, v, o, gate, up, down), or with peft_fused our block layer, -> the HF module."""
+    peft_fused: ClassVar[bool] = False
+    """HF fuses q, k and v in one module: their adapters become one of rank 3r (A stacked, B block-diagonal)."""
+    fan_in_fan_out: ClassVar[bool] = False
+
+    # ------------------------------------------------------------------------------------------- import
+    def import_problems(self, hf: dict[str, Any]) -> Iterator[str]:
+        """Why a config.json of this family does not import (fields already of the right JSON types)."""
+        return iter(())
+
+    def config_fields(self, hf: dict[str, Any]) -> dict[str, Any]:
+        """config.json -> GPTConfig's fields (block_size apart: context())."""
+        raise NotImplementedError
+
+    def context(self, hf: dict[str, Any]) -> int | None:
+        """The source's context in tokens, the default block_size of the import."""
+        return hf.get("max_position_embeddings")
+
+    def block_size_problems(self, hf: dict[str, Any], block_size: int) -> Iterator[str]:
+        context = self.context(hf)
+        if context is not None and block_size > context:
+            yield (
+                f"block_size {block_size} is longer than the source's context of {context} tokens; ask for at "
+                f"most {context}"
+            )
+
+    # ------------------------------------------------------------------------------------------- export
+    def block_problems(self, config: GPTConfig) -> Iterator[str]:
+        """A model of another block kind than this family's (a gpt block has no Llama layout, and the reverse)."""
+        if config.arch != self.block:
+            yield (
+                f"model.family={self.model_type} with arch {config.arch}: {self.hf_class} is built of {self.block} "
+                f"blocks; train with arch {self.block}, or leave model.family unset"
+            )
+
+    def export_problems(self, config: GPTConfig) -> Iterator[str]:
+        """Each option the HF class cannot express, as "option: why; fix"."""
+        if config.mlp == "relu2":
+            yield f"mlp=relu2: {self.hf_class} has no squared-ReLU MLP; train with mlp gelu (gpt) or swiglu (llama)"
+
+    def hf_config(self, config: GPTConfig) -> dict[str, Any]:
+        """config.json's family keys (export.hf adds the ones every class shares)."""
+        raise NotImplementedError
+
+    def to_hf(self, state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
+        """Our state dict -> the HF class's tensors (a tied head left out)."""
+        raise NotImplementedError
+
+    def from_hf(self, hf: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
+        """HF tensors (every name to_hf gives is there: checked before) -> our names."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------- GGUF
+    def gguf_problems(self, config: GPTConfig) -> Iterator[str]:
+        """Each option llama.cpp's architecture cannot express, as "option: why; fix"."""
+        return iter(())
+
+    def gguf_notes(self, config: GPTConfig) -> list[str]:
+        return []
+
+    def gguf_tensors(self, state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
+        """Our float32 state -> llama.cpp's tensor names and layout."""
+        raise NotImplementedError
+
+    def gguf_metadata(self, writer: Any, config: GPTConfig) -> None:
+        """The architecture's own keys (export.gguf writes the shared ones)."""
+
+
+def gguf_blocks(state: dict[str, torch.Tensor], config: GPTConfig, layer: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """(llama.cpp name, tensor) of every block: layer(get) maps one block's tensors (get(our name) -> tensor or
+    None), called for weights and again for biases."""
+    for i in range(config.n_layer):
+        for kind in ("weight", "bias"):
+            tensors = layer(lambda name: state.get(f"transformer.h.{i}.{name}.{kind}"))  # noqa: B023 (called here)
+            yield from ((f"blk.{i}.{name}.{kind}", t) for name, t in tensors.items() if t is not None)

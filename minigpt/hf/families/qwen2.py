@@ -1,0 +1,45 @@
+"""Qwen2 / Qwen2.5 (`Qwen2ForCausalLM`, model_type qwen2): Llama's block and names with biases on the q, k and v
+projections (none on o_proj or the MLP: GPTConfig.qkv_bias), a tied or untied head, rope_theta 1e6 in the released
+models.  llama.cpp's `qwen2` architecture rotates halves as HF does (NEOX rope), so q and k keep their row order.
+Sliding-window attention (use_sliding_window) is refused: minigpt's attention is full."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from minigpt.core.config import GPTConfig
+from minigpt.hf.families.llama import FUSED, Llama
+
+QKV_BIASES = {"attn.c_attn.bias": ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")}
+PATTERN = (  # Qwen2's tokenizer.json (Qwen3's too): single digits
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)"""
+    r"""|\s+"""
+)
+
+
+class Qwen2(Llama):
+    model_type = "qwen2"
+    hf_class = "Qwen2ForCausalLM"
+    gguf_arch = "qwen2"
+    gguf_pre_tokenizer = (PATTERN, "qwen2")
+    fused = FUSED | QKV_BIASES
+    gguf_permute = False
+    rope_kinds = ("default",)
+    qkv_bias = True
+
+    def import_problems(self, hf: dict[str, Any]) -> Iterator[str]:
+        if hf.get("use_sliding_window"):
+            yield (
+                "its config.json sets use_sliding_window=true, which minigpt does not compute (its attention is "
+                "full); use a model with use_sliding_window false"
+            )
+        yield from super().import_problems(hf)
+
+    def config_fields(self, hf: dict[str, Any]) -> dict[str, Any]:
+        return super().config_fields(hf) | {"qkv_bias": self.qkv_bias}
+
+    def hf_config(self, config: GPTConfig) -> dict[str, Any]:
+        out = super().hf_config(config)
+        del out["attention_bias"], out["mlp_bias"]  # Qwen2Config has neither: its biases are q, k and v's
+        return {**out, "use_sliding_window": False, "sliding_window": None, "max_window_layers": config.n_layer}

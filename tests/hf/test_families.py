@@ -1,0 +1,144 @@
+"""A model family is one place: minigpt/hf/families holds everything specific to a Hugging Face family, and no other
+module names one (read from the source with `ast`, as tests/test_layers.py reads imports)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+from minigpt.core.config import ARCHS, Family
+from minigpt.hf.families import FAMILIES
+
+PACKAGE = Path(__file__).resolve().parents[2] / "minigpt"
+FAMILY_MODULES = PACKAGE / "hf" / "families"
+HF_CLASS = re.compile(r"\b[A-Z]\w*(ForCausalLM|LMHeadModel)\b")
+# string constants equal to a family's model_type that name something else, with what they name
+NOT_A_FAMILY = {
+    ("core/config.py", "gpt2"): "the GPT-2 124M preset",
+    ("export/gguf_vocab.py", "gpt2"): "llama.cpp's byte-level BPE tokenizer model",
+}
+
+
+def docstrings(tree: ast.AST) -> set[int]:
+    nodes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, nodes) and node.body and isinstance(node.body[0], ast.Expr)
+    }
+
+
+def family_type_declaration(tree: ast.AST) -> set[int]:
+    """The constants of `Family = Literal[...]`: the field's type declares its values, once."""
+    return {
+        id(const)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "Family" for t in node.targets)
+        for const in ast.walk(node.value)
+    }
+
+
+def places_naming_a_family() -> list[str]:
+    """file:line 'name' for every string constant outside the family modules (docstrings apart) that is an HF class
+    name or a family's model_type; the block kinds (gpt, llama) are the core's to name."""
+    model_types = set(FAMILIES)
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.is_relative_to(FAMILY_MODULES):
+            continue
+        relative = path.relative_to(PACKAGE).as_posix()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skip = docstrings(tree) | family_type_declaration(tree)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Constant) and isinstance(node.value, str)) or id(node) in skip:
+                continue
+            value = node.value
+            block_kind = relative.startswith("core/") and value in ARCHS
+            named = HF_CLASS.search(value) or (value in model_types and not block_kind)
+            if named and (relative, value) not in NOT_A_FAMILY:
+                found.append(f"{relative}:{node.lineno} {value[:60]!r}")
+    return found
+
+
+def test_no_module_outside_the_family_modules_names_a_family():
+    assert places_naming_a_family() == []
+
+
+def test_the_count_sees_a_family_named_elsewhere(tmp_path, monkeypatch):
+    """The counter counts: a branch on a model_type and a class name, written into a copy of a module, are found."""
+    import shutil
+
+    copy = tmp_path / "minigpt"
+    shutil.copytree(PACKAGE, copy)
+    extra = 'def f(c):\n    return c.family == "mistral" or c == "Qwen2ForCausalLM"\n'
+    (copy / "export" / "hf.py").write_text((copy / "export" / "hf.py").read_text() + extra)
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", copy)
+    monkeypatch.setattr(__import__(__name__), "FAMILY_MODULES", copy / "hf" / "families")
+    assert len(places_naming_a_family()) == 2
+
+
+def test_the_family_type_declares_the_registry():
+    assert set(get_args(Family)) == set(FAMILIES)
+    for name, family in FAMILIES.items():
+        assert family.model_type == name and family.block in ARCHS
+
+
+def test_each_byte_level_family_tokenizer_has_its_llama_cpp_pre_tokenizer():
+    from minigpt.export.gguf_vocab import PRE_TOKENIZERS
+
+    for family in FAMILIES.values():
+        if family.gguf_pre_tokenizer is not None:
+            pattern, name = family.gguf_pre_tokenizer
+            assert PRE_TOKENIZERS[pattern] == name
+
+
+@pytest.mark.parametrize(
+    "overrides, option",
+    [
+        (dict(arch="llama", qkv_bias=True), "qkv_bias=true: LlamaForCausalLM has no biases on q/k/v alone"),
+        (dict(arch="llama", family="qwen2"), "qkv_bias=false: Qwen2ForCausalLM's q, k and v projections always"),
+        (dict(arch="llama", family="qwen3"), "qk_norm=false: Qwen3ForCausalLM always normalises queries and keys"),
+        (dict(arch="llama", family="qwen3", qk_norm=True, qkv_bias=True), "qkv_bias=true: Qwen3ForCausalLM"),
+        (dict(arch="gpt", family="qwen2", qkv_bias=True), "model.family=qwen2 with arch gpt"),
+        (dict(arch="llama", family="gpt2"), "model.family=gpt2 with arch llama"),
+    ],
+)
+def test_a_family_refuses_what_its_class_cannot_hold_in_one_line_before_writing(overrides, option, tmp_path):
+    from minigpt.core.config import GPTConfig
+    from minigpt.core.errors import UserError
+    from minigpt.core.model import GPT
+    from minigpt.core.tokenizers import ByteTokenizer
+    from minigpt.export.hf import export_hf
+
+    model = GPT(GPTConfig(**{"n_layer": 1, "n_head": 2, "n_embd": 32, "vocab_size": 256, **overrides}))
+    with pytest.raises(UserError) as e:
+        export_hf(model, ByteTokenizer(), tmp_path / "out")
+    assert str(e.value).startswith(f"cannot export to Hugging Face: {option}") and "\n" not in str(e.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "overrides, option",
+    [
+        (dict(arch="llama", qk_norm=True), "qk_norm=true: llama.cpp's llama architecture has no query/key"),
+        (dict(arch="llama", family="qwen3"), "qk_norm=false: llama.cpp's qwen3 architecture always normalises"),
+        (dict(arch="gpt", family="llama"), "model.family=llama with arch gpt"),
+    ],
+)
+def test_the_gguf_export_asks_the_family_too(overrides, option, tmp_path):
+    pytest.importorskip("gguf")
+    from minigpt.core.config import GPTConfig
+    from minigpt.core.errors import UserError
+    from minigpt.core.model import GPT
+    from minigpt.core.tokenizers import ByteTokenizer
+    from minigpt.export.gguf import export_gguf
+
+    model = GPT(GPTConfig(**{"n_layer": 1, "n_head": 2, "n_embd": 32, "vocab_size": 256, **overrides}))
+    with pytest.raises(UserError) as e:
+        export_gguf(model, ByteTokenizer(), tmp_path / "model.gguf")
+    assert str(e.value).startswith(f"cannot export to GGUF: {option}") and "\n" not in str(e.value)
+    assert list(tmp_path.iterdir()) == []
