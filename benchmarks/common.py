@@ -1,12 +1,8 @@
-"""Helpers shared by the benchmark scripts: machine label, device/dtype choice, timing, peak memory, matmul
-peak FLOP/s, markdown tables and JSON output.
+"""What the benchmark scripts share: the machine's label, the flags every script has, timing, peak memory, the
+matmul peak (MFU's denominator), child processes that report JSON, markdown tables and the JSON file.
 
-Import it as `from benchmarks.common import ...` after putting the repository root on sys.path (each script
-does that itself, so `python benchmarks/bench_X.py` works from anywhere without installing anything).
-
-Everything here runs on the CPU and on a CUDA GPU: on CUDA, timings synchronize the device before reading
-the clock and peak memory is torch.cuda.max_memory_allocated; on the CPU, peak memory comes from the
-profiler's allocation timeline (see `peak_memory`).
+Each script puts the repository root on sys.path itself, so `python benchmarks/bench_X.py` runs from anywhere.
+On CUDA, timings synchronize before reading the clock; on the CPU, peak memory comes from the profiler.
 """
 
 from __future__ import annotations
@@ -16,6 +12,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -153,6 +150,47 @@ def common_parser(description: str, name: str) -> argparse.ArgumentParser:
         help="before measuring, wait up to N x 45 s while the 1-minute load average is above 1.0",
     )
     return p
+
+
+def start(args: argparse.Namespace, device: torch.device | str = "cpu", dtype: str | torch.dtype = "float32") -> dict:
+    """Wait for a quiet machine if --wait_quiet asks, then label it and print the label: every report's first line."""
+    readings = wait_for_quiet(tries=args.wait_quiet)
+    label = machine_label(device, dtype)
+    label["load_avg_1m_readings"] = readings
+    print(describe_machine(label), flush=True)
+    return label
+
+
+def finish(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Write the figures to --json, with the load average at the end beside the machine's label, and say where."""
+    result["machine"]["load_avg_1m_after"] = load_avg()
+    print(f"\nwrote {write_json(result, args.json)}")
+    return result
+
+
+def child_output(argv: list[str], cwd: Path = REPO_ROOT) -> str:
+    """Run argv in a fresh process and return its output; a failure ends the benchmark with the output's tail."""
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+        raise SystemExit(f"error: {' '.join(argv)[:200]} failed (exit {proc.returncode}):\n{tail}")
+    return proc.stdout
+
+
+def child_json(argv: list[str], marker: str = "RESULT ", cwd: Path = REPO_ROOT) -> dict[str, Any]:
+    """Run argv in a fresh process and return the JSON on the last line of its output that starts with `marker`."""
+    lines = [line for line in child_output(argv, cwd).splitlines() if line.startswith(marker)]
+    if not lines:
+        raise SystemExit(f"error: {' '.join(argv)[:200]} printed no line starting {marker!r}")
+    return json.loads(lines[-1].removeprefix(marker))
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory since exec (VmHWM: ru_maxrss would carry the parent's peak across fork)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -309,6 +347,11 @@ def write_json(result: dict[str, Any], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, default=str) + "\n")
     return path
+
+
+def print_table(rows: Iterable[dict[str, Any]], columns: Sequence[tuple[str, str, str]], title: str = "") -> None:
+    print(f"\n{title}\n" if title else "")
+    print(markdown_table(rows, columns), flush=True)
 
 
 def mib(nbytes: float) -> float:
