@@ -18,13 +18,12 @@ SLOW = pytest.mark.slow
 # script -> its flags after --quick --json PATH ({text}: 200 KB of varied words; {tmp}: a scratch folder)
 QUICK = [
     pytest.param("bench_attention", ["--device", "cpu"]),
-    pytest.param("bench_train", ["--device", "cpu"]),
+    pytest.param("bench_train", ["--device", "cpu", "--shapes", "finetune"]),  # GPT-2's shape, made tiny
     pytest.param("bench_long_context", ["--device", "cpu"]),
     pytest.param("bench_serve", ["--device", "cpu"]),
     pytest.param("bench_startup", ["--device", "cpu", "--commands", "sample.py --help"]),
     pytest.param("bench_prepare", ["--corpus", "{text}"]),
     pytest.param("tokens_per_char", ["--text", "english={text}"]),
-    pytest.param("bench_finetune", ["--device", "cpu"], marks=SLOW),
     pytest.param("bench_decode", [], marks=SLOW),  # compiles the decode step of four tiny models
     # the GPU measurement (eager, compiled, transformers, the serve engine), tiny and on the CPU
     pytest.param("bench_decode", ["--single_stream", "--device", "cpu"], marks=SLOW, id="bench_decode-single_stream"),
