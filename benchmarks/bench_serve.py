@@ -44,18 +44,11 @@ SHAPES = {
     "char": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65),
 }
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, block_size=64)
-COLUMNS = [
-    ("clients", "clients", "d"),
-    ("tokens_per_s", "total tokens/s", ".1f"),
-    ("vs_one_client", "x one client", ".2f"),
-]
-COLUMNS += [("per_client_tokens_per_s", "tokens/s per client", ".1f"), ("ttft_median_s", "TTFT median s", ".3f")]
-COLUMNS += [("ttft_max_s", "TTFT max s", ".3f"), ("tpot_ms", "ms/token after the first", ".1f")]
-COLUMNS += [
-    ("step_ms", "model step ms", ".1f"),
-    ("step_x_one", "step bound x one", ".2f"),
-    ("seconds", "wall s", ".2f"),
-]
+COLUMNS = [("clients", "clients", "d"), ("tokens_per_s", "total tokens/s", ".1f")]
+COLUMNS += [("vs_one_client", "x one client", ".2f"), ("per_client_tokens_per_s", "tokens/s per client", ".1f")]
+COLUMNS += [("ttft_median_s", "TTFT median s", ".3f"), ("ttft_max_s", "TTFT max s", ".3f")]
+COLUMNS += [("tpot_ms", "ms/token after the first", ".1f"), ("step_ms", "model step ms", ".1f")]
+COLUMNS += [("step_x_one", "step bound x one", ".2f"), ("seconds", "wall s", ".2f")]
 
 
 class Served:
