@@ -25,41 +25,27 @@ from minigpt.core.precision import matmul_gflops
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 
-DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 # --------------------------------------------------------------------------------------------------
 # Machine and settings
 
 
-def cpu_model() -> str:
+def cpuinfo(field: str) -> str | None:
+    """The first `field` line of /proc/cpuinfo (None where there is none)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return None
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(field)), None)
 
 
 def cpu_features() -> list[str]:
-    """The matmul-relevant instruction-set flags of this CPU (empty where /proc/cpuinfo is absent)."""
+    """The matmul-relevant instruction-set flags of this CPU."""
     wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                return [f for f in wanted if f in flags]
-    except OSError:
-        pass
-    return []
+    flags = set((cpuinfo("flags") or "").split())
+    return [f for f in wanted if f in flags]
 
 
 def load_avg() -> float | None:
@@ -91,28 +77,18 @@ def machine_label(device: torch.device | str = "cpu", dtype: str | torch.dtype =
     device = torch.device(device)
     if isinstance(dtype, torch.dtype):
         dtype = str(dtype).removeprefix("torch.")
-    label: dict[str, Any] = dict(
-        cpu=cpu_model(),
-        cores=os.cpu_count(),
-        torch_threads=torch.get_num_threads(),
-        torch=torch.__version__,
-        python=platform.python_version(),
-        dtype=dtype,
-        device=str(device),
-        load_avg_1m=load_avg(),
-    )
+    cpu = cpuinfo("model name") or platform.processor() or platform.machine()
+    label = dict(cpu=cpu, cores=os.cpu_count(), torch_threads=torch.get_num_threads(), torch=torch.__version__)
+    label |= dict(python=platform.python_version(), dtype=dtype, device=str(device), load_avg_1m=load_avg())
     if device.type == "cpu":
         # which kind of CPU a figure belongs to: with native bf16 (AVX512_BF16/AMX) bf16 matmuls beat float32,
         # without (AVX2) they run ~100x slower
         label["cpu_features"] = cpu_features()
         label["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-        label["matmul_gflops"] = {
-            name: round(matmul_gflops(dt, n=512, seconds=0.2), 1)
-            for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16))
-        }
+        rates = {name: matmul_gflops(DTYPES[name], n=512, seconds=0.2) for name in ("float32", "bfloat16")}
+        label["matmul_gflops"] = {name: round(rate, 1) for name, rate in rates.items()}
     if device.type == "cuda":
-        label["gpu"] = torch.cuda.get_device_name(device)
-        label["cuda"] = torch.version.cuda
+        label |= dict(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
     return label
 
 
@@ -133,21 +109,13 @@ def describe_machine(label: dict[str, Any]) -> str:
 
 
 def common_parser(description: str, name: str) -> argparse.ArgumentParser:
-    """An argparse parser with the flags every script has: --quick, --json, --device."""
+    """An argparse parser with the flags every script has: --quick, --json, --device, --wait_quiet."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny settings that finish in seconds (smoke test)")
-    p.add_argument(
-        "--json",
-        default=str(RESULTS_DIR / f"{name}.json"),
-        help=f"where to write the figures (default benchmarks/results/{name}.json)",
-    )
+    p.add_argument("--json", default=str(RESULTS_DIR / f"{name}.json"), help="where to write the figures")
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
     p.add_argument(
-        "--wait_quiet",
-        type=int,
-        default=0,
-        metavar="N",
-        help="before measuring, wait up to N x 45 s while the 1-minute load average is above 1.0",
+        "--wait_quiet", type=int, default=0, metavar="N", help="wait up to N x 45 s for a 1-minute load under 1.0"
     )
     return p
 
@@ -225,13 +193,8 @@ def median(xs: Sequence[float]) -> float:
 
 
 def _cpu_peak_from_profiler(prof: torch.profiler.profile) -> int:
-    """Peak of the running sum of CPU allocations (+bytes) and frees (-bytes), in time order.
-
-    The allocator reports each allocation and free as a "[memory]" event with a signed byte count.
-    `prof.events()` is not enough: it folds the records that fall inside an op into that op's
-    cpu_memory_usage (a net sum, not a peak) and keeps only the leftover ones as "[memory]" events; the raw
-    kineto events keep every record with its timestamp.
-    """
+    """Peak of the running sum of CPU allocations (+bytes) and frees (-bytes), in time order.  The raw kineto events
+    keep every "[memory]" record; prof.events() folds those inside an op into its net cpu_memory_usage."""
     events = prof.profiler.kineto_results.events()
     cpu_types = {torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.MKLDNN, torch.autograd.DeviceType.IDEEP}
     records = sorted(
@@ -306,11 +269,10 @@ def peak_matmul_flops(
     min_n: int = 64,
     max_seconds: float = 1.0,
 ) -> dict[str, Any]:
-    """The best matmul_flops over square sizes ..., n/4, n/2, n (from the smallest >= min_n up): an MFU
-    denominator must be the fastest rate seen, and it is not always the largest size (AVX2 CPUs run bfloat16
-    faster at 128^3 than at 256^3 or above, and a small model's bf16 step can outrun a large matmul there).
-    Sizes whose one matmul would take over max_seconds (from the last size's time) are skipped: on an AVX2 CPU
-    a 2048^3 bf16 matmul takes ~13 s, and probing it took minutes to learn nothing."""
+    """The best matmul_flops over square sizes from min_n doubling up to n: an MFU denominator must be the fastest
+    rate seen, and it is not always the largest size (AVX2 CPUs run bfloat16 fastest near 128^3).  Sizes whose one
+    matmul would take over max_seconds (from the last size's time) are skipped: on an AVX2 CPU a 2048^3 bf16
+    matmul takes ~13 s."""
     sizes = [n]
     while sizes[0] // 2 >= min_n:
         sizes.insert(0, sizes[0] // 2)
