@@ -251,34 +251,23 @@ def matmul_flops(
 
     times = time_fn(batch, device, repeats=repeats, warmup=0)
     best = min(times) / inner
-    return dict(
-        dtype=str(dtype).removeprefix("torch."),
-        n=n,
-        seconds_per_matmul=best,
-        flops=flop / best,
-        tflops=round(flop / best / 1e12, 4),
-        median_tflops=round(flop / (median(times) / inner) / 1e12, 4),
-    )
+    result = dict(dtype=str(dtype).removeprefix("torch."), n=n, seconds_per_matmul=best, flops=flop / best)
+    result["tflops"] = round(flop / best / 1e12, 4)
+    result["median_tflops"] = round(flop * inner / median(times) / 1e12, 4)
+    return result
 
 
-def peak_matmul_flops(
-    dtype: torch.dtype,
-    device: torch.device | str,
-    n: int = 2048,
-    repeats: int = 10,
-    min_n: int = 64,
-    max_seconds: float = 1.0,
-) -> dict[str, Any]:
-    """The best matmul_flops over square sizes from min_n doubling up to n: an MFU denominator must be the fastest
-    rate seen, and it is not always the largest size (AVX2 CPUs run bfloat16 fastest near 128^3).  Sizes whose one
-    matmul would take over max_seconds (from the last size's time) are skipped: on an AVX2 CPU a 2048^3 bf16
-    matmul takes ~13 s."""
+def peak_matmul_flops(dtype: torch.dtype, device: torch.device | str, n: int = 2048, repeats: int = 10) -> dict:
+    """The best matmul_flops over square sizes from 64 doubling up to n: an MFU denominator must be the fastest rate
+    seen, and it is not always the largest size (AVX2 CPUs run bfloat16 fastest near 128^3).  Sizes whose one matmul
+    would take over a second (from the last size's time) are skipped: on an AVX2 CPU a 2048^3 bf16 matmul takes
+    ~13 s."""
     sizes = [n]
-    while sizes[0] // 2 >= min_n:
+    while sizes[0] // 2 >= 64:
         sizes.insert(0, sizes[0] // 2)
     probes: list[dict[str, Any]] = []
     for size in sizes:
-        if probes and probes[-1]["seconds_per_matmul"] * (size / probes[-1]["n"]) ** 3 > max_seconds:
+        if probes and probes[-1]["seconds_per_matmul"] * (size / probes[-1]["n"]) ** 3 > 1.0:
             break  # matmul time grows as size^3
         probes.append(matmul_flops(dtype, device, n=size, repeats=repeats))
     best = max(probes, key=lambda probe: probe["flops"])
