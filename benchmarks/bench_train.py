@@ -6,16 +6,14 @@ train.py's own callbacks, logger and progress bar cost on top of a minimal Train
     python benchmarks/bench_train.py --shapes nanogpt --precisions 32-true --compile off --steps 50
     python benchmarks/bench_train.py --shapes finetune --compile off --overhead_rounds 0 --steps 5 --warmup 1
 
-Shapes: `nanogpt` is nanoGPT's CPU recipe (4 layers, 4 heads, 128 wide, context 64, batch 12, vocab 65); `default`
-is configs/default.yaml's model and batch (vocabulary 100); `finetune` is GPT-2 124M (random weights: the speed
-does not depend on them) under configs/finetune_shakespeare.yaml's block size, batch and optimizer settings.
-Batches are random windows of random tokens (no data preparation); the Trainer runs like train.py's (clipping,
-log_every_n_steps 10, the module's optimizer and schedule) without logger, checkpoints, progress bar or
-validation.  A step's time is the period between successive on_train_batch_start stamps (after a device
-synchronize): the median of --steps after --warmup.  MFU = GPT.flops_per_token(T) * tokens/s / the best FLOP/s of
-square matmuls measured here in the step's matmul dtype.  train.py's extras: the same Trainer with train.py's
-callbacks, TensorBoard logger and progress bar against the minimal one, as the median ratio of --overhead_rounds
-back-to-back pairs of runs (order alternated: this machine's speed drifts).  Results: docs/performance.md.
+Shapes: `nanogpt` is nanoGPT's CPU recipe (4 x 4 x 128, context 64, batch 12, vocab 65); `default` is
+configs/default.yaml's model and batch (vocab 100); `finetune` is GPT-2 124M (random weights) under
+configs/finetune_shakespeare.yaml's block size, batch and optimizer.  Random token windows; the Trainer as
+train.py's without logger, checkpoints, progress bar or validation.  A step is the period between successive
+on_train_batch_start stamps: the median of --steps after --warmup.  MFU = GPT.flops_per_token(T) * tokens/s /
+the best square-matmul FLOP/s measured here in the step's matmul dtype.  train.py's extras: its callbacks, logger
+and progress bar over the minimal Trainer, the median ratio of --overhead_rounds back-to-back pairs (order
+alternated: this machine's speed drifts).  Method and results: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -141,22 +139,12 @@ def run_lightning(module, shape, precision: str, device: torch.device, warmup: i
         callbacks.append(ModelCheckpoint(dirpath=tmp.name, filename="last", every_n_train_steps=1000))
     devices = [device.index or 0] if device.type == "cuda" else 1
     trainer = L.Trainer(
-        accelerator=device.type,
-        devices=devices,
-        precision=precision,
-        max_steps=n,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        gradient_clip_val=1.0,
-        log_every_n_steps=10,
-        use_distributed_sampler=False,
-        enable_model_summary=False,
-        enable_checkpointing=train_py,
-        enable_progress_bar=train_py,
-        logger=TensorBoardLogger(tmp.name, name="", version="") if train_py else False,
-        default_root_dir=tmp.name,
+        accelerator=device.type, devices=devices, precision=precision, max_steps=n, limit_val_batches=0,
+        num_sanity_val_steps=0, gradient_clip_val=1.0, log_every_n_steps=10, use_distributed_sampler=False,
+        enable_model_summary=False, enable_checkpointing=train_py, enable_progress_bar=train_py,
+        logger=TensorBoardLogger(tmp.name, name="", version="") if train_py else False, default_root_dir=tmp.name,
         callbacks=callbacks,
-    )
+    )  # fmt: skip
     vocab_size, block_size = shape["model"]["vocab_size"], shape["model"]["block_size"]
     tokens = np.random.default_rng(0).integers(0, vocab_size, size=1 << 20, dtype=np.uint16)
     windows = RandomWindows(tokens, block_size, shape["batch_size"], seed=0, stream=0, length=n)
