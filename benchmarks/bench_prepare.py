@@ -77,7 +77,7 @@ def batches(text: Path) -> list[list[str]]:
     return [pieces[i : i + per_batch] for i in range(0, len(pieces), per_batch)]
 
 
-def compare(name: str, encode_batch, text_batches, prepare, repeat: int, mb: float) -> dict:
+def compare(name: str, encode_batch, text_batches, text: Path, tokenizer: str, data_root: Path, repeat: int) -> dict:
     """The bare encoder and the preparation in turns, `repeat` times, the fastest of each (this VM's speed drifts by
     10-20% over minutes: turns see the same drift), and the largest peak RSS."""
     bare_runs, prep_runs = [], []
@@ -85,11 +85,11 @@ def compare(name: str, encode_batch, text_batches, prepare, repeat: int, mb: flo
         t = time.perf_counter()
         tokens = sum(len(ids) for batch in text_batches for ids in encode_batch(batch))
         bare_runs.append(time.perf_counter() - t)
-        prep_runs.append(prepare())
+        prep_runs.append(prepare_in_child(text, tokenizer, data_root))
     bare_s, prep_s = min(bare_runs), min(s for s, _ in prep_runs)
-    rss = max(rss for _, rss in prep_runs)
+    mb = text.stat().st_size / 1e6
     row = dict(tokenizer=name, tokens=tokens, bare_mb_s=mb / bare_s, prepare_mb_s=mb / prep_s, ratio=bare_s / prep_s)
-    return row | dict(peak_rss_mb=rss)
+    return row | dict(peak_rss_mb=max(rss for _, rss in prep_runs))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -121,34 +121,26 @@ def main(argv: list[str] | None = None) -> dict:
             from minigpt.core.hf_tokenizer import tokenizers_library
 
             backend = tokenizers_library().Tokenizer.from_str(tokenizer_json)
-            rows.append(
-                compare(
-                    f"{spec} (tokenizers)",
-                    lambda b: [e.ids for e in backend.encode_batch_fast(b)],
-                    text_batches,
-                    lambda: prepare_in_child(text, str(tmp / "bpe.json"), tmp / "data-bpe"),
-                    args.repeat,
-                    mb,
-                )
-            )
+
+            def encode(batch: list[str]) -> list[list[int]]:
+                return [e.ids for e in backend.encode_batch_fast(batch)]
+
+            bpe = (str(tmp / "bpe.json"), tmp / "data-bpe", args.repeat)
+            rows.append(compare(f"{spec} (tokenizers)", encode, text_batches, text, *bpe))
         if "gpt2" in args.tokenizers:
             import tiktoken
 
             try:
                 encoding = tiktoken.get_encoding(args.tiktoken)
             except OSError as e:  # offline, and no TIKTOKEN_CACHE_DIR holding its file
-                print(f"{args.tiktoken}: skipped, its files cannot be read ({e})")
+                print(f"{args.tiktoken}: skipped, its files cannot be read ({type(e).__name__})")
             else:
-                rows.append(
-                    compare(
-                        f"{args.tiktoken} (tiktoken)",
-                        lambda b: encoding.encode_ordinary_batch(b, num_threads=threads),
-                        text_batches,
-                        lambda: prepare_in_child(text, args.tiktoken, tmp / "data-gpt2"),
-                        args.repeat,
-                        mb,
-                    )
-                )
+
+                def encode(batch: list[str]) -> list[list[int]]:
+                    return encoding.encode_ordinary_batch(batch, num_threads=threads)
+
+                gpt2 = (args.tiktoken, tmp / "data-gpt2", args.repeat)
+                rows.append(compare(f"{args.tiktoken} (tiktoken)", encode, text_batches, text, *gpt2))
     print(f"{mb:.1f} MB of text, {threads} threads; goal: preparation at >= {GOAL:.0%} of the bare encoder")
     print_table(rows, COLUMNS)
     return finish(dict(machine=label, mb=mb, threads=threads, train_and_prepare_s=train_s, rows=rows), args)
