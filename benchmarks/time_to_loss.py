@@ -8,13 +8,11 @@
     python benchmarks/time_to_loss.py --corpus ../shared/data/tinyshakespeare.txt --steps 1000 --seeds 1337 1 \
         --variants numerics_float32 numerics_bf16          # bf16's numerics against float32's, on any CPU
 
-Each variant is `python train.py --config configs/shakespeare_char_cpu.yaml --data.source CORPUS` plus its
-overrides, stopped by `--trainer.max_time` after --budget seconds of training (or after --steps steps).  Reported:
-train.py's full-split val loss (and bits/char), the time to --target (the first periodic validation at or below
-it, at s * training time / steps), steps and ms/step.  Runs validate as often as the config does.  The numerics_*
-variants train as a CPU with (bf16) or without (float32) native bf16 computes: autocast and Muon's iteration in
-that dtype; only their losses matter, not their speed.  Data preparation happens once first and is not counted.
-Method and results: docs/time_to_loss.md.
+Each variant is `train.py --config configs/shakespeare_char_cpu.yaml --data.source CORPUS` plus its overrides,
+stopped after --budget seconds of training (or --steps steps).  Reported: train.py's full-split val loss and bits
+per character, the training time at the first periodic validation at or below --target, steps and ms/step.  The
+numerics_* variants compute as a CPU with (bf16) or without (float32) native bf16 does: autocast and Muon's
+iteration in that dtype (their losses matter, not their speed).  Method and results: docs/time_to_loss.md.
 """
 
 from __future__ import annotations
