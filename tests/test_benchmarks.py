@@ -1,7 +1,7 @@
 """Smoke tests: each benchmark script runs once end to end at its tiny size (--quick) and writes the JSON it promises.
 The figures are not checked: they depend on the machine.  bench_eval and bench_gguf run beside what they measure
-(tests/evaluation/test_harness.py, tests/export/test_gguf_cli.py); time_to_loss trains for a fixed
-number of steps here, not their time budgets."""
+(tests/evaluation/test_harness.py, tests/export/test_gguf_cli.py); time_to_loss trains for a fixed number of steps
+here, not its time budget."""
 
 import importlib
 import json
