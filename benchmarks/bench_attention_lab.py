@@ -4,11 +4,10 @@
     python benchmarks/bench_attention_lab.py --ckpt out/RUN    # a trained checkpoint (or an HF model directory)
     python benchmarks/bench_attention_lab.py --quick           # 2 x 2 heads, 32 tokens (smoke test)
 
-The random model is enough for sizes and times: the page's work depends on the layer, head and token counts,
-not on what the weights learned.  Capture = one forward pass through the manual path for the prompt plus one
-for the induction probe ([r, r]), median of --repeats.  Render time is the page's own mark (navigation start
-to every view built, `body[data-render-ms]`), median of --repeats page loads.  Also writes a screenshot
-next to the JSON, to look at.
+Random weights are enough: the page's work depends on the layer, head and token counts, not on what the weights
+learned.  Capture = one forward through the manual path for the prompt plus one for the induction probe, median
+of --repeats; render time = the page's own mark (navigation start to every view built), median of --repeats
+loads.  A screenshot goes next to the JSON.  Results: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 # run from anywhere without installing; tests/browser.py drives headless Chromium
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from benchmarks.common import common_parser, describe_machine, machine_label, pick_device, write_json
+from benchmarks.common import common_parser, finish, pick_device, start
 from browser import chromium_path, open_page, screenshot
 from minigpt.core.config import GPTConfig
 from minigpt.core.model import GPT
@@ -61,8 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
     ids = tokenizer.encode(text)[:tokens]
     prompt = tokenizer.decode(ids)
 
-    label = machine_label(device)
-    print(describe_machine(label))
+    label = start(args, device)
     cfg = model.config
     print(
         f"Model: {cfg.n_layer} layers x {cfg.n_head} heads, n_embd {cfg.n_embd}, {model.num_params():,} "
@@ -71,9 +69,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     capture_s = []
     for _ in range(args.repeats):
-        start = time.perf_counter()
+        t0 = time.perf_counter()
         capture = capture_attention(model, tokenizer, prompt)
-        capture_s.append(time.perf_counter() - start)
+        capture_s.append(time.perf_counter() - t0)
     out_dir = Path(args.json).resolve().parent
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -92,17 +90,9 @@ def main(argv: list[str] | None = None) -> dict:
             shot = screenshot(page, out_dir / "attention_lab_screenshot.png", budget_ms=60000, timeout=300)
             print(f"screenshot: {shot}")
 
-    result = dict(
-        machine=label,
-        n_layer=cfg.n_layer,
-        n_head=cfg.n_head,
-        tokens=len(ids),
-        capture_s=round(statistics.median(capture_s), 3),
-        html_bytes=html_bytes,
-        offline=offline,
-        render_ms=round(statistics.median(render_ms), 1) if render_ms else None,
-        script_errors=errors,
-    )
+    result = dict(machine=label, n_layer=cfg.n_layer, n_head=cfg.n_head, tokens=len(ids), html_bytes=html_bytes)
+    result |= dict(capture_s=round(statistics.median(capture_s), 3), offline=offline, script_errors=errors)
+    result["render_ms"] = round(statistics.median(render_ms), 1) if render_ms else None
     print(f"capture (prompt + induction probe, median of {args.repeats}): {result['capture_s']:.3f} s")
     print(
         f"attention.html: {html_bytes / 2**20:.2f} MiB ({html_bytes:,} bytes), "
@@ -115,8 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
     else:
         print("render time: skipped (chromium is not installed: apt-get install chromium)")
-    print(f"wrote {write_json(result, args.json)}")
-    return result
+    return finish(result, args)
 
 
 if __name__ == "__main__":

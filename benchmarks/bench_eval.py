@@ -1,18 +1,14 @@
-"""The lm-evaluation-harness on a multiple-choice task: requests per second through minigpt
-(minigpt.evaluation.harness's MiniGPTLM: minigpt's own forward pass) and through the harness's HFLM on the model's
-Hugging Face export, same machine, same run, and what a 500-item task takes at that rate.
+"""The lm-evaluation-harness on a multiple-choice task: requests per second through minigpt's MiniGPTLM and
+through the harness's HFLM on the model's Hugging Face export, and what a 500-item task takes at that rate.
 
     python benchmarks/bench_eval.py                  # a GPT-2 124M-shaped model, 12 items (about 2 minutes on 2 cores)
     python benchmarks/bench_eval.py --shape small    # a 6-layer 384-wide model, 40 items (seconds)
     python benchmarks/bench_eval.py --quick          # a tiny model, 4 items (smoke test)
 
-The task is HellaSwag-shaped and local (built here as JSONL, nothing is downloaded): each item a context of
---context_chars characters and 4 endings of --ending_chars, so 4 loglikelihood requests of about context + ending
-tokens each.  The model has random weights (the values do not change the cost) and a char tokenizer, with its
-vocabulary padded to GPT-2's 50,257 entries so the output layer costs what GPT-2's does; a HellaSwag item in
-GPT-2's BPE is about 80 context and 4 x 25 ending tokens, the defaults here.  Timed: the harness's
-loglikelihood calls (tokenizing and scoring), not task building; both backends score the same requests in float32
-with the same batch size.  The 500-item figure is 500 x 4 requests at the measured rate.
+The task is HellaSwag-shaped and built here (nothing is downloaded): a context of --context_chars characters and 4
+endings of --ending_chars.  Random weights, a char tokenizer, the vocabulary padded to GPT-2's 50,257 entries (so
+the output layer costs what GPT-2's does).  Timed: the harness's loglikelihood calls, float32, the same batch size
+through both backends.  Results: docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -33,14 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import (
-    common_parser,
-    describe_machine,
-    machine_label,
-    markdown_table,
-    wait_for_quiet,
-    write_json,
-)
+from benchmarks.common import common_parser, finish, print_table, start
 
 SHAPES = {  # n_layer, n_head, n_embd, block_size
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024),
@@ -49,6 +38,24 @@ SHAPES = {  # n_layer, n_head, n_embd, block_size
 }
 GPT2_VOCAB = 50257
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
+COLUMNS = [("backend", "backend", ""), ("shape", "shape", ""), ("params_m", "params (M)", ".1f")]
+COLUMNS += [("items", "items", "d"), ("requests", "requests", "d"), ("seconds", "seconds", ".1f")]
+COLUMNS += [("requests_per_s", "requests/s", ".2f"), ("minutes_for_500_items", "500 items (min)", ".1f")]
+COLUMNS += [("acc", "acc", ".3f")]
+TASK = """task: bench_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{ctx}}}}"
+doc_to_choice: "{{{{endings}}}}"
+doc_to_target: "{{{{label}}}}"
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+"""
 
 
 def write_task(folder: Path, items: int, context_chars: int, ending_chars: int) -> Path:
@@ -66,12 +73,7 @@ def write_task(folder: Path, items: int, context_chars: int, ending_chars: int) 
         for i in range(items)
     ]
     (folder / "mc.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    (folder / "mc.yaml").write_text(
-        f"task: bench_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {folder / 'mc.jsonl'}\n"
-        'test_split: test\noutput_type: multiple_choice\ndoc_to_text: "{{ctx}}"\n'
-        'doc_to_choice: "{{endings}}"\ndoc_to_target: "{{label}}"\nmetric_list:\n  - metric: acc\n'
-        "  - metric: acc_norm\n"
-    )
+    (folder / "mc.yaml").write_text(TASK.format(data=folder / "mc.jsonl"))
     return folder / "mc.yaml"
 
 
@@ -99,12 +101,8 @@ def timed_run(lm: Any, task: Path) -> dict[str, Any]:
         bootstrap_iters=0,
         log_samples=False,
     )
-    return {
-        "requests": count[0],
-        "seconds": spent[0],
-        "requests_per_s": count[0] / spent[0],
-        "acc": results["results"]["bench_mc"]["acc,none"],
-    }
+    acc = results["results"]["bench_mc"]["acc,none"]
+    return dict(requests=count[0], seconds=spent[0], requests_per_s=count[0] / spent[0], acc=acc)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -117,9 +115,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     shape = "tiny" if args.quick else args.shape
     items = 4 if args.quick else args.items or (12 if shape == "gpt2" else 40)
-    wait_for_quiet(tries=args.wait_quiet)
     device = torch.device("cpu" if args.device == "auto" else args.device)  # HFLM and minigpt on the same device
-    label = machine_label(device)
+    label = start(args, device)
 
     from lm_eval.models.huggingface import HFLM
 
@@ -131,55 +128,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tokenizer = CharTokenizer(LETTERS + " \n")
     torch.manual_seed(0)
     model = GPT(GPTConfig(**SHAPES[shape], vocab_size=GPT2_VOCAB)).to(device).eval()
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         task = write_task(Path(tmp), items, args.context_chars, args.ending_chars)
         ours = timed_run(MiniGPTLM(model, tokenizer, batch_size=args.batch_size), task)
         export = export_hf(model, tokenizer, Path(tmp) / "export")
-        theirs = timed_run(
-            HFLM(pretrained=str(export), device=str(device), dtype="float32", batch_size=args.batch_size), task
-        )
+        hflm = HFLM(pretrained=str(export), device=str(device), dtype="float32", batch_size=args.batch_size)
+        theirs = timed_run(hflm, task)
+    rows = []
     for backend, r in (("minigpt (MiniGPTLM)", ours), ("HFLM on the export", theirs)):
-        rows.append(
-            {
-                "backend": backend,
-                "shape": shape,
-                "params_m": model.num_params() / 1e6,
-                "items": items,
-                **r,
-                "minutes_for_500_items": 500 * 4 / r["requests_per_s"] / 60,
-            }
-        )
-    print(describe_machine(label))
-    print(f"torch.backends.cpu.get_cpu_capability(): {torch.backends.cpu.get_cpu_capability()}")
-    print(
-        markdown_table(
-            rows,
-            [
-                ("backend", "backend", ""),
-                ("shape", "shape", ""),
-                ("params_m", "params (M)", ".1f"),
-                ("items", "items", "d"),
-                ("requests", "requests", "d"),
-                ("seconds", "seconds", ".1f"),
-                ("requests_per_s", "requests/s", ".2f"),
-                ("minutes_for_500_items", "500 items (min)", ".1f"),
-                ("acc", "acc", ".3f"),
-            ],
-        )
-    )
+        row = dict(backend=backend, shape=shape, params_m=model.num_params() / 1e6, items=items, **r)
+        rows.append(row | dict(minutes_for_500_items=500 * 4 / r["requests_per_s"] / 60))
+    print_table(rows, COLUMNS)
     same = ours["acc"] == theirs["acc"]
     print(f"same accuracy through both: {same} ({ours['acc']:.3f})")
-    result = {
-        "machine": label,
-        "batch_size": args.batch_size,
-        "context_chars": args.context_chars,
-        "ending_chars": args.ending_chars,
-        "rows": rows,
-        "same_accuracy": same,
-    }
-    print(f"wrote {write_json(result, args.json)}")
-    return result
+    result = dict(machine=label, batch_size=args.batch_size, context_chars=args.context_chars)
+    return finish(result | dict(ending_chars=args.ending_chars, rows=rows, same_accuracy=same), args)
 
 
 if __name__ == "__main__":

@@ -1,25 +1,16 @@
 """GGUF export: file size and decode speed in llama.cpp (through xllamacpp) next to minigpt's own sampler, on the
-same model.
+same model, and each weight type's agreement with f32.
 
     python benchmarks/bench_gguf.py              # GPT-2 124M and SmolLM2-135M shapes, random weights (minutes)
     python benchmarks/bench_gguf.py --quick      # tiny shapes (seconds; smoke test)
 
-Each shape is built locally with random weights (minigpt's init; the values do not change the cost): GPT-2 124M
-(gpt block, 12 x 768, vocab 50257, tied) and SmolLM2-135M (llama block, 30 x 576, 9 query / 3 key-value heads,
-SwiGLU 1536, vocab 49152, tied, RoPE theta 100000).  The byte tokenizer goes in the file, padded to the model's
-vocabulary with unused tokens: decode speed does not depend on it.  Each model is exported with export_gguf as
-f32, f16, q8_0 and q4_0 (file size, export seconds including fsync), then run by llama.cpp on the CPU with the same
---threads as torch: a 16-token prompt, then --tokens new tokens greedily (end-of-sequence ignored); the decode
-rate is llama.cpp's own (its timings' predicted_per_second, the prompt excluded), the median of --repeats runs.
-minigpt's rate is generate() (what sample.py runs: float32, KV cache, greedy) on the same model, prompt and token
-count, with the prompt's cost taken out: (time for N tokens - time for 1 token) / (N - 1), median of --repeats.
-Both use llama.cpp's default f16 KV cache / minigpt's float32 cache, as a user gets them.
-
-Agreement: the two small models tests/export/test_gguf.py trains (a char-level llama with GQA and a byte-level gpt,
-width 64, a few seconds on lines of words; tests/export/gguf_models.py), exported in each type and scored by
-llama.cpp teacher-forced over 95 positions of held-out text (f32 KV cache, no flash attention): the share of
-positions where the type's greedy choice is f32's, and its perplexity over f32's.  The test asserts q8_0 >= 95 %
-and within 2 %; this prints the figures.
+Each shape is built with random weights and the byte tokenizer (padded to the model's vocabulary), exported as f32,
+f16, q8_0 and q4_0 (file size, export seconds with fsync), then decoded by llama.cpp with the same --threads as
+torch: a 16-token prompt, then --tokens greedy tokens, at llama.cpp's own predicted_per_second, the median of
+--repeats.  minigpt's rate is generate() (what sample.py runs: float32, KV cache, greedy) with the prompt's cost
+taken out: (time for N tokens - time for 1) / (N - 1).  Agreement: the two small models tests/export/test_gguf.py
+trains, exported in each type and scored by llama.cpp teacher-forced over 95 held-out positions: the share of
+positions whose greedy choice is f32's, and the perplexity over f32's.  Results: docs/gguf.md.
 """
 
 from __future__ import annotations
@@ -39,15 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "expor
 from gguf_models import trained_model, words_text
 from llamacpp_server import LlamaCpp
 
-from benchmarks.common import (
-    common_parser,
-    describe_machine,
-    machine_label,
-    markdown_table,
-    mib,
-    wait_for_quiet,
-    write_json,
-)
+from benchmarks.common import common_parser, finish, markdown_table, mib, print_table, start
 from minigpt.core.config import GPTConfig
 from minigpt.core.generation import generate
 from minigpt.core.model import GPT
@@ -56,23 +39,23 @@ from minigpt.export.gguf import export_gguf
 
 SHAPES = {
     "gpt2-124M": dict(arch="gpt", n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257),
-    "smollm2-135M": dict(
-        arch="llama",
-        n_layer=30,
-        n_head=9,
-        n_kv_head=3,
-        n_embd=576,
-        mlp_hidden=1536,
-        block_size=2048,
-        vocab_size=49152,
-        rope_base=100000.0,
-    ),
+    "smollm2-135M": dict(arch="llama", n_layer=30, n_head=9, n_kv_head=3, n_embd=576, mlp_hidden=1536),
 }
+SHAPES["smollm2-135M"] |= dict(block_size=2048, vocab_size=49152, rope_base=100000.0)
 QUICK = {
     "gpt-tiny": dict(arch="gpt", n_layer=2, n_head=4, n_embd=64, block_size=128, vocab_size=300),
     "llama-tiny": dict(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=64, block_size=128, vocab_size=300),
 }
 TYPES = ("f32", "f16", "q8_0", "q4_0")
+COLUMNS = [("shape", "shape", ""), ("runtime", "runtime", ""), ("weights", "weights", "")]
+COLUMNS += [
+    ("file_mib", "file MiB", ".1f"),
+    ("export_s", "export s", ".2f"),
+    ("decode_tok_s", "decode tokens/s", ".1f"),
+]
+AGREEMENT_COLUMNS = [("model", "model", ""), ("weights", "weights", ""), ("positions", "positions", "d")]
+AGREEMENT_COLUMNS += [("agreement_pct", "greedy = f32 %", ".1f"), ("ppl", "perplexity", ".4f")]
+AGREEMENT_COLUMNS += [("ppl_ratio", "ppl / f32", ".4f"), ("minigpt_ppl", "minigpt ppl", ".4f")]
 PROMPT = list(range(32, 48))  # 16 tokens
 
 
@@ -108,17 +91,9 @@ def agreement(root: Path, steps: int) -> list[dict]:
         (f32_choices, f32_lp) = runs["f32"]
         for gguf_type, (choices, lp) in runs.items():
             same = sum(a == b for a, b in zip(choices, f32_choices)) / len(choices)
-            rows.append(
-                dict(
-                    model=kind,
-                    weights=gguf_type,
-                    positions=len(choices),
-                    agreement_pct=100 * same,
-                    ppl=math.exp(-sum(lp) / len(lp)),
-                    ppl_ratio=math.exp((sum(f32_lp) - sum(lp)) / len(lp)),
-                    minigpt_ppl=math.exp(minigpt_nll / len(lp)),
-                )
-            )
+            row = dict(model=kind, weights=gguf_type, positions=len(choices), agreement_pct=100 * same)
+            row |= dict(ppl=math.exp(-sum(lp) / len(lp)), ppl_ratio=math.exp((sum(f32_lp) - sum(lp)) / len(lp)))
+            rows.append(row | dict(minigpt_ppl=math.exp(minigpt_nll / len(lp))))
     return rows
 
 
@@ -142,19 +117,12 @@ def main(argv: list[str] | None = None) -> dict:
     p = common_parser(__doc__.splitlines()[0], "gguf")
     p.add_argument("--tokens", type=int, default=128, help="new tokens per decode run")
     p.add_argument("--repeats", type=int, default=3, help="runs per measurement (the median is reported)")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=torch.get_num_threads(),
-        help="CPU threads for both runtimes (default: torch's); 1 keeps a shared, busy machine fair",
-    )
+    p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="for both runtimes (default: torch's)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     shapes, tokens, repeats = (QUICK, 8, 1) if args.quick else (SHAPES, args.tokens, args.repeats)
-    loads = wait_for_quiet(tries=args.wait_quiet)
-    machine = machine_label("cpu", "float32")
-    threads = args.threads
-    print(describe_machine(machine), f"| threads {threads} (torch and llama.cpp)", flush=True)
+    label = start(args)
+    print(f"threads {args.threads} (torch and llama.cpp)", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-gguf-") as tmp:
         for shape, config in shapes.items():
@@ -162,70 +130,27 @@ def main(argv: list[str] | None = None) -> dict:
             model = GPT(GPTConfig(**config)).eval()
             with torch.inference_mode():
                 rate = minigpt_decode(model, tokens, repeats)
-            rows.append(
-                dict(
-                    shape=shape,
-                    runtime="minigpt generate (sample.py)",
-                    weights="float32",
-                    file_mib=None,
-                    export_s=None,
-                    decode_tok_s=round(rate, 1),
-                )
-            )
+            rows.append(dict(shape=shape, runtime="minigpt generate (sample.py)", weights="float32"))
+            rows[-1] |= dict(file_mib=None, export_s=None, decode_tok_s=round(rate, 1))
             print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
             for gguf_type in TYPES:
                 path = Path(tmp) / f"{shape}-{gguf_type}.gguf"
-                start = time.perf_counter()
+                started = time.perf_counter()
                 export_gguf(model, ByteTokenizer(), path, gguf_type)
-                export_s = time.perf_counter() - start
-                rate = llama_cpp_decode(path, tokens, repeats, threads)
-                rows.append(
-                    dict(
-                        shape=shape,
-                        runtime="llama.cpp (xllamacpp)",
-                        weights=gguf_type,
-                        file_mib=round(mib(path.stat().st_size), 1),
-                        export_s=round(export_s, 2),
-                        decode_tok_s=round(rate, 1),
-                    )
-                )
+                export_s = time.perf_counter() - started
+                rate = llama_cpp_decode(path, tokens, repeats, args.threads)
+                rows.append(dict(shape=shape, runtime="llama.cpp (xllamacpp)", weights=gguf_type))
+                rows[-1] |= dict(file_mib=round(mib(path.stat().st_size), 1), export_s=round(export_s, 2))
+                rows[-1]["decode_tok_s"] = round(rate, 1)
                 print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
                 path.unlink()
             del model
         agreed = agreement(Path(tmp), steps=20 if args.quick else 150)
-    print()
-    print(markdown_table(rows, COLUMNS))
-    print()
-    print(markdown_table(agreed, AGREEMENT_COLUMNS))
-    result = dict(
-        benchmark="gguf",
-        machine=machine,
-        load_avg_readings=loads,
-        settings=dict(tokens=tokens, repeats=repeats, prompt_tokens=len(PROMPT), threads=threads, shapes=shapes),
-        results=rows,
-        agreement=agreed,
-    )
-    print(f"wrote {write_json(result, args.json)}")
-    return result
+    print_table(rows, COLUMNS)
+    print_table(agreed, AGREEMENT_COLUMNS)
+    settings = dict(tokens=tokens, repeats=repeats, prompt_tokens=len(PROMPT), threads=args.threads, shapes=shapes)
+    return finish(dict(benchmark="gguf", machine=label, settings=settings, results=rows, agreement=agreed), args)
 
-
-COLUMNS = [
-    ("shape", "shape", ""),
-    ("runtime", "runtime", ""),
-    ("weights", "weights", ""),
-    ("file_mib", "file MiB", ".1f"),
-    ("export_s", "export s", ".2f"),
-    ("decode_tok_s", "decode tokens/s", ".1f"),
-]
-AGREEMENT_COLUMNS = [
-    ("model", "model", ""),
-    ("weights", "weights", ""),
-    ("positions", "positions", "d"),
-    ("agreement_pct", "greedy = f32 %", ".1f"),
-    ("ppl", "perplexity", ".4f"),
-    ("ppl_ratio", "ppl / f32", ".4f"),
-    ("minigpt_ppl", "minigpt ppl", ".4f"),
-]
 
 if __name__ == "__main__":
     main()

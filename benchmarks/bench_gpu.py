@@ -36,9 +36,8 @@ PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12}  # dense bf16 FLOP/
 def run_timed(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[list[tuple[float, str]], int]:
     """Runs cmd; returns its output lines, each with the seconds since launch at which it arrived, and the exit code."""
     start = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
-    )
+    out = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, **out)
     lines = []
     for line in proc.stdout:  # type: ignore[union-attr]
         for part in line.replace("\r", "\n").splitlines():  # progress bars redraw with \r
@@ -125,10 +124,8 @@ def nanogpt_run(args, work: Path) -> dict:
     row = {"name": "nanogpt", "rc": rc, "curve": curve, "wall_s": lines[-1][0] if lines else None}
     if hit := first(lines, r"iter 0: loss"):
         row["first_step_seen_s"] = hit[0]
-    steps = [
-        (t, int(m[1]), float(m[2])) for t, line in lines if (m := re.search(r"iter (\d+): .*time ([\d.]+)ms", line))
-    ]
-    later = [ms for _, i, ms in steps if i >= 100 and i % 250 != 0]  # past compile, off the eval steps
+    steps = [(int(m[1]), float(m[2])) for _, line in lines if (m := re.search(r"iter (\d+): .*time ([\d.]+)ms", line))]
+    later = [ms for i, ms in steps if i >= 100 and i % 250 != 0]  # past compile, off the eval steps
     row["ms_per_step"] = round(sorted(later)[len(later) // 2], 2) if later else None
     if rc != 0:
         row["tail"] = [line for _, line in lines[-8:]]
@@ -212,9 +209,7 @@ def main() -> None:
     p.add_argument("--parts", default="recipe,variants,imports,nanogpt,throughput")
     p.add_argument("--variant", action="append", default=[], help="NAME=OVERRIDES for the variants part")
     p.add_argument("--nanogpt_iters", type=int, default=2000, help="nanoGPT's recipe, cut here (its best: ~2000)")
-    p.add_argument(
-        "--compile_kinds", default="regions", help="throughput: regions and/or whole (the model as one graph)"
-    )
+    p.add_argument("--compile_kinds", default="regions", help="throughput: regions and/or whole (one graph)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--tiny", action="store_true", help="tiny sizes: the script's own smoke test")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds allowed per launched command")
@@ -228,9 +223,8 @@ def main() -> None:
     import torch
 
     args.gpu_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    print(
-        f"device: {args.gpu_name}; torch {torch.__version__}; cpu capability {torch.backends.cpu.get_cpu_capability()}"
-    )
+    capability = torch.backends.cpu.get_cpu_capability()
+    print(f"device: {args.gpu_name}; torch {torch.__version__}; cpu capability {capability}")
     parts = args.parts.split(",")
     work = Path(tempfile.mkdtemp(prefix="bench_gpu_"))
     logs = args.out.with_suffix("") if args.out else work

@@ -3,17 +3,13 @@
     python benchmarks/bench_hf.py            # GPT-2 124M import/export (about a minute)
     python benchmarks/bench_hf.py --quick    # a tiny GPT-2-shaped model instead of 124M (seconds; smoke test)
 
-That imports and exports compute what transformers computes (logits on the three attention paths, KV-cache
-decoding, greedy ids) is proven, family by family, by tests/hf/test_load.py and tests/export/test_hf.py.
-
-Cost.  A GPT-2 124M-shaped model (GPT2Config() defaults, random weights; the values do not change the cost) is
-saved as model.safetensors (float32, 498 MB) with a byte-level tokenizer.json.  Each measurement runs in a fresh
-subprocess (--repeats of them: the median time, the largest memory), after its imports: wall time, the process's
-peak resident set size (VmHWM) and the peak RSS above the RSS before the operation (sampled every 2 ms), next to
-the weights' size.  Import is load_model(dir); for reference
-transformers' AutoModelForCausalLM.from_pretrained(dir) is measured the same way.  transformers maps the file and
-reads each page when it is first used, so both are also measured through a first 1-token forward pass.  Export
-is export_hf of a model already in memory (built at random, then timed; it includes fsync).
+A GPT-2 124M-shaped model (GPT2Config() defaults, random weights) is saved as model.safetensors with a byte-level
+tokenizer.json.  Each measurement runs in --repeats fresh processes (the median time, the largest memory), after
+its imports: wall time, the process's peak RSS (VmHWM) and the peak RSS above the RSS before it (sampled every 2
+ms).  Import is load_model(dir), next to transformers' from_pretrained(dir) for reference, each also through a
+first 1-token forward (transformers maps the file and reads each page when first used); export is export_hf of a
+model in memory (fsync included).  That the results compute what transformers computes is tests/hf/test_load.py's
+and tests/export/test_hf.py's to prove.  Results: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -21,7 +17,6 @@ from __future__ import annotations
 import json
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -33,31 +28,24 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import (
-    common_parser,
-    describe_machine,
-    machine_label,
-    markdown_table,
-    median,
-    mib,
-    wait_for_quiet,
-    write_json,
-)
+from benchmarks.common import child_json, common_parser, finish, median, mib, peak_rss_bytes, print_table, start
 
-# --------------------------------------------------------------------------------------------------
-# Cost of a 124M-shaped import and export, each in a fresh process
+OPERATIONS = {
+    "import": "minigpt import (load_model)",
+    "transformers": "transformers from_pretrained (reference)",
+    "export": "minigpt export (export_hf)",
+}
+COLUMNS = [("operation", "operation", ""), ("seconds", "seconds", ".2f"), ("peak_rss_mib", "peak RSS MiB", ".0f")]
+COLUMNS += [
+    ("peak_above_before_mib", "peak over start MiB", ".0f"),
+    ("first_forward_s", "then 1-token forward s", ".2f"),
+]
+COLUMNS += [("peak_rss_with_forward_mib", "peak RSS MiB with it", ".0f"), ("weights_mib", "weights MiB", ".0f")]
 
 
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
-
-
-def peak_rss_bytes() -> int:
-    """The process's peak RSS since exec (VmHWM; ru_maxrss would count the parent's memory at fork)."""
-    with open("/proc/self/status") as f:
-        line = next(line for line in f if line.startswith("VmHWM:"))
-    return int(line.split()[1]) * 1024
 
 
 def measure(fn: Any) -> dict[str, Any]:
@@ -77,16 +65,12 @@ def measure(fn: Any) -> dict[str, Any]:
     done.set()
     poller.join()
     peak[0] = max(peak[0], rss_bytes())
-    return dict(
-        seconds=round(seconds, 3),
-        peak_rss_mib=round(mib(peak_rss_bytes()), 1),
-        rss_before_mib=round(mib(before), 1),
-        peak_above_before_mib=round(mib(peak[0] - before), 1),
-    )
+    result = dict(seconds=round(seconds, 3), peak_rss_mib=round(mib(peak_rss_bytes()), 1))
+    return result | dict(rss_before_mib=round(mib(before), 1), peak_above_before_mib=round(mib(peak[0] - before), 1))
 
 
 def child(what: str, src: str, out: str) -> None:
-    """One measurement in this (fresh) process; prints its figures as JSON on the last line."""
+    """One measurement in this (fresh) process; prints its figures as JSON."""
     loaded = []
     if what == "import":
         import safetensors.torch  # noqa: F401
@@ -96,11 +80,9 @@ def child(what: str, src: str, out: str) -> None:
 
         result = measure(lambda: loaded.append(load_model(src)[0]))
     elif what == "transformers":
-        import transformers
+        from transformers import AutoModelForCausalLM
 
-        result = measure(
-            lambda: loaded.append(transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval())
-        )
+        result = measure(lambda: loaded.append(AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()))
     else:  # export of a model in memory: the GPT-2 config the import gives, random weights
         from minigpt.core.model import GPT
         from minigpt.core.tokenizers import ByteTokenizer
@@ -113,7 +95,7 @@ def child(what: str, src: str, out: str) -> None:
         with torch.no_grad():
             first = measure(lambda: loaded[0](torch.zeros(1, 1, dtype=torch.long)))
         result |= dict(first_forward_s=first["seconds"], peak_rss_with_forward_mib=first["peak_rss_mib"])
-    print(json.dumps(result))
+    print("RESULT", json.dumps(result))
 
 
 def run_child(what: str, src: Path, out: Path, repeats: int) -> dict[str, Any]:
@@ -121,50 +103,12 @@ def run_child(what: str, src: Path, out: Path, repeats: int) -> dict[str, Any]:
     runs = []
     for _ in range(repeats):
         shutil.rmtree(out, ignore_errors=True)
-        proc = subprocess.run(
-            [sys.executable, __file__, "--_child", what, str(src), str(out)], capture_output=True, text=True
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"{what} measurement failed:\n{proc.stderr[-2000:]}")
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        runs.append(child_json([sys.executable, __file__, "--_child", what, str(src), str(out)]))
     result = {k: max(r[k] for r in runs) for k in runs[0]}
     for key in ("seconds", "first_forward_s"):
         if key in result:
             result[key] = median([r[key] for r in runs])
     return result | dict(runs=repeats)
-
-
-def cost(work: Path, quick: bool, repeats: int) -> list[dict[str, Any]]:
-    import transformers
-
-    from minigpt.core.tokenizers import ByteTokenizer
-    from minigpt.hf.tokenizer_files import save_hf_tokenizer
-
-    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2) if quick else transformers.GPT2Config()
-    torch.manual_seed(0)
-    src = work / "gpt2-124m"
-    model = transformers.GPT2LMHeadModel(config)
-    n_params = model.num_parameters()
-    model.save_pretrained(src)
-    del model
-    save_hf_tokenizer(ByteTokenizer(), src)  # tiktoken's gpt2 files would be a download
-    weights_mib = round(mib((src / "model.safetensors").stat().st_size), 1)
-    rows = []
-    for what in ("import", "transformers", "export"):
-        result = run_child(what, src, work / f"export-{what}", repeats)
-        label = {
-            "import": "minigpt import (load_model)",
-            "transformers": "transformers from_pretrained (reference)",
-            "export": "minigpt export (export_hf)",
-        }[what]
-        rows.append(dict(operation=label, params=n_params, weights_mib=weights_mib, **result))
-        print(
-            f"{label}: {result['seconds']:.2f} s, peak RSS {result['peak_rss_mib']:.0f} MiB "
-            f"(+{result['peak_above_before_mib']:.0f} MiB over {result['rss_before_mib']:.0f} MiB before; "
-            f"weights {weights_mib:.0f} MiB)",
-            flush=True,
-        )
-    return rows
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -175,30 +119,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = common_parser(__doc__, "bench_hf")
     p.add_argument("--repeats", type=int, default=3, help="fresh processes per cost measurement (median time)")
     args = p.parse_args(argv)
-    wait_for_quiet(tries=args.wait_quiet)
-    label = machine_label("cpu")
-    print(describe_machine(label))
+    label = start(args)
+
+    import transformers
+
+    from minigpt.core.tokenizers import ByteTokenizer
+    from minigpt.hf.tokenizer_files import save_hf_tokenizer
+
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2) if args.quick else transformers.GPT2Config()
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        costs = cost(work, args.quick, 1 if args.quick else args.repeats)
-        print()
-        print(
-            markdown_table(
-                costs,
-                [
-                    ("operation", "operation", ""),
-                    ("seconds", "seconds", ".2f"),
-                    ("peak_rss_mib", "peak RSS MiB", ".0f"),
-                    ("peak_above_before_mib", "peak over start MiB", ".0f"),
-                    ("first_forward_s", "then 1-token forward s", ".2f"),
-                    ("peak_rss_with_forward_mib", "peak RSS MiB with it", ".0f"),
-                    ("weights_mib", "weights MiB", ".0f"),
-                ],
-            )
-        )
-    result = dict(benchmark="hf", machine=label, cost=costs)
-    write_json(result, args.json)
-    return result
+        src = Path(tmp) / "gpt2-124m"
+        torch.manual_seed(0)
+        model = transformers.GPT2LMHeadModel(config)
+        n_params = model.num_parameters()
+        model.save_pretrained(src)
+        del model
+        save_hf_tokenizer(ByteTokenizer(), src)  # tiktoken's gpt2 files would be a download
+        weights_mib = round(mib((src / "model.safetensors").stat().st_size), 1)
+        for what, name in OPERATIONS.items():
+            ran = run_child(what, src, Path(tmp) / f"export-{what}", 1 if args.quick else args.repeats)
+            rows.append(dict(operation=name, params=n_params, weights_mib=weights_mib, **ran))
+            print(f"{name}: {ran['seconds']:.2f} s, peak RSS {ran['peak_rss_mib']:.0f} MiB", flush=True)
+    print_table(rows, COLUMNS)
+    return finish(dict(benchmark="hf", machine=label, cost=rows), args)
 
 
 if __name__ == "__main__":

@@ -4,22 +4,11 @@ a chat of many turns.
     python benchmarks/bench_long_context.py                       # gpt and llama (learned positions, RoPE)
     python benchmarks/bench_long_context.py --quick --json /tmp/lc.json
 
-Sampling: generate() with the KV cache from a one-token prompt for 8 x block_size tokens (temperature 1, fixed
-seed), each token's time taken in on_token.  The cache holds block_size positions; when it is full it is refilled
-with the last block_size/2 tokens at positions 0.. (learned positions and RoPE angles are baked into the cached
-keys, so they cannot be shifted in place).  A refill is a prefill of block_size/2 tokens every block_size/2 steps:
-about one extra prefilled token per generated one, the same whatever the length.  Printed per window of
-block_size/2 tokens: ms per token, so a cost that grew with the length would show as a rising row; and the worst
-single token (the refill's pause).  Without the cache: generate(use_kv_cache=False) for block_size tokens from the
-same prompt, each step a forward pass over the whole context so far; its ms per token against the cached run's over
-the same context lengths (before the context is full).
-
-Chat: ChatSession with the KV cache, `--turns` piped-in turns (max_new_tokens 32, temperature 1, fixed seed) on
-a random byte-level ChatML model: ms per turn and tokens run through the model per turn (prefilled), per
-window of turns.  Random weights reply with random bytes, so its replies are as long as allowed and re-encode to
-other ids (the cache is refilled from there): a harsher case than a trained model's.
-
-Prints markdown tables and writes JSON (default benchmarks/results/long_context.json).  float32, batch 1.
+Sampling: generate() with the KV cache from a one-token prompt for --blocks x block_size tokens, each token's time
+taken in on_token, printed per window of block_size/2 tokens (a cost that grew with the length would show as a
+rising row), with the worst single token (a refill's pause); and generate(use_kv_cache=False) over the first
+block_size tokens.  Chat: ChatSession on a random byte-level ChatML model, --turns turns of up to 32 new tokens: ms
+and tokens run through the model per turn, per window of turns.  float32, batch 1.  Results: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -33,17 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import (
-    common_parser,
-    describe_machine,
-    load_avg,
-    machine_label,
-    markdown_table,
-    pick_device,
-    synchronize,
-    wait_for_quiet,
-    write_json,
-)
+from benchmarks.common import common_parser, finish, pick_device, print_table, start, synchronize
 from minigpt.core.chat import ChatSession
 from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.config import GPTConfig
@@ -52,6 +31,11 @@ from minigpt.core.model import GPT
 from minigpt.core.tokenizers import ByteTokenizer
 
 SHAPE = dict(n_layer=4, n_head=4, n_embd=128, dropout=0.0)
+COLUMNS = [("arch", "block", ""), ("block_size", "block_size", "d"), ("ms_no_cache", "ms/token, no KV cache", ".3f")]
+COLUMNS += [("ms_before_full", "ms/token before full", ".3f"), ("kv_cache_speedup", "KV cache speed-up", ".2f")]
+COLUMNS += [("ms_once_full", "ms/token once full", ".3f"), ("last_over_first_full_window", "last / first full", ".3f")]
+COLUMNS += [("ms_worst_token", "worst token (refill), ms", ".2f")]
+CHAT = [("turns", "turns", ""), ("ms_per_turn", "ms/turn", ".1f"), ("prefilled_per_turn", "tokens run per turn", ".1f")]
 
 
 def per_token_ms(model: GPT, tokens: int, device: torch.device, seed: int, kv_cache: bool = True) -> list[float]:
@@ -87,20 +71,13 @@ def sampling_rows(arch: str, block_size: int, device: torch.device, seed: int, b
     full = times[block_size:]  # once the context is full
     per_token_ms(model, block_size, device, seed, kv_cache=False)  # warm-up without the cache
     no_cache = statistics.fmean(per_token_ms(model, block_size, device, seed, kv_cache=False)[1:])
-    return dict(
-        arch=arch,
-        block_size=block_size,
-        tokens=len(times),
-        window_tokens=half,
-        ms_per_token_windows=[round(w, 3) for w in windows],
-        ms_before_full=round(statistics.fmean(times[1:block_size]), 3),
-        ms_no_cache=round(no_cache, 3),
-        kv_cache_speedup=round(no_cache / statistics.fmean(times[1:block_size]), 2),
-        ms_once_full=round(statistics.fmean(full), 3),
-        ms_median_once_full=round(statistics.median(full), 3),
-        ms_worst_token=round(max(full), 2),
-        last_over_first_full_window=round(windows[-1] / windows[2], 3),
-    )
+    before_full = statistics.fmean(times[1:block_size])
+    row = dict(arch=arch, block_size=block_size, tokens=len(times), window_tokens=half)
+    row |= dict(ms_per_token_windows=[round(w, 3) for w in windows], ms_before_full=round(before_full, 3))
+    row |= dict(ms_no_cache=round(no_cache, 3), kv_cache_speedup=round(no_cache / before_full, 2))
+    row |= dict(ms_once_full=round(statistics.fmean(full), 3), ms_median_once_full=round(statistics.median(full), 3))
+    row |= dict(ms_worst_token=round(max(full), 2), last_over_first_full_window=round(windows[-1] / windows[2], 3))
+    return row
 
 
 def chat_rows(block_size: int, turns: int, window: int, device: torch.device, seed: int) -> dict:
@@ -121,13 +98,9 @@ def chat_rows(block_size: int, turns: int, window: int, device: torch.device, se
         if turn % window == 0:
             synchronize(device)
             now = time.perf_counter()
-            rows.append(
-                dict(
-                    turns=f"{turn - window + 1}-{turn}",
-                    ms_per_turn=round(1e3 * (now - started) / window, 1),
-                    prefilled_per_turn=round((session.prefilled - prefilled) / window, 1),
-                )
-            )
+            per_turn = dict(ms_per_turn=round(1e3 * (now - started) / window, 1))
+            per_turn["prefilled_per_turn"] = round((session.prefilled - prefilled) / window, 1)
+            rows.append(dict(turns=f"{turn - window + 1}-{turn}", **per_turn))
             started, prefilled = now, session.prefilled
     return dict(block_size=block_size, turns=turns, max_new_tokens=32, windows=rows)
 
@@ -144,9 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.block_sizes, args.blocks, args.turns, args.chat_block_size = [16], 4, 8, 128
     device = pick_device(args.device)
     torch.set_grad_enabled(False)
-    load_readings = wait_for_quiet(tries=args.wait_quiet)
-    label = machine_label(device, "float32")
-    print(describe_machine(label))
+    label = start(args, device)
     sampling = [
         sampling_rows(arch, bs, device, args.seed, args.blocks) for arch in ("gpt", "llama") for bs in args.block_sizes
     ]
@@ -157,46 +128,11 @@ def main(argv: list[str] | None = None) -> dict:
     for r in sampling:
         windows = " ".join(f"{w:.2f}" for w in r["ms_per_token_windows"])
         print(f"  {r['arch']:5s} block {r['block_size']:4d}: {windows}")
-    print()
-    print(
-        markdown_table(
-            sampling,
-            [
-                ("arch", "block", ""),
-                ("block_size", "block_size", "d"),
-                ("ms_no_cache", "ms/token, no KV cache", ".3f"),
-                ("ms_before_full", "ms/token before full", ".3f"),
-                ("kv_cache_speedup", "KV cache speed-up", ".2f"),
-                ("ms_once_full", "ms/token once full", ".3f"),
-                ("last_over_first_full_window", "last / first full window", ".3f"),
-                ("ms_worst_token", "worst token (refill), ms", ".2f"),
-            ],
-        )
-    )
-    window = max(1, args.turns // 8)
-    chat = chat_rows(args.chat_block_size, args.turns, window, device, args.seed)
-    print(f"\nChat: {args.turns} turns, block_size {args.chat_block_size}, replies of up to 32 tokens:\n")
-    print(
-        markdown_table(
-            chat["windows"],
-            [
-                ("turns", "turns", ""),
-                ("ms_per_turn", "ms/turn", ".1f"),
-                ("prefilled_per_turn", "tokens run per turn", ".1f"),
-            ],
-        )
-    )
-    result = dict(
-        benchmark="long_context",
-        machine=label,
-        load_avg_1m_before=load_readings,
-        load_avg_1m_after=load_avg(),
-        shape=SHAPE,
-        sampling=sampling,
-        chat=chat,
-    )
-    print(f"\nwrote {write_json(result, args.json)}")
-    return result
+    print_table(sampling, COLUMNS)
+    chat = chat_rows(args.chat_block_size, args.turns, max(1, args.turns // 8), device, args.seed)
+    title = f"Chat: {args.turns} turns, block_size {args.chat_block_size}, replies of up to 32 tokens:"
+    print_table(chat["windows"], CHAT, title)
+    return finish(dict(benchmark="long_context", machine=label, shape=SHAPE, sampling=sampling, chat=chat), args)
 
 
 if __name__ == "__main__":

@@ -4,22 +4,14 @@
     python benchmarks/bench_serve.py --shapes 124m --clients 1 8 --tokens 64
     python benchmarks/bench_serve.py --quick                 # seconds: a smoke test of the script
 
-Each level starts its clients together: every client streams one greedy completion (POST /v1/completions,
-stream=true) of `--tokens` tokens from its own `--prompt_tokens`-token prompt, through the real server
-(minigpt.serve.app on uvicorn, in this process, 127.0.0.1) and an HTTP client, as a user's program would.
---max_batch is the largest level, so every client decodes at once (no queue); one warm-up level of 2 clients
-runs first; with --repeat N the levels take N turns in rotation and each level's fastest turn is reported.
-
-Total tokens/s = every client's completion tokens / the wall time from the first request to the last [DONE].
-Time to first token (TTFT) = from a client's request to its first text chunk: queueing, its prompt's prefill and
-the prefills of the clients admitted with it.  ms/token after the first (TPOT, the median client's) = the pace of
-its stream once it started.  Model step ms = one decode step of that many rows run by the model alone (no
-server); "step bound x one" = clients x step(1) / step(N), the most batching could give over one client, which
-the server's "x one client" approaches as decoding outweighs the prefills.
-
-The models are random, float32, and both read tinyshakespeare's 65 characters (the 124M shape runs its full
-50,257-wide head, and sampling keeps the first 65 ids: every token is a character, so text streams from the
-first token on).  Goal (issue 37): at 8 clients, total tokens/s >= 3x one client's on the 124M shape.
+Each level starts its clients together; each streams one greedy /v1/completions of --tokens tokens from its own
+--prompt_tokens-token prompt through the real server (minigpt.serve.app on uvicorn in this process, 127.0.0.1) and
+an HTTP client.  --max_batch is the largest level (no queue); one warm-up level of 2 clients runs first; with
+--repeat N the levels take N turns in rotation and each level's fastest turn is reported.  "Model step ms" is one
+decode step of that many rows run by the model alone, and "step bound x one" = clients x step(1) / step(N), the
+most batching could give over one client.  The models are random, float32, and read tinyshakespeare's 65
+characters (the 124M shape's head stays 50,257 wide; sampling keeps the first 65 ids).  Goal (issue 37): at 8
+clients, total tokens/s >= 3x one client's on the 124M shape.  Method and results: docs/serve.md.
 """
 
 from __future__ import annotations
@@ -40,17 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 import httpx
 import uvicorn
 
-from benchmarks.common import (
-    common_parser,
-    describe_machine,
-    load_avg,
-    machine_label,
-    markdown_table,
-    pick_device,
-    synchronize,
-    wait_for_quiet,
-    write_json,
-)
+from benchmarks.common import common_parser, finish, pick_device, print_table, start, synchronize
 from minigpt.core.config import GPTConfig
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import CharTokenizer
@@ -62,18 +44,11 @@ SHAPES = {
     "char": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65),
 }
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, block_size=64)
-COLUMNS = [
-    ("clients", "clients", "d"),
-    ("tokens_per_s", "total tokens/s", ".1f"),
-    ("vs_one_client", "x one client", ".2f"),
-    ("per_client_tokens_per_s", "tokens/s per client", ".1f"),
-    ("ttft_median_s", "TTFT median s", ".3f"),
-    ("ttft_max_s", "TTFT max s", ".3f"),
-    ("tpot_ms", "ms/token after the first", ".1f"),
-    ("step_ms", "model step ms", ".1f"),
-    ("step_x_one", "step bound x one", ".2f"),
-    ("seconds", "wall s", ".2f"),
-]
+COLUMNS = [("clients", "clients", "d"), ("tokens_per_s", "total tokens/s", ".1f")]
+COLUMNS += [("vs_one_client", "x one client", ".2f"), ("per_client_tokens_per_s", "tokens/s per client", ".1f")]
+COLUMNS += [("ttft_median_s", "TTFT median s", ".3f"), ("ttft_max_s", "TTFT max s", ".3f")]
+COLUMNS += [("tpot_ms", "ms/token after the first", ".1f"), ("step_ms", "model step ms", ".1f")]
+COLUMNS += [("step_x_one", "step bound x one", ".2f"), ("seconds", "wall s", ".2f")]
 
 
 class Served:
@@ -97,17 +72,9 @@ class Served:
 
 
 async def one_client(http: httpx.AsyncClient, prompt: str, tokens: int) -> dict:
-    body = dict(
-        model="bench",
-        prompt=prompt,
-        max_tokens=tokens,
-        temperature=0,
-        stream=True,
-        stream_options=dict(include_usage=True),
-    )
-    t0 = time.perf_counter()
-    first = None
-    usage = None
+    body = dict(model="bench", prompt=prompt, max_tokens=tokens, temperature=0, stream=True)
+    body["stream_options"] = dict(include_usage=True)
+    t0, first, usage = time.perf_counter(), None, None
     async with http.stream("POST", "/v1/completions", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
@@ -132,16 +99,10 @@ async def level(url: str, prompts: list[str], tokens: int) -> dict:
     wall = max(r["end"] for r in runs) - t0
     total = sum(r["tokens"] for r in runs)
     ttfts = [r["ttft"] for r in runs]
-    return dict(
-        clients=len(prompts),
-        completion_tokens=total,
-        seconds=round(wall, 3),
-        tokens_per_s=round(total / wall, 2),
-        per_client_tokens_per_s=round(total / wall / len(prompts), 2),
-        ttft_median_s=round(statistics.median(ttfts), 3),
-        ttft_max_s=round(max(ttfts), 3),
-        tpot_ms=round(1000 * statistics.median(r["tpot"] for r in runs), 1),
-    )
+    row = dict(clients=len(prompts), completion_tokens=total, seconds=round(wall, 3))
+    row |= dict(tokens_per_s=round(total / wall, 2), per_client_tokens_per_s=round(total / wall / len(prompts), 2))
+    row |= dict(ttft_median_s=round(statistics.median(ttfts), 3), ttft_max_s=round(max(ttfts), 3))
+    return row | dict(tpot_ms=round(1000 * statistics.median(r["tpot"] for r in runs), 1))
 
 
 @torch.inference_mode()
@@ -210,30 +171,15 @@ def main(argv: list[str] | None = None) -> dict:
     if args.quick:
         args.clients, args.tokens, args.prompt_tokens = [1, 2], 8, 4
     device = pick_device(args.device)
-    load_readings = wait_for_quiet(tries=args.wait_quiet)
-    label = machine_label(device, "float32")
-    print(describe_machine(label))
-    print(f"torch.backends.cpu.get_cpu_capability(): {torch.backends.cpu.get_cpu_capability()}\n")
+    label = start(args, device)
     models, rows = [], []
     for name in args.shapes:
         desc, shape_rows = bench_shape(name, args, device)
         models.append(desc)
         rows += shape_rows
-        print(f"Model {desc}")
-        print(markdown_table(shape_rows, COLUMNS))
-        print()
-    result = dict(
-        benchmark="serve",
-        machine=label,
-        load_avg_1m_before=load_readings,
-        load_avg_1m_after=load_avg(),
-        models=models,
-        tokens=args.tokens,
-        prompt_tokens=args.prompt_tokens,
-        results=rows,
-    )
-    print(f"wrote {write_json(result, args.json)}")
-    return result
+        print_table(shape_rows, COLUMNS, f"Model {desc}")
+    result = dict(benchmark="serve", machine=label, models=models, tokens=args.tokens, prompt_tokens=args.prompt_tokens)
+    return finish(result | dict(results=rows), args)
 
 
 if __name__ == "__main__":

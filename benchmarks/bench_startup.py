@@ -5,11 +5,10 @@
     python benchmarks/bench_startup.py --quick          # one run of each (smoke test)
 
 Wall time of fresh interpreters: `import torch`, `import minigpt`, `X.py --help` for sample, eval, export and
-attention, `minigpt sample --help` (the installed console script), and sample.py generating 50 tokens from a
-checkpoint (--ckpt, else a random-weight model of configs/default.yaml's shape with a char tokenizer, made in a
-temporary folder).  The runs go round-robin (every command once, then again), so a change in the machine's load
-touches all of them alike.  Goal: every command within GOAL_S seconds of `import torch`.  Prints a markdown table
-and writes the same figures as JSON (default benchmarks/results/startup.json).
+attention, `minigpt sample --help` (the installed console script), and sample.py generating 50 tokens from --ckpt
+(else a random-weight model of configs/default.yaml's shape with a char tokenizer).  The runs go round-robin, so a
+change in the machine's load touches all of them alike.  Goal: every command within GOAL_S seconds of `import
+torch`.  Results: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -26,18 +25,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import (
-    REPO_ROOT,
-    common_parser,
-    describe_machine,
-    load_avg,
-    machine_label,
-    markdown_table,
-    median,
-    pick_device,
-    wait_for_quiet,
-    write_json,
-)
+from benchmarks.common import REPO_ROOT, common_parser, finish, median, pick_device, print_table, start
 from minigpt.configs import default_config
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.core.config import GPTConfig
@@ -47,51 +35,33 @@ from minigpt.core.tokenizers import CharTokenizer
 GOAL_S = 1.5  # seconds a command may take beyond `import torch`
 BASELINE = "import torch"
 NEW_TOKENS = 50
-PROMPT = "def "
-
-
-def console_script() -> Path | None:
-    """The installed `minigpt` next to this interpreter (not a version manager's shim, which adds its own
-    start-up); None when minigpt is not installed (`pip install -e .`)."""
-    script = Path(sys.executable).parent / "minigpt"
-    return script if script.is_file() else None
+COLUMNS = [("command", "command", ""), ("seconds", "seconds", ".2f"), ("over_torch_s", f"- {BASELINE} (s)", "+.2f")]
+COLUMNS += [("ratio", f"x {BASELINE}", ".2f"), ("goal", f"within {GOAL_S} s", "")]
 
 
 def make_checkpoint(folder: Path, seed: int) -> Path:
-    """A random-weight model of the default config's shape, saved with a char tokenizer of printable ASCII:
-    generation costs the same per token whatever the weights."""
+    """A random-weight model of the default config's shape with a char tokenizer of printable ASCII: generation
+    costs the same per token whatever the weights."""
     torch.manual_seed(seed)
     tokenizer = CharTokenizer(string.printable)
     shape = yaml.safe_load(default_config().read_text())["model"]
     model = GPT(GPTConfig(**shape, vocab_size=tokenizer.vocab_size)).eval()
-    path = folder / "startup.ckpt"
-    save_file(model_checkpoint(model, tokenizer), path)
-    return path
+    save_file(model_checkpoint(model, tokenizer), folder / "startup.ckpt")
+    return folder / "startup.ckpt"
 
 
 def commands(ckpt: Path, device: str) -> dict[str, list[str] | None]:
     """name -> argv (None: not available here)."""
     py = sys.executable
-    script = console_script()
-    cases: dict[str, list[str] | None] = {
-        BASELINE: [py, "-c", "import torch"],
-        "import minigpt": [py, "-c", "import minigpt"],
-    }
+    cases: dict[str, list[str] | None] = {BASELINE: [py, "-c", "import torch"]}
+    cases["import minigpt"] = [py, "-c", "import minigpt"]
     for name in ("sample", "eval", "export", "attention"):
         cases[f"{name}.py --help"] = [py, str(REPO_ROOT / f"{name}.py"), "--help"]
-    cases["minigpt sample --help"] = [str(script), "sample", "--help"] if script else None
-    cases[f"sample.py {NEW_TOKENS} tokens"] = [
-        py,
-        str(REPO_ROOT / "sample.py"),
-        "--ckpt",
-        str(ckpt),
-        "--device",
-        device,
-        "--max_new_tokens",
-        str(NEW_TOKENS),
-        "--prompt",
-        PROMPT,
-    ]
+    # the installed `minigpt` beside this interpreter (not a version manager's shim, which adds its own start-up)
+    script = Path(sys.executable).parent / "minigpt"
+    cases["minigpt sample --help"] = [str(script), "sample", "--help"] if script.is_file() else None
+    sample = ["--ckpt", str(ckpt), "--device", device, "--max_new_tokens", str(NEW_TOKENS), "--prompt", "def "]
+    cases[f"sample.py {NEW_TOKENS} tokens"] = [py, str(REPO_ROOT / "sample.py"), *sample]
     return cases
 
 
@@ -105,119 +75,53 @@ def wall_time(argv: list[str], cwd: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = common_parser(__doc__.splitlines()[0], "startup")
-    p.add_argument(
-        "--ckpt",
-        default=None,
-        help="checkpoint for the generation (default: a random-weight model of "
-        "the default config's shape, made in a temporary folder)",
-    )
+    p = common_parser(__doc__, "startup")
+    p.add_argument("--ckpt", default=None, help="checkpoint for the generation (default: a random-weight model)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each command; the median is reported (default 3)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1; --quick: 0)")
-    p.add_argument(
-        "--commands",
-        default=None,
-        help=f"comma-separated names of the commands to time (default all; {BASELINE!r} is always timed)",
-    )
+    p.add_argument("--commands", default=None, help=f"comma-separated names to time (default all; {BASELINE!r} too)")
     p.add_argument("--seed", type=int, default=1337)
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.warmup = 1, 0
     device = pick_device(args.device)
-
+    label = start(args, device)
     with tempfile.TemporaryDirectory(prefix="bench_startup_") as tmp:
         work = Path(tmp)
-        ckpt = Path(args.ckpt) if args.ckpt else make_checkpoint(work, args.seed)
-        cases = commands(ckpt, str(device))
+        cases = commands(Path(args.ckpt) if args.ckpt else make_checkpoint(work, args.seed), str(device))
         if args.commands:
             wanted = {BASELINE} | {name.strip() for name in args.commands.split(",")}
-            unknown = wanted - set(cases)
-            if unknown:
+            if unknown := wanted - set(cases):
                 p.error(f"unknown --commands {sorted(unknown)}; choose from {list(cases)}")
             cases = {name: argv for name, argv in cases.items() if name in wanted}
-        runnable = {name: argv for name, argv in cases.items() if argv is not None}
-
-        load_readings = wait_for_quiet(tries=args.wait_quiet)
-        label = machine_label(device, "float32")
-        times: dict[str, list[float]] = {name: [] for name in runnable}
+        times: dict[str, list[float]] = {name: [] for name, argv in cases.items() if argv is not None}
         for round_ in range(args.warmup + args.repeats):
-            for name, command in runnable.items():
-                seconds = wall_time(command, work)  # cwd: a folder with no out/ and no configs/
+            for name in times:
+                seconds = wall_time(cases[name], work)  # cwd: a folder with no out/ and no configs/
                 if round_ >= args.warmup:
                     times[name].append(round(seconds, 4))
 
     base = median(times[BASELINE])
     rows = []
     for name in cases:
-        if name not in runnable:
-            rows.append(dict(command=name, note="not installed (pip install -e .)"))
+        if name not in times:
+            rows.append(dict(command=name, goal="not installed (pip install -e .)"))
             continue
         seconds = median(times[name])
-        row = dict(command=name, seconds=round(seconds, 3), runs=times[name])
+        rows.append(dict(command=name, seconds=round(seconds, 3), runs=times[name]))
         if name != BASELINE:
             extra = seconds - base
-            row.update(
-                over_torch_s=round(extra, 3),
-                ratio=round(seconds / base, 2),
-                goal_met=extra <= GOAL_S,
-                goal="PASS" if extra <= GOAL_S else "FAIL",
-            )
-        rows.append(row)
+            rows[-1] |= dict(over_torch_s=round(extra, 3), ratio=round(seconds / base, 2), goal_met=extra <= GOAL_S)
+            rows[-1]["goal"] = "PASS" if extra <= GOAL_S else "FAIL"
     judged = [r for r in rows if "goal_met" in r]
     passed = all(r["goal_met"] for r in judged)
-
-    print(describe_machine(label))
-    print(
-        f"Python {sys.executable}; median of {args.repeats} run(s) per command after {args.warmup} warm-up "
-        f"round(s); generation: {NEW_TOKENS} tokens from {PROMPT!r}, "
-        f"{'--ckpt ' + str(args.ckpt) if args.ckpt else 'random weights, default config shape'}\n"
-    )
-    for r in rows:
-        if "seconds" not in r:
-            print(f"{r['command']:<28} {r['note']}")
-        elif r["command"] == BASELINE:
-            print(f"{r['command']:<28} {r['seconds']:6.2f} s")
-        else:
-            print(
-                f"{r['command']:<28} {r['seconds']:6.2f} s   {r['over_torch_s']:+.2f} s, x{r['ratio']:.2f} "
-                f"of {BASELINE}   {r['goal']}"
-            )
-    print(
-        f"\nGoal: every command within {GOAL_S} s of `{BASELINE}`: "
-        f"{'PASS' if passed else 'FAIL'} ({sum(r['goal_met'] for r in judged)} of {len(judged)})\n"
-    )
-    print(
-        markdown_table(
-            rows,
-            [
-                ("command", "command", ""),
-                ("seconds", "seconds", ".2f"),
-                ("over_torch_s", f"- {BASELINE} (s)", "+.2f"),
-                ("ratio", f"x {BASELINE}", ".2f"),
-                ("goal", f"within {GOAL_S} s", ""),
-            ],
-        )
-    )
-    result = dict(
-        benchmark="startup",
-        machine=label,
-        load_avg_1m_before=load_readings,
-        load_avg_1m_after=load_avg(),
-        settings=dict(
-            repeats=args.repeats,
-            warmup=args.warmup,
-            goal_s=GOAL_S,
-            new_tokens=NEW_TOKENS,
-            prompt=PROMPT,
-            ckpt=args.ckpt,
-            python=sys.executable,
-        ),
-        baseline_s=round(base, 3),
-        passed=passed,
-        results=rows,
-    )
-    print(f"\nwrote {write_json(result, args.json)}")
-    return result
+    print(f"Python {sys.executable}; median of {args.repeats} run(s) after {args.warmup} warm-up round(s)")
+    print_table(rows, COLUMNS)
+    met = f"{sum(r['goal_met'] for r in judged)} of {len(judged)}"
+    print(f"\nGoal: every command within {GOAL_S} s of `{BASELINE}`: {'PASS' if passed else 'FAIL'} ({met})")
+    settings = dict(repeats=args.repeats, warmup=args.warmup, goal_s=GOAL_S, new_tokens=NEW_TOKENS, ckpt=args.ckpt)
+    result = dict(benchmark="startup", machine=label, settings=settings, baseline_s=round(base, 3), passed=passed)
+    return finish(result | dict(results=rows), args)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,8 @@
-"""Helpers shared by the benchmark scripts: machine label, device/dtype choice, timing, peak memory, matmul
-peak FLOP/s, markdown tables and JSON output.
+"""What the benchmark scripts share: the machine's label, the flags every script has, timing, peak memory, the
+matmul peak (MFU's denominator), child processes that report JSON, markdown tables and the JSON file.
 
-Import it as `from benchmarks.common import ...` after putting the repository root on sys.path (each script
-does that itself, so `python benchmarks/bench_X.py` works from anywhere without installing anything).
-
-Everything here runs on the CPU and on a CUDA GPU: on CUDA, timings synchronize the device before reading
-the clock and peak memory is torch.cuda.max_memory_allocated; on the CPU, peak memory comes from the
-profiler's allocation timeline (see `peak_memory`).
+Each script puts the repository root on sys.path itself, so `python benchmarks/bench_X.py` runs from anywhere.
+On CUDA, timings synchronize before reading the clock; on the CPU, peak memory comes from the profiler.
 """
 
 from __future__ import annotations
@@ -16,6 +12,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -28,41 +25,27 @@ from minigpt.core.precision import matmul_gflops
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 
-DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 # --------------------------------------------------------------------------------------------------
 # Machine and settings
 
 
-def cpu_model() -> str:
+def cpuinfo(field: str) -> str | None:
+    """The first `field` line of /proc/cpuinfo (None where there is none)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return None
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(field)), None)
 
 
 def cpu_features() -> list[str]:
-    """The matmul-relevant instruction-set flags of this CPU (empty where /proc/cpuinfo is absent)."""
+    """The matmul-relevant instruction-set flags of this CPU."""
     wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                return [f for f in wanted if f in flags]
-    except OSError:
-        pass
-    return []
+    flags = set((cpuinfo("flags") or "").split())
+    return [f for f in wanted if f in flags]
 
 
 def load_avg() -> float | None:
@@ -94,28 +77,18 @@ def machine_label(device: torch.device | str = "cpu", dtype: str | torch.dtype =
     device = torch.device(device)
     if isinstance(dtype, torch.dtype):
         dtype = str(dtype).removeprefix("torch.")
-    label: dict[str, Any] = dict(
-        cpu=cpu_model(),
-        cores=os.cpu_count(),
-        torch_threads=torch.get_num_threads(),
-        torch=torch.__version__,
-        python=platform.python_version(),
-        dtype=dtype,
-        device=str(device),
-        load_avg_1m=load_avg(),
-    )
+    cpu = cpuinfo("model name") or platform.processor() or platform.machine()
+    label = dict(cpu=cpu, cores=os.cpu_count(), torch_threads=torch.get_num_threads(), torch=torch.__version__)
+    label |= dict(python=platform.python_version(), dtype=dtype, device=str(device), load_avg_1m=load_avg())
     if device.type == "cpu":
         # which kind of CPU a figure belongs to: with native bf16 (AVX512_BF16/AMX) bf16 matmuls beat float32,
         # without (AVX2) they run ~100x slower
         label["cpu_features"] = cpu_features()
         label["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-        label["matmul_gflops"] = {
-            name: round(matmul_gflops(dt, n=512, seconds=0.2), 1)
-            for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16))
-        }
+        rates = {name: matmul_gflops(DTYPES[name], n=512, seconds=0.2) for name in ("float32", "bfloat16")}
+        label["matmul_gflops"] = {name: round(rate, 1) for name, rate in rates.items()}
     if device.type == "cuda":
-        label["gpu"] = torch.cuda.get_device_name(device)
-        label["cuda"] = torch.version.cuda
+        label |= dict(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
     return label
 
 
@@ -136,23 +109,56 @@ def describe_machine(label: dict[str, Any]) -> str:
 
 
 def common_parser(description: str, name: str) -> argparse.ArgumentParser:
-    """An argparse parser with the flags every script has: --quick, --json, --device."""
+    """An argparse parser with the flags every script has: --quick, --json, --device, --wait_quiet."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny settings that finish in seconds (smoke test)")
-    p.add_argument(
-        "--json",
-        default=str(RESULTS_DIR / f"{name}.json"),
-        help=f"where to write the figures (default benchmarks/results/{name}.json)",
-    )
+    p.add_argument("--json", default=str(RESULTS_DIR / f"{name}.json"), help="where to write the figures")
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
     p.add_argument(
-        "--wait_quiet",
-        type=int,
-        default=0,
-        metavar="N",
-        help="before measuring, wait up to N x 45 s while the 1-minute load average is above 1.0",
+        "--wait_quiet", type=int, default=0, metavar="N", help="wait up to N x 45 s for a 1-minute load under 1.0"
     )
     return p
+
+
+def start(args: argparse.Namespace, device: torch.device | str = "cpu", dtype: str | torch.dtype = "float32") -> dict:
+    """Wait for a quiet machine if --wait_quiet asks, then label it and print the label: every report's first line."""
+    readings = wait_for_quiet(tries=args.wait_quiet)
+    label = machine_label(device, dtype)
+    label["load_avg_1m_readings"] = readings
+    print(describe_machine(label), flush=True)
+    return label
+
+
+def finish(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Write the figures to --json, with the load average at the end beside the machine's label, and say where."""
+    result["machine"]["load_avg_1m_after"] = load_avg()
+    print(f"\nwrote {write_json(result, args.json)}")
+    return result
+
+
+def child_output(argv: list[str], cwd: Path = REPO_ROOT) -> str:
+    """Run argv in a fresh process and return its output; a failure ends the benchmark with the output's tail."""
+    proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+        raise SystemExit(f"error: {' '.join(argv)[:200]} failed (exit {proc.returncode}):\n{tail}")
+    return proc.stdout
+
+
+def child_json(argv: list[str], marker: str = "RESULT ", cwd: Path = REPO_ROOT) -> dict[str, Any]:
+    """Run argv in a fresh process and return the JSON on the last line of its output that starts with `marker`."""
+    lines = [line for line in child_output(argv, cwd).splitlines() if line.startswith(marker)]
+    if not lines:
+        raise SystemExit(f"error: {' '.join(argv)[:200]} printed no line starting {marker!r}")
+    return json.loads(lines[-1].removeprefix(marker))
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory since exec (VmHWM: ru_maxrss would carry the parent's peak across fork)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -187,13 +193,8 @@ def median(xs: Sequence[float]) -> float:
 
 
 def _cpu_peak_from_profiler(prof: torch.profiler.profile) -> int:
-    """Peak of the running sum of CPU allocations (+bytes) and frees (-bytes), in time order.
-
-    The allocator reports each allocation and free as a "[memory]" event with a signed byte count.
-    `prof.events()` is not enough: it folds the records that fall inside an op into that op's
-    cpu_memory_usage (a net sum, not a peak) and keeps only the leftover ones as "[memory]" events; the raw
-    kineto events keep every record with its timestamp.
-    """
+    """Peak of the running sum of CPU allocations (+bytes) and frees (-bytes), in time order.  The raw kineto events
+    keep every "[memory]" record; prof.events() folds those inside an op into its net cpu_memory_usage."""
     events = prof.profiler.kineto_results.events()
     cpu_types = {torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.MKLDNN, torch.autograd.DeviceType.IDEEP}
     records = sorted(
@@ -250,35 +251,23 @@ def matmul_flops(
 
     times = time_fn(batch, device, repeats=repeats, warmup=0)
     best = min(times) / inner
-    return dict(
-        dtype=str(dtype).removeprefix("torch."),
-        n=n,
-        seconds_per_matmul=best,
-        flops=flop / best,
-        tflops=round(flop / best / 1e12, 4),
-        median_tflops=round(flop / (median(times) / inner) / 1e12, 4),
-    )
+    result = dict(dtype=str(dtype).removeprefix("torch."), n=n, seconds_per_matmul=best, flops=flop / best)
+    result["tflops"] = round(flop / best / 1e12, 4)
+    result["median_tflops"] = round(flop * inner / median(times) / 1e12, 4)
+    return result
 
 
-def peak_matmul_flops(
-    dtype: torch.dtype,
-    device: torch.device | str,
-    n: int = 2048,
-    repeats: int = 10,
-    min_n: int = 64,
-    max_seconds: float = 1.0,
-) -> dict[str, Any]:
-    """The best matmul_flops over square sizes ..., n/4, n/2, n (from the smallest >= min_n up): an MFU
-    denominator must be the fastest rate seen, and it is not always the largest size (AVX2 CPUs run bfloat16
-    faster at 128^3 than at 256^3 or above, and a small model's bf16 step can outrun a large matmul there).
-    Sizes whose one matmul would take over max_seconds (from the last size's time) are skipped: on an AVX2 CPU
-    a 2048^3 bf16 matmul takes ~13 s, and probing it took minutes to learn nothing."""
+def peak_matmul_flops(dtype: torch.dtype, device: torch.device | str, n: int = 2048, repeats: int = 10) -> dict:
+    """The best matmul_flops over square sizes from 64 doubling up to n: an MFU denominator must be the fastest rate
+    seen, and it is not always the largest size (AVX2 CPUs run bfloat16 fastest near 128^3).  Sizes whose one matmul
+    would take over a second (from the last size's time) are skipped: on an AVX2 CPU a 2048^3 bf16 matmul takes
+    ~13 s."""
     sizes = [n]
-    while sizes[0] // 2 >= min_n:
+    while sizes[0] // 2 >= 64:
         sizes.insert(0, sizes[0] // 2)
     probes: list[dict[str, Any]] = []
     for size in sizes:
-        if probes and probes[-1]["seconds_per_matmul"] * (size / probes[-1]["n"]) ** 3 > max_seconds:
+        if probes and probes[-1]["seconds_per_matmul"] * (size / probes[-1]["n"]) ** 3 > 1.0:
             break  # matmul time grows as size^3
         probes.append(matmul_flops(dtype, device, n=size, repeats=repeats))
     best = max(probes, key=lambda probe: probe["flops"])
@@ -309,6 +298,11 @@ def write_json(result: dict[str, Any], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, default=str) + "\n")
     return path
+
+
+def print_table(rows: Iterable[dict[str, Any]], columns: Sequence[tuple[str, str, str]], title: str = "") -> None:
+    print(f"\n{title}\n" if title else "")
+    print(markdown_table(rows, columns), flush=True)
 
 
 def mib(nbytes: float) -> float:

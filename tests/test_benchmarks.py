@@ -1,7 +1,7 @@
 """Smoke tests: each benchmark script runs once end to end at its tiny size (--quick) and writes the JSON it promises.
 The figures are not checked: they depend on the machine.  bench_eval and bench_gguf run beside what they measure
-(tests/evaluation/test_harness.py, tests/export/test_gguf_cli.py); time_to_loss and bf16_numerics train for a fixed
-number of steps here, not their time budgets."""
+(tests/evaluation/test_harness.py, tests/export/test_gguf_cli.py); time_to_loss trains for a fixed number of steps
+here, not its time budget."""
 
 import importlib
 import json
@@ -18,13 +18,12 @@ SLOW = pytest.mark.slow
 # script -> its flags after --quick --json PATH ({text}: 200 KB of varied words; {tmp}: a scratch folder)
 QUICK = [
     pytest.param("bench_attention", ["--device", "cpu"]),
-    pytest.param("bench_train", ["--device", "cpu"]),
+    pytest.param("bench_train", ["--device", "cpu", "--shapes", "finetune"]),  # GPT-2's shape, made tiny
     pytest.param("bench_long_context", ["--device", "cpu"]),
     pytest.param("bench_serve", ["--device", "cpu"]),
     pytest.param("bench_startup", ["--device", "cpu", "--commands", "sample.py --help"]),
     pytest.param("bench_prepare", ["--corpus", "{text}"]),
     pytest.param("tokens_per_char", ["--text", "english={text}"]),
-    pytest.param("bench_finetune", ["--device", "cpu"], marks=SLOW),
     pytest.param("bench_decode", [], marks=SLOW),  # compiles the decode step of four tiny models
     # the GPU measurement (eager, compiled, transformers, the serve engine), tiny and on the CPU
     pytest.param("bench_decode", ["--single_stream", "--device", "cpu"], marks=SLOW, id="bench_decode-single_stream"),
@@ -53,22 +52,20 @@ def test_each_benchmark_runs_once_at_its_tiny_size(script, flags, text, tmp_path
     assert capsys.readouterr().out.strip()  # and the figures, printed
 
 
-def test_bf16_numerics_runs_the_recipe_as_each_kind_of_cpu_computes_it(
+def test_time_to_loss_numerics_variants_train_as_each_kind_of_cpu_computes(
     tiny_run_args, corpus, data_root, tmp_path, monkeypatch, capsys
 ):
-    # the figure it reports (loss per step with a native-bf16 CPU's numerics, measured on any CPU) is only right if
+    # the figure they report (loss per step with a native-bf16 CPU's numerics, measured on any CPU) is only right if
     # the bf16 run really trains in bf16 autocast with Muon's iteration in bf16, and the float32 run in neither
-    import minigpt.training.optim
-    from benchmarks import bf16_numerics
+    from benchmarks import time_to_loss
+    from minigpt.training.optim import Muon
 
-    monkeypatch.setattr(
-        minigpt.training.optim, "has_native_bf16", minigpt.training.optim.has_native_bf16
-    )  # undone after the test
+    monkeypatch.setattr(Muon, "ns_dtype", None)  # what the children set is undone after the test
     ran = {}
     for numerics in ("bf16", "float32"):
         argv = [
             "--config",
-            bf16_numerics.CONFIG,
+            time_to_loss.CONFIG,
             *tiny_run_args(corpus, data_root, tmp_path / numerics, steps=2),
             "--compile",
             "false",
@@ -77,9 +74,9 @@ def test_bf16_numerics_runs_the_recipe_as_each_kind_of_cpu_computes_it(
             "--sample_tokens",
             "0",
         ]
-        bf16_numerics.train_child(numerics, argv)
+        time_to_loss.train_child(numerics, argv)
         line = capsys.readouterr().out.splitlines()[-1]
-        ran[numerics] = json.loads(line.removeprefix(bf16_numerics.RESULT))
+        ran[numerics] = json.loads(line.removeprefix(time_to_loss.RESULT))
     assert {k: (r["precision"], r["muon_dtype"], r["steps"]) for k, r in ran.items()} == {
         "bf16": ("bf16-mixed", "bfloat16", 2),
         "float32": ("32-true", "float32", 2),
