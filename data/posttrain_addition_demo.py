@@ -109,13 +109,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--dpo_steps", type=int, default=None, help="default 150")
     p.add_argument("--dpo_beta", type=float, default=0.1)
     p.add_argument("--dpo_lr", type=float, default=None, help="default: configs/dpo_addition.yaml's")
-    p.add_argument("--dpo_samples", type=int, default=4, help="sampled answers per question, besides the greedy one")
+    p.add_argument(
+        "--dpo_samples", type=int, default=None, help="sampled answers per question besides the greedy one (4)"
+    )
     p.add_argument("--grpo_steps", type=int, default=None, help="default 100")
     p.add_argument("--smoke", action="store_true", help="tiny base, data and steps: checks that it runs")
     args = p.parse_args(argv)
-    for name, steps in (("sft_steps", 150), ("dpo_steps", 150), ("grpo_steps", 100)):
+    for name, default in (("sft_steps", 150), ("dpo_steps", 150), ("grpo_steps", 100), ("dpo_samples", 4)):
         if getattr(args, name) is None:
-            setattr(args, name, 4 if args.smoke else steps)
+            setattr(args, name, 1 if args.smoke and name == "dpo_samples" else 4 if args.smoke else default)
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     if not stages or any(s not in STAGES for s in stages):
         p.error(f"--stages takes a comma-separated list of {', '.join(STAGES)}, got {args.stages!r}")
@@ -183,7 +185,9 @@ def main(argv: list[str] | None = None) -> dict:
         start = time.perf_counter()
         model, tokenizer = load_chat_model(sft_run)
         questions = [pairs_script.question(r, f"train row {i}") for i, r in enumerate(train_rows)]
-        pairs, counts = pairs_script.make_pairs(model, tokenizer, questions, samples=args.dpo_samples, temperature=1.0)
+        pairs, counts = pairs_script.make_pairs(
+            model, tokenizer, questions, samples=args.dpo_samples, temperature=1.0, max_new_tokens=8
+        )
         pairs_script.write_jsonl(pairs, args.work / "pairs.jsonl")
         pairs_s = time.perf_counter() - start
         print(
