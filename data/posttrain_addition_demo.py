@@ -9,8 +9,8 @@ Stages, each from the SFT model (the start), each measured the same way: exact m
 (minigpt.chat, as sample.py --chat gives it) with the sum, over data/addition_chat.py's 200 held-out questions (no
 held-out pair, in either order, is trained on, by SFT, DPO or GRPO).
   sft   configs/sft_addition.yaml on the default char model (out/default, pretrained if absent), stopped early
-        (--sft_steps, default 150 of the recipe's 2,000): a weak start.
-  dpo   data/make_preference_pairs.py asks the SFT model every TRAINING question (greedily, and --dpo_samples times
+        (--sft_steps, default 780 of the recipe's 2,000): a weak start.
+  dpo   data/make_preference_pairs.py asks the SFT model every TRAINING question (greedily, and --dpo_samples times (2)
         at temperature 1); each question it gets wrong gives a pair, the sum chosen and its own wrong answer
         rejected.  Then configs/dpo_addition.yaml (train.py --data.format preference, full fine-tuning, a frozen
         copy of the start as the reference) for --dpo_steps steps.
@@ -34,11 +34,13 @@ import typing
 from pathlib import Path
 
 import torch
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from anywhere without installing
 
 from minigpt.cli.train import main as train_main  # noqa: E402
+from minigpt.core.checkpoint import checkpoint_summary, find_checkpoint, read_checkpoint  # noqa: E402
 from minigpt.loading import load_chat_model  # noqa: E402
 from minigpt.training.datamodule import TokenDataModule  # noqa: E402
 
@@ -105,17 +107,17 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--work", type=Path, default=REPO / "out" / "posttrain_addition", help="the runs: sft, dpo, grpo")
     p.add_argument("--data", type=Path, default=REPO / "data" / "addition")
     p.add_argument("--json", type=Path, default=None, help="default: docs/results/posttrain_addition.json")
-    p.add_argument("--sft_steps", type=int, default=None, help="where SFT stops (default 150; the recipe runs 2,000)")
-    p.add_argument("--dpo_steps", type=int, default=None, help="default 150")
+    p.add_argument("--sft_steps", type=int, default=None, help="where SFT stops (default 780; the recipe runs 2,000)")
+    p.add_argument("--dpo_steps", type=int, default=None, help="default 100")
     p.add_argument("--dpo_beta", type=float, default=0.1)
     p.add_argument("--dpo_lr", type=float, default=None, help="default: configs/dpo_addition.yaml's")
     p.add_argument(
-        "--dpo_samples", type=int, default=None, help="sampled answers per question besides the greedy one (4)"
+        "--dpo_samples", type=int, default=None, help="sampled answers per question besides the greedy one (2)"
     )
     p.add_argument("--grpo_steps", type=int, default=None, help="default 100")
     p.add_argument("--smoke", action="store_true", help="tiny base, data and steps: checks that it runs")
     args = p.parse_args(argv)
-    for name, default in (("sft_steps", 150), ("dpo_steps", 150), ("grpo_steps", 100), ("dpo_samples", 4)):
+    for name, default in (("sft_steps", 780), ("dpo_steps", 100), ("grpo_steps", 100), ("dpo_samples", 2)):
         if getattr(args, name) is None:
             setattr(args, name, 1 if args.smoke and name == "dpo_samples" else 4 if args.smoke else default)
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
@@ -175,7 +177,9 @@ def main(argv: list[str] | None = None) -> dict:
             "trainer.max_time": None,  # stopped by steps, not by the recipe's 5 minutes
         }
         steps, seconds = train(sft, smoke)
-        report("sft", {"exact_match": held_out(sft_run, test, sft_demo), "steps": steps, "train_s": round(seconds, 1)})
+        base = find_checkpoint(args.base)
+        row = {"exact_match": held_out(sft_run, test, sft_demo), "steps": steps, "train_s": round(seconds, 1)}
+        report("sft", {**row, "base": f"{base} ({checkpoint_summary(read_checkpoint(base), base)})"})
     elif not (sft_run / "checkpoints").is_dir():
         p.error(f"no SFT run at {sft_run}: run the sft stage first (--stages sft,{args.stages})")
     elif "sft" not in results:  # a start measured elsewhere is not this one's: measure it again
@@ -205,7 +209,10 @@ def main(argv: list[str] | None = None) -> dict:
         }
         steps, seconds = train(dpo, smoke)
         row = {"exact_match": held_out(dpo_run, test, sft_demo), "steps": steps, "train_s": round(seconds, 1)}
-        row.update(pairs=counts["pairs"], pairs_s=round(pairs_s, 1), beta=args.dpo_beta, samples=args.dpo_samples)
+        lr = args.dpo_lr or yaml.safe_load(dpo["config"].read_text())["optim"]["learning_rate"]
+        row.update(
+            pairs=counts["pairs"], pairs_s=round(pairs_s, 1), beta=args.dpo_beta, lr=lr, samples=args.dpo_samples
+        )
         report("dpo", row)
 
     if "grpo" in stages:
