@@ -9,7 +9,8 @@ Stages, each from the SFT model (the start), each measured the same way: exact m
 (minigpt.chat, as sample.py --chat gives it) with the sum, over data/addition_chat.py's 200 held-out questions (no
 held-out pair, in either order, is trained on, by SFT, DPO or GRPO).
   sft   configs/sft_addition.yaml on the default char model (out/default, pretrained if absent), stopped early
-        (--sft_steps, default 780 of the recipe's 2,000): a weak start.
+        (--sft_steps, default 780 of the recipe's 2,000): a weak start.  Its chat template ends a reply at
+        <|im_end|> (configs/chatml_answer_ends_at_im_end.jinja; docs/dpo.md says why).
   dpo   data/make_preference_pairs.py asks the SFT model every TRAINING question (greedily, and --dpo_samples times (2)
         at temperature 1); each question it gets wrong gives a pair, the sum chosen and its own wrong answer
         rejected.  Then configs/dpo_addition.yaml (train.py --data.format preference, full fine-tuning, a frozen
@@ -175,6 +176,10 @@ def main(argv: list[str] | None = None) -> dict:
             "data.source": args.data / "train.jsonl",
             "trainer.max_steps": args.sft_steps,
             "trainer.max_time": None,  # stopped by steps, not by the recipe's 5 minutes
+            # ChatML whose turns end at <|im_end|> (the newline between turns opens the next one): with the default
+            # ChatML a DPO completion ends with a newline after <|im_end|> that SFT never trains, whose log-prob
+            # (-8 to -14 nats, varying with the answer) then outweighs the answer's own tokens in DPO's margin
+            "data.chat_template": REPO / "configs" / "chatml_answer_ends_at_im_end.jinja",
         }
         steps, seconds = train(sft, smoke)
         base = find_checkpoint(args.base)
