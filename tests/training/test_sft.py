@@ -157,3 +157,37 @@ def test_the_sft_demo_runs_at_toy_size(tmp_path):
         ["--smoke", "--base", str(tmp_path / "base"), "--out", str(tmp_path / "sft"), "--data", str(tmp_path / "data")]
     )
     assert result["steps"] == 4 and result["test_conversations"] == 10 and 0 <= result["after"] <= 1
+
+
+@pytest.mark.slow  # about 30 s: the post-training demo (data/posttrain_addition_demo.py) at toy size, twice
+def test_the_posttraining_demo_runs_its_stages_at_toy_size_and_alone(tmp_path, capsys):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "data" / "posttrain_addition_demo.py"
+    spec = importlib.util.spec_from_file_location("posttrain_demo", path)
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    dirs = ["--base", str(tmp_path / "base"), "--work", str(tmp_path / "work"), "--data", str(tmp_path / "data")]
+    result = demo.main(["--smoke", "--stages", "sft,dpo,grpo", *dirs])
+    out = capsys.readouterr().out
+    assert result["sft"]["steps"] == 4 and result["dpo"]["steps"] == 4 and result["test_questions"] == 10
+    assert 0 <= result["sft"]["exact_match"] <= 1 and 0 <= result["dpo"]["exact_match"] <= 1
+    pairs = [json.loads(line) for line in (tmp_path / "work" / "pairs.jsonl").read_text().splitlines()]
+    assert len(pairs) == result["dpo"]["pairs"] > 0 and all(p["chosen"] != p["rejected"] for p in pairs)
+    held_out = {json.loads(line)["messages"][0]["content"] for line in (tmp_path / "data" / "test.jsonl").open()}
+    assert not held_out & {p["prompt"] for p in pairs}, "a pair was made from a held-out question"
+    if demo.has_grpo():
+        assert result["grpo"]["steps"] == 4
+    else:  # until GRPO lands, the stage says it is skipped
+        assert "grpo: skipped" in out and "skipped" in result["grpo"]
+    assert json.loads((tmp_path / "work" / "posttrain_addition.json").read_text()) == result
+    assert result["cpu_capability"] and f"sft: {result['sft']['exact_match']:.1%} exact match" in out
+
+    # one stage alone, from the SFT run left behind: its row changes, the start's is kept
+    again = demo.main(["--smoke", "--stages", "dpo", "--dpo_steps", "2", *dirs])
+    assert again["dpo"]["steps"] == 2 and again["sft"] == result["sft"]
+    with pytest.raises(SystemExit) as e:
+        demo.main(["--smoke", "--stages", "dpo,ppo", *dirs])
+    assert e.value.code == 2 and "--stages takes" in capsys.readouterr().err
