@@ -46,7 +46,6 @@ class KVCache:
         self.max_len = max_len
         self.window = window  # set: a ring of `window` slots (a sliding layer whose sequence can outgrow it)
         self.static = False  # see make_static
-        self.end = 0  # positions written so far with one start for every row (what resumable reads)
         self.k = torch.zeros((batch_size, n_kv_head, 0, head_dim), device=device, dtype=dtype)  # (B, nkv, capacity, hs)
         self.v = torch.zeros_like(self.k)
         # a ring's slot -> the position it holds, (B, capacity); EMPTY where none
@@ -79,11 +78,15 @@ class KVCache:
         self.static = True
 
     def resumable(self, start: int) -> bool:
-        """Can a sequence written with one start per call go on from position `start` (its positions before start
-        unchanged)?  Yes up to what was written; a ring that has dropped positions only from 0 (start over) or from
-        end - 1 on (a query at start needs the window - 1 positions before it, and the ring holds window positions)."""
-        dropped = self.window is not None and self.end > self.window
-        return start <= self.end and (not dropped or start == 0 or start >= self.end - 1)
+        """Can the sequence in this cache (written with one start for every row) go on from position `start`, its
+        positions before start as they were?  Always for a full cache, which keeps every position; a ring that has
+        dropped positions only from 0 (over again) or from its last position on: a query at `start` needs the
+        window - 1 positions before it, and the ring holds `window` positions."""
+        if self.window is None or start == 0:
+            return True
+        held = self.pos[0][self.pos[0] != EMPTY]
+        end = int(held.max()) + 1 if held.numel() else 0
+        return start <= end and (end <= self.window or start >= end - 1)
 
     def update(
         self, k: torch.Tensor, v: torch.Tensor, input_pos: int | torch.Tensor
@@ -103,7 +106,7 @@ class KVCache:
             self.k[rows, :, cols] = k.transpose(1, 2)  # indexed as (B, T, nkv, hs)
             self.v[rows, :, cols] = v.transpose(1, 2)
         else:
-            end = self.end = input_pos + T
+            end = input_pos + T
             self.reserve(end)
             self.k[:B, :, input_pos:end] = k
             self.v[:B, :, input_pos:end] = v
@@ -117,29 +120,29 @@ class KVCache:
         last `window` of them kept."""
         B, T, W = k.size(0), k.size(2), self.window
         per_row = isinstance(input_pos, torch.Tensor)
-        if not per_row:
-            if not self.resumable(input_pos):
-                raise ValueError(
-                    f"a sliding layer's cache holds positions {self.end - W}..{self.end - 1}: it cannot go on "
-                    f"from {input_pos}; start again from 0"
-                )
-            self.end = input_pos + T
         if not self.static:
             self.reserve((int(input_pos.max()) if per_row else input_pos) + T)
         start = input_pos[:, None] if per_row else torch.full((B, 1), input_pos, device=k.device)  # (B, 1)
         new_pos = start + torch.arange(T, device=k.device)  # (B, T)
-        if T > 1:  # the ring's positions at or past the start are a rewound sequence's: not attended
-            before = self.pos[:B].masked_fill(self.pos[:B] >= start, EMPTY)
-            keys = torch.cat((self.k[:B], k), dim=2), torch.cat((self.v[:B], v), dim=2)
+        if T > 1:
+            if not per_row and not self.resumable(input_pos):
+                raise ValueError(
+                    f"a sliding layer's cache has dropped the positions a query at {input_pos} needs; "
+                    "start again from position 0"
+                )
+            self.pos[:B].masked_fill_(self.pos[:B] >= start, EMPTY)  # a rewound sequence's later positions: gone
+            attended = (
+                torch.cat((self.k[:B], k), 2),
+                torch.cat((self.v[:B], v), 2),
+                torch.cat((self.pos[:B], new_pos), 1),
+            )
         kept = slice(max(0, T - W), T)  # the last `window` new positions
         rows = torch.arange(B, device=k.device)[:, None]  # (B, 1)
         slots = new_pos[:, kept] % W  # (B, n)
         self.k[rows, :, slots] = k[:, :, kept].transpose(1, 2)  # indexed as (B, n, nkv, hs)
         self.v[rows, :, slots] = v[:, :, kept].transpose(1, 2)
         self.pos[rows, slots] = new_pos[:, kept]
-        if T > 1:
-            return *keys, torch.cat((before, new_pos), dim=1)  # (B, capacity + T)
-        return self.k[:B], self.v[:B], self.pos[:B]
+        return attended if T > 1 else (self.k[:B], self.v[:B], self.pos[:B])  # S = capacity (+ T)
 
     def read(self, row: int, first: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of positions first..end-1 of `row`, (nkv, end - first, hs) each, in position order."""

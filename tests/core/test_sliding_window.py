@@ -190,8 +190,8 @@ def test_a_ring_goes_on_only_where_it_holds_what_the_next_query_needs():
     with torch.no_grad():
         model(idx[:, :20], kv_cache=cache, input_pos=0)
         assert [cache[0].resumable(p) for p in (0, 10, 18, 19, 20, 21)] == [True, False, False, True, True, False]
-        with pytest.raises(ValueError, match="holds positions 12..19: it cannot go on from 10"):
-            model(idx[:, 10:11], kv_cache=cache, input_pos=10)
+        with pytest.raises(ValueError, match="has dropped the positions a query at 10 needs; start again from"):
+            model(idx[:, 10:12], kv_cache=cache, input_pos=10)
         # going on from 19 (the last token again) and starting over from 0 both give the full forward's logits
         full = model(idx)[0]
         assert close(model(idx[:, 19:25], kv_cache=cache, input_pos=19)[0], full[:, 19:25])
@@ -254,3 +254,18 @@ def test_partial_rotary_rotates_the_first_dims_and_passes_the_rest():
 def test_bad_window_and_rotary_settings_are_one_line_errors(kw, match):
     with pytest.raises(ConfigError, match=match):
         GPTConfig(**{"arch": "llama", "n_layer": 2, "n_head": 4, "n_embd": 32, **kw})
+
+
+@pytest.mark.slow  # torch.compile: tens of seconds on 2 cores
+@pytest.mark.skipif(not compiled.compiler_available("cpu"), reason="no C++ compiler for torch.compile")
+def test_compiled_decode_past_the_window_gives_the_plain_loops_greedy_ids_and_compiles_once():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model = swa_gpt("llama", 2, MIXED)
+    idx = random_ids(batch=1, length=5)
+    plain = generate(model, idx, 100, temperature=0)  # past the window and block_size (refills)
+    counters.clear()
+    assert torch.equal(generate(model, idx, 100, temperature=0, compile=True), plain)
+    # the ring's step is one graph for every position, as the full cache's is (and one for the step that fills it)
+    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
