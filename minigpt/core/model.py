@@ -3,7 +3,9 @@
 GPT-2 block: LayerNorm, learned positions, GELU MLP.  Llama block: RMSNorm, rotary positions (RoPE),
 grouped-query attention (GQA), SwiGLU MLP.  One `CausalSelfAttention` computes the same function three
 ways (`sdpa`, `manual`, `einops`), chosen by `GPTConfig.attention`; the paths share every parameter, so a
-checkpoint trained with one runs with the others.
+checkpoint trained with one runs with the others.  A layer may attend within a sliding window (config.layer_window:
+Mistral's, Gemma 3's local layers), its RoPE with a base of its own (rope_local_base); RoPE may rotate only the first
+dims of each head (partial_rotary_factor: Phi-3's).
 
 Shapes: B batch, T query length, S key length (T, or cached + T while decoding), C n_embd,
 nh query heads, nkv key/value heads, g = nh // nkv query heads per key/value head, hs head size.
@@ -136,8 +138,8 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         key_pos = None  # the keys' positions: 0..S-1, or a ring cache's (B, S) (a sliding layer's last window)
         if kv_cache is not None:
-            k, v, key_pos = kv_cache.update(k, v, input_pos)  # (B, nkv, S, hs), S = input_pos + T (or per row: the
-            # longest; a ring: its slots, plus the T new keys when T > 1)
+            # (B, nkv, S, hs): S = input_pos + T (per row: the longest); a ring's S = its slots (+ T when T > 1)
+            k, v, key_pos = kv_cache.update(k, v, input_pos)
         # sdpa's is_causal covers training and prefill, and one new token with one start sees every cached key;
         # every other case gets an explicit mask: (T, S), or (B, 1, T, S) when each row has its own start.  A
         # sliding window needs it only where some key is `window` or more back: a ring's keys, or S > window.
