@@ -64,7 +64,7 @@ def test_kv_cache_decoding_past_the_window_equals_the_full_forward(cuda, path):
         steps = [model(idx[:, :40], kv_cache=cache, input_pos=0)[0]]  # a prefill longer than the window
         steps += [model(idx[:, p : p + 1], kv_cache=cache, input_pos=p)[0] for p in range(40, 120)]
     assert (torch.cat(steps, 1) - full).abs().max().item() <= 1e-5 * max(1.0, full.abs().max().item())
-    assert [layer.k.size(2) for layer in cache] == [32, 128]  # the ring holds its window; the full layer grows
+    assert [layer.k.size(2) for layer in cache] == [32, 160]  # the ring holds its window; the full layer grows
 
 
 @pytest.mark.parametrize("attention", PATHS)
