@@ -134,10 +134,14 @@ def test_phi3_partial_rotary_rotates_q_and_k_as_transformers_does():
 
 
 @pytest.mark.parametrize("window", [None, 12])
-def test_phi3_with_partial_rotary_gives_transformers_logits(window):
+def test_phi3_with_partial_rotary_gives_transformers_logits_and_greedy_ids(window):
     hf_model = random_hf(
         transformers.Phi3ForCausalLM,
         transformers.Phi3Config(partial_rotary_factor=0.5, sliding_window=window, **SMALL),
     )
     ours = ours_from(hf_model, partial_rotary_factor=0.5, sliding_window=window)
-    assert_same_logits_on_every_path(ours, hf_model, ids())
+    idx = ids()
+    assert_same_logits_on_every_path(ours, hf_model, idx)
+    with torch.no_grad():
+        want = hf_model.generate(idx[:, :8], max_new_tokens=32, do_sample=False, min_new_tokens=32)
+    assert torch.equal(generate(ours, idx[:, :8], 32, temperature=0), want)
