@@ -162,11 +162,11 @@ class GPTConfig:
                 f"must be in (0, 1], got {self.partial_rotary_factor}",
                 "use 1 to rotate every dim, or e.g. 0.5",
             )
-        elif self.arch == "llama" and self.rotary_dim % 2:
+        elif self.arch == "llama" and (self.rotary_dim % 2 or self.rotary_dim == 0):
             yield (
                 "partial_rotary_factor",
-                f"rotates {self.rotary_dim} of each head's {self.head_dim} dims, an odd number, but RoPE rotates pairs",
-                "choose a factor that gives an even number of dims",
+                f"rotates {self.rotary_dim} of each head's {self.head_dim} dims, but RoPE rotates pairs",
+                "choose a factor that gives an even number of dims, at least 2",
             )
         elif self.arch == "gpt" and self.partial_rotary_factor != 1.0:
             yield "partial_rotary_factor", "arch gpt has learned positions, not RoPE", "use arch llama or leave it at 1"

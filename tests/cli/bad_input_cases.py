@@ -188,7 +188,7 @@ CASES: list[Case] = [
         "llama",
         "--model.partial_rotary_factor",
         "0.1875",
-        expect=["model.partial_rotary_factor: rotates 3 of each head's 16 dims, an odd number"],
+        expect=["model.partial_rotary_factor: rotates 3 of each head's 16 dims, but RoPE rotates pairs"],
     ),
     train("vocab_size given (it comes from the data)", "--model.vocab_size", "100", expect=["model.vocab_size"]),
     train(
