@@ -104,6 +104,8 @@ class ChatSession:
                     break
                 same += 1
             same = min(same, len(ids) - 1)  # at least one token runs, to give the next token's logits
+            if not all(layer.resumable(same) for layer in self.cache):  # a sliding layer dropped what `same` needs
+                same = 0
         self.cached = self.cached[:same] + ids[same:]
         return self._forward(same)
 

@@ -21,6 +21,7 @@ SdpaBackend = Literal["flash", "efficient", "math", "cudnn"]
 # The Hugging Face families minigpt imports and exports, one module each in minigpt/hf/families (this list is their
 # declaration as a field type; tests/hf/test_families.py checks it equals that registry)
 Family = Literal["gpt2", "llama", "mistral", "qwen2", "qwen3"]
+LayerType = Literal["full_attention", "sliding_attention"]
 ARCHS, ATTENTIONS, MLPS, SDPA_BACKENDS = (get_args(t) for t in (Arch, Attention, Mlp, SdpaBackend))
 # RoPE scalings minigpt computes (Hugging Face's rope_type names) and the keys each needs
 ROPE_SCALINGS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
@@ -71,6 +72,16 @@ class GPTConfig:
     """Epsilon of LayerNorm / RMSNorm."""
     tie_embeddings: bool = True
     """Share the token embedding with the output head."""
+    sliding_window: int | None = None
+    """Sliding-window attention: a query at position i sees the keys at i - sliding_window < j <= i (itself and the
+    sliding_window - 1 before it), and a sliding layer's KV cache keeps only those; unset = full causal attention."""
+    layer_types: list[LayerType] | None = None
+    """Per layer, full_attention or sliding_attention (Hugging Face's layer_types: Gemma 3, newer Mistral); unset =
+    every layer sliding when sliding_window is set."""
+    rope_local_base: float | None = None
+    """RoPE frequency base of the sliding layers (Gemma 3's rope_local_base_freq); unset = rope_base."""
+    partial_rotary_factor: float = 1.0
+    """Fraction of each head's dims that RoPE rotates (the first int(head_dim * factor); Phi-3's), in (0, 1]."""
     qk_norm: bool = False
     """RMS-normalise queries and keys per head before attention."""
     zero_init_proj: bool = False
@@ -152,6 +163,71 @@ class GPTConfig:
             yield "norm_eps", f"must be in (0, 1), got {self.norm_eps}", "use e.g. 1e-5"
         if self.rope_scaling is not None:
             yield from self._rope_scaling_problems()
+        yield from self._window_problems()
+        if not 0.0 < self.partial_rotary_factor <= 1.0:
+            yield (
+                "partial_rotary_factor",
+                f"must be in (0, 1], got {self.partial_rotary_factor}",
+                "use 1 to rotate every dim, or e.g. 0.5",
+            )
+        elif self.arch == "llama" and (self.rotary_dim % 2 or self.rotary_dim == 0):
+            yield (
+                "partial_rotary_factor",
+                f"rotates {self.rotary_dim} of each head's {self.head_dim} dims, but RoPE rotates pairs",
+                "choose a factor that gives an even number of dims, at least 2",
+            )
+        elif self.arch == "gpt" and self.partial_rotary_factor != 1.0:
+            yield "partial_rotary_factor", "arch gpt has learned positions, not RoPE", "use arch llama or leave it at 1"
+
+    def _window_problems(self) -> Iterator[tuple[str, str, str]]:
+        window, types = self.sliding_window, self.layer_types
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+            yield (
+                "sliding_window",
+                f"must be a positive integer, got {window!r}",
+                "set it to 1 or more, or leave it unset",
+            )
+            return
+        if types is not None:
+            if not isinstance(types, list) or len(types) != self.n_layer:
+                count = len(types) if isinstance(types, list) else repr(types)
+                yield "layer_types", f"needs one entry per layer ({self.n_layer}), got {count}", "list n_layer types"
+                return
+            if unknown := sorted({str(t) for t in types} - set(get_args(LayerType))):
+                yield (
+                    "layer_types",
+                    f"unknown layer type(s) {', '.join(unknown)}",
+                    f"use {' or '.join(get_args(LayerType))}",
+                )
+                return
+            if window is None and "sliding_attention" in types:
+                yield "layer_types", "has sliding_attention layers but sliding_window is unset", "set sliding_window"
+        if self.rope_local_base is not None:
+            if not self.rope_local_base > 1.0:
+                yield "rope_local_base", f"must be > 1, got {self.rope_local_base}", "use e.g. 10000, or leave it unset"
+            elif self.arch != "llama" or not any(self.layer_window(i) for i in range(self.n_layer)):
+                yield (
+                    "rope_local_base",
+                    "is the RoPE base of sliding layers, and this model has none with RoPE",
+                    "leave it unset, or set sliding_window with arch llama",
+                )
+        if window is not None and self.sdpa_backend == "flash":
+            yield (
+                "sdpa_backend",
+                "flash takes no attention mask, and a sliding window needs one",
+                "choose efficient or leave it unset",
+            )
+
+    def layer_window(self, layer: int) -> int | None:
+        """Layer `layer`'s sliding window, or None where it attends to every earlier position."""
+        if self.sliding_window is None or (self.layer_types and self.layer_types[layer] != "sliding_attention"):
+            return None
+        return self.sliding_window
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dims of each head that RoPE rotates (the first ones; Hugging Face's int(head_dim * factor))."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     def _rope_scaling_problems(self) -> Iterator[tuple[str, str, str]]:
         scaling, copy = self.rope_scaling, "copy the rope_scaling dict of the model's config.json"

@@ -7,7 +7,8 @@ and one replay launches all of them.
 
 A graph replays fixed shapes at fixed addresses, so the step is made static (as gpt-fast does):
 - the KV cache is allocated once, for the whole generation (KVCache.make_static), and every step attends over all
-  its positions: the mask, built on the device from the positions, hides each row's positions past its own;
+  its positions: the mask, built on the device from the positions, hides each row's positions past its own (a
+  sliding layer's static cache is its ring of window slots, written at position % window: static as it is);
 - the step reads its token ids and positions from device tensors updated in place before each replay: no Python
   int reaches the graph and nothing in it waits for the host.
 One graph then serves every position.  A batch of B rows runs in the graph of the smallest bucket >= B (1, 2, 4,

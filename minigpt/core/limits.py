@@ -143,12 +143,14 @@ def sampling_bytes(
     the vocabulary."""
     T = max(1, min(prompt_tokens if kv_cache else prompt_tokens + new_tokens, config.block_size))
     width = 4 * config.n_embd + 3 * (config.mlp_hidden or 4 * config.n_embd)  # residual, q/k/v/out, the MLP's
-    # the cache grows with the positions written, doubling, up to block_size (minigpt.core.kv_cache)
+    # the cache grows with the positions written, doubling, up to block_size (minigpt.core.kv_cache); a sliding
+    # layer's up to its window
     cached = min(config.block_size, 2 * (prompt_tokens + new_tokens)) if kv_cache else 0
+    cached_positions = sum(min(cached, config.layer_window(i) or cached) for i in range(config.n_layer))
     return {
         "logits": FLOAT32_BYTES * batch * T * config.vocab_size,
         "activations": FLOAT32_BYTES * batch * T * width + FLOAT32_BYTES * batch * config.n_head * T * T,
-        "KV cache": FLOAT32_BYTES * 2 * config.n_layer * batch * config.n_kv_head * cached * config.head_dim,
+        "KV cache": FLOAT32_BYTES * 2 * batch * config.n_kv_head * cached_positions * config.head_dim,
         "tokens": 8 * batch * (prompt_tokens + new_tokens),
         "sampling": 5 * 8 * batch * config.vocab_size,
     }

@@ -3,7 +3,9 @@
 GPT-2 block: LayerNorm, learned positions, GELU MLP.  Llama block: RMSNorm, rotary positions (RoPE),
 grouped-query attention (GQA), SwiGLU MLP.  One `CausalSelfAttention` computes the same function three
 ways (`sdpa`, `manual`, `einops`), chosen by `GPTConfig.attention`; the paths share every parameter, so a
-checkpoint trained with one runs with the others.
+checkpoint trained with one runs with the others.  A layer may attend within a sliding window (config.layer_window:
+Mistral's, Gemma 3's local layers), its RoPE with a base of its own (rope_local_base); RoPE may rotate only the first
+dims of each head (partial_rotary_factor: Phi-3's).
 
 Shapes: B batch, T query length, S key length (T, or cached + T while decoding), C n_embd,
 nh query heads, nkv key/value heads, g = nh // nkv query heads per key/value head, hs head size.
@@ -62,30 +64,49 @@ def llama3_scaled_frequencies(inv_freq: torch.Tensor, scaling: dict) -> torch.Te
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)  # (B, nh, T, hs/2) each
+    """Rotate the first rd = cos.size(-1) dims of x (B, nh, T, hs); partial rotary (rd < hs) passes the rest."""
+    rd = cos.size(-1)
+    x_rot, x_pass = x[..., :rd], x[..., rd:]
+    x1, x2 = x_rot.chunk(2, dim=-1)  # (B, nh, T, rd/2) each
     rotated = torch.cat((-x2, x1), dim=-1)
-    return (x * cos + rotated * sin).type_as(x)
+    out = (x_rot * cos + rotated * sin).type_as(x)
+    return out if rd == x.size(-1) else torch.cat((out, x_pass), dim=-1)
 
 
 def causal_mask(
-    T: int, S: int, input_pos: int | torch.Tensor = 0, device: torch.device | str | None = None
+    T: int,
+    S: int,
+    input_pos: int | torch.Tensor = 0,
+    device: torch.device | str | None = None,
+    window: int | None = None,
+    key_pos: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """(T, S) bool, True where query t (at absolute position input_pos + t) may see key s: s <= input_pos + t;
-    with per-row starts, input_pos (B,), it is (B, 1, T, S), one mask per row, broadcast over the heads.
+    """(T, S) bool, True where query t (at absolute position input_pos + t) may see key s (at position key_pos[s],
+    default s): key_pos <= input_pos + t, and with a sliding window, fewer than `window` positions back.  With
+    per-row starts, input_pos (B,), or per-row key positions (a ring cache's, (B, S)) it is (B, 1, T, S), one mask
+    per row, broadcast over the heads.
     Built per call, not stored per layer: a long-context model would otherwise hold n_layer x block_size^2."""
-    if isinstance(input_pos, torch.Tensor):
-        query_pos = input_pos[:, None] + torch.arange(T, device=device)  # (B, T)
-        return (torch.arange(S, device=device) <= query_pos[..., None])[:, None]  # (B, 1, T, S)
-    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=input_pos)
+    per_row = isinstance(input_pos, torch.Tensor)
+    if not per_row and window is None and key_pos is None:
+        return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=input_pos)
+    query_pos = torch.arange(T, device=device) + (input_pos[:, None] if per_row else input_pos)  # (T,) or (B, T)
+    if key_pos is None:
+        key_pos = torch.arange(S, device=device)  # (S,)
+    behind = query_pos[..., :, None] - key_pos[..., None, :]  # (T, S) or (B, T, S): how far back each key is
+    mask = behind >= 0
+    if window is not None:
+        mask &= behind < window
+    return mask[:, None] if mask.dim() == 3 else mask
 
 
 # --------------------------------------------------------------------------------------------------
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, window: int | None = None) -> None:
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        self.window = window  # sliding window (config.layer_window), None = full causal attention
         self.attention = config.attention
         self.sdpa_backend = config.sdpa_backend
         self.dropout = config.dropout
@@ -115,16 +136,20 @@ class CausalSelfAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        key_pos = None  # the keys' positions: 0..S-1, or a ring cache's (B, S) (a sliding layer's last window)
         if kv_cache is not None:
-            k, v = kv_cache.update(k, v, input_pos)  # (B, nkv, S, hs), S = input_pos + T (per row: the longest)
+            # (B, nkv, S, hs): S = input_pos + T (per row: the longest); a ring's S = its slots (+ T when T > 1)
+            k, v, key_pos = kv_cache.update(k, v, input_pos)
         # sdpa's is_causal covers training and prefill, and one new token with one start sees every cached key;
-        # every other case gets an explicit mask: (T, S), or (B, 1, T, S) when each row has its own start
+        # every other case gets an explicit mask: (T, S), or (B, 1, T, S) when each row has its own start.  A
+        # sliding window needs it only where some key is `window` or more back: a ring's keys, or S > window.
         S = k.size(2)
         one_start = not isinstance(input_pos, torch.Tensor)
+        window = self.window if self.window is not None and (key_pos is not None or S > self.window) else None
         mask = (
             None
-            if self.attention == "sdpa" and one_start and (T == 1 or T == S)
-            else causal_mask(T, S, input_pos, x.device)
+            if self.attention == "sdpa" and one_start and window is None and (T == 1 or T == S)
+            else causal_mask(T, S, input_pos, x.device, window, key_pos)
         )
 
         if return_weights and self.attention == "sdpa":
@@ -213,10 +238,10 @@ def make_norm(config: GPTConfig, dim: int) -> nn.Module:
 class Block(nn.Module):
     """Pre-norm residual block; `arch` picks LayerNorm (gpt) or RMSNorm (llama), `mlp` picks GELU or SwiGLU."""
 
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, window: int | None = None) -> None:
         super().__init__()
         self.ln_1 = make_norm(config, config.n_embd)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, window)
         self.ln_2 = make_norm(config, config.n_embd)
         self.mlp = MLP(config)
 
@@ -258,7 +283,7 @@ class GPT(nn.Module):
             dict(
                 wte=embedding(config.vocab_size, config.n_embd),
                 drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+                h=nn.ModuleList(Block(config, config.layer_window(i)) for i in range(config.n_layer)),
                 ln_f=make_norm(config, config.n_embd),
             )
         )
@@ -267,13 +292,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.transformer.wte.weight = self.lm_head.weight
-        if config.arch == "llama":
-            if building_shapes_only():  # from_weights computes them for real
-                cos = sin = torch.empty(config.block_size, config.head_dim)
-            else:
-                cos, sin = rope_cache(config.block_size, config.head_dim, config.rope_base, config.rope_scaling)
-            self.register_buffer("rope_cos", cos, persistent=False)  # (block_size, hs)
-            self.register_buffer("rope_sin", sin, persistent=False)
+        for name, table in self.rope_tables().items():  # (block_size, rotary dims) each
+            self.register_buffer(name, table, persistent=False)
         if not building_shapes_only():
             self.init_weights()
 
@@ -305,11 +325,27 @@ class GPT(nn.Module):
         model.load_state_dict(state, assign=True)
         if config.tie_embeddings:  # assign gave the two names two Parameters: make them one again
             model.transformer.wte.weight = model.lm_head.weight
-        if config.arch == "llama":  # non-persistent buffers are not in a state dict: compute them for real
-            model.rope_cos, model.rope_sin = rope_cache(
-                config.block_size, config.head_dim, config.rope_base, config.rope_scaling
-            )
+        for name, table in model.rope_tables().items():  # non-persistent buffers are not in a state dict
+            setattr(model, name, table)
         return model
+
+    def rope_tables(self) -> dict[str, torch.Tensor]:
+        """The RoPE buffers (llama): cos and sin of every position, (block_size, rotary_dim) each, and the sliding
+        layers' own where they have another base (rope_local_base).  Empty on the meta device (from_weights)."""
+        c = self.config
+        if c.arch != "llama":
+            return {}
+        bases = {"rope": (c.rope_base, c.rope_scaling)}
+        if c.rope_local_base is not None:
+            bases["rope_local"] = (c.rope_local_base, None)  # Gemma 3: the local base, no scaling
+        tables = {}
+        for name, (base, scaling) in bases.items():
+            if building_shapes_only():  # from_weights computes them for real
+                cos = sin = torch.empty(c.block_size, c.rotary_dim)
+            else:
+                cos, sin = rope_cache(c.block_size, c.rotary_dim, base, scaling)
+            tables[f"{name}_cos"], tables[f"{name}_sin"] = cos, sin
+        return tables
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -351,13 +387,13 @@ class GPT(nn.Module):
             )
         pos = torch.arange(T, device=idx.device) + (input_pos[:, None] if per_row else input_pos)  # (T,) or (B, T)
         x = self.transformer.wte(idx)  # (B, T, C)
-        rope = None
+        rope = local_rope = None
         if self.config.arch == "gpt":
             x = x + self.transformer.wpe(pos)
-        else:  # (T, hs), or (B, 1, T, hs) to broadcast over the heads of each row
-            rope = (self.rope_cos[pos], self.rope_sin[pos])
-            if per_row:
-                rope = (rope[0][:, None], rope[1][:, None])
+        else:  # (T, rd), or (B, 1, T, rd) to broadcast over the heads of each row
+            rope = local_rope = self.rope_at(pos, "rope")
+            if self.config.rope_local_base is not None:  # the sliding layers' own base
+                local_rope = self.rope_at(pos, "rope_local")
         x = self.transformer.drop(x)
         # Activation checkpointing: each block keeps only its input for the backward pass and runs its forward
         # again there. Only where a backward will follow (training, grad on) and the block has no side effects
@@ -371,13 +407,19 @@ class GPT(nn.Module):
             and attn_weights is None
         )
         for i, block in enumerate(self.transformer.h):
+            block_rope = local_rope if block.attn.window is not None else rope
             if recompute:
-                x = checkpoint(block, x, rope, None, input_pos, use_reentrant=False)
+                x = checkpoint(block, x, block_rope, None, input_pos, use_reentrant=False)
             else:
-                x = block(x, rope, kv_cache[i] if kv_cache is not None else None, input_pos, attn_weights)
+                x = block(x, block_rope, kv_cache[i] if kv_cache is not None else None, input_pos, attn_weights)
         if last_only:
             x = x[:, -1:]  # (B, 1, C)
         return self.head(x, targets)
+
+    def rope_at(self, pos: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of table `name` at positions pos (T,) -> (T, rd), or pos (B, T) -> (B, 1, T, rd)."""
+        cos, sin = getattr(self, f"{name}_cos")[pos], getattr(self, f"{name}_sin")[pos]
+        return (cos, sin) if pos.dim() == 1 else (cos[:, None], sin[:, None])
 
     def head(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The last hidden states (B, T, C) -> logits (B, T, vocab), and the mean cross-entropy against targets."""
@@ -389,18 +431,21 @@ class GPT(nn.Module):
 
     def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> list[KVCache]:
         """An empty cache per layer for `batch_size` sequences of up to `max_len` (default block_size) tokens; it
-        allocates as positions are written."""
+        allocates as positions are written (a sliding layer's: up to its window, a ring buffer)."""
         p = self.transformer.ln_f.weight  # a float tensor also where the linear weights are int8 (core/quantize)
+        c, max_len = self.config, max_len or self.config.block_size
         return [
             KVCache(
                 batch_size,
-                max_len or self.config.block_size,
-                self.config.n_kv_head,
-                self.config.head_dim,
+                max_len,
+                c.n_kv_head,
+                c.head_dim,
                 device=p.device,
                 dtype=p.dtype,
+                # a sliding layer keeps its last `window` positions, where the sequence can outgrow them
+                window=block.attn.window if block.attn.window is not None and block.attn.window < max_len else None,
             )
-            for _ in range(self.config.n_layer)
+            for block in self.transformer.h
         ]
 
     def set_attention(self, attention: str) -> None:

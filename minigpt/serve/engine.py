@@ -20,7 +20,8 @@ runs padded to the smallest of 1, 2, 4, ... max_batch rows that holds it, so a f
 
 Per request the tokens are those of `generate` alone (greedy, or with the same seed): the prefill is the same,
 and each step's row sees only its own keys.  Requests are validated before they get here (minigpt.serve.app):
-prompt + max_tokens fit the model's context, so no cache ever slides.
+prompt + max_tokens fit the model's context, so no cache is ever re-filled (a sliding layer's ring keeps its last
+window of positions as it goes: minigpt.core.kv_cache).
 """
 
 from __future__ import annotations

@@ -29,17 +29,29 @@ def other_value(field) -> object:
     args = [a for a in typing.get_args(tp) if a is not type(None)]
     if typing.get_origin(tp) is typing.Literal:
         return next(a for a in args if a != field.default)
+    if field.name == "sdpa_backend":  # flash takes no mask, which the sliding window set below needs
+        return "efficient"
     if args and typing.get_origin(args[0]) is typing.Literal:  # Literal | None
         return next(a for a in typing.get_args(args[0]) if a != field.default)
     base = args[0] if args else tp
     if base is bool:
         return not field.default if field.default is not None else True
     if base is int:
-        return {"n_head": 2, "n_kv_head": 1, "n_embd": 64, "mlp_hidden": 96}.get(field.name, (field.default or 1) + 1)
-    if base is float:
-        return {"dropout": 0.25, "min_lr_ratio": 0.5, "beta1": 0.8, "beta2": 0.9, "norm_eps": 1e-6}.get(
-            field.name, (field.default or 1.0) * 2
+        return {"n_head": 2, "n_kv_head": 1, "n_embd": 64, "mlp_hidden": 96, "head_dim": 16}.get(
+            field.name, (field.default or 1) + 1
         )
+    if base is float:
+        return {
+            "dropout": 0.25,
+            "min_lr_ratio": 0.5,
+            "beta1": 0.8,
+            "beta2": 0.9,
+            "norm_eps": 1e-6,
+            "partial_rotary_factor": 0.5,
+        }.get(field.name, (field.default or 1.0) * 2)
+    if typing.get_origin(base) is list:  # layer_types: one per layer of the n_layer set here
+        n_layer = other_value(next(f for f in fields(GPTConfig) if f.name == "n_layer"))
+        return ["sliding_attention", "full_attention"] * (n_layer // 2) + ["sliding_attention"] * (n_layer % 2)
     if typing.get_origin(base) is dict:
         return {
             "rope_type": "llama3",

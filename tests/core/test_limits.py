@@ -133,6 +133,10 @@ def test_sampling_memory_is_bounded_from_the_sizes_before_anything_is_allocated(
     parts = sampling_bytes(config, batch=1000, prompt_tokens=10, new_tokens=100)
     assert parts["logits"] == 4 * 1000 * 10 * 100 and parts["tokens"] == 8 * 1000 * 110
     assert parts["KV cache"] == 4 * 2 * 2 * 1000 * 2 * 64 * 16  # 2 x 110 positions, capped at block_size
+    sliding = GPTConfig(
+        **{**config.to_dict(), "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}
+    )
+    assert sampling_bytes(sliding, 1000, 10, 100)["KV cache"] == 4 * 2 * 1000 * 2 * (8 + 64) * 16  # a ring of 8
     monkeypatch.setenv("MINIGPT_MAX_MODEL_GB", "1")
     check_sampling_size(config, 1000, 10, 100)  # about 0.1 GB
     with pytest.raises(

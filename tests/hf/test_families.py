@@ -105,6 +105,17 @@ def test_each_byte_level_family_tokenizer_has_its_llama_cpp_pre_tokenizer():
         (dict(arch="llama", family="qwen3", qk_norm=True, qkv_bias=True), "qkv_bias=true: Qwen3ForCausalLM"),
         (dict(arch="gpt", family="qwen2", qkv_bias=True), "model.family=qwen2 with arch gpt"),
         (dict(arch="llama", family="gpt2"), "model.family=gpt2 with arch llama"),
+        (dict(arch="llama", sliding_window=8), "sliding_window=8: LlamaForCausalLM attends to the whole context"),
+        (dict(sliding_window=8), "sliding_window=8: GPT2LMHeadModel attends to the whole context"),
+        (
+            dict(arch="llama", family="mistral", sliding_window=8, layer_types=["full_attention"]),
+            "layer_types: MistralForCausalLM slides on every layer",
+        ),
+        (dict(arch="llama", partial_rotary_factor=0.5), "partial_rotary_factor=0.5: LlamaForCausalLM rotates every"),
+        (
+            dict(arch="llama", family="mistral", sliding_window=8, rope_local_base=500.0),
+            "rope_local_base=500: MistralForCausalLM has one RoPE base",
+        ),
     ],
 )
 def test_a_family_refuses_what_its_class_cannot_hold_in_one_line_before_writing(overrides, option, tmp_path):
@@ -127,6 +138,8 @@ def test_a_family_refuses_what_its_class_cannot_hold_in_one_line_before_writing(
         (dict(arch="llama", qk_norm=True), "qk_norm=true: llama.cpp's llama architecture has no query/key"),
         (dict(arch="llama", family="qwen3"), "qk_norm=false: llama.cpp's qwen3 architecture always normalises"),
         (dict(arch="gpt", family="llama"), "model.family=llama with arch gpt"),
+        (dict(arch="llama", family="mistral", sliding_window=8), "sliding_window=8: llama.cpp's llama architecture"),
+        (dict(arch="llama", partial_rotary_factor=0.5), "partial_rotary_factor=0.5: llama.cpp's llama architecture"),
     ],
 )
 def test_the_gguf_export_asks_the_family_too(overrides, option, tmp_path):
@@ -142,3 +155,39 @@ def test_the_gguf_export_asks_the_family_too(overrides, option, tmp_path):
         export_gguf(model, ByteTokenizer(), tmp_path / "model.gguf")
     assert str(e.value).startswith(f"cannot export to GGUF: {option}") and "\n" not in str(e.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sliding_window_model_exports_as_mistral_with_its_window_and_the_same_logits(tmp_path):
+    """A window shorter than the context is Mistral's sliding_window in config.json: transformers computes our
+    function past the window."""
+    import torch
+    import transformers
+
+    from minigpt.core.config import GPTConfig
+    from minigpt.core.model import GPT
+    from minigpt.core.tokenizers import ByteTokenizer
+    from minigpt.export.hf import export_hf
+
+    torch.manual_seed(0)
+    config = GPTConfig(
+        arch="llama",
+        family="mistral",
+        n_layer=2,
+        n_head=4,
+        n_kv_head=2,
+        n_embd=64,
+        vocab_size=256,
+        block_size=48,
+        sliding_window=8,
+    )
+    model = GPT(config).eval()
+    export_hf(model, ByteTokenizer(), tmp_path / "out")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
+    assert type(hf).__name__ == "MistralForCausalLM" and hf.config.sliding_window == 8
+    idx = torch.randint(0, 256, (2, 48), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, theirs = model(idx)[0], hf(idx).logits
+        full = GPT(GPTConfig(**{**config.to_dict(), "sliding_window": None}))
+        full.load_state_dict(model.state_dict())
+        assert (full.eval()(idx)[0] - ours).abs().max() > 1e-3  # the window bites
+    torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=0)

@@ -75,3 +75,27 @@ def test_without_room_for_the_static_cache_the_engine_decodes_with_a_growing_one
     assert got == [tokenizer.decode(alone(model, tokenizer, p, 12)) for p in prompts]
     assert engine.graphs is None and not engine.use_graphs
     assert "decoding without CUDA graphs" in caplog.text
+
+
+@pytest.mark.parametrize("decode_graphs", [False, True])
+def test_a_sliding_window_model_serves_each_request_as_it_decodes_alone(chat_model, decode_graphs):
+    """Sliding layers (window 8, one of the two) keep a ring in the batch's cache, growing or static; prompts and
+    replies run past the window, rows join, leave and move, and each request gets what generate() gives it alone."""
+    from support import varied_gpt
+
+    _, tokenizer = chat_model
+    model = varied_gpt(
+        "llama",
+        n_kv_head=2,
+        vocab_size=tokenizer.vocab_size,
+        block_size=64,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    requests = [Request(prompt=p, max_tokens=n, temperature=0) for p, n in zip(prompts, MAX_TOKENS)]
+    engine = Engine(model, tokenizer, max_batch=4, decode_graphs=decode_graphs)
+    got = run_engine(engine, requests)
+    assert got == [tokenizer.decode(alone(model, tokenizer, p, n)) for p, n in zip(prompts, MAX_TOKENS)]
+    if decode_graphs:
+        assert [layer.k.size(2) for layer in engine.graphs.cache] == [8, 64]

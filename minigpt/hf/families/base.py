@@ -45,6 +45,8 @@ class Family:
     peft_fused: ClassVar[bool] = False
     """HF fuses q, k and v in one module: their adapters become one of rank 3r (A stacked, B block-diagonal)."""
     fan_in_fan_out: ClassVar[bool] = False
+    sliding_window: ClassVar[bool] = False
+    """The HF class attends within config.json's sliding_window on every layer."""
 
     # ------------------------------------------------------------------------------------------- import
     def import_problems(self, hf: dict[str, Any]) -> Iterator[str]:
@@ -78,6 +80,7 @@ class Family:
 
     def export_problems(self, config: GPTConfig) -> Iterator[str]:
         """Each option the HF class cannot express, as "option: why; fix"."""
+        yield from position_problems(config, self.hf_class, sliding=self.sliding_window)
         if config.mlp == "relu2":
             yield f"mlp=relu2: {self.hf_class} has no squared-ReLU MLP; train with mlp gelu (gpt) or swiglu (llama)"
 
@@ -107,6 +110,26 @@ class Family:
 
     def gguf_metadata(self, writer: Any, config: GPTConfig) -> None:
         """The architecture's own keys (export.gguf writes the shared ones)."""
+
+
+def position_problems(config: GPTConfig, target: str, sliding: bool) -> Iterator[str]:
+    """Sliding-window attention and partial rotary where `target` computes neither (a window at least as long as
+    the context is full attention)."""
+    if config.sliding_window is not None and config.sliding_window < config.block_size:
+        if not sliding:
+            yield (
+                f"sliding_window={config.sliding_window}: {target} attends to the whole context; train without "
+                f"sliding_window (or with one >= block_size {config.block_size})"
+            )
+        elif config.layer_types and "full_attention" in config.layer_types:
+            yield f"layer_types: {target} slides on every layer; train with every layer sliding_attention"
+    if config.rope_local_base is not None:
+        yield f"rope_local_base={config.rope_local_base:g}: {target} has one RoPE base; leave rope_local_base unset"
+    if config.partial_rotary_factor != 1.0:
+        yield (
+            f"partial_rotary_factor={config.partial_rotary_factor:g}: {target} rotates every dimension of a head; "
+            "train with partial_rotary_factor 1"
+        )
 
 
 def gguf_blocks(state: dict[str, torch.Tensor], config: GPTConfig, layer: Any) -> Iterator[tuple[str, torch.Tensor]]:

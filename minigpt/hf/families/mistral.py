@@ -1,6 +1,7 @@
 """Mistral (`MistralForCausalLM`, model_type mistral): Llama's block and tensor names, attending within a sliding
 window.  The import caps the context at the window, inside which sliding and full attention agree, so the model is
-ours exactly; the export writes no window (full attention over that context: the same function).  llama.cpp runs it
+ours exactly; the export writes the model's own window (none for an import: full attention over that context, the same
+function).  llama.cpp runs it
 as its `llama` architecture, as convert_hf_to_gguf does."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ class Mistral(Llama):
     model_type = "mistral"
     hf_class = "MistralForCausalLM"
     gguf_pre_tokenizer = None  # SentencePiece (v0.1-v0.3), which the GGUF export refuses
+    sliding_window = True  # a model trained here with --model.sliding_window exports its window
 
     def context(self, hf: dict[str, Any]) -> int | None:
         context, window = hf.get("max_position_embeddings"), hf.get("sliding_window")
@@ -34,4 +36,4 @@ class Mistral(Llama):
     def hf_config(self, config: GPTConfig) -> dict[str, Any]:
         out = super().hf_config(config)
         del out["attention_bias"], out["mlp_bias"]  # MistralConfig has neither
-        return {**out, "sliding_window": None}
+        return {**out, "sliding_window": config.sliding_window}
