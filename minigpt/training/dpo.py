@@ -6,7 +6,11 @@ train.py --data.format preference trains with DPO instead of SFT (docs/dpo.md); 
     -logsigmoid(beta * ((logp(chosen) - ref_logp(chosen)) - (logp(rejected) - ref_logp(rejected))))
 
 averaged over the batch, each logp summed over the answer's tokens only (the completion after the chat template's
-generation prompt, as TRL splits a pair).  The reference is the starting model, frozen (dpo.reference):
+generation prompt, as TRL splits a pair).  dpo.rpo_alpha adds RPO's term (Pang et al. 2024), alpha times the NLL of
+the chosen answers, a mean over every chosen answer token of the batch: TRL's loss_type ["sigmoid", "sft"] with
+loss_weights [1, alpha] (trl 1.16; its former rpo_alpha).  It keeps the chosen answer's likelihood up, where plain
+DPO on near-identical pairs lowers both (likelihood displacement).
+The reference is the starting model, frozen (dpo.reference):
   model        LoRA: the same model with its adapters switched off (no second copy); full: a frozen copy
   precomputed  the reference's log-probs of every pair, computed once before the first step and saved in the
                checkpoints (no second model in memory during training)
@@ -25,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
-from jsonargparse.typing import PositiveFloat
+from jsonargparse.typing import NonNegativeFloat, PositiveFloat
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import Dataset
 
@@ -47,6 +51,7 @@ METRICS = (
     "logps/chosen",
     "logps/rejected",
 )
+RPO_METRIC = "nll_loss"  # the chosen answers' NLL, logged when dpo.rpo_alpha is set (TRL's name before 1.0)
 
 
 @dataclass
@@ -58,6 +63,9 @@ class DPOConfig:
     reference: Reference = "model"
     """The frozen starting model: "model" (LoRA: adapters off; full: a frozen copy) or "precomputed" (its log-probs
     of every pair computed once before training: no second model in memory)."""
+    rpo_alpha: NonNegativeFloat = 0.0  # type: ignore[assignment]
+    """RPO: add rpo_alpha x the NLL of the chosen answers (mean over their tokens) to the loss; 0: plain DPO.
+    TRL: loss_type ["sigmoid", "sft"], loss_weights [1, rpo_alpha] (>= 0)."""
 
 
 # ------------------------------------------------------------------------------------------------- data
@@ -178,6 +186,11 @@ class FixedPairs(Dataset):
 # ------------------------------------------------------------------------------------------------- the loss
 
 
+def answer_tokens(rows: torch.Tensor) -> torch.Tensor:
+    """(N, T + 1) rows -> (N,) how many target tokens (its answer) each row has."""
+    return (split_batch(rows)[1] >= 0).sum(-1)
+
+
 def sequence_logps(model: GPT, rows: torch.Tensor) -> torch.Tensor:
     """(N, T + 1) rows -> (N,) log-probability of each row's target tokens (its answer), summed."""
     inputs, targets = split_batch(rows)
@@ -186,13 +199,24 @@ def sequence_logps(model: GPT, rows: torch.Tensor) -> torch.Tensor:
     return (logps * (targets >= 0)).sum(-1)
 
 
-def dpo_loss(logps: torch.Tensor, ref_logps: torch.Tensor, beta: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def dpo_loss(
+    logps: torch.Tensor,
+    ref_logps: torch.Tensor,
+    beta: float,
+    rpo_alpha: float = 0.0,
+    tokens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """logps, ref_logps (2B,): chosen then rejected -> TRL's sigmoid loss (mean over the pairs) and its metrics
-    (TRL's names and definitions: each a mean over the batch's pairs)."""
+    (TRL's names and definitions: each a mean over the batch's pairs).  rpo_alpha: plus rpo_alpha x the chosen
+    answers' NLL per token, over the whole batch (tokens (2B,): each row's answer tokens), as TRL's "sft" term."""
     chosen, rejected = logps.chunk(2)
     ref_chosen, ref_rejected = ref_logps.chunk(2)
     chosen_logratios, rejected_logratios = chosen - ref_chosen, rejected - ref_rejected
     loss = -F.logsigmoid(beta * (chosen_logratios - rejected_logratios)).mean()
+    nll = None
+    if rpo_alpha:  # TRL: -chosen_per_token_logps[chosen_mask].mean(), a mean over all the batch's chosen tokens
+        nll = -chosen.sum() / tokens.chunk(2)[0].sum()
+        loss = loss + rpo_alpha * nll
     chosen_rewards, rejected_rewards = beta * chosen_logratios.detach(), beta * rejected_logratios.detach()
     metrics = {
         "rewards/chosen": chosen_rewards.mean(),
@@ -202,6 +226,8 @@ def dpo_loss(logps: torch.Tensor, ref_logps: torch.Tensor, beta: float) -> tuple
         "logps/chosen": chosen.detach().mean(),
         "logps/rejected": rejected.detach().mean(),
     }
+    if nll is not None:
+        metrics[RPO_METRIC] = nll.detach()
     return loss, metrics
 
 
@@ -267,7 +293,13 @@ class DPOLightningModule(GPTLightningModule):
 
     def batch_loss(self, batch: Any, stage: str) -> torch.Tensor:
         rows, ids = batch
-        loss, metrics = dpo_loss(sequence_logps(self.model, rows), self.reference_logps(rows, ids), self.dpo.beta)
+        loss, metrics = dpo_loss(
+            sequence_logps(self.model, rows),
+            self.reference_logps(rows, ids),
+            self.dpo.beta,
+            self.dpo.rpo_alpha,
+            answer_tokens(rows),
+        )
         self._batch_metrics.append(metrics)
         return loss
 
@@ -307,7 +339,8 @@ def dpo_val_loss(module: DPOLightningModule, pairs: list[Pair], batch_size: int)
         for j in range(len(batches)):
             rows, ids = batches[j]
             rows, ids = rows.to(device), ids.to(device)
-            loss, _ = dpo_loss(sequence_logps(module.model, rows), module.reference_logps(rows, ids), module.dpo.beta)
+            logps, ref_logps = sequence_logps(module.model, rows), module.reference_logps(rows, ids)
+            loss, _ = dpo_loss(logps, ref_logps, module.dpo.beta, module.dpo.rpo_alpha, answer_tokens(rows))
             total += loss.item() * len(ids)
     finally:
         module.model.train(was_training)

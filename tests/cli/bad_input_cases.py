@@ -644,6 +644,18 @@ CASES: list[Case] = [
         expect=["dpo.beta", "-0.1"],
     ),
     train(
+        "DPO rpo_alpha below 0",
+        "--init_from",
+        "{ckpt}",
+        "--data.format",
+        "preference",
+        "--data.source",
+        "{w}/pairs.jsonl",
+        "--dpo.rpo_alpha",
+        "-1",
+        expect=["dpo.rpo_alpha", "-1"],
+    ),
+    train(
         "DPO without init_from",
         "--data.format",
         "preference",

@@ -1,7 +1,8 @@
 """DPO equals TRL's: on the Hugging Face export of the same models and the same batch, TRL's DPOTrainer (its own
 tokenization of the conversational rows, its collator, its compute_loss) gives minigpt's loss, the four rewards/*
 metrics and logps/*, and the same gradients of one step; a LoRA run against TRL with peft on export.py's PEFT files
-(the reference: the adapters switched off on both sides).  Offline: tiny models with random weights, the policy
+(the reference: the adapters switched off on both sides); with dpo.rpo_alpha, against TRL's loss_type ["sigmoid",
+"sft"] with loss_weights [1, rpo_alpha] (RPO in trl 1.16).  Offline: tiny models with random weights, the policy
 moved away from the reference at random so that every reward is non-zero."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from minigpt.core.model import GPT
 from minigpt.core.tokenizers import ByteTokenizer
 from minigpt.export.hf import export_hf, hf_tensors
 from minigpt.export.peft import export_peft, peft_tensors
-from minigpt.training.dpo import METRICS, pair_batch
+from minigpt.training.dpo import METRICS, RPO_METRIC, pair_batch
 
 trl = pytest.importorskip("trl")
 transformers = pytest.importorskip("transformers")
@@ -39,7 +40,7 @@ ROWS = [  # TRL's conversational layout; prompts and answers of different length
 ]
 
 
-def dpo_start(tmp_path, arch: str, finetune: str, chat_base: bool = False):
+def dpo_start(tmp_path, arch: str, finetune: str, chat_base: bool = False, rpo_alpha: float | None = None):
     """A byte-level base checkpoint and a DPO run on it, parsed (nothing trained): the module and its data.
     chat_base: the base has ChatML's tokens already (an SFT model), so the run grows no vocabulary."""
     torch.manual_seed(0)
@@ -59,14 +60,21 @@ def dpo_start(tmp_path, arch: str, finetune: str, chat_base: bool = False):
         str(tmp_path / "run"),
     ]
     argv += ["--data.val_fraction", "0.1", "--lora.rank", "4", "--dpo.beta", "0.3"]
+    if rpo_alpha is not None:
+        argv += ["--dpo.rpo_alpha", str(rpo_alpha)]
     cli = parse(argv)
     return cli.model, cli.datamodule.prepared
 
 
-def trl_step(model, ref_model, tokenizer_dir, tmp_path, pairs: list[dict]) -> tuple[torch.Tensor, dict, dict]:
-    """TRL's loss and logged metrics on `pairs` as one batch, after its backward: (loss, metrics, inputs)."""
+def trl_step(
+    model, ref_model, tokenizer_dir, tmp_path, pairs: list[dict], rpo_alpha: float | None = None
+) -> tuple[torch.Tensor, dict, dict]:
+    """TRL's loss and logged metrics on `pairs` as one batch, after its backward: (loss, metrics, inputs).
+    rpo_alpha: RPO as trl 1.16 spells it, the sigmoid loss plus rpo_alpha x its "sft" loss."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    rpo = dict(loss_type=["sigmoid", "sft"], loss_weights=[1.0, rpo_alpha]) if rpo_alpha is not None else {}
     args = trl.DPOConfig(
+        **rpo,
         output_dir=str(tmp_path / "trl"),
         beta=0.3,
         per_device_train_batch_size=len(pairs),
@@ -139,9 +147,9 @@ def grads_of(model: torch.nn.Module) -> torch.nn.Module:
     return copied
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt"])
-def test_full_dpo_equals_trl_loss_metrics_and_gradients(arch, tmp_path):
-    module, data = dpo_start(tmp_path, arch, "full")
+@pytest.mark.parametrize("arch, rpo_alpha", [("llama", None), ("gpt", None), ("llama", 0.7)])
+def test_full_dpo_equals_trl_loss_metrics_and_gradients(arch, rpo_alpha, tmp_path):
+    module, data = dpo_start(tmp_path, arch, "full", rpo_alpha=rpo_alpha)
     reference = module._reference[0]
     with torch.no_grad():  # a policy some steps away from the reference
         for p in module.model.parameters():
@@ -153,9 +161,13 @@ def test_full_dpo_equals_trl_loss_metrics_and_gradients(arch, tmp_path):
     policy = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
     ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ref")
     pairs = source_rows(data, module.tokenizer)
-    trl_loss, theirs, inputs = trl_step(policy, ref, tmp_path / "policy", tmp_path, pairs)
+    trl_loss, theirs, inputs = trl_step(policy, ref, tmp_path / "policy", tmp_path, pairs, rpo_alpha)
     assert_same_batch(inputs, rows)
     diffs = compare(our_loss, ours, trl_loss, theirs)
+    if rpo_alpha is not None:  # the NLL term is there and weighs: not plain DPO's loss
+        chosen_tokens = sum(int(m.sum()) for m in inputs["completion_mask"].chunk(2)[0])
+        assert ours[RPO_METRIC] == pytest.approx(-ours["logps/chosen"] * N_PAIRS / chosen_tokens, rel=1e-5)
+        assert rpo_alpha * ours[RPO_METRIC] > 0.1
 
     expected = hf_tensors(grads_of(module.model))
     got = {n: p.grad for n, p in policy.named_parameters() if p.grad is not None}
@@ -163,7 +175,10 @@ def test_full_dpo_equals_trl_loss_metrics_and_gradients(arch, tmp_path):
     grad_diff = max((got[n] - expected[n]).abs().max().item() for n in got)
     scale = max(expected[n].abs().max().item() for n in got)
     assert grad_diff < 1e-5 * max(1.0, scale), (grad_diff, scale)
-    print(f"\n{arch} full: max |diff| {diffs}, gradients {grad_diff:.2e} (largest gradient {scale:.2e})")
+    print(
+        f"\n{arch} full, rpo_alpha {rpo_alpha}: max |diff| {diffs}, "
+        f"gradients {grad_diff:.2e} (largest gradient {scale:.2e})"
+    )
 
 
 def test_lora_dpo_equals_trl_with_peft_on_the_peft_export(tmp_path):

@@ -178,10 +178,10 @@ def test_the_posttraining_demo_runs_its_stages_at_toy_size_and_alone(tmp_path, c
     assert len(pairs) == result["dpo"]["pairs"] > 0 and all(p["chosen"] != p["rejected"] for p in pairs)
     held_out = {json.loads(line)["messages"][0]["content"] for line in (tmp_path / "data" / "test.jsonl").open()}
     assert not held_out & {p["prompt"] for p in pairs}, "a pair was made from a held-out question"
-    if demo.has_grpo():
-        assert result["grpo"]["steps"] == 4
-    else:  # until GRPO lands, the stage says it is skipped
-        assert "grpo: skipped" in out and "skipped" in result["grpo"]
+    assert result["grpo"]["steps"] == 4 and 0 <= result["grpo"]["exact_match"] <= 1
+    prompts = {json.loads(line)["prompt"] for line in (tmp_path / "data" / "prompts.jsonl").open()}
+    assert prompts and not held_out & prompts, "GRPO trains on a held-out question"
+    assert f"grpo: {result['grpo']['exact_match']:.1%} exact match" in out
     assert json.loads((tmp_path / "work" / "posttrain_addition.json").read_text()) == result
     assert result["cpu_capability"] and f"sft: {result['sft']['exact_match']:.1%} exact match" in out
 
