@@ -13,9 +13,12 @@ words and none needs a check of its own.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
 import os
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -137,3 +140,15 @@ def check_json_file(path: str | Path) -> None:
     with open(path, "rb") as f:
         if json_depth(f) > MAX_JSON_DEPTH:
             raise ValueError(TOO_DEEP)
+
+
+def code_module(path: Path, prefix: str) -> Any:
+    """A user's Python file as a module of its own, run once per process (it is the user's code: task hooks,
+    GRPO rewards)."""
+    name = prefix + hashlib.sha256(str(path).encode()).hexdigest()[:16]
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]

@@ -18,10 +18,7 @@ would stop on a ValueError from random.sample).
 from __future__ import annotations
 
 import functools
-import hashlib
-import importlib.util
 import io
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,7 +26,14 @@ from typing import Any
 import yaml
 
 from minigpt.core.errors import UserError, first_line
-from minigpt.core.user_files import MAX_JSON_DEPTH, TEMPLATE_BYTES, TOO_DEEP, json_depth, read_user_text
+from minigpt.core.user_files import (
+    MAX_JSON_DEPTH,
+    TEMPLATE_BYTES,
+    TOO_DEEP,
+    code_module,
+    json_depth,
+    read_user_text,
+)
 
 __all__ = ["read_task_file", "resolve_tasks"]
 
@@ -41,23 +45,12 @@ class NotATask(ValueError):
     """A YAML file that holds no task mapping."""
 
 
-def _hook_module(source: Path) -> Any:
-    """The module of a task's hooks, loaded once (running it: the task file's code)."""
-    name = "minigpt_task_hooks_" + hashlib.sha256(str(source).encode()).hexdigest()[:16]
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, source)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
-    return sys.modules[name]
-
-
 def _hook(spec: str, task_file: Path, task: dict[str, str]) -> Callable[..., Any]:
     """`!function module.fn` of task_file: fn from module.py in its folder, whose errors name the task and hook."""
     module, _, name = spec.rpartition(".")
     source = (task_file.parent / f"{module.replace('.', '/')}.py").resolve()
     fn = (
-        getattr(_hook_module(source), name, None)
+        getattr(code_module(source, "minigpt_task_hooks_"), name, None)
         if module and source.is_file() and source.is_relative_to(task_file.parent)
         else None
     )

@@ -19,12 +19,9 @@ training with one line naming the prompt (nothing already saved is touched).
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import math
 import numbers
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +29,7 @@ from typing import Any
 import torch
 
 from minigpt.core.errors import DataError, UserError, first_line
+from minigpt.core.user_files import code_module
 
 __all__ = ["EXACT_MATCH", "exact_match", "final_answer", "load_reward", "score"]
 
@@ -67,17 +65,6 @@ def exact_match(prompt: Any = None, completion: str = "", answer: str = "") -> f
     return float(got == want)
 
 
-def _load_module(path: Path) -> Any:
-    """The file as a module of its own, run once (it is the user's code)."""
-    name = "minigpt_reward_" + hashlib.sha256(str(path).encode()).hexdigest()[:16]
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
-    return sys.modules[name]
-
-
 def load_reward(spec: str) -> Reward:
     """grpo.reward: "exact_match", or "FILE.py:FUNCTION" (FUNCTION loaded from FILE only)."""
     if spec == EXACT_MATCH:
@@ -90,7 +77,7 @@ def load_reward(spec: str) -> Reward:
     if not path.is_file():
         raise UserError(f"grpo.reward {spec}: no such file {file}; {usage}")
     try:
-        module = _load_module(path)
+        module = code_module(path, "minigpt_reward_")
     except Exception as e:  # the user's file failed to run: its error, in one line
         raise UserError(
             f"grpo.reward {spec}: {file} failed to load ({type(e).__name__}: {first_line(e)}); fix the file"
