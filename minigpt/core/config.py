@@ -20,16 +20,29 @@ GeluApproximate = Literal["none", "tanh"]
 SdpaBackend = Literal["flash", "efficient", "math", "cudnn"]
 # The Hugging Face families minigpt imports and exports, one module each in minigpt/hf/families (this list is their
 # declaration as a field type; tests/hf/test_families.py checks it equals that registry)
-Family = Literal["gpt2", "llama", "mistral", "qwen2", "qwen3"]
+Family = Literal["gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3"]
 LayerType = Literal["full_attention", "sliding_attention"]
 ARCHS, ATTENTIONS, MLPS, SDPA_BACKENDS = (get_args(t) for t in (Arch, Attention, Mlp, SdpaBackend))
 # RoPE scalings minigpt computes (Hugging Face's rope_type names) and the keys each needs
-ROPE_SCALINGS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+ROPE_SCALINGS = {
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    # Phi-3's: within original_max_position_embeddings, each frequency divided by its short_factor and cos/sin
+    # multiplied by attention_factor (long_factor, for longer contexts, is kept for the export only)
+    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings", "attention_factor"),
+}
+FACTOR_LISTS = ("short_factor", "long_factor")  # lists of numbers, one per rotated pair
 # The fields a run may set differently from the weights it starts from, declared once: RUNTIME_FIELDS change how
 # the same weights compute (a resumed run, a sampler), and fine-tuning (init_from) may also shrink block_size
 # (learned positions are cropped, RoPE tables rebuilt).
 RUNTIME_FIELDS = ("attention", "sdpa_backend", "dropout", "activation_checkpointing")
 FINETUNE_FIELDS = (*RUNTIME_FIELDS, "block_size")
+
+
+def is_number(value: Any, or_list: bool = False) -> bool:
+    """An int or float (not a bool); with or_list, a non-empty list of them (longrope's per-frequency factors)."""
+    if or_list and isinstance(value, list):
+        return bool(value) and all(is_number(v) for v in value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass
@@ -238,10 +251,26 @@ class GPTConfig:
                 f"unsupported RoPE scaling {kind!r}",
                 f"minigpt computes rope_type {', '.join(ROPE_SCALINGS)}; leave it unset for plain RoPE",
             )
-        elif missing := [k for k in ROPE_SCALINGS[kind] if not isinstance(scaling.get(k), (int, float))]:
+        elif missing := [k for k in ROPE_SCALINGS[kind] if not is_number(scaling.get(k), k in FACTOR_LISTS)]:
             yield "rope_scaling", f"rope_type {kind} needs numbers for {', '.join(missing)}", copy
-        elif not (scaling["factor"] > 0 and scaling["high_freq_factor"] > scaling["low_freq_factor"] > 0):
-            yield "rope_scaling", "needs factor > 0 and high_freq_factor > low_freq_factor > 0", copy
+        elif kind == "llama3":
+            if not (scaling["factor"] > 0 and scaling["high_freq_factor"] > scaling["low_freq_factor"] > 0):
+                yield "rope_scaling", "needs factor > 0 and high_freq_factor > low_freq_factor > 0", copy
+        elif any(len(scaling[k]) != self.rotary_dim // 2 for k in ("short_factor", "long_factor")):
+            yield (
+                "rope_scaling",
+                f"longrope's short_factor and long_factor need one number per rotated pair ({self.rotary_dim // 2})",
+                copy,
+            )
+        elif not (scaling["attention_factor"] > 0 and min(scaling["short_factor"]) > 0):
+            yield "rope_scaling", "longrope needs attention_factor > 0 and every short_factor > 0", copy
+        elif self.block_size > (original := scaling["original_max_position_embeddings"]):
+            yield (
+                "block_size",
+                f"{self.block_size} is past longrope's original_max_position_embeddings {original}, where its "
+                "long_factor takes over, which minigpt does not compute",
+                f"set block_size to at most {original}",
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

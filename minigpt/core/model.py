@@ -45,11 +45,16 @@ def rope_cache(
     seq_len: int, head_dim: int, base: float = 10000.0, scaling: dict | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (hs/2,)
-    if scaling is not None:
+    magnitude = 1.0
+    if scaling is not None and scaling.get("rope_type") == "longrope":
+        # Phi-3's LongRoPE within its original context: each frequency divided by its factor, and cos/sin scaled
+        inv_freq = inv_freq / torch.tensor(scaling["short_factor"], dtype=torch.float32)
+        magnitude = scaling["attention_factor"]
+    elif scaling is not None:
         inv_freq = llama3_scaled_frequencies(inv_freq, scaling)
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)  # (T, hs/2)
     angles = torch.cat((angles, angles), dim=-1)  # (T, hs): pair i and i + hs/2 share an angle
-    return angles.cos(), angles.sin()
+    return angles.cos() * magnitude, angles.sin() * magnitude
 
 
 def llama3_scaled_frequencies(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:

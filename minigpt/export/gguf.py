@@ -68,7 +68,7 @@ def unsupported_options(config: GPTConfig) -> list[str]:
     target = f"llama.cpp's {family.gguf_arch} architecture"
     return [
         *family.block_problems(config),
-        *position_problems(config, target, sliding=False),
+        *position_problems(config, target, sliding=False, partial=family.partial_rotary),
         *family.gguf_problems(config),
     ]
 

@@ -1,4 +1,4 @@
-"""Small random GPT-2, Llama, Mistral, Qwen2 and Qwen3 models written by transformers' save_pretrained, and their
+"""Small random GPT-2, Llama, Mistral, Qwen2, Qwen3 and Phi-3 models written by transformers' save_pretrained, and their
 logits: what test_load.py, test_hub.py and test_qwen.py share (importable by name from tests/hf; the `saved` fixture
 is in conftest.py)."""
 
@@ -14,6 +14,9 @@ VOCAB = 256  # the byte tokenizer's: every model here gets a tokenizer.json of o
 ROPE_LLAMA3 = dict(
     rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16
 )  # a short original context, so the scaling bites in 64
+ROPE_LONGROPE = dict(  # 4 factors: one per rotated pair of a 16-dim head at partial_rotary_factor 0.5
+    rope_type="longrope", rope_theta=10000.0, short_factor=[1.0, 1.4, 2.3, 3.1], long_factor=[2.0, 3.0, 5.0, 9.0]
+)
 SMALL = dict(vocab_size=VOCAB, bos_token_id=None, eos_token_id=None, pad_token_id=None)
 MODELS = {
     "gpt2": lambda: transformers.GPT2Config(n_positions=64, n_embd=48, n_layer=2, n_head=4, **SMALL),
@@ -147,6 +150,45 @@ MODELS = {
         tie_word_embeddings=False,
         **SMALL,
     ),
+    # Phi-3 / Phi-4-mini: fused qkv_proj and gate_up_proj; partial rotary 0.75 (Phi-4-mini's) and 0.5; a sliding
+    # window shorter than the test's 40 tokens; LongRoPE within its original context (short factors that bite, and
+    # the attention factor transformers derives from max_position_embeddings / original_max_position_embeddings)
+    "phi3-gqa-tied-partial": lambda: transformers.Phi3Config(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        partial_rotary_factor=0.75,
+        tie_word_embeddings=True,
+        **SMALL,
+    ),
+    "phi3-mha-untied-window": lambda: transformers.Phi3Config(
+        hidden_size=64,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+        sliding_window=16,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        **SMALL,
+    ),
+    "phi3-mqa-longrope": lambda: transformers.Phi3Config(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        original_max_position_embeddings=64,
+        rope_parameters=ROPE_LONGROPE,
+        partial_rotary_factor=0.5,
+        tie_word_embeddings=False,
+        **SMALL,
+    ),
 }
 CLASSES = {
     "gpt2": "GPT2LMHeadModel",
@@ -154,6 +196,7 @@ CLASSES = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 
 

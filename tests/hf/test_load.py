@@ -322,7 +322,8 @@ def test_an_unsupported_architecture_is_named(saved, tmp_path, architecture):
     edit_config(path, architectures=[architecture])
     assert one_line_error(path) == (
         f"{path}: its architecture is {architecture}, which minigpt cannot import; it "
-        "imports GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"
+        "imports GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+        "Phi3ForCausalLM"
     )
 
 

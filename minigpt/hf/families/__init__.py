@@ -14,12 +14,13 @@ from minigpt.hf.families.base import Family
 from minigpt.hf.families.gpt2 import GPT2
 from minigpt.hf.families.llama import Llama
 from minigpt.hf.families.mistral import Mistral
+from minigpt.hf.families.phi3 import Phi3
 from minigpt.hf.families.qwen2 import Qwen2
 from minigpt.hf.families.qwen3 import Qwen3
 
 __all__ = ["FAMILIES", "Family", "family_field", "family_of", "family_of_hf", "hf_classes"]
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (GPT2(), Llama(), Mistral(), Qwen2(), Qwen3())}
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (GPT2(), Llama(), Mistral(), Qwen2(), Qwen3(), Phi3())}
 # the family a model trained here exports as: the one each block kind was modelled on
 BLOCK_DEFAULT = {"gpt": FAMILIES["gpt2"], "llama": FAMILIES["llama"]}
 

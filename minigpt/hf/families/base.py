@@ -47,6 +47,8 @@ class Family:
     fan_in_fan_out: ClassVar[bool] = False
     sliding_window: ClassVar[bool] = False
     """The HF class attends within config.json's sliding_window on every layer."""
+    partial_rotary: ClassVar[bool] = False
+    """The HF class and llama.cpp's architecture rotate the first partial_rotary_factor of each head's dims."""
 
     # ------------------------------------------------------------------------------------------- import
     def import_problems(self, hf: dict[str, Any]) -> Iterator[str]:
@@ -80,7 +82,7 @@ class Family:
 
     def export_problems(self, config: GPTConfig) -> Iterator[str]:
         """Each option the HF class cannot express, as "option: why; fix"."""
-        yield from position_problems(config, self.hf_class, sliding=self.sliding_window)
+        yield from position_problems(config, self.hf_class, sliding=self.sliding_window, partial=self.partial_rotary)
         if config.mlp == "relu2":
             yield f"mlp=relu2: {self.hf_class} has no squared-ReLU MLP; train with mlp gelu (gpt) or swiglu (llama)"
 
@@ -112,8 +114,8 @@ class Family:
         """The architecture's own keys (export.gguf writes the shared ones)."""
 
 
-def position_problems(config: GPTConfig, target: str, sliding: bool) -> Iterator[str]:
-    """Sliding-window attention and partial rotary where `target` computes neither (a window at least as long as
+def position_problems(config: GPTConfig, target: str, sliding: bool, partial: bool = False) -> Iterator[str]:
+    """Sliding-window attention and partial rotary where `target` does not compute them (a window at least as long as
     the context is full attention)."""
     if config.sliding_window is not None and config.sliding_window < config.block_size:
         if not sliding:
@@ -125,7 +127,7 @@ def position_problems(config: GPTConfig, target: str, sliding: bool) -> Iterator
             yield f"layer_types: {target} slides on every layer; train with every layer sliding_attention"
     if config.rope_local_base is not None:
         yield f"rope_local_base={config.rope_local_base:g}: {target} has one RoPE base; leave rope_local_base unset"
-    if config.partial_rotary_factor != 1.0:
+    if config.partial_rotary_factor != 1.0 and not partial:
         yield (
             f"partial_rotary_factor={config.partial_rotary_factor:g}: {target} rotates every dimension of a head; "
             "train with partial_rotary_factor 1"
