@@ -150,9 +150,10 @@ MODELS = {
         tie_word_embeddings=False,
         **SMALL,
     ),
-    # Phi-3 / Phi-4-mini: fused qkv_proj and gate_up_proj; partial rotary 0.75 (Phi-4-mini's) and 0.5; a sliding
-    # window shorter than the test's 40 tokens; LongRoPE within its original context (short factors that bite, and
-    # the attention factor transformers derives from max_position_embeddings / original_max_position_embeddings)
+    # Phi-3 / Phi-4-mini: fused qkv_proj and gate_up_proj; partial rotary 0.75 (Phi-4-mini's) and 0.5; an explicit
+    # head_dim; a sliding window shorter than the test's 40 tokens; LongRoPE within its original context (short
+    # factors that bite, and the attention factor transformers derives from max_position_embeddings /
+    # original_max_position_embeddings)
     "phi3-gqa-tied-partial": lambda: transformers.Phi3Config(
         hidden_size=64,
         intermediate_size=96,
@@ -170,6 +171,7 @@ MODELS = {
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=4,
+        head_dim=24,
         max_position_embeddings=64,
         sliding_window=16,
         rms_norm_eps=1e-6,

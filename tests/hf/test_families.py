@@ -14,6 +14,16 @@ from minigpt.core.config import ARCHS, Family
 from minigpt.hf.families import FAMILIES
 
 PACKAGE = Path(__file__).resolve().parents[2] / "minigpt"
+LLAMA3 = dict(
+    rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64
+)
+LONGROPE = dict(
+    rope_type="longrope",
+    short_factor=[1.0] * 8,
+    long_factor=[2.0] * 8,
+    original_max_position_embeddings=256,
+    attention_factor=1.2,
+)  # a 16-dim head's 8 pairs
 FAMILY_MODULES = PACKAGE / "hf" / "families"
 HF_CLASS = re.compile(r"\b[A-Z]\w*(ForCausalLM|LMHeadModel)\b")
 # string constants equal to a family's model_type that name something else, with what they name
@@ -113,6 +123,20 @@ def test_each_byte_level_family_tokenizer_has_its_llama_cpp_pre_tokenizer():
         ),
         (dict(arch="llama", partial_rotary_factor=0.5), "partial_rotary_factor=0.5: LlamaForCausalLM rotates every"),
         (
+            dict(
+                arch="llama",
+                family="phi3",
+                head_dim=8,
+                rope_scaling={**LONGROPE, "short_factor": [1.0] * 4, "long_factor": [2.0] * 4},
+            ),
+            "head_dim=8 with rope_scaling longrope: Phi3ForCausalLM checks longrope's factors",
+        ),
+        (dict(arch="llama", family="phi3", rope_scaling=LLAMA3), "rope_scaling llama3: Phi3ForCausalLM computes plain"),
+        (
+            dict(arch="llama", family="phi3", sliding_window=8, layer_types=["full_attention"]),
+            "layer_types: Phi3ForCausalLM slides on every layer",
+        ),
+        (
             dict(arch="llama", family="mistral", sliding_window=8, rope_local_base=500.0),
             "rope_local_base=500: MistralForCausalLM has one RoPE base",
         ),
@@ -140,6 +164,9 @@ def test_a_family_refuses_what_its_class_cannot_hold_in_one_line_before_writing(
         (dict(arch="gpt", family="llama"), "model.family=llama with arch gpt"),
         (dict(arch="llama", family="mistral", sliding_window=8), "sliding_window=8: llama.cpp's llama architecture"),
         (dict(arch="llama", partial_rotary_factor=0.5), "partial_rotary_factor=0.5: llama.cpp's llama architecture"),
+        (dict(arch="llama", family="phi3", sliding_window=8), "sliding_window=8: llama.cpp's phi3 architecture"),
+        (dict(arch="llama", family="phi3", head_dim=8), "head_dim=8: llama.cpp's phi3 head size is n_embd / n_head"),
+        (dict(arch="llama", rope_scaling=LONGROPE), "rope_scaling longrope: llama.cpp's llama architecture holds"),
     ],
 )
 def test_the_gguf_export_asks_the_family_too(overrides, option, tmp_path):

@@ -70,6 +70,7 @@ def test_the_import_reads_the_family(saved, name):
     assert config.tie_embeddings == hf_config.tie_word_embeddings and config.n_kv_head == hf_config.num_key_value_heads
     assert config.partial_rotary_factor == hf_config.rope_parameters.get("partial_rotary_factor", 1.0)
     assert config.sliding_window == hf_config.sliding_window
+    assert config.head_dim == (getattr(hf_config, "head_dim", None) or hf_config.hidden_size // 4)
     if name == "phi3-mqa-longrope":  # capped at the original context; the attention factor as transformers derives it
         assert config.block_size == 64 and config.rope_scaling["rope_type"] == "longrope"
         assert config.rope_scaling["attention_factor"] == pytest.approx(math.sqrt(1 + math.log(4) / math.log(64)))

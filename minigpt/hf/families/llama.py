@@ -279,6 +279,12 @@ class Llama(Family):
     # ------------------------------------------------------------------------------------------- GGUF
     def gguf_problems(self, config: GPTConfig) -> Iterator[str]:
         yield from self.qk_norm_problems(config, f"llama.cpp's {self.gguf_arch} architecture")
+        kind = (config.rope_scaling or {}).get("rope_type")
+        if kind == "longrope" and kind not in self.rope_kinds:  # rope_freqs holds one set of factors, llama3's
+            yield (
+                f"rope_scaling longrope: llama.cpp's {self.gguf_arch} architecture holds Llama 3 frequency factors "
+                "only; export as Phi-3 (model.family phi3)"
+            )
         if config.mlp != "swiglu":
             yield (
                 f"mlp={config.mlp} with arch llama: llama.cpp's {self.gguf_arch} MLP is always gated (SwiGLU); use "

@@ -85,12 +85,6 @@ class Phi3(Llama):
         if hf.get("hidden_act", "silu") != "silu":
             yield f"its hidden_act is {hf.get('hidden_act')!r}; minigpt's SwiGLU MLP computes silu only"
         yield from rope_problems(rope_fields(hf), self.rope_kinds)
-        heads, width, head_dim = hf.get("num_attention_heads"), hf.get("hidden_size"), hf.get("head_dim")
-        if head_dim is not None and heads and width and head_dim * heads != width:
-            yield (
-                f"its config.json sets head_dim {head_dim}, but Phi3Config sizes its RoPE by hidden_size / "
-                f"num_attention_heads = {width / heads:g}; use a model without an explicit head_dim"
-            )
 
     def config_fields(self, hf: dict[str, Any]) -> dict[str, Any]:
         fields = super().config_fields(rope_fields(hf))
@@ -123,12 +117,12 @@ class Phi3(Llama):
     # ------------------------------------------------------------------------------------------- export
     def export_problems(self, config: GPTConfig) -> Iterator[str]:
         yield from super().export_problems(config)
-        if config.head_dim * config.n_head != config.n_embd:
-            yield (
-                f"head_dim={config.head_dim}: {self.hf_class}'s head size is hidden_size / heads = "
-                f"{config.n_embd / config.n_head:g}; train without head_dim"
-            )
         yield from self.rope_kind_problems(config, self.hf_class)
+        if config.rope_scaling is not None and config.head_dim * config.n_head != config.n_embd:
+            yield (
+                f"head_dim={config.head_dim} with rope_scaling longrope: {self.hf_class} checks longrope's factors "
+                f"against hidden_size / heads = {config.n_embd / config.n_head:g} dims; train without head_dim"
+            )
 
     def rope_kind_problems(self, config: GPTConfig, target: str) -> Iterator[str]:
         kind = (config.rope_scaling or {}).get("rope_type", "default")
@@ -137,7 +131,7 @@ class Phi3(Llama):
 
     def hf_config(self, config: GPTConfig) -> dict[str, Any]:
         out = super().hf_config(config)
-        del out["attention_bias"], out["mlp_bias"], out["head_dim"]  # Phi3Config has none of them
+        del out["attention_bias"], out["mlp_bias"]  # Phi3Config has neither
         original = (config.rope_scaling or {}).get("original_max_position_embeddings", config.block_size)
         return {
             **out,
