@@ -206,6 +206,15 @@ CASES: list[Case] = [
         "0.1875",
         expect=["model.partial_rotary_factor: rotates 3 of each head's 16 dims, but RoPE rotates pairs"],
     ),
+    train(
+        "longrope RoPE past its original context",
+        "--model.arch",
+        "llama",
+        "--model.rope_scaling",
+        "{{rope_type: longrope, short_factor: [1, 1, 1, 1, 2, 2, 2, 2], long_factor: [2, 2, 2, 2, 4, 4, 4, 4], "
+        "original_max_position_embeddings: 16, attention_factor: 1.2}}",  # {{ }}: the arguments are str.format-ted
+        expect=["model.block_size: 32 is past longrope's original_max_position_embeddings 16", "at most 16"],
+    ),
     train("vocab_size given (it comes from the data)", "--model.vocab_size", "100", expect=["model.vocab_size"]),
     train(
         "negative learning rate",
