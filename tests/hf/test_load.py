@@ -12,6 +12,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]  # the repository root
+from minigpt.core.config import GPTConfig
 from minigpt.core.errors import CheckpointError
 from minigpt.core.generation import generate
 from minigpt.core.tokenizers import ByteTokenizer
@@ -408,7 +409,9 @@ def test_llama_variants_minigpt_cannot_compute_are_refused(saved, tmp_path, chan
     assert message in one_line_error(path)
 
 
-def test_a_mistral_model_imports_within_its_sliding_window(tmp_path):
+def test_a_mistral_model_imports_its_whole_context_and_its_window(tmp_path):
+    """The window is GPTConfig.sliding_window and the context stays the source's: past the window, every attention
+    path gives transformers' logits, and greedy decoding its ids (through the ring KV cache and without a cache)."""
     hf_model = random_hf_model(
         transformers.MistralConfig(
             hidden_size=32,
@@ -417,17 +420,30 @@ def test_a_mistral_model_imports_within_its_sliding_window(tmp_path):
             num_attention_heads=4,
             num_key_value_heads=2,
             max_position_embeddings=64,
-            sliding_window=24,
+            sliding_window=12,
             **SMALL,
         )
     )
-    model, _ = load_model(save(hf_model, tmp_path))
-    assert model.config.block_size == 24
-    idx = ids(T=24)
-    assert (our_logits(model, idx) - hf_logits(hf_model, idx)).abs().max() < 1e-4
+    path = save(hf_model, tmp_path)
+    idx = ids(T=64)  # five windows long
+    expected = hf_logits(hf_model, idx)
+    for attention in ("sdpa", "manual", "einops"):
+        model, _ = load_model(path, attention=attention)
+        assert (model.config.block_size, model.config.sliding_window) == (64, 12)
+        torch.testing.assert_close(our_logits(model, idx), expected, atol=1e-5 * expected.abs().max().item(), rtol=0)
+    full = type(model).from_weights(GPTConfig(**{**model.config.to_dict(), "sliding_window": None}), model.state_dict())
+    assert (our_logits(full.eval(), idx) - expected).abs().max() > 1e-2  # the window bites
+    prompt = ids(batch=1, T=8, seed=3)
+    with torch.no_grad():  # 8 + 32 positions: past the window in both libraries' caches
+        want = hf_model.generate(
+            prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=32, min_new_tokens=32
+        )
+    assert len(set(want[0, 8:].tolist())) > 4
+    for use_kv_cache in (True, False):
+        assert generate(model, prompt, 32, temperature=0.0, use_kv_cache=use_kv_cache).tolist() == want.tolist()
 
 
-def test_a_mistral_sliding_window_caps_the_context():
+def test_a_mistral_config_keeps_its_context_and_reads_its_window_as_transformers_does():
     config = {
         "architectures": ["MistralForCausalLM"],
         "model_type": "mistral",
@@ -440,15 +456,14 @@ def test_a_mistral_sliding_window_caps_the_context():
         "sliding_window": 4096,
         "vocab_size": 100,
     }
-    assert hf.config_from_hf(config).block_size == 4096  # within the window, sliding attention is full attention
-    assert hf.config_from_hf({**config, "sliding_window": None}).block_size == 32768
-    with pytest.raises(
-        CheckpointError,
-        match=r"sliding window of 4096 tokens, so a block_size of 8192 would "
-        r"compute another function than the source; ask for a block_size of "
-        r"at most 4096",
-    ):
-        hf.config_from_hf(config, block_size=8192)
+    read = hf.config_from_hf(config)
+    assert (read.block_size, read.sliding_window) == (32768, 4096)
+    assert hf.config_from_hf({**config, "sliding_window": None}).sliding_window is None  # v0.2, v0.3: no window
+    absent = {k: v for k, v in config.items() if k != "sliding_window"}
+    assert hf.config_from_hf(absent).sliding_window == transformers.MistralConfig().sliding_window == 4096
+    assert hf.config_from_hf(config, block_size=8192).block_size == 8192  # past the window: it slides, as the source
+    with pytest.raises(CheckpointError, match="block_size 65536 is longer than the source's context of 32768 tokens"):
+        hf.config_from_hf(config, block_size=65536)
 
 
 # ------------------------------------------------------------------------------------------- real shapes

@@ -1,37 +1,30 @@
 """Mistral (`MistralForCausalLM`, model_type mistral): Llama's block and tensor names, attending within a sliding
-window.  The import caps the context at the window, inside which sliding and full attention agree, so the model is
-ours exactly; the export writes the model's own window (none for an import: full attention over that context, the same
-function).  llama.cpp runs it
-as its `llama` architecture, as convert_hf_to_gguf does."""
+window on every layer (config.json's sliding_window; MistralConfig's default of 4096 where the key is absent, none
+where it is null).  The import keeps the source's whole context (max_position_embeddings) and the window
+(GPTConfig.sliding_window, the same meaning as transformers': a query sees itself and the window - 1 keys before), so
+the model is ours exactly past the window; the export writes the model's own window.  llama.cpp runs it as its
+`llama` architecture, as convert_hf_to_gguf does, which has no window: the GGUF export refuses a window shorter than
+the context."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from minigpt.core.config import GPTConfig
 from minigpt.hf.families.llama import Llama
+
+DEFAULT_WINDOW = 4096  # MistralConfig's sliding_window where config.json has no such key
 
 
 class Mistral(Llama):
     model_type = "mistral"
     hf_class = "MistralForCausalLM"
     gguf_pre_tokenizer = None  # SentencePiece (v0.1-v0.3), which the GGUF export refuses
-    sliding_window = True  # a model trained here with --model.sliding_window exports its window
+    sliding_window = True
 
-    def context(self, hf: dict[str, Any]) -> int | None:
-        context, window = hf.get("max_position_embeddings"), hf.get("sliding_window")
-        return min(context, window) if window is not None and context is not None else context
-
-    def block_size_problems(self, hf: dict[str, Any], block_size: int) -> Iterator[str]:
-        window = hf.get("sliding_window")
-        if window is not None and block_size > window:
-            yield (
-                f"it attends within a sliding window of {window} tokens, so a block_size of {block_size} would "
-                f"compute another function than the source; ask for a block_size of at most {window}"
-            )
-        else:
-            yield from super().block_size_problems(hf, block_size)
+    def config_fields(self, hf: dict[str, Any]) -> dict[str, Any]:
+        window = hf["sliding_window"] if "sliding_window" in hf else DEFAULT_WINDOW
+        return super().config_fields(hf) | {"sliding_window": window}
 
     def hf_config(self, config: GPTConfig) -> dict[str, Any]:
         out = super().hf_config(config)
