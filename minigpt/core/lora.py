@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from minigpt.core.config import RUNTIME_FIELDS, GPTConfig
 from minigpt.core.errors import ConfigError
-from minigpt.core.model import GPT
+from minigpt.core.model import GPT, attention_flops_per_token
 
 Finetune = Literal["full", "lora"]
 Target = Literal["q", "k", "v", "o", "gate", "up", "down"]
@@ -375,7 +375,7 @@ def training_flops_per_token(model: GPT, seq_len: int) -> int:
         for m in model.modules()
         if isinstance(m, (nn.Linear, LoRALinear, GrownHead)) and not m.weight.requires_grad
     )
-    return 4 * frozen + 6 * trained + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * (seq_len or cfg.block_size)
+    return 4 * frozen + 6 * trained + attention_flops_per_token(cfg, seq_len or cfg.block_size)
 
 
 # ------------------------------------------------------------------------------------------------- checkpoints

@@ -68,6 +68,13 @@ def llama3_scaled_frequencies(inv_freq: torch.Tensor, scaling: dict) -> torch.Te
     return (1 - smooth) * inv_freq / factor + smooth * inv_freq
 
 
+def attention_flops_per_token(config: GPTConfig, seq_len: int) -> int:
+    """Training FLOPs per token of attention's q.k and att.v (forward + backward: 12 per query dim and key): a
+    query reads seq_len keys, or on a sliding layer at most its window (PaLM's count, the causal half kept)."""
+    keys = sum(min(config.layer_window(i) or seq_len, seq_len) for i in range(config.n_layer))
+    return 12 * config.n_head * config.head_dim * keys
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate the first rd = cos.size(-1) dims of x (B, nh, T, hs); partial rotary (rd < hs) passes the rest."""
     rd = cos.size(-1)
@@ -501,7 +508,5 @@ class GPT(nn.Module):
         subtracted.  Only matmul weights count: embedding lookups, biases and norm gains are not matmuls; a
         tied embedding is counted once, as the head.  (Checked against torch's FlopCounterMode in the tests.)
         """
-        cfg = self.config
         n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
-        T = seq_len or cfg.block_size
-        return 6 * n_matmul + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * T
+        return 6 * n_matmul + attention_flops_per_token(self.config, seq_len or self.config.block_size)

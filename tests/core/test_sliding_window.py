@@ -270,3 +270,21 @@ def test_compiled_decode_past_the_window_gives_the_plain_loops_greedy_ids_and_co
     assert torch.equal(generate(model, idx, 100, temperature=0, compile=True), plain)
     # the ring's step is one graph for every position, as the full cache's is (and one for the step that fills it)
     assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+
+
+def test_flops_per_token_counts_a_sliding_layers_attention_over_its_window():
+    """PaLM's count (GPT.flops_per_token and LoRA's training_flops_per_token): a query reads seq_len keys, on a
+    sliding layer at most its window; the two sliding layers of three here save 12 * heads * head_dim per key."""
+    from minigpt.core.lora import LoRAConfig, lora_model, training_flops_per_token
+
+    full = GPT(GPTConfig(arch="llama", n_layer=3, n_head=4, n_kv_head=2, n_embd=64, block_size=64, vocab_size=100))
+    types = ["sliding_attention", "full_attention", "sliding_attention"]
+    swa = GPT(GPTConfig(**{**full.config.to_dict(), "sliding_window": 8, "layer_types": types}))
+    per_key = 12 * 4 * 16
+    n_matmul = sum(m.weight.numel() for m in swa.modules() if isinstance(m, torch.nn.Linear))
+    assert swa.flops_per_token(64) == 6 * n_matmul + per_key * (8 + 64 + 8)  # window, whole sequence, window
+    for T in (4, 8, 40, 64):
+        saved = 2 * per_key * max(0, T - 8)
+        assert full.flops_per_token(T) - swa.flops_per_token(T) == saved
+        lora = [lora_model(m, m.config, LoRAConfig(rank=2)) for m in (full, swa)]
+        assert training_flops_per_token(lora[0], T) - training_flops_per_token(lora[1], T) == saved
