@@ -356,3 +356,32 @@ def test_published_phi3_configs_give_transformers_tensor_shapes_and_its_rope(nam
     assert (config.rope_scaling or {}).get("attention_factor", 1.0) == pytest.approx(rotary.attention_scaling)
     if name == "Phi-4-mini-instruct":  # llama.cpp's converter writes 1.190238 for it
         assert config.rope_scaling["attention_factor"] == pytest.approx(1.190238, abs=1e-6)
+
+
+@pytest.mark.parametrize("family", [None, "qwen2", "mistral", "phi3"])
+def test_longrope_is_a_core_rope_option_every_llama_style_class_computes(family, tmp_path):
+    """A model trained here with rope_scaling longrope (no partial rotary) exports to Llama, Qwen2, Mistral and
+    Phi-3's classes, each computing its logits (transformers' longrope is one function for all of them)."""
+    from minigpt.core.model import GPT
+    from minigpt.core.tokenizers import ByteTokenizer
+
+    scaling = dict(
+        rope_type="longrope",
+        short_factor=[1.0, 1.5, 2.0, 3.0] * 2,
+        long_factor=[4.0] * 8,
+        original_max_position_embeddings=64,
+        attention_factor=1.2,
+    )
+    torch.manual_seed(0)
+    config = dict(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=64, vocab_size=256, block_size=64)
+    model = GPT(GPTConfig(**config, rope_scaling=scaling, family=family, qkv_bias=family == "qwen2")).eval()
+    with torch.no_grad():  # every weight drawn large, so that positions show in the logits
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    export_hf(model, ByteTokenizer(), tmp_path / "out")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
+    idx = ids()
+    ours = our_logits(model, idx)
+    torch.testing.assert_close(hf_logits(hf, idx), ours, atol=1e-5 * ours.abs().max().item(), rtol=0)
+    plain = type(model).from_weights(GPTConfig(**{**model.config.to_dict(), "rope_scaling": None}), model.state_dict())
+    assert (our_logits(plain.eval(), idx) - our_logits(model, idx)).abs().max() > 1e-2  # the scaling bites
