@@ -27,7 +27,7 @@ from minigpt.hf.tokenizer_files import save_hf_tokenizer
 from minigpt.loading import load_lora_run, load_model
 
 transformers = pytest.importorskip("transformers")
-from hf_models import MODELS, hf_logits, ids, our_logits, random_hf_model
+from hf_models import MODELS, ROPE_LONGROPE, hf_logits, ids, our_logits, random_hf_model
 from test_qwen import first_loss_of, helper
 
 PHI3 = [name for name in MODELS if name.startswith("phi3")]
@@ -385,3 +385,31 @@ def test_longrope_is_a_core_rope_option_every_llama_style_class_computes(family,
     torch.testing.assert_close(hf_logits(hf, idx), ours, atol=1e-5 * ours.abs().max().item(), rtol=0)
     plain = type(model).from_weights(GPTConfig(**{**model.config.to_dict(), "rope_scaling": None}), model.state_dict())
     assert (our_logits(plain.eval(), idx) - our_logits(model, idx)).abs().max() > 1e-2  # the scaling bites
+
+
+@pytest.mark.parametrize(
+    "changes, needle",
+    [
+        (
+            dict(rope_parameters={**ROPE_LONGROPE, "partial_rotary_factor": "0.5"}),
+            "partial_rotary_factor is '0.5', where Phi3Config reads a number",
+        ),
+        (dict(original_max_position_embeddings="64"), "original_max_position_embeddings is '64', where Phi3Config"),
+        (
+            dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}),
+            "its RoPE scaling is 'dynamic', which minigpt does not compute",
+        ),
+        (dict(hidden_act="gelu"), "its hidden_act is 'gelu'; minigpt's SwiGLU MLP computes silu only"),
+    ],
+)
+def test_a_phi3_config_json_minigpt_cannot_read_is_one_line(saved, tmp_path, changes, needle):
+    import shutil
+
+    from minigpt.core.errors import CheckpointError
+
+    folder = shutil.copytree(saved["phi3-mqa-longrope"][1], tmp_path / "model")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    with pytest.raises(CheckpointError) as e:
+        load_model(folder)
+    assert needle in str(e.value) and "\n" not in str(e.value)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from minigpt.core.config import GPTConfig
+from minigpt.core.config import GPTConfig, is_number
 from minigpt.hf.families.base import gguf_blocks
 from minigpt.hf.families.llama import BLOCK, Llama, rope, rope_problems
 
@@ -57,6 +57,10 @@ def original_context(hf: dict[str, Any]) -> int:
     return hf.get("original_max_position_embeddings") or ORIGINAL_CONTEXT
 
 
+def is_whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def is_longrope(hf: dict[str, Any]) -> bool:
     return (rope(rope_fields(hf))[1] or {}).get("rope_type") == "longrope"
 
@@ -85,6 +89,15 @@ class Phi3(Llama):
         if hf.get("hidden_act", "silu") != "silu":
             yield f"its hidden_act is {hf.get('hidden_act')!r}; minigpt's SwiGLU MLP computes silu only"
         yield from rope_problems(rope_fields(hf), self.rope_kinds)
+        factor = (rope(rope_fields(hf))[1] or {}).get("factor")
+        original = hf.get("original_max_position_embeddings")
+        for key, value, ok in (
+            ("partial_rotary_factor", partial_rotary_factor(hf), is_number(partial_rotary_factor(hf))),
+            ("original_max_position_embeddings", original, original is None or is_whole(original) and original > 1),
+            ("rope_scaling's factor", factor, factor is None or is_number(factor)),
+        ):
+            if not ok:
+                yield f"its config.json's {key} is {value!r}, where Phi3Config reads a number; fix the field"
 
     def config_fields(self, hf: dict[str, Any]) -> dict[str, Any]:
         fields = super().config_fields(rope_fields(hf))
