@@ -392,6 +392,12 @@ CASES: list[Case] = [
         expect=["hf_qwen_sliding", "use_sliding_window=true", "use_sliding_window false"],
     ),
     sample(
+        "Phi-3 directory whose partial_rotary_factor is not a number",
+        "--ckpt",
+        "{w}/hf_phi3_partial",
+        expect=["hf_phi3_partial", "partial_rotary_factor is '0.75'", "fix the field"],
+    ),
+    sample(
         "Hugging Face directory without its weight files", "--ckpt", "{w}/hf_no_weights", expect=["model.safetensors"]
     ),
     attention(
@@ -864,6 +870,19 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
                 "vocab_size": 64,
                 "use_sliding_window": True,
                 "sliding_window": 16,
+            },
+        ),
+        (
+            "hf_phi3_partial",
+            {
+                "architectures": ["Phi3ForCausalLM"],
+                "model_type": "phi3",
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "vocab_size": 64,
+                "partial_rotary_factor": "0.75",
             },
         ),
         (
