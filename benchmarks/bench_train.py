@@ -6,17 +6,8 @@ train.py's own callbacks, logger and progress bar cost on top of a minimal Train
     python benchmarks/bench_train.py --shapes nanogpt --precisions 32-true --compile off --steps 50
     python benchmarks/bench_train.py --shapes finetune --compile off --overhead_rounds 0 --steps 5 --warmup 1
 
-Shapes: `nanogpt` is nanoGPT's CPU recipe (4 x 4 x 128, context 64, batch 12, vocab 65); `default` is
-configs/default.yaml's model and batch (vocab 100); `finetune` is GPT-2 124M (random weights) under
-configs/finetune_shakespeare.yaml's block size, batch and optimizer.  Random token windows; the Trainer as
-train.py's without logger, checkpoints, progress bar or validation.  A step is the period between successive
-on_train_batch_start stamps: the median of --steps after --warmup.  MFU = GPT.flops_per_token(T) * tokens/s /
-the best square-matmul FLOP/s measured here in the step's matmul dtype.  train.py's extras: its callbacks, logger
-and progress bar over the minimal Trainer, the median ratio of --overhead_rounds back-to-back pairs (order
-alternated: this machine's speed drifts).  Method and results: docs/performance.md.
+Method and results: docs/performance.md#training-throughput-and-mfu.
 """
-
-from __future__ import annotations
 
 import contextlib
 import io
@@ -35,7 +26,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, LambdaCallback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from benchmarks.common import (
@@ -43,11 +34,13 @@ from benchmarks.common import (
     common_parser,
     finish,
     load_avg,
-    peak_matmul_flops,
+    markdown_table,
+    median,
     pick_device,
     print_table,
     start,
     synchronize,
+    time_fn,
 )
 from minigpt.core.config import GPTConfig
 from minigpt.training.datamodule import RandomWindows
@@ -88,30 +81,10 @@ def make_module(shape: dict[str, Any], compile: bool, total_steps: int, device: 
     return module
 
 
-class StepTimer(Callback):
-    """perf_counter at each on_train_batch_start and at the end of training (after a device synchronize)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device, self.stamps = device, []
-
-    def _stamp(self) -> None:
-        synchronize(self.device)
-        self.stamps.append(time.perf_counter())
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._stamp()
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self._stamp()
-
-
 @contextlib.contextmanager
 def quiet():
     """Silence Lightning's banner lines, warnings about our deliberately simple setup, and the progress bar."""
-    loggers = [logging.getLogger(n) for n in ("lightning", "lightning.pytorch", "lightning.fabric")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
+    logging.disable(logging.WARNING)
     try:
         with (
             warnings.catch_warnings(),
@@ -121,17 +94,42 @@ def quiet():
             warnings.simplefilter("ignore")
             yield
     finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
+        logging.disable(logging.NOTSET)
+
+
+def matmul_seconds(dtype: torch.dtype, device: torch.device, n: int, repeats: int) -> float:
+    """Seconds of one n x n x n matmul: the best of `repeats` batches of enough matmuls to last ~0.2 s."""
+    a, b, out = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(3))
+    inner = max(1, int(0.2 / max(median(time_fn(lambda: torch.mm(a, b, out=out), device, 3, warmup=2)), 1e-9)))
+    return min(time_fn(lambda: [torch.mm(a, b, out=out) for _ in range(inner)], device, repeats, warmup=0)) / inner
+
+
+def peak_matmul_flops(dtype: torch.dtype, device: torch.device, n_max: int, repeats: int) -> dict[str, Any]:
+    """MFU's denominator: the fastest FLOP/s of square matmuls from 64^3 doubling up to n_max^3 (not always the
+    largest: AVX2 CPUs run bf16 fastest near 128^3).  A size whose one matmul would take over a second (from the
+    last size's time: AVX2's 2048^3 bf16 takes ~13 s) is skipped."""
+    seconds, n = {}, 64
+    while n <= n_max and not (seconds and seconds[n // 2] * 8 > 1.0):  # a matmul's time grows as n^3
+        seconds[n] = matmul_seconds(dtype, device, n, repeats)
+        n *= 2
+    best = max(seconds, key=lambda size: size**3 / seconds[size])
+    flops = 2 * best**3 / seconds[best]
+    return dict(
+        dtype=str(dtype).removeprefix("torch."), n=best, flops=flops, tflops=round(flops / 1e12, 4), sizes=list(seconds)
+    )
 
 
 def run_lightning(module, shape, precision: str, device: torch.device, warmup: int, steps: int, train_py=False):
     """trainer.fit for warmup + steps batches (+1, to close the last period): the step times' median.
     train_py: with train.py's callbacks (minigpt.training.trainer.run_callbacks), TensorBoard logger, progress bar."""
-    n = warmup + steps + 1
-    timer = StepTimer(device)
+    n, stamps = warmup + steps + 1, []
+
+    def stamp(*_) -> None:  # at each step's start and at the end of training
+        synchronize(device)
+        stamps.append(time.perf_counter())
+
     tmp = tempfile.TemporaryDirectory(prefix="bench_train_")
-    callbacks: list[Callback] = [timer]
+    callbacks: list[Callback] = [LambdaCallback(on_train_batch_start=stamp, on_train_end=stamp)]
     if train_py:  # train.py's callbacks, its checkpoint every 1,000 steps (none in a run this short)
         run_config = dict(out_dir=tmp.name, checkpoint_every=1000, sample_tokens=200, attention_images="auto")
         run_config |= dict(compile=False, early_stopping={"patience": None}, trainer={})
@@ -151,7 +149,7 @@ def run_lightning(module, shape, precision: str, device: torch.device, warmup: i
     loader = torch.utils.data.DataLoader(windows, batch_size=None, sampler=range(n), num_workers=0)
     with quiet(), tmp:
         trainer.fit(module, train_dataloaders=loader)
-    periods = np.diff(timer.stamps)
+    periods = np.diff(stamps)
     return dict(step_s=float(np.median(periods[warmup:])), warmup_s=float(periods[:warmup].sum()))
 
 
@@ -181,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     peaks: dict[str, dict[str, Any]] = {}  # the MFU denominators, in each matmul dtype
     for key in {"bfloat16" if prec.startswith("bf16") else "float32" for prec in args.precisions}:
-        peaks[key] = peak_matmul_flops(getattr(torch, key), device, n=args.matmul_n, repeats=3 if args.quick else 10)
+        peaks[key] = peak_matmul_flops(getattr(torch, key), device, args.matmul_n, repeats=3 if args.quick else 10)
 
     rows: list[dict[str, Any]] = []
     for shape in shapes:
@@ -198,12 +196,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 row |= dict(tokens_per_s=round(B * T / step_s, 1), mfu=round(flops / peak, 4))
                 row |= dict(warmup_s=round(runs[0]["warmup_s"], 3), step_ms_per_round=[r["step_s"] * 1e3 for r in runs])
                 rows.append(row)
-                print(
-                    f"  {shape['name']:8s} {prec:10s} compile={comp:3s}: {row['step_ms']:8.2f} ms/step, "
-                    f"{row['tokens_per_s']:9.0f} tok/s, MFU {100 * row['mfu']:.1f}%, warm-up {row['warmup_s']:.1f} s"
-                    f"  load {load_avg()}",
-                    flush=True,
-                )
+                print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], f" load {load_avg()}", flush=True)
 
     extras: dict[str, Any] = {}  # train.py's callbacks, logger and progress bar over the minimal Trainer
     if args.overhead_rounds:
