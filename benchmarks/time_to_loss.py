@@ -8,15 +8,8 @@
     python benchmarks/time_to_loss.py --corpus ../shared/data/tinyshakespeare.txt --steps 1000 --seeds 1337 1 \
         --variants numerics_float32 numerics_bf16          # bf16's numerics against float32's, on any CPU
 
-Each variant is `train.py --config configs/shakespeare_char_cpu.yaml --data.source CORPUS` plus its overrides,
-stopped after --budget seconds of training (or --steps steps; the learning-rate decay is placed on the
-budget in training time).  Reported: train.py's full-split val loss and bits
-per character, the training time at the first periodic validation at or below --target, steps and ms/step.  The
-numerics_* variants compute as a CPU with (bf16) or without (float32) native bf16 does: autocast and Muon's
-iteration in that dtype (their losses matter, not their speed).  Method and results: docs/time_to_loss.md.
+Method and results: docs/time_to_loss.md.
 """
-
-from __future__ import annotations
 
 import json
 import re
@@ -30,7 +23,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 import torch
 import yaml
 
-from benchmarks.common import REPO_ROOT, child_output, common_parser, finish, load_avg, print_table, start
+from benchmarks.common import (
+    REPO_ROOT,
+    child_output,
+    common_parser,
+    finish,
+    load_avg,
+    markdown_table,
+    print_table,
+    start,
+)
 
 CONFIG = "configs/shakespeare_char_cpu.yaml"
 RESULT = "time_to_loss result: "
@@ -108,10 +110,8 @@ def run_variant(name: str, seed: int | None, args: Any, work: Path) -> dict[str,
     out_dir = work / f"{name}-{seed}"
     if args.steps:
         stop = ["--trainer.max_time", "null", "--trainer.max_steps", str(args.steps)]
-    else:
-        s = int(round(args.budget))
-        stop = ["--trainer.max_time", f"00:{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"]
-        stop += ["--trainer.max_steps", "-1"]
+    else:  # DD:HH:MM:SS (the seconds may pass 59)
+        stop = ["--trainer.max_time", f"00:00:00:{round(args.budget)}", "--trainer.max_steps", "-1"]
     argv = ["--config", args.config, "--data.source", args.corpus, "--out_dir", str(out_dir), *stop]
     argv += [] if seed is None else ["--seed", str(seed)]
     argv += [] if args.val_every is None else ["--trainer.val_check_interval", str(args.val_every)]
@@ -154,13 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--config", default=CONFIG)
     p.add_argument("--val_every", type=int, default=None, help="steps between validations (default: the config's)")
-    p.add_argument(
-        "--extra",
-        action="append",
-        default=[],
-        metavar="--FLAG=VALUE",
-        help="a train.py flag added to every run, written with '=': --extra=--optim.learning_rate=6e-3 (repeatable)",
-    )
+    p.add_argument("--extra", action="append", default=[], metavar="--FLAG=VALUE", help="a train.py flag for every run")
     args = p.parse_args(argv)
     if args.quick:
         args.budget, args.variants = 3.0, args.variants[:1]
@@ -169,7 +163,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     val_every = args.val_every or (config.get("trainer") or {}).get("val_check_interval")
     length = f"{args.steps} steps" if args.steps else f"{args.budget:.0f} s of training"
     print(f"Corpus {args.corpus}; {length} per run; target {args.target}; validation every {val_every} steps\n")
-    rows = []
+    losses = [("time_to_target_s", f"time to {args.target} (s)", ".1f"), ("full_val_loss", "full val loss", ".4f")]
+    table, rows = COLUMNS + losses + [("bits_per_char", "bits/char", ".4f")], []
     with tempfile.TemporaryDirectory(prefix="time_to_loss_") as tmp:
         # prepare the data once (cached in data/), so no run counts it
         prepare = [sys.executable, str(REPO_ROOT / "train.py"), "--config", args.config, "--data.source", args.corpus]
@@ -177,18 +172,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         child_output(prepare + "--trainer.max_steps 1 --eval_full false --trainer.enable_progress_bar false".split())
         for name in args.variants:
             for seed in args.seeds:
-                r = run_variant(name, seed, args, Path(tmp))
-                rows.append(r)
-                if "error" in r:
-                    print(f"  {name:12s} failed: {r['error']}", flush=True)
-                    continue
-                print(
-                    f"  {name:12s} full val {r['full_val_loss']:.4f}, to {args.target}: {r['time_to_target_s']} s, "
-                    f"{r['steps']} steps in {r['train_s']} s ({r['ms_per_step']} ms/step)  load {load_avg()}",
-                    flush=True,
+                rows.append(run_variant(name, seed, args, Path(tmp)))
+                done = (
+                    f"{name} failed: {rows[-1]['error']}" if "error" in rows[-1] else markdown_table(rows[-1:], table)
                 )
-    losses = [("time_to_target_s", f"time to {args.target} (s)", ".1f"), ("full_val_loss", "full val loss", ".4f")]
-    print_table(rows, COLUMNS + losses + [("bits_per_char", "bits/char", ".4f")])
+                print(done.splitlines()[-1], f" load {load_avg()}", flush=True)
+    print_table(rows, table)
     result = dict(benchmark="time_to_loss", machine=label, corpus=args.corpus, budget_s=args.budget, steps=args.steps)
     result |= dict(target=args.target, config=args.config, val_every=val_every, extra=args.extra, results=rows)
     return finish(result, args)
