@@ -5,13 +5,8 @@ through the harness's HFLM on the model's Hugging Face export, and what a 500-it
     python benchmarks/bench_eval.py --shape small    # a 6-layer 384-wide model, 40 items (seconds)
     python benchmarks/bench_eval.py --quick          # a tiny model, 4 items (smoke test)
 
-The task is HellaSwag-shaped and built here (nothing is downloaded): a context of --context_chars characters and 4
-endings of --ending_chars.  Random weights, a char tokenizer, the vocabulary padded to GPT-2's 50,257 entries (so
-the output layer costs what GPT-2's does).  Timed: the harness's loglikelihood calls, float32, the same batch size
-through both backends.  Results: docs/evaluation.md.
+Method and results: docs/evaluation.md#speed.
 """
-
-from __future__ import annotations
 
 import json
 import os
@@ -42,24 +37,10 @@ COLUMNS = [("backend", "backend", ""), ("shape", "shape", ""), ("params_m", "par
 COLUMNS += [("items", "items", "d"), ("requests", "requests", "d"), ("seconds", "seconds", ".1f")]
 COLUMNS += [("requests_per_s", "requests/s", ".2f"), ("minutes_for_500_items", "500 items (min)", ".1f")]
 COLUMNS += [("acc", "acc", ".3f")]
-TASK = """task: bench_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{ctx}}}}"
-doc_to_choice: "{{{{endings}}}}"
-doc_to_target: "{{{{label}}}}"
-metric_list:
-  - metric: acc
-  - metric: acc_norm
-"""
 
 
-def write_task(folder: Path, items: int, context_chars: int, ending_chars: int) -> Path:
-    """A HellaSwag-shaped multiple-choice task as YAML + JSONL: random lowercase words."""
+def write_task(folder: Path, items: int, context_chars: int, ending_chars: int) -> dict[str, Any]:
+    """A HellaSwag-shaped multiple-choice task of random lowercase words: its JSONL, and the harness's config."""
     rng = random.Random(0)
 
     def text(n: int) -> str:
@@ -73,15 +54,17 @@ def write_task(folder: Path, items: int, context_chars: int, ending_chars: int) 
         for i in range(items)
     ]
     (folder / "mc.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    (folder / "mc.yaml").write_text(TASK.format(data=folder / "mc.jsonl"))
-    return folder / "mc.yaml"
+    config = dict(
+        task="bench_mc", dataset_path="json", dataset_kwargs=dict(data_files=dict(test=str(folder / "mc.jsonl")))
+    )
+    config |= dict(test_split="test", output_type="multiple_choice", doc_to_text="{{ctx}}", doc_to_target="{{label}}")
+    return config | dict(doc_to_choice="{{endings}}", metric_list=[dict(metric="acc"), dict(metric="acc_norm")])
 
 
-def timed_run(lm: Any, task: Path) -> dict[str, Any]:
+def timed_run(lm: Any, task: dict[str, Any]) -> dict[str, Any]:
     """simple_evaluate on the task, timing the loglikelihood calls; requests, seconds, accuracy."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
-    from lm_eval.tasks._yaml_loader import load_yaml
 
     spent, count = [0.0], [0]
     real = lm.loglikelihood
@@ -95,11 +78,7 @@ def timed_run(lm: Any, task: Path) -> dict[str, Any]:
 
     lm.loglikelihood = loglikelihood
     results = simple_evaluate(
-        model=lm,
-        tasks=[load_yaml(task)],
-        task_manager=TaskManager(include_defaults=False),
-        bootstrap_iters=0,
-        log_samples=False,
+        model=lm, tasks=[task], task_manager=TaskManager(include_defaults=False), bootstrap_iters=0, log_samples=False
     )
     acc = results["results"]["bench_mc"]["acc,none"]
     return dict(requests=count[0], seconds=spent[0], requests_per_s=count[0] / spent[0], acc=acc)

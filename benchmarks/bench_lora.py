@@ -6,16 +6,8 @@ Llama-3.2-1B-shaped and a SmolLM-135M-shaped model.
     python benchmarks/bench_lora.py --quick               # tiny shapes, 4 steps (smoke test)
     python benchmarks/bench_lora.py --shapes 1b --variants lora8,lora8-ckpt --full_layers ""  # recompute
 
-Each row is train.py itself (`--init_from SOURCE --finetune full|lora`, float32, AdamW, no compile) in a child
-process of its own, from a checkpoint of random weights in the shape's config (nothing is downloaded), batch 4 x
-256 tokens of --corpus.  Peak RSS is the child's VmHWM at the end (loading, training, saving); seconds per step the
-median period between training batches after the first two; the checkpoint is the run's last.ckpt.  A full
-fine-tune that would not fit this machine (--full_layers) is measured at fewer layers and extrapolated linearly
-in the number of layers, as is LoRA r8 at the same depths, to show how far that extrapolation is from LoRA's
-measured value.  Results: docs/lora.md.
+Method and results: docs/lora.md#measured.
 """
-
-from __future__ import annotations
 
 import argparse
 import json
@@ -32,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 
 from benchmarks.common import child_json, common_parser, finish, peak_rss_bytes, print_table, start
 
-RESULT = "RESULT "
 LLAMA3_ROPE = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0)
 LLAMA3_ROPE["original_max_position_embeddings"] = 8192
 SHAPES = {  # Llama blocks: the published configs (config.json) of the two models
@@ -56,8 +47,8 @@ COLUMNS += [("trainable", "trainable params", ",.0f"), ("checkpoint_mib", "check
 COLUMNS += [("load_avg_1m", "load", ".1f")]
 
 
-def make_source(shape: str, n_layer: int, block_size: int, path: Path) -> None:
-    """A checkpoint of random weights in the shape's config (child process: its memory is not a row's)."""
+def make_source(shape: str, n_layer: int, block_size: int, path: str) -> dict:
+    """A checkpoint of random weights in the shape's config."""
     from minigpt.core.checkpoint import model_checkpoint, save_file
     from minigpt.core.config import GPTConfig
     from minigpt.core.model import GPT
@@ -65,7 +56,8 @@ def make_source(shape: str, n_layer: int, block_size: int, path: Path) -> None:
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(arch="llama", **{**SHAPES[shape], "n_layer": n_layer, "block_size": block_size}))
-    save_file(model_checkpoint(model, ByteTokenizer()), path)
+    save_file(model_checkpoint(model, ByteTokenizer()), Path(path))
+    return {}
 
 
 def train_row(spec: dict[str, Any]) -> dict[str, Any]:
@@ -118,21 +110,16 @@ def measure(shapes: list[str], variants: list[str], args: Any) -> list[dict[str,
                 depths = [depth, *scaled] if variant == "lora8" else [depth]
             for n_layer in depths:
                 source = work / "sources" / f"{shape}-L{n_layer}.ckpt"
-                if not source.is_file():
+                if not source.is_file():  # in a child: its memory is no row's
                     make = dict(shape=shape, n_layer=n_layer, block_size=args.block, path=str(source))
-                    child_json([sys.executable, __file__, "--make_source", json.dumps(make)])
+                    child_json([sys.executable, __file__, "--child", json.dumps(make)])
                 spec = dict(variant=variant, source=str(source), corpus=args.corpus, data_root=str(work / "data"))
                 spec |= dict(out=str(work / "runs" / f"{shape}-L{n_layer}-{variant}"), batch=args.batch)
                 spec["steps"] = args.steps if n_layer == depth else args.scaled_steps
                 print(f"{shape} n_layer={n_layer} {variant}: {spec['steps']} steps ...", flush=True)
                 r = child_json([sys.executable, __file__, "--child", json.dumps(spec)])
                 rows.append(dict(shape=shape, n_layer=n_layer, variant=variant, **r))
-                speed = f"{r['s_per_step']:.2f} s/step" if r["s_per_step"] else "s/step needs 4 steps or more"
-                print(
-                    f"  peak RSS {r['peak_rss'] / 2**30:.2f} GiB, {speed}, "
-                    f"{r['trainable']:,} trainable, checkpoint {r['checkpoint_bytes'] / 2**20:.1f} MiB",
-                    flush=True,
-                )
+                print(f"  peak RSS {r['peak_rss'] / 2**30:.2f} GiB, s/step {r['s_per_step']}", flush=True)
         if scaled:
             rows += extrapolated(shape, rows, scaled)
     return rows
@@ -162,24 +149,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--block", type=int, default=256, help="tokens per row (the sources' block_size)")
     p.add_argument(
-        "--full_layers",
-        default="1b=2/4",
-        help="SHAPE=L1/L2: measure full fine-tuning of SHAPE at these depths and extrapolate (its full depth "
-        "does not fit 24 GiB); empty: measure at full depth",
+        "--full_layers", default="1b=2/4", help="SHAPE=L1/L2: full fine-tuning at these depths, extrapolated"
     )
     p.add_argument("--scaled_steps", type=int, default=8, help="optimizer steps of the rows at reduced depth")
     p.add_argument("--corpus", default=None, help="training text (default: a generated one)")
     p.add_argument("--work", default="/tmp/bench_lora", help="sources, prepared data and runs")
-    p.add_argument("--child", help=argparse.SUPPRESS)
-    p.add_argument("--make_source", help=argparse.SUPPRESS)
+    p.add_argument("--child", help=argparse.SUPPRESS)  # a row (a variant), or a source to make (a path)
     args = p.parse_args(argv)
     if args.child:
-        print(RESULT + json.dumps(train_row(json.loads(args.child))), flush=True)
-        return {}
-    if args.make_source:
-        spec = json.loads(args.make_source)
-        make_source(spec["shape"], spec["n_layer"], spec["block_size"], Path(spec["path"]))
-        print(RESULT + "{}", flush=True)
+        spec = json.loads(args.child)
+        print("RESULT", json.dumps(train_row(spec) if "variant" in spec else make_source(**spec)), flush=True)
         return {}
     if args.quick:
         args.shapes, args.steps, args.scaled_steps, args.block, args.full_layers = "tiny", 4, 4, 32, "tiny=1/2"
