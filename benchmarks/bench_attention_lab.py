@@ -4,13 +4,8 @@
     python benchmarks/bench_attention_lab.py --ckpt out/RUN    # a trained checkpoint (or an HF model directory)
     python benchmarks/bench_attention_lab.py --quick           # 2 x 2 heads, 32 tokens (smoke test)
 
-Random weights are enough: the page's work depends on the layer, head and token counts, not on what the weights
-learned.  Capture = one forward through the manual path for the prompt plus one for the induction probe, median
-of --repeats; render time = the page's own mark (navigation start to every view built), median of --repeats
-loads.  A screenshot goes next to the JSON.  Results: docs/performance.md.
+Method and results: docs/performance.md#the-attention-lab.
 """
-
-from __future__ import annotations
 
 import statistics
 import sys

@@ -3,16 +3,8 @@
     python benchmarks/bench_hf.py            # GPT-2 124M import/export (about a minute)
     python benchmarks/bench_hf.py --quick    # a tiny GPT-2-shaped model instead of 124M (seconds; smoke test)
 
-A GPT-2 124M-shaped model (GPT2Config() defaults, random weights) is saved as model.safetensors with a byte-level
-tokenizer.json.  Each measurement runs in --repeats fresh processes (the median time, the largest memory), after
-its imports: wall time, the process's peak RSS (VmHWM) and the peak RSS above the RSS before it (sampled every 2
-ms).  Import is load_model(dir), next to transformers' from_pretrained(dir) for reference, each also through a
-first 1-token forward (transformers maps the file and reads each page when first used); export is export_hf of a
-model in memory (fsync included).  That the results compute what transformers computes is tests/hf/test_load.py's
-and tests/export/test_hf.py's to prove.  Results: docs/performance.md.
+Method and results: docs/performance.md#hugging-face-import-and-export.
 """
-
-from __future__ import annotations
 
 import json
 import resource

@@ -4,14 +4,8 @@ a chat of many turns.
     python benchmarks/bench_long_context.py                       # gpt and llama (learned positions, RoPE)
     python benchmarks/bench_long_context.py --quick --json /tmp/lc.json
 
-Sampling: generate() with the KV cache from a one-token prompt for --blocks x block_size tokens, each token's time
-taken in on_token, printed per window of block_size/2 tokens (a cost that grew with the length would show as a
-rising row), with the worst single token (a refill's pause); and generate(use_kv_cache=False) over the first
-block_size tokens.  Chat: ChatSession on a random byte-level ChatML model, --turns turns of up to 32 new tokens: ms
-and tokens run through the model per turn, per window of turns.  float32, batch 1.  Results: docs/performance.md.
+Method and results: docs/performance.md#past-the-context.
 """
-
-from __future__ import annotations
 
 import statistics
 import sys

@@ -4,15 +4,8 @@
     python benchmarks/bench_prepare.py --mb 1000 --repeat 1              # the peak-RSS figure at 1 GB
     python benchmarks/bench_prepare.py --quick                           # 2 MB, a smoke test
 
-The text: --corpus repeated up to --mb megabytes (default: this Python's standard library sources).  A byte-level
-BPE of --vocab tokens is trained on it first (bpe:VOCAB, timed), then each tokenizer prepares the whole text in a
-fresh interpreter (its wall time and peak RSS) and the bare encoder encodes the same text in memory, in the same
-batches, with the same threads: `tokenizers` encode_batch_fast for the BPE, tiktoken encode_ordinary_batch for
-gpt2 (skipped when its files cannot be downloaded).  Goal: preparation at >= GOAL of the bare encoder's rate.
-Results: docs/tokenizers.md.
+Method and results: docs/tokenizers.md#preparation-speed-and-memory.
 """
-
-from __future__ import annotations
 
 import json
 import os
@@ -20,6 +13,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
@@ -29,13 +23,11 @@ from benchmarks.common import child_json, common_parser, finish, print_table, st
 GOAL = 0.85
 # The child reports its own peak, VmHWM: ru_maxrss would carry over this parent's, which holds the whole text
 PREPARE = """import json, sys, time
+from benchmarks.common import peak_rss_bytes
 from minigpt.data.prepare import prepare_data
 t = time.perf_counter()
 prepare_data(sys.argv[1], sys.argv[2], data_root=sys.argv[3], force=True)
-seconds = time.perf_counter() - t
-status = open('/proc/self/status').read().splitlines()
-peak_kb = next(int(line.split()[1]) for line in status if line.startswith('VmHWM:'))
-print('RESULT', json.dumps(dict(seconds=seconds, peak_rss_mb=peak_kb / 1024)))
+print('RESULT', json.dumps(dict(seconds=time.perf_counter() - t, peak_rss_mb=peak_rss_bytes() / 2**20)))
 """
 COLUMNS = [("tokenizer", "tokenizer", ""), ("tokens", "tokens", ",d"), ("bare_mb_s", "bare encoder MB/s", ".2f")]
 COLUMNS += [("prepare_mb_s", "preparation MB/s", ".2f"), ("ratio", "preparation / bare", ".0%")]
@@ -112,8 +104,9 @@ def main(argv: list[str] | None = None) -> dict:
         text_batches = batches(text) if args.tokenizers != "none" else []
         spec = f"bpe:{args.vocab}"
         train_s, rss = prepare_in_child(text, spec, tmp / "trained")  # trains on 90 %, then encodes everything
-        rows = [dict(tokenizer=f"{spec} trained on the text, then preparing it", prepare_mb_s=mb / train_s)]
-        rows[0]["peak_rss_mb"] = rss
+        rows = [
+            dict(tokenizer=f"{spec} trained on the text, then preparing it", prepare_mb_s=mb / train_s, peak_rss_mb=rss)
+        ]
         tokenizer_json = json.loads(next((tmp / "trained").glob("*/tokenizer.json")).read_text())["tokenizer_json"]
         (tmp / "bpe.json").write_text(tokenizer_json)
         print(f"{spec}: trained and prepared in {train_s:.1f}s")
@@ -121,12 +114,9 @@ def main(argv: list[str] | None = None) -> dict:
             from minigpt.core.hf_tokenizer import tokenizers_library
 
             backend = tokenizers_library().Tokenizer.from_str(tokenizer_json)
-
-            def encode(batch: list[str]) -> list[list[int]]:
-                return [e.ids for e in backend.encode_batch_fast(batch)]
-
             bpe = (str(tmp / "bpe.json"), tmp / "data-bpe", args.repeat)
-            rows.append(compare(f"{spec} (tokenizers)", encode, text_batches, text, *bpe))
+            ids = lambda batch: [e.ids for e in backend.encode_batch_fast(batch)]  # noqa: E731  (lists, as preparation's)
+            rows.append(compare(f"{spec} (tokenizers)", ids, text_batches, text, *bpe))
         if "gpt2" in args.tokenizers:
             import tiktoken
 
@@ -135,10 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
             except OSError as e:  # offline, and no TIKTOKEN_CACHE_DIR holding its file
                 print(f"{args.tiktoken}: skipped, its files cannot be read ({type(e).__name__})")
             else:
-
-                def encode(batch: list[str]) -> list[list[int]]:
-                    return encoding.encode_ordinary_batch(batch, num_threads=threads)
-
+                encode = partial(encoding.encode_ordinary_batch, num_threads=threads)
                 gpt2 = (args.tiktoken, tmp / "data-gpt2", args.repeat)
                 rows.append(compare(f"{args.tiktoken} (tiktoken)", encode, text_batches, text, *gpt2))
     print(f"{mb:.1f} MB of text, {threads} threads; goal: preparation at >= {GOAL:.0%} of the bare encoder")

@@ -4,14 +4,8 @@
     python benchmarks/bench_startup.py --ckpt out/RUN   # the generation from a trained checkpoint
     python benchmarks/bench_startup.py --quick          # one run of each (smoke test)
 
-Wall time of fresh interpreters: `import torch`, `import minigpt`, `X.py --help` for sample, eval, export and
-attention, `minigpt sample --help` (the installed console script), and sample.py generating 50 tokens from --ckpt
-(else a random-weight model of configs/default.yaml's shape with a char tokenizer).  The runs go round-robin, so a
-change in the machine's load touches all of them alike.  Goal: every command within GOAL_S seconds of `import
-torch`.  Results: docs/performance.md.
+Method and results: docs/performance.md#start-up.
 """
-
-from __future__ import annotations
 
 import string
 import subprocess

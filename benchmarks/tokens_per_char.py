@@ -3,13 +3,8 @@
     python benchmarks/tokens_per_char.py --text english=../shared/data/tinyshakespeare.txt --text russian=ru.txt
     python benchmarks/tokens_per_char.py --quick --text english=...         # char, byte, bpe:300
 
-Counted on each corpus's validation split as train.py prepares it (the BPEs are trained on the training split
-only, so the figure is what a new text of the same kind costs).  gpt2 needs tiktoken's download: offline its
-row says so.  The CPU recipe's bits per character with each tokenizer: time_to_loss.py --variants recipe
---extra=--data.tokenizer=TOKENIZER (docs/tokenizers.md).
+Method and results: docs/tokenizers.md#tokens-per-character.
 """
-
-from __future__ import annotations
 
 import sys
 import tempfile
