@@ -16,28 +16,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import (
-    DTYPES,
-    columns,
-    common_parser,
-    finish,
-    markdown_table,
-    median,
-    mib,
-    pick_device,
-    print_table,
-    start,
-    time_fn,
-)
+from benchmarks import common
 from minigpt.core.config import GPTConfig
 from minigpt.core.model import CausalSelfAttention, causal_mask
 
 PATHS = ("sdpa", "manual", "einops")
-COLUMNS = columns(
+COLUMNS = common.columns(
     "path:path:, gqa:GQA:, n_kv_head:n_kv_head:d, seq_len:T:d, fwd_ms:fwd ms:.2f, fwd_bwd_ms:fwd+bwd ms:.2f, "
     "peak_mib:peak MiB (fwd+bwd):.1f"
 )
-SCALING = columns(
+SCALING = common.columns(
     "path:path:, gqa:GQA:, fwd_bwd_ms:fwd+bwd ms:.2f, time_ratio:time ratio:.2f, mem_ratio:mem ratio:.2f, "
     "sdpa_speedup:sdpa speed-up:.2f"
 )
@@ -105,23 +93,23 @@ def scaling(rows: list[dict[str, Any]], seq_lens: list[int]) -> list[dict[str, A
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = common_parser(__doc__, "attention")
+    p = common.parser(__doc__, "attention")
     p.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     p.add_argument("--seq_lens", nargs="+", type=int, default=[128, 256, 512, 1024, 2048])
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--n_head", type=int, default=8)
     p.add_argument("--head_dim", type=int, default=64)
     p.add_argument("--gqa", nargs="+", default=["off", "on"], choices=["off", "on"])
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--dtype", default="float32", choices=sorted(common.DTYPES))
     p.add_argument("--repeats", type=int, default=3, help="timed calls per measurement (median reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls before timing")
     args = p.parse_args(argv)
     if args.quick:
         args.seq_lens, args.batch, args.n_head, args.head_dim, args.repeats = [32, 64], 1, 4, 16, 1
     args.seq_lens = sorted(args.seq_lens)
-    device, dtype = pick_device(args.device), DTYPES[args.dtype]
+    device, dtype = common.pick_device(args.device), common.DTYPES[args.dtype]
     kv_heads = {"off": args.n_head, "on": max(1, args.n_head // 4)}
-    label = start(args, device, dtype)
+    label = common.start(args, device, dtype)
     print(
         f"Settings: the attention core, B={args.batch}, n_head={args.n_head}, head_dim={args.head_dim}, GQA on: "
         f"n_kv_head={kv_heads['on']}; median of {args.repeats} after {args.warmup} warm-up\n",
@@ -132,23 +120,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for gqa in args.gqa:
             for path in args.paths:
                 forward, forward_backward = build_case(path, kv_heads[gqa], T, args, dtype, device)
-                fwd = median(time_fn(forward, device, args.repeats, args.warmup))
-                fwd_bwd = median(time_fn(forward_backward, device, args.repeats, args.warmup))
+                fwd = common.median(common.time_fn(forward, device, args.repeats, args.warmup))
+                fwd_bwd = common.median(common.time_fn(forward_backward, device, args.repeats, args.warmup))
                 peak = peak_memory(forward_backward, device)
                 row = dict(path=path, gqa=gqa, n_kv_head=kv_heads[gqa], seq_len=T, fwd_ms=round(fwd * 1e3, 3))
                 rows.append(
-                    row | dict(fwd_bwd_ms=round(fwd_bwd * 1e3, 3), peak_bytes=peak, peak_mib=round(mib(peak), 2))
+                    row | dict(fwd_bwd_ms=round(fwd_bwd * 1e3, 3), peak_bytes=peak, peak_mib=round(common.mib(peak), 2))
                 )
-                print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
-    print_table(sorted(rows, key=lambda r: (r["gqa"] != "off", r["seq_len"], args.paths.index(r["path"]))), COLUMNS)
+                common.print_row(rows[-1], COLUMNS)
+    rows.sort(key=lambda r: (r["gqa"] != "off", r["seq_len"], args.paths.index(r["path"])))
+    common.print_table(rows, COLUMNS)
     summary = scaling(rows, args.seq_lens) if len(args.seq_lens) >= 2 else []
     if summary:
         T0, T1 = args.seq_lens[-2:]
-        print_table(summary, SCALING, f"Scaling T={T0} -> T={T1} (ratios) and sdpa's fwd+bwd speed-up at T={T1}:")
+        title = f"Scaling T={T0} -> T={T1} (ratios) and sdpa's fwd+bwd speed-up at T={T1}:"
+        common.print_table(summary, SCALING, title)
     settings = {k: getattr(args, k) for k in ("batch", "n_head", "head_dim", "seq_lens", "paths", "dtype")}
     settings |= dict(gqa_kv_heads=kv_heads["on"], repeats=args.repeats, warmup=args.warmup, quick=args.quick)
     result = dict(benchmark="attention", machine=label, settings=settings, results=rows, scaling=summary)
-    return finish(result, args)
+    return common.finish(result, args)
 
 
 if __name__ == "__main__":

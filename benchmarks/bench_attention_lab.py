@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 # run from anywhere without installing; tests/browser.py drives headless Chromium
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from benchmarks.common import common_parser, finish, median, pick_device, start, time_fn
+from benchmarks import common
 from browser import chromium_path, open_page, screenshot
 from minigpt.core.config import GPTConfig
 from minigpt.core.model import GPT
@@ -30,12 +30,12 @@ TEXT = "First Citizen: Before we proceed any further, hear me speak. All: Speak,
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = common_parser(__doc__, "attention_lab")
+    p = common.parser(__doc__, "attention_lab")
     p.add_argument("--ckpt", default=None, help="a checkpoint instead of the random GPT-2-shaped model")
     p.add_argument("--tokens", type=int, default=256, help="prompt length in tokens")
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
-    device = pick_device(args.device)
+    device = common.pick_device(args.device)
     if args.ckpt:
         model, tokenizer = load_model(args.ckpt, device=device)
     else:
@@ -48,14 +48,14 @@ def main(argv: list[str] | None = None) -> dict:
     ids = tokenizer.encode(text)[:tokens]
     prompt = tokenizer.decode(ids)
 
-    label = start(args, device)
+    label = common.start(args, device)
     cfg = model.config
     print(
         f"Model: {cfg.n_layer} layers x {cfg.n_head} heads, n_embd {cfg.n_embd}, {model.num_params():,} "
         f"parameters; prompt {len(ids)} tokens"
     )
 
-    capture_s = time_fn(lambda: capture_attention(model, tokenizer, prompt), device, args.repeats, warmup=0)
+    capture_s = common.time_fn(lambda: capture_attention(model, tokenizer, prompt), device, args.repeats, warmup=0)
     out_dir = Path(args.json).resolve().parent
     out_dir.mkdir(parents=True, exist_ok=True)
     render_ms, errors = [], "chromium not installed (apt-get install chromium): no render time"
@@ -73,14 +73,14 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"screenshot: {shot}")
 
     result = dict(machine=label, n_layer=cfg.n_layer, n_head=cfg.n_head, tokens=len(ids), html_bytes=html_bytes)
-    result |= dict(capture_s=round(median(capture_s), 3), script_errors=errors)
-    result["render_ms"] = round(median(render_ms), 1) if render_ms else None
+    result |= dict(capture_s=round(common.median(capture_s), 3), script_errors=errors)
+    result["render_ms"] = round(common.median(render_ms), 1) if render_ms else None
     print(f"capture (prompt + induction probe, median of {args.repeats}): {result['capture_s']:.3f} s")
     print(f"attention.html: {html_bytes / 2**20:.2f} MiB ({html_bytes:,} bytes)")
     print(
         f"rendered in headless Chromium (to all views built, median): {result['render_ms']} ms; script errors: {errors}"
     )
-    return finish(result, args)
+    return common.finish(result, args)
 
 
 if __name__ == "__main__":

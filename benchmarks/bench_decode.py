@@ -14,6 +14,7 @@ Method and results: docs/performance.md#decode.
 import json
 import math
 import os
+import queue
 import subprocess
 import sys
 import tempfile
@@ -28,18 +29,7 @@ import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import (
-    columns,
-    common_parser,
-    describe_machine,
-    finish,
-    markdown_table,
-    median,
-    mib,
-    pick_device,
-    start,
-    synchronize,
-)
+from benchmarks import common
 from minigpt.core.generation import generate
 from minigpt.core.model import GPT
 from minigpt.core.quantize import Int8Embedding, Int8Linear, choose_int8, quantize_model
@@ -48,7 +38,8 @@ from minigpt.loading import load_model
 GIB = 2**30
 CPU = torch.device("cpu")
 REPO = Path(__file__).resolve().parent.parent
-PROMPT_TOKENS, PREFILL_TOKENS, SEED = 16, 512, 0
+PROMPT_TOKENS = 16
+PREFILL_TOKENS = 512
 KINDS = {"native": {}, "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
 FLAGS = {"none": [], "--quantize int8": ["--quantize", "int8"], "--compile": ["--compile"]}
 FLAGS["--quantize int8 --compile"] = FLAGS["--quantize int8"] + FLAGS["--compile"]
@@ -70,20 +61,6 @@ def hf_config(shape: str, quick: bool) -> Any:
 
 
 SHAPE_NAMES = {"gpt2": "GPT-2-124M", "smollm2": "SmolLM2-135M"}
-
-
-def build_hf_folder(shape: str, quick: bool, folder: Path) -> Path:
-    """A Hugging Face model folder with transformers' random init and a byte tokenizer (no download)."""
-    import transformers
-
-    from minigpt.core.tokenizers import ByteTokenizer
-    from minigpt.hf.tokenizer_files import save_hf_tokenizer
-
-    torch.manual_seed(SEED)
-    model = transformers.AutoModelForCausalLM.from_config(hf_config(shape, quick))
-    model.save_pretrained(folder)
-    save_hf_tokenizer(ByteTokenizer(), folder)
-    return folder
 
 
 def bytes_per_token(model: GPT) -> int:
@@ -114,10 +91,10 @@ def measure_shape(shape: str, args: Any, work: Path, device: torch.device = CPU)
     and its first call; on a CPU minigpt int8 too, on one stream (a GPU, --single_stream) the serve engine."""
     import transformers
 
-    src = build_hf_folder(shape, args.quick, work / shape)
+    src = common.hf_folder(hf_config(shape, args.quick), work / shape)
     fp32, tokenizer = load_model(src, device=device)
     hf = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).to(device).eval()
-    gen = torch.Generator().manual_seed(SEED)
+    gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, fp32.config.vocab_size, (1, PROMPT_TOKENS), generator=gen).to(device)
     long_prompt = torch.randint(0, fp32.config.vocab_size, (1, PREFILL_TOKENS), generator=gen).to(device)
     models = {"float32": fp32}
@@ -136,7 +113,7 @@ def measure_shape(shape: str, args: Any, work: Path, device: torch.device = CPU)
         _, _, prefill_s = synced_median(lambda run=run: run(long_prompt, 1), device, max(1, args.repeats - 1))
         row = dict(shape=SHAPE_NAMES[shape], way=way, ids=ids[0, PROMPT_TOKENS:].tolist(), first_call_s=first_s)
         row |= dict(tokens_per_s=args.tokens / seconds, prefill_tokens_per_s=PREFILL_TOKENS / prefill_s)
-        rows.append(row | dict(weight_bytes=bytes_per_token(model), weight_mib=mib(bytes_per_token(model))))
+        rows.append(row | dict(weight_bytes=bytes_per_token(model), weight_mib=common.mib(bytes_per_token(model))))
         print(f"  {row['shape']}, {way}: {row['tokens_per_s']:.1f} tokens/s (first call {first_s:.1f} s)", flush=True)
     if args.one_stream:
         rate = engine_one_client(fp32, tokenizer, prompt[0].tolist(), args.tokens, max(1, args.repeats - 1))
@@ -155,7 +132,7 @@ def measure_shape(shape: str, args: Any, work: Path, device: torch.device = CPU)
 def time_commands(args: Any, work: Path) -> list[dict[str, Any]]:
     """sample.py's wall clock for each flag combination, twice each, with caches empty at the start (this kind's
     own, under `work`): the first run pays for what it measures or compiles, the second finds it cached."""
-    src = build_hf_folder("gpt2", args.quick, work / "gpt2-command")
+    src = common.hf_folder(hf_config("gpt2", args.quick), work / "gpt2-command")
     env = {**os.environ, "XDG_CACHE_HOME": str(work / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor")}
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
@@ -183,39 +160,34 @@ def synced_median(fn: Any, device: torch.device, repeats: int) -> tuple[Any, flo
     """(result, seconds of the first call, median seconds of `repeats` more), the device synchronized."""
     times = []
     for _ in range(repeats + 1):
-        synchronize(device)
+        common.synchronize(device)
         t0 = time.perf_counter()
         out = fn()
-        synchronize(device)
+        common.synchronize(device)
         times.append(time.perf_counter() - t0)
-    return out, times[0], median(times[1:])
+    return out, times[0], common.median(times[1:])
 
 
 def engine_one_client(model: GPT, tokenizer: Any, prompt: list[int], tokens: int, repeats: int) -> float:
     """The serve engine's tokens/s for one client: greedy, `tokens` new tokens, from submit to the last update."""
-    import threading
-
     from minigpt.serve.engine import Engine, Request
 
-    engine = Engine(model, tokenizer, max_batch=8)
+    engine, finished = Engine(model, tokenizer, max_batch=8), queue.Queue()
+
+    def on_update(update: Any) -> None:  # a request's last update carries its count
+        if update.finish_reason is not None:
+            finished.put(update.completion_tokens)
+
     engine.start()
     try:
         rates = []
         for _ in range(repeats + 1):  # the first captures the graph
-            done, counted = threading.Event(), []
-
-            def on_update(update: Any, done: threading.Event = done, counted: list = counted) -> None:
-                if update.finish_reason is not None:
-                    counted.append(update.completion_tokens)
-                    done.set()
-
             t0 = time.perf_counter()
             engine.submit(Request(prompt=prompt, max_tokens=tokens, temperature=0), on_update)
-            done.wait()
-            rates.append(counted[0] / (time.perf_counter() - t0))
+            rates.append(finished.get() / (time.perf_counter() - t0))
     finally:
         engine.stop()
-    return median(rates[1:])
+    return common.median(rates[1:])
 
 
 @torch.inference_mode()
@@ -248,13 +220,13 @@ def quality(ckpt: str, text_path: str, max_tokens: int = 100_000) -> dict[str, A
     return found | dict(agreement_positions=positions)
 
 
-RATE_COLUMNS = columns(
+RATE_COLUMNS = common.columns(
     "shape:shape:, way:way:, tokens_per_s:tokens/s:.1f, vs_own_float32_eager:x own float32 eager:.2f, "
     "vs_transformers:x transformers:.2f, weight_mib:weights MiB:.0f, fraction_of_bound:of bound:.0%, "
     "ids_equal_transformers:ids = transformers':, prefill_tokens_per_s:prefill tokens/s:.0f, "
     "first_call_s:first call s:.1f"
 )
-COMMAND_COLUMNS = columns(
+COMMAND_COLUMNS = common.columns(
     "flags:flags:, first_s:first run s:.1f, second_s:second run s:.1f, vs_none_first:first x plain:.2f, "
     "first_notes:decisions (first run):, second_notes:decisions (second run):"
 )
@@ -276,13 +248,13 @@ def measure_kind(args: Any, label: dict[str, Any]) -> dict[str, Any]:
 
 
 def print_kind(kind: str, result: dict[str, Any], args: Any) -> None:
-    where = f"CPU kind {kind}: {describe_machine(result['machine'])}"
+    where = f"CPU kind {kind}: {common.describe_machine(result['machine'])}"
     if "commands" in result:
         print(f"\n{where}\nsample.py, {SHAPE_NAMES['gpt2']} shape, {args.tokens} tokens, --temperature 0: wall clock\n")
-        print(markdown_table(result["commands"], COMMAND_COLUMNS))
+        print(common.markdown_table(result["commands"], COMMAND_COLUMNS))
     bound = f"bound = {result['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s / weight bytes"
     print(f"\n{where}\nGreedy, {args.tokens} new tokens after {PROMPT_TOKENS}, median of {args.repeats}; {bound}\n")
-    print(markdown_table(result["rows"], RATE_COLUMNS))
+    print(common.markdown_table(result["rows"], RATE_COLUMNS))
     for r in result["rows"]:
         if "int8_decision" in r:
             print(f"int8 decision, {r['shape']}: {r['int8_decision']}")
@@ -290,7 +262,7 @@ def print_kind(kind: str, result: dict[str, Any], args: Any) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     argv = sys.argv[1:] if argv is None else argv
-    p = common_parser(__doc__, "decode")
+    p = common.parser(__doc__, "decode")
     p.add_argument("--kinds", default="native", help="comma-separated CPU kinds to run as: native, avx2")
     p.add_argument("--no_commands", action="store_true", help="skip the sample.py wall clocks")
     p.add_argument("--shapes", default="gpt2,smollm2", help="comma-separated: gpt2, smollm2")
@@ -310,14 +282,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.tokens, args.repeats = 8, 1
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = pick_device(args.device)
+    device = common.pick_device(args.device)
     args.one_stream = args.single_stream or device.type == "cuda"
-    result: dict[str, Any] = dict(benchmark="decode", machine=start(args, device), tokens=args.tokens)
+    result: dict[str, Any] = dict(benchmark="decode", machine=common.start(args, device), tokens=args.tokens)
     if args.one_stream:
         with tempfile.TemporaryDirectory() as work:
             result["rows"] = measure_shape("gpt2", args, Path(work), device)
         print(f"\nGreedy decoding, one stream, {SHAPE_NAMES['gpt2']} shape, float32, {args.tokens} new tokens\n")
-        print(markdown_table(result["rows"], RATE_COLUMNS))
+        print(common.markdown_table(result["rows"], RATE_COLUMNS))
     elif args.quality:
         q = result["quality"] = quality(args.quality, args.text)
         print(
@@ -338,7 +310,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     result["kinds"][kind] = json.loads(out.read_text())["kinds"][kind]
         for kind, measured in result["kinds"].items():
             print_kind(kind, measured, args)
-    return finish(result, args)
+    return common.finish(result, args)
 
 
 if __name__ == "__main__":

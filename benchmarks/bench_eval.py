@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import common_parser, finish, print_table, start
+from benchmarks import common
 
 SHAPES = {  # n_layer, n_head, n_embd, block_size
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024),
@@ -85,7 +85,7 @@ def timed_run(lm: Any, task: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = common_parser(__doc__, "bench_eval")
+    p = common.parser(__doc__, "bench_eval")
     p.add_argument("--shape", choices=sorted(SHAPES), default="gpt2")
     p.add_argument("--items", type=int, default=None, help="task items (default: 12 for gpt2, 40 otherwise)")
     p.add_argument("--context_chars", type=int, default=80)
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     shape = "tiny" if args.quick else args.shape
     items = 4 if args.quick else args.items or (12 if shape == "gpt2" else 40)
     device = torch.device("cpu" if args.device == "auto" else args.device)  # HFLM and minigpt on the same device
-    label = start(args, device)
+    label = common.start(args, device)
 
     from lm_eval.models.huggingface import HFLM
 
@@ -117,11 +117,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for backend, r in (("minigpt (MiniGPTLM)", ours), ("HFLM on the export", theirs)):
         row = dict(backend=backend, shape=shape, params_m=model.num_params() / 1e6, items=items, **r)
         rows.append(row | dict(minutes_for_500_items=500 * 4 / r["requests_per_s"] / 60))
-    print_table(rows, COLUMNS)
+    common.print_table(rows, COLUMNS)
     same = ours["acc"] == theirs["acc"]
     print(f"same accuracy through both: {same} ({ours['acc']:.3f})")
     result = dict(machine=label, batch_size=args.batch_size, context_chars=args.context_chars)
-    return finish(result | dict(ending_chars=args.ending_chars, rows=rows, same_accuracy=same), args)
+    return common.finish(result | dict(ending_chars=args.ending_chars, rows=rows, same_accuracy=same), args)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "expor
 from gguf_models import trained_model, words_text
 from llamacpp_server import LlamaCpp
 
-from benchmarks.common import columns, common_parser, finish, markdown_table, mib, print_table, start
+from benchmarks import common
 from minigpt.core.config import GPTConfig
 from minigpt.core.generation import generate
 from minigpt.core.model import GPT
@@ -39,11 +39,11 @@ QUICK = {
     "llama-tiny": dict(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=64, block_size=128, vocab_size=300),
 }
 TYPES = ("f32", "f16", "q8_0", "q4_0")
-COLUMNS = columns(
+COLUMNS = common.columns(
     "shape:shape:, runtime:runtime:, weights:weights:, file_mib:file MiB:.1f, export_s:export s:.2f, "
     "decode_tok_s:decode tokens/s:.1f"
 )
-AGREEMENT_COLUMNS = columns(
+AGREEMENT_COLUMNS = common.columns(
     "model:model:, weights:weights:, positions:positions:d, agreement_pct:greedy = f32 %:.1f, ppl:perplexity:.4f, "
     "ppl_ratio:ppl / f32:.4f, minigpt_ppl:minigpt ppl:.4f"
 )
@@ -102,14 +102,14 @@ def minigpt_decode(model: GPT, tokens: int, repeats: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = common_parser(__doc__.splitlines()[0], "gguf")
+    p = common.parser(__doc__.splitlines()[0], "gguf")
     p.add_argument("--tokens", type=int, default=128, help="new tokens per decode run")
     p.add_argument("--repeats", type=int, default=3, help="runs per measurement (the median is reported)")
     p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="for both runtimes (default: torch's)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     shapes, tokens, repeats = (QUICK, 8, 1) if args.quick else (SHAPES, args.tokens, args.repeats)
-    label = start(args)
+    label = common.start(args)
     print(f"threads {args.threads} (torch and llama.cpp)", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-gguf-") as tmp:
@@ -119,24 +119,23 @@ def main(argv: list[str] | None = None) -> dict:
             with torch.inference_mode():
                 rate = minigpt_decode(model, tokens, repeats)
             rows.append(dict(shape=shape, runtime="minigpt generate (sample.py)", weights="float32", decode_tok_s=rate))
-            print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
+            common.print_row(rows[-1], COLUMNS)
             for gguf_type in TYPES:
                 path = Path(tmp) / f"{shape}-{gguf_type}.gguf"
                 started = time.perf_counter()
                 export_gguf(model, ByteTokenizer(), path, gguf_type)
-                row = dict(
-                    shape=shape, runtime="llama.cpp (xllamacpp)", weights=gguf_type, file_mib=mib(path.stat().st_size)
-                )
-                row |= dict(export_s=time.perf_counter() - started)
+                export_s = time.perf_counter() - started
+                row = dict(shape=shape, runtime="llama.cpp (xllamacpp)", weights=gguf_type, export_s=export_s)
+                row["file_mib"] = common.mib(path.stat().st_size)
                 rows.append(row | dict(decode_tok_s=llama_cpp_decode(path, tokens, repeats, args.threads)))
-                print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
+                common.print_row(rows[-1], COLUMNS)
                 path.unlink()
             del model
         agreed = agreement(Path(tmp), steps=20 if args.quick else 150)
-    print_table(rows, COLUMNS)
-    print_table(agreed, AGREEMENT_COLUMNS)
+    common.print_table(rows, COLUMNS)
+    common.print_table(agreed, AGREEMENT_COLUMNS)
     settings = dict(tokens=tokens, repeats=repeats, prompt_tokens=len(PROMPT), threads=args.threads, shapes=shapes)
-    return finish(dict(benchmark="gguf", machine=label, settings=settings, results=rows, agreement=agreed), args)
+    return common.finish(dict(benchmark="gguf", machine=label, settings=settings, results=rows, agreement=agreed), args)
 
 
 if __name__ == "__main__":

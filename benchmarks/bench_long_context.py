@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import columns, common_parser, finish, pick_device, print_table, start, synchronize
+from benchmarks import common
 from minigpt.core.chat import ChatSession
 from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.config import GPTConfig
@@ -26,7 +26,7 @@ from minigpt.core.tokenizers import ByteTokenizer
 
 SHAPE = dict(n_layer=4, n_head=4, n_embd=128, dropout=0.0)
 SEED = 1337
-COLUMNS = columns(
+COLUMNS = common.columns(
     "arch:block:, block_size:block_size:d, ms_no_cache:ms/token no KV cache:.3f, ms_before_full:before full:.3f, "
     "kv_cache_speedup:KV cache speed-up:.2f, ms_once_full:ms/token once full:.3f, "
     "last_over_first_full_window:last / first full:.3f, ms_worst_token:worst token (refill) ms:.2f"
@@ -40,7 +40,7 @@ def per_token_ms(model: GPT, tokens: int, device: torch.device, kv_cache: bool =
     last = [time.perf_counter()]
 
     def tick(_: torch.Tensor) -> None:
-        synchronize(device)
+        common.synchronize(device)
         now = time.perf_counter()
         times.append(1e3 * (now - last[0]))
         last[0] = now
@@ -81,7 +81,7 @@ def chat_rows(block_size: int, turns: int, window: int, device: torch.device) ->
     for turn in range(1, turns + 1):
         session.reply(f"What is {turn} plus {turn + 1}? Tell me more about it, please.")
         if turn % window == 0:
-            synchronize(device)
+            common.synchronize(device)
             now = time.perf_counter()
             per_turn = dict(ms_per_turn=round(1e3 * (now - started) / window, 1))
             per_turn["prefilled_per_turn"] = round((session.prefilled - prefilled) / window, 1)
@@ -91,7 +91,7 @@ def chat_rows(block_size: int, turns: int, window: int, device: torch.device) ->
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = common_parser(__doc__.splitlines()[0], "long_context")
+    p = common.parser(__doc__.splitlines()[0], "long_context")
     p.add_argument("--block_sizes", type=int, nargs="+", default=[64, 256])
     p.add_argument("--blocks", type=int, default=8, help="tokens sampled, in block sizes (default 8)")
     p.add_argument("--turns", type=int, default=200)
@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.quick:
         args.block_sizes, args.blocks, args.turns, args.chat_block_size = [16], 4, 8, 128
-    device = pick_device(args.device)
-    label = start(args, device)
+    device = common.pick_device(args.device)
+    label = common.start(args, device)
     sampling = [sampling_rows(arch, bs, device, args.blocks) for arch in ("gpt", "llama") for bs in args.block_sizes]
     print(
         f"\nSampling {args.blocks} x block_size tokens, {SHAPE['n_layer']} layers x {SHAPE['n_head']} heads, n_embd "
@@ -109,11 +109,11 @@ def main(argv: list[str] | None = None) -> dict:
     for r in sampling:
         windows = " ".join(f"{w:.2f}" for w in r["ms_per_token_windows"])
         print(f"  {r['arch']:5s} block {r['block_size']:4d}: {windows}")
-    print_table(sampling, COLUMNS)
+    common.print_table(sampling, COLUMNS)
     chat = chat_rows(args.chat_block_size, args.turns, max(1, args.turns // 8), device)
     title = f"Chat: {args.turns} turns, block_size {args.chat_block_size}, replies of up to 32 tokens:"
-    print_table(chat["windows"], CHAT, title)
-    return finish(dict(benchmark="long_context", machine=label, shape=SHAPE, sampling=sampling, chat=chat), args)
+    common.print_table(chat["windows"], CHAT, title)
+    return common.finish(dict(benchmark="long_context", machine=label, shape=SHAPE, sampling=sampling, chat=chat), args)
 
 
 if __name__ == "__main__":

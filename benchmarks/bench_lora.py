@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import child_json, common_parser, finish, peak_rss_bytes, print_table, start
+from benchmarks import common
 
 LLAMA3_ROPE = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0)
 LLAMA3_ROPE["original_max_position_embeddings"] = 8192
@@ -88,7 +88,7 @@ def train_row(spec: dict[str, Any]) -> dict[str, Any]:
     wall = time.perf_counter() - start_s
     params = list(trainer.lightning_module.model.parameters())
     periods = [b - a for a, b in zip(stamps[2:], stamps[3:])]  # after the first two steps
-    row = dict(peak_rss=peak_rss_bytes(), s_per_step=statistics.median(periods) if periods else None)
+    row = dict(peak_rss=common.peak_rss_bytes(), s_per_step=statistics.median(periods) if periods else None)
     row |= dict(trainable=sum(p.numel() for p in params if p.requires_grad), total=sum(p.numel() for p in params))
     row |= dict(steps=trainer.global_step, checkpoint_bytes=(out / "checkpoints" / "last.ckpt").stat().st_size)
     # other work on the machine slows s/step, not peak RSS
@@ -112,12 +112,12 @@ def measure(shapes: list[str], variants: list[str], args: Any) -> list[dict[str,
                 source = work / "sources" / f"{shape}-L{n_layer}.ckpt"
                 if not source.is_file():  # in a child: its memory is no row's
                     make = dict(shape=shape, n_layer=n_layer, block_size=args.block, path=str(source))
-                    child_json([sys.executable, __file__, "--child", json.dumps(make)])
+                    common.child_json([sys.executable, __file__, "--child", json.dumps(make)])
                 spec = dict(variant=variant, source=str(source), corpus=args.corpus, data_root=str(work / "data"))
                 spec |= dict(out=str(work / "runs" / f"{shape}-L{n_layer}-{variant}"), batch=args.batch)
                 spec["steps"] = args.steps if n_layer == depth else args.scaled_steps
                 print(f"{shape} n_layer={n_layer} {variant}: {spec['steps']} steps ...", flush=True)
-                r = child_json([sys.executable, __file__, "--child", json.dumps(spec)])
+                r = common.child_json([sys.executable, __file__, "--child", json.dumps(spec)])
                 rows.append(dict(shape=shape, n_layer=n_layer, variant=variant, **r))
                 print(f"  peak RSS {r['peak_rss'] / 2**30:.2f} GiB, s/step {r['s_per_step']}", flush=True)
         if scaled:
@@ -142,7 +142,7 @@ def extrapolated(shape: str, rows: list[dict[str, Any]], depths: list[int]) -> l
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = common_parser(__doc__, "bench_lora")
+    p = common.parser(__doc__, "bench_lora")
     p.add_argument("--shapes", default="135m,1b", help="comma-separated: 135m, 1b, tiny")
     p.add_argument("--variants", default="full,lora8,lora16,lora8-bf16", help=f"comma-separated: {', '.join(VARIANTS)}")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps per row")
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ids = torch.randint(len(words), (200_000,), generator=torch.Generator().manual_seed(0)).tolist()
         lines = (" ".join(words[i] for i in ids[j : j + 12]) for j in range(0, len(ids), 12))
         Path(args.corpus).write_text("\n".join(lines))
-    label = start(args)
+    label = common.start(args)
     available = next(line for line in Path("/proc/meminfo").read_text().splitlines() if "MemAvailable" in line)
     print(f"{torch.get_num_threads()} threads; {int(available.split()[1]) / 2**20:.1f} GiB available", flush=True)
     rows = measure(args.shapes.split(","), args.variants.split(","), args)
@@ -182,10 +182,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r["peak_rss_gib"] = r["peak_rss"] / 2**30
         r["checkpoint_mib"] = r["checkpoint_bytes"] / 2**20
         r["rss_vs_full"] = r["peak_rss"] / full_rss[r["shape"]] if r["shape"] in full_rss else None
-    print_table(rows, COLUMNS)
+    common.print_table(rows, COLUMNS)
     settings = dict(steps=args.steps, batch=args.batch, block=args.block, full_layers=args.full_layers)
     settings |= dict(scaled_steps=args.scaled_steps, precision="32-true")
-    return finish(dict(benchmark="bench_lora", machine=label, settings=settings, results=rows), args)
+    return common.finish(dict(benchmark="bench_lora", machine=label, settings=settings, results=rows), args)
 
 
 if __name__ == "__main__":

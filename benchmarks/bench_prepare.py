@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import child_json, common_parser, finish, print_table, start
+from benchmarks import common
 
 GOAL = 0.85
 # The child reports its own peak, VmHWM: ru_maxrss would carry over this parent's, which holds the whole text
@@ -36,25 +36,20 @@ COLUMNS += [("peak_rss_mb", "peak RSS MB", ".0f")]
 
 def make_text(corpus: Path | None, mb: float, out: Path) -> Path:
     """--corpus (or the standard library's .py files) repeated to `mb` megabytes, cut at a line end."""
-    if corpus is not None:
-        seed = corpus.read_bytes()
-    else:
-        stdlib = Path(sysconfig.get_paths()["stdlib"])
-        seed = b"".join(p.read_bytes() for p in sorted(stdlib.glob("*.py"))[:200])
+    stdlib = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:200]
+    seed = corpus.read_bytes() if corpus else b"".join(p.read_bytes() for p in stdlib)
     target = int(mb * 1e6)
     with open(out, "wb") as f:
-        written = 0
-        while written < target:
-            piece = seed[: target - written]
-            piece = piece[: piece.rfind(b"\n") + 1] or piece
-            f.write(piece)
-            written += len(piece)
+        for _ in range(target // len(seed)):
+            f.write(seed)
+        rest = seed[: target % len(seed)]
+        f.write(rest[: rest.rfind(b"\n") + 1])
     return out
 
 
 def prepare_in_child(text: Path, tokenizer: str, data_root: Path) -> tuple[float, float]:
     """(seconds, peak RSS in MB) of prepare_data in a fresh interpreter, as that interpreter measures them."""
-    ran = child_json([sys.executable, "-c", PREPARE, str(text), tokenizer, str(data_root)])
+    ran = common.child_json([sys.executable, "-c", PREPARE, str(text), tokenizer, str(data_root)])
     return ran["seconds"], ran["peak_rss_mb"]
 
 
@@ -85,7 +80,7 @@ def compare(name: str, encode_batch, text_batches, text: Path, tokenizer: str, d
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = common_parser(__doc__, "prepare")
+    p = common.parser(__doc__, "prepare")
     p.add_argument("--corpus", type=Path, help="a text file to repeat (default: the standard library's sources)")
     p.add_argument("--mb", type=float, default=100.0, help="megabytes of text (default 100)")
     p.add_argument("--vocab", type=int, default=8192, help="the trained BPE's vocabulary (default 8192)")
@@ -95,7 +90,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.quick:
         args.mb, args.vocab, args.repeat = 2.0, 1024, 1
-    label = start(args)
+    label = common.start(args)
     threads = os.cpu_count()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -129,8 +124,8 @@ def main(argv: list[str] | None = None) -> dict:
                 gpt2 = (args.tiktoken, tmp / "data-gpt2", args.repeat)
                 rows.append(compare(f"{args.tiktoken} (tiktoken)", encode, text_batches, text, *gpt2))
     print(f"{mb:.1f} MB of text, {threads} threads; goal: preparation at >= {GOAL:.0%} of the bare encoder")
-    print_table(rows, COLUMNS)
-    return finish(dict(machine=label, mb=mb, threads=threads, train_and_prepare_s=train_s, rows=rows), args)
+    common.print_table(rows, COLUMNS)
+    return common.finish(dict(machine=label, mb=mb, threads=threads, train_and_prepare_s=train_s, rows=rows), args)
 
 
 if __name__ == "__main__":

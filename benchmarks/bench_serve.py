@@ -23,7 +23,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests" / "serve")]  # run from anywhere; 
 import httpx
 from serve_support import serving
 
-from benchmarks.common import common_parser, finish, pick_device, print_table, start, time_fn
+from benchmarks import common
 from minigpt.core.config import GPTConfig
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import CharTokenizer
@@ -84,7 +84,7 @@ def step_ms(model: GPT, batch: int, prompt_tokens: int, device: torch.device, st
     model(torch.zeros(batch, prompt_tokens, dtype=torch.long, device=device), kv_cache=cache, input_pos=0)
     tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
     positions = iter([torch.arange(batch, device=device) % 4 + prompt_tokens + i for i in range(steps + 1)])
-    return 1000 * min(time_fn(lambda: model(tokens, kv_cache=cache, input_pos=next(positions)), device, steps))
+    return 1000 * min(common.time_fn(lambda: model(tokens, kv_cache=cache, input_pos=next(positions)), device, steps))
 
 
 def bench_shape(name: str, args, device: torch.device) -> tuple[str, list[dict]]:
@@ -124,7 +124,7 @@ def bench_shape(name: str, args, device: torch.device) -> tuple[str, list[dict]]
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = common_parser(__doc__.splitlines()[0], "serve")
+    p = common.parser(__doc__.splitlines()[0], "serve")
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--clients", nargs="+", type=int, default=[1, 4, 8, 16], help="concurrency levels")
     p.add_argument("--tokens", type=int, default=128, help="new tokens per client (default 128)")
@@ -133,16 +133,16 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.quick:
         args.clients, args.tokens, args.prompt_tokens = [1, 2], 8, 4
-    device = pick_device(args.device)
-    label = start(args, device)
+    device = common.pick_device(args.device)
+    label = common.start(args, device)
     models, rows = [], []
     for name in args.shapes:
         desc, shape_rows = bench_shape(name, args, device)
         models.append(desc)
         rows += shape_rows
-        print_table(shape_rows, COLUMNS, f"Model {desc}")
+        common.print_table(shape_rows, COLUMNS, f"Model {desc}")
     result = dict(benchmark="serve", machine=label, models=models, tokens=args.tokens, prompt_tokens=args.prompt_tokens)
-    return finish(result | dict(results=rows), args)
+    return common.finish(result | dict(results=rows), args)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import REPO_ROOT, child_output, common_parser, finish, median, pick_device, print_table, start
+from benchmarks import common
 from minigpt.configs import default_config
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.core.config import GPTConfig
@@ -49,17 +49,17 @@ def commands(ckpt: Path, device: str) -> dict[str, list[str] | None]:
     cases: dict[str, list[str] | None] = {BASELINE: [py, "-c", "import torch"]}
     cases["import minigpt"] = [py, "-c", "import minigpt"]
     for name in ("sample", "eval", "export", "attention"):
-        cases[f"{name}.py --help"] = [py, str(REPO_ROOT / f"{name}.py"), "--help"]
+        cases[f"{name}.py --help"] = [py, str(common.REPO_ROOT / f"{name}.py"), "--help"]
     # the installed `minigpt` beside this interpreter (not a version manager's shim, which adds its own start-up)
     script = Path(sys.executable).parent / "minigpt"
     cases["minigpt sample --help"] = [str(script), "sample", "--help"] if script.is_file() else None
     sample = ["--ckpt", str(ckpt), "--device", device, "--max_new_tokens", str(NEW_TOKENS), "--prompt", "def "]
-    cases[f"sample.py {NEW_TOKENS} tokens"] = [py, str(REPO_ROOT / "sample.py"), *sample]
+    cases[f"sample.py {NEW_TOKENS} tokens"] = [py, str(common.REPO_ROOT / "sample.py"), *sample]
     return cases
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = common_parser(__doc__, "startup")
+    p = common.parser(__doc__, "startup")
     p.add_argument("--ckpt", default=None, help="checkpoint for the generation (default: a random-weight model)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each command; the median is reported (default 3)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1; --quick: 0)")
@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.warmup = 1, 0
-    device = pick_device(args.device)
-    label = start(args, device)
+    device = common.pick_device(args.device)
+    label = common.start(args, device)
     with tempfile.TemporaryDirectory(prefix="bench_startup_") as tmp:
         work = Path(tmp)
         cases = commands(Path(args.ckpt) if args.ckpt else make_checkpoint(work), str(device))
@@ -81,27 +81,27 @@ def main(argv: list[str] | None = None) -> dict:
         for round_ in range(args.warmup + args.repeats):
             for name in times:
                 t0 = time.perf_counter()
-                child_output(cases[name], cwd=work)  # a folder with no out/ and no configs/
+                common.child_output(cases[name], cwd=work)  # a folder with no out/ and no configs/
                 if round_ >= args.warmup:
                     times[name].append(round(time.perf_counter() - t0, 4))
 
-    base = median(times[BASELINE])
+    base = common.median(times[BASELINE])
     rows = [dict(command=name, goal="not installed (pip install -e .)") for name in cases if name not in times]
     for name, runs in times.items():
-        row = dict(command=name, seconds=round(median(runs), 3), runs=runs)
+        row = dict(command=name, seconds=round(common.median(runs), 3), runs=runs)
         if name != BASELINE:
-            extra = median(runs) - base
-            row |= dict(over_torch_s=round(extra, 3), ratio=round(median(runs) / base, 2), goal_met=extra <= GOAL_S)
+            extra = common.median(runs) - base
+            row |= dict(over_torch_s=round(extra, 3), ratio=round(row["seconds"] / base, 2), goal_met=extra <= GOAL_S)
             row["goal"] = "PASS" if extra <= GOAL_S else "FAIL"
         rows.append(row)
     met = [r["goal_met"] for r in rows if "goal_met" in r]
     passed, score = all(met), f"{sum(met)} of {len(met)}"
     print(f"Python {sys.executable}; median of {args.repeats} run(s) after {args.warmup} warm-up round(s)")
-    print_table(rows, COLUMNS)
+    common.print_table(rows, COLUMNS)
     print(f"\nGoal: every command within {GOAL_S} s of `{BASELINE}`: {'PASS' if passed else 'FAIL'} ({score})")
     settings = dict(repeats=args.repeats, warmup=args.warmup, goal_s=GOAL_S, new_tokens=NEW_TOKENS, ckpt=args.ckpt)
     result = dict(benchmark="startup", machine=label, settings=settings, baseline_s=round(base, 3), passed=passed)
-    return finish(result | dict(results=rows), args)
+    return common.finish(result | dict(results=rows), args)
 
 
 if __name__ == "__main__":

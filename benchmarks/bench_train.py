@@ -29,19 +29,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, LambdaCallback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from benchmarks.common import (
-    REPO_ROOT,
-    common_parser,
-    finish,
-    load_avg,
-    markdown_table,
-    median,
-    pick_device,
-    print_table,
-    start,
-    synchronize,
-    time_fn,
-)
+from benchmarks import common
 from minigpt.core.config import GPTConfig
 from minigpt.training.datamodule import RandomWindows
 from minigpt.training.lightning_module import GPTLightningModule
@@ -59,10 +47,10 @@ def make_shape(name: str, quick: bool) -> dict[str, Any]:
         model = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65, dropout=0.0)
         shape = dict(model=model, batch_size=12, optim={})
     elif name == "default":
-        config = yaml.safe_load((REPO_ROOT / "configs" / "default.yaml").read_text())
+        config = yaml.safe_load((common.REPO_ROOT / "configs" / "default.yaml").read_text())
         shape = dict(model=dict(config["model"], vocab_size=100), batch_size=config["data"]["batch_size"], optim={})
     else:  # finetune: GPT-2 124M as configs/finetune_shakespeare.yaml fine-tunes it
-        config = yaml.safe_load((REPO_ROOT / "configs" / "finetune_shakespeare.yaml").read_text())
+        config = yaml.safe_load((common.REPO_ROOT / "configs" / "finetune_shakespeare.yaml").read_text())
         model = GPTConfig.from_name("gpt2", **config["model"]).to_dict()
         shape = dict(model=model, batch_size=config["data"]["batch_size"], optim=config["optim"])
     if quick:  # the same code path in seconds
@@ -100,8 +88,10 @@ def quiet():
 def matmul_seconds(dtype: torch.dtype, device: torch.device, n: int, repeats: int) -> float:
     """Seconds of one n x n x n matmul: the best of `repeats` batches of enough matmuls to last ~0.2 s."""
     a, b, out = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(3))
-    inner = max(1, int(0.2 / max(median(time_fn(lambda: torch.mm(a, b, out=out), device, 3, warmup=2)), 1e-9)))
-    return min(time_fn(lambda: [torch.mm(a, b, out=out) for _ in range(inner)], device, repeats, warmup=0)) / inner
+    one = common.median(common.time_fn(lambda: torch.mm(a, b, out=out), device, 3, warmup=2))
+    inner = max(1, int(0.2 / max(one, 1e-9)))  # matmuls per timed batch
+    batches = common.time_fn(lambda: [torch.mm(a, b, out=out) for _ in range(inner)], device, repeats, warmup=0)
+    return min(batches) / inner
 
 
 def peak_matmul_flops(dtype: torch.dtype, device: torch.device, n_max: int, repeats: int) -> dict[str, Any]:
@@ -125,7 +115,7 @@ def run_lightning(module, shape, precision: str, device: torch.device, warmup: i
     n, stamps = warmup + steps + 1, []
 
     def stamp(*_) -> None:  # at each step's start and at the end of training
-        synchronize(device)
+        common.synchronize(device)
         stamps.append(time.perf_counter())
 
     tmp = tempfile.TemporaryDirectory(prefix="bench_train_")
@@ -154,7 +144,7 @@ def run_lightning(module, shape, precision: str, device: torch.device, warmup: i
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = common_parser(__doc__, "train")
+    p = common.parser(__doc__, "train")
     p.add_argument("--shapes", nargs="+", default=["nanogpt", "default"], choices=["nanogpt", "default", "finetune"])
     p.add_argument("--precisions", nargs="+", default=["32-true", "bf16-mixed"], choices=["32-true", "bf16-mixed"])
     p.add_argument("--compile", nargs="+", default=["off", "on"], choices=["off", "on"])
@@ -168,14 +158,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         args.steps, args.warmup, args.rounds, args.matmul_n, args.overhead_rounds = 3, 1, 1, 256, 2
         args.compile = ["off"]
-    device = pick_device(args.device)
+    device = common.pick_device(args.device)
     shapes = [make_shape(name, args.quick) for name in args.shapes]
     for shape in shapes:
         shape["model"]["attention"] = args.attention or shape["model"].get("attention", "sdpa")
         print(f"Shape {shape['name']}: {shape['model']}, batch {shape['batch_size']}")
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         args.precisions = [x for x in args.precisions if x != "bf16-mixed"]
-    label = start(args, device, "/".join(args.precisions))
+    label = common.start(args, device, "/".join(args.precisions))
 
     peaks: dict[str, dict[str, Any]] = {}  # the MFU denominators, in each matmul dtype
     for key in {"bfloat16" if prec.startswith("bf16") else "float32" for prec in args.precisions}:
@@ -196,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 row |= dict(tokens_per_s=round(B * T / step_s, 1), mfu=round(flops / peak, 4))
                 row |= dict(warmup_s=round(runs[0]["warmup_s"], 3), step_ms_per_round=[r["step_s"] * 1e3 for r in runs])
                 rows.append(row)
-                print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], f" load {load_avg()}", flush=True)
+                common.print_row(row, COLUMNS)
 
     extras: dict[str, Any] = {}  # train.py's callbacks, logger and progress bar over the minimal Trainer
     if args.overhead_rounds:
@@ -216,7 +206,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         + ", ".join(f"{k}: {v['tflops'] * 1e3:.1f} GFLOP/s (at {v['n']}^3)" for k, v in peaks.items())
     )
     print(f"Per run: median of {args.steps} steps after {args.warmup} warm-up steps; best of {args.rounds} run(s)")
-    print_table(rows, COLUMNS)
+    common.print_table(rows, COLUMNS)
     if extras:
         print(
             f"\ntrain.py's callbacks, TensorBoard logger and progress bar over a minimal Trainer ({extras['shape']}, "
@@ -226,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     settings = dict(steps=args.steps, warmup=args.warmup, rounds=args.rounds, shapes=shapes, quick=args.quick)
     result = dict(benchmark="train", machine=label, settings=settings, peak_matmul=peaks, results=rows)
-    return finish(result | dict(train_py_extras=extras), args)
+    return common.finish(result | dict(train_py_extras=extras), args)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def describe_machine(label: dict[str, Any]) -> str:
     )
 
 
-def common_parser(doc: str, name: str) -> argparse.ArgumentParser:
+def parser(doc: str, name: str) -> argparse.ArgumentParser:
     """An argparse parser (its help: the script's docstring) with the flags every script has."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny settings that finish in seconds (smoke test)")
@@ -120,6 +120,20 @@ def peak_rss_bytes() -> int:
     return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
 
 
+def hf_folder(config: Any, folder: Path) -> Path:
+    """A Hugging Face model folder of a transformers config: its own random init, and a byte tokenizer (tiktoken's gpt2
+    files would be a download)."""
+    import transformers
+
+    from minigpt.core.tokenizers import ByteTokenizer
+    from minigpt.hf.tokenizer_files import save_hf_tokenizer
+
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    save_hf_tokenizer(ByteTokenizer(), folder)
+    return folder
+
+
 def synchronize(device: torch.device | str) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
@@ -155,9 +169,14 @@ def print_table(rows: Iterable[dict[str, Any]], columns: Columns, title: str = "
     print(markdown_table(rows, columns), flush=True)
 
 
+def print_row(row: dict[str, Any], columns: Columns) -> None:
+    """A row of the table as soon as it is measured (the whole table comes at the end), and the load average now."""
+    print(markdown_table([row], columns).splitlines()[-1], f" load {load_avg()}", flush=True)
+
+
 def columns(spec: str) -> list[tuple[str, ...]]:
-    """ "key:header:format, ..." -> print_table's columns (an empty format: text, left-aligned; no commas)."""
-    return [tuple(c.strip().split(":", 2)) for c in spec.split(",")]
+    """'key:header:format, ...' -> print_table's columns (an empty format: text, left-aligned)."""
+    return [tuple(c.strip().split(":", 2)) for c in spec.split(", ")]
 
 
 def mib(nbytes: float) -> float:

@@ -23,16 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 import torch
 import yaml
 
-from benchmarks.common import (
-    REPO_ROOT,
-    child_output,
-    common_parser,
-    finish,
-    load_avg,
-    markdown_table,
-    print_table,
-    start,
-)
+from benchmarks import common
 
 CONFIG = "configs/shakespeare_char_cpu.yaml"
 RESULT = "time_to_loss result: "
@@ -44,13 +35,9 @@ NANOGPT = """--trainer.precision 32-true --model.attention sdpa --optim.learning
     --model.n_layer 4 --model.n_head 4 --model.n_embd 128 --model.dropout 0.0 --optim.lr_schedule cosine
     --model.arch gpt --optim.optimizer adamw"""
 
-# name -> (what changes relative to the shipped recipe, overrides)
+# name -> (what changes relative to the shipped recipe, overrides); any other lever: --extra
 VARIANTS: dict[str, tuple[str, str]] = {
     "recipe": ("configs/shakespeare_char_cpu.yaml as shipped", ""),
-    "cosine_lr2e-3": (
-        "cosine decay to 0.1 at peak lr 2e-3 (the first recipe)",
-        "--optim.lr_schedule cosine --optim.learning_rate 2e-3 --optim.min_lr_ratio 0.1",
-    ),
     "nanogpt": ("nanoGPT's CPU settings (fp32, lr 1e-3, batch 12, context 64, cosine) in our trainer", NANOGPT),
     "fp32": ("float32 forced (precision: auto picks it where bf16 is not native)", "--trainer.precision 32-true"),
     "bf16": ("bf16-mixed forced (the recipe before precision: auto)", "--trainer.precision bf16-mixed"),
@@ -61,21 +48,14 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "batch12": ("batch 12 instead of the recipe's", "--data.batch_size 12"),
     "batch64": ("batch 64", "--data.batch_size 64"),
     "ctx128": ("context 128 instead of 64", "--model.block_size 128"),
-    "lr1e-3": ("peak learning rate 1e-3", "--optim.learning_rate 1e-3"),
     "lr4e-3": ("peak learning rate 4e-3", "--optim.learning_rate 4e-3"),
-    "cosine": ("cosine decay instead of warmup-stable-decay", "--optim.lr_schedule cosine"),
     "wsd": ("warmup-stable-decay schedule", "--optim.lr_schedule wsd"),
-    "gpt": ("GPT-2 block (LayerNorm, learned positions, GELU)", "--model.arch gpt"),
     "llama": ("Llama block (RMSNorm, RoPE, SwiGLU)", "--model.arch llama"),
     "qk_norm": ("QK-norm on", "--model.qk_norm true"),
-    "no_qk_norm": ("QK-norm off", "--model.qk_norm false"),
     "relu2": ("ReLU^2 MLP", "--model.mlp relu2"),
     "zero_init": ("zero-initialised output projections", "--model.zero_init_proj true"),
-    "no_zero_init": ("GPT-2 init of output projections", "--model.zero_init_proj false"),
     "untied": ("untied output head", "--model.tie_embeddings false"),
-    "tied": ("tied output head", "--model.tie_embeddings true"),
     "muon": ("Muon for hidden matrices + AdamW for the rest", "--optim.optimizer muon"),
-    "adamw": ("AdamW for everything", "--optim.optimizer adamw"),
 }
 COLUMNS = [("variant", "variant", ""), ("seed", "seed", "d"), ("change", "change", "")]
 COLUMNS += [("steps", "steps", "d"), ("ms_per_step", "ms/step", ".1f"), ("muon_dtype", "Muon's iteration", "")]
@@ -120,10 +100,10 @@ def run_variant(name: str, seed: int | None, args: Any, work: Path) -> dict[str,
     if name.startswith("numerics_"):
         runner = [sys.executable, __file__, "--child", name.removeprefix("numerics_")]
     else:
-        runner = [sys.executable, str(REPO_ROOT / "train.py")]
+        runner = [sys.executable, str(common.REPO_ROOT / "train.py")]
     row: dict[str, Any] = dict(variant=name, seed=seed, change=VARIANTS[name][0])
     try:
-        out = child_output([*runner, *argv])
+        out = common.child_output([*runner, *argv])
     except SystemExit as e:  # one failed variant does not end the others
         return dict(row, error=str(e).splitlines()[-1])
     row["steps"] = int(re.search(r"after (\d+) steps", out).group(1))
@@ -145,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if argv[:1] == ["--child"]:
         train_child(argv[1], argv[2:])
         return {}
-    p = common_parser(__doc__, "time_to_loss")
+    p = common.parser(__doc__, "time_to_loss")
     p.add_argument("--corpus", required=True, help="text file (or any --data.source) to train on")
     p.add_argument("--budget", type=float, default=114.0, help="training seconds per run (default 114)")
     p.add_argument("--steps", type=int, default=None, help="train for this many steps instead of --budget")
@@ -158,8 +138,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     if args.quick:
         args.budget, args.variants = 3.0, args.variants[:1]
-    label = start(args, "cpu", "see variants")
-    config = yaml.safe_load((REPO_ROOT / args.config).read_text())
+    label = common.start(args, "cpu", "see variants")
+    config = yaml.safe_load((common.REPO_ROOT / args.config).read_text())
     val_every = args.val_every or (config.get("trainer") or {}).get("val_check_interval")
     length = f"{args.steps} steps" if args.steps else f"{args.budget:.0f} s of training"
     print(f"Corpus {args.corpus}; {length} per run; target {args.target}; validation every {val_every} steps\n")
@@ -167,20 +147,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     table, rows = COLUMNS + losses + [("bits_per_char", "bits/char", ".4f")], []
     with tempfile.TemporaryDirectory(prefix="time_to_loss_") as tmp:
         # prepare the data once (cached in data/), so no run counts it
-        prepare = [sys.executable, str(REPO_ROOT / "train.py"), "--config", args.config, "--data.source", args.corpus]
-        prepare += ["--out_dir", str(Path(tmp) / "prep"), *args.extra]
-        child_output(prepare + "--trainer.max_steps 1 --eval_full false --trainer.enable_progress_bar false".split())
+        prepare = [sys.executable, str(common.REPO_ROOT / "train.py"), "--config", args.config, *args.extra]
+        prepare += ["--data.source", args.corpus, "--out_dir", str(Path(tmp) / "prep"), "--trainer.max_steps", "1"]
+        common.child_output(prepare + "--eval_full false --trainer.enable_progress_bar false".split())
         for name in args.variants:
             for seed in args.seeds:
                 rows.append(run_variant(name, seed, args, Path(tmp)))
-                done = (
-                    f"{name} failed: {rows[-1]['error']}" if "error" in rows[-1] else markdown_table(rows[-1:], table)
-                )
-                print(done.splitlines()[-1], f" load {load_avg()}", flush=True)
-    print_table(rows, table)
+                if "error" in rows[-1]:
+                    print(f"{name} failed: {rows[-1]['error']}", flush=True)
+                else:
+                    common.print_row(rows[-1], table)
+    common.print_table(rows, table)
     result = dict(benchmark="time_to_loss", machine=label, corpus=args.corpus, budget_s=args.budget, steps=args.steps)
     result |= dict(target=args.target, config=args.config, val_every=val_every, extra=args.extra, results=rows)
-    return finish(result, args)
+    return common.finish(result, args)
 
 
 if __name__ == "__main__":
