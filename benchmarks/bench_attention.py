@@ -94,12 +94,10 @@ def scaling(rows: list[dict[str, Any]], seq_lens: list[int]) -> list[dict[str, A
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = common.parser(__doc__, "attention")
-    p.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
     p.add_argument("--seq_lens", nargs="+", type=int, default=[128, 256, 512, 1024, 2048])
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--n_head", type=int, default=8)
     p.add_argument("--head_dim", type=int, default=64)
-    p.add_argument("--gqa", nargs="+", default=["off", "on"], choices=["off", "on"])
     p.add_argument("--dtype", default="float32", choices=sorted(common.DTYPES))
     p.add_argument("--repeats", type=int, default=3, help="timed calls per measurement (median reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls before timing")
@@ -117,8 +115,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     rows: list[dict[str, Any]] = []
     for T in args.seq_lens:  # paths interleaved at each length: load drifts hit them alike
-        for gqa in args.gqa:
-            for path in args.paths:
+        for gqa in ("off", "on"):
+            for path in PATHS:
                 forward, forward_backward = build_case(path, kv_heads[gqa], T, args, dtype, device)
                 fwd = common.median(common.time_fn(forward, device, args.repeats, args.warmup))
                 fwd_bwd = common.median(common.time_fn(forward_backward, device, args.repeats, args.warmup))
@@ -128,14 +126,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     row | dict(fwd_bwd_ms=round(fwd_bwd * 1e3, 3), peak_bytes=peak, peak_mib=round(common.mib(peak), 2))
                 )
                 common.print_row(rows[-1], COLUMNS)
-    rows.sort(key=lambda r: (r["gqa"] != "off", r["seq_len"], args.paths.index(r["path"])))
+    rows.sort(key=lambda r: (r["gqa"] != "off", r["seq_len"], PATHS.index(r["path"])))
     common.print_table(rows, COLUMNS)
     summary = scaling(rows, args.seq_lens) if len(args.seq_lens) >= 2 else []
     if summary:
         T0, T1 = args.seq_lens[-2:]
         title = f"Scaling T={T0} -> T={T1} (ratios) and sdpa's fwd+bwd speed-up at T={T1}:"
         common.print_table(summary, SCALING, title)
-    settings = {k: getattr(args, k) for k in ("batch", "n_head", "head_dim", "seq_lens", "paths", "dtype")}
+    settings = {k: getattr(args, k) for k in ("batch", "n_head", "head_dim", "seq_lens", "dtype")}
     settings |= dict(gqa_kv_heads=kv_heads["on"], repeats=args.repeats, warmup=args.warmup, quick=args.quick)
     result = dict(benchmark="attention", machine=label, settings=settings, results=rows, scaling=summary)
     return common.finish(result, args)

@@ -32,6 +32,7 @@ SHAPES = {  # n_layer, n_head, n_embd, block_size
     "tiny": dict(n_layer=2, n_head=2, n_embd=64, block_size=256),
 }
 GPT2_VOCAB = 50257
+BATCH = 4  # requests per call, through both backends
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 COLUMNS = [("backend", "backend", ""), ("shape", "shape", ""), ("params_m", "params (M)", ".1f")]
 COLUMNS += [("items", "items", "d"), ("requests", "requests", "d"), ("seconds", "seconds", ".1f")]
@@ -39,7 +40,7 @@ COLUMNS += [("requests_per_s", "requests/s", ".2f"), ("minutes_for_500_items", "
 COLUMNS += [("acc", "acc", ".3f")]
 
 
-def write_task(folder: Path, items: int, context_chars: int, ending_chars: int) -> dict[str, Any]:
+def write_task(folder: Path, items: int, context_chars: int = 80, ending_chars: int = 25) -> dict[str, Any]:
     """A HellaSwag-shaped multiple-choice task of random lowercase words: its JSONL, and the harness's config."""
     rng = random.Random(0)
 
@@ -87,13 +88,9 @@ def timed_run(lm: Any, task: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = common.parser(__doc__, "bench_eval")
     p.add_argument("--shape", choices=sorted(SHAPES), default="gpt2")
-    p.add_argument("--items", type=int, default=None, help="task items (default: 12 for gpt2, 40 otherwise)")
-    p.add_argument("--context_chars", type=int, default=80)
-    p.add_argument("--ending_chars", type=int, default=25)
-    p.add_argument("--batch_size", type=int, default=4)
     args = p.parse_args(argv)
     shape = "tiny" if args.quick else args.shape
-    items = 4 if args.quick else args.items or (12 if shape == "gpt2" else 40)
+    items = {"tiny": 4, "small": 40, "gpt2": 12}[shape]
     device = torch.device("cpu" if args.device == "auto" else args.device)  # HFLM and minigpt on the same device
     label = common.start(args, device)
 
@@ -108,10 +105,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.manual_seed(0)
     model = GPT(GPTConfig(**SHAPES[shape], vocab_size=GPT2_VOCAB)).to(device).eval()
     with tempfile.TemporaryDirectory() as tmp:
-        task = write_task(Path(tmp), items, args.context_chars, args.ending_chars)
-        ours = timed_run(MiniGPTLM(model, tokenizer, batch_size=args.batch_size), task)
+        task = write_task(Path(tmp), items)
+        ours = timed_run(MiniGPTLM(model, tokenizer, batch_size=BATCH), task)
         export = export_hf(model, tokenizer, Path(tmp) / "export")
-        hflm = HFLM(pretrained=str(export), device=str(device), dtype="float32", batch_size=args.batch_size)
+        hflm = HFLM(pretrained=str(export), device=str(device), dtype="float32", batch_size=BATCH)
         theirs = timed_run(hflm, task)
     rows = []
     for backend, r in (("minigpt (MiniGPTLM)", ours), ("HFLM on the export", theirs)):
@@ -120,8 +117,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     common.print_table(rows, COLUMNS)
     same = ours["acc"] == theirs["acc"]
     print(f"same accuracy through both: {same} ({ours['acc']:.3f})")
-    result = dict(machine=label, batch_size=args.batch_size, context_chars=args.context_chars)
-    return common.finish(result | dict(ending_chars=args.ending_chars, rows=rows, same_accuracy=same), args)
+    return common.finish(dict(machine=label, batch_size=BATCH, rows=rows, same_accuracy=same), args)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
+import tiktoken
+
 from benchmarks import common
+from minigpt.core.hf_tokenizer import tokenizers_library
 
 GOAL = 0.85
 # The child reports its own peak, VmHWM: ru_maxrss would carry over this parent's, which holds the whole text
@@ -84,7 +87,6 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--corpus", type=Path, help="a text file to repeat (default: the standard library's sources)")
     p.add_argument("--mb", type=float, default=100.0, help="megabytes of text (default 100)")
     p.add_argument("--vocab", type=int, default=8192, help="the trained BPE's vocabulary (default 8192)")
-    p.add_argument("--tokenizers", default="bpe,gpt2", help="rows beside the training one: bpe, gpt2, none")
     p.add_argument("--repeat", type=int, default=2, help="turns of bare encoder and preparation (default 2)")
     p.add_argument("--tiktoken", default="gpt2", help="the gpt2 row's encoding (r50k_base: the same ranks)")
     args = p.parse_args(argv)
@@ -96,33 +98,26 @@ def main(argv: list[str] | None = None) -> dict:
         tmp = Path(tmp)
         text = make_text(args.corpus, args.mb, tmp / "text.txt")
         mb = text.stat().st_size / 1e6
-        text_batches = batches(text) if args.tokenizers != "none" else []
+        text_batches = batches(text)
         spec = f"bpe:{args.vocab}"
         train_s, rss = prepare_in_child(text, spec, tmp / "trained")  # trains on 90 %, then encodes everything
-        rows = [
-            dict(tokenizer=f"{spec} trained on the text, then preparing it", prepare_mb_s=mb / train_s, peak_rss_mb=rss)
-        ]
+        trained = dict(tokenizer=f"{spec} trained on the text, then preparing it", prepare_mb_s=mb / train_s)
+        rows = [trained | dict(peak_rss_mb=rss)]
         tokenizer_json = json.loads(next((tmp / "trained").glob("*/tokenizer.json")).read_text())["tokenizer_json"]
         (tmp / "bpe.json").write_text(tokenizer_json)
         print(f"{spec}: trained and prepared in {train_s:.1f}s")
-        if "bpe" in args.tokenizers:
-            from minigpt.core.hf_tokenizer import tokenizers_library
-
-            backend = tokenizers_library().Tokenizer.from_str(tokenizer_json)
-            bpe = (str(tmp / "bpe.json"), tmp / "data-bpe", args.repeat)
-            ids = lambda batch: [e.ids for e in backend.encode_batch_fast(batch)]  # noqa: E731  (lists, as preparation's)
-            rows.append(compare(f"{spec} (tokenizers)", ids, text_batches, text, *bpe))
-        if "gpt2" in args.tokenizers:
-            import tiktoken
-
-            try:
-                encoding = tiktoken.get_encoding(args.tiktoken)
-            except OSError as e:  # offline, and no TIKTOKEN_CACHE_DIR holding its file
-                print(f"{args.tiktoken}: skipped, its files cannot be read ({type(e).__name__})")
-            else:
-                encode = partial(encoding.encode_ordinary_batch, num_threads=threads)
-                gpt2 = (args.tiktoken, tmp / "data-gpt2", args.repeat)
-                rows.append(compare(f"{args.tiktoken} (tiktoken)", encode, text_batches, text, *gpt2))
+        backend = tokenizers_library().Tokenizer.from_str(tokenizer_json)
+        bpe = (str(tmp / "bpe.json"), tmp / "data-bpe", args.repeat)
+        ids = lambda batch: [e.ids for e in backend.encode_batch_fast(batch)]  # noqa: E731  (lists, as preparation's)
+        rows.append(compare(f"{spec} (tokenizers)", ids, text_batches, text, *bpe))
+        try:
+            encoding = tiktoken.get_encoding(args.tiktoken)
+        except OSError as e:  # offline, and no TIKTOKEN_CACHE_DIR holding its file
+            print(f"{args.tiktoken}: skipped, its files cannot be read ({type(e).__name__})")
+        else:
+            encode = partial(encoding.encode_ordinary_batch, num_threads=threads)
+            gpt2 = (args.tiktoken, tmp / "data-gpt2", args.repeat)
+            rows.append(compare(f"{args.tiktoken} (tiktoken)", encode, text_batches, text, *gpt2))
     print(f"{mb:.1f} MB of text, {threads} threads; goal: preparation at >= {GOAL:.0%} of the bare encoder")
     common.print_table(rows, COLUMNS)
     return common.finish(dict(machine=label, mb=mb, threads=threads, train_and_prepare_s=train_s, rows=rows), args)

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import warnings
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +75,7 @@ def quiet():
     """Silence Lightning's banner lines, warnings about our deliberately simple setup, and the progress bar."""
     logging.disable(logging.WARNING)
     try:
-        with (
-            warnings.catch_warnings(),
-            contextlib.redirect_stdout(io.StringIO()),
-            contextlib.redirect_stderr(io.StringIO()),
-        ):
+        with warnings.catch_warnings(), redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
             yield
     finally:
@@ -104,9 +101,7 @@ def peak_matmul_flops(dtype: torch.dtype, device: torch.device, n_max: int, repe
         n *= 2
     best = max(seconds, key=lambda size: size**3 / seconds[size])
     flops = 2 * best**3 / seconds[best]
-    return dict(
-        dtype=str(dtype).removeprefix("torch."), n=best, flops=flops, tflops=round(flops / 1e12, 4), sizes=list(seconds)
-    )
+    return dict(dtype=str(dtype), n=best, flops=flops, tflops=round(flops / 1e12, 4), sizes=list(seconds))
 
 
 def run_lightning(module, shape, precision: str, device: torch.device, warmup: int, steps: int, train_py=False):
@@ -153,10 +148,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--rounds", type=int, default=1, help="runs per setting: ms/step from the best")
     p.add_argument("--overhead_rounds", type=int, default=8, help="(minimal, train.py's) pairs; 0: none")
     p.add_argument("--attention", default=None, choices=["sdpa", "manual", "einops"], help="of every shape")
-    p.add_argument("--matmul_n", type=int, default=2048, help="largest matmul of the peak FLOP/s (halved to 64)")
     args = p.parse_args(argv)
     if args.quick:
-        args.steps, args.warmup, args.rounds, args.matmul_n, args.overhead_rounds = 3, 1, 1, 256, 2
+        args.steps, args.warmup, args.rounds, args.overhead_rounds = 3, 1, 1, 2
         args.compile = ["off"]
     device = common.pick_device(args.device)
     shapes = [make_shape(name, args.quick) for name in args.shapes]
@@ -167,9 +161,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.precisions = [x for x in args.precisions if x != "bf16-mixed"]
     label = common.start(args, device, "/".join(args.precisions))
 
-    peaks: dict[str, dict[str, Any]] = {}  # the MFU denominators, in each matmul dtype
-    for key in {"bfloat16" if prec.startswith("bf16") else "float32" for prec in args.precisions}:
-        peaks[key] = peak_matmul_flops(getattr(torch, key), device, args.matmul_n, repeats=3 if args.quick else 10)
+    dtypes = {prec: "bfloat16" if prec.startswith("bf16") else "float32" for prec in args.precisions}  # matmuls'
+    n_max, repeats = (256, 3) if args.quick else (2048, 10)
+    peaks = {key: peak_matmul_flops(getattr(torch, key), device, n_max, repeats) for key in set(dtypes.values())}
 
     rows: list[dict[str, Any]] = []
     for shape in shapes:
@@ -180,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 runs = [run_lightning(module, shape, prec, device, args.warmup, args.steps) for _ in range(args.rounds)]
                 step_s = min(r["step_s"] for r in runs)
                 flops = module.model.flops_per_token(T) * B * T / step_s
-                peak = peaks["bfloat16" if prec.startswith("bf16") else "float32"]["flops"]
+                peak = peaks[dtypes[prec]]["flops"]  # the MFU denominator, in the step's matmul dtype
                 row = dict(shape=shape["name"], precision=prec, compile=comp == "on", batch_size=B, block_size=T)
                 row |= dict(params=module.model.num_params(), step_ms=round(step_s * 1e3, 3))
                 row |= dict(tokens_per_s=round(B * T / step_s, 1), mfu=round(flops / peak, 4))

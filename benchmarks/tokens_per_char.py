@@ -29,7 +29,6 @@ def main(argv: list[str] | None = None) -> dict:
     p = common.parser(__doc__, "tokens_per_char")
     p.add_argument("--text", action="append", required=True, metavar="NAME=FILE", help="a corpus (repeatable)")
     p.add_argument("--tokenizers", default="char,byte,gpt2,bpe:4096,bpe:8192")
-    p.add_argument("--data_root", help="where to keep the prepared data (default: a temporary folder)")
     args = p.parse_args(argv)
     if args.quick:
         args.tokenizers = "char,byte,bpe:300"
@@ -41,7 +40,7 @@ def main(argv: list[str] | None = None) -> dict:
             row = {"tokenizer": tokenizer}
             for name, path in corpora.items():
                 try:
-                    row[name] = tokens_per_char(path, tokenizer, Path(args.data_root or tmp))
+                    row[name] = tokens_per_char(path, tokenizer, Path(tmp))
                 except UserError as e:  # gpt2 offline, a BPE larger than a small corpus can fill
                     print(f"{tokenizer} on {name}: {e}", file=sys.stderr)
             rows.append(row)
