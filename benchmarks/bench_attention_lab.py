@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from benchmarks import common
-from browser import chromium_path, open_page, screenshot
+from browser import chromium_path, open_page
 from minigpt.core.config import GPTConfig
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import ByteTokenizer
@@ -56,8 +56,6 @@ def main(argv: list[str] | None = None) -> dict:
     )
 
     capture_s = common.time_fn(lambda: capture_attention(model, tokenizer, prompt), device, args.repeats, warmup=0)
-    out_dir = Path(args.json).resolve().parent
-    out_dir.mkdir(parents=True, exist_ok=True)
     render_ms, errors = [], "chromium not installed (apt-get install chromium): no render time"
     with tempfile.TemporaryDirectory() as tmp:
         page = write_html(capture_attention(model, tokenizer, prompt), Path(tmp) / "attention.html")
@@ -68,9 +66,6 @@ def main(argv: list[str] | None = None) -> dict:
                 raise SystemExit(f"the page did not finish building its views: {state.errors}")
             render_ms.append(state.render_ms)
             errors = state.errors
-        if render_ms:
-            shot = screenshot(page, out_dir / "attention_lab_screenshot.png", budget_ms=60000, timeout=300)
-            print(f"screenshot: {shot}")
 
     result = dict(machine=label, n_layer=cfg.n_layer, n_head=cfg.n_head, tokens=len(ids), html_bytes=html_bytes)
     result |= dict(capture_s=round(common.median(capture_s), 3), script_errors=errors)

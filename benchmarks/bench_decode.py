@@ -37,7 +37,6 @@ from minigpt.loading import load_model
 
 GIB = 2**30
 CPU = torch.device("cpu")
-REPO = Path(__file__).resolve().parent.parent
 PROMPT_TOKENS = 16
 PREFILL_TOKENS = 512
 KINDS = {"native": {}, "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
@@ -140,7 +139,14 @@ def time_commands(args: Any, work: Path) -> list[dict[str, Any]]:
     for flags, extra in FLAGS.items():
         row: dict[str, Any] = dict(flags=flags)
         for run in ("first", "second")[: 1 if args.quick else 2]:
-            cmd = [sys.executable, str(REPO / "sample.py"), "--ckpt", str(src), "--prompt", "Once upon a time"]
+            cmd = [
+                sys.executable,
+                str(common.REPO_ROOT / "sample.py"),
+                "--ckpt",
+                str(src),
+                "--prompt",
+                "Once upon a time",
+            ]
             cmd += ["--max_new_tokens", str(args.tokens), "--temperature", "0", "--no-stop", *extra]
             t0 = time.perf_counter()
             out = subprocess.run(cmd, env=env, cwd=work, capture_output=True, text=True)

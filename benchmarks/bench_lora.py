@@ -148,9 +148,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--steps", type=int, default=20, help="optimizer steps per row")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--block", type=int, default=256, help="tokens per row (the sources' block_size)")
-    p.add_argument(
-        "--full_layers", default="1b=2/4", help="SHAPE=L1/L2: full fine-tuning at these depths, extrapolated"
-    )
+    p.add_argument("--full_layers", default="1b=2/4", help="SHAPE=L1/L2: full fine-tuning there, extrapolated")
     p.add_argument("--scaled_steps", type=int, default=8, help="optimizer steps of the rows at reduced depth")
     p.add_argument("--corpus", default=None, help="training text (default: a generated one)")
     p.add_argument("--work", default="/tmp/bench_lora", help="sources, prepared data and runs")
