@@ -135,19 +135,13 @@ def time_commands(args: Any, work: Path) -> list[dict[str, Any]]:
     env = {**os.environ, "XDG_CACHE_HOME": str(work / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor")}
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
+    sample_py = [sys.executable, str(common.REPO_ROOT / "sample.py"), "--ckpt", str(src), "--temperature", "0"]
+    sample_py += ["--prompt", "Once upon a time", "--max_new_tokens", str(args.tokens), "--no-stop"]
     rows = []
     for flags, extra in FLAGS.items():
         row: dict[str, Any] = dict(flags=flags)
         for run in ("first", "second")[: 1 if args.quick else 2]:
-            cmd = [
-                sys.executable,
-                str(common.REPO_ROOT / "sample.py"),
-                "--ckpt",
-                str(src),
-                "--prompt",
-                "Once upon a time",
-            ]
-            cmd += ["--max_new_tokens", str(args.tokens), "--temperature", "0", "--no-stop", *extra]
+            cmd = [*sample_py, *extra]
             t0 = time.perf_counter()
             out = subprocess.run(cmd, env=env, cwd=work, capture_output=True, text=True)
             row[f"{run}_s"] = time.perf_counter() - t0
