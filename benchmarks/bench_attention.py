@@ -80,15 +80,12 @@ def scaling(rows: list[dict[str, Any]], seq_lens: list[int]) -> list[dict[str, A
     by = {(r["path"], r["gqa"], r["seq_len"]): r for r in rows}
     out = []
     for (path, gqa, T), hi in by.items():
-        if T != T1:
-            continue
-        lo = by[(path, gqa, T0)]
-        row = dict(path=path, gqa=gqa, T=T1, T_prev=T0, fwd_bwd_ms=hi["fwd_bwd_ms"])
-        row["time_ratio"] = round(hi["fwd_bwd_ms"] / lo["fwd_bwd_ms"], 2)
-        row["mem_ratio"] = round(hi["peak_bytes"] / lo["peak_bytes"], 2)
-        if ("sdpa", gqa, T1) in by:
-            row["sdpa_speedup"] = round(hi["fwd_bwd_ms"] / by[("sdpa", gqa, T1)]["fwd_bwd_ms"], 2)
-        out.append(row)
+        if T == T1:
+            lo, sdpa = by[(path, gqa, T0)], by[("sdpa", gqa, T1)]
+            row = dict(path=path, gqa=gqa, T=T1, T_prev=T0, fwd_bwd_ms=hi["fwd_bwd_ms"])
+            row["time_ratio"] = round(hi["fwd_bwd_ms"] / lo["fwd_bwd_ms"], 2)
+            row["mem_ratio"] = round(hi["peak_bytes"] / lo["peak_bytes"], 2)
+            out.append(row | dict(sdpa_speedup=round(hi["fwd_bwd_ms"] / sdpa["fwd_bwd_ms"], 2)))
     return out
 
 

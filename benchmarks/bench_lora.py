@@ -114,7 +114,7 @@ def measure(shapes: list[str], variants: list[str], args: Any) -> list[dict[str,
                     make = dict(shape=shape, n_layer=n_layer, block_size=args.block, path=str(source))
                     common.child_json([sys.executable, __file__, "--child", json.dumps(make)])
                 spec = dict(variant=variant, source=str(source), corpus=args.corpus, data_root=str(work / "data"))
-                spec |= dict(out=str(work / "runs" / f"{shape}-L{n_layer}-{variant}"), batch=args.batch)
+                spec |= dict(out=str(work / "runs" / f"{shape}-L{n_layer}-{variant}"), batch=4)
                 spec["steps"] = args.steps if n_layer == depth else args.scaled_steps
                 print(f"{shape} n_layer={n_layer} {variant}: {spec['steps']} steps ...", flush=True)
                 r = common.child_json([sys.executable, __file__, "--child", json.dumps(spec)])
@@ -146,7 +146,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--shapes", default="135m,1b", help="comma-separated: 135m, 1b, tiny")
     p.add_argument("--variants", default="full,lora8,lora16,lora8-bf16", help=f"comma-separated: {', '.join(VARIANTS)}")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps per row")
-    p.add_argument("--batch", type=int, default=4)
     p.add_argument("--block", type=int, default=256, help="tokens per row (the sources' block_size)")
     p.add_argument("--full_layers", default="1b=2/4", help="SHAPE=L1/L2: full fine-tuning there, extrapolated")
     p.add_argument("--scaled_steps", type=int, default=8, help="optimizer steps of the rows at reduced depth")
@@ -181,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r["checkpoint_mib"] = r["checkpoint_bytes"] / 2**20
         r["rss_vs_full"] = r["peak_rss"] / full_rss[r["shape"]] if r["shape"] in full_rss else None
     common.print_table(rows, COLUMNS)
-    settings = dict(steps=args.steps, batch=args.batch, block=args.block, full_layers=args.full_layers)
+    settings = dict(steps=args.steps, batch=4, block=args.block, full_layers=args.full_layers)
     settings |= dict(scaled_steps=args.scaled_steps, precision="32-true")
     return common.finish(dict(benchmark="bench_lora", machine=label, settings=settings, results=rows), args)
 

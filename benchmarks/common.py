@@ -52,17 +52,12 @@ def machine_label(device: torch.device | str = "cpu", dtype: str | torch.dtype =
 def describe_machine(label: dict[str, Any]) -> str:
     """One line for the top of a report."""
     where = label.get("gpu") or f"{label['cpu']}, {label['cores']} cores ({label['torch_threads']} torch threads)"
-    kind = ""
     if "cpu_capability" in label:
         rates = label["matmul_gflops"]
-        kind = (
-            f", CPU capability {label['cpu_capability']}, matmul {rates['float32']:g} GFLOP/s float32 / "
-            f"{rates['bfloat16']:g} GFLOP/s bf16 (512^3)"
-        )
-    return (
-        f"Machine: {where}{kind}, torch {label['torch']}, dtype {label['dtype']}, device {label['device']}, "
-        f"load average {label['load_avg_1m']} at start"
-    )
+        where += f", CPU capability {label['cpu_capability']}, matmul {rates['float32']:g} GFLOP/s float32 / "
+        where += f"{rates['bfloat16']:g} GFLOP/s bf16 (512^3)"
+    where += f", torch {label['torch']}, dtype {label['dtype']}, device {label['device']}"
+    return f"Machine: {where}, load average {label['load_avg_1m']} at start"
 
 
 def parser(doc: str, name: str) -> argparse.ArgumentParser:

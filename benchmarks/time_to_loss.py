@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     length = f"{args.steps} steps" if args.steps else f"{args.budget:.0f} s of training"
     print(f"Corpus {args.corpus}; {length} per run; target {args.target}; validation every {val_every} steps\n")
     losses = [("time_to_target_s", f"time to {args.target} (s)", ".1f"), ("full_val_loss", "full val loss", ".4f")]
-    table, rows = COLUMNS + losses + [("bits_per_char", "bits/char", ".4f")], []
+    table = COLUMNS + losses + [("bits_per_char", "bits/char", ".4f")]
+    rows = []
     with tempfile.TemporaryDirectory(prefix="time_to_loss_") as tmp:
         # prepare the data once (cached in data/), so no run counts it
         prepare = [sys.executable, str(common.REPO_ROOT / "train.py"), "--config", args.config, *args.extra]
