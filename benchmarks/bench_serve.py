@@ -93,11 +93,8 @@ def bench_shape(name: str, args, device: torch.device) -> tuple[str, list[dict]]
     model = GPT(GPTConfig(**shape)).to(device).eval()
     tokenizer = CharTokenizer(CHARS)
     cfg = model.config
-    g = torch.Generator().manual_seed(1337)
-    prompts = [
-        tokenizer.decode(torch.randint(len(CHARS), (args.prompt_tokens,), generator=g).tolist())
-        for _ in range(max(args.clients))
-    ]
+    ids = torch.randint(len(CHARS), (max(args.clients), args.prompt_tokens), generator=torch.Generator().manual_seed(0))
+    prompts = [tokenizer.decode(row.tolist()) for row in ids]
     tokens = min(args.tokens, cfg.block_size - args.prompt_tokens)
     app = create_app(model, tokenizer, "bench", max_batch=max(args.clients), max_queue=max(args.clients))
     rows = []
@@ -109,10 +106,9 @@ def bench_shape(name: str, args, device: torch.device) -> tuple[str, list[dict]]
                 turns[n].append(asyncio.run(level(url, prompts[:n], tokens)))
         for runs in turns.values():  # the fastest turn: a busy machine only ever slows one down
             rows.append(dict(shape=name, **max(runs, key=lambda run: run["tokens_per_s"]), turns=len(runs)))
-    for r in rows:
+    first = rows[0] if rows[0]["clients"] == 1 else None  # the baseline level: one client
+    for r in rows:  # the first row first: its step time is the others' baseline
         r["step_ms"] = round(step_ms(model, r["clients"], args.prompt_tokens + 4, device), 2)
-    for r in rows:
-        first = rows[0] if rows[0]["clients"] == 1 else None
         r["vs_one_client"] = round(r["tokens_per_s"] / first["tokens_per_s"], 2) if first else None
         r["step_x_one"] = round(r["clients"] / r["step_ms"] * first["step_ms"], 2) if first else None
     desc = (
