@@ -50,10 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     label = common.start(args, device)
     cfg = model.config
-    print(
-        f"Model: {cfg.n_layer} layers x {cfg.n_head} heads, n_embd {cfg.n_embd}, {model.num_params():,} "
-        f"parameters; prompt {len(ids)} tokens"
-    )
+    print(f"Model: {cfg.n_layer} layers x {cfg.n_head} heads, {model.num_params():,} parameters; {len(ids)} tokens")
 
     capture_s = common.time_fn(lambda: capture_attention(model, tokenizer, prompt), device, args.repeats, warmup=0)
     render_ms, errors = [], "chromium not installed (apt-get install chromium): no render time"
@@ -72,9 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
     result["render_ms"] = round(common.median(render_ms), 1) if render_ms else None
     print(f"capture (prompt + induction probe, median of {args.repeats}): {result['capture_s']:.3f} s")
     print(f"attention.html: {html_bytes / 2**20:.2f} MiB ({html_bytes:,} bytes)")
-    print(
-        f"rendered in headless Chromium (to all views built, median): {result['render_ms']} ms; script errors: {errors}"
-    )
+    print(f"rendered in headless Chromium (to all views built, median): {result['render_ms']} ms; errors: {errors}")
     return common.finish(result, args)
 
 
