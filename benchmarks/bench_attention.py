@@ -3,19 +3,12 @@
     python benchmarks/bench_attention.py                       # B=4, 8 heads x 64, T = 128 .. 2048, float32
     python benchmarks/bench_attention.py --quick               # tiny smoke run (seconds)
     python benchmarks/bench_attention.py --dtype bfloat16 --seq_lens 512 1024 2048 --json /tmp/a.json
-    python benchmarks/bench_attention.py --scope layer         # the whole CausalSelfAttention layer
 
-`--scope core` (the default) times one CausalSelfAttention's own `_sdpa` / `_manual` / `_einops` method with its
-causal mask on leaf q (B, nh, T, hs) and k, v (B, nkv, T, hs) that require grad; `--scope layer` the whole layer
-on x (B, T, nh*hs).  Forward (training mode) and forward + backward of a fixed output gradient, the median of
---repeats after --warmup; peak memory of one forward + backward above what was allocated before it (common.py's
-peak_memory).  GQA "on" uses n_kv_head = n_head // 4.  Then each path's growth from the second-longest length to
-the longest, and sdpa's speed-up over it there.  Results: docs/performance.md.
+Method and results: docs/performance.md#attention-paths.
 """
 
-from __future__ import annotations
-
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,64 +16,61 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import (
-    DTYPES,
-    common_parser,
-    finish,
-    median,
-    mib,
-    peak_memory,
-    pick_device,
-    print_table,
-    start,
-    time_fn,
-)
+from benchmarks import common
 from minigpt.core.config import GPTConfig
 from minigpt.core.model import CausalSelfAttention, causal_mask
 
 PATHS = ("sdpa", "manual", "einops")
-COLUMNS = [("path", "path", ""), ("gqa", "GQA", ""), ("n_kv_head", "n_kv_head", "d"), ("seq_len", "T", "d")]
-COLUMNS += [("fwd_ms", "fwd ms", ".2f"), ("fwd_bwd_ms", "fwd+bwd ms", ".2f"), ("peak_mib", "peak MiB (fwd+bwd)", ".1f")]
-SCALING = [("path", "path", ""), ("gqa", "GQA", ""), ("fwd_bwd_ms", "fwd+bwd ms", ".2f")]
-SCALING += [
-    ("time_ratio", "time ratio", ".2f"),
-    ("mem_ratio", "mem ratio", ".2f"),
-    ("sdpa_speedup", "sdpa speed-up", ".2f"),
-]
+COLUMNS = common.columns(
+    "path:path:, gqa:GQA:, n_kv_head:n_kv_head:d, seq_len:T:d, fwd_ms:fwd ms:.2f, fwd_bwd_ms:fwd+bwd ms:.2f, "
+    "peak_mib:peak MiB (fwd+bwd):.1f"
+)
+SCALING = common.columns(
+    "path:path:, gqa:GQA:, fwd_bwd_ms:fwd+bwd ms:.2f, time_ratio:time ratio:.2f, mem_ratio:mem ratio:.2f, "
+    "sdpa_speedup:sdpa speed-up:.2f"
+)
 
 
 def build_case(path: str, n_kv_head: int, T: int, args: Any, dtype: torch.dtype, device: torch.device):
-    """(forward, forward_backward) closures for one path / GQA setting / sequence length."""
+    """(forward, forward_backward) closures of one CausalSelfAttention's own `_sdpa` / `_manual` / `_einops` method
+    with its causal mask, on leaf q (B, nh, T, hs) and k, v (B, nkv, T, hs) that require grad."""
     torch.manual_seed(0)
     B, nh, hs = args.batch, args.n_head, args.head_dim
     shape = dict(n_layer=1, n_head=nh, n_kv_head=n_kv_head, n_embd=nh * hs, block_size=max(args.seq_lens))
-    layer = CausalSelfAttention(GPTConfig(**shape, vocab_size=1, attention=path, dropout=0.0))
-    layer = layer.to(device=device, dtype=dtype)
+    layer = CausalSelfAttention(GPTConfig(**shape, vocab_size=1, attention=path, dropout=0.0)).to(device, dtype)
+    q, k, v = (
+        torch.randn(B, h, T, hs, device=device, dtype=dtype, requires_grad=True) for h in (nh, n_kv_head, n_kv_head)
+    )
+    mask, grad_out = causal_mask(T, T, device=device), torch.randn(B, nh, T, hs, device=device, dtype=dtype)
 
-    def rand(*shape: int, grad: bool = True) -> torch.Tensor:
-        return torch.randn(*shape, device=device, dtype=dtype).requires_grad_(grad)
-
-    if args.scope == "core":
-        core = getattr(layer, f"_{path}")
-        q, k, v = rand(B, nh, T, hs), rand(B, n_kv_head, T, hs), rand(B, n_kv_head, T, hs)
-        mask = causal_mask(T, T, device=device)
-        grad_out, leaves = rand(B, nh, T, hs, grad=False), (q, k, v)
-
-        def forward() -> torch.Tensor:
-            return core(q, k, v, mask)[0]
-    else:
-        x = rand(B, T, nh * hs)
-        grad_out, leaves = rand(B, T, nh * hs, grad=False), (x, *layer.parameters())
-
-        def forward() -> torch.Tensor:
-            return layer(x)
+    def forward() -> torch.Tensor:
+        return getattr(layer, f"_{path}")(q, k, v, mask)[0]
 
     def forward_backward() -> None:
-        for t in leaves:
-            t.grad = None
+        q.grad = k.grad = v.grad = None
         forward().backward(grad_out)
 
     return forward, forward_backward
+
+
+def peak_memory(fn: Callable[[], Any], device: torch.device) -> int:
+    """Bytes allocated by fn() at its peak, above what was allocated when it started.  CUDA: max_memory_allocated
+    after a reset.  CPU: the peak of the running sum of torch.profiler's allocation (+) and free (-) records in time
+    order (the raw kineto events keep every "[memory]" record; prof.events() folds those inside an op into one)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        fn()
+        return torch.cuda.max_memory_allocated(device) - before
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    kinds = {torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.MKLDNN, torch.autograd.DeviceType.IDEEP}
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]" and e.device_type() in kinds]
+    running = peak = 0
+    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in events):
+        running += nbytes
+        peak = max(peak, running)
+    return peak
 
 
 def scaling(rows: list[dict[str, Any]], seq_lens: list[int]) -> list[dict[str, Any]]:
@@ -90,70 +80,60 @@ def scaling(rows: list[dict[str, Any]], seq_lens: list[int]) -> list[dict[str, A
     by = {(r["path"], r["gqa"], r["seq_len"]): r for r in rows}
     out = []
     for (path, gqa, T), hi in by.items():
-        if T != T1:
-            continue
-        lo = by[(path, gqa, T0)]
-        row = dict(path=path, gqa=gqa, T=T1, T_prev=T0, fwd_bwd_ms=hi["fwd_bwd_ms"])
-        row["time_ratio"] = round(hi["fwd_bwd_ms"] / lo["fwd_bwd_ms"], 2)
-        if hi["peak_bytes"] and lo["peak_bytes"]:
+        if T == T1:
+            lo, sdpa = by[(path, gqa, T0)], by[("sdpa", gqa, T1)]
+            row = dict(path=path, gqa=gqa, T=T1, T_prev=T0, fwd_bwd_ms=hi["fwd_bwd_ms"])
+            row["time_ratio"] = round(hi["fwd_bwd_ms"] / lo["fwd_bwd_ms"], 2)
             row["mem_ratio"] = round(hi["peak_bytes"] / lo["peak_bytes"], 2)
-        if ("sdpa", gqa, T1) in by:
-            row["sdpa_speedup"] = round(hi["fwd_bwd_ms"] / by[("sdpa", gqa, T1)]["fwd_bwd_ms"], 2)
-        out.append(row)
+            out.append(row | dict(sdpa_speedup=round(hi["fwd_bwd_ms"] / sdpa["fwd_bwd_ms"], 2)))
     return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = common_parser(__doc__, "attention")
-    p.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS)
+    p = common.parser(__doc__, "attention")
     p.add_argument("--seq_lens", nargs="+", type=int, default=[128, 256, 512, 1024, 2048])
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--n_head", type=int, default=8)
     p.add_argument("--head_dim", type=int, default=64)
-    p.add_argument("--gqa", nargs="+", default=["off", "on"], choices=["off", "on"])
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    p.add_argument("--scope", default="core", choices=["core", "layer"], help="attention given q/k/v, or the layer")
+    p.add_argument("--dtype", default="float32", choices=sorted(common.DTYPES))
     p.add_argument("--repeats", type=int, default=3, help="timed calls per measurement (median reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls before timing")
-    p.add_argument("--no_memory", action="store_true", help="skip the peak-memory measurement")
     args = p.parse_args(argv)
     if args.quick:
         args.seq_lens, args.batch, args.n_head, args.head_dim, args.repeats = [32, 64], 1, 4, 16, 1
     args.seq_lens = sorted(args.seq_lens)
-    device, dtype = pick_device(args.device), DTYPES[args.dtype]
+    device, dtype = common.pick_device(args.device), common.DTYPES[args.dtype]
     kv_heads = {"off": args.n_head, "on": max(1, args.n_head // 4)}
-    label = start(args, device, dtype)
+    label = common.start(args, device, dtype)
     print(
-        f"Settings: scope {args.scope}, B={args.batch}, n_head={args.n_head}, head_dim={args.head_dim}, GQA on: "
+        f"Settings: the attention core, B={args.batch}, n_head={args.n_head}, head_dim={args.head_dim}, GQA on: "
         f"n_kv_head={kv_heads['on']}; median of {args.repeats} after {args.warmup} warm-up\n",
         flush=True,
     )
     rows: list[dict[str, Any]] = []
     for T in args.seq_lens:  # paths interleaved at each length: load drifts hit them alike
-        for gqa in args.gqa:
-            for path in args.paths:
+        for gqa in ("off", "on"):
+            for path in PATHS:
                 forward, forward_backward = build_case(path, kv_heads[gqa], T, args, dtype, device)
-                fwd = median(time_fn(forward, device, args.repeats, args.warmup))
-                fwd_bwd = median(time_fn(forward_backward, device, args.repeats, args.warmup))
-                peak = None if args.no_memory else peak_memory(forward_backward, device)
+                fwd = common.median(common.time_fn(forward, device, args.repeats, args.warmup))
+                fwd_bwd = common.median(common.time_fn(forward_backward, device, args.repeats, args.warmup))
+                peak = peak_memory(forward_backward, device)
                 row = dict(path=path, gqa=gqa, n_kv_head=kv_heads[gqa], seq_len=T, fwd_ms=round(fwd * 1e3, 3))
-                row |= dict(fwd_bwd_ms=round(fwd_bwd * 1e3, 3), peak_bytes=peak)
-                row["peak_mib"] = None if peak is None else round(mib(peak), 2)
-                rows.append(row)
-                print(
-                    f"  T={T:5d} gqa={gqa:3s} {path:6s}: fwd {row['fwd_ms']:9.2f} ms, fwd+bwd "
-                    f"{row['fwd_bwd_ms']:9.2f} ms, peak {row['peak_mib']} MiB",
-                    flush=True,
+                rows.append(
+                    row | dict(fwd_bwd_ms=round(fwd_bwd * 1e3, 3), peak_bytes=peak, peak_mib=round(common.mib(peak), 2))
                 )
-    print_table(sorted(rows, key=lambda r: (r["gqa"] != "off", r["seq_len"], args.paths.index(r["path"]))), COLUMNS)
+                common.print_row(rows[-1], COLUMNS)
+    rows.sort(key=lambda r: (r["gqa"] != "off", r["seq_len"], PATHS.index(r["path"])))
+    common.print_table(rows, COLUMNS)
     summary = scaling(rows, args.seq_lens) if len(args.seq_lens) >= 2 else []
     if summary:
         T0, T1 = args.seq_lens[-2:]
-        print_table(summary, SCALING, f"Scaling T={T0} -> T={T1} (ratios) and sdpa's fwd+bwd speed-up at T={T1}:")
-    settings = {k: getattr(args, k) for k in ("scope", "batch", "n_head", "head_dim", "seq_lens", "paths", "dtype")}
+        title = f"Scaling T={T0} -> T={T1} (ratios) and sdpa's fwd+bwd speed-up at T={T1}:"
+        common.print_table(summary, SCALING, title)
+    settings = {k: getattr(args, k) for k in ("batch", "n_head", "head_dim", "seq_lens", "dtype")}
     settings |= dict(gqa_kv_heads=kv_heads["on"], repeats=args.repeats, warmup=args.warmup, quick=args.quick)
     result = dict(benchmark="attention", machine=label, settings=settings, results=rows, scaling=summary)
-    return finish(result, args)
+    return common.finish(result, args)
 
 
 if __name__ == "__main__":

@@ -4,18 +4,11 @@
     python benchmarks/bench_attention_lab.py --ckpt out/RUN    # a trained checkpoint (or an HF model directory)
     python benchmarks/bench_attention_lab.py --quick           # 2 x 2 heads, 32 tokens (smoke test)
 
-Random weights are enough: the page's work depends on the layer, head and token counts, not on what the weights
-learned.  Capture = one forward through the manual path for the prompt plus one for the induction probe, median
-of --repeats; render time = the page's own mark (navigation start to every view built), median of --repeats
-loads.  A screenshot goes next to the JSON.  Results: docs/performance.md.
+Method and results: docs/performance.md#the-attention-lab.
 """
 
-from __future__ import annotations
-
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -24,8 +17,8 @@ REPO = Path(__file__).resolve().parent.parent
 # run from anywhere without installing; tests/browser.py drives headless Chromium
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from benchmarks.common import common_parser, finish, pick_device, start
-from browser import chromium_path, open_page, screenshot
+from benchmarks import common
+from browser import chromium_path, open_page
 from minigpt.core.config import GPTConfig
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import ByteTokenizer
@@ -33,21 +26,16 @@ from minigpt.lab.capture import capture_attention
 from minigpt.lab.html import write_html
 from minigpt.loading import load_model
 
-# plain ASCII, so each byte is one token of the byte tokenizer
-TEXT = (
-    "First Citizen: Before we proceed any further, hear me speak. All: Speak, speak. First Citizen: You are "
-    "all resolved rather to die than to famish? All: Resolved. resolved. First Citizen: First, you know Caius "
-    "Marcius is chief enemy to the people. All: We know't, we know't. First Citizen: Let us kill him, and "
-)
+TEXT = "First Citizen: Before we proceed any further, hear me speak. All: Speak, speak. "  # ASCII: a byte, a token
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = common_parser(__doc__, "attention_lab")
+    p = common.parser(__doc__, "attention_lab")
     p.add_argument("--ckpt", default=None, help="a checkpoint instead of the random GPT-2-shaped model")
     p.add_argument("--tokens", type=int, default=256, help="prompt length in tokens")
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
-    device = pick_device(args.device)
+    device = common.pick_device(args.device)
     if args.ckpt:
         model, tokenizer = load_model(args.ckpt, device=device)
     else:
@@ -60,52 +48,29 @@ def main(argv: list[str] | None = None) -> dict:
     ids = tokenizer.encode(text)[:tokens]
     prompt = tokenizer.decode(ids)
 
-    label = start(args, device)
+    label = common.start(args, device)
     cfg = model.config
-    print(
-        f"Model: {cfg.n_layer} layers x {cfg.n_head} heads, n_embd {cfg.n_embd}, {model.num_params():,} "
-        f"parameters; prompt {len(ids)} tokens"
-    )
+    print(f"Model: {cfg.n_layer} layers x {cfg.n_head} heads, {model.num_params():,} parameters; {len(ids)} tokens")
 
-    capture_s = []
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        capture = capture_attention(model, tokenizer, prompt)
-        capture_s.append(time.perf_counter() - t0)
-    out_dir = Path(args.json).resolve().parent
-    out_dir.mkdir(parents=True, exist_ok=True)
+    capture_s = common.time_fn(lambda: capture_attention(model, tokenizer, prompt), device, args.repeats, warmup=0)
+    render_ms, errors = [], "chromium not installed (apt-get install chromium): no render time"
     with tempfile.TemporaryDirectory() as tmp:
-        page = write_html(capture, Path(tmp) / "attention.html")
+        page = write_html(capture_attention(model, tokenizer, prompt), Path(tmp) / "attention.html")
         html_bytes = page.stat().st_size
-        text = page.read_text(encoding="utf-8")
-        offline = not any(ref in text for ref in ("http://", "https://", "//"))
-        render_ms, errors = [], "chromium not installed"
-        if chromium_path() is not None:
-            for _ in range(args.repeats):
-                state = open_page(page, budget_ms=60000, timeout=300)
-                if not state.ready:
-                    raise SystemExit(f"the page did not finish building its views: {state.errors}")
-                render_ms.append(state.render_ms)
-                errors = state.errors
-            shot = screenshot(page, out_dir / "attention_lab_screenshot.png", budget_ms=60000, timeout=300)
-            print(f"screenshot: {shot}")
+        for _ in range(args.repeats if chromium_path() else 0):
+            state = open_page(page, budget_ms=60000, timeout=300)
+            if not state.ready:
+                raise SystemExit(f"the page did not finish building its views: {state.errors}")
+            render_ms.append(state.render_ms)
+            errors = state.errors
 
     result = dict(machine=label, n_layer=cfg.n_layer, n_head=cfg.n_head, tokens=len(ids), html_bytes=html_bytes)
-    result |= dict(capture_s=round(statistics.median(capture_s), 3), offline=offline, script_errors=errors)
-    result["render_ms"] = round(statistics.median(render_ms), 1) if render_ms else None
+    result |= dict(capture_s=round(common.median(capture_s), 3), script_errors=errors)
+    result["render_ms"] = round(common.median(render_ms), 1) if render_ms else None
     print(f"capture (prompt + induction probe, median of {args.repeats}): {result['capture_s']:.3f} s")
-    print(
-        f"attention.html: {html_bytes / 2**20:.2f} MiB ({html_bytes:,} bytes), "
-        + ("no network references" if offline else "WARNING: it references the network (http://, https:// or //)")
-    )
-    if render_ms:
-        print(
-            f"rendered in headless Chromium (navigation to all views built, median of {args.repeats}): "
-            f"{result['render_ms']:.0f} ms; script errors: {errors}"
-        )
-    else:
-        print("render time: skipped (chromium is not installed: apt-get install chromium)")
-    return finish(result, args)
+    print(f"attention.html: {html_bytes / 2**20:.2f} MiB ({html_bytes:,} bytes)")
+    print(f"rendered in headless Chromium (to all views built, median): {result['render_ms']} ms; errors: {errors}")
+    return common.finish(result, args)
 
 
 if __name__ == "__main__":

@@ -5,13 +5,8 @@ through the harness's HFLM on the model's Hugging Face export, and what a 500-it
     python benchmarks/bench_eval.py --shape small    # a 6-layer 384-wide model, 40 items (seconds)
     python benchmarks/bench_eval.py --quick          # a tiny model, 4 items (smoke test)
 
-The task is HellaSwag-shaped and built here (nothing is downloaded): a context of --context_chars characters and 4
-endings of --ending_chars.  Random weights, a char tokenizer, the vocabulary padded to GPT-2's 50,257 entries (so
-the output layer costs what GPT-2's does).  Timed: the harness's loglikelihood calls, float32, the same batch size
-through both backends.  Results: docs/evaluation.md.
+Method and results: docs/evaluation.md#speed.
 """
-
-from __future__ import annotations
 
 import json
 import os
@@ -29,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import common_parser, finish, print_table, start
+from benchmarks import common
 
 SHAPES = {  # n_layer, n_head, n_embd, block_size
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024),
@@ -37,29 +32,16 @@ SHAPES = {  # n_layer, n_head, n_embd, block_size
     "tiny": dict(n_layer=2, n_head=2, n_embd=64, block_size=256),
 }
 GPT2_VOCAB = 50257
+BATCH = 4  # requests per call, through both backends
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 COLUMNS = [("backend", "backend", ""), ("shape", "shape", ""), ("params_m", "params (M)", ".1f")]
 COLUMNS += [("items", "items", "d"), ("requests", "requests", "d"), ("seconds", "seconds", ".1f")]
 COLUMNS += [("requests_per_s", "requests/s", ".2f"), ("minutes_for_500_items", "500 items (min)", ".1f")]
 COLUMNS += [("acc", "acc", ".3f")]
-TASK = """task: bench_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{ctx}}}}"
-doc_to_choice: "{{{{endings}}}}"
-doc_to_target: "{{{{label}}}}"
-metric_list:
-  - metric: acc
-  - metric: acc_norm
-"""
 
 
-def write_task(folder: Path, items: int, context_chars: int, ending_chars: int) -> Path:
-    """A HellaSwag-shaped multiple-choice task as YAML + JSONL: random lowercase words."""
+def write_task(folder: Path, items: int, context_chars: int = 80, ending_chars: int = 25) -> dict[str, Any]:
+    """A HellaSwag-shaped multiple-choice task of random lowercase words: its JSONL, and the harness's config."""
     rng = random.Random(0)
 
     def text(n: int) -> str:
@@ -73,15 +55,17 @@ def write_task(folder: Path, items: int, context_chars: int, ending_chars: int) 
         for i in range(items)
     ]
     (folder / "mc.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    (folder / "mc.yaml").write_text(TASK.format(data=folder / "mc.jsonl"))
-    return folder / "mc.yaml"
+    config = dict(
+        task="bench_mc", dataset_path="json", dataset_kwargs=dict(data_files=dict(test=str(folder / "mc.jsonl")))
+    )
+    config |= dict(test_split="test", output_type="multiple_choice", doc_to_text="{{ctx}}", doc_to_target="{{label}}")
+    return config | dict(doc_to_choice="{{endings}}", metric_list=[dict(metric="acc"), dict(metric="acc_norm")])
 
 
-def timed_run(lm: Any, task: Path) -> dict[str, Any]:
+def timed_run(lm: Any, task: dict[str, Any]) -> dict[str, Any]:
     """simple_evaluate on the task, timing the loglikelihood calls; requests, seconds, accuracy."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
-    from lm_eval.tasks._yaml_loader import load_yaml
 
     spent, count = [0.0], [0]
     real = lm.loglikelihood
@@ -95,28 +79,20 @@ def timed_run(lm: Any, task: Path) -> dict[str, Any]:
 
     lm.loglikelihood = loglikelihood
     results = simple_evaluate(
-        model=lm,
-        tasks=[load_yaml(task)],
-        task_manager=TaskManager(include_defaults=False),
-        bootstrap_iters=0,
-        log_samples=False,
+        model=lm, tasks=[task], task_manager=TaskManager(include_defaults=False), bootstrap_iters=0, log_samples=False
     )
     acc = results["results"]["bench_mc"]["acc,none"]
     return dict(requests=count[0], seconds=spent[0], requests_per_s=count[0] / spent[0], acc=acc)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = common_parser(__doc__, "bench_eval")
+    p = common.parser(__doc__, "bench_eval")
     p.add_argument("--shape", choices=sorted(SHAPES), default="gpt2")
-    p.add_argument("--items", type=int, default=None, help="task items (default: 12 for gpt2, 40 otherwise)")
-    p.add_argument("--context_chars", type=int, default=80)
-    p.add_argument("--ending_chars", type=int, default=25)
-    p.add_argument("--batch_size", type=int, default=4)
     args = p.parse_args(argv)
     shape = "tiny" if args.quick else args.shape
-    items = 4 if args.quick else args.items or (12 if shape == "gpt2" else 40)
+    items = {"tiny": 4, "small": 40, "gpt2": 12}[shape]
     device = torch.device("cpu" if args.device == "auto" else args.device)  # HFLM and minigpt on the same device
-    label = start(args, device)
+    label = common.start(args, device)
 
     from lm_eval.models.huggingface import HFLM
 
@@ -129,20 +105,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.manual_seed(0)
     model = GPT(GPTConfig(**SHAPES[shape], vocab_size=GPT2_VOCAB)).to(device).eval()
     with tempfile.TemporaryDirectory() as tmp:
-        task = write_task(Path(tmp), items, args.context_chars, args.ending_chars)
-        ours = timed_run(MiniGPTLM(model, tokenizer, batch_size=args.batch_size), task)
+        task = write_task(Path(tmp), items)
+        ours = timed_run(MiniGPTLM(model, tokenizer, batch_size=BATCH), task)
         export = export_hf(model, tokenizer, Path(tmp) / "export")
-        hflm = HFLM(pretrained=str(export), device=str(device), dtype="float32", batch_size=args.batch_size)
+        hflm = HFLM(pretrained=str(export), device=str(device), dtype="float32", batch_size=BATCH)
         theirs = timed_run(hflm, task)
     rows = []
     for backend, r in (("minigpt (MiniGPTLM)", ours), ("HFLM on the export", theirs)):
         row = dict(backend=backend, shape=shape, params_m=model.num_params() / 1e6, items=items, **r)
         rows.append(row | dict(minutes_for_500_items=500 * 4 / r["requests_per_s"] / 60))
-    print_table(rows, COLUMNS)
+    common.print_table(rows, COLUMNS)
     same = ours["acc"] == theirs["acc"]
     print(f"same accuracy through both: {same} ({ours['acc']:.3f})")
-    result = dict(machine=label, batch_size=args.batch_size, context_chars=args.context_chars)
-    return finish(result | dict(ending_chars=args.ending_chars, rows=rows, same_accuracy=same), args)
+    return common.finish(dict(machine=label, batch_size=BATCH, rows=rows, same_accuracy=same), args)
 
 
 if __name__ == "__main__":

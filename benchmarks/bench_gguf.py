@@ -4,16 +4,8 @@ same model, and each weight type's agreement with f32.
     python benchmarks/bench_gguf.py              # GPT-2 124M and SmolLM2-135M shapes, random weights (minutes)
     python benchmarks/bench_gguf.py --quick      # tiny shapes (seconds; smoke test)
 
-Each shape is built with random weights and the byte tokenizer (padded to the model's vocabulary), exported as f32,
-f16, q8_0 and q4_0 (file size, export seconds with fsync), then decoded by llama.cpp with the same --threads as
-torch: a 16-token prompt, then --tokens greedy tokens, at llama.cpp's own predicted_per_second, the median of
---repeats.  minigpt's rate is generate() (what sample.py runs: float32, KV cache, greedy) with the prompt's cost
-taken out: (time for N tokens - time for 1) / (N - 1).  Agreement: the two small models tests/export/test_gguf.py
-trains, exported in each type and scored by llama.cpp teacher-forced over 95 held-out positions: the share of
-positions whose greedy choice is f32's, and the perplexity over f32's.  Results: docs/gguf.md.
+Method and results: docs/gguf.md#speed-and-size.
 """
-
-from __future__ import annotations
 
 import math
 import statistics
@@ -30,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "expor
 from gguf_models import trained_model, words_text
 from llamacpp_server import LlamaCpp
 
-from benchmarks.common import common_parser, finish, markdown_table, mib, print_table, start
+from benchmarks import common
 from minigpt.core.config import GPTConfig
 from minigpt.core.generation import generate
 from minigpt.core.model import GPT
@@ -47,15 +39,14 @@ QUICK = {
     "llama-tiny": dict(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=64, block_size=128, vocab_size=300),
 }
 TYPES = ("f32", "f16", "q8_0", "q4_0")
-COLUMNS = [("shape", "shape", ""), ("runtime", "runtime", ""), ("weights", "weights", "")]
-COLUMNS += [
-    ("file_mib", "file MiB", ".1f"),
-    ("export_s", "export s", ".2f"),
-    ("decode_tok_s", "decode tokens/s", ".1f"),
-]
-AGREEMENT_COLUMNS = [("model", "model", ""), ("weights", "weights", ""), ("positions", "positions", "d")]
-AGREEMENT_COLUMNS += [("agreement_pct", "greedy = f32 %", ".1f"), ("ppl", "perplexity", ".4f")]
-AGREEMENT_COLUMNS += [("ppl_ratio", "ppl / f32", ".4f"), ("minigpt_ppl", "minigpt ppl", ".4f")]
+COLUMNS = common.columns(
+    "shape:shape:, runtime:runtime:, weights:weights:, file_mib:file MiB:.1f, export_s:export s:.2f, "
+    "decode_tok_s:decode tokens/s:.1f"
+)
+AGREEMENT_COLUMNS = common.columns(
+    "model:model:, weights:weights:, positions:positions:d, agreement_pct:greedy = f32 %:.1f, ppl:perplexity:.4f, "
+    "ppl_ratio:ppl / f32:.4f, minigpt_ppl:minigpt ppl:.4f"
+)
 PROMPT = list(range(32, 48))  # 16 tokens
 
 
@@ -107,21 +98,18 @@ def minigpt_decode(model: GPT, tokens: int, repeats: int) -> float:
         return time.perf_counter() - start
 
     seconds(4)  # warm-up
-    rates = []
-    for _ in range(repeats):
-        rates.append((tokens - 1) / (seconds(tokens) - seconds(1)))
-    return statistics.median(rates)
+    return statistics.median((tokens - 1) / (seconds(tokens) - seconds(1)) for _ in range(repeats))
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = common_parser(__doc__.splitlines()[0], "gguf")
+    p = common.parser(__doc__.splitlines()[0], "gguf")
     p.add_argument("--tokens", type=int, default=128, help="new tokens per decode run")
     p.add_argument("--repeats", type=int, default=3, help="runs per measurement (the median is reported)")
     p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="for both runtimes (default: torch's)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     shapes, tokens, repeats = (QUICK, 8, 1) if args.quick else (SHAPES, args.tokens, args.repeats)
-    label = start(args)
+    label = common.start(args)
     print(f"threads {args.threads} (torch and llama.cpp)", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-gguf-") as tmp:
@@ -130,26 +118,24 @@ def main(argv: list[str] | None = None) -> dict:
             model = GPT(GPTConfig(**config)).eval()
             with torch.inference_mode():
                 rate = minigpt_decode(model, tokens, repeats)
-            rows.append(dict(shape=shape, runtime="minigpt generate (sample.py)", weights="float32"))
-            rows[-1] |= dict(file_mib=None, export_s=None, decode_tok_s=round(rate, 1))
-            print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
+            rows.append(dict(shape=shape, runtime="minigpt generate (sample.py)", weights="float32", decode_tok_s=rate))
+            common.print_row(rows[-1], COLUMNS)
             for gguf_type in TYPES:
                 path = Path(tmp) / f"{shape}-{gguf_type}.gguf"
                 started = time.perf_counter()
                 export_gguf(model, ByteTokenizer(), path, gguf_type)
                 export_s = time.perf_counter() - started
-                rate = llama_cpp_decode(path, tokens, repeats, args.threads)
-                rows.append(dict(shape=shape, runtime="llama.cpp (xllamacpp)", weights=gguf_type))
-                rows[-1] |= dict(file_mib=round(mib(path.stat().st_size), 1), export_s=round(export_s, 2))
-                rows[-1]["decode_tok_s"] = round(rate, 1)
-                print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
+                row = dict(shape=shape, runtime="llama.cpp (xllamacpp)", weights=gguf_type, export_s=export_s)
+                row["file_mib"] = common.mib(path.stat().st_size)
+                rows.append(row | dict(decode_tok_s=llama_cpp_decode(path, tokens, repeats, args.threads)))
+                common.print_row(rows[-1], COLUMNS)
                 path.unlink()
             del model
         agreed = agreement(Path(tmp), steps=20 if args.quick else 150)
-    print_table(rows, COLUMNS)
-    print_table(agreed, AGREEMENT_COLUMNS)
+    common.print_table(rows, COLUMNS)
+    common.print_table(agreed, AGREEMENT_COLUMNS)
     settings = dict(tokens=tokens, repeats=repeats, prompt_tokens=len(PROMPT), threads=args.threads, shapes=shapes)
-    return finish(dict(benchmark="gguf", machine=label, settings=settings, results=rows, agreement=agreed), args)
+    return common.finish(dict(benchmark="gguf", machine=label, settings=settings, results=rows, agreement=agreed), args)
 
 
 if __name__ == "__main__":

@@ -3,21 +3,9 @@
     python benchmarks/bench_gpu.py --nanogpt PATH/TO/nanoGPT --corpus tinyshakespeare.txt --out results.json
     python benchmarks/bench_gpu.py --device cpu --tiny --nanogpt PATH --corpus FILE     # the script's smoke test
 
-Parts (--parts, comma-separated; default all but long):
-  recipe      train.py --config configs/shakespeare_char_gpu.yaml with cold compile caches (fresh folders), then
-              again with warm ones: launch -> first optimizer step (measured here, and train.py's own breakdown),
-              val loss against seconds since launch (TensorBoard's wall times), the full-split val loss at the end
-  variants    the recipe with each --variant's overrides (warm caches), for choosing its settings
-  long        the recipe with --trainer.max_time 00:00:01:45: the lowest loss within ~120 s of launch
-  imports     python -X importtime of train.py's modules: the 25 largest (cumulative seconds)
-  nanogpt     nanoGPT's train.py config/train_shakespeare_char.py (cold caches), its val losses against seconds
-              since launch, cut at --nanogpt_iters
-  throughput  GPT-2 124M, batch 12 x 1024, bf16, compiled: nanoGPT's bench.py and minigpt's training step through
-              Lightning's Trainer (random tokens, as bench.py's real_data=False), ms/iter, tokens/s and MFU
-Every time is wall clock from the process's launch; nothing is warmed up first unless the line says so.
+Parts (--parts: recipe, variants, long, imports, nanogpt, throughput), method and results:
+docs/time_to_loss.md#on-one-gpu-launch-to-loss-against-nanogpt.
 """
-
-from __future__ import annotations
 
 import argparse
 import json

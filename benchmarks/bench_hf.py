@@ -3,23 +3,14 @@
     python benchmarks/bench_hf.py            # GPT-2 124M import/export (about a minute)
     python benchmarks/bench_hf.py --quick    # a tiny GPT-2-shaped model instead of 124M (seconds; smoke test)
 
-A GPT-2 124M-shaped model (GPT2Config() defaults, random weights) is saved as model.safetensors with a byte-level
-tokenizer.json.  Each measurement runs in --repeats fresh processes (the median time, the largest memory), after
-its imports: wall time, the process's peak RSS (VmHWM) and the peak RSS above the RSS before it (sampled every 2
-ms).  Import is load_model(dir), next to transformers' from_pretrained(dir) for reference, each also through a
-first 1-token forward (transformers maps the file and reads each page when first used); export is export_hf of a
-model in memory (fsync included).  That the results compute what transformers computes is tests/hf/test_load.py's
-and tests/export/test_hf.py's to prove.  Results: docs/performance.md.
+Method and results: docs/performance.md#hugging-face-import-and-export.
 """
-
-from __future__ import annotations
 
 import json
 import resource
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,19 +19,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import child_json, common_parser, finish, median, mib, peak_rss_bytes, print_table, start
+from benchmarks import common
 
 OPERATIONS = {
     "import": "minigpt import (load_model)",
     "transformers": "transformers from_pretrained (reference)",
     "export": "minigpt export (export_hf)",
 }
-COLUMNS = [("operation", "operation", ""), ("seconds", "seconds", ".2f"), ("peak_rss_mib", "peak RSS MiB", ".0f")]
-COLUMNS += [
-    ("peak_above_before_mib", "peak over start MiB", ".0f"),
-    ("first_forward_s", "then 1-token forward s", ".2f"),
-]
-COLUMNS += [("peak_rss_with_forward_mib", "peak RSS MiB with it", ".0f"), ("weights_mib", "weights MiB", ".0f")]
+COLUMNS = common.columns(
+    "operation:operation:, seconds:seconds:.2f, peak_rss_mib:peak RSS MiB:.0f, "
+    "peak_above_before_mib:peak over start MiB:.0f, first_forward_s:then 1-token forward s:.2f, "
+    "peak_rss_with_forward_mib:peak RSS MiB with it:.0f, weights_mib:weights MiB:.0f"
+)
 
 
 def rss_bytes() -> int:
@@ -49,24 +39,15 @@ def rss_bytes() -> int:
 
 
 def measure(fn: Any) -> dict[str, Any]:
-    """Run fn() and return its wall time, the process's peak RSS and the peak RSS above the RSS before it."""
-    before, peak, done = rss_bytes(), [0], threading.Event()
-
-    def poll() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], rss_bytes())
-            time.sleep(0.002)
-
-    poller = threading.Thread(target=poll, daemon=True)
-    poller.start()
-    t0 = time.perf_counter()
+    """Run fn() and return its wall time, the process's peak RSS (VmHWM) and that peak above the RSS before fn (the
+    imports before it only ever grew the RSS, so the peak is fn's)."""
+    before, t0 = rss_bytes(), time.perf_counter()
     fn()
-    seconds = time.perf_counter() - t0
-    done.set()
-    poller.join()
-    peak[0] = max(peak[0], rss_bytes())
-    result = dict(seconds=round(seconds, 3), peak_rss_mib=round(mib(peak_rss_bytes()), 1))
-    return result | dict(rss_before_mib=round(mib(before), 1), peak_above_before_mib=round(mib(peak[0] - before), 1))
+    result = dict(
+        seconds=round(time.perf_counter() - t0, 3), peak_rss_mib=round(common.mib(common.peak_rss_bytes()), 1)
+    )
+    result["rss_before_mib"] = round(common.mib(before), 1)
+    return result | dict(peak_above_before_mib=round(common.mib(common.peak_rss_bytes() - before), 1))
 
 
 def child(what: str, src: str, out: str) -> None:
@@ -103,11 +84,11 @@ def run_child(what: str, src: Path, out: Path, repeats: int) -> dict[str, Any]:
     runs = []
     for _ in range(repeats):
         shutil.rmtree(out, ignore_errors=True)
-        runs.append(child_json([sys.executable, __file__, "--_child", what, str(src), str(out)]))
+        runs.append(common.child_json([sys.executable, __file__, "--_child", what, str(src), str(out)]))
     result = {k: max(r[k] for r in runs) for k in runs[0]}
     for key in ("seconds", "first_forward_s"):
         if key in result:
-            result[key] = median([r[key] for r in runs])
+            result[key] = common.median([r[key] for r in runs])
     return result | dict(runs=repeats)
 
 
@@ -116,33 +97,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if argv[:1] == ["--_child"]:
         child(*argv[1:4])
         return {}
-    p = common_parser(__doc__, "bench_hf")
+    p = common.parser(__doc__, "bench_hf")
     p.add_argument("--repeats", type=int, default=3, help="fresh processes per cost measurement (median time)")
     args = p.parse_args(argv)
-    label = start(args)
+    label = common.start(args)
 
     import transformers
-
-    from minigpt.core.tokenizers import ByteTokenizer
-    from minigpt.hf.tokenizer_files import save_hf_tokenizer
 
     config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2) if args.quick else transformers.GPT2Config()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "gpt2-124m"
-        torch.manual_seed(0)
-        model = transformers.GPT2LMHeadModel(config)
-        n_params = model.num_parameters()
-        model.save_pretrained(src)
-        del model
-        save_hf_tokenizer(ByteTokenizer(), src)  # tiktoken's gpt2 files would be a download
-        weights_mib = round(mib((src / "model.safetensors").stat().st_size), 1)
+        src = common.hf_folder(config, Path(tmp) / "gpt2-124m")
+        weights_mib = round(common.mib((src / "model.safetensors").stat().st_size), 1)
         for what, name in OPERATIONS.items():
             ran = run_child(what, src, Path(tmp) / f"export-{what}", 1 if args.quick else args.repeats)
-            rows.append(dict(operation=name, params=n_params, weights_mib=weights_mib, **ran))
+            rows.append(dict(operation=name, weights_mib=weights_mib, **ran))
             print(f"{name}: {ran['seconds']:.2f} s, peak RSS {ran['peak_rss_mib']:.0f} MiB", flush=True)
-    print_table(rows, COLUMNS)
-    return finish(dict(benchmark="hf", machine=label, cost=rows), args)
+    common.print_table(rows, COLUMNS)
+    return common.finish(dict(benchmark="hf", machine=label, cost=rows), args)
 
 
 if __name__ == "__main__":

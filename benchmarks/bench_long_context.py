@@ -4,14 +4,8 @@ a chat of many turns.
     python benchmarks/bench_long_context.py                       # gpt and llama (learned positions, RoPE)
     python benchmarks/bench_long_context.py --quick --json /tmp/lc.json
 
-Sampling: generate() with the KV cache from a one-token prompt for --blocks x block_size tokens, each token's time
-taken in on_token, printed per window of block_size/2 tokens (a cost that grew with the length would show as a
-rising row), with the worst single token (a refill's pause); and generate(use_kv_cache=False) over the first
-block_size tokens.  Chat: ChatSession on a random byte-level ChatML model, --turns turns of up to 32 new tokens: ms
-and tokens run through the model per turn, per window of turns.  float32, batch 1.  Results: docs/performance.md.
+Method and results: docs/performance.md#past-the-context.
 """
-
-from __future__ import annotations
 
 import statistics
 import sys
@@ -22,7 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import common_parser, finish, pick_device, print_table, start, synchronize
+from benchmarks import common
 from minigpt.core.chat import ChatSession
 from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.config import GPTConfig
@@ -31,46 +25,42 @@ from minigpt.core.model import GPT
 from minigpt.core.tokenizers import ByteTokenizer
 
 SHAPE = dict(n_layer=4, n_head=4, n_embd=128, dropout=0.0)
-COLUMNS = [("arch", "block", ""), ("block_size", "block_size", "d"), ("ms_no_cache", "ms/token, no KV cache", ".3f")]
-COLUMNS += [("ms_before_full", "ms/token before full", ".3f"), ("kv_cache_speedup", "KV cache speed-up", ".2f")]
-COLUMNS += [("ms_once_full", "ms/token once full", ".3f"), ("last_over_first_full_window", "last / first full", ".3f")]
-COLUMNS += [("ms_worst_token", "worst token (refill), ms", ".2f")]
+SEED = 1337
+COLUMNS = common.columns(
+    "arch:block:, block_size:block_size:d, ms_no_cache:ms/token no KV cache:.3f, ms_before_full:before full:.3f, "
+    "kv_cache_speedup:KV cache speed-up:.2f, ms_once_full:ms/token once full:.3f, "
+    "last_over_first_full_window:last / first full:.3f, ms_worst_token:worst token (refill) ms:.2f"
+)
 CHAT = [("turns", "turns", ""), ("ms_per_turn", "ms/turn", ".1f"), ("prefilled_per_turn", "tokens run per turn", ".1f")]
 
 
-def per_token_ms(model: GPT, tokens: int, device: torch.device, seed: int, kv_cache: bool = True) -> list[float]:
+def per_token_ms(model: GPT, tokens: int, device: torch.device, kv_cache: bool = True) -> list[float]:
     """Milliseconds of each generated token (the first includes the one-token prefill)."""
     times: list[float] = []
     last = [time.perf_counter()]
 
     def tick(_: torch.Tensor) -> None:
-        synchronize(device)
+        common.synchronize(device)
         now = time.perf_counter()
         times.append(1e3 * (now - last[0]))
         last[0] = now
 
-    generate(
-        model,
-        torch.zeros(1, 1, dtype=torch.long, device=device),
-        tokens,
-        temperature=1.0,
-        generator=torch.Generator(device=device).manual_seed(seed),
-        on_token=tick,
-        use_kv_cache=kv_cache,
-    )
+    prompt, gen = torch.zeros(1, 1, dtype=torch.long, device=device), torch.Generator(device=device).manual_seed(SEED)
+    generate(model, prompt, tokens, temperature=1.0, generator=gen, on_token=tick, use_kv_cache=kv_cache)
     return times
 
 
-def sampling_rows(arch: str, block_size: int, device: torch.device, seed: int, blocks: int) -> dict:
-    torch.manual_seed(seed)
+@torch.inference_mode()
+def sampling_rows(arch: str, block_size: int, device: torch.device, blocks: int) -> dict:
+    torch.manual_seed(SEED)
     model = GPT(GPTConfig(arch=arch, block_size=block_size, vocab_size=256, **SHAPE)).to(device).eval()
-    per_token_ms(model, block_size, device, seed)  # warm-up: every context length and one refill
-    times = per_token_ms(model, blocks * block_size, device, seed)
+    per_token_ms(model, block_size, device)  # warm-up: every context length and one refill
+    times = per_token_ms(model, blocks * block_size, device)
     half = block_size // 2
     windows = [statistics.fmean(times[i : i + half]) for i in range(0, len(times), half)]
     full = times[block_size:]  # once the context is full
-    per_token_ms(model, block_size, device, seed, kv_cache=False)  # warm-up without the cache
-    no_cache = statistics.fmean(per_token_ms(model, block_size, device, seed, kv_cache=False)[1:])
+    per_token_ms(model, block_size, device, kv_cache=False)  # warm-up without the cache
+    no_cache = statistics.fmean(per_token_ms(model, block_size, device, kv_cache=False)[1:])
     before_full = statistics.fmean(times[1:block_size])
     row = dict(arch=arch, block_size=block_size, tokens=len(times), window_tokens=half)
     row |= dict(ms_per_token_windows=[round(w, 3) for w in windows], ms_before_full=round(before_full, 3))
@@ -80,23 +70,18 @@ def sampling_rows(arch: str, block_size: int, device: torch.device, seed: int, b
     return row
 
 
-def chat_rows(block_size: int, turns: int, window: int, device: torch.device, seed: int) -> dict:
-    torch.manual_seed(seed)
+@torch.inference_mode()
+def chat_rows(block_size: int, turns: int, window: int, device: torch.device) -> dict:
+    torch.manual_seed(SEED)
     tokenizer = ChatTokenizer.for_base(ByteTokenizer())
     model = GPT(GPTConfig(block_size=block_size, vocab_size=tokenizer.vocab_size, **SHAPE)).to(device).eval()
-    session = ChatSession(
-        model,
-        tokenizer,
-        system="Answer briefly.",
-        max_new_tokens=32,
-        temperature=1.0,
-        generator=torch.Generator(device=device).manual_seed(seed),
-    )
+    gen = torch.Generator(device=device).manual_seed(SEED)
+    session = ChatSession(model, tokenizer, "Answer briefly.", max_new_tokens=32, temperature=1.0, generator=gen)
     rows, started, prefilled = [], time.perf_counter(), 0
     for turn in range(1, turns + 1):
         session.reply(f"What is {turn} plus {turn + 1}? Tell me more about it, please.")
         if turn % window == 0:
-            synchronize(device)
+            common.synchronize(device)
             now = time.perf_counter()
             per_turn = dict(ms_per_turn=round(1e3 * (now - started) / window, 1))
             per_turn["prefilled_per_turn"] = round((session.prefilled - prefilled) / window, 1)
@@ -106,21 +91,17 @@ def chat_rows(block_size: int, turns: int, window: int, device: torch.device, se
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = common_parser(__doc__.splitlines()[0], "long_context")
+    p = common.parser(__doc__.splitlines()[0], "long_context")
     p.add_argument("--block_sizes", type=int, nargs="+", default=[64, 256])
     p.add_argument("--blocks", type=int, default=8, help="tokens sampled, in block sizes (default 8)")
     p.add_argument("--turns", type=int, default=200)
     p.add_argument("--chat_block_size", type=int, default=512)
-    p.add_argument("--seed", type=int, default=1337)
     args = p.parse_args(argv)
     if args.quick:
         args.block_sizes, args.blocks, args.turns, args.chat_block_size = [16], 4, 8, 128
-    device = pick_device(args.device)
-    torch.set_grad_enabled(False)
-    label = start(args, device)
-    sampling = [
-        sampling_rows(arch, bs, device, args.seed, args.blocks) for arch in ("gpt", "llama") for bs in args.block_sizes
-    ]
+    device = common.pick_device(args.device)
+    label = common.start(args, device)
+    sampling = [sampling_rows(arch, bs, device, args.blocks) for arch in ("gpt", "llama") for bs in args.block_sizes]
     print(
         f"\nSampling {args.blocks} x block_size tokens, {SHAPE['n_layer']} layers x {SHAPE['n_head']} heads, n_embd "
         f"{SHAPE['n_embd']}; ms per token in windows of block_size/2 tokens:\n"
@@ -128,11 +109,11 @@ def main(argv: list[str] | None = None) -> dict:
     for r in sampling:
         windows = " ".join(f"{w:.2f}" for w in r["ms_per_token_windows"])
         print(f"  {r['arch']:5s} block {r['block_size']:4d}: {windows}")
-    print_table(sampling, COLUMNS)
-    chat = chat_rows(args.chat_block_size, args.turns, max(1, args.turns // 8), device, args.seed)
+    common.print_table(sampling, COLUMNS)
+    chat = chat_rows(args.chat_block_size, args.turns, max(1, args.turns // 8), device)
     title = f"Chat: {args.turns} turns, block_size {args.chat_block_size}, replies of up to 32 tokens:"
-    print_table(chat["windows"], CHAT, title)
-    return finish(dict(benchmark="long_context", machine=label, shape=SHAPE, sampling=sampling, chat=chat), args)
+    common.print_table(chat["windows"], CHAT, title)
+    return common.finish(dict(benchmark="long_context", machine=label, shape=SHAPE, sampling=sampling, chat=chat), args)
 
 
 if __name__ == "__main__":

@@ -6,16 +6,8 @@ Llama-3.2-1B-shaped and a SmolLM-135M-shaped model.
     python benchmarks/bench_lora.py --quick               # tiny shapes, 4 steps (smoke test)
     python benchmarks/bench_lora.py --shapes 1b --variants lora8,lora8-ckpt --full_layers ""  # recompute
 
-Each row is train.py itself (`--init_from SOURCE --finetune full|lora`, float32, AdamW, no compile) in a child
-process of its own, from a checkpoint of random weights in the shape's config (nothing is downloaded), batch 4 x
-256 tokens of --corpus.  Peak RSS is the child's VmHWM at the end (loading, training, saving); seconds per step the
-median period between training batches after the first two; the checkpoint is the run's last.ckpt.  A full
-fine-tune that would not fit this machine (--full_layers) is measured at fewer layers and extrapolated linearly
-in the number of layers, as is LoRA r8 at the same depths, to show how far that extrapolation is from LoRA's
-measured value.  Results: docs/lora.md.
+Method and results: docs/lora.md#measured.
 """
-
-from __future__ import annotations
 
 import argparse
 import json
@@ -30,9 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import child_json, common_parser, finish, peak_rss_bytes, print_table, start
+from benchmarks import common
 
-RESULT = "RESULT "
 LLAMA3_ROPE = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0)
 LLAMA3_ROPE["original_max_position_embeddings"] = 8192
 SHAPES = {  # Llama blocks: the published configs (config.json) of the two models
@@ -56,8 +47,8 @@ COLUMNS += [("trainable", "trainable params", ",.0f"), ("checkpoint_mib", "check
 COLUMNS += [("load_avg_1m", "load", ".1f")]
 
 
-def make_source(shape: str, n_layer: int, block_size: int, path: Path) -> None:
-    """A checkpoint of random weights in the shape's config (child process: its memory is not a row's)."""
+def make_source(shape: str, n_layer: int, block_size: int, path: str) -> dict:
+    """A checkpoint of random weights in the shape's config."""
     from minigpt.core.checkpoint import model_checkpoint, save_file
     from minigpt.core.config import GPTConfig
     from minigpt.core.model import GPT
@@ -65,7 +56,8 @@ def make_source(shape: str, n_layer: int, block_size: int, path: Path) -> None:
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(arch="llama", **{**SHAPES[shape], "n_layer": n_layer, "block_size": block_size}))
-    save_file(model_checkpoint(model, ByteTokenizer()), path)
+    save_file(model_checkpoint(model, ByteTokenizer()), Path(path))
+    return {}
 
 
 def train_row(spec: dict[str, Any]) -> dict[str, Any]:
@@ -96,7 +88,7 @@ def train_row(spec: dict[str, Any]) -> dict[str, Any]:
     wall = time.perf_counter() - start_s
     params = list(trainer.lightning_module.model.parameters())
     periods = [b - a for a, b in zip(stamps[2:], stamps[3:])]  # after the first two steps
-    row = dict(peak_rss=peak_rss_bytes(), s_per_step=statistics.median(periods) if periods else None)
+    row = dict(peak_rss=common.peak_rss_bytes(), s_per_step=statistics.median(periods) if periods else None)
     row |= dict(trainable=sum(p.numel() for p in params if p.requires_grad), total=sum(p.numel() for p in params))
     row |= dict(steps=trainer.global_step, checkpoint_bytes=(out / "checkpoints" / "last.ckpt").stat().st_size)
     # other work on the machine slows s/step, not peak RSS
@@ -118,21 +110,16 @@ def measure(shapes: list[str], variants: list[str], args: Any) -> list[dict[str,
                 depths = [depth, *scaled] if variant == "lora8" else [depth]
             for n_layer in depths:
                 source = work / "sources" / f"{shape}-L{n_layer}.ckpt"
-                if not source.is_file():
+                if not source.is_file():  # in a child: its memory is no row's
                     make = dict(shape=shape, n_layer=n_layer, block_size=args.block, path=str(source))
-                    child_json([sys.executable, __file__, "--make_source", json.dumps(make)])
+                    common.child_json([sys.executable, __file__, "--child", json.dumps(make)])
                 spec = dict(variant=variant, source=str(source), corpus=args.corpus, data_root=str(work / "data"))
-                spec |= dict(out=str(work / "runs" / f"{shape}-L{n_layer}-{variant}"), batch=args.batch)
+                spec |= dict(out=str(work / "runs" / f"{shape}-L{n_layer}-{variant}"), batch=4)
                 spec["steps"] = args.steps if n_layer == depth else args.scaled_steps
                 print(f"{shape} n_layer={n_layer} {variant}: {spec['steps']} steps ...", flush=True)
-                r = child_json([sys.executable, __file__, "--child", json.dumps(spec)])
+                r = common.child_json([sys.executable, __file__, "--child", json.dumps(spec)])
                 rows.append(dict(shape=shape, n_layer=n_layer, variant=variant, **r))
-                speed = f"{r['s_per_step']:.2f} s/step" if r["s_per_step"] else "s/step needs 4 steps or more"
-                print(
-                    f"  peak RSS {r['peak_rss'] / 2**30:.2f} GiB, {speed}, "
-                    f"{r['trainable']:,} trainable, checkpoint {r['checkpoint_bytes'] / 2**20:.1f} MiB",
-                    flush=True,
-                )
+                print(f"  peak RSS {r['peak_rss'] / 2**30:.2f} GiB, s/step {r['s_per_step']}", flush=True)
         if scaled:
             rows += extrapolated(shape, rows, scaled)
     return rows
@@ -155,31 +142,20 @@ def extrapolated(shape: str, rows: list[dict[str, Any]], depths: list[int]) -> l
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = common_parser(__doc__, "bench_lora")
+    p = common.parser(__doc__, "bench_lora")
     p.add_argument("--shapes", default="135m,1b", help="comma-separated: 135m, 1b, tiny")
     p.add_argument("--variants", default="full,lora8,lora16,lora8-bf16", help=f"comma-separated: {', '.join(VARIANTS)}")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps per row")
-    p.add_argument("--batch", type=int, default=4)
     p.add_argument("--block", type=int, default=256, help="tokens per row (the sources' block_size)")
-    p.add_argument(
-        "--full_layers",
-        default="1b=2/4",
-        help="SHAPE=L1/L2: measure full fine-tuning of SHAPE at these depths and extrapolate (its full depth "
-        "does not fit 24 GiB); empty: measure at full depth",
-    )
+    p.add_argument("--full_layers", default="1b=2/4", help="SHAPE=L1/L2: full fine-tuning there, extrapolated")
     p.add_argument("--scaled_steps", type=int, default=8, help="optimizer steps of the rows at reduced depth")
     p.add_argument("--corpus", default=None, help="training text (default: a generated one)")
     p.add_argument("--work", default="/tmp/bench_lora", help="sources, prepared data and runs")
-    p.add_argument("--child", help=argparse.SUPPRESS)
-    p.add_argument("--make_source", help=argparse.SUPPRESS)
+    p.add_argument("--child", help=argparse.SUPPRESS)  # a row (a variant), or a source to make (a path)
     args = p.parse_args(argv)
     if args.child:
-        print(RESULT + json.dumps(train_row(json.loads(args.child))), flush=True)
-        return {}
-    if args.make_source:
-        spec = json.loads(args.make_source)
-        make_source(spec["shape"], spec["n_layer"], spec["block_size"], Path(spec["path"]))
-        print(RESULT + "{}", flush=True)
+        spec = json.loads(args.child)
+        print("RESULT", json.dumps(train_row(spec) if "variant" in spec else make_source(**spec)), flush=True)
         return {}
     if args.quick:
         args.shapes, args.steps, args.scaled_steps, args.block, args.full_layers = "tiny", 4, 4, 32, "tiny=1/2"
@@ -191,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ids = torch.randint(len(words), (200_000,), generator=torch.Generator().manual_seed(0)).tolist()
         lines = (" ".join(words[i] for i in ids[j : j + 12]) for j in range(0, len(ids), 12))
         Path(args.corpus).write_text("\n".join(lines))
-    label = start(args)
+    label = common.start(args)
     available = next(line for line in Path("/proc/meminfo").read_text().splitlines() if "MemAvailable" in line)
     print(f"{torch.get_num_threads()} threads; {int(available.split()[1]) / 2**20:.1f} GiB available", flush=True)
     rows = measure(args.shapes.split(","), args.variants.split(","), args)
@@ -203,10 +179,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         r["peak_rss_gib"] = r["peak_rss"] / 2**30
         r["checkpoint_mib"] = r["checkpoint_bytes"] / 2**20
         r["rss_vs_full"] = r["peak_rss"] / full_rss[r["shape"]] if r["shape"] in full_rss else None
-    print_table(rows, COLUMNS)
-    settings = dict(steps=args.steps, batch=args.batch, block=args.block, full_layers=args.full_layers)
+    common.print_table(rows, COLUMNS)
+    settings = dict(steps=args.steps, batch=4, block=args.block, full_layers=args.full_layers)
     settings |= dict(scaled_steps=args.scaled_steps, precision="32-true")
-    return finish(dict(benchmark="bench_lora", machine=label, settings=settings, results=rows), args)
+    return common.finish(dict(benchmark="bench_lora", machine=label, settings=settings, results=rows), args)
 
 
 if __name__ == "__main__":

@@ -4,15 +4,8 @@
     python benchmarks/bench_prepare.py --mb 1000 --repeat 1              # the peak-RSS figure at 1 GB
     python benchmarks/bench_prepare.py --quick                           # 2 MB, a smoke test
 
-The text: --corpus repeated up to --mb megabytes (default: this Python's standard library sources).  A byte-level
-BPE of --vocab tokens is trained on it first (bpe:VOCAB, timed), then each tokenizer prepares the whole text in a
-fresh interpreter (its wall time and peak RSS) and the bare encoder encodes the same text in memory, in the same
-batches, with the same threads: `tokenizers` encode_batch_fast for the BPE, tiktoken encode_ordinary_batch for
-gpt2 (skipped when its files cannot be downloaded).  Goal: preparation at >= GOAL of the bare encoder's rate.
-Results: docs/tokenizers.md.
+Method and results: docs/tokenizers.md#preparation-speed-and-memory.
 """
-
-from __future__ import annotations
 
 import json
 import os
@@ -20,22 +13,24 @@ import sys
 import sysconfig
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import child_json, common_parser, finish, print_table, start
+import tiktoken
+
+from benchmarks import common
+from minigpt.core.hf_tokenizer import tokenizers_library
 
 GOAL = 0.85
 # The child reports its own peak, VmHWM: ru_maxrss would carry over this parent's, which holds the whole text
 PREPARE = """import json, sys, time
+from benchmarks.common import peak_rss_bytes
 from minigpt.data.prepare import prepare_data
 t = time.perf_counter()
 prepare_data(sys.argv[1], sys.argv[2], data_root=sys.argv[3], force=True)
-seconds = time.perf_counter() - t
-status = open('/proc/self/status').read().splitlines()
-peak_kb = next(int(line.split()[1]) for line in status if line.startswith('VmHWM:'))
-print('RESULT', json.dumps(dict(seconds=seconds, peak_rss_mb=peak_kb / 1024)))
+print('RESULT', json.dumps(dict(seconds=time.perf_counter() - t, peak_rss_mb=peak_rss_bytes() / 2**20)))
 """
 COLUMNS = [("tokenizer", "tokenizer", ""), ("tokens", "tokens", ",d"), ("bare_mb_s", "bare encoder MB/s", ".2f")]
 COLUMNS += [("prepare_mb_s", "preparation MB/s", ".2f"), ("ratio", "preparation / bare", ".0%")]
@@ -44,25 +39,20 @@ COLUMNS += [("peak_rss_mb", "peak RSS MB", ".0f")]
 
 def make_text(corpus: Path | None, mb: float, out: Path) -> Path:
     """--corpus (or the standard library's .py files) repeated to `mb` megabytes, cut at a line end."""
-    if corpus is not None:
-        seed = corpus.read_bytes()
-    else:
-        stdlib = Path(sysconfig.get_paths()["stdlib"])
-        seed = b"".join(p.read_bytes() for p in sorted(stdlib.glob("*.py"))[:200])
+    stdlib = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:200]
+    seed = corpus.read_bytes() if corpus else b"".join(p.read_bytes() for p in stdlib)
     target = int(mb * 1e6)
     with open(out, "wb") as f:
-        written = 0
-        while written < target:
-            piece = seed[: target - written]
-            piece = piece[: piece.rfind(b"\n") + 1] or piece
-            f.write(piece)
-            written += len(piece)
+        for _ in range(target // len(seed)):
+            f.write(seed)
+        rest = seed[: target % len(seed)]
+        f.write(rest[: rest.rfind(b"\n") + 1])
     return out
 
 
 def prepare_in_child(text: Path, tokenizer: str, data_root: Path) -> tuple[float, float]:
     """(seconds, peak RSS in MB) of prepare_data in a fresh interpreter, as that interpreter measures them."""
-    ran = child_json([sys.executable, "-c", PREPARE, str(text), tokenizer, str(data_root)])
+    ran = common.child_json([sys.executable, "-c", PREPARE, str(text), tokenizer, str(data_root)])
     return ran["seconds"], ran["peak_rss_mb"]
 
 
@@ -93,57 +83,44 @@ def compare(name: str, encode_batch, text_batches, text: Path, tokenizer: str, d
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = common_parser(__doc__, "prepare")
+    p = common.parser(__doc__, "prepare")
     p.add_argument("--corpus", type=Path, help="a text file to repeat (default: the standard library's sources)")
     p.add_argument("--mb", type=float, default=100.0, help="megabytes of text (default 100)")
     p.add_argument("--vocab", type=int, default=8192, help="the trained BPE's vocabulary (default 8192)")
-    p.add_argument("--tokenizers", default="bpe,gpt2", help="rows beside the training one: bpe, gpt2, none")
     p.add_argument("--repeat", type=int, default=2, help="turns of bare encoder and preparation (default 2)")
     p.add_argument("--tiktoken", default="gpt2", help="the gpt2 row's encoding (r50k_base: the same ranks)")
     args = p.parse_args(argv)
     if args.quick:
         args.mb, args.vocab, args.repeat = 2.0, 1024, 1
-    label = start(args)
+    label = common.start(args)
     threads = os.cpu_count()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         text = make_text(args.corpus, args.mb, tmp / "text.txt")
         mb = text.stat().st_size / 1e6
-        text_batches = batches(text) if args.tokenizers != "none" else []
+        text_batches = batches(text)
         spec = f"bpe:{args.vocab}"
         train_s, rss = prepare_in_child(text, spec, tmp / "trained")  # trains on 90 %, then encodes everything
-        rows = [dict(tokenizer=f"{spec} trained on the text, then preparing it", prepare_mb_s=mb / train_s)]
-        rows[0]["peak_rss_mb"] = rss
+        trained = dict(tokenizer=f"{spec} trained on the text, then preparing it", prepare_mb_s=mb / train_s)
+        rows = [trained | dict(peak_rss_mb=rss)]
         tokenizer_json = json.loads(next((tmp / "trained").glob("*/tokenizer.json")).read_text())["tokenizer_json"]
         (tmp / "bpe.json").write_text(tokenizer_json)
         print(f"{spec}: trained and prepared in {train_s:.1f}s")
-        if "bpe" in args.tokenizers:
-            from minigpt.core.hf_tokenizer import tokenizers_library
-
-            backend = tokenizers_library().Tokenizer.from_str(tokenizer_json)
-
-            def encode(batch: list[str]) -> list[list[int]]:
-                return [e.ids for e in backend.encode_batch_fast(batch)]
-
-            bpe = (str(tmp / "bpe.json"), tmp / "data-bpe", args.repeat)
-            rows.append(compare(f"{spec} (tokenizers)", encode, text_batches, text, *bpe))
-        if "gpt2" in args.tokenizers:
-            import tiktoken
-
-            try:
-                encoding = tiktoken.get_encoding(args.tiktoken)
-            except OSError as e:  # offline, and no TIKTOKEN_CACHE_DIR holding its file
-                print(f"{args.tiktoken}: skipped, its files cannot be read ({type(e).__name__})")
-            else:
-
-                def encode(batch: list[str]) -> list[list[int]]:
-                    return encoding.encode_ordinary_batch(batch, num_threads=threads)
-
-                gpt2 = (args.tiktoken, tmp / "data-gpt2", args.repeat)
-                rows.append(compare(f"{args.tiktoken} (tiktoken)", encode, text_batches, text, *gpt2))
+        backend = tokenizers_library().Tokenizer.from_str(tokenizer_json)
+        bpe = (str(tmp / "bpe.json"), tmp / "data-bpe", args.repeat)
+        ids = lambda batch: [e.ids for e in backend.encode_batch_fast(batch)]  # noqa: E731  (lists, as preparation's)
+        rows.append(compare(f"{spec} (tokenizers)", ids, text_batches, text, *bpe))
+        try:
+            encoding = tiktoken.get_encoding(args.tiktoken)
+        except OSError as e:  # offline, and no TIKTOKEN_CACHE_DIR holding its file
+            print(f"{args.tiktoken}: skipped, its files cannot be read ({type(e).__name__})")
+        else:
+            encode = partial(encoding.encode_ordinary_batch, num_threads=threads)
+            gpt2 = (args.tiktoken, tmp / "data-gpt2", args.repeat)
+            rows.append(compare(f"{args.tiktoken} (tiktoken)", encode, text_batches, text, *gpt2))
     print(f"{mb:.1f} MB of text, {threads} threads; goal: preparation at >= {GOAL:.0%} of the bare encoder")
-    print_table(rows, COLUMNS)
-    return finish(dict(machine=label, mb=mb, threads=threads, train_and_prepare_s=train_s, rows=rows), args)
+    common.print_table(rows, COLUMNS)
+    return common.finish(dict(machine=label, mb=mb, threads=threads, train_and_prepare_s=train_s, rows=rows), args)
 
 
 if __name__ == "__main__":

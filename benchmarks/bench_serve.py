@@ -4,35 +4,26 @@
     python benchmarks/bench_serve.py --shapes 124m --clients 1 8 --tokens 64
     python benchmarks/bench_serve.py --quick                 # seconds: a smoke test of the script
 
-Each level starts its clients together; each streams one greedy /v1/completions of --tokens tokens from its own
---prompt_tokens-token prompt through the real server (minigpt.serve.app on uvicorn in this process, 127.0.0.1) and
-an HTTP client.  --max_batch is the largest level (no queue); one warm-up level of 2 clients runs first; with
---repeat N the levels take N turns in rotation and each level's fastest turn is reported.  "Model step ms" is one
-decode step of that many rows run by the model alone, and "step bound x one" = clients x step(1) / step(N), the
-most batching could give over one client.  The models are random, float32, and read tinyshakespeare's 65
-characters (the 124M shape's head stays 50,257 wide; sampling keeps the first 65 ids).  Goal (issue 37): at 8
-clients, total tokens/s >= 3x one client's on the 124M shape.  Method and results: docs/serve.md.
+The models are random, float32, and read tinyshakespeare's 65 characters (the 124M shape's head stays 50,257 wide;
+sampling keeps the first 65 ids).  Method and results: docs/serve.md#measured.
 """
-
-from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "tests" / "serve")]  # run from anywhere; the serve tests' server on 127.0.0.1
 
 import httpx
-import uvicorn
+from serve_support import serving
 
-from benchmarks.common import common_parser, finish, pick_device, print_table, start, synchronize
+from benchmarks import common
 from minigpt.core.config import GPTConfig
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import CharTokenizer
@@ -49,26 +40,6 @@ COLUMNS += [("vs_one_client", "x one client", ".2f"), ("per_client_tokens_per_s"
 COLUMNS += [("ttft_median_s", "TTFT median s", ".3f"), ("ttft_max_s", "TTFT max s", ".3f")]
 COLUMNS += [("tpot_ms", "ms/token after the first", ".1f"), ("step_ms", "model step ms", ".1f")]
 COLUMNS += [("step_x_one", "step bound x one", ".2f"), ("seconds", "wall s", ".2f")]
-
-
-class Served:
-    """The app on uvicorn in a thread, on a free 127.0.0.1 port."""
-
-    def __init__(self, app) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs=dict(sockets=[self.sock]), daemon=True)
-
-    def __enter__(self) -> Served:
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join()
 
 
 async def one_client(http: httpx.AsyncClient, prompt: str, tokens: int) -> dict:
@@ -107,48 +78,37 @@ async def level(url: str, prompts: list[str], tokens: int) -> dict:
 
 @torch.inference_mode()
 def step_ms(model: GPT, batch: int, prompt_tokens: int, device: torch.device, steps: int = 8) -> float:
-    """The model alone: ms of one decode step of `batch` rows at their own positions (the engine's call), the
-    fastest of `steps`.  batch / step time is what the server's total tokens/s approaches when prefills are few."""
+    """The model alone: ms of one decode step of `batch` rows at different positions (the engine's call), the
+    fastest of `steps` after one: batch / step time is what the server's total tokens/s approaches."""
     cache = model.new_kv_cache(batch)
     model(torch.zeros(batch, prompt_tokens, dtype=torch.long, device=device), kv_cache=cache, input_pos=0)
     tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
-    times = []
-    for i in range(steps + 1):  # the first is a warm-up
-        input_pos = torch.arange(batch, device=device) % 4 + prompt_tokens + i  # rows at different positions
-        synchronize(device)
-        t0 = time.perf_counter()
-        model(tokens, kv_cache=cache, input_pos=input_pos)
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return 1000 * min(times[1:])
+    positions = iter([torch.arange(batch, device=device) % 4 + prompt_tokens + i for i in range(steps + 1)])
+    return 1000 * min(common.time_fn(lambda: model(tokens, kv_cache=cache, input_pos=next(positions)), device, steps))
 
 
 def bench_shape(name: str, args, device: torch.device) -> tuple[str, list[dict]]:
     shape = dict(SHAPES[name], **QUICK) if args.quick else SHAPES[name]
-    torch.manual_seed(args.seed)
+    torch.manual_seed(1337)
     model = GPT(GPTConfig(**shape)).to(device).eval()
     tokenizer = CharTokenizer(CHARS)
     cfg = model.config
-    g = torch.Generator().manual_seed(args.seed)
-    prompts = [
-        tokenizer.decode(torch.randint(len(CHARS), (args.prompt_tokens,), generator=g).tolist())
-        for _ in range(max(args.clients))
-    ]
+    ids = torch.randint(len(CHARS), (max(args.clients), args.prompt_tokens), generator=torch.Generator().manual_seed(0))
+    prompts = [tokenizer.decode(row.tolist()) for row in ids]
     tokens = min(args.tokens, cfg.block_size - args.prompt_tokens)
     app = create_app(model, tokenizer, "bench", max_batch=max(args.clients), max_queue=max(args.clients))
     rows = []
-    with Served(app) as served:
-        asyncio.run(level(served.url, prompts[:2], min(tokens, 8)))  # warm-up
+    with serving(app) as url:
+        asyncio.run(level(url, prompts[:2], min(tokens, 8)))  # warm-up
         turns = {n: [] for n in args.clients}
         for _ in range(args.repeat):  # levels take turns, so a busy spell slows them alike
             for n in args.clients:
-                turns[n].append(asyncio.run(level(served.url, prompts[:n], tokens)))
+                turns[n].append(asyncio.run(level(url, prompts[:n], tokens)))
         for runs in turns.values():  # the fastest turn: a busy machine only ever slows one down
             rows.append(dict(shape=name, **max(runs, key=lambda run: run["tokens_per_s"]), turns=len(runs)))
-    for r in rows:
+    first = rows[0] if rows[0]["clients"] == 1 else None  # the baseline level: one client
+    for r in rows:  # the first row first: its step time is the others' baseline
         r["step_ms"] = round(step_ms(model, r["clients"], args.prompt_tokens + 4, device), 2)
-    for r in rows:
-        first = rows[0] if rows[0]["clients"] == 1 else None
         r["vs_one_client"] = round(r["tokens_per_s"] / first["tokens_per_s"], 2) if first else None
         r["step_x_one"] = round(r["clients"] / r["step_ms"] * first["step_ms"], 2) if first else None
     desc = (
@@ -160,26 +120,25 @@ def bench_shape(name: str, args, device: torch.device) -> tuple[str, list[dict]]
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = common_parser(__doc__.splitlines()[0], "serve")
+    p = common.parser(__doc__.splitlines()[0], "serve")
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--clients", nargs="+", type=int, default=[1, 4, 8, 16], help="concurrency levels")
     p.add_argument("--tokens", type=int, default=128, help="new tokens per client (default 128)")
     p.add_argument("--prompt_tokens", type=int, default=32, help="prompt tokens per client (default 32)")
     p.add_argument("--repeat", type=int, default=1, help="turns per level; the fastest is reported (default 1)")
-    p.add_argument("--seed", type=int, default=1337)
     args = p.parse_args(argv)
     if args.quick:
         args.clients, args.tokens, args.prompt_tokens = [1, 2], 8, 4
-    device = pick_device(args.device)
-    label = start(args, device)
+    device = common.pick_device(args.device)
+    label = common.start(args, device)
     models, rows = [], []
     for name in args.shapes:
         desc, shape_rows = bench_shape(name, args, device)
         models.append(desc)
         rows += shape_rows
-        print_table(shape_rows, COLUMNS, f"Model {desc}")
+        common.print_table(shape_rows, COLUMNS, f"Model {desc}")
     result = dict(benchmark="serve", machine=label, models=models, tokens=args.tokens, prompt_tokens=args.prompt_tokens)
-    return finish(result | dict(results=rows), args)
+    return common.finish(result | dict(results=rows), args)
 
 
 if __name__ == "__main__":

@@ -4,17 +4,10 @@
     python benchmarks/bench_startup.py --ckpt out/RUN   # the generation from a trained checkpoint
     python benchmarks/bench_startup.py --quick          # one run of each (smoke test)
 
-Wall time of fresh interpreters: `import torch`, `import minigpt`, `X.py --help` for sample, eval, export and
-attention, `minigpt sample --help` (the installed console script), and sample.py generating 50 tokens from --ckpt
-(else a random-weight model of configs/default.yaml's shape with a char tokenizer).  The runs go round-robin, so a
-change in the machine's load touches all of them alike.  Goal: every command within GOAL_S seconds of `import
-torch`.  Results: docs/performance.md.
+Method and results: docs/performance.md#start-up.
 """
 
-from __future__ import annotations
-
 import string
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +18,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import REPO_ROOT, common_parser, finish, median, pick_device, print_table, start
+from benchmarks import common
 from minigpt.configs import default_config
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.core.config import GPTConfig
@@ -39,10 +32,10 @@ COLUMNS = [("command", "command", ""), ("seconds", "seconds", ".2f"), ("over_tor
 COLUMNS += [("ratio", f"x {BASELINE}", ".2f"), ("goal", f"within {GOAL_S} s", "")]
 
 
-def make_checkpoint(folder: Path, seed: int) -> Path:
+def make_checkpoint(folder: Path) -> Path:
     """A random-weight model of the default config's shape with a char tokenizer of printable ASCII: generation
     costs the same per token whatever the weights."""
-    torch.manual_seed(seed)
+    torch.manual_seed(1337)
     tokenizer = CharTokenizer(string.printable)
     shape = yaml.safe_load(default_config().read_text())["model"]
     model = GPT(GPTConfig(**shape, vocab_size=tokenizer.vocab_size)).eval()
@@ -56,39 +49,29 @@ def commands(ckpt: Path, device: str) -> dict[str, list[str] | None]:
     cases: dict[str, list[str] | None] = {BASELINE: [py, "-c", "import torch"]}
     cases["import minigpt"] = [py, "-c", "import minigpt"]
     for name in ("sample", "eval", "export", "attention"):
-        cases[f"{name}.py --help"] = [py, str(REPO_ROOT / f"{name}.py"), "--help"]
+        cases[f"{name}.py --help"] = [py, str(common.REPO_ROOT / f"{name}.py"), "--help"]
     # the installed `minigpt` beside this interpreter (not a version manager's shim, which adds its own start-up)
     script = Path(sys.executable).parent / "minigpt"
     cases["minigpt sample --help"] = [str(script), "sample", "--help"] if script.is_file() else None
     sample = ["--ckpt", str(ckpt), "--device", device, "--max_new_tokens", str(NEW_TOKENS), "--prompt", "def "]
-    cases[f"sample.py {NEW_TOKENS} tokens"] = [py, str(REPO_ROOT / "sample.py"), *sample]
+    cases[f"sample.py {NEW_TOKENS} tokens"] = [py, str(common.REPO_ROOT / "sample.py"), *sample]
     return cases
 
 
-def wall_time(argv: list[str], cwd: Path) -> float:
-    t0 = time.perf_counter()
-    ran = subprocess.run(argv, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
-    if ran.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} exited {ran.returncode}: {ran.stderr.strip()[-2000:]}")
-    return seconds
-
-
 def main(argv: list[str] | None = None) -> dict:
-    p = common_parser(__doc__, "startup")
+    p = common.parser(__doc__, "startup")
     p.add_argument("--ckpt", default=None, help="checkpoint for the generation (default: a random-weight model)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each command; the median is reported (default 3)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1; --quick: 0)")
     p.add_argument("--commands", default=None, help=f"comma-separated names to time (default all; {BASELINE!r} too)")
-    p.add_argument("--seed", type=int, default=1337)
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.warmup = 1, 0
-    device = pick_device(args.device)
-    label = start(args, device)
+    device = common.pick_device(args.device)
+    label = common.start(args, device)
     with tempfile.TemporaryDirectory(prefix="bench_startup_") as tmp:
         work = Path(tmp)
-        cases = commands(Path(args.ckpt) if args.ckpt else make_checkpoint(work, args.seed), str(device))
+        cases = commands(Path(args.ckpt) if args.ckpt else make_checkpoint(work), str(device))
         if args.commands:
             wanted = {BASELINE} | {name.strip() for name in args.commands.split(",")}
             if unknown := wanted - set(cases):
@@ -97,31 +80,28 @@ def main(argv: list[str] | None = None) -> dict:
         times: dict[str, list[float]] = {name: [] for name, argv in cases.items() if argv is not None}
         for round_ in range(args.warmup + args.repeats):
             for name in times:
-                seconds = wall_time(cases[name], work)  # cwd: a folder with no out/ and no configs/
+                t0 = time.perf_counter()
+                common.child_output(cases[name], cwd=work)  # a folder with no out/ and no configs/
                 if round_ >= args.warmup:
-                    times[name].append(round(seconds, 4))
+                    times[name].append(round(time.perf_counter() - t0, 4))
 
-    base = median(times[BASELINE])
-    rows = []
-    for name in cases:
-        if name not in times:
-            rows.append(dict(command=name, goal="not installed (pip install -e .)"))
-            continue
-        seconds = median(times[name])
-        rows.append(dict(command=name, seconds=round(seconds, 3), runs=times[name]))
+    base = common.median(times[BASELINE])
+    rows = [dict(command=name, goal="not installed (pip install -e .)") for name in cases if name not in times]
+    for name, runs in times.items():
+        row = dict(command=name, seconds=round(common.median(runs), 3), runs=runs)
         if name != BASELINE:
-            extra = seconds - base
-            rows[-1] |= dict(over_torch_s=round(extra, 3), ratio=round(seconds / base, 2), goal_met=extra <= GOAL_S)
-            rows[-1]["goal"] = "PASS" if extra <= GOAL_S else "FAIL"
-    judged = [r for r in rows if "goal_met" in r]
-    passed = all(r["goal_met"] for r in judged)
+            extra = common.median(runs) - base
+            row |= dict(over_torch_s=round(extra, 3), ratio=round(row["seconds"] / base, 2), goal_met=extra <= GOAL_S)
+            row["goal"] = "PASS" if extra <= GOAL_S else "FAIL"
+        rows.append(row)
+    met = [r["goal_met"] for r in rows if "goal_met" in r]
+    passed, score = all(met), f"{sum(met)} of {len(met)}"
     print(f"Python {sys.executable}; median of {args.repeats} run(s) after {args.warmup} warm-up round(s)")
-    print_table(rows, COLUMNS)
-    met = f"{sum(r['goal_met'] for r in judged)} of {len(judged)}"
-    print(f"\nGoal: every command within {GOAL_S} s of `{BASELINE}`: {'PASS' if passed else 'FAIL'} ({met})")
+    common.print_table(rows, COLUMNS)
+    print(f"\nGoal: every command within {GOAL_S} s of `{BASELINE}`: {'PASS' if passed else 'FAIL'} ({score})")
     settings = dict(repeats=args.repeats, warmup=args.warmup, goal_s=GOAL_S, new_tokens=NEW_TOKENS, ckpt=args.ckpt)
     result = dict(benchmark="startup", machine=label, settings=settings, baseline_s=round(base, 3), passed=passed)
-    return finish(result | dict(results=rows), args)
+    return common.finish(result | dict(results=rows), args)
 
 
 if __name__ == "__main__":

@@ -6,17 +6,8 @@ train.py's own callbacks, logger and progress bar cost on top of a minimal Train
     python benchmarks/bench_train.py --shapes nanogpt --precisions 32-true --compile off --steps 50
     python benchmarks/bench_train.py --shapes finetune --compile off --overhead_rounds 0 --steps 5 --warmup 1
 
-Shapes: `nanogpt` is nanoGPT's CPU recipe (4 x 4 x 128, context 64, batch 12, vocab 65); `default` is
-configs/default.yaml's model and batch (vocab 100); `finetune` is GPT-2 124M (random weights) under
-configs/finetune_shakespeare.yaml's block size, batch and optimizer.  Random token windows; the Trainer as
-train.py's without logger, checkpoints, progress bar or validation.  A step is the period between successive
-on_train_batch_start stamps: the median of --steps after --warmup.  MFU = GPT.flops_per_token(T) * tokens/s /
-the best square-matmul FLOP/s measured here in the step's matmul dtype.  train.py's extras: its callbacks, logger
-and progress bar over the minimal Trainer, the median ratio of --overhead_rounds back-to-back pairs (order
-alternated: this machine's speed drifts).  Method and results: docs/performance.md.
+Method and results: docs/performance.md#training-throughput-and-mfu.
 """
-
-from __future__ import annotations
 
 import contextlib
 import io
@@ -25,6 +16,7 @@ import sys
 import tempfile
 import time
 import warnings
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -35,20 +27,10 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, LambdaCallback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from benchmarks.common import (
-    REPO_ROOT,
-    common_parser,
-    finish,
-    load_avg,
-    peak_matmul_flops,
-    pick_device,
-    print_table,
-    start,
-    synchronize,
-)
+from benchmarks import common
 from minigpt.core.config import GPTConfig
 from minigpt.training.datamodule import RandomWindows
 from minigpt.training.lightning_module import GPTLightningModule
@@ -66,10 +48,10 @@ def make_shape(name: str, quick: bool) -> dict[str, Any]:
         model = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=65, dropout=0.0)
         shape = dict(model=model, batch_size=12, optim={})
     elif name == "default":
-        config = yaml.safe_load((REPO_ROOT / "configs" / "default.yaml").read_text())
+        config = yaml.safe_load((common.REPO_ROOT / "configs" / "default.yaml").read_text())
         shape = dict(model=dict(config["model"], vocab_size=100), batch_size=config["data"]["batch_size"], optim={})
     else:  # finetune: GPT-2 124M as configs/finetune_shakespeare.yaml fine-tunes it
-        config = yaml.safe_load((REPO_ROOT / "configs" / "finetune_shakespeare.yaml").read_text())
+        config = yaml.safe_load((common.REPO_ROOT / "configs" / "finetune_shakespeare.yaml").read_text())
         model = GPTConfig.from_name("gpt2", **config["model"]).to_dict()
         shape = dict(model=model, batch_size=config["data"]["batch_size"], optim=config["optim"])
     if quick:  # the same code path in seconds
@@ -88,50 +70,51 @@ def make_module(shape: dict[str, Any], compile: bool, total_steps: int, device: 
     return module
 
 
-class StepTimer(Callback):
-    """perf_counter at each on_train_batch_start and at the end of training (after a device synchronize)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device, self.stamps = device, []
-
-    def _stamp(self) -> None:
-        synchronize(self.device)
-        self.stamps.append(time.perf_counter())
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._stamp()
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self._stamp()
-
-
 @contextlib.contextmanager
 def quiet():
     """Silence Lightning's banner lines, warnings about our deliberately simple setup, and the progress bar."""
-    loggers = [logging.getLogger(n) for n in ("lightning", "lightning.pytorch", "lightning.fabric")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
+    logging.disable(logging.WARNING)
     try:
-        with (
-            warnings.catch_warnings(),
-            contextlib.redirect_stdout(io.StringIO()),
-            contextlib.redirect_stderr(io.StringIO()),
-        ):
+        with warnings.catch_warnings(), redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
             yield
     finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
+        logging.disable(logging.NOTSET)
+
+
+def matmul_seconds(dtype: torch.dtype, device: torch.device, n: int, repeats: int) -> float:
+    """Seconds of one n x n x n matmul: the best of `repeats` batches of enough matmuls to last ~0.2 s."""
+    a, b, out = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(3))
+    one = common.median(common.time_fn(lambda: torch.mm(a, b, out=out), device, 3, warmup=2))
+    inner = max(1, int(0.2 / max(one, 1e-9)))  # matmuls per timed batch
+    batches = common.time_fn(lambda: [torch.mm(a, b, out=out) for _ in range(inner)], device, repeats, warmup=0)
+    return min(batches) / inner
+
+
+def peak_matmul_flops(dtype: torch.dtype, device: torch.device, n_max: int, repeats: int) -> dict[str, Any]:
+    """MFU's denominator: the fastest FLOP/s of square matmuls from 64^3 doubling up to n_max^3 (not always the
+    largest: AVX2 CPUs run bf16 fastest near 128^3).  A size whose one matmul would take over a second (from the
+    last size's time: AVX2's 2048^3 bf16 takes ~13 s) is skipped."""
+    seconds, n = {}, 64
+    while n <= n_max and not (seconds and seconds[n // 2] * 8 > 1.0):  # a matmul's time grows as n^3
+        seconds[n] = matmul_seconds(dtype, device, n, repeats)
+        n *= 2
+    best = max(seconds, key=lambda size: size**3 / seconds[size])
+    flops = 2 * best**3 / seconds[best]
+    return dict(dtype=str(dtype), n=best, flops=flops, tflops=round(flops / 1e12, 4), sizes=list(seconds))
 
 
 def run_lightning(module, shape, precision: str, device: torch.device, warmup: int, steps: int, train_py=False):
     """trainer.fit for warmup + steps batches (+1, to close the last period): the step times' median.
     train_py: with train.py's callbacks (minigpt.training.trainer.run_callbacks), TensorBoard logger, progress bar."""
-    n = warmup + steps + 1
-    timer = StepTimer(device)
+    n, stamps = warmup + steps + 1, []
+
+    def stamp(*_) -> None:  # at each step's start and at the end of training
+        common.synchronize(device)
+        stamps.append(time.perf_counter())
+
     tmp = tempfile.TemporaryDirectory(prefix="bench_train_")
-    callbacks: list[Callback] = [timer]
+    callbacks: list[Callback] = [LambdaCallback(on_train_batch_start=stamp, on_train_end=stamp)]
     if train_py:  # train.py's callbacks, its checkpoint every 1,000 steps (none in a run this short)
         run_config = dict(out_dir=tmp.name, checkpoint_every=1000, sample_tokens=200, attention_images="auto")
         run_config |= dict(compile=False, early_stopping={"patience": None}, trainer={})
@@ -151,12 +134,12 @@ def run_lightning(module, shape, precision: str, device: torch.device, warmup: i
     loader = torch.utils.data.DataLoader(windows, batch_size=None, sampler=range(n), num_workers=0)
     with quiet(), tmp:
         trainer.fit(module, train_dataloaders=loader)
-    periods = np.diff(timer.stamps)
+    periods = np.diff(stamps)
     return dict(step_s=float(np.median(periods[warmup:])), warmup_s=float(periods[:warmup].sum()))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = common_parser(__doc__, "train")
+    p = common.parser(__doc__, "train")
     p.add_argument("--shapes", nargs="+", default=["nanogpt", "default"], choices=["nanogpt", "default", "finetune"])
     p.add_argument("--precisions", nargs="+", default=["32-true", "bf16-mixed"], choices=["32-true", "bf16-mixed"])
     p.add_argument("--compile", nargs="+", default=["off", "on"], choices=["off", "on"])
@@ -165,23 +148,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--rounds", type=int, default=1, help="runs per setting: ms/step from the best")
     p.add_argument("--overhead_rounds", type=int, default=8, help="(minimal, train.py's) pairs; 0: none")
     p.add_argument("--attention", default=None, choices=["sdpa", "manual", "einops"], help="of every shape")
-    p.add_argument("--matmul_n", type=int, default=2048, help="largest matmul of the peak FLOP/s (halved to 64)")
     args = p.parse_args(argv)
     if args.quick:
-        args.steps, args.warmup, args.rounds, args.matmul_n, args.overhead_rounds = 3, 1, 1, 256, 2
+        args.steps, args.warmup, args.rounds, args.overhead_rounds = 3, 1, 1, 2
         args.compile = ["off"]
-    device = pick_device(args.device)
+    device = common.pick_device(args.device)
     shapes = [make_shape(name, args.quick) for name in args.shapes]
     for shape in shapes:
         shape["model"]["attention"] = args.attention or shape["model"].get("attention", "sdpa")
         print(f"Shape {shape['name']}: {shape['model']}, batch {shape['batch_size']}")
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         args.precisions = [x for x in args.precisions if x != "bf16-mixed"]
-    label = start(args, device, "/".join(args.precisions))
+    label = common.start(args, device, "/".join(args.precisions))
 
-    peaks: dict[str, dict[str, Any]] = {}  # the MFU denominators, in each matmul dtype
-    for key in {"bfloat16" if prec.startswith("bf16") else "float32" for prec in args.precisions}:
-        peaks[key] = peak_matmul_flops(getattr(torch, key), device, n=args.matmul_n, repeats=3 if args.quick else 10)
+    dtypes = {prec: "bfloat16" if prec.startswith("bf16") else "float32" for prec in args.precisions}  # matmuls'
+    n_max, repeats = (256, 3) if args.quick else (2048, 10)
+    peaks = {key: peak_matmul_flops(getattr(torch, key), device, n_max, repeats) for key in set(dtypes.values())}
 
     rows: list[dict[str, Any]] = []
     for shape in shapes:
@@ -192,18 +174,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 runs = [run_lightning(module, shape, prec, device, args.warmup, args.steps) for _ in range(args.rounds)]
                 step_s = min(r["step_s"] for r in runs)
                 flops = module.model.flops_per_token(T) * B * T / step_s
-                peak = peaks["bfloat16" if prec.startswith("bf16") else "float32"]["flops"]
+                peak = peaks[dtypes[prec]]["flops"]  # the MFU denominator, in the step's matmul dtype
                 row = dict(shape=shape["name"], precision=prec, compile=comp == "on", batch_size=B, block_size=T)
                 row |= dict(params=module.model.num_params(), step_ms=round(step_s * 1e3, 3))
                 row |= dict(tokens_per_s=round(B * T / step_s, 1), mfu=round(flops / peak, 4))
                 row |= dict(warmup_s=round(runs[0]["warmup_s"], 3), step_ms_per_round=[r["step_s"] * 1e3 for r in runs])
                 rows.append(row)
-                print(
-                    f"  {shape['name']:8s} {prec:10s} compile={comp:3s}: {row['step_ms']:8.2f} ms/step, "
-                    f"{row['tokens_per_s']:9.0f} tok/s, MFU {100 * row['mfu']:.1f}%, warm-up {row['warmup_s']:.1f} s"
-                    f"  load {load_avg()}",
-                    flush=True,
-                )
+                common.print_row(row, COLUMNS)
 
     extras: dict[str, Any] = {}  # train.py's callbacks, logger and progress bar over the minimal Trainer
     if args.overhead_rounds:
@@ -223,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         + ", ".join(f"{k}: {v['tflops'] * 1e3:.1f} GFLOP/s (at {v['n']}^3)" for k, v in peaks.items())
     )
     print(f"Per run: median of {args.steps} steps after {args.warmup} warm-up steps; best of {args.rounds} run(s)")
-    print_table(rows, COLUMNS)
+    common.print_table(rows, COLUMNS)
     if extras:
         print(
             f"\ntrain.py's callbacks, TensorBoard logger and progress bar over a minimal Trainer ({extras['shape']}, "
@@ -233,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     settings = dict(steps=args.steps, warmup=args.warmup, rounds=args.rounds, shapes=shapes, quick=args.quick)
     result = dict(benchmark="train", machine=label, settings=settings, peak_matmul=peaks, results=rows)
-    return finish(result | dict(train_py_extras=extras), args)
+    return common.finish(result | dict(train_py_extras=extras), args)
 
 
 if __name__ == "__main__":

@@ -8,15 +8,8 @@
     python benchmarks/time_to_loss.py --corpus ../shared/data/tinyshakespeare.txt --steps 1000 --seeds 1337 1 \
         --variants numerics_float32 numerics_bf16          # bf16's numerics against float32's, on any CPU
 
-Each variant is `train.py --config configs/shakespeare_char_cpu.yaml --data.source CORPUS` plus its overrides,
-stopped after --budget seconds of training (or --steps steps; the learning-rate decay is placed on the
-budget in training time).  Reported: train.py's full-split val loss and bits
-per character, the training time at the first periodic validation at or below --target, steps and ms/step.  The
-numerics_* variants compute as a CPU with (bf16) or without (float32) native bf16 does: autocast and Muon's
-iteration in that dtype (their losses matter, not their speed).  Method and results: docs/time_to_loss.md.
+Method and results: docs/time_to_loss.md.
 """
-
-from __future__ import annotations
 
 import json
 import re
@@ -30,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 import torch
 import yaml
 
-from benchmarks.common import REPO_ROOT, child_output, common_parser, finish, load_avg, print_table, start
+from benchmarks import common
 
 CONFIG = "configs/shakespeare_char_cpu.yaml"
 RESULT = "time_to_loss result: "
@@ -42,13 +35,9 @@ NANOGPT = """--trainer.precision 32-true --model.attention sdpa --optim.learning
     --model.n_layer 4 --model.n_head 4 --model.n_embd 128 --model.dropout 0.0 --optim.lr_schedule cosine
     --model.arch gpt --optim.optimizer adamw"""
 
-# name -> (what changes relative to the shipped recipe, overrides)
+# name -> (what changes relative to the shipped recipe, overrides); any other lever: --extra
 VARIANTS: dict[str, tuple[str, str]] = {
     "recipe": ("configs/shakespeare_char_cpu.yaml as shipped", ""),
-    "cosine_lr2e-3": (
-        "cosine decay to 0.1 at peak lr 2e-3 (the first recipe)",
-        "--optim.lr_schedule cosine --optim.learning_rate 2e-3 --optim.min_lr_ratio 0.1",
-    ),
     "nanogpt": ("nanoGPT's CPU settings (fp32, lr 1e-3, batch 12, context 64, cosine) in our trainer", NANOGPT),
     "fp32": ("float32 forced (precision: auto picks it where bf16 is not native)", "--trainer.precision 32-true"),
     "bf16": ("bf16-mixed forced (the recipe before precision: auto)", "--trainer.precision bf16-mixed"),
@@ -59,21 +48,14 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "batch12": ("batch 12 instead of the recipe's", "--data.batch_size 12"),
     "batch64": ("batch 64", "--data.batch_size 64"),
     "ctx128": ("context 128 instead of 64", "--model.block_size 128"),
-    "lr1e-3": ("peak learning rate 1e-3", "--optim.learning_rate 1e-3"),
     "lr4e-3": ("peak learning rate 4e-3", "--optim.learning_rate 4e-3"),
-    "cosine": ("cosine decay instead of warmup-stable-decay", "--optim.lr_schedule cosine"),
     "wsd": ("warmup-stable-decay schedule", "--optim.lr_schedule wsd"),
-    "gpt": ("GPT-2 block (LayerNorm, learned positions, GELU)", "--model.arch gpt"),
     "llama": ("Llama block (RMSNorm, RoPE, SwiGLU)", "--model.arch llama"),
     "qk_norm": ("QK-norm on", "--model.qk_norm true"),
-    "no_qk_norm": ("QK-norm off", "--model.qk_norm false"),
     "relu2": ("ReLU^2 MLP", "--model.mlp relu2"),
     "zero_init": ("zero-initialised output projections", "--model.zero_init_proj true"),
-    "no_zero_init": ("GPT-2 init of output projections", "--model.zero_init_proj false"),
     "untied": ("untied output head", "--model.tie_embeddings false"),
-    "tied": ("tied output head", "--model.tie_embeddings true"),
     "muon": ("Muon for hidden matrices + AdamW for the rest", "--optim.optimizer muon"),
-    "adamw": ("AdamW for everything", "--optim.optimizer adamw"),
 }
 COLUMNS = [("variant", "variant", ""), ("seed", "seed", "d"), ("change", "change", "")]
 COLUMNS += [("steps", "steps", "d"), ("ms_per_step", "ms/step", ".1f"), ("muon_dtype", "Muon's iteration", "")]
@@ -108,10 +90,8 @@ def run_variant(name: str, seed: int | None, args: Any, work: Path) -> dict[str,
     out_dir = work / f"{name}-{seed}"
     if args.steps:
         stop = ["--trainer.max_time", "null", "--trainer.max_steps", str(args.steps)]
-    else:
-        s = int(round(args.budget))
-        stop = ["--trainer.max_time", f"00:{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"]
-        stop += ["--trainer.max_steps", "-1"]
+    else:  # DD:HH:MM:SS (the seconds may pass 59)
+        stop = ["--trainer.max_time", f"00:00:00:{round(args.budget)}", "--trainer.max_steps", "-1"]
     argv = ["--config", args.config, "--data.source", args.corpus, "--out_dir", str(out_dir), *stop]
     argv += [] if seed is None else ["--seed", str(seed)]
     argv += [] if args.val_every is None else ["--trainer.val_check_interval", str(args.val_every)]
@@ -120,10 +100,10 @@ def run_variant(name: str, seed: int | None, args: Any, work: Path) -> dict[str,
     if name.startswith("numerics_"):
         runner = [sys.executable, __file__, "--child", name.removeprefix("numerics_")]
     else:
-        runner = [sys.executable, str(REPO_ROOT / "train.py")]
+        runner = [sys.executable, str(common.REPO_ROOT / "train.py")]
     row: dict[str, Any] = dict(variant=name, seed=seed, change=VARIANTS[name][0])
     try:
-        out = child_output([*runner, *argv])
+        out = common.child_output([*runner, *argv])
     except SystemExit as e:  # one failed variant does not end the others
         return dict(row, error=str(e).splitlines()[-1])
     row["steps"] = int(re.search(r"after (\d+) steps", out).group(1))
@@ -145,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if argv[:1] == ["--child"]:
         train_child(argv[1], argv[2:])
         return {}
-    p = common_parser(__doc__, "time_to_loss")
+    p = common.parser(__doc__, "time_to_loss")
     p.add_argument("--corpus", required=True, help="text file (or any --data.source) to train on")
     p.add_argument("--budget", type=float, default=114.0, help="training seconds per run (default 114)")
     p.add_argument("--steps", type=int, default=None, help="train for this many steps instead of --budget")
@@ -154,44 +134,34 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--config", default=CONFIG)
     p.add_argument("--val_every", type=int, default=None, help="steps between validations (default: the config's)")
-    p.add_argument(
-        "--extra",
-        action="append",
-        default=[],
-        metavar="--FLAG=VALUE",
-        help="a train.py flag added to every run, written with '=': --extra=--optim.learning_rate=6e-3 (repeatable)",
-    )
+    p.add_argument("--extra", action="append", default=[], metavar="--FLAG=VALUE", help="a train.py flag for every run")
     args = p.parse_args(argv)
     if args.quick:
         args.budget, args.variants = 3.0, args.variants[:1]
-    label = start(args, "cpu", "see variants")
-    config = yaml.safe_load((REPO_ROOT / args.config).read_text())
+    label = common.start(args, "cpu", "see variants")
+    config = yaml.safe_load((common.REPO_ROOT / args.config).read_text())
     val_every = args.val_every or (config.get("trainer") or {}).get("val_check_interval")
     length = f"{args.steps} steps" if args.steps else f"{args.budget:.0f} s of training"
     print(f"Corpus {args.corpus}; {length} per run; target {args.target}; validation every {val_every} steps\n")
+    losses = [("time_to_target_s", f"time to {args.target} (s)", ".1f"), ("full_val_loss", "full val loss", ".4f")]
+    table = COLUMNS + losses + [("bits_per_char", "bits/char", ".4f")]
     rows = []
     with tempfile.TemporaryDirectory(prefix="time_to_loss_") as tmp:
         # prepare the data once (cached in data/), so no run counts it
-        prepare = [sys.executable, str(REPO_ROOT / "train.py"), "--config", args.config, "--data.source", args.corpus]
-        prepare += ["--out_dir", str(Path(tmp) / "prep"), *args.extra]
-        child_output(prepare + "--trainer.max_steps 1 --eval_full false --trainer.enable_progress_bar false".split())
+        prepare = [sys.executable, str(common.REPO_ROOT / "train.py"), "--config", args.config, *args.extra]
+        prepare += ["--data.source", args.corpus, "--out_dir", str(Path(tmp) / "prep"), "--trainer.max_steps", "1"]
+        common.child_output(prepare + "--eval_full false --trainer.enable_progress_bar false".split())
         for name in args.variants:
             for seed in args.seeds:
-                r = run_variant(name, seed, args, Path(tmp))
-                rows.append(r)
-                if "error" in r:
-                    print(f"  {name:12s} failed: {r['error']}", flush=True)
-                    continue
-                print(
-                    f"  {name:12s} full val {r['full_val_loss']:.4f}, to {args.target}: {r['time_to_target_s']} s, "
-                    f"{r['steps']} steps in {r['train_s']} s ({r['ms_per_step']} ms/step)  load {load_avg()}",
-                    flush=True,
-                )
-    losses = [("time_to_target_s", f"time to {args.target} (s)", ".1f"), ("full_val_loss", "full val loss", ".4f")]
-    print_table(rows, COLUMNS + losses + [("bits_per_char", "bits/char", ".4f")])
+                rows.append(run_variant(name, seed, args, Path(tmp)))
+                if "error" in rows[-1]:
+                    print(f"{name} failed: {rows[-1]['error']}", flush=True)
+                else:
+                    common.print_row(rows[-1], table)
+    common.print_table(rows, table)
     result = dict(benchmark="time_to_loss", machine=label, corpus=args.corpus, budget_s=args.budget, steps=args.steps)
     result |= dict(target=args.target, config=args.config, val_every=val_every, extra=args.extra, results=rows)
-    return finish(result, args)
+    return common.finish(result, args)
 
 
 if __name__ == "__main__":

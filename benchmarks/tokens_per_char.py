@@ -3,13 +3,8 @@
     python benchmarks/tokens_per_char.py --text english=../shared/data/tinyshakespeare.txt --text russian=ru.txt
     python benchmarks/tokens_per_char.py --quick --text english=...         # char, byte, bpe:300
 
-Counted on each corpus's validation split as train.py prepares it (the BPEs are trained on the training split
-only, so the figure is what a new text of the same kind costs).  gpt2 needs tiktoken's download: offline its
-row says so.  The CPU recipe's bits per character with each tokenizer: time_to_loss.py --variants recipe
---extra=--data.tokenizer=TOKENIZER (docs/tokenizers.md).
+Method and results: docs/tokenizers.md#tokens-per-character.
 """
-
-from __future__ import annotations
 
 import sys
 import tempfile
@@ -17,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
-from benchmarks.common import common_parser, finish, print_table, start
+from benchmarks import common
 from minigpt.core.errors import UserError
 from minigpt.data.prepare import load_prepared, prepare_data
 
@@ -31,27 +26,27 @@ def tokens_per_char(source: str, tokenizer: str, data_root: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = common_parser(__doc__, "tokens_per_char")
+    p = common.parser(__doc__, "tokens_per_char")
     p.add_argument("--text", action="append", required=True, metavar="NAME=FILE", help="a corpus (repeatable)")
     p.add_argument("--tokenizers", default="char,byte,gpt2,bpe:4096,bpe:8192")
-    p.add_argument("--data_root", help="where to keep the prepared data (default: a temporary folder)")
     args = p.parse_args(argv)
     if args.quick:
         args.tokenizers = "char,byte,bpe:300"
     corpora = dict(item.split("=", 1) for item in args.text)
-    label = start(args)
+    label = common.start(args)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for tokenizer in args.tokenizers.split(","):
             row = {"tokenizer": tokenizer}
             for name, path in corpora.items():
                 try:
-                    row[name] = tokens_per_char(path, tokenizer, Path(args.data_root or tmp))
+                    row[name] = tokens_per_char(path, tokenizer, Path(tmp))
                 except UserError as e:  # gpt2 offline, a BPE larger than a small corpus can fill
                     print(f"{tokenizer} on {name}: {e}", file=sys.stderr)
             rows.append(row)
-    print_table(rows, [("tokenizer", "tokenizer", ""), *((n, n, ".3f") for n in corpora)], "Tokens per character:")
-    return finish({"machine": label, "corpora": corpora, "tokens_per_char": rows}, args)
+    table = [("tokenizer", "tokenizer", ""), *((name, name, ".3f") for name in corpora)]
+    common.print_table(rows, table, "Tokens per character:")
+    return common.finish({"machine": label, "corpora": corpora, "tokens_per_char": rows}, args)
 
 
 if __name__ == "__main__":

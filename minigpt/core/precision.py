@@ -42,16 +42,17 @@ def _cache_file() -> Path:
     return Path(root) / "minigpt" / "cpu_bf16_probe.json"
 
 
-def machine_key() -> str:
-    cpu = platform.processor() or platform.machine()
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo's; where there is none, what platform knows)."""
     try:
-        cpu = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
     except (OSError, StopIteration):
-        pass
+        return platform.processor() or platform.machine()
+
+
+def machine_key() -> str:
+    cpu = cpu_name()
     isa = ",".join(os.environ.get(k, "") for k in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"))
     return f"{cpu}|torch {torch.__version__}|{torch.backends.cpu.get_cpu_capability()}|{isa}"
 
