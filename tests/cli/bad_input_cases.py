@@ -206,6 +206,14 @@ CASES: list[Case] = [
         "0.1875",
         expect=["model.partial_rotary_factor: rotates 3 of each head's 16 dims, but RoPE rotates pairs"],
     ),
+    train(
+        "attn_scale_dim below 1",
+        "--model.arch",
+        "llama",
+        "--model.attn_scale_dim",
+        "0",
+        expect=["model.attn_scale_dim: must be a positive integer, got 0"],
+    ),
     train("vocab_size given (it comes from the data)", "--model.vocab_size", "100", expect=["model.vocab_size"]),
     train(
         "negative learning rate",
@@ -381,6 +389,12 @@ CASES: list[Case] = [
         "--ckpt",
         "{w}/hf_qwen_sliding",
         expect=["hf_qwen_sliding", "use_sliding_window=true", "use_sliding_window false"],
+    ),
+    sample(
+        "Gemma 3 directory with logit soft-capping",
+        "--ckpt",
+        "{w}/hf_gemma_softcap",
+        expect=["hf_gemma_softcap", "final_logit_softcapping=30.0", "does not compute"],
     ),
     sample(
         "Hugging Face directory without its weight files", "--ckpt", "{w}/hf_no_weights", expect=["model.safetensors"]
@@ -855,6 +869,19 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
                 "vocab_size": 64,
                 "use_sliding_window": True,
                 "sliding_window": 16,
+            },
+        ),
+        (
+            "hf_gemma_softcap",
+            {
+                "architectures": ["Gemma3ForCausalLM"],
+                "model_type": "gemma3_text",
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "vocab_size": 64,
+                "final_logit_softcapping": 30.0,
             },
         ),
         (
