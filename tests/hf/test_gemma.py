@@ -215,6 +215,30 @@ def test_peft_adapters_of_a_lora_model_load_in_peft_with_equal_logits(saved, nam
     torch.testing.assert_close(theirs, expected, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("train_embeddings, vocab_size", [(True, 256), (False, 260)])
+def test_peft_trainable_tokens_of_the_scaled_embedding_load_in_peft(saved, train_embeddings, vocab_size, tmp_path):
+    """Every row trained (lora.train_embeddings) or 4 new tokens (a grown vocabulary): PEFT's trainable tokens sit in
+    Gemma's scaled embedding, scaled as ours are."""
+    peft = pytest.importorskip("peft")
+    base, tokenizer = load_model(saved["gemma3-gqa-tied-window"][1])
+    cfg = LoRAConfig(rank=4, targets=["q", "v"], train_embeddings=train_embeddings)
+    config = GPTConfig.from_dict({**base.config.to_dict(), "vocab_size": vocab_size})
+    model = lora_model(base, config, cfg).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.2)
+    idx = torch.cat([ids(), torch.full((2, 1), vocab_size - 1)], dim=1)  # the last token a new one where grown
+    with torch.no_grad():
+        expected = model(idx)[0]
+    export_peft(model, tokenizer, cfg, tmp_path / "adapter", tmp_path / "base")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    with torch.no_grad():
+        theirs = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()(idx).logits
+    torch.testing.assert_close(theirs[..., :vocab_size], expected, atol=1e-4, rtol=0)
+
+
 def test_llama_cpp_runs_the_gguf_export_as_gemma3(saved, tmp_path):
     """The 1B-shaped config (every 6th layer full, local base 10000, scale 1/sqrt(head_dim)) is what llama.cpp's
     gemma3 expresses: 7 layers, a 12-token window that the 55 tokens outgrow, untied, MQA, every weight drawn.
