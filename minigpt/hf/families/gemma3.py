@@ -22,7 +22,6 @@ import torch
 
 from minigpt.core.config import GPTConfig
 from minigpt.hf.families.base import get
-from minigpt.hf.families.gpt2 import EXACT_GELU_NOTE
 from minigpt.hf.families.llama import FUSED, PEFT_MODULES, Llama
 
 BLOCK = {  # ours -> HF, per block
@@ -232,7 +231,12 @@ class Gemma3(Llama):
             )
 
     def gguf_notes(self, config: GPTConfig) -> list[str]:
-        return [EXACT_GELU_NOTE] if config.gelu_approximate == "none" else []
+        if config.gelu_approximate == "none":  # GeGLU's gate: LLM_FFN_GELU, ggml's tanh form
+            return [
+                f"the model's exact (erf) GELU runs as llama.cpp's {self.gguf_arch} tanh GELU, a difference of about "
+                "1e-3 in the activations"
+            ]
+        return []
 
     def gguf_layer(self, get: Any, config: GPTConfig) -> dict[str, torch.Tensor | None]:
         # ffn_norm (llama's ln_2) is the MLP's input norm, pre_feedforward_layernorm; the gains as ours (1 + HF's)
