@@ -250,8 +250,9 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config, window)
         self.ln_2 = make_norm(config, config.n_embd)
         self.mlp = MLP(config)
-        post = (lambda: make_norm(config, config.n_embd)) if config.post_norms else nn.Identity
-        self.post_attn_norm, self.post_mlp_norm = post(), post()
+        # post_norms: each sublayer's output normalised before the residual add (Identity: not)
+        self.post_attn_norm = make_norm(config, config.n_embd) if config.post_norms else nn.Identity()
+        self.post_mlp_norm = make_norm(config, config.n_embd) if config.post_norms else nn.Identity()
 
     def forward(
         self,
