@@ -325,7 +325,7 @@ def gemma_style_tokenizer():
     )
     backend.normalizer = t.normalizers.Replace(" ", "▁")
     backend.decoder = t.decoders.Sequence([t.decoders.Replace("▁", " "), t.decoders.ByteFallback(), t.decoders.Fuse()])
-    backend.add_special_tokens(["<pad>", "<eos>", "<bos>"])
+    backend.add_special_tokens(["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"])
     return HFTokenizer(backend.to_str(), eos_id=1)
 
 
@@ -345,6 +345,75 @@ def test_a_gemma_style_tokenizer_reads_and_the_gguf_export_refuses_it_in_one_lin
         export_gguf(model, back, tmp_path / "model.gguf")
     assert "llama.cpp would encode text to other ids" in str(e.value) and "\n" not in str(e.value)
     assert not (tmp_path / "model.gguf").exists()
+
+
+GEMMA_TEMPLATE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""  # Gemma 3's chat_template (tokenizer_config.json of the instruction-tuned models)
+
+
+def test_gemmas_chat_template_renders_through_the_sandbox_as_transformers_renders_it(tmp_path):
+    from minigpt.loading import load_chat_model
+
+    tokenizer = gemma_style_tokenizer()
+    config = MODELS["gemma3-gqa-tied-window"]()
+    config.vocab_size, config.bos_token_id, config.eos_token_id = tokenizer.vocab_size, 2, 1
+    random_hf_model(config).save_pretrained(tmp_path)
+    (tmp_path / "tokenizer.json").write_text(tokenizer.tokenizer_json)
+    tokenizer_config = {"bos_token": "<bos>", "eos_token": "<eos>", "chat_template": GEMMA_TEMPLATE}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    _, chat_tok = load_chat_model(tmp_path)
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hello? "},
+        {"role": "assistant", "content": "hello, é☃"},
+        {"role": "user", "content": "And 1 + 1?"},
+    ]
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path).apply_chat_template(
+        conversation, add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    ours = chat_tok.encode_chat(conversation, add_generation_prompt=True)[0]
+    assert ours == theirs and ours[0] == 2 and ours.count(tokenizer.backend.token_to_id("<start_of_turn>")) == 4
+    with pytest.raises(UserError, match="Conversation roles must alternate"):
+        chat_tok.encode_chat(conversation[:2] + conversation[3:], add_generation_prompt=True)
 
 
 # ------------------------------------------------------------------------------------------------- train, serve
