@@ -104,6 +104,22 @@ def test_norm_gains_are_hf_plus_one_exactly_in_float32(saved):
             assert torch.equal(mine(x), theirs(x))
 
 
+def test_bfloat16_gains_become_1_plus_w_in_float32(tmp_path):
+    """A bf16 file: the gain is 1 + w added in float32, as HF's forward adds it (in bf16 the 1 would round w away)."""
+    from hf_models import save
+
+    save(random_hf_model(MODELS["gemma3-gqa-tied-window"]()).to(torch.bfloat16), tmp_path)
+    model, _ = load_model(tmp_path)
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    hf_gain = hf_model.model.layers[0].input_layernorm.weight
+    assert (
+        torch.equal(model.transformer.h[0].ln_1.weight, 1.0 + hf_gain) and (hf_gain * 128).frac().abs().max() > 0
+    )  # bf16 steps 1/128 in [1, 2)
+    idx = ids()
+    theirs = hf_logits(hf_model, idx)
+    torch.testing.assert_close(our_logits(model, idx), theirs, atol=1e-5 * theirs.abs().max().item(), rtol=0)
+
+
 @pytest.mark.parametrize("name", GEMMA)
 def test_greedy_ids_equal_transformers_generate_for_32_tokens(saved, name):
     hf_model, path = saved[name]
