@@ -15,14 +15,15 @@ from minigpt.core.errors import ConfigError
 
 Arch = Literal["gpt", "llama"]
 Attention = Literal["sdpa", "manual", "einops"]
-Mlp = Literal["gelu", "swiglu", "relu2"]
+Mlp = Literal["gelu", "swiglu", "geglu", "relu2"]
 GeluApproximate = Literal["none", "tanh"]
 SdpaBackend = Literal["flash", "efficient", "math", "cudnn"]
 # The Hugging Face families minigpt imports and exports, one module each in minigpt/hf/families (this list is their
 # declaration as a field type; tests/hf/test_families.py checks it equals that registry)
-Family = Literal["gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3"]
+Family = Literal["gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3"]
 LayerType = Literal["full_attention", "sliding_attention"]
 ARCHS, ATTENTIONS, MLPS, SDPA_BACKENDS = (get_args(t) for t in (Arch, Attention, Mlp, SdpaBackend))
+GATED_MLPS = ("swiglu", "geglu")  # c_fc holds the gate's rows, then up's: act(gate) * up
 # RoPE scalings minigpt computes (Hugging Face's rope_type names) and the keys each needs
 ROPE_SCALINGS = {
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
@@ -72,11 +73,12 @@ class GPTConfig:
     qkv_bias: bool = False
     """Biases on the query/key/value projection even when `bias` is false (Qwen2's attention)."""
     mlp: Mlp | None = None
-    """MLP: gelu, swiglu or relu2 (squared ReLU); unset = gelu for gpt, swiglu for llama."""
+    """MLP: gelu, swiglu, geglu (GELU-gated: down(gelu(gate(x)) * up(x)), Gemma's) or relu2 (squared ReLU); unset =
+    gelu for gpt, swiglu for llama."""
     gelu_approximate: GeluApproximate = "none"
-    """GELU form: none (exact, erf) or tanh (GPT-2's original gelu_new)."""
+    """GELU form (gelu and geglu): none (exact, erf) or tanh (GPT-2's original gelu_new, Gemma's)."""
     mlp_hidden: int | None = None
-    """MLP hidden width; unset = 4 * n_embd (gelu, relu2) or ~8/3 * n_embd rounded up to 64 (swiglu)."""
+    """MLP hidden width; unset = 4 * n_embd (gelu, relu2) or ~8/3 * n_embd rounded up to 64 (swiglu, geglu)."""
     rope_base: float = 10000.0
     """RoPE frequency base (llama)."""
     rope_scaling: dict[str, Any] | None = None
@@ -85,6 +87,14 @@ class GPTConfig:
     """Epsilon of LayerNorm / RMSNorm."""
     tie_embeddings: bool = True
     """Share the token embedding with the output head."""
+    scale_embeddings: bool = False
+    """Multiply the token embeddings by sqrt(n_embd), rounded to the weights' dtype (Gemma's); a tied head reads the
+    unscaled table."""
+    post_norms: bool = False
+    """Normalise each sublayer's output too, before the residual add: x + norm(attn(norm(x))), and the same for the
+    MLP (Gemma's four norms per block)."""
+    attn_scale_dim: int | None = None
+    """Attention scores are q.k / sqrt(attn_scale_dim); unset = head_dim (Gemma's query_pre_attn_scalar)."""
     sliding_window: int | None = None
     """Sliding-window attention: a query at position i sees the keys at i - sliding_window < j <= i (itself and the
     sliding_window - 1 before it), and a sliding layer's KV cache keeps only those; unset = full causal attention."""
@@ -124,7 +134,7 @@ class GPTConfig:
         if self.mlp is None:
             self.mlp = "swiglu" if self.arch == "llama" else "gelu"
         if self.mlp_hidden is None and isinstance(self.n_embd, int):
-            if self.mlp == "swiglu":  # keeps SwiGLU's 3 matrices at the 2-matrix MLP's parameter count
+            if self.mlp in GATED_MLPS:  # keeps the gated MLP's 3 matrices at the 2-matrix MLP's parameter count
                 self.mlp_hidden = -(-int(8 * self.n_embd / 3) // 64) * 64
             else:
                 self.mlp_hidden = 4 * self.n_embd
@@ -172,6 +182,9 @@ class GPTConfig:
             yield "dropout", f"must be in [0, 1), got {self.dropout}", "use e.g. 0.0 or 0.1"
         if not self.rope_base > 1.0:
             yield "rope_base", f"must be > 1, got {self.rope_base}", "use e.g. 10000"
+        scale_dim = self.attn_scale_dim
+        if scale_dim is not None and (not isinstance(scale_dim, int) or isinstance(scale_dim, bool) or scale_dim < 1):
+            yield "attn_scale_dim", f"must be a positive integer, got {scale_dim!r}", "use e.g. 256, or leave it unset"
         if not 0.0 < self.norm_eps < 1.0:
             yield "norm_eps", f"must be in (0, 1), got {self.norm_eps}", "use e.g. 1e-5"
         if self.rope_scaling is not None:

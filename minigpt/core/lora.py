@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minigpt.core.config import RUNTIME_FIELDS, GPTConfig
+from minigpt.core.config import GATED_MLPS, RUNTIME_FIELDS, GPTConfig
 from minigpt.core.errors import ConfigError
 from minigpt.core.model import GPT, attention_flops_per_token
 
@@ -241,7 +241,7 @@ def block_pieces(config: GPTConfig) -> dict[str, dict[str, int]]:
     """Each block linear layer (by its name in the block) -> its stacked projections and their rows."""
     hs = config.head_dim
     hidden = config.mlp_hidden
-    mlp_in = {"gate": hidden, "up": hidden} if config.mlp == "swiglu" else {"up": hidden}
+    mlp_in = {"gate": hidden, "up": hidden} if config.mlp in GATED_MLPS else {"up": hidden}
     return {
         "attn.c_attn": {"q": config.n_head * hs, "k": config.n_kv_head * hs, "v": config.n_kv_head * hs},
         "attn.c_proj": {"o": config.n_embd},

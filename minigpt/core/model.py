@@ -5,7 +5,9 @@ grouped-query attention (GQA), SwiGLU MLP.  One `CausalSelfAttention` computes t
 ways (`sdpa`, `manual`, `einops`), chosen by `GPTConfig.attention`; the paths share every parameter, so a
 checkpoint trained with one runs with the others.  A layer may attend within a sliding window (config.layer_window:
 Mistral's, Gemma 3's local layers), its RoPE with a base of its own (rope_local_base); RoPE may rotate only the first
-dims of each head (partial_rotary_factor: Phi-3's).
+dims of each head (partial_rotary_factor: Phi-3's).  Gemma's variants are options too: token embeddings scaled by
+sqrt(C) (scale_embeddings), a GELU-gated MLP (mlp geglu), each sublayer's output normalised before the residual add
+(post_norms), and the softmax scale taken from attn_scale_dim instead of hs.
 
 Shapes: B batch, T query length, S key length (T, or cached + T while decoding), C n_embd,
 nh query heads, nkv key/value heads, g = nh // nkv query heads per key/value head, hs head size.
@@ -25,7 +27,7 @@ from einops import einsum, rearrange
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
-from minigpt.core.config import GPTConfig
+from minigpt.core.config import GATED_MLPS, GPTConfig
 from minigpt.core.kv_cache import KVCache
 
 SDPA_BACKEND = {
@@ -122,6 +124,7 @@ class CausalSelfAttention(nn.Module):
         self.attention = config.attention
         self.sdpa_backend = config.sdpa_backend
         self.dropout = config.dropout
+        self.scale = (config.attn_scale_dim or self.head_dim) ** -0.5  # scores are q.k * scale
         # q, k and v in one matmul, stacked by rows; with GQA k and v have fewer heads than q
         self.qkv_rows = [self.n_head * self.head_dim, self.n_kv_head * self.head_dim, self.n_kv_head * self.head_dim]
         self.c_attn = nn.Linear(config.n_embd, sum(self.qkv_rows), bias=config.bias or config.qkv_bias)
@@ -190,6 +193,7 @@ class CausalSelfAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             is_causal=is_causal,
             enable_gqa=self.n_kv_head != self.n_head,
+            scale=self.scale,
         )
         if self.sdpa_backend is None:  # let torch pick flash / memory-efficient / math
             return F.scaled_dot_product_attention(q, k, v, **kwargs), None
@@ -200,7 +204,7 @@ class CausalSelfAttention(nn.Module):
         g = self.n_head // self.n_kv_head
         # one explicit K/V expansion: query head h reads key/value head h // g
         k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)  # (B, nh, S, hs)
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, T, S)
+        att = (q @ k.transpose(-2, -1)) * self.scale  # (B, nh, T, S)
         att = att.masked_fill(~mask, float("-inf"))
         att = att.float().softmax(dim=-1).to(q.dtype)  # float32 softmax: bf16 sums lose the small terms
         y = F.dropout(att, self.dropout, self.training) @ v  # (B, nh, T, hs)
@@ -209,7 +213,7 @@ class CausalSelfAttention(nn.Module):
     def _einops(self, q, k, v, mask):
         # named axes make GQA a broadcast over g: no K/V copy
         q = rearrange(q, "b (kv g) t d -> b kv g t d", kv=self.n_kv_head)
-        scores = einsum(q, k, "b kv g t d, b kv s d -> b kv g t s") / math.sqrt(self.head_dim)
+        scores = einsum(q, k, "b kv g t d, b kv s d -> b kv g t s") * self.scale
         if mask.dim() == 4:  # one mask per row, (B, 1, T, S): give it the g axis too
             mask = mask[:, :, None]
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -224,16 +228,17 @@ class MLP(nn.Module):
         super().__init__()
         self.kind = config.mlp
         self.gelu_approximate = config.gelu_approximate
-        n_in = 2 * config.mlp_hidden if self.kind == "swiglu" else config.mlp_hidden  # swiglu: gate and up fused
+        n_in = 2 * config.mlp_hidden if self.kind in GATED_MLPS else config.mlp_hidden  # gated: gate and up fused
         self.c_fc = nn.Linear(config.n_embd, n_in, bias=config.bias)
         self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.c_fc(x)
-        if self.kind == "swiglu":
-            gate, up = h.chunk(2, dim=-1)
-            h = F.silu(gate) * up
+        if self.kind in GATED_MLPS:
+            gate, up = h.chunk(2, dim=-1)  # (B, T, mlp_hidden) each
+            act = F.silu(gate) if self.kind == "swiglu" else F.gelu(gate, approximate=self.gelu_approximate)
+            h = act * up
         elif self.kind == "relu2":
             h = F.relu(h).square()
         else:
@@ -248,7 +253,8 @@ def make_norm(config: GPTConfig, dim: int) -> nn.Module:
 
 
 class Block(nn.Module):
-    """Pre-norm residual block; `arch` picks LayerNorm (gpt) or RMSNorm (llama), `mlp` picks GELU or SwiGLU."""
+    """Pre-norm residual block; `arch` picks LayerNorm (gpt) or RMSNorm (llama), `mlp` the MLP.  With post_norms
+    each sublayer's output is normalised too before it joins the residual stream (a "sandwich", Gemma's)."""
 
     def __init__(self, config: GPTConfig, window: int | None = None) -> None:
         super().__init__()
@@ -256,6 +262,9 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config, window)
         self.ln_2 = make_norm(config, config.n_embd)
         self.mlp = MLP(config)
+        # post_norms: each sublayer's output normalised before the residual add (Identity: not)
+        self.post_attn_norm = make_norm(config, config.n_embd) if config.post_norms else nn.Identity()
+        self.post_mlp_norm = make_norm(config, config.n_embd) if config.post_norms else nn.Identity()
 
     def forward(
         self,
@@ -266,12 +275,12 @@ class Block(nn.Module):
         attn_weights: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         if attn_weights is None:
-            x = x + self.attn(self.ln_1(x), rope, kv_cache, input_pos)
+            y = self.attn(self.ln_1(x), rope, kv_cache, input_pos)
         else:  # inspection: keep this layer's (B, nh, T, S) weights
             y, weights = self.attn(self.ln_1(x), rope, kv_cache, input_pos, return_weights=True)
             attn_weights.append(weights)
-            x = x + y
-        return x + self.mlp(self.ln_2(x))
+        x = x + self.post_attn_norm(y)
+        return x + self.post_mlp_norm(self.mlp(self.ln_2(x)))
 
 
 def building_shapes_only() -> bool:
@@ -399,6 +408,8 @@ class GPT(nn.Module):
             )
         pos = torch.arange(T, device=idx.device) + (input_pos[:, None] if per_row else input_pos)  # (T,) or (B, T)
         x = self.transformer.wte(idx)  # (B, T, C)
+        if self.config.scale_embeddings:  # sqrt(C) rounded to x's dtype first, as Gemma's reference does
+            x = x * torch.tensor(self.config.n_embd**0.5, dtype=x.dtype)
         rope = local_rope = None
         if self.config.arch == "gpt":
             x = x + self.transformer.wpe(pos)
@@ -487,11 +498,11 @@ class GPT(nn.Module):
 
     def stacked_projections(self) -> dict[nn.Parameter, list[int]]:
         """Weights that stack several projections by rows -> each projection's row count: the attention's fused
-        q/k/v and SwiGLU's fused gate/up (an optimizer that treats matrices as wholes, Muon, needs the pieces)."""
+        q/k/v and a gated MLP's fused gate/up (an optimizer that treats matrices as wholes, Muon, needs the pieces)."""
         stacked = {}
         for block in self.transformer.h:
             stacked[block.attn.c_attn.weight] = block.attn.qkv_rows
-            if block.mlp.kind == "swiglu":
+            if block.mlp.kind in GATED_MLPS:
                 stacked[block.mlp.c_fc.weight] = [self.config.mlp_hidden] * 2
         return stacked
 

@@ -34,7 +34,6 @@ from minigpt.export.gguf_file import SHA_KEY, FileState, check_out_file, write_g
 from minigpt.export.gguf_vocab import GGUFVocab, gguf_vocab
 from minigpt.export.hf import zero_biases
 from minigpt.hf.families import family_of
-from minigpt.hf.families.base import position_problems
 
 __all__ = ["GGUFType", "GGUF_TYPES", "GGUFExport", "check_gguf_exportable", "export_gguf", "gguf_tensors"]
 
@@ -68,7 +67,8 @@ def unsupported_options(config: GPTConfig) -> list[str]:
     target = f"llama.cpp's {family.gguf_arch} architecture"
     return [
         *family.block_problems(config),
-        *position_problems(config, target, sliding=False, partial=family.partial_rotary),
+        *family.gguf_position_problems(config),
+        *family.variant_problems(config, target),
         *family.gguf_problems(config),
     ]
 

@@ -215,6 +215,14 @@ CASES: list[Case] = [
         "original_max_position_embeddings: 16, attention_factor: 1.2}}",  # {{ }}: the arguments are str.format-ted
         expect=["model.block_size: 32 is past longrope's original_max_position_embeddings 16", "at most 16"],
     ),
+    train(
+        "attn_scale_dim below 1",
+        "--model.arch",
+        "llama",
+        "--model.attn_scale_dim",
+        "0",
+        expect=["model.attn_scale_dim: must be a positive integer, got 0"],
+    ),
     train("vocab_size given (it comes from the data)", "--model.vocab_size", "100", expect=["model.vocab_size"]),
     train(
         "negative learning rate",
@@ -396,6 +404,12 @@ CASES: list[Case] = [
         "--ckpt",
         "{w}/hf_phi3_partial",
         expect=["hf_phi3_partial", "partial_rotary_factor is '0.75'", "fix the field"],
+    ),
+    sample(
+        "Gemma 3 directory with logit soft-capping",
+        "--ckpt",
+        "{w}/hf_gemma_softcap",
+        expect=["hf_gemma_softcap", "final_logit_softcapping=30.0", "does not compute"],
     ),
     sample(
         "Hugging Face directory without its weight files", "--ckpt", "{w}/hf_no_weights", expect=["model.safetensors"]
@@ -883,6 +897,19 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
                 "intermediate_size": 64,
                 "vocab_size": 64,
                 "partial_rotary_factor": "0.75",
+            },
+        ),
+        (
+            "hf_gemma_softcap",
+            {
+                "architectures": ["Gemma3ForCausalLM"],
+                "model_type": "gemma3_text",
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "vocab_size": 64,
+                "final_logit_softcapping": 30.0,
             },
         ),
         (

@@ -1,7 +1,8 @@
 """Sliding-window attention on the GPU (issue 45): the three paths equal in float32 with a window shorter than the
 sequence (sdpa through its masked kernels: efficient and math), KV-cache decoding past the window equal to the full
-forward, and CUDA-graph decoding over a sliding layer's static ring giving the eager loop's greedy ids.  Skipped
-without CUDA (tests/core/test_sliding_window.py runs the same checks on the CPU)."""
+forward, and CUDA-graph decoding over a sliding layer's static ring giving the eager loop's greedy ids; each also
+with Gemma 3's block options (GeGLU, post norms, scaled embeddings, attn_scale_dim, q/k norms, a local RoPE base).
+Skipped without CUDA (tests/core/test_sliding_window.py runs the same checks on the CPU)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from support import random_ids, varied_gpt
 
 PATHS = ("sdpa", "manual", "einops")
 MIXED = ["sliding_attention", "full_attention"]
+GEMMA = dict(mlp="geglu", gelu_approximate="tanh", post_norms=True, scale_embeddings=True, qk_norm=True)
+VARIANTS = {"llama": {}, "gemma": GEMMA | dict(attn_scale_dim=20, rope_local_base=100.0)}
 
 
 def gpu_model(device: torch.device, **config) -> GPT:
@@ -34,9 +37,10 @@ def gpu_model(device: torch.device, **config) -> GPT:
     return GPT(cfg).to(device).eval()
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("sdpa_backend", [None, "efficient", "math"])
-def test_the_three_paths_agree_with_a_window_in_float32(cuda, sdpa_backend):
-    model = gpu_model(cuda, sdpa_backend=sdpa_backend)
+def test_the_three_paths_agree_with_a_window_in_float32(cuda, sdpa_backend, variant):
+    model = gpu_model(cuda, sdpa_backend=sdpa_backend, **VARIANTS[variant])
     ids = torch.randint(0, 512, (4, 257), generator=torch.Generator().manual_seed(1)).to(cuda)
     idx, targets = ids[:, :-1], ids[:, 1:]
     out = {}
@@ -54,9 +58,10 @@ def test_the_three_paths_agree_with_a_window_in_float32(cuda, sdpa_backend):
             assert (grads[name] - g).abs().max().item() <= 1e-4 * (g.abs().max().item() + 1e-12), (path, name)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("path", PATHS)
-def test_kv_cache_decoding_past_the_window_equals_the_full_forward(cuda, path):
-    model = gpu_model(cuda, attention=path)
+def test_kv_cache_decoding_past_the_window_equals_the_full_forward(cuda, path, variant):
+    model = gpu_model(cuda, attention=path, **VARIANTS[variant])
     idx = torch.randint(0, 512, (2, 120), generator=torch.Generator().manual_seed(2)).to(cuda)
     with torch.no_grad():
         full = model(idx)[0]
@@ -67,12 +72,22 @@ def test_kv_cache_decoding_past_the_window_equals_the_full_forward(cuda, path):
     assert [layer.k.size(2) for layer in cache] == [32, 160]  # the ring holds its window; the full layer grows
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("attention", PATHS)
-def test_graph_replays_over_a_ring_give_the_eager_loops_greedy_ids(monkeypatch, attention):
+def test_graph_replays_over_a_ring_give_the_eager_loops_greedy_ids(monkeypatch, attention, variant):
     """The eager step captured over the static cache (a ring of 8 slots for the sliding layer), past the window and
     past block_size (refills)."""
     monkeypatch.setattr(compiled, "compiler_available", lambda device_type="cpu": False)
-    model = varied_gpt("llama", 2, attention, sliding_window=8, layer_types=MIXED).cuda()
+    # Gemma's: untied and its gains drawn, so that greedy text varies (its normalised sublayers and scaled embedding
+    # otherwise repeat one token)
+    extra = dict(tie_embeddings=False) if variant == "gemma" else {}
+    model = varied_gpt("llama", 2, attention, sliding_window=8, layer_types=MIXED, **VARIANTS[variant], **extra)
+    if variant == "gemma":
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 1:
+                    p.normal_(1, 0.5, generator=torch.Generator().manual_seed(3))
+    model = model.cuda()
     idx = random_ids().cuda()
     eager = generate(model, idx, 64, temperature=0)
     assert len(set(eager[0, 5:].tolist())) > 4

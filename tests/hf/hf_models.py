@@ -1,6 +1,6 @@
-"""Small random GPT-2, Llama, Mistral, Qwen2, Qwen3 and Phi-3 models written by transformers' save_pretrained, and their
-logits: what test_load.py, test_hub.py and test_qwen.py share (importable by name from tests/hf; the `saved` fixture
-is in conftest.py)."""
+"""Small random GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma 3 and Phi-3 models written by transformers'
+save_pretrained, and their logits: what test_load.py, test_hub.py, test_qwen.py, test_gemma.py and test_phi3.py share
+(importable by name from tests/hf; the `saved` fixture is in conftest.py)."""
 
 import pytest
 import torch
@@ -150,6 +150,56 @@ MODELS = {
         tie_word_embeddings=False,
         **SMALL,
     ),
+    # Gemma 3: scaled embeddings, GeGLU, four norms a block (1 + w), q/k norms; sliding layers (a window shorter than
+    # the tests' 40 tokens) mixed with full ones, their own RoPE base, query_pre_attn_scalar != head_dim
+    "gemma3-gqa-tied-window": lambda: transformers.Gemma3TextConfig(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        query_pre_attn_scalar=20,
+        max_position_embeddings=64,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+        },
+        tie_word_embeddings=True,
+        **SMALL,
+    ),
+    # Gemma 3 1B's shape of config: sliding_window_pattern 6 (every 6th layer full), local base 10000, MQA, untied
+    "gemma3-mqa-untied-pattern": lambda: transformers.Gemma3TextConfig(
+        hidden_size=64,
+        intermediate_size=80,
+        num_hidden_layers=7,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        max_position_embeddings=96,
+        sliding_window=12,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        **SMALL,
+    ),
+    "gemma3-mha-exact-gelu": lambda: transformers.Gemma3TextConfig(
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        num_key_value_heads=3,
+        head_dim=32,
+        query_pre_attn_scalar=32,
+        hidden_activation="gelu",
+        max_position_embeddings=64,
+        sliding_window=64,
+        layer_types=["sliding_attention", "full_attention"],
+        tie_word_embeddings=True,
+        **SMALL,
+    ),
     # Phi-3 / Phi-4-mini: fused qkv_proj and gate_up_proj; partial rotary 0.75 (Phi-4-mini's) and 0.5; an explicit
     # head_dim; a sliding window shorter than the test's 40 tokens; LongRoPE within its original context (short
     # factors that bite, and the attention factor transformers derives from max_position_embeddings /
@@ -198,6 +248,7 @@ CLASSES = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
 }
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from minigpt.core.config import GPTConfig
 from minigpt.hf.families.base import Family
+from minigpt.hf.families.gemma3 import Gemma3
 from minigpt.hf.families.gpt2 import GPT2
 from minigpt.hf.families.llama import Llama
 from minigpt.hf.families.mistral import Mistral
@@ -20,7 +21,9 @@ from minigpt.hf.families.qwen3 import Qwen3
 
 __all__ = ["FAMILIES", "Family", "family_field", "family_of", "family_of_hf", "hf_classes"]
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (GPT2(), Llama(), Mistral(), Qwen2(), Qwen3(), Phi3())}
+FAMILIES: dict[str, Family] = {
+    f.model_type: f for f in (GPT2(), Llama(), Mistral(), Qwen2(), Qwen3(), Gemma3(), Phi3())
+}
 # the family a model trained here exports as: the one each block kind was modelled on
 BLOCK_DEFAULT = {"gpt": FAMILIES["gpt2"], "llama": FAMILIES["llama"]}
 

@@ -49,6 +49,12 @@ class Family:
     """The HF class attends within config.json's sliding_window on every layer."""
     partial_rotary: ClassVar[bool] = False
     """The HF class and llama.cpp's architecture rotate the first partial_rotary_factor of each head's dims."""
+    # the block variants (GPTConfig options) the class always has (mlp geglu, scale_embeddings, post_norms), and
+    # whether it takes a softmax scale of its own (attn_scale_dim); a class without one refuses it
+    geglu: ClassVar[bool] = False
+    scaled_embeddings: ClassVar[bool] = False
+    post_norms: ClassVar[bool] = False
+    attn_scale: ClassVar[bool] = False
 
     # ------------------------------------------------------------------------------------------- import
     def import_problems(self, hf: dict[str, Any]) -> Iterator[str]:
@@ -82,9 +88,33 @@ class Family:
 
     def export_problems(self, config: GPTConfig) -> Iterator[str]:
         """Each option the HF class cannot express, as "option: why; fix"."""
-        yield from position_problems(config, self.hf_class, sliding=self.sliding_window, partial=self.partial_rotary)
+        yield from self.hf_position_problems(config)
+        yield from self.variant_problems(config, self.hf_class)
         if config.mlp == "relu2":
             yield f"mlp=relu2: {self.hf_class} has no squared-ReLU MLP; train with mlp gelu (gpt) or swiglu (llama)"
+
+    def hf_position_problems(self, config: GPTConfig) -> Iterator[str]:
+        """Sliding windows, several RoPE bases and partial rotary, where the HF class computes none of them."""
+        return position_problems(config, self.hf_class, sliding=self.sliding_window, partial=self.partial_rotary)
+
+    def variant_problems(self, config: GPTConfig, target: str) -> Iterator[str]:
+        """The block variants `target` (this family's HF class or llama.cpp architecture) computes always or never."""
+        if config.mlp == "geglu" and not self.geglu:
+            yield f"mlp=geglu: {target}'s MLP is not GELU-gated; train with mlp swiglu (arch llama) or gelu"
+        for option, has in (("scale_embeddings", self.scaled_embeddings), ("post_norms", self.post_norms)):
+            what = {"scale_embeddings": "scales its token embeddings", "post_norms": "normalises sublayer outputs"}
+            if getattr(config, option) and not has:
+                yield f"{option}=true: {target} never {what[option]}; train with {option} false"
+            elif has and not getattr(config, option):
+                yield (
+                    f"{option}=false: {target} always {what[option]}; train with {option} true, or leave "
+                    "model.family unset"
+                )
+        if config.attn_scale_dim not in (None, config.head_dim) and not self.attn_scale:
+            yield (
+                f"attn_scale_dim={config.attn_scale_dim}: {target} scales attention by 1/sqrt(head_dim); leave "
+                "attn_scale_dim unset"
+            )
 
     def hf_config(self, config: GPTConfig) -> dict[str, Any]:
         """config.json's family keys (export.hf adds the ones every class shares)."""
@@ -102,6 +132,12 @@ class Family:
     def gguf_problems(self, config: GPTConfig) -> Iterator[str]:
         """Each option llama.cpp's architecture cannot express, as "option: why; fix"."""
         return iter(())
+
+    def gguf_position_problems(self, config: GPTConfig) -> Iterator[str]:
+        """Sliding windows, several RoPE bases and partial rotary, which llama.cpp's architecture cannot express."""
+        return position_problems(
+            config, f"llama.cpp's {self.gguf_arch} architecture", sliding=False, partial=self.partial_rotary
+        )
 
     def gguf_notes(self, config: GPTConfig) -> list[str]:
         return []

@@ -1,0 +1,250 @@
+"""Gemma 3 text (`Gemma3ForCausalLM`, model_type gemma3_text: Gemma 3 270M and 1B): the `llama` block with Gemma's
+variants, each a GPTConfig option: token embeddings scaled by sqrt(hidden) (scale_embeddings), a GELU-gated MLP with
+tanh GELU (mlp geglu, gelu_approximate tanh), four norms per block (post_norms: HF's post_attention_layernorm is the
+attention output's norm, pre_feedforward_layernorm our ln_2), q/k RMSNorm per head (qk_norm), attention scaled by
+query_pre_attn_scalar (attn_scale_dim), and sliding-window attention on the layers config.json's layer_types (or its
+older sliding_window_pattern) names, with their own RoPE base (rope_local_base).
+
+Gemma's RMSNorm multiplies by (1 + weight): ours by weight, so a norm gain is HF's + 1 on import (in float32, what
+HF's forward computes) and ours - 1 on export (exact for gains in [0.5, 2]; HF then adds the 1 back).  llama.cpp's
+`gemma3` architecture stores the gains with the 1 added, as ours; it rotates halves (NEOX rope), so q and k keep their
+row order; and it hard-codes what config.json says for HF: every 6th layer full (5, 11, ...), the others sliding with
+RoPE base 10000, attention scaled by 1/sqrt(head_dim) (1/sqrt(hidden / heads) for a 62-layer model, Gemma 3 27B).
+The GGUF export refuses a model that differs.  Gemma's tokenizer.json is SentencePiece-style BPE (byte fallback),
+which reads through the HF tokenizer path and which the GGUF export refuses (as Llama 2's)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from minigpt.core.config import GPTConfig
+from minigpt.hf.families.base import get
+from minigpt.hf.families.llama import FUSED, PEFT_MODULES, Llama
+
+BLOCK = {  # ours -> HF, per block
+    "ln_1.weight": "input_layernorm.weight",
+    "post_attn_norm.weight": "post_attention_layernorm.weight",
+    "ln_2.weight": "pre_feedforward_layernorm.weight",
+    "post_mlp_norm.weight": "post_feedforward_layernorm.weight",
+    "attn.q_norm.weight": "self_attn.q_norm.weight",
+    "attn.k_norm.weight": "self_attn.k_norm.weight",
+    "attn.c_proj.weight": "self_attn.o_proj.weight",
+    "mlp.c_proj.weight": "mlp.down_proj.weight",
+}
+NORMS = ("ln_1.weight", "ln_2.weight", "norm.weight", "ln_f.weight")  # norm.weight: the post norms', q_norm, k_norm
+# hidden_activation -> GPTConfig.gelu_approximate (gelu_new is the tanh formula written out)
+GELU = {"gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu": "none"}
+# what Gemma3TextConfig assumes of a key config.json leaves out
+DEFAULTS = {"head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 4096, "num_key_value_heads": 4}
+GGUF_PATTERN, GGUF_LOCAL_BASE = 6, 10000.0  # llama.cpp's gemma3: every 6th layer full, the others at base 10000
+
+
+def is_norm(name: str) -> bool:
+    return name.endswith(NORMS)
+
+
+def layer_types(hf: dict[str, Any]) -> list[Any]:
+    """config.json's layer_types, else the pattern of Gemma3TextConfig's sliding_window_pattern (default 6)."""
+    if hf.get("layer_types") is not None:
+        return list(hf["layer_types"])
+    pattern = get(hf, "sliding_window_pattern", "_sliding_window_pattern", default=6)
+    n = hf.get("num_hidden_layers") or 0
+    return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
+
+
+def rope_params(hf: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each layer type's RoPE parameters: transformers 5's rope_parameters per layer type, else the older rope_theta,
+    rope_local_base_freq and rope_scaling (which applies to the full layers), as Gemma3TextConfig reads them."""
+    params = hf.get("rope_parameters") or {}
+    if not set(params) <= {"full_attention", "sliding_attention"}:  # one flat dict: the full layers'
+        params = {"full_attention": params}
+    full = {**(params.get("full_attention") or {}), **(hf.get("rope_scaling") or {})}
+    sliding = dict(params.get("sliding_attention") or {})
+    full.setdefault("rope_theta", get(hf, "rope_theta", default=1e6))
+    sliding.setdefault("rope_theta", get(hf, "rope_local_base_freq", default=1e4))
+    return {"full_attention": full, "sliding_attention": sliding}
+
+
+class Gemma3(Llama):
+    model_type = "gemma3_text"
+    hf_class = "Gemma3ForCausalLM"
+    gguf_arch = "gemma3"
+    gguf_pre_tokenizer = None  # SentencePiece-style BPE, which the GGUF export refuses
+    peft_modules = PEFT_MODULES
+    block_names, fused = BLOCK, FUSED
+    gguf_permute = False  # NEOX rope: halves, as HF
+    rope_kinds = ("default",)
+    qk_norm = True
+    sliding_window = True
+    geglu = scaled_embeddings = post_norms = attn_scale = True
+
+    # ------------------------------------------------------------------------------------------- import
+    def import_problems(self, hf: dict[str, Any]) -> Iterator[str]:
+        act = get(hf, "hidden_activation", "hidden_act", default="gelu_pytorch_tanh")
+        if act not in GELU:
+            yield f"its hidden_activation is {act!r}; minigpt's GeGLU computes {', '.join(GELU)}"
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if hf.get(key) is not None:
+                yield f"its config.json sets {key}={hf[key]}, which minigpt does not compute; use a model without it"
+        if hf.get("use_bidirectional_attention"):
+            yield (
+                "its config.json sets use_bidirectional_attention=true (an encoder, EmbeddingGemma's), which minigpt "
+                "does not compute; its attention is causal"
+            )
+        if hf.get("attention_bias"):
+            yield "its config.json sets attention_bias=true; minigpt imports Gemma 3 models without biases only"
+        for layer, params in rope_params(hf).items():
+            kind = params.get("rope_type", params.get("type", "default"))
+            if kind != "default":
+                yield (
+                    f"its RoPE scaling on {layer} layers is {kind!r} (rope_parameters / rope_scaling), which minigpt "
+                    "does not compute; it imports Gemma 3 models with plain RoPE (270M, 1B)"
+                )
+
+    def config_fields(self, hf: dict[str, Any]) -> dict[str, Any]:
+        types, rope = layer_types(hf), rope_params(hf)
+        sliding = "sliding_attention" in types
+        head_dim = get(hf, "head_dim", default=DEFAULTS["head_dim"])
+        scale_dim = get(hf, "query_pre_attn_scalar", default=DEFAULTS["query_pre_attn_scalar"])
+        global_base, local_base = rope["full_attention"]["rope_theta"], rope["sliding_attention"]["rope_theta"]
+        window = get(hf, "sliding_window", default=self.context(hf))  # null: a sliding layer sees the context
+        return dict(
+            arch="llama",
+            n_layer=hf.get("num_hidden_layers"),
+            n_head=hf.get("num_attention_heads"),
+            n_kv_head=get(hf, "num_key_value_heads", default=DEFAULTS["num_key_value_heads"]),
+            n_embd=hf.get("hidden_size"),
+            head_dim=head_dim,
+            vocab_size=hf.get("vocab_size"),
+            bias=False,
+            mlp="geglu",
+            gelu_approximate=GELU[get(hf, "hidden_activation", "hidden_act", default="gelu_pytorch_tanh")],
+            mlp_hidden=hf.get("intermediate_size"),
+            rope_base=float(global_base) if isinstance(global_base, int) else global_base,
+            norm_eps=get(hf, "rms_norm_eps", default=1e-6),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+            qk_norm=True,
+            scale_embeddings=True,
+            post_norms=True,
+            attn_scale_dim=None if scale_dim == head_dim else scale_dim,
+            # the same function written one way: no window where no layer slides, no layer_types where all do, no
+            # local base where it is the global one (a model exported from here imports back to an equal config)
+            sliding_window=window if sliding else None,
+            layer_types=types if sliding and "full_attention" in types else None,
+            rope_local_base=float(local_base) if sliding and local_base != global_base else None,
+        )
+
+    def context(self, hf: dict[str, Any]) -> int | None:
+        return get(hf, "max_position_embeddings", default=131072)
+
+    # ------------------------------------------------------------------------------------------- export
+    def export_problems(self, config: GPTConfig) -> Iterator[str]:
+        if config.mlp != "geglu":
+            yield f"mlp={config.mlp}: {self.hf_class}'s MLP is GELU-gated (GeGLU); train with mlp geglu"
+        yield from super().export_problems(config)
+
+    def hf_position_problems(self, config: GPTConfig) -> Iterator[str]:
+        if config.partial_rotary_factor != 1.0:  # its default RoPE rotates the whole head whatever the config says
+            yield (
+                f"partial_rotary_factor={config.partial_rotary_factor:g}: {self.hf_class} rotates every dimension "
+                "of a head; train with partial_rotary_factor 1"
+            )
+        if config.rope_scaling is not None:
+            kind = config.rope_scaling.get("rope_type", config.rope_scaling.get("type"))
+            yield f"rope_scaling={kind}: minigpt exports Gemma 3 models with plain RoPE; train without rope_scaling"
+
+    def hf_config(self, config: GPTConfig) -> dict[str, Any]:
+        local_base = config.rope_local_base or config.rope_base
+        return {
+            "hidden_size": config.n_embd,
+            "intermediate_size": config.mlp_hidden,
+            "num_hidden_layers": config.n_layer,
+            "num_attention_heads": config.n_head,
+            "num_key_value_heads": config.n_kv_head,
+            "head_dim": config.head_dim,
+            "max_position_embeddings": config.block_size,
+            "rms_norm_eps": config.norm_eps,
+            "hidden_activation": "gelu_pytorch_tanh" if config.gelu_approximate == "tanh" else "gelu",
+            "attention_bias": False,
+            "attention_dropout": config.dropout,
+            "query_pre_attn_scalar": config.attn_scale_dim or config.head_dim,
+            "sliding_window": config.sliding_window or config.block_size,  # HF builds a sliding mask regardless
+            "layer_types": [
+                "full_attention" if config.layer_window(i) is None else "sliding_attention"
+                for i in range(config.n_layer)
+            ],
+            "rope_parameters": {
+                "full_attention": {"rope_type": "default", "rope_theta": config.rope_base},
+                "sliding_attention": {"rope_type": "default", "rope_theta": local_base},
+            },
+            # the keys transformers 4, vLLM and llama.cpp's converter read
+            "rope_theta": config.rope_base,
+            "rope_local_base_freq": local_base,
+            "rope_scaling": None,
+            "final_logit_softcapping": None,
+            "attn_logit_softcapping": None,
+            "use_bidirectional_attention": False,
+        }
+
+    def to_hf(self, state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
+        return super().to_hf({n: t - 1 if is_norm(n) else t for n, t in state.items()}, config)
+
+    def from_hf(self, hf: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
+        ours = super().from_hf(hf, config)
+        return {n: t.float() + 1 if is_norm(n) else t for n, t in ours.items()}  # float32, as HF's forward adds it
+
+    # ------------------------------------------------------------------------------------------- GGUF
+    def gguf_position_problems(self, config: GPTConfig) -> Iterator[str]:
+        target = f"llama.cpp's {self.gguf_arch} architecture"
+        yield from self.hf_position_problems(config)
+        slides = [i % GGUF_PATTERN < GGUF_PATTERN - 1 for i in range(config.n_layer)]  # llama.cpp's sliding layers
+        windows = [config.layer_window(i) for i in range(config.n_layer)]
+        ours = [w is not None and w < config.block_size for w in windows]  # a window past the context: full
+        if any(ours) and ours != slides:
+            yield (
+                f"layer_types: {target} slides on every layer but each {GGUF_PATTERN}th ({GGUF_PATTERN - 1}, "
+                f"{2 * GGUF_PATTERN - 1}, ...); train with that pattern, or without sliding_window"
+            )
+        bases = [config.rope_local_base or config.rope_base if w else config.rope_base for w in windows]
+        if any(b != (GGUF_LOCAL_BASE if s else config.rope_base) for b, s in zip(bases, slides)):
+            yield (
+                f"rope_local_base={config.rope_local_base or config.rope_base:g}: {target} rotates its sliding "
+                f"layers (all but each {GGUF_PATTERN}th) with base {GGUF_LOCAL_BASE:g} and the others with "
+                f"rope_base; train with rope_local_base {GGUF_LOCAL_BASE:g} and that layer pattern"
+            )
+
+    def gguf_problems(self, config: GPTConfig) -> Iterator[str]:
+        target = f"llama.cpp's {self.gguf_arch} architecture"
+        yield from self.qk_norm_problems(config, target)
+        if config.mlp != "geglu":
+            yield f"mlp={config.mlp}: {target}'s MLP is GELU-gated (GeGLU); train with mlp geglu"
+        if config.bias or config.qkv_bias:
+            yield f"bias=true: {target} has no biases; train with bias false and qkv_bias false"
+        expected = config.n_embd // config.n_head if config.n_layer == 62 else config.head_dim
+        if (config.attn_scale_dim or config.head_dim) != expected:
+            yield (
+                f"attn_scale_dim={config.attn_scale_dim}: {target} scales attention by 1/sqrt({expected}) (head_dim; "
+                "n_embd / n_head with 62 layers); leave attn_scale_dim unset"
+            )
+
+    def gguf_notes(self, config: GPTConfig) -> list[str]:
+        if config.gelu_approximate == "none":  # GeGLU's gate: LLM_FFN_GELU, ggml's tanh form
+            return [
+                f"the model's exact (erf) GELU runs as llama.cpp's {self.gguf_arch} tanh GELU, a difference of about "
+                "1e-3 in the activations"
+            ]
+        return []
+
+    def gguf_layer(self, get: Any, config: GPTConfig) -> dict[str, torch.Tensor | None]:
+        # ffn_norm (llama's ln_2) is the MLP's input norm, pre_feedforward_layernorm; the gains as ours (1 + HF's)
+        return super().gguf_layer(get, config) | {
+            "post_attention_norm": get("post_attn_norm"),
+            "post_ffw_norm": get("post_mlp_norm"),
+        }
+
+    def gguf_metadata(self, writer: Any, config: GPTConfig) -> None:
+        super().gguf_metadata(writer, config)
+        writer.add_sliding_window(min(config.sliding_window or config.block_size, config.block_size))

@@ -1,0 +1,602 @@
+"""Gemma 3 text (`Gemma3ForCausalLM`) end to end, offline: small random models built from transformers' own config
+class (hf_models.py: tied/untied, GQA, MQA and MHA, sliding layers with a window shorter than the sequence mixed with
+full ones and their own RoPE base, query_pre_attn_scalar other than head_dim, head_dim other than hidden / heads) are
+imported from a folder and from hf:ORG/NAME, compute transformers' logits on every attention path and its greedy ids,
+fine-tune (full and LoRA), export to a Hugging Face folder, to GGUF (llama.cpp's gemma3, run in xllamacpp), to PEFT,
+and are served.  A model trained here with the same options (scale_embeddings, mlp geglu, post_norms, attn_scale_dim,
+qk_norm, sliding layers) trains, samples, and exports as Gemma 3."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from minigpt.cli.sample import main as sample_main
+from minigpt.cli.train import main as train_main
+from minigpt.core.config import GPTConfig
+from minigpt.core.errors import CheckpointError, UserError
+from minigpt.core.generation import generate, prompt_ids
+from minigpt.core.lora import LoRAConfig, lora_model
+from minigpt.core.model import GPT
+from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer
+from minigpt.export.gguf import export_gguf
+from minigpt.export.hf import export_hf
+from minigpt.export.peft import export_peft
+from minigpt.hf.families import FAMILIES
+from minigpt.hf.tokenizer_files import save_hf_tokenizer
+from minigpt.loading import load_lora_run, load_model
+
+transformers = pytest.importorskip("transformers")
+from hf_models import CLASSES, MODELS, hf_logits, ids, our_logits, random_hf_model
+
+TESTS = Path(__file__).resolve().parents[1]
+GEMMA = [name for name in MODELS if name.startswith("gemma3")]
+CLASS = "Gemma3ForCausalLM"
+FAMILY = "gemma3_text"
+
+
+def helper(name: str, folder: str = "export"):
+    """A helper module of another test folder (export/gguf_models, export/llamacpp_server, serve/serve_support)."""
+    spec = importlib.util.spec_from_file_location(name, TESTS / folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ------------------------------------------------------------------------------------------------- same function
+
+
+@pytest.mark.parametrize("name", GEMMA)
+@pytest.mark.parametrize("attention", ["sdpa", "manual", "einops"])
+def test_logits_equal_transformers_within_1e_5(saved, name, attention):
+    hf_model, path = saved[name]
+    model, _ = load_model(path, attention=attention)
+    idx = ids()  # 40 tokens: past the 8- and 12-token windows
+    theirs = hf_logits(hf_model, idx)
+    # float32, 1e-5 of the logits' scale: manual and einops give transformers' eager logits bit for bit (the norm
+    # gains as 1 + HF's are exact), sdpa's kernel within 8e-6 of a scale of about 19
+    torch.testing.assert_close(our_logits(model, idx), theirs, atol=1e-5 * theirs.abs().max().item(), rtol=0)
+
+
+def test_the_import_reads_the_family(saved):
+    config = load_model(saved["gemma3-gqa-tied-window"][1])[0].config
+    assert (config.family, config.arch, config.mlp, config.gelu_approximate) == (FAMILY, "llama", "geglu", "tanh")
+    assert config.scale_embeddings and config.post_norms and config.qk_norm and not config.bias
+    assert (config.head_dim, config.attn_scale_dim, config.tie_embeddings) == (24, 20, True)
+    assert (config.sliding_window, config.rope_base, config.rope_local_base) == (8, 1e6, 100.0)
+    assert config.layer_types == ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]
+    # sliding_window_pattern 6 (no layer_types in the config): layer 5 full; the local base is the default 10000
+    config = load_model(saved["gemma3-mqa-untied-pattern"][1])[0].config
+    assert [config.layer_window(i) for i in range(7)] == [12] * 5 + [None, 12]
+    assert (config.rope_local_base, config.attn_scale_dim, config.n_kv_head, config.tie_embeddings) == (
+        10000.0,
+        None,
+        1,
+        False,
+    )
+    config = load_model(saved["gemma3-mha-exact-gelu"][1])[0].config
+    assert (config.gelu_approximate, config.n_kv_head, config.head_dim) == ("none", 3, 32)
+
+
+def test_norm_gains_are_hf_plus_one_exactly_in_float32(saved):
+    hf_model, path = saved["gemma3-gqa-tied-window"]
+    model, _ = load_model(path)
+    hf_layer, ours = hf_model.model.layers[0], model.transformer.h[0]
+    pairs = [
+        (hf_layer.input_layernorm, ours.ln_1),
+        (hf_layer.post_attention_layernorm, ours.post_attn_norm),
+        (hf_layer.pre_feedforward_layernorm, ours.ln_2),
+        (hf_layer.post_feedforward_layernorm, ours.post_mlp_norm),
+        (hf_layer.self_attn.q_norm, ours.attn.q_norm),
+        (hf_layer.self_attn.k_norm, ours.attn.k_norm),
+        (hf_model.model.norm, model.transformer.ln_f),
+    ]
+    for theirs, mine in pairs:
+        assert torch.equal(mine.weight, 1.0 + theirs.weight.float())
+        x = torch.randn(3, 5, mine.weight.numel())  # the width (64) or a head (24)
+        with torch.no_grad():
+            assert torch.equal(mine(x), theirs(x))
+
+
+def test_bfloat16_gains_become_1_plus_w_in_float32(tmp_path):
+    """A bf16 file: the gain is 1 + w added in float32, as HF's forward adds it (in bf16 the 1 would round w away)."""
+    from hf_models import save
+
+    save(random_hf_model(MODELS["gemma3-gqa-tied-window"]()).to(torch.bfloat16), tmp_path)
+    model, _ = load_model(tmp_path)
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    hf_gain = hf_model.model.layers[0].input_layernorm.weight
+    assert (
+        torch.equal(model.transformer.h[0].ln_1.weight, 1.0 + hf_gain) and (hf_gain * 128).frac().abs().max() > 0
+    )  # bf16 steps 1/128 in [1, 2)
+    idx = ids()
+    theirs = hf_logits(hf_model, idx)
+    torch.testing.assert_close(our_logits(model, idx), theirs, atol=1e-5 * theirs.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize("name", GEMMA)
+def test_greedy_ids_equal_transformers_generate_for_32_tokens(saved, name):
+    hf_model, path = saved[name]
+    model, _ = load_model(path)
+    prompt = ids(batch=1, T=8, seed=3)
+    with torch.no_grad():
+        expected = hf_model.generate(
+            prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=32, min_new_tokens=32
+        )
+    for use_kv_cache in (True, False):
+        assert generate(model, prompt, 32, temperature=0.0, use_kv_cache=use_kv_cache).tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "manual", "einops"])
+def test_kv_cache_decoding_past_the_window_equals_the_full_forward(saved, attention):
+    """A sliding layer's cache keeps only its last 8 positions (a ring): decoding 30 tokens one by one after a
+    4-token prefill gives the full forward's logits, and transformers'."""
+    hf_model, path = saved["gemma3-gqa-tied-window"]
+    model, _ = load_model(path, attention=attention)
+    idx = ids(batch=2, T=34, seed=4)
+    cache = model.new_kv_cache(batch_size=2)
+    assert [c.window for c in cache] == [8, None, 8, 8]
+    with torch.no_grad():
+        steps = [model(idx[:, :4], kv_cache=cache, input_pos=0)[0]]
+        steps += [model(idx[:, t : t + 1], kv_cache=cache, input_pos=t)[0] for t in range(4, 34)]
+        full = model(idx)[0]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=2e-5 * full.abs().max().item(), rtol=0)
+    theirs = hf_logits(hf_model, idx)
+    torch.testing.assert_close(full, theirs, atol=1e-5 * theirs.abs().max().item(), rtol=0)
+
+
+def test_a_hub_id_imports_from_the_cache(saved, hub_cache):
+    from test_hub import fill_hub_cache
+
+    for name in GEMMA:
+        hf_model, path = saved[name]
+        fill_hub_cache(hub_cache, f"someorg/{name}", path)
+        model, tokenizer = load_model(f"hf:someorg/{name}")
+        assert tokenizer.name == f"someorg/{name}" and model.config.family == FAMILY
+        assert (our_logits(model, ids()) - hf_logits(hf_model, ids())).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(final_logit_softcapping=30.0), "its config.json sets final_logit_softcapping=30.0"),
+        (dict(attn_logit_softcapping=50.0), "its config.json sets attn_logit_softcapping=50.0"),
+        (dict(use_bidirectional_attention=True), "its config.json sets use_bidirectional_attention=true"),
+        (dict(attention_bias=True), "its config.json sets attention_bias=true"),
+        (dict(hidden_activation="silu"), "its hidden_activation is 'silu'"),
+        (dict(rope_scaling={"rope_type": "linear", "factor": 8.0}), "its RoPE scaling on full_attention layers"),
+    ],
+)
+def test_what_the_import_does_not_compute_is_refused_in_one_line(saved, tmp_path, changes, message):
+    import shutil
+
+    path = shutil.copytree(saved["gemma3-gqa-tied-window"][1], tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, **changes}))
+    with pytest.raises(CheckpointError) as e:
+        load_model(path)
+    assert str(e.value).startswith(f"{path}: {message}") and "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------------- exports
+
+
+@pytest.mark.parametrize("name", GEMMA)
+def test_the_hf_export_is_gemma3_with_the_same_logits_and_imports_back(saved, name, tmp_path):
+    hf_model, path = saved[name]
+    model, tokenizer = load_model(path)
+    out = export_hf(model, tokenizer, tmp_path / "export")
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == [CLASS] and config["model_type"] == FAMILY
+    back, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    assert type(back).__name__ == CLASS
+    idx = ids()
+    expected = hf_logits(hf_model, idx)  # eager attention; the export loads with transformers' default (sdpa)
+    torch.testing.assert_close(hf_logits(back.eval(), idx), expected, atol=1e-5 * expected.abs().max().item(), rtol=0)
+    again, _ = load_model(out)
+    assert again.config == model.config
+
+
+@pytest.mark.parametrize("name", ["gemma3-gqa-tied-window", "gemma3-mqa-untied-pattern"])
+def test_peft_adapters_of_a_lora_model_load_in_peft_with_equal_logits(saved, name, tmp_path):
+    peft = pytest.importorskip("peft")
+    base, tokenizer = load_model(saved[name][1])
+    cfg = LoRAConfig(rank=4, targets=["q", "k", "v", "o", "gate", "up", "down"])
+    model = lora_model(base, base.config, cfg).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                torch.nn.init.normal_(p, std=0.2)
+    idx = ids()
+    with torch.no_grad():
+        expected = model(idx)[0]
+    export_peft(model, tokenizer, cfg, tmp_path / "adapter", tmp_path / "base")
+    adapter = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert adapter["target_modules"] == sorted(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    assert type(hf).__name__ == CLASS
+    with torch.no_grad():
+        theirs = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()(idx).logits
+    torch.testing.assert_close(theirs, expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("train_embeddings, vocab_size", [(True, 256), (False, 260)])
+def test_peft_trainable_tokens_of_the_scaled_embedding_load_in_peft(saved, train_embeddings, vocab_size, tmp_path):
+    """Every row trained (lora.train_embeddings) or 4 new tokens (a grown vocabulary): PEFT's trainable tokens sit in
+    Gemma's scaled embedding, scaled as ours are."""
+    peft = pytest.importorskip("peft")
+    base, tokenizer = load_model(saved["gemma3-gqa-tied-window"][1])
+    cfg = LoRAConfig(rank=4, targets=["q", "v"], train_embeddings=train_embeddings)
+    config = GPTConfig.from_dict({**base.config.to_dict(), "vocab_size": vocab_size})
+    model = lora_model(base, config, cfg).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.2)
+    idx = torch.cat([ids(), torch.full((2, 1), vocab_size - 1)], dim=1)  # the last token a new one where grown
+    with torch.no_grad():
+        expected = model(idx)[0]
+    export_peft(model, tokenizer, cfg, tmp_path / "adapter", tmp_path / "base")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    with torch.no_grad():
+        theirs = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()(idx).logits
+    torch.testing.assert_close(theirs[..., :vocab_size], expected, atol=1e-4, rtol=0)
+
+
+def test_llama_cpp_runs_the_gguf_export_as_gemma3(saved, tmp_path):
+    """The 1B-shaped config (every 6th layer full, local base 10000, scale 1/sqrt(head_dim)) is what llama.cpp's
+    gemma3 expresses: 7 layers, a 12-token window that the 55 tokens outgrow, untied, MQA, every weight drawn.
+    llama.cpp's GELU reads a float16 table, so log-probs agree to 3e-3 as gpt2's do (tests/export/test_gguf.py); with
+    our GELU evaluated at float16 too they agree to 2e-5."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("xllamacpp")
+    gguf_models, LlamaCpp = helper("gguf_models"), helper("llamacpp_server").LlamaCpp
+    imported = load_model(saved["gemma3-mqa-untied-pattern"][1])[0].config.to_dict()
+    model = gguf_models.random_model(seed=1, **imported)
+    result = export_gguf(model, ByteTokenizer(), tmp_path / "model.gguf")
+    assert result.arch == FAMILIES[FAMILY].gguf_arch == "gemma3"
+    prompt = list("héllo wörld ☃".encode())
+    with torch.no_grad():
+        ours = generate(model, torch.tensor([prompt]), max_new_tokens=40, temperature=0)[0, len(prompt) :].tolist()
+        reference = torch.log_softmax(model(torch.tensor([prompt + ours]))[0][0].double(), -1)
+    assert len(set(ours)) > 8  # a real continuation, not one token repeated
+    with LlamaCpp(tmp_path / "model.gguf") as llama:
+        assert llama.argmax_along(prompt, ours) == ours
+        for t in (len(prompt), len(prompt) + 20, len(prompt) + 39):
+            theirs = llama.next_logprobs((prompt + ours)[:t], 8)
+            assert max(abs(reference[t - 1, i].item() - lp) for i, lp in theirs.items()) < 3e-3
+
+
+GGUF_BASE = dict(arch="llama", family=FAMILY, n_layer=7, n_head=4, n_embd=64, mlp="geglu", gelu_approximate="tanh")
+GGUF_BASE |= dict(qk_norm=True, scale_embeddings=True, post_norms=True, sliding_window=8, rope_local_base=10000.0)
+GGUF_BASE |= dict(layer_types=["sliding_attention"] * 5 + ["full_attention", "sliding_attention"], rope_base=1e6)
+
+
+@pytest.mark.parametrize(
+    "overrides, option",
+    [
+        (dict(attn_scale_dim=20), "attn_scale_dim=20: llama.cpp's gemma3 architecture scales attention by"),
+        (dict(layer_types=None), "layer_types: llama.cpp's gemma3 architecture slides on every layer but each 6th"),
+        (dict(rope_local_base=100.0), "rope_local_base=100: llama.cpp's gemma3 architecture rotates its sliding"),
+        (dict(mlp="swiglu"), "mlp=swiglu: llama.cpp's gemma3 architecture's MLP is GELU-gated"),
+        (dict(post_norms=False), "post_norms=false: llama.cpp's gemma3 architecture always normalises"),
+        (dict(scale_embeddings=False), "scale_embeddings=false: llama.cpp's gemma3 architecture always scales"),
+        (
+            dict(family=None, sliding_window=None, layer_types=None, rope_local_base=None),
+            "mlp=geglu: llama.cpp's llama architecture's MLP is not GELU-gated",
+        ),
+    ],
+)
+def test_the_gguf_export_refuses_what_llama_cpp_gemma3_hard_codes(overrides, option, tmp_path):
+    pytest.importorskip("gguf")
+    model = GPT(GPTConfig(**{"vocab_size": 256, **GGUF_BASE, **overrides}))
+    with pytest.raises(UserError) as e:
+        export_gguf(model, ByteTokenizer(), tmp_path / "model.gguf")
+    assert str(e.value).startswith(f"cannot export to GGUF: {option}") and "\n" not in str(e.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_exports_of_other_families_refuse_gemmas_variants(tmp_path):
+    base = dict(arch="llama", n_layer=1, n_head=2, n_embd=32, vocab_size=256)
+    for overrides, option in [
+        (dict(mlp="geglu"), "mlp=geglu: LlamaForCausalLM's MLP is not GELU-gated"),
+        (dict(scale_embeddings=True), "scale_embeddings=true: LlamaForCausalLM never scales its token embeddings"),
+        (dict(post_norms=True), "post_norms=true: LlamaForCausalLM never normalises sublayer outputs"),
+        (dict(attn_scale_dim=20), "attn_scale_dim=20: LlamaForCausalLM scales attention by 1/sqrt(head_dim)"),
+        (dict(arch="gpt", mlp="geglu"), "mlp=geglu: GPT2LMHeadModel's MLP is not GELU-gated"),
+        (dict(family=FAMILY), "mlp=swiglu: Gemma3ForCausalLM's MLP is GELU-gated (GeGLU)"),
+        (dict(family=FAMILY, mlp="geglu"), "qk_norm=false: Gemma3ForCausalLM always normalises queries and keys"),
+        (dict(family=FAMILY, mlp="geglu", qk_norm=True), "scale_embeddings=false: Gemma3ForCausalLM always scales"),
+    ]:
+        model = GPT(GPTConfig(**{**base, **overrides}))
+        with pytest.raises(UserError) as e:
+            export_hf(model, ByteTokenizer(), tmp_path / "out")
+        assert str(e.value).startswith(f"cannot export to Hugging Face: {option}"), str(e.value)
+        assert list(tmp_path.iterdir()) == []
+
+
+def gemma_style_tokenizer():
+    """A Gemma-style tokenizer.json: SentencePiece BPE ('▁' for spaces by a Replace normaliser, <0xNN> byte
+    fallback, no pre-tokenizer), built offline."""
+    import tokenizers as t
+
+    from minigpt.core.tokenizers import HFTokenizer
+
+    pieces = ["<pad>", "<eos>", "<bos>", "<unk>", *(f"<0x{i:02X}>" for i in range(256)), "▁", "h", "e", "l", "o"]
+    pieces += ["▁h", "▁he", "ll", "▁hell", "▁hello"]
+    merges = [("▁", "h"), ("▁h", "e"), ("l", "l"), ("▁he", "ll"), ("▁hell", "o")]
+    backend = t.Tokenizer(
+        t.models.BPE({p: i for i, p in enumerate(pieces)}, merges, byte_fallback=True, unk_token="<unk>")
+    )
+    backend.normalizer = t.normalizers.Replace(" ", "▁")
+    backend.decoder = t.decoders.Sequence([t.decoders.Replace("▁", " "), t.decoders.ByteFallback(), t.decoders.Fuse()])
+    backend.add_special_tokens(["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"])
+    return HFTokenizer(backend.to_str(), eos_id=1)
+
+
+def test_a_gemma_style_tokenizer_reads_and_the_gguf_export_refuses_it_in_one_line(saved, tmp_path):
+    from minigpt.hf.tokenizer_files import load_hf_tokenizer
+
+    tokenizer = gemma_style_tokenizer()
+    save_hf_tokenizer(tokenizer, tmp_path / "tok")
+    back = load_hf_tokenizer(tmp_path / "tok", {"model_type": FAMILY, "vocab_size": tokenizer.vocab_size})
+    text = " hello héllo ☃"
+    assert back.encode(text) == tokenizer.encode(text) and back.decode(back.encode(text)) == text
+    assert back.encode(" hello") == [269]  # one merged piece; é and ☃ fall back to their UTF-8 bytes
+    pytest.importorskip("gguf")
+    config = load_model(saved["gemma3-mqa-untied-pattern"][1])[0].config.to_dict()
+    model = helper("gguf_models").random_model(**{**config, "vocab_size": tokenizer.vocab_size})
+    with pytest.raises(UserError) as e:
+        export_gguf(model, back, tmp_path / "model.gguf")
+    assert "llama.cpp would encode text to other ids" in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "model.gguf").exists()
+
+
+GEMMA_TEMPLATE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""  # Gemma 3's chat_template (tokenizer_config.json of the instruction-tuned models)
+
+
+def test_gemmas_chat_template_renders_through_the_sandbox_as_transformers_renders_it(tmp_path):
+    from minigpt.loading import load_chat_model
+
+    tokenizer = gemma_style_tokenizer()
+    config = MODELS["gemma3-gqa-tied-window"]()
+    config.vocab_size, config.bos_token_id, config.eos_token_id = tokenizer.vocab_size, 2, 1
+    random_hf_model(config).save_pretrained(tmp_path)
+    (tmp_path / "tokenizer.json").write_text(tokenizer.tokenizer_json)
+    tokenizer_config = {"bos_token": "<bos>", "eos_token": "<eos>", "chat_template": GEMMA_TEMPLATE}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    _, chat_tok = load_chat_model(tmp_path)
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hello? "},
+        {"role": "assistant", "content": "hello, é☃"},
+        {"role": "user", "content": "And 1 + 1?"},
+    ]
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path).apply_chat_template(
+        conversation, add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    ours = chat_tok.encode_chat(conversation, add_generation_prompt=True)[0]
+    assert ours == theirs and ours[0] == 2 and ours.count(tokenizer.backend.token_to_id("<start_of_turn>")) == 4
+    with pytest.raises(UserError, match="Conversation roles must alternate"):
+        chat_tok.encode_chat(conversation[:2] + conversation[3:], add_generation_prompt=True)
+
+
+# ------------------------------------------------------------------------------------------------- train, serve
+
+
+@pytest.fixture(scope="module")
+def gemma_folder(corpus, tmp_path_factory):
+    """A small random Gemma 3 saved with save_pretrained, with a char tokenizer.json covering the corpus."""
+    tok = CharTokenizer(corpus.read_text())
+    config = MODELS["gemma3-gqa-tied-window"]()
+    config.vocab_size = tok.vocab_size
+    folder = tmp_path_factory.mktemp("gemma3")
+    random_hf_model(config).save_pretrained(folder)
+    save_hf_tokenizer(tok, folder)
+    return folder
+
+
+def first_loss_of(hf_dir: Path, batch: torch.Tensor) -> float:
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    with torch.no_grad():
+        logits = hf_model(batch[:, :-1]).logits
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).item()
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_train_py_fine_tunes_a_gemma_folder_full_and_lora(
+    gemma_folder, lora, record_training_losses, tiny_run_args, corpus, data_root, tmp_path, monkeypatch
+):
+    args = tiny_run_args(corpus, data_root, tmp_path / "ft", steps=3, trainer__precision="32-true")
+    pairs = [(k, v) for k, v in zip(args[::2], args[1::2]) if not k.startswith("--model.")]
+    argv = [x for pair in pairs for x in pair] + ["--init_from", str(gemma_folder)]
+    argv += ["--finetune", "lora", "--lora.rank", "4"] if lora else []
+    seen = record_training_losses(monkeypatch)
+    trainer = train_main(argv)
+    assert trainer.global_step == 3
+    batch, first_loss = seen[0]
+    assert first_loss == pytest.approx(first_loss_of(gemma_folder, batch), abs=1e-4), "the first step sees HF's"
+    assert math.isfinite(seen[-1][1])
+    model = load_lora_run(tmp_path / "ft")[0] if lora else load_model(tmp_path / "ft")[0]
+    assert model.config.family == FAMILY and model.config.post_norms
+
+
+def test_a_served_gemma_import_completes_as_generate_does(saved):
+    openai = pytest.importorskip("openai")
+    from minigpt.serve.app import create_app
+
+    serving = helper("serve_support", "serve").serving
+    name = "gemma3-gqa-tied-window"
+    model, tokenizer = load_model(saved[name][1])
+    ids_ = prompt_ids(tokenizer, "héllo wörld, past the window")
+    expected = generate(model, torch.tensor([ids_]), 12, temperature=0, vocab_size=tokenizer.vocab_size)
+    with serving(create_app(model, tokenizer, name)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        reply = client.completions.create(
+            model=name, prompt="héllo wörld, past the window", max_tokens=12, temperature=0
+        )
+    assert reply.choices[0].text == tokenizer.decode(expected[0, len(ids_) :].tolist())
+
+
+# ------------------------------------------------------------------------------------------------- trained here
+
+GEMMA_OPTIONS = [
+    "--model.arch", "llama", "--model.n_layer", "3", "--model.n_kv_head", "1", "--model.mlp", "geglu",
+    "--model.gelu_approximate", "tanh", "--model.post_norms", "true", "--model.scale_embeddings", "true",
+    "--model.attn_scale_dim", "12", "--model.qk_norm", "true", "--model.sliding_window", "8",
+    "--model.layer_types", '["sliding_attention", "full_attention", "sliding_attention"]',
+    "--model.rope_local_base", "100",
+]  # fmt: skip
+
+
+def test_a_model_trained_here_with_gemmas_options_trains_samples_and_exports_as_gemma3(
+    tiny_run_args, corpus, data_root, tmp_path
+):
+    args = tiny_run_args(corpus, data_root, tmp_path / "run", steps=12, trainer__precision="32-true")
+    trainer = train_main([*args, *GEMMA_OPTIONS])
+    assert trainer.global_step == 12
+    model, tokenizer = load_model(tmp_path / "run")
+    config = model.config
+    assert (config.mlp, config.post_norms, config.scale_embeddings, config.attn_scale_dim) == ("geglu", True, True, 12)
+    idx = torch.tensor([prompt_ids(tokenizer, corpus.read_text()[:30])])  # 30 tokens: past the 8-token window
+    logits = {}
+    for attention in ("sdpa", "manual", "einops"):
+        model.set_attention(attention)
+        logits[attention] = our_logits(model, idx)
+    for attention in ("manual", "einops"):
+        torch.testing.assert_close(logits[attention], logits["sdpa"], atol=1e-5, rtol=0)
+    cached = generate(model, idx[:, :5], 24, temperature=0, use_kv_cache=True)
+    assert cached.tolist() == generate(model, idx[:, :5], 24, temperature=0, use_kv_cache=False).tolist()
+    out = io.StringIO()
+    sample_main(["--ckpt", str(tmp_path / "run"), "--temperature", "0", "--max_new_tokens", "20"], stdout=out)
+    assert out.getvalue().strip()
+    # the same options are Gemma 3's: the model exports as Gemma3ForCausalLM and transformers computes it
+    model.config.family = FAMILY
+    folder = export_hf(model, tokenizer, tmp_path / "hf")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert type(theirs).__name__ == CLASS
+    torch.testing.assert_close(hf_logits(theirs, idx), logits["sdpa"], atol=1e-5, rtol=0)
+
+
+# the published configs' sizes (Gemma 3 270M: layer_types given, 4 heads of 256 over a 640-wide model, one KV head;
+# Gemma 3 1B: sliding_window_pattern 6, tied); both sliding_window 512, local base 10000, global 1e6
+PUBLISHED = {
+    "gemma-3-270m": {
+        "architectures": [CLASS],
+        "model_type": FAMILY,
+        "hidden_size": 640,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 18,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": None,
+        "sliding_window": 512,
+        "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 3,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "attention_bias": False,
+        "vocab_size": 262144,
+    },
+    "gemma-3-1b": {
+        "architectures": [CLASS],
+        "model_type": FAMILY,
+        "hidden_size": 1152,
+        "intermediate_size": 6912,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000,
+        "rope_local_base_freq": 10000,
+        "rope_scaling": None,
+        "sliding_window": 512,
+        "sliding_window_pattern": 6,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "vocab_size": 262144,
+    },
+}
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_published_gemma_configs_give_transformers_tensor_shapes_and_llama_cpps_layout(name):
+    """Our model for each config.json, renamed to HF names, has exactly the tensors transformers builds from it (both
+    on the meta device), and its layer pattern, local base and attention scale are what llama.cpp's gemma3 assumes."""
+    from minigpt.export.gguf import unsupported_options
+    from minigpt.hf.load import config_from_hf
+    from minigpt.hf.weights import to_hf_state_dict
+
+    config = config_from_hf(PUBLISHED[name], block_size=1024)
+    assert config.sliding_window == 512 and config.rope_local_base == 10000.0 and config.rope_base == 1e6
+    assert unsupported_options(config) == []
+    with torch.device("meta"):
+        ours = to_hf_state_dict(GPT(config).state_dict(), config)
+        theirs = transformers.Gemma3ForCausalLM(transformers.AutoConfig.for_model(**PUBLISHED[name])).state_dict()
+    theirs.pop("lm_head.weight")  # tied
+    assert {k: tuple(v.shape) for k, v in ours.items()} == {k: tuple(v.shape) for k, v in theirs.items()}
+
+
+def test_gemma_is_registered():
+    assert CLASSES[FAMILY] == CLASS and FAMILIES[FAMILY].hf_class == CLASS
