@@ -11,9 +11,13 @@ the merges, and the pre-tokenizer's name, found from the tokenizer.json's split 
     char: each character as the bytes of its UTF-8 spelling, with merges that join exactly those bytes again (a
           character is never split by the pre-tokenizer, and a merge never crosses two characters).
 
+    spm:  a SentencePiece-style BPE (Llama 2, Mistral v0.1-v0.3, Gemma, Phi-3: "▁" for spaces, <0xNN> byte
+          fallback) becomes llama.cpp's SentencePiece tokenizer ("llama" model, _spm_vocab).
+
 A tokenizer llama.cpp cannot reproduce is refused in one line (_unreproducible): a split pattern it has no
-name for, a normaliser, a vocabulary that is not byte-level (SentencePiece style), a vocabulary larger than the
-model's.  llama.cpp always has an end-of-sequence token; for vocabularies without one see gguf_specials.
+name for, a normaliser, a model that is neither byte-level nor SentencePiece-style BPE (Unigram, WordPiece), a
+vocabulary larger than the model's.  llama.cpp always has an end-of-sequence token; for vocabularies without one
+see gguf_specials.
 """
 
 from __future__ import annotations
@@ -34,10 +38,13 @@ from minigpt.hf.tokenizer_files import bytes_to_unicode, save_hf_tokenizer
 
 __all__ = ["GGUFVocab", "PRE_TOKENIZERS", "gguf_vocab", "gguf_chat_template", "pre_tokenizer_name"]
 
-NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5  # gguf.TokenType
+NORMAL, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 3, 4, 5, 6  # gguf.TokenType
 BYTE_LEVEL = bytes_to_unicode()
 ALPHABET = set(BYTE_LEVEL.values())
 NEVER_MERGED = f"{BYTE_LEVEL[0xFF]} {BYTE_LEVEL[0xFF]}"  # two 0xFF bytes: never adjacent in UTF-8 text
+SPACE = "\u2581"  # "▁": SentencePiece's spelling of a space
+BYTE_PIECES = [f"<0x{b:02X}>" for b in range(256)]
+NO_MERGE_SCORE = -1e9  # a SentencePiece piece no merge makes: llama.cpp merges into it last
 
 # split patterns (tokenizer.json's Split regex, or a tiktoken pat_str) -> the llama.cpp pre-tokenizer that splits
 # text the same way: each family's own tokenizer's (minigpt.hf.families), then tiktoken's encodings; each is proven
@@ -71,17 +78,26 @@ class GGUFVocab:
     add_eos: bool = False
     end_of_turn: int | None = None
     chat_template: str | None = None
-    kind: str = ""  # "char" or "bpe": how a character added by a chat tokenizer is spelled
+    kind: str = ""  # "char", "bpe" or "spm": how a character added by a chat tokenizer is spelled
     nfc: bool = False  # the tokenizer NFC-normalises text first (Qwen's), which llama.cpp does not
+    scores: list[float] | None = None  # SentencePiece ("spm"): each piece's merge priority, highest first
+    add_space_prefix: bool = False  # SentencePiece: a "▁" before the text and after each added token
+    unk: int | None = None
+    pad: int | None = None
 
     def write(self, writer: Any) -> None:
         """Add the tokenizer keys to a gguf.GGUFWriter."""
-        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_model("llama" if self.kind == "spm" else "gpt2")
         writer.add_tokenizer_pre(self.pre)
         writer.add_token_list(self.tokens)
         writer.add_token_types(self.types)
-        writer.add_token_merges(self.merges or [NEVER_MERGED])  # llama.cpp requires the key; gguf-py drops empty arrays
-        for key, value in (("bos", self.bos), ("eos", self.eos), ("eot", self.end_of_turn)):
+        if self.kind == "spm":
+            writer.add_token_scores(self.scores)
+            writer.add_add_space_prefix(self.add_space_prefix)
+        else:  # llama.cpp requires the key; gguf-py drops empty arrays
+            writer.add_token_merges(self.merges or [NEVER_MERGED])
+        specials = ("bos", self.bos), ("eos", self.eos), ("eot", self.end_of_turn), ("unk", self.unk), ("pad", self.pad)
+        for key, value in specials:
             if value is not None:
                 getattr(writer, f"add_{key}_token_id")(value)
         writer.add_add_bos_token(self.add_bos)
@@ -114,6 +130,8 @@ def gguf_vocab(
         raise UserError(f"{problem}; {REFUSED}")
     if model["type"] == "WordLevel":
         vocab = _char_vocab(model["vocab"])
+    elif _sentencepiece_style(doc):
+        vocab = _spm_vocab(doc, model)
     else:
         vocab = _bpe_vocab(doc, model, isinstance(base, ByteTokenizer))
     _add_tokens(vocab, doc.get("added_tokens") or [])
@@ -125,6 +143,8 @@ def gguf_vocab(
         )
     vocab.tokens += [f"[PAD{i}]" for i in range(len(vocab.tokens), vocab_size)]  # as convert_hf_to_gguf pads
     vocab.types += [UNUSED] * (vocab_size - len(vocab.types))
+    if vocab.scores is not None:  # added and padding tokens: made by no merge
+        vocab.scores += [NO_MERGE_SCORE] * (len(vocab.tokens) - len(vocab.scores))
     _check_unique(vocab.tokens)
     _set_specials(vocab, tokenizer, base, config, char_eos)
     template = chat_template if chat_template is not None else config.get("chat_template")
@@ -136,26 +156,28 @@ def gguf_vocab(
 
 
 def _unreproducible(doc: dict, base: Tokenizer) -> Iterator[str]:
-    """Why llama.cpp's BPE would split or spell text otherwise than tokenizer.json `doc` (the first reason only):
-    a model that is not byte-level BPE (SentencePiece style: llama.cpp would need its piece scores), a
-    normaliser, a pre-tokenizer llama.cpp has no name for."""
+    """Why llama.cpp's tokenizer would split or spell text otherwise than tokenizer.json `doc` (the first reason
+    only): a model that is neither byte-level nor SentencePiece-style BPE, a normaliser, a pre-tokenizer llama.cpp
+    has no name for (_spm_problems: what a SentencePiece-style one may not have)."""
     model = doc.get("model") or {}
     if model.get("type") == "WordLevel" and isinstance(base, CharTokenizer):
         return
     if model.get("type") != "BPE":
         yield (
-            f"the tokenizer ({base.name}) is a {model.get('type')} model; llama.cpp reads byte-level BPE "
-            "vocabularies from a GGUF file"
+            f"the tokenizer ({base.name}) is a {model.get('type')} model; llama.cpp reads byte-level BPE and "
+            "SentencePiece-style BPE vocabularies from a GGUF file"
         )
+        return
+    if _sentencepiece_style(doc):
+        yield from _spm_problems(doc, model)
         return
     by_id = sorted((model.get("vocab") or {}).items(), key=lambda kv: kv[1])
     not_byte_level = next((t for t, _ in by_id if not set(t) <= ALPHABET), None)
     decoder = (doc.get("decoder") or {}).get("type")
     if not_byte_level is not None or decoder != "ByteLevel":
         yield (
-            f"the tokenizer is not a byte-level BPE (token {not_byte_level!r}, decoder {decoder}): a "
-            "SentencePiece-style vocabulary, which this export does not convert (llama.cpp would need its piece "
-            "scores)"
+            f"the tokenizer is neither a byte-level BPE (token {not_byte_level!r}, decoder {decoder}) nor a "
+            "SentencePiece-style one (pieces with '▁' for spaces and byte_fallback to <0xNN> pieces)"
         )
     elif doc.get("normalizer") and doc["normalizer"].get("type") != "NFC":  # NFC: a note (export.gguf's NFC_NOTE)
         yield f"the tokenizer normalises text first ({doc['normalizer'].get('type')}), which llama.cpp's BPE does not"
@@ -177,6 +199,104 @@ def _unreproducible(doc: dict, base: Tokenizer) -> Iterator[str]:
             yield (
                 f"the tokenizer's pre-tokenizer ({' + '.join(map(str, kinds)) or 'none'}) has no llama.cpp counterpart"
             )
+
+
+def _sentencepiece_style(doc: dict) -> bool:
+    """A SentencePiece BPE as a tokenizer.json (Llama 2's, Gemma's, Phi-3's): byte fallback, not byte-level."""
+    model = doc.get("model") or {}
+    return model.get("type") == "BPE" and bool(model.get("byte_fallback")) and _decoder(doc) != "ByteLevel"
+
+
+def _decoder(doc: dict) -> str | None:
+    return (doc.get("decoder") or {}).get("type")
+
+
+def _space_prefix(doc: dict) -> bool | None:
+    """Whether a SentencePiece-style tokenizer.json writes "▁" before the text and after each added token, as
+    llama.cpp's add_space_prefix does; None if it maps text to pieces otherwise than llama.cpp (which only turns
+    each space into "▁")."""
+    normalizer, pre = doc.get("normalizer"), doc.get("pre_tokenizer")
+    steps = (
+        (normalizer.get("normalizers", []) if normalizer.get("type") == "Sequence" else [normalizer])
+        if normalizer
+        else []
+    )
+    replace = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}
+    prepend = {"type": "Prepend", "prepend": SPACE}
+    if pre is None and steps in ([replace], [prepend, replace]):  # Gemma's; Llama 2's (the "legacy" files)
+        return len(steps) == 2  # a normaliser runs on each text between added tokens: as llama.cpp prefixes
+    if not steps and _metaspace(pre) and pre.get("prepend_scheme") == "never":  # spaces as "▁", nothing prepended
+        return False
+    return None
+
+
+def _metaspace(pre: dict | None) -> bool:
+    """A Metaspace pre-tokenizer that only turns spaces into "▁" (and may prepend one): it does not split."""
+    return bool(pre) and pre.get("type") == "Metaspace" and pre.get("replacement") == SPACE and not pre.get("split")
+
+
+def _spm_problems(doc: dict, model: dict) -> Iterator[str]:
+    """What llama.cpp's SentencePiece tokenizer cannot do as this SentencePiece-style tokenizer.json does."""
+    pre = doc.get("pre_tokenizer") or {}
+    if _space_prefix(doc) is None:
+        if _metaspace(pre) and not doc.get("normalizer"):  # prepends "▁" only where a text starts without one
+            yield (
+                f"the tokenizer puts '▁' before a text only where it starts with no space (Metaspace "
+                f"prepend_scheme {pre.get('prepend_scheme')}), and llama.cpp before every text"
+                + (" and after each special token" if pre.get("prepend_scheme") == "first" else "")
+            )
+        else:
+            yield (
+                f"the SentencePiece-style tokenizer maps text to pieces with normaliser "
+                f"{(doc.get('normalizer') or {}).get('type')} and pre-tokenizer {pre.get('type')}, and llama.cpp "
+                "only replaces spaces by '▁' (and may prepend one)"
+            )
+        return
+    vocab = model.get("vocab") or {}
+    odd = [k for k in ("dropout", "continuing_subword_prefix", "end_of_word_suffix", "ignore_merges") if model.get(k)]
+    missing = next((b for b in BYTE_PIECES if b not in vocab), None)
+    stripped = next((a for a in doc.get("added_tokens") or [] if any(a.get(k) for k in STRIPS)), None)
+    nul = next((p for p in vocab if "\0" in p), None)
+    if odd:
+        yield f"the tokenizer's BPE has {odd[0]}={model[odd[0]]!r}, which llama.cpp's SentencePiece tokenizer has not"
+    elif missing is not None:
+        yield f"the tokenizer falls back to bytes but has no {missing} piece, which llama.cpp would need"
+    elif nul is not None:  # BPE's byte-level spelling has no NUL; here a piece holds the character itself
+        yield f"piece {nul!r} holds a NUL character, and llama.cpp reads a token's text only up to one"
+    elif stripped is not None:
+        yield (
+            f"added token {stripped['content']!r} takes in whitespace around it "
+            f"({', '.join(k for k in STRIPS if stripped.get(k))}), which llama.cpp does not"
+        )
+
+
+STRIPS = ("lstrip", "rstrip", "single_word")
+
+
+def _spm_vocab(doc: dict, model: dict) -> GGUFVocab:
+    """A SentencePiece-style tokenizer.json as llama.cpp's SentencePiece ("llama") vocabulary.
+
+    llama.cpp's SentencePiece tokenizer merges, of all adjacent pieces whose concatenation is a piece, the pair
+    whose merged piece scores highest (the leftmost on a tie), where Hugging Face merges the pair with the
+    earliest merge rule.  So a piece's score is minus the rank of the first merge rule that makes it: llama.cpp
+    then makes pieces in the order of the rules.  (A SentencePiece model converted by transformers lists every
+    split of a piece as a rule, in the order of the piece scores, so this keeps the model's own order; a BPE
+    trained by `tokenizers` never leaves two adjacent pieces that join into a piece by another rule.)"""
+    by_id = sorted((model.get("vocab") or {}).items(), key=lambda kv: kv[1])
+    first_rank: dict[str, int] = {}
+    for rank, merge in enumerate(model.get("merges") or []):
+        left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
+        first_rank.setdefault(left + right, rank)
+    n = (by_id[-1][1] + 1) if by_id else 0
+    tokens, types, scores = [f"[PAD{i}]" for i in range(n)], [UNUSED] * n, [NO_MERGE_SCORE] * n
+    for token, i in by_id:
+        tokens[i], types[i] = token, BYTE if token in BYTE_PIECES else NORMAL
+        scores[i] = -float(first_rank[token]) if token in first_rank else NO_MERGE_SCORE
+    vocab = GGUFVocab(tokens, types, [], pre="default", bos=None, eos=None, kind="spm", scores=scores)
+    vocab.add_space_prefix = bool(_space_prefix(doc))
+    unk = model.get("unk_token")
+    vocab.unk = dict(by_id).get(unk) if unk is not None else None
+    return vocab
 
 
 def _byte_level(text: str) -> str:
@@ -289,6 +409,8 @@ def _set_specials(vocab: GGUFVocab, tokenizer: Tokenizer, base: Tokenizer, confi
         return ids.get(_byte_level(text) if vocab.kind == "char" else text, ids.get(text))
 
     vocab.bos, vocab.eos = token_id(config.get("bos_token")), token_id(config.get("eos_token"))
+    if vocab.kind == "spm":  # as convert_hf_to_gguf names a SentencePiece vocabulary's padding token
+        vocab.pad = ids.get("<pad>")
     if isinstance(base, ByteTokenizer):
         vocab.bos = 10
         vocab.eos = vocab.eos if isinstance(tokenizer, ChatTokenizer) else 0xFF

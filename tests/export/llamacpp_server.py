@@ -52,6 +52,10 @@ class LlamaCpp:
         """llama.cpp's ids for `text`, as a prompt is tokenized (special markers parsed; BOS only if asked)."""
         return self.post("/tokenize", {"content": text, "add_special": add_special, "parse_special": True})["tokens"]
 
+    def detokenize(self, ids: list[int]) -> str:
+        """llama.cpp's text for `ids` (special tokens written out)."""
+        return self.post("/detokenize", {"tokens": ids})["content"]
+
     def completion(self, ids: list[int], n: int, **options) -> dict:
         body = {
             "prompt": ids,

@@ -186,7 +186,7 @@ def test_a_char_vocabulary_ends_on_the_character_its_model_is_least_likely_to_wr
             ),
             "splits text with a pattern llama.cpp has no pre-tokenizer for",
         ),
-        (lambda: sentencepiece_style(), "is not a byte-level BPE"),
+        (lambda: sentencepiece_style(), "the SentencePiece-style tokenizer maps text to pieces with"),
         (lambda: hf_tokenizer("bytelevel").__class__(normalised()), "normalises text first (NFKC)"),
     ],
 )
@@ -200,7 +200,8 @@ def test_a_tokenizer_llama_cpp_would_encode_otherwise_is_refused_before_writing(
 
 
 def sentencepiece_style() -> HFTokenizer:
-    """A Llama-2-style tokenizer.json: pieces with '▁' and <0xNN> byte fallback, a Metaspace pre-tokenizer."""
+    """A SentencePiece-style tokenizer.json whose Metaspace pre-tokenizer splits text at each "▁" (llama.cpp does
+    not; tests/export/test_gguf_spm.py has the ones it reproduces)."""
     import tokenizers as t
 
     vocab = {"<unk>": 0, **{f"<0x{i:02X}>": 1 + i for i in range(256)}, "▁": 257, "a": 258, "▁a": 259}
