@@ -19,20 +19,12 @@ from minigpt.core.tokenizers import HFTokenizer
 from minigpt.export.gguf import export_gguf
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gguf_models import CORPUS, TEXTS, random_model, words_text
+from gguf_models import ADDED, SPACES, TEXTS, random_model, spm_tokenizer
 from llamacpp_server import LlamaCpp
 
 pytest.importorskip("xllamacpp")
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is as fast
 
-SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]  # Gemma's first ids
-ADDED = ["<start_of_turn>", "<end_of_turn>"]
-# how each family's tokenizer.json writes spaces as "▁": (normaliser steps, pre-tokenizer) -> llama.cpp's prefix
-SPACES = {
-    "gemma": (["replace"], None, False),  # no dummy prefix
-    "llama2": (["prepend", "replace"], None, True),  # the "legacy" files: "▁" before each text
-    "metaspace-never": ([], "never", False),
-}
 SPM_TEXTS = [
     *TEXTS,
     "hello",
@@ -47,43 +39,6 @@ SPM_TEXTS = [
     " ",
     "▁ a literal ▁▁ mark",
 ]
-
-
-def spm_tokenizer(spaces: str, vocab_size: int = 600, post_bos: bool = False) -> HFTokenizer:
-    """A SentencePiece-style tokenizer.json trained with `tokenizers` on the texts: Gemma's first ids, the 256
-    <0xNN> pieces, then the trained BPE (merges over "▁"-pieces, byte fallback for the rest); the specials and
-    the chat markers as added special tokens; `post_bos`: a post-processor that writes <bos> first."""
-    import tokenizers as t
-
-    steps, metaspace, _ = SPACES[spaces]
-    normalizers = {"replace": t.normalizers.Replace(" ", "▁"), "prepend": t.normalizers.Prepend("▁")}
-    trainer = t.Tokenizer(t.models.BPE())
-    if steps:
-        trainer.normalizer = t.normalizers.Sequence([normalizers[s] for s in steps])
-    if metaspace:
-        trainer.pre_tokenizer = t.pre_tokenizers.Metaspace(prepend_scheme=metaspace, split=False)
-    trainer.train_from_iterator(  # no NUL piece (refused: llama.cpp's token texts end at one): NUL falls back
-        (words_text(200) + CORPUS.replace("\0", "")).splitlines(True),
-        t.trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False),
-    )
-    trained = json.loads(trainer.to_str())["model"]
-    pieces = SPECIALS + [f"<0x{i:02X}>" for i in range(256)]
-    pieces += [p for p, _ in sorted(trained["vocab"].items(), key=lambda kv: kv[1])]
-    merges = [tuple(m) for m in trained["merges"]]
-    backend = t.Tokenizer(
-        t.models.BPE({p: i for i, p in enumerate(pieces)}, merges, byte_fallback=True, unk_token="<unk>")
-    )
-    backend.normalizer = trainer.normalizer
-    backend.pre_tokenizer = trainer.pre_tokenizer
-    strip = [t.decoders.Strip(" ", 1, 0)] if SPACES[spaces][2] else []  # Llama 2's: the prefix space goes again
-    backend.decoder = t.decoders.Sequence(
-        [t.decoders.Replace("▁", " "), t.decoders.ByteFallback(), t.decoders.Fuse(), *strip]
-    )
-    backend.add_special_tokens(SPECIALS + ADDED)
-    if post_bos:
-        backend.post_processor = t.processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
-    assert sum(len(p) > 1 and p not in pieces[:260] for p in pieces) > 150  # the texts exercise merges
-    return HFTokenizer(backend.to_str(), bos_id=2, eos_id=1)
 
 
 def transformers_ids(tokenizer: HFTokenizer, text: str) -> list[int]:

@@ -345,22 +345,42 @@ def gemma_style_tokenizer():
     return HFTokenizer(backend.to_str(), eos_id=1)
 
 
-def test_a_gemma_style_tokenizer_reads_and_the_gguf_export_refuses_it_in_one_line(saved, tmp_path):
+def test_a_gemma_style_tokenizer_reads_and_llama_cpp_runs_its_gguf_export(saved, tmp_path):
+    """Gemma's tokenizer.json shape (SentencePiece BPE, "▁" by a Replace normaliser, no dummy prefix, byte fallback,
+    <bos> written by the post-processor) read from a folder as the import reads it, then a trained one of that shape
+    exported to GGUF with a random Gemma 3: llama.cpp tokenizes text as transformers does and writes our greedy ids."""
     from minigpt.hf.tokenizer_files import load_hf_tokenizer
 
-    tokenizer = gemma_style_tokenizer()
-    save_hf_tokenizer(tokenizer, tmp_path / "tok")
-    back = load_hf_tokenizer(tmp_path / "tok", {"model_type": FAMILY, "vocab_size": tokenizer.vocab_size})
+    hand = gemma_style_tokenizer()
+    save_hf_tokenizer(hand, tmp_path / "hand")
+    back = load_hf_tokenizer(tmp_path / "hand", {"model_type": FAMILY, "vocab_size": hand.vocab_size})
     text = " hello héllo ☃"
-    assert back.encode(text) == tokenizer.encode(text) and back.decode(back.encode(text)) == text
+    assert back.encode(text) == hand.encode(text) and back.decode(back.encode(text)) == text
     assert back.encode(" hello") == [269]  # one merged piece; é and ☃ fall back to their UTF-8 bytes
     pytest.importorskip("gguf")
+    pytest.importorskip("xllamacpp")
+    gguf_models, LlamaCpp = helper("gguf_models"), helper("llamacpp_server").LlamaCpp
+    save_hf_tokenizer(gguf_models.spm_tokenizer("gemma", post_bos=True), tmp_path / "tok")
+    tokenizer = load_hf_tokenizer(tmp_path / "tok", {"model_type": FAMILY})
+    fast = transformers.AutoTokenizer.from_pretrained(tmp_path / "tok")
     config = load_model(saved["gemma3-mqa-untied-pattern"][1])[0].config.to_dict()
-    model = helper("gguf_models").random_model(**{**config, "vocab_size": tokenizer.vocab_size})
-    with pytest.raises(UserError) as e:
-        export_gguf(model, back, tmp_path / "model.gguf")
-    assert "llama.cpp would encode text to other ids" in str(e.value) and "\n" not in str(e.value)
-    assert not (tmp_path / "model.gguf").exists()
+    model = gguf_models.random_model(seed=1, **{**config, "vocab_size": tokenizer.vocab_size})
+    result = export_gguf(model, tokenizer, tmp_path / "model.gguf")
+    assert (result.arch, result.vocab.kind, result.vocab.add_space_prefix, result.vocab.add_bos) == (
+        "gemma3",
+        "spm",
+        False,
+        True,
+    )
+    chat = "<start_of_turn>user\nhéllo  wörld ☃ 42<end_of_turn>\n<start_of_turn>model\n"
+    prompt = tokenizer.encode(chat)
+    with torch.no_grad():
+        ours = generate(model, torch.tensor([prompt]), max_new_tokens=32, temperature=0)[0, len(prompt) :].tolist()
+    assert len(set(ours)) > 8  # a real continuation, not one token repeated
+    with LlamaCpp(tmp_path / "model.gguf") as llama:
+        for text in [chat, *gguf_models.TEXTS[:6]]:
+            assert llama.tokenize(text, add_special=True) == tokenizer.encode(text) == fast(text)["input_ids"], text
+        assert llama.argmax_along(prompt, ours) == ours
 
 
 GEMMA_TEMPLATE = """{{ bos_token }}

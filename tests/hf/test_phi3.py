@@ -196,6 +196,40 @@ def test_llama_cpp_runs_the_gguf_export_as_phi3(saved, name, tmp_path):
             assert max(abs(reference[t - 1, i].item() - lp) for i, lp in theirs.items()) < 1e-4
 
 
+def test_llama_cpp_runs_a_phi3_gguf_export_with_its_sentencepiece_tokenizer(saved, tmp_path):
+    """Phi-3's tokenizer.json shape (Llama 2's: SentencePiece BPE, a Prepend + Replace normaliser, so a dummy "▁"
+    before each text, byte fallback, BOS by the post-processor), trained here and read from a folder: llama.cpp
+    tokenizes text as transformers does and writes our greedy ids."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("xllamacpp")
+    import transformers
+
+    from minigpt.hf.tokenizer_files import load_hf_tokenizer
+
+    gguf_models, LlamaCpp = helper("gguf_models"), helper("llamacpp_server").LlamaCpp
+    save_hf_tokenizer(gguf_models.spm_tokenizer("llama2", post_bos=True), tmp_path / "tok")
+    tokenizer = load_hf_tokenizer(tmp_path / "tok", {"model_type": "phi3"})
+    fast = transformers.AutoTokenizer.from_pretrained(tmp_path / "tok")
+    config = load_model(saved[NO_WINDOW[0]][1])[0].config.to_dict()
+    model = gguf_models.random_model(seed=2, **{**config, "vocab_size": tokenizer.vocab_size, "block_size": 64})
+    result = export_gguf(model, tokenizer, tmp_path / "model.gguf")
+    assert (result.arch, result.vocab.kind, result.vocab.add_space_prefix, result.vocab.add_bos) == (
+        "phi3",
+        "spm",
+        True,
+        True,
+    )
+    chat = "<start_of_turn>user\nhéllo  wörld ☃ 42<end_of_turn>\n<start_of_turn>model\n"
+    prompt = tokenizer.encode(chat)
+    with torch.no_grad():
+        ours = generate(model, torch.tensor([prompt]), max_new_tokens=32, temperature=0)[0, len(prompt) :].tolist()
+    assert len(set(ours)) > 8  # a real continuation, not one token repeated
+    with LlamaCpp(tmp_path / "model.gguf") as llama:
+        for text in [chat, *gguf_models.TEXTS[:6]]:
+            assert llama.tokenize(text, add_special=True) == tokenizer.encode(text) == fast(text)["input_ids"], text
+        assert llama.argmax_along(prompt, ours) == ours
+
+
 def phi4_style_tokenizer():
     """A byte-level BPE tokenizer.json split as Phi-4-mini's (tiktoken's o200k_base pattern)."""
     from minigpt.core.tokenizers import HFTokenizer
