@@ -31,7 +31,7 @@ from minigpt.core.generation import generate, prompt_ids
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import CharTokenizer, Tokenizer
 from minigpt.export.gguf_file import SHA_KEY, FileState, check_out_file, write_gguf_file
-from minigpt.export.gguf_vocab import GGUFVocab, gguf_vocab
+from minigpt.export.gguf_vocab import GGUFVocab, gguf_name, gguf_vocab
 from minigpt.export.hf import zero_biases
 from minigpt.hf.families import family_of
 
@@ -170,10 +170,10 @@ class GGUFExport:
     notes: list[str]
 
 
-def write_metadata(writer, config: GPTConfig, gguf_type: GGUFType, name: str | None) -> None:
+def write_metadata(writer, config: GPTConfig, gguf_type: GGUFType, name: str) -> None:
     gguf = gguf_lib()
     writer.add_string(SHA_KEY, "0" * 64)  # second key, after general.architecture: filled in by gguf_file.seal
-    writer.add_name(name or "minigpt")
+    writer.add_name(name)
     writer.add_file_type(
         {
             "f32": gguf.LlamaFileType.ALL_F32,
@@ -216,6 +216,7 @@ def export_gguf(
     approved = check_out_file(out, overwrite, checked)
     tensors, kept, n_params = gguf_tensors(model, gguf_type)  # before any file: a failure here leaves nothing behind
     gguf = gguf_lib()
+    name, renamed = gguf_name(name or "minigpt", found.vocab)
 
     def write(path: Path) -> None:
         writer = gguf.GGUFWriter(path, family_of(config).gguf_arch)
@@ -231,4 +232,5 @@ def export_gguf(
             writer.close()
 
     write_gguf_file(out, write, approved)
-    return GGUFExport(out, family_of(config).gguf_arch, gguf_type, n_params, kept, found.vocab, found.notes)
+    notes = found.notes + ([renamed] if renamed else [])
+    return GGUFExport(out, family_of(config).gguf_arch, gguf_type, n_params, kept, found.vocab, notes)

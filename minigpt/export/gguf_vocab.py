@@ -36,7 +36,7 @@ from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, HFTokenizer, T
 from minigpt.hf.families import FAMILIES
 from minigpt.hf.tokenizer_files import bytes_to_unicode, save_hf_tokenizer
 
-__all__ = ["GGUFVocab", "PRE_TOKENIZERS", "gguf_vocab", "gguf_chat_template", "pre_tokenizer_name"]
+__all__ = ["GGUFVocab", "PRE_TOKENIZERS", "gguf_vocab", "gguf_chat_template", "gguf_name", "pre_tokenizer_name"]
 
 NORMAL, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 3, 4, 5, 6  # gguf.TokenType
 BYTE_LEVEL = bytes_to_unicode()
@@ -84,6 +84,7 @@ class GGUFVocab:
     add_space_prefix: bool = False  # SentencePiece: a "▁" before the text and after each added token
     unk: int | None = None
     pad: int | None = None
+    phi3_rstrip: bool = False  # the added tokens take in the whitespace after them as Phi-3's do (gguf_name)
 
     def write(self, writer: Any) -> None:
         """Add the tokenizer keys to a gguf.GGUFWriter."""
@@ -255,7 +256,9 @@ def _spm_problems(doc: dict, model: dict) -> Iterator[str]:
     vocab = model.get("vocab") or {}
     odd = [k for k in ("dropout", "continuing_subword_prefix", "end_of_word_suffix", "ignore_merges") if model.get(k)]
     missing = next((b for b in BYTE_PIECES if b not in vocab), None)
-    stripped = next((a for a in doc.get("added_tokens") or [] if any(a.get(k) for k in STRIPS)), None)
+    added = doc.get("added_tokens") or []
+    stripped = next((a for a in added if a.get("lstrip") or a.get("single_word")), None)
+    rstripped = {a["content"] for a in added if a.get("rstrip")}
     nul = next((p for p in vocab if "\0" in p), None)
     if odd:
         yield f"the tokenizer's BPE has {odd[0]}={model[odd[0]]!r}, which llama.cpp's SentencePiece tokenizer has not"
@@ -265,12 +268,43 @@ def _spm_problems(doc: dict, model: dict) -> Iterator[str]:
         yield f"piece {nul!r} holds a NUL character, and llama.cpp reads a token's text only up to one"
     elif stripped is not None:
         yield (
-            f"added token {stripped['content']!r} takes in whitespace around it "
-            f"({', '.join(k for k in STRIPS if stripped.get(k))}), which llama.cpp does not"
+            f"added token {stripped['content']!r} takes in the whitespace before it or around a word "
+            f"({'lstrip' if stripped.get('lstrip') else 'single_word'}), which llama.cpp does not"
+        )
+    elif rstripped and rstripped != (phi3 := _phi3_rstripped(added, vocab)):
+        odd = sorted(rstripped ^ phi3)[0]
+        yield (
+            f"added token {odd!r} {'takes' if odd in rstripped else 'does not take'} in the whitespace after it "
+            "(rstrip), and llama.cpp strips only after the tokens Phi-3's tokenizer strips after"
         )
 
 
-STRIPS = ("lstrip", "rstrip", "single_word")
+# llama.cpp strips the whitespace after special tokens (rstrip) only for a model whose general.name says Phi-3: after
+# each control or user-defined token and </s>, but <unk>, <s> and <|endoftext|>
+PHI3_NAMES = re.compile(r"phi-?3", re.IGNORECASE)
+PHI3_KEPT = ("<unk>", "<s>", "<|endoftext|>")
+
+
+def _phi3_rstripped(added: list[dict], vocab: dict[str, int]) -> set[str]:
+    """The tokens llama.cpp strips the whitespace after in a model named Phi-3 (added ones are control or
+    user-defined)."""
+    return ({a["content"] for a in added} | ({"</s>"} if "</s>" in vocab else set())) - set(PHI3_KEPT)
+
+
+def gguf_name(name: str, vocab: GGUFVocab) -> tuple[str, str | None]:
+    """The general.name to write and a note if it is not `name`: llama.cpp strips whitespace after special tokens
+    exactly when that name says Phi-3 (PHI3_NAMES), so it must say so where the tokenizer strips as Phi-3's does,
+    and must not elsewhere."""
+    if vocab.phi3_rstrip and not PHI3_NAMES.search(name):
+        new = f"{name} (phi3 tokenizer)"
+    elif not vocab.phi3_rstrip and PHI3_NAMES.search(name) and {CONTROL, USER_DEFINED} & set(vocab.types):
+        new = PHI3_NAMES.sub(lambda m: m[0].replace("-", "").replace("3", " 3"), name)
+    else:
+        return name, None
+    return new, (
+        f"the GGUF name is {new!r}, not {name!r}: llama.cpp strips the whitespace after special tokens exactly when "
+        "a model's name says Phi-3, and this tokenizer " + ("does" if vocab.phi3_rstrip else "does not")
+    )
 
 
 def _spm_vocab(doc: dict, model: dict) -> GGUFVocab:
@@ -294,6 +328,7 @@ def _spm_vocab(doc: dict, model: dict) -> GGUFVocab:
         scores[i] = -float(first_rank[token]) if token in first_rank else NO_MERGE_SCORE
     vocab = GGUFVocab(tokens, types, [], pre="default", bos=None, eos=None, kind="spm", scores=scores)
     vocab.add_space_prefix = bool(_space_prefix(doc))
+    vocab.phi3_rstrip = any(a.get("rstrip") for a in doc.get("added_tokens") or [])  # as Phi-3's: _spm_problems
     unk = model.get("unk_token")
     vocab.unk = dict(by_id).get(unk) if unk is not None else None
     return vocab

@@ -168,8 +168,11 @@ def hf_tokenizer(pre_tokenizer: str) -> HFTokenizer:
     return HFTokenizer(backend.to_str(), eos_id=backend.token_to_id("<|endoftext|>"))
 
 
+# SentencePiece-style tokenizers (test_gguf_spm.py, and the Gemma 3 and Phi-3 GGUF tests)
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]  # Gemma's first ids
 ADDED = ["<start_of_turn>", "<end_of_turn>"]
+PHI3_SPECIALS = ["<unk>", "<s>", "</s>"]  # Llama 2's and Phi-3's first ids; then Phi-3's added tokens: rstrip or not
+PHI3_ADDED = {"<|endoftext|>": False, "<|assistant|>": True, "<|end|>": True, "<|user|>": True, "<|system|>": True}
 # how each family's tokenizer.json writes spaces as "▁": (normaliser steps, pre-tokenizer) -> llama.cpp's prefix
 SPACES = {
     "gemma": (["replace"], None, False),  # no dummy prefix
@@ -178,10 +181,11 @@ SPACES = {
 }
 
 
-def spm_tokenizer(spaces: str, vocab_size: int = 600, post_bos: bool = False) -> HFTokenizer:
+def spm_tokenizer(spaces: str, vocab_size: int = 600, post_bos: bool = False, phi3: bool = False) -> HFTokenizer:
     """A SentencePiece-style tokenizer.json trained with `tokenizers` on the texts: Gemma's first ids, the 256
     <0xNN> pieces, then the trained BPE (merges over "▁"-pieces, byte fallback for the rest); the specials and
-    the chat markers as added special tokens; `post_bos`: a post-processor that writes <bos> first."""
+    the chat markers as added special tokens; `post_bos`: a post-processor that writes the BOS first; `phi3`:
+    Phi-3's specials and added tokens instead, most of which take in the whitespace after them (rstrip)."""
     import tokenizers as t
 
     steps, metaspace, _ = SPACES[spaces]
@@ -196,7 +200,8 @@ def spm_tokenizer(spaces: str, vocab_size: int = 600, post_bos: bool = False) ->
         t.trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False),
     )
     trained = json.loads(trainer.to_str())["model"]
-    pieces = SPECIALS + [f"<0x{i:02X}>" for i in range(256)]
+    specials = PHI3_SPECIALS if phi3 else SPECIALS
+    pieces = specials + [f"<0x{i:02X}>" for i in range(256)]
     pieces += [p for p, _ in sorted(trained["vocab"].items(), key=lambda kv: kv[1])]
     merges = [tuple(m) for m in trained["merges"]]
     backend = t.Tokenizer(
@@ -208,8 +213,16 @@ def spm_tokenizer(spaces: str, vocab_size: int = 600, post_bos: bool = False) ->
     backend.decoder = t.decoders.Sequence(
         [t.decoders.Replace("▁", " "), t.decoders.ByteFallback(), t.decoders.Fuse(), *strip]
     )
-    backend.add_special_tokens(SPECIALS + ADDED)
+    if phi3:
+        added = {"<unk>": False, "<s>": False, "</s>": True, **PHI3_ADDED}
+        backend.add_special_tokens(
+            [t.AddedToken(a, special=True, normalized=False, rstrip=r) for a, r in added.items()]
+        )
+    else:
+        backend.add_special_tokens(SPECIALS + ADDED)
+    bos, eos = ("<s>", "<|endoftext|>") if phi3 else ("<bos>", "<eos>")
     if post_bos:
-        backend.post_processor = t.processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
-    assert sum(len(p) > 1 and p not in pieces[:260] for p in pieces) > 150  # the texts exercise merges
-    return HFTokenizer(backend.to_str(), bos_id=2, eos_id=1)
+        bos_id = backend.token_to_id(bos)
+        backend.post_processor = t.processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, bos_id)])
+    assert sum(len(p) > 1 and p not in pieces[: len(specials) + 256] for p in pieces) > 150  # merges exercised
+    return HFTokenizer(backend.to_str(), bos_id=backend.token_to_id(bos), eos_id=backend.token_to_id(eos))

@@ -92,6 +92,34 @@ def test_llama_cpp_adds_the_bos_the_post_processor_adds(tmp_path):
             assert llama.tokenize(text, add_special=True) == ids, text
 
 
+STRIPPED_TEXTS = [
+    "<|user|>\n  hello there<|end|>\n<|assistant|>  \n\t x<|end|>",
+    "<s> a</s>  b<|endoftext|>  c<unk> d",
+    "<|system|>\r\n\x0bv\x0cf end",
+]
+
+
+def test_phi3s_added_tokens_take_in_the_whitespace_after_them_in_llama_cpp_too(tmp_path):
+    """Phi-3's added tokens take in the whitespace after them (rstrip; not <unk>, <s>, <|endoftext|>), which
+    llama.cpp does only for a model whose name says Phi-3: the export says so in the name, and names a model that
+    does not strip otherwise, whatever it is called."""
+    tokenizer = spm_tokenizer("llama2", post_bos=True, phi3=True)
+    model = random_model(n_layer=1, n_embd=32, vocab_size=tokenizer.vocab_size)
+    result = export_gguf(model, tokenizer, tmp_path / "phi3.gguf", name="tuned")
+    assert result.vocab.phi3_rstrip and any("'tuned (phi3 tokenizer)'" in note for note in result.notes)
+    with LlamaCpp(tmp_path / "phi3.gguf") as llama:
+        for text in STRIPPED_TEXTS:
+            ids = tokenizer.encode(text)
+            assert llama.tokenize(text, add_special=True) == ids == transformers_ids(tokenizer, text), text
+    gemma = spm_tokenizer("gemma")
+    model = random_model(n_layer=1, n_embd=32, vocab_size=gemma.vocab_size)
+    result = export_gguf(model, gemma, tmp_path / "gemma.gguf", name="my-Phi-3-tune")
+    assert any("'my-Phi 3-tune'" in note for note in result.notes)
+    with LlamaCpp(tmp_path / "gemma.gguf") as llama:
+        text = "<start_of_turn>\n  spaced <end_of_turn>  two<eos> \n"
+        assert llama.tokenize(text) == gemma.encode(text)
+
+
 def edited(spaces: str, edit) -> HFTokenizer:
     doc = json.loads(spm_tokenizer(spaces, vocab_size=300).tokenizer_json)
     edit(doc)
@@ -130,7 +158,12 @@ REFUSED = [
     (lambda: edited("gemma", metaspace(prepend_scheme="first")), "prepend_scheme first), and llama.cpp before"),
     (lambda: edited("gemma", lambda d: d["model"]["vocab"].pop("<0x41>")), "has no <0x41> piece"),
     (lambda: edited("gemma", lambda d: d["model"].update(dropout=0.1)), "dropout=0.1"),
-    (lambda: edited("gemma", lambda d: d["added_tokens"][-1].update(rstrip=True)), "'<end_of_turn>' takes in"),
+    (
+        lambda: edited("gemma", lambda d: d["added_tokens"][-1].update(rstrip=True)),
+        "after it (rstrip), and llama.cpp strips only after the tokens Phi-3's tokenizer strips after",
+    ),
+    (lambda: edited("gemma", lambda d: d["added_tokens"][-1].update(lstrip=True)), "the whitespace before it"),
+    (lambda: edited("gemma", lambda d: d["model"]["vocab"].update({"a\0": 900})), "holds a NUL character"),
 ]
 
 

@@ -198,8 +198,9 @@ def test_llama_cpp_runs_the_gguf_export_as_phi3(saved, name, tmp_path):
 
 def test_llama_cpp_runs_a_phi3_gguf_export_with_its_sentencepiece_tokenizer(saved, tmp_path):
     """Phi-3's tokenizer.json shape (Llama 2's: SentencePiece BPE, a Prepend + Replace normaliser, so a dummy "▁"
-    before each text, byte fallback, BOS by the post-processor), trained here and read from a folder: llama.cpp
-    tokenizes text as transformers does and writes our greedy ids."""
+    before each text, byte fallback, <s> by the post-processor; its added tokens, most taking in the whitespace
+    after them), trained here and read from a folder: llama.cpp tokenizes text as transformers does and writes our
+    greedy ids."""
     pytest.importorskip("gguf")
     pytest.importorskip("xllamacpp")
     import transformers
@@ -207,7 +208,7 @@ def test_llama_cpp_runs_a_phi3_gguf_export_with_its_sentencepiece_tokenizer(save
     from minigpt.hf.tokenizer_files import load_hf_tokenizer
 
     gguf_models, LlamaCpp = helper("gguf_models"), helper("llamacpp_server").LlamaCpp
-    save_hf_tokenizer(gguf_models.spm_tokenizer("llama2", post_bos=True), tmp_path / "tok")
+    save_hf_tokenizer(gguf_models.spm_tokenizer("llama2", post_bos=True, phi3=True), tmp_path / "tok")
     tokenizer = load_hf_tokenizer(tmp_path / "tok", {"model_type": "phi3"})
     fast = transformers.AutoTokenizer.from_pretrained(tmp_path / "tok")
     config = load_model(saved[NO_WINDOW[0]][1])[0].config.to_dict()
@@ -219,7 +220,8 @@ def test_llama_cpp_runs_a_phi3_gguf_export_with_its_sentencepiece_tokenizer(save
         True,
         True,
     )
-    chat = "<start_of_turn>user\nhéllo  wörld ☃ 42<end_of_turn>\n<start_of_turn>model\n"
+    assert result.vocab.phi3_rstrip  # written with a name that says Phi-3, for llama.cpp to strip as transformers
+    chat = "<|user|>\nhéllo  wörld ☃ 42<|end|>\n<|assistant|>\n"
     prompt = tokenizer.encode(chat)
     with torch.no_grad():
         ours = generate(model, torch.tensor([prompt]), max_new_tokens=32, temperature=0)[0, len(prompt) :].tolist()
