@@ -61,7 +61,10 @@ PRE_TOKENIZERS = {
     r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
     r"""|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+""": "gpt-4o",
 }
-REFUSED = "llama.cpp would encode text to other ids than minigpt, so the GGUF could not be run as trained"
+REFUSED = (
+    "llama.cpp would encode text to other ids than minigpt, so the GGUF could not be run as trained; export with "
+    "--format hf instead (transformers applies the tokenizer.json as it is)"
+)
 
 
 @dataclass

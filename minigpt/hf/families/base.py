@@ -32,7 +32,8 @@ class Family:
     """llama.cpp's architecture name (general.architecture)."""
     gguf_pre_tokenizer: ClassVar[tuple[str, str] | None] = None
     """(the split pattern of the family's own byte-level BPE tokenizer.json, the llama.cpp pre-tokenizer that splits
-    text alike): minigpt.export.gguf_vocab names the GGUF's pre-tokenizer from it.  None: not byte-level BPE."""
+    text alike): minigpt.export.gguf_vocab names the GGUF's pre-tokenizer from it.  None: not byte-level BPE (a
+    SentencePiece-style one goes into the GGUF as llama.cpp's SentencePiece vocabulary, which has no pre-tokenizer)."""
     tiktoken_fallback: ClassVar[str | None] = None
     """The tiktoken encoding of a model folder that holds no tokenizer files (GPT-2's vocab.json/merges.txt)."""
     all_biases: ClassVar[bool] = False

@@ -10,8 +10,9 @@ HF's forward computes) and ours - 1 on export (exact for gains in [0.5, 2]; HF t
 `gemma3` architecture stores the gains with the 1 added, as ours; it rotates halves (NEOX rope), so q and k keep their
 row order; and it hard-codes what config.json says for HF: every 6th layer full (5, 11, ...), the others sliding with
 RoPE base 10000, attention scaled by 1/sqrt(head_dim) (1/sqrt(hidden / heads) for a 62-layer model, Gemma 3 27B).
-The GGUF export refuses a model that differs.  Gemma's tokenizer.json is SentencePiece-style BPE (byte fallback),
-which reads through the HF tokenizer path and which the GGUF export refuses (as Llama 2's)."""
+The GGUF export refuses a model that differs.  Gemma's tokenizer.json is SentencePiece-style BPE (byte fallback, no
+dummy prefix), which reads through the HF tokenizer path and goes into a GGUF as llama.cpp's SentencePiece vocabulary
+(minigpt.export.gguf_vocab, as Llama 2's)."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ class Gemma3(Llama):
     model_type = "gemma3_text"
     hf_class = "Gemma3ForCausalLM"
     gguf_arch = "gemma3"
-    gguf_pre_tokenizer = None  # SentencePiece-style BPE, which the GGUF export refuses
+    gguf_pre_tokenizer = None  # SentencePiece-style BPE: llama.cpp's SentencePiece vocabulary, no pre-tokenizer
     peft_modules = PEFT_MODULES
     block_names, fused = BLOCK, FUSED
     gguf_permute = False  # NEOX rope: halves, as HF

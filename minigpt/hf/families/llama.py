@@ -132,7 +132,7 @@ class Llama(Family):
     hf_class = "LlamaForCausalLM"
     block = "llama"
     gguf_arch = "llama"
-    gguf_pre_tokenizer = (  # Llama 3's tokenizer.json (Llama 2's is SentencePiece, which the GGUF export refuses)
+    gguf_pre_tokenizer = (  # Llama 3's tokenizer.json (Llama 2's SentencePiece-style BPE needs no pattern)
         r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
         r"""|\s+(?!\S)|\s+""",
         "llama-bpe",

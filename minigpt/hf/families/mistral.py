@@ -19,7 +19,7 @@ DEFAULT_WINDOW = 4096  # MistralConfig's sliding_window where config.json has no
 class Mistral(Llama):
     model_type = "mistral"
     hf_class = "MistralForCausalLM"
-    gguf_pre_tokenizer = None  # SentencePiece (v0.1-v0.3), which the GGUF export refuses
+    gguf_pre_tokenizer = None  # SentencePiece-style BPE (v0.1-v0.3): llama.cpp's SentencePiece vocabulary
     sliding_window = True
 
     def config_fields(self, hf: dict[str, Any]) -> dict[str, Any]:

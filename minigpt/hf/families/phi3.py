@@ -9,8 +9,9 @@ max_position_embeddings / original_max_position_embeddings); the long_factor bey
 is capped there.  llama.cpp's `phi3` architecture keeps the fused tensors (attn_qkv; ffn_up holding gate then up),
 rotates halves (NEOX rope) over rope.dimension_count dims and holds LongRoPE as the rope_factors_short/long tensors
 and rope.scaling.attn_factor.  It computes no sliding window for Phi-3 (its loader turns Phi SWA off), so a window
-shorter than the context is refused there.  Phi-3's tokenizer is SentencePiece (refused by the GGUF export, as
-Mistral's); Phi-4-mini's is o200k-style byte-level BPE, llama.cpp's `gpt-4o` pre-tokenizer."""
+shorter than the context is refused there.  Phi-3's tokenizer is SentencePiece-style BPE (as Mistral's: llama.cpp's
+SentencePiece vocabulary in a GGUF, under a name that says phi3 for its rstrip tokens); Phi-4-mini's is o200k-style
+byte-level BPE, llama.cpp's `gpt-4o` pre-tokenizer."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ class Phi3(Llama):
     model_type = "phi3"
     hf_class = "Phi3ForCausalLM"
     gguf_arch = "phi3"
-    gguf_pre_tokenizer = (O200K, "gpt-4o")  # Phi-4-mini's (Phi-3's SentencePiece is refused by the GGUF export)
+    gguf_pre_tokenizer = (O200K, "gpt-4o")  # Phi-4-mini's (Phi-3's SentencePiece-style BPE needs no pattern)
     block_names = BLOCK | FUSED_NAMES
     fused = {}
     peft_modules = {
