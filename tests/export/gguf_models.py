@@ -181,11 +181,15 @@ SPACES = {
 }
 
 
-def spm_tokenizer(spaces: str, vocab_size: int = 600, post_bos: bool = False, phi3: bool = False) -> HFTokenizer:
+def spm_tokenizer(
+    spaces: str, vocab_size: int = 600, post_bos: bool = False, phi3: bool = False, converted: bool = False
+) -> HFTokenizer:
     """A SentencePiece-style tokenizer.json trained with `tokenizers` on the texts: Gemma's first ids, the 256
     <0xNN> pieces, then the trained BPE (merges over "▁"-pieces, byte fallback for the rest); the specials and
     the chat markers as added special tokens; `post_bos`: a post-processor that writes the BOS first; `phi3`:
-    Phi-3's specials and added tokens instead, most of which take in the whitespace after them (rstrip)."""
+    Phi-3's specials and added tokens instead, most of which take in the whitespace after them (rstrip);
+    `converted`: the merges transformers writes converting a SentencePiece model (every split of each piece into two
+    pieces, in the order of the pieces), as Llama 2's and Gemma's tokenizer.json hold them."""
     import tokenizers as t
 
     steps, metaspace, _ = SPACES[spaces]
@@ -204,6 +208,10 @@ def spm_tokenizer(spaces: str, vocab_size: int = 600, post_bos: bool = False, ph
     pieces = specials + [f"<0x{i:02X}>" for i in range(256)]
     pieces += [p for p, _ in sorted(trained["vocab"].items(), key=lambda kv: kv[1])]
     merges = [tuple(m) for m in trained["merges"]]
+    if converted:
+        from transformers.tokenization_utils_base import generate_merges
+
+        merges = generate_merges({p: i for i, p in enumerate(pieces)})
     backend = t.Tokenizer(
         t.models.BPE({p: i for i, p in enumerate(pieces)}, merges, byte_fallback=True, unk_token="<unk>")
     )

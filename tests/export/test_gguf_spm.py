@@ -49,9 +49,11 @@ def transformers_ids(tokenizer: HFTokenizer, text: str) -> list[int]:
     return fast(text, add_special_tokens=True)["input_ids"]
 
 
-@pytest.mark.parametrize("spaces", list(SPACES))
-def test_llama_cpp_tokenizes_a_sentencepiece_style_tokenizer_as_hugging_face(spaces, tmp_path):
-    tokenizer = spm_tokenizer(spaces)
+@pytest.mark.parametrize("spaces, converted", [*((s, False) for s in SPACES), ("gemma", True), ("llama2", True)])
+def test_llama_cpp_tokenizes_a_sentencepiece_style_tokenizer_as_hugging_face(spaces, converted, tmp_path):
+    """`converted`: merges as transformers converts a SentencePiece model (Llama 2's and Gemma's files); else as
+    `tokenizers` trains them."""
+    tokenizer = spm_tokenizer(spaces, converted=converted)
     model = random_model(n_layer=1, n_embd=32, vocab_size=tokenizer.vocab_size + 3)  # padded past the tokenizer
     result = export_gguf(model, tokenizer, tmp_path / "model.gguf")
     vocab = result.vocab
