@@ -227,7 +227,11 @@ def _space_prefix(doc: dict) -> bool | None:
     )
     replace = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}
     prepend = {"type": "Prepend", "prepend": SPACE}
-    if pre is None and steps in ([replace], [prepend, replace]):  # Gemma's; Llama 2's (the "legacy" files)
+    # Gemma's (transformers' converter adds a Split at " ", which finds none once the normaliser replaced them);
+    # Llama 2's ("legacy" files)
+    split_at_space = {"type": "Split", "pattern": {"String": " "}, "invert": False}
+    no_op = pre is None or {k: v for k, v in pre.items() if k != "behavior"} == split_at_space
+    if no_op and steps in ([replace], [prepend, replace]):
         return len(steps) == 2  # a normaliser runs on each text between added tokens: as llama.cpp prefixes
     if not steps and _metaspace(pre) and pre.get("prepend_scheme") == "never":  # spaces as "▁", nothing prepended
         return False
@@ -261,6 +265,7 @@ def _spm_problems(doc: dict, model: dict) -> Iterator[str]:
     missing = next((b for b in BYTE_PIECES if b not in vocab), None)
     added = doc.get("added_tokens") or []
     stripped = next((a for a in added if a.get("lstrip") or a.get("single_word")), None)
+    spaced = next((a for a in added if a.get("normalized") and {" ", SPACE} & set(a["content"])), None)
     rstripped = {a["content"] for a in added if a.get("rstrip")}
     nul = next((p for p in vocab if "\0" in p), None)
     if odd:
@@ -273,6 +278,11 @@ def _spm_problems(doc: dict, model: dict) -> Iterator[str]:
         yield (
             f"added token {stripped['content']!r} takes in the whitespace before it or around a word "
             f"({'lstrip' if stripped.get('lstrip') else 'single_word'}), which llama.cpp does not"
+        )
+    elif spaced is not None:
+        yield (
+            f"added token {spaced['content']!r} is matched in the normalised text (normalized true), where spaces are "
+            "'▁', and llama.cpp matches added tokens in the text as it is"
         )
     elif rstripped and rstripped != (phi3 := _phi3_rstripped(added, vocab)):
         odd = sorted(rstripped ^ phi3)[0]

@@ -173,9 +173,10 @@ SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]  # Gemma's first ids
 ADDED = ["<start_of_turn>", "<end_of_turn>"]
 PHI3_SPECIALS = ["<unk>", "<s>", "</s>"]  # Llama 2's and Phi-3's first ids; then Phi-3's added tokens: rstrip or not
 PHI3_ADDED = {"<|endoftext|>": False, "<|assistant|>": True, "<|end|>": True, "<|user|>": True, "<|system|>": True}
-# how each family's tokenizer.json writes spaces as "▁": (normaliser steps, pre-tokenizer) -> llama.cpp's prefix
+# how each family's tokenizer.json writes spaces as "▁": (normaliser steps, pre-tokenizer, llama.cpp's prefix)
 SPACES = {
     "gemma": (["replace"], None, False),  # no dummy prefix
+    "gemma-split": (["replace"], "split", False),  # as transformers converts Gemma's: a Split at " " after it
     "llama2": (["prepend", "replace"], None, True),  # the "legacy" files: "▁" before each text
     "metaspace-never": ([], "never", False),
 }
@@ -197,7 +198,9 @@ def spm_tokenizer(
     trainer = t.Tokenizer(t.models.BPE())
     if steps:
         trainer.normalizer = t.normalizers.Sequence([normalizers[s] for s in steps])
-    if metaspace:
+    if metaspace == "split":
+        trainer.pre_tokenizer = t.pre_tokenizers.Split(" ", "merged_with_previous")
+    elif metaspace:
         trainer.pre_tokenizer = t.pre_tokenizers.Metaspace(prepend_scheme=metaspace, split=False)
     trainer.train_from_iterator(  # no NUL piece (refused: llama.cpp's token texts end at one): NUL falls back
         (words_text(200) + CORPUS.replace("\0", "")).splitlines(True),

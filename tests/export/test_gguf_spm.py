@@ -141,6 +141,7 @@ def metaspace(**options):
     )
 
 
+SPLIT_AT_SPACE = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": False}
 REFUSED = [
     (unigram, "is a Unigram model"),
     (
@@ -165,6 +166,14 @@ REFUSED = [
         "after it (rstrip), and llama.cpp strips only after the tokens Phi-3's tokenizer strips after",
     ),
     (lambda: edited("gemma", lambda d: d["added_tokens"][-1].update(lstrip=True)), "the whitespace before it"),
+    (
+        lambda: edited("gemma", lambda d: d["added_tokens"][-1].update(content="a▁b", normalized=True)),
+        "added token 'a▁b' is matched in the normalised text",
+    ),
+    (
+        lambda: edited("gemma", lambda d: d.update(pre_tokenizer={**SPLIT_AT_SPACE, "pattern": {"String": "a"}})),
+        "and pre-tokenizer Split",
+    ),
     (lambda: edited("gemma", lambda d: d["model"]["vocab"].update({"a\0": 900})), "holds a NUL character"),
 ]
 

@@ -30,6 +30,7 @@ HF_CLASS = re.compile(r"\b[A-Z]\w*(ForCausalLM|LMHeadModel)\b")
 NOT_A_FAMILY = {
     ("core/config.py", "gpt2"): "the GPT-2 124M preset",
     ("export/gguf_vocab.py", "gpt2"): "llama.cpp's byte-level BPE tokenizer model",
+    ("export/gguf_vocab.py", "llama"): "llama.cpp's SentencePiece tokenizer model",
 }
 
 

@@ -208,7 +208,8 @@ def test_llama_cpp_runs_a_phi3_gguf_export_with_its_sentencepiece_tokenizer(save
     from minigpt.hf.tokenizer_files import load_hf_tokenizer
 
     gguf_models, LlamaCpp = helper("gguf_models"), helper("llamacpp_server").LlamaCpp
-    save_hf_tokenizer(gguf_models.spm_tokenizer("llama2", post_bos=True, phi3=True), tmp_path / "tok")
+    tokenizer = gguf_models.spm_tokenizer("llama2", post_bos=True, phi3=True, converted=True)  # merges as converted
+    save_hf_tokenizer(tokenizer, tmp_path / "tok")
     tokenizer = load_hf_tokenizer(tmp_path / "tok", {"model_type": "phi3"})
     fast = transformers.AutoTokenizer.from_pretrained(tmp_path / "tok")
     config = load_model(saved[NO_WINDOW[0]][1])[0].config.to_dict()
