@@ -12,7 +12,8 @@ the merges, and the pre-tokenizer's name, found from the tokenizer.json's split 
           character is never split by the pre-tokenizer, and a merge never crosses two characters).
 
     spm:  a SentencePiece-style BPE (Llama 2, Mistral v0.1-v0.3, Gemma, Phi-3: "▁" for spaces, <0xNN> byte
-          fallback) becomes llama.cpp's SentencePiece tokenizer ("llama" model, _spm_vocab).
+          fallback) becomes llama.cpp's SentencePiece tokenizer ("llama" model, _spm_vocab; what it cannot
+          apply: minigpt.export.gguf_spm).
 
 A tokenizer llama.cpp cannot reproduce is refused in one line (_unreproducible): a split pattern it has no
 name for, a normaliser, a model that is neither byte-level nor SentencePiece-style BPE (Unigram, WordPiece), a
@@ -33,6 +34,7 @@ from typing import Any
 from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.errors import UserError
 from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, HFTokenizer, Tokenizer
+from minigpt.export.gguf_spm import BYTE_PIECES, phi3_name, sentencepiece_style, space_prefix, spm_problems
 from minigpt.hf.families import FAMILIES
 from minigpt.hf.tokenizer_files import bytes_to_unicode, save_hf_tokenizer
 
@@ -42,8 +44,6 @@ NORMAL, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 3, 4, 5, 6  # gguf.TokenType
 BYTE_LEVEL = bytes_to_unicode()
 ALPHABET = set(BYTE_LEVEL.values())
 NEVER_MERGED = f"{BYTE_LEVEL[0xFF]} {BYTE_LEVEL[0xFF]}"  # two 0xFF bytes: never adjacent in UTF-8 text
-SPACE = "\u2581"  # "▁": SentencePiece's spelling of a space
-BYTE_PIECES = [f"<0x{b:02X}>" for b in range(256)]
 NO_MERGE_SCORE = -1e9  # a SentencePiece piece no merge makes: llama.cpp merges into it last
 
 # split patterns (tokenizer.json's Split regex, or a tiktoken pat_str) -> the llama.cpp pre-tokenizer that splits
@@ -134,7 +134,7 @@ def gguf_vocab(
         raise UserError(f"{problem}; {REFUSED}")
     if model["type"] == "WordLevel":
         vocab = _char_vocab(model["vocab"])
-    elif _sentencepiece_style(doc):
+    elif sentencepiece_style(doc):
         vocab = _spm_vocab(doc, model)
     else:
         vocab = _bpe_vocab(doc, model, isinstance(base, ByteTokenizer))
@@ -162,7 +162,7 @@ def gguf_vocab(
 def _unreproducible(doc: dict, base: Tokenizer) -> Iterator[str]:
     """Why llama.cpp's tokenizer would split or spell text otherwise than tokenizer.json `doc` (the first reason
     only): a model that is neither byte-level nor SentencePiece-style BPE, a normaliser, a pre-tokenizer llama.cpp
-    has no name for (_spm_problems: what a SentencePiece-style one may not have)."""
+    has no name for (gguf_spm.spm_problems: what a SentencePiece-style one may not have)."""
     model = doc.get("model") or {}
     if model.get("type") == "WordLevel" and isinstance(base, CharTokenizer):
         return
@@ -172,8 +172,8 @@ def _unreproducible(doc: dict, base: Tokenizer) -> Iterator[str]:
             "SentencePiece-style BPE vocabularies from a GGUF file"
         )
         return
-    if _sentencepiece_style(doc):
-        yield from _spm_problems(doc, model)
+    if sentencepiece_style(doc):
+        yield from spm_problems(doc, model)
         return
     by_id = sorted((model.get("vocab") or {}).items(), key=lambda kv: kv[1])
     not_byte_level = next((t for t, _ in by_id if not set(t) <= ALPHABET), None)
@@ -205,121 +205,6 @@ def _unreproducible(doc: dict, base: Tokenizer) -> Iterator[str]:
             )
 
 
-def _sentencepiece_style(doc: dict) -> bool:
-    """A SentencePiece BPE as a tokenizer.json (Llama 2's, Gemma's, Phi-3's): byte fallback, not byte-level."""
-    model = doc.get("model") or {}
-    return model.get("type") == "BPE" and bool(model.get("byte_fallback")) and _decoder(doc) != "ByteLevel"
-
-
-def _decoder(doc: dict) -> str | None:
-    return (doc.get("decoder") or {}).get("type")
-
-
-def _space_prefix(doc: dict) -> bool | None:
-    """Whether a SentencePiece-style tokenizer.json writes "▁" before the text and after each added token, as
-    llama.cpp's add_space_prefix does; None if it maps text to pieces otherwise than llama.cpp (which only turns
-    each space into "▁")."""
-    normalizer, pre = doc.get("normalizer"), doc.get("pre_tokenizer")
-    steps = (
-        (normalizer.get("normalizers", []) if normalizer.get("type") == "Sequence" else [normalizer])
-        if normalizer
-        else []
-    )
-    replace = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}
-    prepend = {"type": "Prepend", "prepend": SPACE}
-    # Gemma's (transformers' converter adds a Split at " ", which finds none once the normaliser replaced them);
-    # Llama 2's ("legacy" files)
-    split_at_space = {"type": "Split", "pattern": {"String": " "}, "invert": False}
-    no_op = pre is None or {k: v for k, v in pre.items() if k != "behavior"} == split_at_space
-    if no_op and steps in ([replace], [prepend, replace]):
-        return len(steps) == 2  # a normaliser runs on each text between added tokens: as llama.cpp prefixes
-    if not steps and _metaspace(pre) and pre.get("prepend_scheme") == "never":  # spaces as "▁", nothing prepended
-        return False
-    return None
-
-
-def _metaspace(pre: dict | None) -> bool:
-    """A Metaspace pre-tokenizer that only turns spaces into "▁" (and may prepend one): it does not split."""
-    return bool(pre) and pre.get("type") == "Metaspace" and pre.get("replacement") == SPACE and not pre.get("split")
-
-
-def _spm_problems(doc: dict, model: dict) -> Iterator[str]:
-    """What llama.cpp's SentencePiece tokenizer cannot do as this SentencePiece-style tokenizer.json does."""
-    pre = doc.get("pre_tokenizer") or {}
-    if _space_prefix(doc) is None:
-        if _metaspace(pre) and not doc.get("normalizer"):  # prepends "▁" only where a text starts without one
-            yield (
-                f"the tokenizer puts '▁' before a text only where it starts with no space (Metaspace "
-                f"prepend_scheme {pre.get('prepend_scheme')}), and llama.cpp before every text"
-                + (" and after each special token" if pre.get("prepend_scheme") == "first" else "")
-            )
-        else:
-            yield (
-                f"the SentencePiece-style tokenizer maps text to pieces with normaliser "
-                f"{(doc.get('normalizer') or {}).get('type')} and pre-tokenizer {pre.get('type')}, and llama.cpp "
-                "only replaces spaces by '▁' (and may prepend one)"
-            )
-        return
-    vocab = model.get("vocab") or {}
-    odd = [k for k in ("dropout", "continuing_subword_prefix", "end_of_word_suffix", "ignore_merges") if model.get(k)]
-    missing = next((b for b in BYTE_PIECES if b not in vocab), None)
-    added = doc.get("added_tokens") or []
-    stripped = next((a for a in added if a.get("lstrip") or a.get("single_word")), None)
-    spaced = next((a for a in added if a.get("normalized") and {" ", SPACE} & set(a["content"])), None)
-    rstripped = {a["content"] for a in added if a.get("rstrip")}
-    nul = next((p for p in vocab if "\0" in p), None)
-    if odd:
-        yield f"the tokenizer's BPE has {odd[0]}={model[odd[0]]!r}, which llama.cpp's SentencePiece tokenizer has not"
-    elif missing is not None:
-        yield f"the tokenizer falls back to bytes but has no {missing} piece, which llama.cpp would need"
-    elif nul is not None:  # BPE's byte-level spelling has no NUL; here a piece holds the character itself
-        yield f"piece {nul!r} holds a NUL character, and llama.cpp reads a token's text only up to one"
-    elif stripped is not None:
-        yield (
-            f"added token {stripped['content']!r} takes in the whitespace before it or around a word "
-            f"({'lstrip' if stripped.get('lstrip') else 'single_word'}), which llama.cpp does not"
-        )
-    elif spaced is not None:
-        yield (
-            f"added token {spaced['content']!r} is matched in the normalised text (normalized true), where spaces are "
-            "'▁', and llama.cpp matches added tokens in the text as it is"
-        )
-    elif rstripped and rstripped != (phi3 := _phi3_rstripped(added, vocab)):
-        odd = sorted(rstripped ^ phi3)[0]
-        yield (
-            f"added token {odd!r} {'takes' if odd in rstripped else 'does not take'} in the whitespace after it "
-            "(rstrip), and llama.cpp strips only after the tokens Phi-3's tokenizer strips after"
-        )
-
-
-# llama.cpp strips the whitespace after special tokens (rstrip) only for a model whose general.name says Phi-3: after
-# each control or user-defined token and </s>, but <unk>, <s> and <|endoftext|>
-PHI3_NAMES = re.compile(r"phi-?3", re.IGNORECASE)
-PHI3_KEPT = ("<unk>", "<s>", "<|endoftext|>")
-
-
-def _phi3_rstripped(added: list[dict], vocab: dict[str, int]) -> set[str]:
-    """The tokens llama.cpp strips the whitespace after in a model named Phi-3 (added ones are control or
-    user-defined)."""
-    return ({a["content"] for a in added} | ({"</s>"} if "</s>" in vocab else set())) - set(PHI3_KEPT)
-
-
-def gguf_name(name: str, vocab: GGUFVocab) -> tuple[str, str | None]:
-    """The general.name to write and a note if it is not `name`: llama.cpp strips whitespace after special tokens
-    exactly when that name says Phi-3 (PHI3_NAMES), so it must say so where the tokenizer strips as Phi-3's does,
-    and must not elsewhere."""
-    if vocab.phi3_rstrip and not PHI3_NAMES.search(name):
-        new = f"{name} (phi3 tokenizer)"
-    elif not vocab.phi3_rstrip and PHI3_NAMES.search(name) and {CONTROL, USER_DEFINED} & set(vocab.types):
-        new = PHI3_NAMES.sub(lambda m: m[0].replace("-", "").replace("3", " 3"), name)
-    else:
-        return name, None
-    return new, (
-        f"the GGUF name is {new!r}, not {name!r}: llama.cpp strips the whitespace after special tokens exactly when "
-        "a model's name says Phi-3, and this tokenizer " + ("does" if vocab.phi3_rstrip else "does not")
-    )
-
-
 def _spm_vocab(doc: dict, model: dict) -> GGUFVocab:
     """A SentencePiece-style tokenizer.json as llama.cpp's SentencePiece ("llama") vocabulary.
 
@@ -340,11 +225,16 @@ def _spm_vocab(doc: dict, model: dict) -> GGUFVocab:
         tokens[i], types[i] = token, BYTE if token in BYTE_PIECES else NORMAL
         scores[i] = -float(first_rank[token]) if token in first_rank else NO_MERGE_SCORE
     vocab = GGUFVocab(tokens, types, [], pre="default", bos=None, eos=None, kind="spm", scores=scores)
-    vocab.add_space_prefix = bool(_space_prefix(doc))
-    vocab.phi3_rstrip = any(a.get("rstrip") for a in doc.get("added_tokens") or [])  # as Phi-3's: _spm_problems
+    vocab.add_space_prefix = bool(space_prefix(doc))
+    vocab.phi3_rstrip = any(a.get("rstrip") for a in doc.get("added_tokens") or [])  # as Phi-3's: spm_problems
     unk = model.get("unk_token")
     vocab.unk = dict(by_id).get(unk) if unk is not None else None
     return vocab
+
+
+def gguf_name(name: str, vocab: GGUFVocab) -> tuple[str, str | None]:
+    """The general.name to write for `vocab` and a note if it is not `name` (gguf_spm.phi3_name)."""
+    return phi3_name(name, vocab.phi3_rstrip, bool({CONTROL, USER_DEFINED} & set(vocab.types)))
 
 
 def _byte_level(text: str) -> str:
