@@ -213,7 +213,8 @@ def _spm_vocab(doc: dict, model: dict) -> GGUFVocab:
     earliest merge rule.  So a piece's score is minus the rank of the first merge rule that makes it: llama.cpp
     then makes pieces in the order of the rules.  (A SentencePiece model converted by transformers lists every
     split of a piece as a rule, in the order of the piece scores, so this keeps the model's own order; a BPE
-    trained by `tokenizers` never leaves two adjacent pieces that join into a piece by another rule.)"""
+    trained by `tokenizers` was not seen to leave two adjacent pieces that join into a piece by another rule:
+    tests/export/test_gguf_spm.py.)"""
     by_id = sorted((model.get("vocab") or {}).items(), key=lambda kv: kv[1])
     first_rank: dict[str, int] = {}
     for rank, merge in enumerate(model.get("merges") or []):
