@@ -138,6 +138,9 @@ class GPTConfig:
                 self.mlp_hidden = -(-int(8 * self.n_embd / 3) // 64) * 64
             else:
                 self.mlp_hidden = 4 * self.n_embd
+        scaling = self.rope_scaling
+        if isinstance(scaling, dict) and "type" in scaling:  # transformers' older name for rope_type: read once here
+            self.rope_scaling = {"rope_type": scaling["type"]} | {k: v for k, v in scaling.items() if k != "type"}
         self.validate()
 
     def validate(self) -> None:
@@ -257,7 +260,7 @@ class GPTConfig:
 
     def _rope_scaling_problems(self) -> Iterator[tuple[str, str, str]]:
         scaling, copy = self.rope_scaling, "copy the rope_scaling dict of the model's config.json"
-        kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
+        kind = scaling.get("rope_type") if isinstance(scaling, dict) else None
         if kind not in ROPE_SCALINGS:
             yield (
                 "rope_scaling",

@@ -305,6 +305,18 @@ def test_llama3_rope_scaling_follows_its_three_bands():
         tiny("llama", rope_scaling={"rope_type": "yarn", "factor": 4.0})
 
 
+def test_rope_scaling_older_type_key_is_read_as_rope_type():
+    """transformers' older `type` key names the kind as rope_type does: the same RoPE tables, for each kind."""
+    longrope = dict(short_factor=[1.0, 2.0, 4.0, 8.0], long_factor=[2.0] * 4, original_max_position_embeddings=64)
+    for kind, rest in (
+        ("llama3", dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64)),
+        ("longrope", {**longrope, "attention_factor": 1.2}),
+    ):
+        old, new = (build(tiny("llama", head_dim=8, rope_scaling={key: kind, **rest})) for key in ("type", "rope_type"))
+        assert old.config.rope_scaling == new.config.rope_scaling
+        assert torch.equal(old.rope_cos, new.rope_cos) and torch.equal(old.rope_sin, new.rope_sin), kind
+
+
 def test_explicit_head_dim_and_tanh_gelu_run_on_every_path():
     cfg = tiny("llama", 2, head_dim=24)  # 4 heads x 24 = 96, wider than n_embd=64 (as some imports are)
     model = build(cfg)

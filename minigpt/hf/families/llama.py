@@ -111,10 +111,8 @@ def rope_config(config: GPTConfig) -> dict[str, Any]:
     params: dict[str, Any] = {"rope_type": "default", "rope_theta": config.rope_base}
     legacy: dict[str, Any] = {"rope_theta": config.rope_base}
     if config.rope_scaling is not None:
-        scaling = {k: v for k, v in config.rope_scaling.items() if k != "type"}
-        scaling["rope_type"] = config.rope_scaling.get("rope_type", config.rope_scaling.get("type"))
-        params = {**scaling, "rope_theta": config.rope_base}
-        legacy["rope_scaling"] = scaling
+        params = {**config.rope_scaling, "rope_theta": config.rope_base}
+        legacy["rope_scaling"] = dict(config.rope_scaling)
     return {"rope_parameters": params, **legacy}
 
 
