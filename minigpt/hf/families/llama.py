@@ -315,10 +315,14 @@ class Llama(Family):
         out["output_norm.weight"] = state["transformer.ln_f.weight"]
         if not config.tie_embeddings:
             out["output.weight"] = state["lm_head.weight"]
-        if config.rope_scaling is not None:  # llama.cpp divides each frequency by its factor
+        scaling = config.rope_scaling
+        if scaling is not None and scaling["rope_type"] == "longrope":  # Phi-3's (gguf_problems: phi3 arch only)
+            for kind in ("short", "long"):  # llama.cpp divides each frequency by its factor
+                out[f"rope_factors_{kind}.weight"] = torch.tensor(scaling[f"{kind}_factor"])
+        elif scaling is not None:  # llama3's, as the factors llama.cpp divides each frequency by
             exponents = torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim
             inv_freq = 1.0 / config.rope_base**exponents
-            out["rope_freqs.weight"] = inv_freq / llama3_scaled_frequencies(inv_freq, config.rope_scaling)
+            out["rope_freqs.weight"] = inv_freq / llama3_scaled_frequencies(inv_freq, scaling)
         return out
 
     def gguf_metadata(self, writer: Any, config: GPTConfig) -> None:

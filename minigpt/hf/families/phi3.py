@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from minigpt.core.config import GPTConfig, is_number
-from minigpt.hf.families.base import gguf_blocks
 from minigpt.hf.families.llama import BLOCK, Llama, rope, rope_problems
 
 FUSED_NAMES = {"attn.c_attn.weight": "self_attn.qkv_proj.weight", "mlp.c_fc.weight": "mlp.gate_up_proj.weight"}
@@ -176,27 +175,15 @@ class Phi3(Llama):
             f"original_max_position_embeddings {original}: within it the GGUF computes this model's function"
         ]
 
-    def gguf_tensors(self, state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
-        out = {"token_embd.weight": state["transformer.wte.weight"]}
-        out |= gguf_blocks(
-            state,
-            config,
-            lambda get: {
-                "attn_norm": get("ln_1"),
-                "ffn_norm": get("ln_2"),
-                "attn_qkv": get("attn.c_attn"),  # rows q, k, v
-                "attn_output": get("attn.c_proj"),
-                "ffn_up": get("mlp.c_fc"),  # rows gate, up: llama.cpp's SwiGLU splits it in halves
-                "ffn_down": get("mlp.c_proj"),
-            },
-        )
-        out["output_norm.weight"] = state["transformer.ln_f.weight"]
-        if not config.tie_embeddings:
-            out["output.weight"] = state["lm_head.weight"]
-        if config.rope_scaling is not None:  # LongRoPE: llama.cpp divides each frequency by its factor
-            for kind in ("short", "long"):
-                out[f"rope_factors_{kind}.weight"] = torch.tensor(config.rope_scaling[f"{kind}_factor"])
-        return out
+    def gguf_layer(self, get: Any, config: GPTConfig) -> dict[str, torch.Tensor | None]:
+        return {  # q, k, v and gate, up stay fused, as llama.cpp's phi3 reads them
+            "attn_norm": get("ln_1"),
+            "ffn_norm": get("ln_2"),
+            "attn_qkv": get("attn.c_attn"),  # rows q, k, v
+            "attn_output": get("attn.c_proj"),
+            "ffn_up": get("mlp.c_fc"),  # rows gate, up: llama.cpp's SwiGLU splits it in halves
+            "ffn_down": get("mlp.c_proj"),
+        }
 
     def gguf_metadata(self, writer: Any, config: GPTConfig) -> None:
         writer.add_layer_norm_rms_eps(config.norm_eps)
