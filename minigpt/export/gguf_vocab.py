@@ -215,21 +215,22 @@ def _spm_vocab(doc: dict, model: dict) -> GGUFVocab:
     split of a piece as a rule, in the order of the piece scores, so this keeps the model's own order; a BPE
     trained by `tokenizers` was not seen to leave two adjacent pieces that join into a piece by another rule:
     tests/export/test_gguf_spm.py.)"""
-    by_id = sorted((model.get("vocab") or {}).items(), key=lambda kv: kv[1])
+    pieces = model.get("vocab") or {}
+    by_id = sorted(pieces.items(), key=lambda kv: kv[1])
     first_rank: dict[str, int] = {}
     for rank, merge in enumerate(model.get("merges") or []):
         left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
         first_rank.setdefault(left + right, rank)
     n = (by_id[-1][1] + 1) if by_id else 0
     tokens, types, scores = [f"[PAD{i}]" for i in range(n)], [UNUSED] * n, [NO_MERGE_SCORE] * n
+    byte_pieces = set(BYTE_PIECES)  # a set: a list would cost 256 comparisons for each of Gemma's 262k pieces
     for token, i in by_id:
-        tokens[i], types[i] = token, BYTE if token in BYTE_PIECES else NORMAL
+        tokens[i], types[i] = token, BYTE if token in byte_pieces else NORMAL
         scores[i] = -float(first_rank[token]) if token in first_rank else NO_MERGE_SCORE
     vocab = GGUFVocab(tokens, types, [], pre="default", bos=None, eos=None, kind="spm", scores=scores)
     vocab.add_space_prefix = bool(space_prefix(doc))
     vocab.phi3_rstrip = any(a.get("rstrip") for a in doc.get("added_tokens") or [])  # as Phi-3's: spm_problems
-    unk = model.get("unk_token")
-    vocab.unk = dict(by_id).get(unk) if unk is not None else None
+    vocab.unk = pieces.get(model.get("unk_token"))
     return vocab
 
 
