@@ -100,7 +100,7 @@ def config_from_hf(hf_config: dict[str, Any], block_size: int | None = None, **o
     """A Hugging Face config.json (as a dict) -> the GPTConfig computing the same function.
 
     block_size: a shorter context than the source's (learned positions are cropped to it); a longer one is an
-    error (a family may cap it: a Mistral model's at its sliding window, inside which its attention is ours).
+    error (a family may cap it: Phi-3's LongRoPE at original_max_position_embeddings, past which it is not ours).
     overrides: other GPTConfig fields, e.g. attention='manual'.
     """
     for problem in unsupported(hf_config, block_size):

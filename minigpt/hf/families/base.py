@@ -102,15 +102,14 @@ class Family:
         """The block variants `target` (this family's HF class or llama.cpp architecture) computes always or never."""
         if config.mlp == "geglu" and not self.geglu:
             yield f"mlp=geglu: {target}'s MLP is not GELU-gated; train with mlp swiglu (arch llama) or gelu"
-        for option, has in (("scale_embeddings", self.scaled_embeddings), ("post_norms", self.post_norms)):
-            what = {"scale_embeddings": "scales its token embeddings", "post_norms": "normalises sublayer outputs"}
+        for option, has, what in (
+            ("scale_embeddings", self.scaled_embeddings, "scales its token embeddings"),
+            ("post_norms", self.post_norms, "normalises sublayer outputs"),
+        ):
             if getattr(config, option) and not has:
-                yield f"{option}=true: {target} never {what[option]}; train with {option} false"
+                yield f"{option}=true: {target} never {what}; train with {option} false"
             elif has and not getattr(config, option):
-                yield (
-                    f"{option}=false: {target} always {what[option]}; train with {option} true, or leave "
-                    "model.family unset"
-                )
+                yield f"{option}=false: {target} always {what}; train with {option} true, or leave model.family unset"
         if config.attn_scale_dim not in (None, config.head_dim) and not self.attn_scale:
             yield (
                 f"attn_scale_dim={config.attn_scale_dim}: {target} scales attention by 1/sqrt(head_dim); leave "

@@ -23,8 +23,7 @@ class Mistral(Llama):
     sliding_window = True
 
     def config_fields(self, hf: dict[str, Any]) -> dict[str, Any]:
-        window = hf["sliding_window"] if "sliding_window" in hf else DEFAULT_WINDOW
-        return super().config_fields(hf) | {"sliding_window": window}
+        return super().config_fields(hf) | {"sliding_window": hf.get("sliding_window", DEFAULT_WINDOW)}
 
     def hf_config(self, config: GPTConfig) -> dict[str, Any]:
         out = super().hf_config(config)

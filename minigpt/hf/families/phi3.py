@@ -88,11 +88,12 @@ class Phi3(Llama):
     def import_problems(self, hf: dict[str, Any]) -> Iterator[str]:
         if hf.get("hidden_act", "silu") != "silu":
             yield f"its hidden_act is {hf.get('hidden_act')!r}; minigpt's SwiGLU MLP computes silu only"
-        yield from rope_problems(rope_fields(hf), self.rope_kinds)
-        factor = (rope(rope_fields(hf))[1] or {}).get("factor")
-        original = hf.get("original_max_position_embeddings")
+        fields = rope_fields(hf)
+        yield from rope_problems(fields, self.rope_kinds)
+        factor = (rope(fields)[1] or {}).get("factor")
+        partial, original = partial_rotary_factor(hf), hf.get("original_max_position_embeddings")
         for key, value, ok in (
-            ("partial_rotary_factor", partial_rotary_factor(hf), is_number(partial_rotary_factor(hf))),
+            ("partial_rotary_factor", partial, is_number(partial)),
             ("original_max_position_embeddings", original, original is None or is_whole(original) and original > 1),
             ("rope_scaling's factor", factor, factor is None or is_number(factor)),
         ):
