@@ -46,6 +46,11 @@ def is_number(value: Any, or_list: bool = False) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def is_whole(value: Any) -> bool:
+    """An int (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass
 class GPTConfig:
     arch: Arch = "gpt"
@@ -186,7 +191,7 @@ class GPTConfig:
         if not self.rope_base > 1.0:
             yield "rope_base", f"must be > 1, got {self.rope_base}", "use e.g. 10000"
         scale_dim = self.attn_scale_dim
-        if scale_dim is not None and (not isinstance(scale_dim, int) or isinstance(scale_dim, bool) or scale_dim < 1):
+        if scale_dim is not None and not (is_whole(scale_dim) and scale_dim >= 1):
             yield "attn_scale_dim", f"must be a positive integer, got {scale_dim!r}", "use e.g. 256, or leave it unset"
         if not 0.0 < self.norm_eps < 1.0:
             yield "norm_eps", f"must be in (0, 1), got {self.norm_eps}", "use e.g. 1e-5"
@@ -272,7 +277,7 @@ class GPTConfig:
         elif kind == "llama3":
             if not (scaling["factor"] > 0 and scaling["high_freq_factor"] > scaling["low_freq_factor"] > 0):
                 yield "rope_scaling", "needs factor > 0 and high_freq_factor > low_freq_factor > 0", copy
-        elif any(len(scaling[k]) != self.rotary_dim // 2 for k in ("short_factor", "long_factor")):
+        elif any(len(scaling[k]) != self.rotary_dim // 2 for k in FACTOR_LISTS):
             yield (
                 "rope_scaling",
                 f"longrope's short_factor and long_factor need one number per rotated pair ({self.rotary_dim // 2})",

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from minigpt.core.config import GPTConfig, is_number
+from minigpt.core.config import GPTConfig, is_number, is_whole
 from minigpt.hf.families.llama import BLOCK, Llama, rope, rope_problems
 
 FUSED_NAMES = {"attn.c_attn.weight": "self_attn.qkv_proj.weight", "mlp.c_fc.weight": "mlp.gate_up_proj.weight"}
@@ -55,10 +55,6 @@ def partial_rotary_factor(hf: dict[str, Any]) -> Any:
 def original_context(hf: dict[str, Any]) -> int:
     """Phi3Config prefers its top-level original_max_position_embeddings over the RoPE dict's."""
     return hf.get("original_max_position_embeddings") or ORIGINAL_CONTEXT
-
-
-def is_whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def is_longrope(hf: dict[str, Any]) -> bool:
