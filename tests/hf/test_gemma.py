@@ -170,7 +170,17 @@ def test_a_hub_id_imports_from_the_cache(saved, hub_cache):
         (dict(use_bidirectional_attention=True), "its config.json sets use_bidirectional_attention=true"),
         (dict(attention_bias=True), "its config.json sets attention_bias=true"),
         (dict(hidden_activation="silu"), "its hidden_activation is 'silu'"),
-        (dict(rope_scaling={"rope_type": "linear", "factor": 8.0}), "its RoPE scaling on full_attention layers"),
+        (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "its RoPE scaling on full_attention layers is"),
+        (  # Gemma scales the full layers only: a sliding layer's scaling is no Gemma 3's
+            dict(
+                rope_parameters={
+                    "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                    "sliding_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 100.0},
+                }
+            ),
+            "its RoPE scaling on sliding_attention layers is 'linear'",
+        ),
+        (dict(rope_scaling={"rope_type": "linear", "factor": "8"}), "its linear RoPE scaling on full_attention"),
     ],
 )
 def test_what_the_import_does_not_compute_is_refused_in_one_line(saved, tmp_path, changes, message):

@@ -279,11 +279,17 @@ class Llama(Family):
     # ------------------------------------------------------------------------------------------- GGUF
     def gguf_problems(self, config: GPTConfig) -> Iterator[str]:
         yield from self.qk_norm_problems(config, f"llama.cpp's {self.gguf_arch} architecture")
-        kind = (config.rope_scaling or {}).get("rope_type")
+        scaling = config.rope_scaling or {}
+        kind = scaling.get("rope_type", scaling.get("type"))
         if kind == "longrope" and kind not in self.rope_kinds:  # rope_freqs holds one set of factors, llama3's
             yield (
                 f"rope_scaling longrope: llama.cpp's {self.gguf_arch} architecture holds Llama 3 frequency factors "
                 "only; export as Phi-3 (model.family phi3)"
+            )
+        if kind == "linear" and kind not in self.rope_kinds:
+            yield (
+                f"rope_scaling linear: minigpt writes llama.cpp's {self.gguf_arch} architecture with plain RoPE or "
+                "Llama 3 frequency factors only; train without rope_scaling"
             )
         if config.mlp != "swiglu":
             yield (
@@ -317,7 +323,8 @@ class Llama(Family):
         out["output_norm.weight"] = state["transformer.ln_f.weight"]
         if not config.tie_embeddings:
             out["output.weight"] = state["lm_head.weight"]
-        if config.rope_scaling is not None:  # llama.cpp divides each frequency by its factor
+        scaling = config.rope_scaling or {}
+        if scaling.get("rope_type", scaling.get("type")) == "llama3":  # llama.cpp divides each frequency by its factor
             exponents = torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim
             inv_freq = 1.0 / config.rope_base**exponents
             out["rope_freqs.weight"] = inv_freq / llama3_scaled_frequencies(inv_freq, config.rope_scaling)
