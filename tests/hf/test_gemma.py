@@ -288,6 +288,34 @@ def test_llama_cpp_runs_the_gguf_export_as_gemma3(saved, tmp_path):
             assert max(abs(reference[t - 1, i].item() - lp) for i, lp in theirs.items()) < 3e-3
 
 
+def test_llama_cpp_runs_a_linear_rope_gguf_export_as_gemma3(saved, tmp_path):
+    """Gemma 3 4B's RoPE (linear factor 8 on the full layers, the sliding ones at base 10000 unscaled) goes to llama.cpp
+    as rope.scaling.type linear and its factor, which llama.cpp's gemma3 applies to its full layers alone: greedy ids
+    equal, log-probs within the tolerance above, where the same weights without the scaling are far off."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("xllamacpp")
+    gguf_models, LlamaCpp = helper("gguf_models"), helper("llamacpp_server").LlamaCpp
+    imported = load_model(saved["gemma3-linear-rope"][1])[0].config.to_dict()
+    assert imported["rope_scaling"] == {"rope_type": "linear", "factor": 8.0} and imported["rope_local_base"] == 1e4
+    imported["tie_embeddings"] = False  # a tied head over scaled random embeddings repeats one token
+    model = gguf_models.random_model(seed=1, **imported)
+    unscaled = gguf_models.random_model(seed=1, **{**imported, "rope_scaling": None})
+    export_gguf(model, ByteTokenizer(), tmp_path / "model.gguf")
+    prompt = list("héllo wörld ☃".encode())
+    with torch.no_grad():
+        ours = generate(model, torch.tensor([prompt]), max_new_tokens=40, temperature=0)[0, len(prompt) :].tolist()
+        reference = torch.log_softmax(model(torch.tensor([prompt + ours]))[0][0].double(), -1)
+        without = torch.log_softmax(unscaled(torch.tensor([prompt + ours]))[0][0].double(), -1)
+    assert len(set(ours)) > 8
+    with LlamaCpp(tmp_path / "model.gguf") as llama:
+        assert llama.argmax_along(prompt, ours) == ours
+        for t in (len(prompt), len(prompt) + 20, len(prompt) + 39):
+            theirs = llama.next_logprobs((prompt + ours)[:t], 8)
+            assert max(abs(reference[t - 1, i].item() - lp) for i, lp in theirs.items()) < 3e-3
+            if t > len(prompt):  # the scaling changes what llama.cpp must match
+                assert max(abs(without[t - 1, i].item() - lp) for i, lp in theirs.items()) > 3e-2
+
+
 GGUF_BASE = dict(arch="llama", family=FAMILY, n_layer=7, n_head=4, n_embd=64, mlp="geglu", gelu_approximate="tanh")
 GGUF_BASE |= dict(qk_norm=True, scale_embeddings=True, post_norms=True, sliding_window=8, rope_local_base=10000.0)
 GGUF_BASE |= dict(layer_types=["sliding_attention"] * 5 + ["full_attention", "sliding_attention"], rope_base=1e6)

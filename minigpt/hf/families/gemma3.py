@@ -326,3 +326,8 @@ class Gemma3(Llama):
     def gguf_metadata(self, writer: Any, config: GPTConfig) -> None:
         super().gguf_metadata(writer, config)
         writer.add_sliding_window(min(config.sliding_window or config.block_size, config.block_size))
+        if config.rope_scaling is not None:  # linear: llama.cpp's gemma3 scales the full layers' RoPE alone
+            from gguf import RopeScalingType  # the GGUF export's optional dependency, there when a writer is
+
+            writer.add_rope_scaling_type(RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(config.rope_scaling["factor"])
