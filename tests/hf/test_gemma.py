@@ -194,6 +194,122 @@ def test_what_the_import_does_not_compute_is_refused_in_one_line(saved, tmp_path
     assert str(e.value).startswith(f"{path}: {message}") and "\n" not in str(e.value)
 
 
+# ------------------------------------------------------------------------------------------------- Gemma 3 4B-27B
+
+MULTIMODAL = "gemma3-multimodal-linear"
+
+
+def test_a_conditional_generation_folder_imports_its_text_model_with_a_note(saved, capsys):
+    """The folder transformers writes for Gemma3ForConditionalGeneration (text_config, a vision tower and projector,
+    the language model's tensors under language_model.model.) imports as the text model, saying so in a note; the
+    logits, greedy ids and HF export are the parametrized tests' above (GEMMA holds this model)."""
+    from safetensors import safe_open
+
+    hf_model, path = saved[MULTIMODAL]
+    config_json = json.loads((path / "config.json").read_text())
+    assert config_json["architectures"] == ["Gemma3ForConditionalGeneration"] and "text_config" in config_json
+    with safe_open(path / "model.safetensors", "pt") as f:
+        names = list(f.keys())
+    assert any(n.startswith("vision_tower.") for n in names) and any(
+        n.startswith("multi_modal_projector.") for n in names
+    )
+    assert all(n.startswith(("language_model.model.", "vision_tower.", "multi_modal_projector.")) for n in names)
+    capsys.readouterr()
+    model, _ = load_model(path)
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "the import is text-only" in notes[0] and "exports as Gemma3ForCausalLM" in notes[0]
+    c = model.config
+    assert (c.family, c.rope_scaling, c.rope_base, c.rope_local_base) == (
+        FAMILY,
+        {"rope_type": "linear", "factor": 8.0},
+        1e6,
+        1e4,
+    )
+    assert (c.n_layer, c.n_kv_head, c.sliding_window, c.attn_scale_dim, c.tie_embeddings) == (6, 1, 12, 24, True)
+
+
+def test_newer_tensor_names_and_an_older_minimal_text_config_import_alike(saved, tmp_path):
+    """Gemma 3 4B's config.json as published (transformers 4.50): a text_config of the keys that differ from
+    Gemma3TextConfig's defaults, rope_scaling linear, rope_local_base_freq; and the tensor names transformers 4.52-5
+    keep in memory (model.language_model.): transformers reads that folder to the same function, and so do we."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    hf_model, saved_path = saved[MULTIMODAL]
+    path = shutil.copytree(saved_path, tmp_path / "m")
+    state = load_file(path / "model.safetensors")
+    renamed = {n.replace("language_model.model.", "model.language_model.", 1): t for n, t in state.items()}
+    assert renamed.keys() != state.keys()
+    save_file(renamed, path / "model.safetensors", metadata={"format": "pt"})
+    config_json = json.loads((path / "config.json").read_text())
+    config_json["text_config"] = {
+        "model_type": "gemma3_text",
+        "hidden_size": 64,
+        "intermediate_size": 80,
+        "num_hidden_layers": 6,
+        "num_key_value_heads": 1,
+        "num_attention_heads": 4,
+        "head_dim": 16,
+        "query_pre_attn_scalar": 24,
+        "max_position_embeddings": 64,
+        "sliding_window": 12,
+        "sliding_window_pattern": 6,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "rope_local_base_freq": 10000.0,
+        "vocab_size": 256,
+    }
+    (path / "config.json").write_text(json.dumps(config_json))
+    idx = ids()
+    expected = hf_logits(hf_model, idx)
+    again = transformers.Gemma3ForConditionalGeneration.from_pretrained(path, attn_implementation="eager").eval()
+    torch.testing.assert_close(hf_logits(again, idx), expected, atol=1e-5 * expected.abs().max().item(), rtol=0)
+    for attention in ("sdpa", "manual", "einops"):
+        model, _ = load_model(path, attention=attention)
+        torch.testing.assert_close(our_logits(model, idx), expected, atol=1e-5 * expected.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(text_config=None), "its config.json (Gemma3ForConditionalGeneration) has no text_config object"),
+        (dict(text_config={"hidden_size": "64"}), "its text_config: "),
+        (dict(text_config={"final_logit_softcapping": 30.0}), "its config.json sets final_logit_softcapping=30.0"),
+    ],
+)
+def test_what_a_conditional_generation_folder_lacks_is_refused_in_one_line(saved, tmp_path, changes, message):
+    import shutil
+
+    path = shutil.copytree(saved[MULTIMODAL][1], tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    if isinstance(changes["text_config"], dict):
+        changes = {"text_config": {**config["text_config"], **changes["text_config"]}}
+    (path / "config.json").write_text(json.dumps({**config, **changes}))
+    with pytest.raises(CheckpointError) as e:
+        load_model(path)
+    assert str(e.value).startswith(f"{path}: {message}") and "\n" not in str(e.value)
+
+
+def test_linear_rope_scaling_of_a_model_trained_here_exports_where_it_is_expressed(tmp_path):
+    """rope_scaling linear scales the rope_base layers: a Gemma 3 export needs its sliding layers at a base of their
+    own (rope_local_base, unscaled, as Gemma's); llama.cpp's llama holds no linear scaling: both refused in one line."""
+    pytest.importorskip("gguf")
+    linear = {"rope_type": "linear", "factor": 8.0}
+    gemma = GPTConfig(**{"vocab_size": 256, **GGUF_BASE, "rope_scaling": linear, "rope_local_base": None})
+    with pytest.raises(UserError) as e:
+        export_hf(GPT(gemma), ByteTokenizer(), tmp_path / "out")
+    assert str(e.value).startswith(
+        "cannot export to Hugging Face: rope_scaling=linear without rope_local_base: Gemma3ForCausalLM never scales"
+    ) and "\n" not in str(e.value)
+    llama = GPTConfig(arch="llama", n_layer=1, n_head=2, n_embd=32, vocab_size=256, rope_scaling=linear)
+    with pytest.raises(UserError) as e:
+        export_gguf(GPT(llama), ByteTokenizer(), tmp_path / "model.gguf")
+    assert str(e.value).startswith("cannot export to GGUF: rope_scaling linear: minigpt writes llama.cpp's llama")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(UserError, match="linear needs factor > 0"):
+        GPTConfig(arch="llama", n_layer=1, n_head=2, n_embd=32, rope_scaling={"rope_type": "linear", "factor": 0})
+
+
 # ------------------------------------------------------------------------------------------------- exports
 
 
