@@ -752,6 +752,36 @@ PUBLISHED = {
         "attn_logit_softcapping": None,
         "vocab_size": 262144,
     },
+    # Gemma 3 4B (the 12B and 27B are the same shape of file): Gemma3ForConditionalGeneration, a text_config of the
+    # keys that differ from Gemma3TextConfig's defaults (8 heads of 256, 4 KV heads, vocab 262208, every 6th layer
+    # full), linear RoPE scaling 8 on the full layers, a SigLIP vision tower
+    "gemma-3-4b": {
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "model_type": "gemma3",
+        "boi_token_index": 255999,
+        "eoi_token_index": 256000,
+        "eos_token_id": [1, 106],
+        "image_token_index": 262144,
+        "mm_tokens_per_image": 256,
+        "text_config": {
+            "hidden_size": 2560,
+            "intermediate_size": 10240,
+            "model_type": "gemma3_text",
+            "num_hidden_layers": 34,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+            "sliding_window": 1024,
+        },
+        "vision_config": {
+            "hidden_size": 1152,
+            "image_size": 896,
+            "intermediate_size": 4304,
+            "model_type": "siglip_vision_model",
+            "num_attention_heads": 16,
+            "num_hidden_layers": 27,
+            "patch_size": 14,
+            "vision_use_head": False,
+        },
+    },
 }
 
 
@@ -763,13 +793,19 @@ def test_published_gemma_configs_give_transformers_tensor_shapes_and_llama_cpps_
     from minigpt.hf.load import config_from_hf
     from minigpt.hf.weights import to_hf_state_dict
 
-    config = config_from_hf(PUBLISHED[name], block_size=1024)
-    assert config.sliding_window == 512 and config.rope_local_base == 10000.0 and config.rope_base == 1e6
-    assert unsupported_options(config) == []
+    hf = PUBLISHED[name]
+    config = config_from_hf(hf, block_size=1024)
+    assert config.sliding_window == hf.get("text_config", hf)["sliding_window"] and config.rope_base == 1e6
+    assert config.rope_local_base == 10000.0 and unsupported_options(config) == []
     with torch.device("meta"):
         ours = to_hf_state_dict(GPT(config).state_dict(), config)
-        theirs = transformers.Gemma3ForCausalLM(transformers.AutoConfig.for_model(**PUBLISHED[name])).state_dict()
-    theirs.pop("lm_head.weight")  # tied
+        hf_class = (
+            transformers.Gemma3ForConditionalGeneration if "text_config" in hf else transformers.Gemma3ForCausalLM
+        )
+        theirs = hf_class(transformers.AutoConfig.for_model(**hf)).state_dict()
+    # a multimodal model's text tensors, by the names the import reads them as; the tied head left out
+    family = FAMILIES[FAMILY]
+    theirs = {new: t for n, t in theirs.items() if (new := family.text_weight_name(hf, n)) and new != "lm_head.weight"}
     assert {k: tuple(v.shape) for k, v in ours.items()} == {k: tuple(v.shape) for k, v in theirs.items()}
 
 
