@@ -61,7 +61,9 @@ def hf_architecture(hf_config: dict[str, Any]) -> str | None:
     if model_type is None:
         return None
     family = family_of_hf(hf_config)
-    return family.hf_class if family is not None else f"model_type {model_type!r}"
+    if family is None:
+        return f"model_type {model_type!r}"
+    return next((name for name, kind in family.reads.items() if kind == model_type), family.hf_class)
 
 
 def unsupported(hf: dict[str, Any], block_size: int | None = None) -> Iterator[str]:

@@ -306,8 +306,24 @@ def test_linear_rope_scaling_of_a_model_trained_here_exports_where_it_is_express
         export_gguf(GPT(llama), ByteTokenizer(), tmp_path / "model.gguf")
     assert str(e.value).startswith("cannot export to GGUF: rope_scaling linear: minigpt writes llama.cpp's llama")
     assert list(tmp_path.iterdir()) == []
-    with pytest.raises(UserError, match="linear needs factor > 0"):
+    with pytest.raises(UserError, match="linear needs factor > 0"):  # checked where it enters
         GPTConfig(arch="llama", n_layer=1, n_head=2, n_embd=32, rope_scaling={"rope_type": "linear", "factor": 0})
+
+
+def test_linear_rope_scaling_of_a_llama_trained_here_computes_what_transformers_computes(tmp_path):
+    """rope_scaling linear is a core RoPE option: a Llama-block model with it exports to LlamaForCausalLM, whose
+    logits equal ours (and differ from the unscaled model's)."""
+    gguf_models = helper("gguf_models")
+    config = dict(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=64, block_size=64, vocab_size=256)
+    model = gguf_models.random_model(seed=2, **config, rope_scaling={"rope_type": "linear", "factor": 4.0})
+    unscaled = gguf_models.random_model(seed=2, **config)
+    out = export_hf(model, ByteTokenizer(), tmp_path / "export")
+    back = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert json.loads((out / "config.json").read_text())["rope_parameters"]["rope_type"] == "linear"
+    idx = ids()
+    ours, theirs = our_logits(model, idx), hf_logits(back, idx)
+    torch.testing.assert_close(ours, theirs, atol=1e-5 * theirs.abs().max().item(), rtol=0)
+    assert (our_logits(unscaled, idx) - theirs).abs().max() > 100 * 1e-5 * theirs.abs().max()
 
 
 # ------------------------------------------------------------------------------------------------- exports

@@ -288,8 +288,8 @@ class Llama(Family):
             )
         if kind == "linear" and kind not in self.rope_kinds:
             yield (
-                f"rope_scaling linear: minigpt writes llama.cpp's {self.gguf_arch} architecture with plain RoPE or "
-                "Llama 3 frequency factors only; train without rope_scaling"
+                f"rope_scaling linear: minigpt writes llama.cpp's {self.gguf_arch} architecture without linear RoPE "
+                "scaling; train without rope_scaling (or export as Gemma 3, model.family gemma3_text)"
             )
         if config.mlp != "swiglu":
             yield (
