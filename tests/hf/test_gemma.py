@@ -312,7 +312,7 @@ def test_linear_rope_scaling_of_a_model_trained_here_exports_where_it_is_express
 
 def test_linear_rope_scaling_of_a_llama_trained_here_computes_what_transformers_computes(tmp_path):
     """rope_scaling linear is a core RoPE option: a Llama-block model with it exports to LlamaForCausalLM, whose
-    logits equal ours (and differ from the unscaled model's)."""
+    logits equal ours (and differ from the unscaled model's), and imports back."""
     gguf_models = helper("gguf_models")
     config = dict(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=64, block_size=64, vocab_size=256)
     model = gguf_models.random_model(seed=2, **config, rope_scaling={"rope_type": "linear", "factor": 4.0})
@@ -324,6 +324,9 @@ def test_linear_rope_scaling_of_a_llama_trained_here_computes_what_transformers_
     ours, theirs = our_logits(model, idx), hf_logits(back, idx)
     torch.testing.assert_close(ours, theirs, atol=1e-5 * theirs.abs().max().item(), rtol=0)
     assert (our_logits(unscaled, idx) - theirs).abs().max() > 100 * 1e-5 * theirs.abs().max()
+    again, _ = load_model(out)  # and LlamaForCausalLM's linear scaling imports
+    assert again.config == model.config
+    torch.testing.assert_close(our_logits(again, idx), theirs, atol=1e-5 * theirs.abs().max().item(), rtol=0)
 
 
 # ------------------------------------------------------------------------------------------------- exports

@@ -75,11 +75,11 @@ def rope(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     return theta, {k: v for k, v in rest.items() if k != "partial_rotary_factor"} | {"rope_type": kind}
 
 
-def rope_problems(hf: dict[str, Any], kinds: tuple[str, ...] = ("default", "llama3")) -> Iterator[str]:
+def rope_problems(hf: dict[str, Any], kinds: tuple[str, ...] = ("default", "llama3", "linear")) -> Iterator[str]:
     """A file holding both RoPE forms, or two rope_theta, is read one way by transformers 4 (rope_scaling and the
     top-level rope_theta) and another by transformers 5 (rope_scaling over rope_parameters, the rope_theta inside
     over the top-level one): unless the two agree, it is refused, never guessed.  Every rope_type but `kinds` is
-    refused too (linear, dynamic, yarn...)."""
+    refused too (dynamic, yarn...)."""
     top_theta, readings = hf.get("rope_theta"), rope_readings(hf)
     for key, (theta, _, _) in readings.items():
         if top_theta is not None and theta != top_theta:
@@ -101,7 +101,7 @@ def rope_problems(hf: dict[str, Any], kinds: tuple[str, ...] = ("default", "llam
             "1.0) only"
         )
     if kind not in kinds:
-        imported = "plain RoPE" + (" and rope_type llama3 (Llama 3.1/3.2)" if "llama3" in kinds else " only")
+        imported = "plain RoPE" + (" and rope_type llama3 (Llama 3.1/3.2) or linear" if "llama3" in kinds else " only")
         yield f"its RoPE scaling is {kind!r}, which minigpt does not compute; it imports {imported}"
 
 
@@ -140,7 +140,7 @@ class Llama(Family):
     peft_modules = PEFT_MODULES
     top, block_names, fused = TOP, BLOCK, FUSED
     gguf_permute = True  # llama.cpp's llama rotates interleaved pairs (LLAMA_ROPE_TYPE_NORM)
-    rope_kinds = ("default", "llama3")
+    rope_kinds = ("default", "llama3", "linear")
     qkv_bias = False  # the class has biases on q, k and v alone (GPTConfig.qkv_bias)
     qk_norm = False  # the class RMS-normalises each head's queries and keys (GPTConfig.qk_norm)
 
@@ -286,7 +286,7 @@ class Llama(Family):
                 f"rope_scaling longrope: llama.cpp's {self.gguf_arch} architecture holds Llama 3 frequency factors "
                 "only; export as Phi-3 (model.family phi3)"
             )
-        if kind == "linear" and kind not in self.rope_kinds:
+        if kind == "linear":  # rope_freqs would hold it, but minigpt writes Llama 3's factors there only
             yield (
                 f"rope_scaling linear: minigpt writes llama.cpp's {self.gguf_arch} architecture without linear RoPE "
                 "scaling; train without rope_scaling (or export as Gemma 3, model.family gemma3_text)"
