@@ -3,7 +3,11 @@ variants, each a GPTConfig option: token embeddings scaled by sqrt(hidden) (scal
 tanh GELU (mlp geglu, gelu_approximate tanh), four norms per block (post_norms: HF's post_attention_layernorm is the
 attention output's norm, pre_feedforward_layernorm our ln_2), q/k RMSNorm per head (qk_norm), attention scaled by
 query_pre_attn_scalar (attn_scale_dim), and sliding-window attention on the layers config.json's layer_types (or its
-older sliding_window_pattern) names, with their own RoPE base (rope_local_base).
+older sliding_window_pattern) names, with their own RoPE base (rope_local_base).  Gemma 3 4B, 12B and 27B
+(`Gemma3ForConditionalGeneration`, model_type gemma3) import text-only (Family.reads): their text_config and the
+language model's tensors, the vision tower's never read; they then export as Gemma3ForCausalLM.  Their full layers
+scale RoPE linearly (rope_scaling linear, factor 8: GPTConfig.rope_scaling, which scales the rope_base layers only),
+the sliding ones rotate at rope_local_base unscaled; llama.cpp's gemma3 reads the same from rope.scaling.type/factor.
 
 Gemma's RMSNorm multiplies by (1 + weight): ours by weight, so a norm gain is HF's + 1 on import (in float32, what
 HF's forward computes) and ours - 1 on export (exact for gains in [0.5, 2]; HF then adds the 1 back).  llama.cpp's
