@@ -26,6 +26,7 @@ ARCHS, ATTENTIONS, MLPS, SDPA_BACKENDS = (get_args(t) for t in (Arch, Attention,
 GATED_MLPS = ("swiglu", "geglu")  # c_fc holds the gate's rows, then up's: act(gate) * up
 # RoPE scalings minigpt computes (Hugging Face's rope_type names) and the keys each needs
 ROPE_SCALINGS = {
+    "linear": ("factor",),  # positions / factor (every frequency divided by it): Gemma 3 4B-27B's full layers
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     # Phi-3's: within original_max_position_embeddings, each frequency divided by its short_factor and cos/sin
     # multiplied by attention_factor (long_factor, for longer contexts, is kept for the export only)
@@ -87,7 +88,9 @@ class GPTConfig:
     rope_base: float = 10000.0
     """RoPE frequency base (llama)."""
     rope_scaling: dict[str, Any] | None = None
-    """RoPE frequency scaling as Hugging Face writes it, e.g. Llama 3.1's {rope_type: llama3, factor: 8, ...}."""
+    """RoPE frequency scaling as Hugging Face writes it, e.g. Llama 3.1's {rope_type: llama3, factor: 8, ...} or Gemma 3
+    4B's {rope_type: linear, factor: 8}.  It applies to the layers at rope_base; sliding layers with a base of their
+    own (rope_local_base) rotate unscaled, as Gemma 3's local layers do."""
     norm_eps: float = 1e-5
     """Epsilon of LayerNorm / RMSNorm."""
     tie_embeddings: bool = True
@@ -274,6 +277,9 @@ class GPTConfig:
             )
         elif missing := [k for k in ROPE_SCALINGS[kind] if not is_number(scaling.get(k), k in FACTOR_LISTS)]:
             yield "rope_scaling", f"rope_type {kind} needs numbers for {', '.join(missing)}", copy
+        elif kind == "linear":
+            if not scaling["factor"] > 0:
+                yield "rope_scaling", f"linear needs factor > 0, got {scaling['factor']}", copy
         elif kind == "llama3":
             if not (scaling["factor"] > 0 and scaling["high_freq_factor"] > scaling["low_freq_factor"] > 0):
                 yield "rope_scaling", "needs factor > 0 and high_freq_factor > low_freq_factor > 0", copy

@@ -47,12 +47,14 @@ def rope_cache(
     seq_len: int, head_dim: int, base: float = 10000.0, scaling: dict | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (hs/2,)
-    magnitude = 1.0
-    if scaling is not None and scaling.get("rope_type") == "longrope":
+    magnitude, kind = 1.0, None if scaling is None else scaling.get("rope_type", scaling.get("type"))
+    if kind == "longrope":
         # Phi-3's LongRoPE within its original context: each frequency divided by its factor, and cos/sin scaled
         inv_freq = inv_freq / torch.tensor(scaling["short_factor"], dtype=torch.float32)
         magnitude = scaling["attention_factor"]
-    elif scaling is not None:
+    elif kind == "linear":  # position interpolation: position p rotates as p / factor
+        inv_freq = inv_freq / scaling["factor"]
+    elif kind == "llama3":
         inv_freq = llama3_scaled_frequencies(inv_freq, scaling)
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)  # (T, hs/2)
     angles = torch.cat((angles, angles), dim=-1)  # (T, hs): pair i and i + hs/2 share an angle
@@ -358,7 +360,7 @@ class GPT(nn.Module):
             return {}
         bases = {"rope": (c.rope_base, c.rope_scaling)}
         if c.rope_local_base is not None:
-            bases["rope_local"] = (c.rope_local_base, None)  # Gemma 3: the local base, no scaling
+            bases["rope_local"] = (c.rope_local_base, None)  # Gemma 3: the local base, never scaled
         tables = {}
         for name, (base, scaling) in bases.items():
             if building_shapes_only():  # from_weights computes them for real

@@ -15,7 +15,9 @@ the equality checks against transformers all start from float32 weights, as they
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +61,9 @@ def hf_architecture(hf_config: dict[str, Any]) -> str | None:
     if model_type is None:
         return None
     family = family_of_hf(hf_config)
-    return family.hf_class if family is not None else f"model_type {model_type!r}"
+    if family is None:
+        return f"model_type {model_type!r}"
+    return next((name for name, kind in family.reads.items() if kind == model_type), family.hf_class)
 
 
 def unsupported(hf: dict[str, Any], block_size: int | None = None) -> Iterator[str]:
@@ -91,9 +95,16 @@ def unsupported(hf: dict[str, Any], block_size: int | None = None) -> Iterator[s
                     f"its config.json has {key} ({str(method or spec)[:40]}): minigpt imports unquantized float "
                     "weights only; use the original (bf16/fp32) model"
                 )
-        yield from family.import_problems(hf)
+        text = family.text_config(hf)  # a multimodal class's text model (Family.reads), else hf
+        if text is None:
+            yield f"its config.json ({architecture}) has no text_config object; pass the folder save_pretrained wrote"
+            return
+        if text is not hf and (fields := [f"its text_config: {problem}" for problem in config_field_problems(text)]):
+            yield from fields
+            return
+        yield from family.import_problems(text)
         if block_size is not None:
-            yield from family.block_size_problems(hf, block_size)
+            yield from family.block_size_problems(text, block_size)
 
 
 def config_from_hf(hf_config: dict[str, Any], block_size: int | None = None, **overrides: Any) -> GPTConfig:
@@ -106,8 +117,9 @@ def config_from_hf(hf_config: dict[str, Any], block_size: int | None = None, **o
     for problem in unsupported(hf_config, block_size):
         raise CheckpointError(problem)
     family = family_of_hf(hf_config)
-    fields = family.config_fields(hf_config) | {"family": family_field(family)}
-    fields["block_size"] = block_size if block_size is not None else family.context(hf_config)
+    text = family.text_config(hf_config)
+    fields = family.config_fields(text) | {"family": family_field(family)}
+    fields["block_size"] = block_size if block_size is not None else family.context(text)
     try:
         return GPTConfig(**{**fields, **overrides})
     except (UserError, TypeError) as e:  # TypeError: a null where a number belongs
@@ -127,14 +139,15 @@ def read_hf_config(model_dir: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------ weight files
 
 
-def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+def _read_safetensors(path: Path, rename: Callable[[str], str | None] | None = None) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError, safe_open
 
+    rename = rename or (lambda name: name)
     try:
         # pread, not mmap: the tensors own their memory, so a model trained in place never writes into (or
         # crashes with SIGBUS on) a file that is replaced or truncated under it
         with safe_open(path, framework="pt", backend="pread") as f:
-            return {name: f.get_tensor(name) for name in f.keys()}
+            return {new: f.get_tensor(name) for name in f.keys() if (new := rename(name)) is not None}
     except (SafetensorError, OSError) as e:
         raise CheckpointError(
             f"cannot read {path}: it is truncated or not a safetensors file ({first_line(e, 120)});"
@@ -152,11 +165,14 @@ def _read_bin(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def read_hf_weights(files: list[Path]) -> dict[str, torch.Tensor]:
-    """Every tensor of the weight files (see weight_files), by its Hugging Face name."""
+def read_hf_weights(files: list[Path], rename: Callable[[str], str | None] | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of the weight files (see weight_files), by its Hugging Face name; with `rename`, by the name it
+    gives, and only those it names (a multimodal model's text weights: the others are never read)."""
     state: dict[str, torch.Tensor] = {}
     for path in files:
-        tensors = _read_safetensors(path) if path.suffix == ".safetensors" else _read_bin(path)
+        tensors = _read_safetensors(path, rename) if path.suffix == ".safetensors" else _read_bin(path)
+        if rename is not None and path.suffix != ".safetensors":
+            tensors = {new: t for name, t in tensors.items() if (new := rename(name)) is not None}
         check_unquantized(tensors, str(path))  # before the next shard is read
         state.update(tensors)
     return state
@@ -224,10 +240,13 @@ def load_hf_model(
         # before anything is read; the meta model it measured is the one this load fills
         skeleton = check_config_size(config, "its config.json", CheckpointError)
         files = weight_files(model_dir)  # missing weights are named before the tokenizer may reach for a download
-        tokenizer = load_hf_tokenizer(model_dir, {**hf_config, "_name_or_path": name})  # before the big read
-        model = GPT.from_weights(
-            config, _our_weights(read_hf_weights(files), source_config, config, skeleton), skeleton
-        )
+        family = family_of_hf(hf_config)
+        text = family.text_config(hf_config)  # a multimodal model's text part: its vocab_size, token ids
+        tokenizer = load_hf_tokenizer(model_dir, {**hf_config, **text, "_name_or_path": name})  # before the big read
+        hf_state = read_hf_weights(files, functools.partial(family.text_weight_name, hf_config))
+        model = GPT.from_weights(config, _our_weights(hf_state, source_config, config, skeleton), skeleton)
+        for note in family.import_notes(hf_config):
+            print(f"note: {label}: {note}", file=sys.stderr, flush=True)
     except UserError as e:
         message = first_line(e, 1000)
         raise CheckpointError(message if message.startswith(label) else f"{label}: {message}") from None

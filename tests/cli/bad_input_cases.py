@@ -216,6 +216,14 @@ CASES: list[Case] = [
         expect=["model.block_size: 32 is past longrope's original_max_position_embeddings 16", "at most 16"],
     ),
     train(
+        "`rope_scaling` linear with a factor not above 0",
+        "--model.arch",
+        "llama",
+        "--model.rope_scaling",
+        "{{rope_type: linear, factor: 0}}",
+        expect=["model.rope_scaling: linear needs factor > 0, got 0"],
+    ),
+    train(
         "attn_scale_dim below 1",
         "--model.arch",
         "llama",
@@ -404,6 +412,24 @@ CASES: list[Case] = [
         "--ckpt",
         "{w}/hf_phi3_partial",
         expect=["hf_phi3_partial", "partial_rotary_factor is '0.75'", "fix the field"],
+    ),
+    sample(
+        "Gemma 3 directory with RoPE scaling on its sliding layers, or other than linear on its full ones",
+        "--ckpt",
+        "{w}/hf_gemma_rope",
+        expect=["hf_gemma_rope", "its RoPE scaling on sliding_attention layers is 'linear'", "plain or linear RoPE"],
+    ),
+    sample(
+        "Gemma3ForConditionalGeneration directory without a `text_config` object",
+        "--ckpt",
+        "{w}/hf_gemma_mm",
+        expect=["hf_gemma_mm", "(Gemma3ForConditionalGeneration) has no text_config object"],
+    ),
+    sample(
+        "Gemma3ForConditionalGeneration directory whose `text_config` has a field of the wrong type",
+        "--ckpt",
+        "{w}/hf_gemma_mm_field",
+        expect=["hf_gemma_mm_field", "its text_config: field 'hidden_size' is a str (64)"],
     ),
     sample(
         "Gemma 3 directory with logit soft-capping",
@@ -897,6 +923,31 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
                 "intermediate_size": 64,
                 "vocab_size": 64,
                 "partial_rotary_factor": "0.75",
+            },
+        ),
+        (
+            "hf_gemma_rope",
+            {
+                "architectures": ["Gemma3ForCausalLM"],
+                "model_type": "gemma3_text",
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "vocab_size": 64,
+                "rope_parameters": {
+                    "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                    "sliding_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0},
+                },
+            },
+        ),
+        ("hf_gemma_mm", {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3"}),
+        (
+            "hf_gemma_mm_field",
+            {
+                "architectures": ["Gemma3ForConditionalGeneration"],
+                "model_type": "gemma3",
+                "text_config": {"hidden_size": "64"},
             },
         ),
         (

@@ -200,6 +200,56 @@ MODELS = {
         tie_word_embeddings=True,
         **SMALL,
     ),
+    # Gemma 3 4B-27B's RoPE: linear scaling (factor 8) on the full layers, the sliding ones at their local base unscaled
+    "gemma3-linear-rope": lambda: transformers.Gemma3TextConfig(
+        hidden_size=64,
+        intermediate_size=80,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        max_position_embeddings=64,
+        sliding_window=10,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        tie_word_embeddings=True,
+        **SMALL,
+    ),
+    # Gemma 3 4B-27B as published: Gemma3ForConditionalGeneration, its text model in text_config (a config.json
+    # older than transformers 5: rope_scaling linear, rope_local_base_freq), a tiny SigLIP vision tower beside it
+    "gemma3-multimodal-linear": lambda: transformers.Gemma3Config(
+        text_config=dict(
+            hidden_size=64,
+            intermediate_size=80,
+            num_hidden_layers=6,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            max_position_embeddings=64,
+            sliding_window=12,
+            rope_scaling={"rope_type": "linear", "factor": 8.0},
+            rope_theta=1000000.0,
+            rope_local_base_freq=10000.0,
+            **SMALL,
+        ),
+        vision_config=dict(
+            model_type="siglip_vision_model",
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=28,
+            patch_size=14,
+        ),
+        mm_tokens_per_image=4,
+        image_token_index=VOCAB - 1,
+        boi_token_index=VOCAB - 3,
+        eoi_token_index=VOCAB - 2,
+    ),
     # Phi-3 / Phi-4-mini: fused qkv_proj and gate_up_proj; partial rotary 0.75 (Phi-4-mini's) and 0.5; an explicit
     # head_dim; a sliding window shorter than the test's 40 tokens; LongRoPE within its original context (short
     # factors that bite, and the attention factor transformers derives from max_position_embeddings /
@@ -249,6 +299,7 @@ CLASSES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "gemma3": "Gemma3ForConditionalGeneration",
     "phi3": "Phi3ForCausalLM",
 }
 

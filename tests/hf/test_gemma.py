@@ -170,7 +170,17 @@ def test_a_hub_id_imports_from_the_cache(saved, hub_cache):
         (dict(use_bidirectional_attention=True), "its config.json sets use_bidirectional_attention=true"),
         (dict(attention_bias=True), "its config.json sets attention_bias=true"),
         (dict(hidden_activation="silu"), "its hidden_activation is 'silu'"),
-        (dict(rope_scaling={"rope_type": "linear", "factor": 8.0}), "its RoPE scaling on full_attention layers"),
+        (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "its RoPE scaling on full_attention layers is"),
+        (  # Gemma scales the full layers only: a sliding layer's scaling is no Gemma 3's
+            dict(
+                rope_parameters={
+                    "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                    "sliding_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 100.0},
+                }
+            ),
+            "its RoPE scaling on sliding_attention layers is 'linear'",
+        ),
+        (dict(rope_scaling={"rope_type": "linear", "factor": "8"}), "its linear RoPE scaling on full_attention"),
     ],
 )
 def test_what_the_import_does_not_compute_is_refused_in_one_line(saved, tmp_path, changes, message):
@@ -182,6 +192,141 @@ def test_what_the_import_does_not_compute_is_refused_in_one_line(saved, tmp_path
     with pytest.raises(CheckpointError) as e:
         load_model(path)
     assert str(e.value).startswith(f"{path}: {message}") and "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------------- Gemma 3 4B-27B
+
+MULTIMODAL = "gemma3-multimodal-linear"
+
+
+def test_a_conditional_generation_folder_imports_its_text_model_with_a_note(saved, capsys):
+    """The folder transformers writes for Gemma3ForConditionalGeneration (text_config, a vision tower and projector,
+    the language model's tensors under language_model.model.) imports as the text model, saying so in a note; the
+    logits, greedy ids and HF export are the parametrized tests' above (GEMMA holds this model)."""
+    from safetensors import safe_open
+
+    hf_model, path = saved[MULTIMODAL]
+    config_json = json.loads((path / "config.json").read_text())
+    assert config_json["architectures"] == ["Gemma3ForConditionalGeneration"] and "text_config" in config_json
+    with safe_open(path / "model.safetensors", "pt") as f:
+        names = list(f.keys())
+    assert any(n.startswith("vision_tower.") for n in names) and any(
+        n.startswith("multi_modal_projector.") for n in names
+    )
+    assert all(n.startswith(("language_model.model.", "vision_tower.", "multi_modal_projector.")) for n in names)
+    capsys.readouterr()
+    model, _ = load_model(path)
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "the import is text-only" in notes[0] and "exports as Gemma3ForCausalLM" in notes[0]
+    c = model.config
+    assert (c.family, c.rope_scaling, c.rope_base, c.rope_local_base) == (
+        FAMILY,
+        {"rope_type": "linear", "factor": 8.0},
+        1e6,
+        1e4,
+    )
+    assert (c.n_layer, c.n_kv_head, c.sliding_window, c.attn_scale_dim, c.tie_embeddings) == (6, 1, 12, 24, True)
+
+
+def test_newer_tensor_names_and_an_older_minimal_text_config_import_alike(saved, tmp_path):
+    """Gemma 3 4B's config.json as published (transformers 4.50): a text_config of the keys that differ from
+    Gemma3TextConfig's defaults, rope_scaling linear, rope_local_base_freq; and the tensor names transformers 4.52-5
+    keep in memory (model.language_model.): transformers reads that folder to the same function, and so do we."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    hf_model, saved_path = saved[MULTIMODAL]
+    path = shutil.copytree(saved_path, tmp_path / "m")
+    state = load_file(path / "model.safetensors")
+    renamed = {n.replace("language_model.model.", "model.language_model.", 1): t for n, t in state.items()}
+    assert renamed.keys() != state.keys()
+    save_file(renamed, path / "model.safetensors", metadata={"format": "pt"})
+    config_json = json.loads((path / "config.json").read_text())
+    config_json["text_config"] = {
+        "model_type": "gemma3_text",
+        "hidden_size": 64,
+        "intermediate_size": 80,
+        "num_hidden_layers": 6,
+        "num_key_value_heads": 1,
+        "num_attention_heads": 4,
+        "head_dim": 16,
+        "query_pre_attn_scalar": 24,
+        "max_position_embeddings": 64,
+        "sliding_window": 12,
+        "sliding_window_pattern": 6,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "rope_local_base_freq": 10000.0,
+        "vocab_size": 256,
+    }
+    (path / "config.json").write_text(json.dumps(config_json))
+    idx = ids()
+    expected = hf_logits(hf_model, idx)
+    again = transformers.Gemma3ForConditionalGeneration.from_pretrained(path, attn_implementation="eager").eval()
+    torch.testing.assert_close(hf_logits(again, idx), expected, atol=1e-5 * expected.abs().max().item(), rtol=0)
+    for attention in ("sdpa", "manual", "einops"):
+        model, _ = load_model(path, attention=attention)
+        torch.testing.assert_close(our_logits(model, idx), expected, atol=1e-5 * expected.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(text_config=None), "its config.json (Gemma3ForConditionalGeneration) has no text_config object"),
+        (dict(text_config={"hidden_size": "64"}), "its text_config: "),
+        (dict(text_config={"final_logit_softcapping": 30.0}), "its config.json sets final_logit_softcapping=30.0"),
+    ],
+)
+def test_what_a_conditional_generation_folder_lacks_is_refused_in_one_line(saved, tmp_path, changes, message):
+    import shutil
+
+    path = shutil.copytree(saved[MULTIMODAL][1], tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    if isinstance(changes["text_config"], dict):
+        changes = {"text_config": {**config["text_config"], **changes["text_config"]}}
+    (path / "config.json").write_text(json.dumps({**config, **changes}))
+    with pytest.raises(CheckpointError) as e:
+        load_model(path)
+    assert str(e.value).startswith(f"{path}: {message}") and "\n" not in str(e.value)
+
+
+def test_linear_rope_scaling_of_a_model_trained_here_exports_where_it_is_expressed(tmp_path):
+    """rope_scaling linear scales the rope_base layers: a Gemma 3 export needs its sliding layers at a base of their
+    own (rope_local_base, unscaled, as Gemma's); llama.cpp's llama holds no linear scaling: both refused in one line."""
+    pytest.importorskip("gguf")
+    linear = {"rope_type": "linear", "factor": 8.0}
+    gemma = GPTConfig(**{"vocab_size": 256, **GGUF_BASE, "rope_scaling": linear, "rope_local_base": None})
+    with pytest.raises(UserError) as e:
+        export_hf(GPT(gemma), ByteTokenizer(), tmp_path / "out")
+    assert str(e.value).startswith(
+        "cannot export to Hugging Face: rope_scaling=linear without rope_local_base: Gemma3ForCausalLM never scales"
+    ) and "\n" not in str(e.value)
+    llama = GPTConfig(arch="llama", n_layer=1, n_head=2, n_embd=32, vocab_size=256, rope_scaling=linear)
+    with pytest.raises(UserError) as e:
+        export_gguf(GPT(llama), ByteTokenizer(), tmp_path / "model.gguf")
+    assert str(e.value).startswith("cannot export to GGUF: rope_scaling linear: minigpt writes llama.cpp's llama")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(UserError, match="linear needs factor > 0"):  # checked where it enters
+        GPTConfig(arch="llama", n_layer=1, n_head=2, n_embd=32, rope_scaling={"rope_type": "linear", "factor": 0})
+
+
+def test_linear_rope_scaling_of_a_llama_trained_here_computes_what_transformers_computes(tmp_path):
+    """rope_scaling linear is a core RoPE option: a Llama-block model with it exports to LlamaForCausalLM, whose
+    logits equal ours (and differ from the unscaled model's), and imports back."""
+    gguf_models = helper("gguf_models")
+    config = dict(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=64, block_size=64, vocab_size=256)
+    model = gguf_models.random_model(seed=2, **config, rope_scaling={"rope_type": "linear", "factor": 4.0})
+    unscaled = gguf_models.random_model(seed=2, **config)
+    out = export_hf(model, ByteTokenizer(), tmp_path / "export")
+    back = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert json.loads((out / "config.json").read_text())["rope_parameters"]["rope_type"] == "linear"
+    idx = ids()
+    ours, theirs = our_logits(model, idx), hf_logits(back, idx)
+    torch.testing.assert_close(ours, theirs, atol=1e-5 * theirs.abs().max().item(), rtol=0)
+    assert (our_logits(unscaled, idx) - theirs).abs().max() > 100 * 1e-5 * theirs.abs().max()
+    again, _ = load_model(out)  # and LlamaForCausalLM's linear scaling imports
+    assert again.config == model.config
+    torch.testing.assert_close(our_logits(again, idx), theirs, atol=1e-5 * theirs.abs().max().item(), rtol=0)
 
 
 # ------------------------------------------------------------------------------------------------- exports
@@ -276,6 +421,34 @@ def test_llama_cpp_runs_the_gguf_export_as_gemma3(saved, tmp_path):
         for t in (len(prompt), len(prompt) + 20, len(prompt) + 39):
             theirs = llama.next_logprobs((prompt + ours)[:t], 8)
             assert max(abs(reference[t - 1, i].item() - lp) for i, lp in theirs.items()) < 3e-3
+
+
+def test_llama_cpp_runs_a_linear_rope_gguf_export_as_gemma3(saved, tmp_path):
+    """Gemma 3 4B's RoPE (linear factor 8 on the full layers, the sliding ones at base 10000 unscaled) goes to llama.cpp
+    as rope.scaling.type linear and its factor, which llama.cpp's gemma3 applies to its full layers alone: greedy ids
+    equal, log-probs within the tolerance above, where the same weights without the scaling are far off."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("xllamacpp")
+    gguf_models, LlamaCpp = helper("gguf_models"), helper("llamacpp_server").LlamaCpp
+    imported = load_model(saved["gemma3-linear-rope"][1])[0].config.to_dict()
+    assert imported["rope_scaling"] == {"rope_type": "linear", "factor": 8.0} and imported["rope_local_base"] == 1e4
+    imported["tie_embeddings"] = False  # a tied head over scaled random embeddings repeats one token
+    model = gguf_models.random_model(seed=1, **imported)
+    unscaled = gguf_models.random_model(seed=1, **{**imported, "rope_scaling": None})
+    export_gguf(model, ByteTokenizer(), tmp_path / "model.gguf")
+    prompt = list("héllo wörld ☃".encode())
+    with torch.no_grad():
+        ours = generate(model, torch.tensor([prompt]), max_new_tokens=40, temperature=0)[0, len(prompt) :].tolist()
+        reference = torch.log_softmax(model(torch.tensor([prompt + ours]))[0][0].double(), -1)
+        without = torch.log_softmax(unscaled(torch.tensor([prompt + ours]))[0][0].double(), -1)
+    assert len(set(ours)) > 8
+    with LlamaCpp(tmp_path / "model.gguf") as llama:
+        assert llama.argmax_along(prompt, ours) == ours
+        for t in (len(prompt), len(prompt) + 20, len(prompt) + 39):
+            theirs = llama.next_logprobs((prompt + ours)[:t], 8)
+            assert max(abs(reference[t - 1, i].item() - lp) for i, lp in theirs.items()) < 3e-3
+            if t > len(prompt):  # the scaling changes what llama.cpp must match
+                assert max(abs(without[t - 1, i].item() - lp) for i, lp in theirs.items()) > 3e-2
 
 
 GGUF_BASE = dict(arch="llama", family=FAMILY, n_layer=7, n_head=4, n_embd=64, mlp="geglu", gelu_approximate="tanh")
@@ -598,6 +771,36 @@ PUBLISHED = {
         "attn_logit_softcapping": None,
         "vocab_size": 262144,
     },
+    # Gemma 3 4B (the 12B and 27B are the same shape of file): Gemma3ForConditionalGeneration, a text_config of the
+    # keys that differ from Gemma3TextConfig's defaults (8 heads of 256, 4 KV heads, vocab 262208, every 6th layer
+    # full), linear RoPE scaling 8 on the full layers, a SigLIP vision tower
+    "gemma-3-4b": {
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "model_type": "gemma3",
+        "boi_token_index": 255999,
+        "eoi_token_index": 256000,
+        "eos_token_id": [1, 106],
+        "image_token_index": 262144,
+        "mm_tokens_per_image": 256,
+        "text_config": {
+            "hidden_size": 2560,
+            "intermediate_size": 10240,
+            "model_type": "gemma3_text",
+            "num_hidden_layers": 34,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+            "sliding_window": 1024,
+        },
+        "vision_config": {
+            "hidden_size": 1152,
+            "image_size": 896,
+            "intermediate_size": 4304,
+            "model_type": "siglip_vision_model",
+            "num_attention_heads": 16,
+            "num_hidden_layers": 27,
+            "patch_size": 14,
+            "vision_use_head": False,
+        },
+    },
 }
 
 
@@ -609,13 +812,19 @@ def test_published_gemma_configs_give_transformers_tensor_shapes_and_llama_cpps_
     from minigpt.hf.load import config_from_hf
     from minigpt.hf.weights import to_hf_state_dict
 
-    config = config_from_hf(PUBLISHED[name], block_size=1024)
-    assert config.sliding_window == 512 and config.rope_local_base == 10000.0 and config.rope_base == 1e6
-    assert unsupported_options(config) == []
+    hf = PUBLISHED[name]
+    config = config_from_hf(hf, block_size=1024)
+    assert config.sliding_window == hf.get("text_config", hf)["sliding_window"] and config.rope_base == 1e6
+    assert config.rope_local_base == 10000.0 and unsupported_options(config) == []
     with torch.device("meta"):
         ours = to_hf_state_dict(GPT(config).state_dict(), config)
-        theirs = transformers.Gemma3ForCausalLM(transformers.AutoConfig.for_model(**PUBLISHED[name])).state_dict()
-    theirs.pop("lm_head.weight")  # tied
+        hf_class = (
+            transformers.Gemma3ForConditionalGeneration if "text_config" in hf else transformers.Gemma3ForCausalLM
+        )
+        theirs = hf_class(transformers.AutoConfig.for_model(**hf)).state_dict()
+    # a multimodal model's text tensors, by the names the import reads them as; the tied head left out
+    family = FAMILIES[FAMILY]
+    theirs = {new: t for n, t in theirs.items() if (new := family.text_weight_name(hf, n)) and new != "lm_head.weight"}
     assert {k: tuple(v.shape) for k, v in ours.items()} == {k: tuple(v.shape) for k, v in theirs.items()}
 
 

@@ -317,14 +317,14 @@ def one_line_error(source, **kwargs) -> str:
     return str(e.value)
 
 
-@pytest.mark.parametrize("architecture", ["Gemma3ForConditionalGeneration", "BertForMaskedLM"])
+@pytest.mark.parametrize("architecture", ["LlavaForConditionalGeneration", "BertForMaskedLM"])
 def test_an_unsupported_architecture_is_named(saved, tmp_path, architecture):
     path = copy_model(saved, "llama-gqa-tied", tmp_path)
     edit_config(path, architectures=[architecture])
     assert one_line_error(path) == (
         f"{path}: its architecture is {architecture}, which minigpt cannot import; it "
         "imports GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-        "Gemma3ForCausalLM, Phi3ForCausalLM"
+        "Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Phi3ForCausalLM"
     )
 
 

@@ -29,7 +29,7 @@ BLOCK_DEFAULT = {"gpt": FAMILIES["gpt2"], "llama": FAMILIES["llama"]}
 
 
 def hf_classes() -> tuple[str, ...]:
-    return tuple(f.hf_class for f in FAMILIES.values())
+    return tuple(name for f in FAMILIES.values() for name in (f.hf_class, *f.reads))
 
 
 def family_of(config: GPTConfig) -> Family:
@@ -45,8 +45,9 @@ def family_field(family: Family) -> str | None:
 
 
 def family_of_hf(hf_config: dict[str, Any]) -> Family | None:
-    """The family whose class config.json's `architectures` names (else whose model_type it has); None: no family."""
+    """The family whose class config.json's `architectures` names (else whose model_type it has), or that reads that
+    class (Family.reads); None: no family."""
     names, model_type = hf_config.get("architectures"), hf_config.get("model_type")
     if names:
-        return next((f for f in FAMILIES.values() if f.hf_class == names[0]), None)
-    return FAMILIES.get(model_type)
+        return next((f for f in FAMILIES.values() if names[0] == f.hf_class or names[0] in f.reads), None)
+    return FAMILIES.get(model_type) or next((f for f in FAMILIES.values() if model_type in f.reads.values()), None)

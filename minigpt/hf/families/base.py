@@ -26,6 +26,9 @@ class Family:
     """config.json's model_type, and GPTConfig.family's value."""
     hf_class: ClassVar[str]
     """The transformers class config.json's `architectures` names."""
+    reads: ClassVar[dict[str, str]] = {}
+    """Other HF classes (-> their model_type) whose text model this family imports (text_config, text_weight_name),
+    exported then as hf_class: Gemma3ForConditionalGeneration's language model, a Gemma3ForCausalLM."""
     block: ClassVar[str]
     """The GPTConfig.arch (block kind) this family's models are built of."""
     gguf_arch: ClassVar[str]
@@ -61,6 +64,19 @@ class Family:
     def import_problems(self, hf: dict[str, Any]) -> Iterator[str]:
         """Why a config.json of this family does not import (fields already of the right JSON types)."""
         return iter(())
+
+    def text_config(self, hf: dict[str, Any]) -> dict[str, Any] | None:
+        """The config.json of the text model the import reads (hf itself, or a class in `reads`'s text part); None:
+        that class's config.json has none."""
+        return hf
+
+    def text_weight_name(self, hf: dict[str, Any], name: str) -> str | None:
+        """A weight file's tensor name -> the text model's (None: not the text model's, not read)."""
+        return name
+
+    def import_notes(self, hf: dict[str, Any]) -> list[str]:
+        """What a user should know of an import that succeeds (printed as `note:` lines)."""
+        return []
 
     def config_fields(self, hf: dict[str, Any]) -> dict[str, Any]:
         """config.json -> GPTConfig's fields (block_size apart: context())."""

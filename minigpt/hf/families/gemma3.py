@@ -3,7 +3,11 @@ variants, each a GPTConfig option: token embeddings scaled by sqrt(hidden) (scal
 tanh GELU (mlp geglu, gelu_approximate tanh), four norms per block (post_norms: HF's post_attention_layernorm is the
 attention output's norm, pre_feedforward_layernorm our ln_2), q/k RMSNorm per head (qk_norm), attention scaled by
 query_pre_attn_scalar (attn_scale_dim), and sliding-window attention on the layers config.json's layer_types (or its
-older sliding_window_pattern) names, with their own RoPE base (rope_local_base).
+older sliding_window_pattern) names, with their own RoPE base (rope_local_base).  Gemma 3 4B, 12B and 27B
+(`Gemma3ForConditionalGeneration`, model_type gemma3) import text-only (Family.reads): their text_config and the
+language model's tensors, the vision tower's never read; they then export as Gemma3ForCausalLM.  Their full layers
+scale RoPE linearly (rope_scaling linear, factor 8: GPTConfig.rope_scaling, which scales the rope_base layers only),
+the sliding ones rotate at rope_local_base unscaled; llama.cpp's gemma3 reads the same from rope.scaling.type/factor.
 
 Gemma's RMSNorm multiplies by (1 + weight): ours by weight, so a norm gain is HF's + 1 on import (in float32, what
 HF's forward computes) and ours - 1 on export (exact for gains in [0.5, 2]; HF then adds the 1 back).  llama.cpp's
@@ -21,7 +25,7 @@ from typing import Any
 
 import torch
 
-from minigpt.core.config import GPTConfig
+from minigpt.core.config import GPTConfig, is_number
 from minigpt.hf.families.base import get
 from minigpt.hf.families.llama import FUSED, PEFT_MODULES, Llama
 
@@ -40,6 +44,29 @@ NORMS = ("ln_1.weight", "ln_2.weight", "norm.weight", "ln_f.weight")  # norm.wei
 GELU = {"gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu": "none"}
 # what Gemma3TextConfig assumes of a key config.json leaves out
 DEFAULTS = {"head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 4096, "num_key_value_heads": 4}
+# Gemma3ForConditionalGeneration (Gemma 3 4B, 12B, 27B: model_type gemma3) holds the text model's config.json as
+# text_config, often only the keys that differ from Gemma3TextConfig's defaults (these), beside a vision tower's
+MULTIMODAL = {"Gemma3ForConditionalGeneration": "gemma3"}
+TEXT_DEFAULTS = {
+    "model_type": "gemma3_text",
+    "vocab_size": 262208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-6,
+    **DEFAULTS,
+}
+# its language model's tensors: `language_model.model.` (transformers 4.49, the published files) or
+# `model.language_model.` (4.52 on) before Gemma3ForCausalLM's `model.` names; lm_head stays (or is
+# `language_model.lm_head`); the vision tower's and the projector's are not read
+TEXT_PREFIXES = {
+    "language_model.model.": "model.",
+    "model.language_model.": "model.",
+    "language_model.lm_head.": "lm_head.",
+}
+ROPE_KINDS = ("default", "linear")  # linear on the full layers only (Gemma 3 4B-27B's factor 8)
 GGUF_PATTERN, GGUF_LOCAL_BASE = 6, 10000.0  # llama.cpp's gemma3: every 6th layer full, the others at base 10000
 
 
@@ -69,20 +96,52 @@ def rope_params(hf: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {"full_attention": full, "sliding_attention": sliding}
 
 
+def is_multimodal(hf: dict[str, Any]) -> bool:
+    names = hf.get("architectures")
+    return names[0] in MULTIMODAL if names else hf.get("model_type") in MULTIMODAL.values()
+
+
 class Gemma3(Llama):
     model_type = "gemma3_text"
     hf_class = "Gemma3ForCausalLM"
+    reads = MULTIMODAL
     gguf_arch = "gemma3"
     gguf_pre_tokenizer = None  # SentencePiece-style BPE: llama.cpp's SentencePiece vocabulary, no pre-tokenizer
     peft_modules = PEFT_MODULES
     block_names, fused = BLOCK, FUSED
     gguf_permute = False  # NEOX rope: halves, as HF
-    rope_kinds = ("default",)
+    rope_kinds = ROPE_KINDS
     qk_norm = True
     sliding_window = True
     geglu = scaled_embeddings = post_norms = attn_scale = True
 
     # ------------------------------------------------------------------------------------------- import
+    def text_config(self, hf: dict[str, Any]) -> dict[str, Any] | None:
+        """A Gemma3ForConditionalGeneration's text_config over Gemma3TextConfig's defaults; its head is tied where
+        the outer config says (transformers ties by it)."""
+        if not is_multimodal(hf):
+            return hf
+        text = hf.get("text_config")
+        if not isinstance(text, dict):
+            return None
+        return TEXT_DEFAULTS | text | {"tie_word_embeddings": hf.get("tie_word_embeddings", True) is not False}
+
+    def text_weight_name(self, hf: dict[str, Any], name: str) -> str | None:
+        if not is_multimodal(hf):
+            return name
+        if name.startswith("lm_head."):
+            return name
+        prefix = next((p for p in TEXT_PREFIXES if name.startswith(p)), None)
+        return None if prefix is None else TEXT_PREFIXES[prefix] + name.removeprefix(prefix)
+
+    def import_notes(self, hf: dict[str, Any]) -> list[str]:
+        if not is_multimodal(hf):
+            return []
+        return [
+            f"the import is text-only: {hf['architectures'][0] if hf.get('architectures') else 'the model'}'s vision "
+            f"tower and multimodal projector are not read; the model exports as {self.hf_class}"
+        ]
+
     def import_problems(self, hf: dict[str, Any]) -> Iterator[str]:
         act = get(hf, "hidden_activation", "hidden_act", default="gelu_pytorch_tanh")
         if act not in GELU:
@@ -99,11 +158,14 @@ class Gemma3(Llama):
             yield "its config.json sets attention_bias=true; minigpt imports Gemma 3 models without biases only"
         for layer, params in rope_params(hf).items():
             kind = params.get("rope_type", params.get("type", "default"))
-            if kind != "default":
+            if kind not in (ROPE_KINDS if layer == "full_attention" else ROPE_KINDS[:1]):
                 yield (
                     f"its RoPE scaling on {layer} layers is {kind!r} (rope_parameters / rope_scaling), which minigpt "
-                    "does not compute; it imports Gemma 3 models with plain RoPE (270M, 1B)"
+                    "does not compute; it imports Gemma 3 models with plain RoPE on sliding layers and plain or "
+                    "linear RoPE on full ones"
                 )
+            elif kind == "linear" and not is_number(params.get("factor")):
+                yield f"its linear RoPE scaling on {layer} layers has no numeric factor ({params.get('factor')!r})"
 
     def config_fields(self, hf: dict[str, Any]) -> dict[str, Any]:
         types, rope = layer_types(hf), rope_params(hf)
@@ -112,6 +174,9 @@ class Gemma3(Llama):
         scale_dim = get(hf, "query_pre_attn_scalar", default=DEFAULTS["query_pre_attn_scalar"])
         global_base, local_base = rope["full_attention"]["rope_theta"], rope["sliding_attention"]["rope_theta"]
         window = get(hf, "sliding_window", default=self.context(hf))  # null: a sliding layer sees the context
+        full = rope["full_attention"]
+        kind = full.get("rope_type", full.get("type", "default"))
+        scaling = None if kind == "default" else {"rope_type": kind, "factor": full["factor"]}
         return dict(
             arch="llama",
             n_layer=hf.get("num_hidden_layers"),
@@ -125,6 +190,7 @@ class Gemma3(Llama):
             gelu_approximate=GELU[get(hf, "hidden_activation", "hidden_act", default="gelu_pytorch_tanh")],
             mlp_hidden=hf.get("intermediate_size"),
             rope_base=float(global_base) if isinstance(global_base, int) else global_base,
+            rope_scaling=scaling,  # the full layers'; sliding ones rotate at rope_local_base, unscaled
             norm_eps=get(hf, "rms_norm_eps", default=1e-6),
             tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
             qk_norm=True,
@@ -135,7 +201,7 @@ class Gemma3(Llama):
             # local base where it is the global one (a model exported from here imports back to an equal config)
             sliding_window=window if sliding else None,
             layer_types=types if sliding and "full_attention" in types else None,
-            rope_local_base=float(local_base) if sliding and local_base != global_base else None,
+            rope_local_base=float(local_base) if sliding and (local_base != global_base or scaling) else None,
         )
 
     def context(self, hf: dict[str, Any]) -> int | None:
@@ -153,12 +219,27 @@ class Gemma3(Llama):
                 f"partial_rotary_factor={config.partial_rotary_factor:g}: {self.hf_class} rotates every dimension "
                 "of a head; train with partial_rotary_factor 1"
             )
-        if config.rope_scaling is not None:
-            kind = config.rope_scaling.get("rope_type", config.rope_scaling.get("type"))
-            yield f"rope_scaling={kind}: minigpt exports Gemma 3 models with plain RoPE; train without rope_scaling"
+        kind = (config.rope_scaling or {}).get("rope_type", (config.rope_scaling or {}).get("type"))
+        if kind is not None and kind not in ROPE_KINDS:
+            yield (
+                f"rope_scaling={kind}: minigpt exports Gemma 3 models with plain or linear RoPE; train without "
+                "rope_scaling, or with rope_type linear"
+            )
+        elif (
+            kind is not None
+            and config.rope_local_base is None
+            and any(config.layer_window(i) for i in range(config.n_layer))
+        ):
+            yield (
+                f"rope_scaling={kind} without rope_local_base: {self.hf_class} never scales its sliding layers' "
+                "RoPE; set rope_local_base (the sliding layers' base, unscaled)"
+            )
 
     def hf_config(self, config: GPTConfig) -> dict[str, Any]:
         local_base = config.rope_local_base or config.rope_base
+        scaling = None  # the full layers' linear scaling (hf_position_problems refused every other kind)
+        if config.rope_scaling is not None:
+            scaling = {"rope_type": "linear", "factor": config.rope_scaling["factor"]}
         return {
             "hidden_size": config.n_embd,
             "intermediate_size": config.mlp_hidden,
@@ -178,13 +259,13 @@ class Gemma3(Llama):
                 for i in range(config.n_layer)
             ],
             "rope_parameters": {
-                "full_attention": {"rope_type": "default", "rope_theta": config.rope_base},
+                "full_attention": {**(scaling or {"rope_type": "default"}), "rope_theta": config.rope_base},
                 "sliding_attention": {"rope_type": "default", "rope_theta": local_base},
             },
             # the keys transformers 4, vLLM and llama.cpp's converter read
             "rope_theta": config.rope_base,
             "rope_local_base_freq": local_base,
-            "rope_scaling": None,
+            "rope_scaling": scaling,
             "final_logit_softcapping": None,
             "attn_logit_softcapping": None,
             "use_bidirectional_attention": False,
@@ -249,3 +330,8 @@ class Gemma3(Llama):
     def gguf_metadata(self, writer: Any, config: GPTConfig) -> None:
         super().gguf_metadata(writer, config)
         writer.add_sliding_window(min(config.sliding_window or config.block_size, config.block_size))
+        if config.rope_scaling is not None:  # linear: llama.cpp's gemma3 scales the full layers' RoPE alone
+            from gguf import RopeScalingType  # the GGUF export's optional dependency, there when a writer is
+
+            writer.add_rope_scaling_type(RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(config.rope_scaling["factor"])

@@ -75,11 +75,11 @@ def rope(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     return theta, {k: v for k, v in rest.items() if k != "partial_rotary_factor"} | {"rope_type": kind}
 
 
-def rope_problems(hf: dict[str, Any], kinds: tuple[str, ...] = ("default", "llama3")) -> Iterator[str]:
+def rope_problems(hf: dict[str, Any], kinds: tuple[str, ...] = ("default", "llama3", "linear")) -> Iterator[str]:
     """A file holding both RoPE forms, or two rope_theta, is read one way by transformers 4 (rope_scaling and the
     top-level rope_theta) and another by transformers 5 (rope_scaling over rope_parameters, the rope_theta inside
     over the top-level one): unless the two agree, it is refused, never guessed.  Every rope_type but `kinds` is
-    refused too (linear, dynamic, yarn...)."""
+    refused too (dynamic, yarn...)."""
     top_theta, readings = hf.get("rope_theta"), rope_readings(hf)
     for key, (theta, _, _) in readings.items():
         if top_theta is not None and theta != top_theta:
@@ -101,7 +101,7 @@ def rope_problems(hf: dict[str, Any], kinds: tuple[str, ...] = ("default", "llam
             "1.0) only"
         )
     if kind not in kinds:
-        imported = "plain RoPE" + (" and rope_type llama3 (Llama 3.1/3.2)" if "llama3" in kinds else " only")
+        imported = "plain RoPE" + (" and rope_type llama3 (Llama 3.1/3.2) or linear" if "llama3" in kinds else " only")
         yield f"its RoPE scaling is {kind!r}, which minigpt does not compute; it imports {imported}"
 
 
@@ -138,7 +138,7 @@ class Llama(Family):
     peft_modules = PEFT_MODULES
     top, block_names, fused = TOP, BLOCK, FUSED
     gguf_permute = True  # llama.cpp's llama rotates interleaved pairs (LLAMA_ROPE_TYPE_NORM)
-    rope_kinds = ("default", "llama3")
+    rope_kinds = ("default", "llama3", "linear")
     qkv_bias = False  # the class has biases on q, k and v alone (GPTConfig.qkv_bias)
     qk_norm = False  # the class RMS-normalises each head's queries and keys (GPTConfig.qk_norm)
 
@@ -277,11 +277,17 @@ class Llama(Family):
     # ------------------------------------------------------------------------------------------- GGUF
     def gguf_problems(self, config: GPTConfig) -> Iterator[str]:
         yield from self.qk_norm_problems(config, f"llama.cpp's {self.gguf_arch} architecture")
-        kind = (config.rope_scaling or {}).get("rope_type")
+        scaling = config.rope_scaling or {}
+        kind = scaling.get("rope_type", scaling.get("type"))
         if kind == "longrope" and kind not in self.rope_kinds:  # rope_freqs holds one set of factors, llama3's
             yield (
                 f"rope_scaling longrope: llama.cpp's {self.gguf_arch} architecture holds Llama 3 frequency factors "
                 "only; export as Phi-3 (model.family phi3)"
+            )
+        if kind == "linear":  # rope_freqs would hold it, but minigpt writes Llama 3's factors there only
+            yield (
+                f"rope_scaling linear: minigpt writes llama.cpp's {self.gguf_arch} architecture without linear RoPE "
+                "scaling; train without rope_scaling (or export as Gemma 3, model.family gemma3_text)"
             )
         if config.mlp != "swiglu":
             yield (
@@ -319,7 +325,7 @@ class Llama(Family):
         if scaling is not None and scaling["rope_type"] == "longrope":  # Phi-3's (gguf_problems: phi3 arch only)
             for kind in ("short", "long"):  # llama.cpp divides each frequency by its factor
                 out[f"rope_factors_{kind}.weight"] = torch.tensor(scaling[f"{kind}_factor"])
-        elif scaling is not None:  # llama3's, as the factors llama.cpp divides each frequency by
+        elif scaling is not None and scaling["rope_type"] == "llama3":  # as the factors llama.cpp divides each by
             exponents = torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim
             inv_freq = 1.0 / config.rope_base**exponents
             out["rope_freqs.weight"] = inv_freq / llama3_scaled_frequencies(inv_freq, scaling)
