@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,34 @@ def helper(name: str, folder: str = "export"):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def random_gguf(path: Path, tokenizer, out: Path, **overrides):
+    """A random model of the config imported from `path`, sized for `tokenizer`, exported to GGUF at `out` with it:
+    (the model, the export's result)."""
+    config = load_model(path)[0].config.to_dict()
+    model = helper("gguf_models").random_model(**{**config, "vocab_size": tokenizer.vocab_size, **overrides})
+    return model, export_gguf(model, tokenizer, out)
+
+
+def assert_llama_cpp_tokenizes_nfc_texts_as(gguf: Path, tokenizer):
+    with helper("llamacpp_server").LlamaCpp(gguf) as llama:
+        for text in helper("gguf_models").TEXTS:
+            text = unicodedata.normalize("NFC", text)
+            assert llama.tokenize(text) == tokenizer.encode(text), text
+
+
+def assert_llama_cpp_tokenizes_a_chat_as_transformers_and_continues_it(gguf: Path, model, tokenizer, fast, chat: str):
+    """llama.cpp tokenizes `chat` and six texts (special tokens added) as `tokenizer` and transformers' `fast` do, and
+    its greedy ids after `chat` are ours."""
+    prompt = tokenizer.encode(chat)
+    with torch.no_grad():
+        ours = generate(model, torch.tensor([prompt]), max_new_tokens=32, temperature=0)[0, len(prompt) :].tolist()
+    assert len(set(ours)) > 8  # a real continuation, not one token repeated
+    with helper("llamacpp_server").LlamaCpp(gguf) as llama:
+        for text in [chat, *helper("gguf_models").TEXTS[:6]]:
+            assert llama.tokenize(text, add_special=True) == tokenizer.encode(text) == fast(text)["input_ids"], text
+        assert llama.argmax_along(prompt, ours) == ours
 
 
 def family_of(name: str) -> str:

@@ -30,7 +30,12 @@ from minigpt.loading import load_model
 
 transformers = pytest.importorskip("transformers")
 from hf_models import CLASSES, MODELS, hf_logits, ids, our_logits, random_hf_model
-from test_family_suite import helper, tensor_shapes
+from test_family_suite import (
+    assert_llama_cpp_tokenizes_a_chat_as_transformers_and_continues_it,
+    helper,
+    random_gguf,
+    tensor_shapes,
+)
 
 CLASS = "Gemma3ForCausalLM"
 FAMILY = "gemma3_text"
@@ -244,14 +249,12 @@ def test_a_gemma_style_tokenizer_reads_and_llama_cpp_runs_its_gguf_export(saved,
     assert back.encode(" hello") == [269]  # one merged piece; é and ☃ fall back to their UTF-8 bytes
     pytest.importorskip("gguf")
     pytest.importorskip("xllamacpp")
-    gguf_models, LlamaCpp = helper("gguf_models"), helper("llamacpp_server").LlamaCpp
     # as transformers converts Gemma's tokenizer.model: every split a merge rule, a no-op Split at " "
-    save_hf_tokenizer(gguf_models.spm_tokenizer("gemma-split", post_bos=True, converted=True), tmp_path / "tok")
+    tokenizer = helper("gguf_models").spm_tokenizer("gemma-split", post_bos=True, converted=True)
+    save_hf_tokenizer(tokenizer, tmp_path / "tok")
     tokenizer = load_hf_tokenizer(tmp_path / "tok", {"model_type": FAMILY})
     fast = transformers.AutoTokenizer.from_pretrained(tmp_path / "tok")
-    config = load_model(saved["gemma3-mqa-untied-pattern"][1])[0].config.to_dict()
-    model = gguf_models.random_model(seed=1, **{**config, "vocab_size": tokenizer.vocab_size})
-    result = export_gguf(model, tokenizer, tmp_path / "model.gguf")
+    model, result = random_gguf(saved["gemma3-mqa-untied-pattern"][1], tokenizer, tmp_path / "model.gguf", seed=1)
     assert (result.arch, result.vocab.kind, result.vocab.add_space_prefix, result.vocab.add_bos) == (
         "gemma3",
         "spm",
@@ -259,14 +262,9 @@ def test_a_gemma_style_tokenizer_reads_and_llama_cpp_runs_its_gguf_export(saved,
         True,
     )
     chat = "<start_of_turn>user\nhéllo  wörld ☃ 42<end_of_turn>\n<start_of_turn>model\n"
-    prompt = tokenizer.encode(chat)
-    with torch.no_grad():
-        ours = generate(model, torch.tensor([prompt]), max_new_tokens=32, temperature=0)[0, len(prompt) :].tolist()
-    assert len(set(ours)) > 8  # a real continuation, not one token repeated
-    with LlamaCpp(tmp_path / "model.gguf") as llama:
-        for text in [chat, *gguf_models.TEXTS[:6]]:
-            assert llama.tokenize(text, add_special=True) == tokenizer.encode(text) == fast(text)["input_ids"], text
-        assert llama.argmax_along(prompt, ours) == ours
+    assert_llama_cpp_tokenizes_a_chat_as_transformers_and_continues_it(
+        tmp_path / "model.gguf", model, tokenizer, fast, chat
+    )
 
 
 GEMMA_TEMPLATE = """{{ bos_token }}

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import json
 import math
-import unicodedata
 
 import pytest
 import torch
 
 from minigpt.core.config import GPTConfig
-from minigpt.core.generation import generate
-from minigpt.export.gguf import export_gguf
 from minigpt.export.hf import export_hf
 from minigpt.hf.families import FAMILIES
 from minigpt.hf.tokenizer_files import save_hf_tokenizer
@@ -24,7 +21,14 @@ from minigpt.loading import load_model
 
 transformers = pytest.importorskip("transformers")
 from hf_models import MODELS, ROPE_LONGROPE, hf_logits, ids, our_logits
-from test_family_suite import helper, lora_through_peft, tensor_shapes
+from test_family_suite import (
+    assert_llama_cpp_tokenizes_a_chat_as_transformers_and_continues_it,
+    assert_llama_cpp_tokenizes_nfc_texts_as,
+    helper,
+    lora_through_peft,
+    random_gguf,
+    tensor_shapes,
+)
 
 PHI3 = [name for name in MODELS if name.startswith("phi3")]
 NO_WINDOW = [name for name in PHI3 if "window" not in name]  # llama.cpp's phi3 computes no sliding window
@@ -104,14 +108,11 @@ def test_llama_cpp_runs_a_phi3_gguf_export_with_its_sentencepiece_tokenizer(save
 
     from minigpt.hf.tokenizer_files import load_hf_tokenizer
 
-    gguf_models, LlamaCpp = helper("gguf_models"), helper("llamacpp_server").LlamaCpp
-    tokenizer = gguf_models.spm_tokenizer("llama2", post_bos=True, phi3=True, converted=True)  # merges as converted
+    tokenizer = helper("gguf_models").spm_tokenizer("llama2", post_bos=True, phi3=True, converted=True)  # as converted
     save_hf_tokenizer(tokenizer, tmp_path / "tok")
     tokenizer = load_hf_tokenizer(tmp_path / "tok", {"model_type": "phi3"})
     fast = transformers.AutoTokenizer.from_pretrained(tmp_path / "tok")
-    config = load_model(saved[NO_WINDOW[0]][1])[0].config.to_dict()
-    model = gguf_models.random_model(seed=2, **{**config, "vocab_size": tokenizer.vocab_size, "block_size": 64})
-    result = export_gguf(model, tokenizer, tmp_path / "model.gguf")
+    model, result = random_gguf(saved[NO_WINDOW[0]][1], tokenizer, tmp_path / "model.gguf", seed=2, block_size=64)
     assert (result.arch, result.vocab.kind, result.vocab.add_space_prefix, result.vocab.add_bos) == (
         "phi3",
         "spm",
@@ -120,14 +121,9 @@ def test_llama_cpp_runs_a_phi3_gguf_export_with_its_sentencepiece_tokenizer(save
     )
     assert result.vocab.phi3_rstrip  # written with a name that says Phi-3, for llama.cpp to strip as transformers
     chat = "<|user|>\nhéllo  wörld ☃ 42<|end|>\n<|assistant|>\n"
-    prompt = tokenizer.encode(chat)
-    with torch.no_grad():
-        ours = generate(model, torch.tensor([prompt]), max_new_tokens=32, temperature=0)[0, len(prompt) :].tolist()
-    assert len(set(ours)) > 8  # a real continuation, not one token repeated
-    with LlamaCpp(tmp_path / "model.gguf") as llama:
-        for text in [chat, *gguf_models.TEXTS[:6]]:
-            assert llama.tokenize(text, add_special=True) == tokenizer.encode(text) == fast(text)["input_ids"], text
-        assert llama.argmax_along(prompt, ours) == ours
+    assert_llama_cpp_tokenizes_a_chat_as_transformers_and_continues_it(
+        tmp_path / "model.gguf", model, tokenizer, fast, chat
+    )
 
 
 def phi4_style_tokenizer():
@@ -150,14 +146,9 @@ def test_llama_cpp_tokenizes_as_a_phi4_style_tokenizer_json(saved, tmp_path):
     back = load_hf_tokenizer(tmp_path / "tok", {"model_type": "phi3", "vocab_size": tokenizer.vocab_size})
     text = "CamelCaseWords HTTPServer it's 12345"
     assert back.encode(text) == tokenizer.encode(text) and back.decode(back.encode(text)) == text
-    model, _ = load_model(saved["phi3-gqa-tied-partial"][1])
-    model = helper("gguf_models").random_model(**{**model.config.to_dict(), "vocab_size": tokenizer.vocab_size})
-    result = export_gguf(model, back, tmp_path / "model.gguf")
+    _, result = random_gguf(saved["phi3-gqa-tied-partial"][1], back, tmp_path / "model.gguf")
     assert result.vocab.pre == "gpt-4o"
-    with helper("llamacpp_server").LlamaCpp(tmp_path / "model.gguf") as llama:
-        for text in helper("gguf_models").TEXTS:
-            text = unicodedata.normalize("NFC", text)
-            assert llama.tokenize(text) == tokenizer.encode(text), text
+    assert_llama_cpp_tokenizes_nfc_texts_as(tmp_path / "model.gguf", tokenizer)
 
 
 # the published configs (Phi-3-mini-4k-instruct: a 2047-token window over a 4096 context, SentencePiece vocabulary;

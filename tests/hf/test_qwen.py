@@ -6,18 +6,16 @@ test_family_suite.py's, with every other family's."""
 from __future__ import annotations
 
 import json
-import unicodedata
 
 import pytest
 
-from minigpt.export.gguf import export_gguf
 from minigpt.hf.families import FAMILIES
 from minigpt.hf.tokenizer_files import save_hf_tokenizer
 from minigpt.loading import load_model
 
 transformers = pytest.importorskip("transformers")
 from hf_models import MODELS
-from test_family_suite import family_of, helper, tensor_shapes
+from test_family_suite import assert_llama_cpp_tokenizes_nfc_texts_as, family_of, helper, random_gguf, tensor_shapes
 
 QWEN = [name for name in MODELS if name.startswith("qwen")]
 
@@ -69,14 +67,9 @@ def test_llama_cpp_tokenizes_nfc_text_as_the_qwen_style_tokenizer_and_the_export
     pytest.importorskip("gguf")
     pytest.importorskip("xllamacpp")
     tokenizer = qwen_style_tokenizer()
-    model, _ = load_model(saved["qwen3-gqa-tied-head-dim"][1])
-    model = helper("gguf_models").random_model(**{**model.config.to_dict(), "vocab_size": tokenizer.vocab_size})
-    result = export_gguf(model, tokenizer, tmp_path / "model.gguf")
+    _, result = random_gguf(saved["qwen3-gqa-tied-head-dim"][1], tokenizer, tmp_path / "model.gguf")
     assert result.vocab.pre == "qwen2" and any("NFC" in note for note in result.notes)
-    with helper("llamacpp_server").LlamaCpp(tmp_path / "model.gguf") as llama:
-        for text in helper("gguf_models").TEXTS:
-            text = unicodedata.normalize("NFC", text)
-            assert llama.tokenize(text) == tokenizer.encode(text), text
+    assert_llama_cpp_tokenizes_nfc_texts_as(tmp_path / "model.gguf", tokenizer)
 
 
 # the published configs' sizes (Qwen2.5-0.5B: q/k/v biases, tied; Qwen3-0.6B: head_dim 128 with 16 heads of a
