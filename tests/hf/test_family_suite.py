@@ -1,8 +1,9 @@
 """One suite for every imported model family (Qwen2, Qwen3, Phi-3, Gemma 3 text), parametrized over their small
 random configs in hf_models.py: each is imported from a folder and from hf:ORG/NAME, computes transformers' logits on
 every attention path and its greedy ids, fine-tunes (full and LoRA), exports to a Hugging Face folder (the family's
-class), to GGUF (run in xllamacpp), to PEFT, and is served. A new family adds configs here, not tests; what only one
-family has stays in its own file (test_qwen.py, test_phi3.py, test_gemma.py)."""
+class), to GGUF (run in xllamacpp), to PEFT, and is served. A new family adds its configs to hf_models.py and its
+name to FAMILY_MODELS, not tests; what only one family has stays in its own file (test_qwen.py, test_phi3.py,
+test_gemma.py), which takes the shared helpers from here."""
 
 from __future__ import annotations
 
