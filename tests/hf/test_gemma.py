@@ -1,18 +1,14 @@
-"""Gemma 3 text (`Gemma3ForCausalLM`) end to end, offline: small random models built from transformers' own config
-class (hf_models.py: tied/untied, GQA, MQA and MHA, sliding layers with a window shorter than the sequence mixed with
-full ones and their own RoPE base, query_pre_attn_scalar other than head_dim, head_dim other than hidden / heads) are
-imported from a folder and from hf:ORG/NAME, compute transformers' logits on every attention path and its greedy ids,
-fine-tune (full and LoRA), export to a Hugging Face folder, to GGUF (llama.cpp's gemma3, run in xllamacpp), to PEFT,
-and are served.  A model trained here with the same options (scale_embeddings, mlp geglu, post_norms, attn_scale_dim,
-qk_norm, sliding layers) trains, samples, and exports as Gemma 3."""
+"""What only Gemma 3 text (`Gemma3ForCausalLM`) has, read from transformers' own config class (hf_models.py): the
+import's options (scaled embeddings, GeGLU, four norms a block with gains 1 + HF's, q/k norms, sliding layers with
+their own RoPE base, query_pre_attn_scalar), a sliding layer's ring cache, what the import and the exports refuse, PEFT
+trainable tokens of the scaled embedding, its tokenizer and chat template, the published configs' shapes, and a model
+trained here with the same options that exports as Gemma 3. Its logits, greedy ids, hub import, exports (HF, GGUF,
+PEFT), fine-tuning and serving are test_family_suite.py's, with every other family's."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,44 +20,28 @@ from minigpt.core.errors import CheckpointError, UserError
 from minigpt.core.generation import generate, prompt_ids
 from minigpt.core.lora import LoRAConfig, lora_model
 from minigpt.core.model import GPT
-from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer
+from minigpt.core.tokenizers import ByteTokenizer
 from minigpt.export.gguf import export_gguf
 from minigpt.export.hf import export_hf
 from minigpt.export.peft import export_peft
 from minigpt.hf.families import FAMILIES
 from minigpt.hf.tokenizer_files import save_hf_tokenizer
-from minigpt.loading import load_lora_run, load_model
+from minigpt.loading import load_model
 
 transformers = pytest.importorskip("transformers")
 from hf_models import CLASSES, MODELS, hf_logits, ids, our_logits, random_hf_model
+from test_family_suite import (
+    assert_llama_cpp_tokenizes_a_chat_as_transformers_and_continues_it,
+    helper,
+    random_gguf,
+)
 
-TESTS = Path(__file__).resolve().parents[1]
-GEMMA = [name for name in MODELS if name.startswith("gemma3")]
 CLASS = "Gemma3ForCausalLM"
 FAMILY = "gemma3_text"
 
 
-def helper(name: str, folder: str = "export"):
-    """A helper module of another test folder (export/gguf_models, export/llamacpp_server, serve/serve_support)."""
-    spec = importlib.util.spec_from_file_location(name, TESTS / folder / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 # ------------------------------------------------------------------------------------------------- same function
-
-
-@pytest.mark.parametrize("name", GEMMA)
-@pytest.mark.parametrize("attention", ["sdpa", "manual", "einops"])
-def test_logits_equal_transformers_within_1e_5(saved, name, attention):
-    hf_model, path = saved[name]
-    model, _ = load_model(path, attention=attention)
-    idx = ids()  # 40 tokens: past the 8- and 12-token windows
-    theirs = hf_logits(hf_model, idx)
-    # float32, 1e-5 of the logits' scale: manual and einops give transformers' eager logits bit for bit (the norm
-    # gains as 1 + HF's are exact), sdpa's kernel within 8e-6 of a scale of about 19
-    torch.testing.assert_close(our_logits(model, idx), theirs, atol=1e-5 * theirs.abs().max().item(), rtol=0)
+# (the logits, greedy ids, hub import, exports, fine-tuning and serving of every config: test_family_suite.py)
 
 
 def test_the_import_reads_the_family(saved):
@@ -120,19 +100,6 @@ def test_bfloat16_gains_become_1_plus_w_in_float32(tmp_path):
     torch.testing.assert_close(our_logits(model, idx), theirs, atol=1e-5 * theirs.abs().max().item(), rtol=0)
 
 
-@pytest.mark.parametrize("name", GEMMA)
-def test_greedy_ids_equal_transformers_generate_for_32_tokens(saved, name):
-    hf_model, path = saved[name]
-    model, _ = load_model(path)
-    prompt = ids(batch=1, T=8, seed=3)
-    with torch.no_grad():
-        expected = hf_model.generate(
-            prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=32, min_new_tokens=32
-        )
-    for use_kv_cache in (True, False):
-        assert generate(model, prompt, 32, temperature=0.0, use_kv_cache=use_kv_cache).tolist() == expected.tolist()
-
-
 @pytest.mark.parametrize("attention", ["sdpa", "manual", "einops"])
 def test_kv_cache_decoding_past_the_window_equals_the_full_forward(saved, attention):
     """A sliding layer's cache keeps only its last 8 positions (a ring): decoding 30 tokens one by one after a
@@ -149,17 +116,6 @@ def test_kv_cache_decoding_past_the_window_equals_the_full_forward(saved, attent
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=2e-5 * full.abs().max().item(), rtol=0)
     theirs = hf_logits(hf_model, idx)
     torch.testing.assert_close(full, theirs, atol=1e-5 * theirs.abs().max().item(), rtol=0)
-
-
-def test_a_hub_id_imports_from_the_cache(saved, hub_cache):
-    from test_hub import fill_hub_cache
-
-    for name in GEMMA:
-        hf_model, path = saved[name]
-        fill_hub_cache(hub_cache, f"someorg/{name}", path)
-        model, tokenizer = load_model(f"hf:someorg/{name}")
-        assert tokenizer.name == f"someorg/{name}" and model.config.family == FAMILY
-        assert (our_logits(model, ids()) - hf_logits(hf_model, ids())).abs().max() < 1e-4
 
 
 @pytest.mark.parametrize(
@@ -332,49 +288,6 @@ def test_linear_rope_scaling_of_a_llama_trained_here_computes_what_transformers_
 # ------------------------------------------------------------------------------------------------- exports
 
 
-@pytest.mark.parametrize("name", GEMMA)
-def test_the_hf_export_is_gemma3_with_the_same_logits_and_imports_back(saved, name, tmp_path):
-    hf_model, path = saved[name]
-    model, tokenizer = load_model(path)
-    out = export_hf(model, tokenizer, tmp_path / "export")
-    config = json.loads((out / "config.json").read_text())
-    assert config["architectures"] == [CLASS] and config["model_type"] == FAMILY
-    back, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
-    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
-    assert type(back).__name__ == CLASS
-    idx = ids()
-    expected = hf_logits(hf_model, idx)  # eager attention; the export loads with transformers' default (sdpa)
-    torch.testing.assert_close(hf_logits(back.eval(), idx), expected, atol=1e-5 * expected.abs().max().item(), rtol=0)
-    again, _ = load_model(out)
-    assert again.config == model.config
-
-
-@pytest.mark.parametrize("name", ["gemma3-gqa-tied-window", "gemma3-mqa-untied-pattern"])
-def test_peft_adapters_of_a_lora_model_load_in_peft_with_equal_logits(saved, name, tmp_path):
-    peft = pytest.importorskip("peft")
-    base, tokenizer = load_model(saved[name][1])
-    cfg = LoRAConfig(rank=4, targets=["q", "k", "v", "o", "gate", "up", "down"])
-    model = lora_model(base, base.config, cfg).eval()
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                torch.nn.init.normal_(p, std=0.2)
-    idx = ids()
-    with torch.no_grad():
-        expected = model(idx)[0]
-    export_peft(model, tokenizer, cfg, tmp_path / "adapter", tmp_path / "base")
-    adapter = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
-    assert adapter["target_modules"] == sorted(
-        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    )
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base")
-    assert type(hf).__name__ == CLASS
-    with torch.no_grad():
-        theirs = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()(idx).logits
-    torch.testing.assert_close(theirs, expected, atol=1e-4, rtol=0)
-
-
 @pytest.mark.parametrize("train_embeddings, vocab_size", [(True, 256), (False, 260)])
 def test_peft_trainable_tokens_of_the_scaled_embedding_load_in_peft(saved, train_embeddings, vocab_size, tmp_path):
     """Every row trained (lora.train_embeddings) or 4 new tokens (a grown vocabulary): PEFT's trainable tokens sit in
@@ -397,30 +310,6 @@ def test_peft_trainable_tokens_of_the_scaled_embedding_load_in_peft(saved, train
     with torch.no_grad():
         theirs = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()(idx).logits
     torch.testing.assert_close(theirs[..., :vocab_size], expected, atol=1e-4, rtol=0)
-
-
-def test_llama_cpp_runs_the_gguf_export_as_gemma3(saved, tmp_path):
-    """The 1B-shaped config (every 6th layer full, local base 10000, scale 1/sqrt(head_dim)) is what llama.cpp's
-    gemma3 expresses: 7 layers, a 12-token window that the 55 tokens outgrow, untied, MQA, every weight drawn.
-    llama.cpp's GELU reads a float16 table, so log-probs agree to 3e-3 as gpt2's do (tests/export/test_gguf.py); with
-    our GELU evaluated at float16 too they agree to 2e-5."""
-    pytest.importorskip("gguf")
-    pytest.importorskip("xllamacpp")
-    gguf_models, LlamaCpp = helper("gguf_models"), helper("llamacpp_server").LlamaCpp
-    imported = load_model(saved["gemma3-mqa-untied-pattern"][1])[0].config.to_dict()
-    model = gguf_models.random_model(seed=1, **imported)
-    result = export_gguf(model, ByteTokenizer(), tmp_path / "model.gguf")
-    assert result.arch == FAMILIES[FAMILY].gguf_arch == "gemma3"
-    prompt = list("héllo wörld ☃".encode())
-    with torch.no_grad():
-        ours = generate(model, torch.tensor([prompt]), max_new_tokens=40, temperature=0)[0, len(prompt) :].tolist()
-        reference = torch.log_softmax(model(torch.tensor([prompt + ours]))[0][0].double(), -1)
-    assert len(set(ours)) > 8  # a real continuation, not one token repeated
-    with LlamaCpp(tmp_path / "model.gguf") as llama:
-        assert llama.argmax_along(prompt, ours) == ours
-        for t in (len(prompt), len(prompt) + 20, len(prompt) + 39):
-            theirs = llama.next_logprobs((prompt + ours)[:t], 8)
-            assert max(abs(reference[t - 1, i].item() - lp) for i, lp in theirs.items()) < 3e-3
 
 
 def test_llama_cpp_runs_a_linear_rope_gguf_export_as_gemma3(saved, tmp_path):
@@ -532,14 +421,12 @@ def test_a_gemma_style_tokenizer_reads_and_llama_cpp_runs_its_gguf_export(saved,
     assert back.encode(" hello") == [269]  # one merged piece; é and ☃ fall back to their UTF-8 bytes
     pytest.importorskip("gguf")
     pytest.importorskip("xllamacpp")
-    gguf_models, LlamaCpp = helper("gguf_models"), helper("llamacpp_server").LlamaCpp
     # as transformers converts Gemma's tokenizer.model: every split a merge rule, a no-op Split at " "
-    save_hf_tokenizer(gguf_models.spm_tokenizer("gemma-split", post_bos=True, converted=True), tmp_path / "tok")
+    tokenizer = helper("gguf_models").spm_tokenizer("gemma-split", post_bos=True, converted=True)
+    save_hf_tokenizer(tokenizer, tmp_path / "tok")
     tokenizer = load_hf_tokenizer(tmp_path / "tok", {"model_type": FAMILY})
     fast = transformers.AutoTokenizer.from_pretrained(tmp_path / "tok")
-    config = load_model(saved["gemma3-mqa-untied-pattern"][1])[0].config.to_dict()
-    model = gguf_models.random_model(seed=1, **{**config, "vocab_size": tokenizer.vocab_size})
-    result = export_gguf(model, tokenizer, tmp_path / "model.gguf")
+    model, result = random_gguf(saved["gemma3-mqa-untied-pattern"][1], tokenizer, tmp_path / "model.gguf", seed=1)
     assert (result.arch, result.vocab.kind, result.vocab.add_space_prefix, result.vocab.add_bos) == (
         "gemma3",
         "spm",
@@ -547,14 +434,9 @@ def test_a_gemma_style_tokenizer_reads_and_llama_cpp_runs_its_gguf_export(saved,
         True,
     )
     chat = "<start_of_turn>user\nhéllo  wörld ☃ 42<end_of_turn>\n<start_of_turn>model\n"
-    prompt = tokenizer.encode(chat)
-    with torch.no_grad():
-        ours = generate(model, torch.tensor([prompt]), max_new_tokens=32, temperature=0)[0, len(prompt) :].tolist()
-    assert len(set(ours)) > 8  # a real continuation, not one token repeated
-    with LlamaCpp(tmp_path / "model.gguf") as llama:
-        for text in [chat, *gguf_models.TEXTS[:6]]:
-            assert llama.tokenize(text, add_special=True) == tokenizer.encode(text) == fast(text)["input_ids"], text
-        assert llama.argmax_along(prompt, ours) == ours
+    assert_llama_cpp_tokenizes_a_chat_as_transformers_and_continues_it(
+        tmp_path / "model.gguf", model, tokenizer, fast, chat
+    )
 
 
 GEMMA_TEMPLATE = """{{ bos_token }}
@@ -624,63 +506,6 @@ def test_gemmas_chat_template_renders_through_the_sandbox_as_transformers_render
     assert ours == theirs and ours[0] == 2 and ours.count(tokenizer.backend.token_to_id("<start_of_turn>")) == 4
     with pytest.raises(UserError, match="Conversation roles must alternate"):
         chat_tok.encode_chat(conversation[:2] + conversation[3:], add_generation_prompt=True)
-
-
-# ------------------------------------------------------------------------------------------------- train, serve
-
-
-@pytest.fixture(scope="module")
-def gemma_folder(corpus, tmp_path_factory):
-    """A small random Gemma 3 saved with save_pretrained, with a char tokenizer.json covering the corpus."""
-    tok = CharTokenizer(corpus.read_text())
-    config = MODELS["gemma3-gqa-tied-window"]()
-    config.vocab_size = tok.vocab_size
-    folder = tmp_path_factory.mktemp("gemma3")
-    random_hf_model(config).save_pretrained(folder)
-    save_hf_tokenizer(tok, folder)
-    return folder
-
-
-def first_loss_of(hf_dir: Path, batch: torch.Tensor) -> float:
-    hf_model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
-    with torch.no_grad():
-        logits = hf_model(batch[:, :-1]).logits
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).item()
-
-
-@pytest.mark.parametrize("lora", [False, True])
-def test_train_py_fine_tunes_a_gemma_folder_full_and_lora(
-    gemma_folder, lora, record_training_losses, tiny_run_args, corpus, data_root, tmp_path, monkeypatch
-):
-    args = tiny_run_args(corpus, data_root, tmp_path / "ft", steps=3, trainer__precision="32-true")
-    pairs = [(k, v) for k, v in zip(args[::2], args[1::2]) if not k.startswith("--model.")]
-    argv = [x for pair in pairs for x in pair] + ["--init_from", str(gemma_folder)]
-    argv += ["--finetune", "lora", "--lora.rank", "4"] if lora else []
-    seen = record_training_losses(monkeypatch)
-    trainer = train_main(argv)
-    assert trainer.global_step == 3
-    batch, first_loss = seen[0]
-    assert first_loss == pytest.approx(first_loss_of(gemma_folder, batch), abs=1e-4), "the first step sees HF's"
-    assert math.isfinite(seen[-1][1])
-    model = load_lora_run(tmp_path / "ft")[0] if lora else load_model(tmp_path / "ft")[0]
-    assert model.config.family == FAMILY and model.config.post_norms
-
-
-def test_a_served_gemma_import_completes_as_generate_does(saved):
-    openai = pytest.importorskip("openai")
-    from minigpt.serve.app import create_app
-
-    serving = helper("serve_support", "serve").serving
-    name = "gemma3-gqa-tied-window"
-    model, tokenizer = load_model(saved[name][1])
-    ids_ = prompt_ids(tokenizer, "héllo wörld, past the window")
-    expected = generate(model, torch.tensor([ids_]), 12, temperature=0, vocab_size=tokenizer.vocab_size)
-    with serving(create_app(model, tokenizer, name)) as url:
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
-        reply = client.completions.create(
-            model=name, prompt="héllo wörld, past the window", max_tokens=12, temperature=0
-        )
-    assert reply.choices[0].text == tokenizer.decode(expected[0, len(ids_) :].tolist())
 
 
 # ------------------------------------------------------------------------------------------------- trained here
