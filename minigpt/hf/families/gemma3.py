@@ -27,7 +27,7 @@ import torch
 
 from minigpt.core.config import GPTConfig, is_number
 from minigpt.hf.families.base import get
-from minigpt.hf.families.llama import FUSED, PEFT_MODULES, Llama
+from minigpt.hf.families.llama import FUSED, PEFT_MODULES, Llama, hf_shape
 
 BLOCK = {  # ours -> HF, per block
     "ln_1.weight": "input_layernorm.weight",
@@ -241,14 +241,7 @@ class Gemma3(Llama):
         if config.rope_scaling is not None:
             scaling = {"rope_type": "linear", "factor": config.rope_scaling["factor"]}
         return {
-            "hidden_size": config.n_embd,
-            "intermediate_size": config.mlp_hidden,
-            "num_hidden_layers": config.n_layer,
-            "num_attention_heads": config.n_head,
-            "num_key_value_heads": config.n_kv_head,
-            "head_dim": config.head_dim,
-            "max_position_embeddings": config.block_size,
-            "rms_norm_eps": config.norm_eps,
+            **hf_shape(config),
             "hidden_activation": "gelu_pytorch_tanh" if config.gelu_approximate == "tanh" else "gelu",
             "attention_bias": False,
             "attention_dropout": config.dropout,

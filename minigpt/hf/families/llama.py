@@ -45,6 +45,20 @@ PEFT_MODULES = {
 }
 
 
+def hf_shape(config: GPTConfig) -> dict[str, Any]:
+    """The config.json keys of a llama-style model's shape, which every llama-block family writes alike."""
+    return {
+        "hidden_size": config.n_embd,
+        "intermediate_size": config.mlp_hidden,
+        "num_hidden_layers": config.n_layer,
+        "num_attention_heads": config.n_head,
+        "num_key_value_heads": config.n_kv_head,
+        "head_dim": config.head_dim,
+        "max_position_embeddings": config.block_size,
+        "rms_norm_eps": config.norm_eps,
+    }
+
+
 # ------------------------------------------------------------------------------------------------ RoPE in config.json
 
 
@@ -214,14 +228,7 @@ class Llama(Family):
 
     def hf_config(self, config: GPTConfig) -> dict[str, Any]:
         return {
-            "hidden_size": config.n_embd,
-            "intermediate_size": config.mlp_hidden,
-            "num_hidden_layers": config.n_layer,
-            "num_attention_heads": config.n_head,
-            "num_key_value_heads": config.n_kv_head,
-            "head_dim": config.head_dim,
-            "max_position_embeddings": config.block_size,
-            "rms_norm_eps": config.norm_eps,
+            **hf_shape(config),
             "hidden_act": "silu",
             "attention_bias": config.bias,
             "mlp_bias": config.bias,
