@@ -26,6 +26,7 @@ META_FILES = [
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "chat_template.jinja",  # where transformers 4.43+ saves the chat template (minigpt.hf.chat_files reads it)
 ]
 SAFETENSORS_FILES = ["model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors"]
 BIN_FILES = ["pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*-of-*.bin"]

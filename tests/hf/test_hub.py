@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from minigpt.core.errors import CheckpointError
+from minigpt.hf.chat_files import read_chat_template
 from minigpt.loading import load_model
 
 REPO = Path(__file__).resolve().parents[2]  # the repository root
@@ -53,6 +54,7 @@ def test_hub_downloads_fetch_one_weight_format(saved, tmp_path, monkeypatch):
     (repo / "model.safetensors").unlink()
     torch.save(hf_model.state_dict(), repo / "pytorch_model.bin")
     (repo / "flax_model.msgpack").write_text("not wanted")
+    (repo / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     calls = []
 
     def snapshot_download(repo_id, revision=None, allow_patterns=None, local_files_only=False, **kwargs):
@@ -78,7 +80,9 @@ def test_hub_downloads_fetch_one_weight_format(saved, tmp_path, monkeypatch):
         "tokenizer.json",
         "tokenizer_config.json",
         "special_tokens_map.json",
+        "chat_template.jinja",
     }
+    assert read_chat_template(tmp_path / "snapshot") == (repo / "chat_template.jinja").read_text()
     idx = ids()
     assert (our_logits(model, idx) - hf_logits(hf_model, idx)).abs().max() < 1e-4
 
