@@ -64,7 +64,7 @@ def gguf_lib():
 def unsupported_options(config: GPTConfig) -> list[str]:
     """Each option of `config` that its family's llama.cpp architecture cannot express, as "option: why; fix"."""
     family = family_of(config)
-    target = f"llama.cpp's {family.gguf_arch} architecture"
+    target = family.gguf_target
     return [
         *family.block_problems(config),
         *family.gguf_position_problems(config),

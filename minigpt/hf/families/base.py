@@ -145,15 +145,18 @@ class Family:
         raise NotImplementedError
 
     # ------------------------------------------------------------------------------------------- GGUF
+    @property
+    def gguf_target(self) -> str:
+        """How a refusal names llama.cpp's architecture of this family."""
+        return f"llama.cpp's {self.gguf_arch} architecture"
+
     def gguf_problems(self, config: GPTConfig) -> Iterator[str]:
         """Each option llama.cpp's architecture cannot express, as "option: why; fix"."""
         return iter(())
 
     def gguf_position_problems(self, config: GPTConfig) -> Iterator[str]:
         """Sliding windows, several RoPE bases and partial rotary, which llama.cpp's architecture cannot express."""
-        return position_problems(
-            config, f"llama.cpp's {self.gguf_arch} architecture", sliding=False, partial=self.partial_rotary
-        )
+        return position_problems(config, self.gguf_target, sliding=False, partial=self.partial_rotary)
 
     def gguf_notes(self, config: GPTConfig) -> list[str]:
         return []

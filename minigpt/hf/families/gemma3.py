@@ -273,7 +273,7 @@ class Gemma3(Llama):
 
     # ------------------------------------------------------------------------------------------- GGUF
     def gguf_position_problems(self, config: GPTConfig) -> Iterator[str]:
-        target = f"llama.cpp's {self.gguf_arch} architecture"
+        target = self.gguf_target
         yield from self.hf_position_problems(config)
         slides = [i % GGUF_PATTERN < GGUF_PATTERN - 1 for i in range(config.n_layer)]  # llama.cpp's sliding layers
         windows = [config.layer_window(i) for i in range(config.n_layer)]
@@ -292,7 +292,7 @@ class Gemma3(Llama):
             )
 
     def gguf_problems(self, config: GPTConfig) -> Iterator[str]:
-        target = f"llama.cpp's {self.gguf_arch} architecture"
+        target = self.gguf_target
         yield from self.qk_norm_problems(config, target)
         if config.mlp != "geglu":
             yield f"mlp={config.mlp}: {target}'s MLP is GELU-gated (GeGLU); train with mlp geglu"

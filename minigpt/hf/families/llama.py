@@ -283,17 +283,17 @@ class Llama(Family):
 
     # ------------------------------------------------------------------------------------------- GGUF
     def gguf_problems(self, config: GPTConfig) -> Iterator[str]:
-        yield from self.qk_norm_problems(config, f"llama.cpp's {self.gguf_arch} architecture")
+        yield from self.qk_norm_problems(config, self.gguf_target)
         scaling = config.rope_scaling or {}
         kind = scaling.get("rope_type", scaling.get("type"))
         if kind == "longrope" and kind not in self.rope_kinds:  # rope_freqs holds one set of factors, llama3's
             yield (
-                f"rope_scaling longrope: llama.cpp's {self.gguf_arch} architecture holds Llama 3 frequency factors "
+                f"rope_scaling longrope: {self.gguf_target} holds Llama 3 frequency factors "
                 "only; export as Phi-3 (model.family phi3)"
             )
         if kind == "linear":  # rope_freqs would hold it, but minigpt writes Llama 3's factors there only
             yield (
-                f"rope_scaling linear: minigpt writes llama.cpp's {self.gguf_arch} architecture without linear RoPE "
+                f"rope_scaling linear: minigpt writes {self.gguf_target} without linear RoPE "
                 "scaling; train without rope_scaling (or export as Gemma 3, model.family gemma3_text)"
             )
         if config.mlp != "swiglu":

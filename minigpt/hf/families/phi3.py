@@ -156,7 +156,7 @@ class Phi3(Llama):
     # ------------------------------------------------------------------------------------------- GGUF
     def gguf_problems(self, config: GPTConfig) -> Iterator[str]:
         yield from super().gguf_problems(config)
-        yield from self.rope_kind_problems(config, f"llama.cpp's {self.gguf_arch} architecture")
+        yield from self.rope_kind_problems(config, self.gguf_target)
         if config.head_dim * config.n_head != config.n_embd:
             yield (
                 f"head_dim={config.head_dim}: llama.cpp's phi3 head size is n_embd / n_head = "
