@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from support import flags
+
 # tests never reach the network: datasets and the hub stay offline
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -55,7 +57,7 @@ def _tiny_run_args(corpus: Path, data_root: Path, out_dir: Path, steps: int = 30
         "checkpoint_every": 10,
     }
     args.update({k.replace("__", "."): v for k, v in overrides.items()})
-    return [x for k, v in args.items() for x in (f"--{k}", str(v))]
+    return flags(args)
 
 
 @pytest.fixture(scope="session")

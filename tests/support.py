@@ -211,3 +211,17 @@ def script_runs(script: str, argvs: list[list[str]], timeout: float = 300) -> li
     )
     assert proc.returncode == 0, proc.stderr
     return [tuple(r) for r in json.loads(proc.stdout.splitlines()[-1])]
+
+
+def flags(args: dict) -> list[str]:
+    """{"optim.learning_rate": 0.01, ...} -> ["--optim.learning_rate", "0.01", ...]: a command line for train.py."""
+    return [x for k, v in args.items() for x in (f"--{k}", str(v))]
+
+
+def scalars(run) -> dict[str, list[float]]:
+    """Every scalar a run logged to TensorBoard: tag -> its values in step order."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run))
+    events.Reload()
+    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}

@@ -8,13 +8,13 @@ import json
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from minigpt.cli.train import main as train_main
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.core.config import GPTConfig
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import ByteTokenizer
+from support import scalars
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -42,9 +42,8 @@ def test_dpo_trains_in_bf16_on_a_gpu(extra, tmp_path):
     argv += ["--trainer.precision", "bf16-mixed", "--trainer.accelerator", "gpu", "--sample_tokens", "0"]
     argv += ["--optim.learning_rate", "0.01", "--optim.warmup_steps", "0", "--trainer.enable_progress_bar", "false"]
     train_main(argv + extra)
-    events = EventAccumulator(str(tmp_path / "run"))
-    events.Reload()
-    loss = [e.value for e in events.Scalars("train_loss")]
-    margins = [e.value for e in events.Scalars("rewards/margins")]
+    logged = scalars(tmp_path / "run")
+    loss = logged["train_loss"]
+    margins = logged["rewards/margins"]
     assert loss[0] == pytest.approx(0.693147, abs=1e-3) and all(map(lambda v: v == v and abs(v) < 1e3, loss))
     assert margins[-1] != 0.0

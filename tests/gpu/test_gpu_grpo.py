@@ -9,13 +9,13 @@ import math
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from minigpt.cli.train import main as train_main
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.core.config import GPTConfig
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import ByteTokenizer
+from support import scalars
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -44,9 +44,7 @@ def test_grpo_trains_in_bf16_on_a_gpu(extra, tmp_path):
     argv += ["--trainer.precision", "bf16-mixed", "--trainer.accelerator", "gpu", "--sample_tokens", "0"]
     argv += ["--optim.learning_rate", "0.01", "--optim.warmup_steps", "0", "--trainer.enable_progress_bar", "false"]
     train_main(argv + extra)
-    events = EventAccumulator(str(tmp_path / "run"))
-    events.Reload()
-    logged = {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    logged = scalars(tmp_path / "run")
     assert all(math.isfinite(v) for v in logged["train_loss"])
     assert logged["kl"][0] == pytest.approx(0.0, abs=1e-3) and logged["kl"][-1] > 0
     assert len(logged["val_pass@1"]) >= 1 and len(logged["completions/mean_length"]) == 10

@@ -9,7 +9,6 @@ import json
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from minigpt.cli.export import main as export_main
 from minigpt.cli.sample import main as sample_main
@@ -24,6 +23,7 @@ from minigpt.core.tokenizers import ByteTokenizer
 from minigpt.data.preferences import read_preferences
 from minigpt.loading import load_model
 from minigpt.training.dpo import METRICS, encode_pair
+from support import flags, scalars
 
 STANDARD = [{"prompt": f"{a}+{a + 1}=", "chosen": str(2 * a + 1), "rejected": str(2 * a)} for a in range(24)]
 CONVERSATIONAL = [
@@ -68,13 +68,7 @@ def dpo_args(root, out, steps=6, **extra):
         "eval_full": False,
         **extra,
     }
-    return [x for k, v in args.items() for x in (f"--{k}", str(v))]
-
-
-def scalars(run) -> dict[str, list[float]]:
-    events = EventAccumulator(str(run))
-    events.Reload()
-    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    return flags(args)
 
 
 def test_both_layouts_render_with_the_chat_template_and_only_the_answer_is_a_target(setup):

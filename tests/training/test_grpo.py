@@ -9,7 +9,6 @@ import json
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from minigpt.cli.export import main as export_main
 from minigpt.cli.sample import main as sample_main
@@ -25,7 +24,7 @@ from minigpt.loading import load_model
 from minigpt.training.grpo import group_advantages, grpo_loss, token_logps
 from minigpt.training.rewards import exact_match, final_answer, score
 from minigpt.training.rollouts import completion_rows, sample_groups
-from support import hf_base, small_bpe
+from support import flags, hf_base, scalars, small_bpe
 
 ROWS = [{"prompt": f"{a}+{a + 2}=", "answer": str(2 * a + 2)} for a in range(12)] + [
     {"prompt": [{"role": "system", "content": "Add."}, {"role": "user", "content": f"{a}+1="}], "answer": a + 1}
@@ -74,13 +73,7 @@ def grpo_args(root, out, steps=6, **extra):
         "eval_full": False,
         **extra,
     }
-    return [x for k, v in args.items() for x in (f"--{k}", str(v))]
-
-
-def scalars(run) -> dict[str, list[float]]:
-    events = EventAccumulator(str(run))
-    events.Reload()
-    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    return flags(args)
 
 
 def test_exact_match_reads_the_final_answer_numbers_as_numbers():

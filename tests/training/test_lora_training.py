@@ -17,6 +17,7 @@ from minigpt.core.checkpoint import model_state_dict, read_checkpoint
 from minigpt.core.errors import UserError
 from minigpt.core.lora import LoRALinear, adapter_names, fingerprint
 from minigpt.loading import load_lora_run, load_model
+from support import flags
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +237,7 @@ def test_chat_data_trains_new_token_rows_and_the_run_chats(tiny_run_args, corpus
         "lora.base_dtype": "bfloat16",
         "model.attention": "einops",
     }
-    trainer = main([x for k, v in args.items() for x in (f"--{k}", str(v))])
+    trainer = main(flags(args))
     model = trainer.lightning_module.model
     assert model.transformer.h[0].mlp.c_fc.weight.dtype == torch.bfloat16
     assert {"transformer.wte.new_rows", "lm_head.new_rows"} <= set(adapter_names(model))

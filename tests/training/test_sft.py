@@ -17,6 +17,7 @@ from minigpt.core.errors import DataError, UserError
 from minigpt.core.model import GPT
 from minigpt.loading import load_model
 from minigpt.training.sft import grow_vocabulary, load_chat_data, split_batch
+from support import flags
 
 
 def write_chats(path, n: int = 60, long: int = 0):
@@ -49,7 +50,7 @@ def sft_args(chats, data_root, out_dir, steps=10, **extra):
         "checkpoint_every": 5,
         **extra,
     }
-    return [x for k, v in args.items() for x in (f"--{k}", str(v))]
+    return flags(args)
 
 
 @pytest.mark.slow  # about 20 s: a base, a fine-tune, a resume, a chat
