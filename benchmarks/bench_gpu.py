@@ -44,6 +44,32 @@ def fresh_env(cache: Path) -> dict[str, str]:
     return env
 
 
+def hidden_site(packages: list[str], work: Path) -> Path:
+    """A site folder of links to every installed package but `packages`: with `python -S` and this folder on
+    PYTHONPATH, a command runs as on a fresh install that lacks them (what Lightning's import pulls in varies)."""
+    import site
+
+    folder = work / "site_without"
+    if not folder.is_dir():
+        folder.mkdir()
+        for root in [Path(d) for d in site.getsitepackages() + [site.getusersitepackages()] if Path(d).is_dir()]:
+            for entry in root.iterdir():
+                if not any(entry.name.lower().startswith(name) for name in packages) and entry.name != "__pycache__":
+                    if not (folder / entry.name).exists():
+                        (folder / entry.name).symlink_to(entry)
+    return folder
+
+
+def minigpt_python(args, cache: Path, work: Path) -> tuple[list[str], dict[str, str]]:
+    """The interpreter command and environment minigpt's runs take: --without hides packages, as a fresh install
+    lacks them (`python -S`: no site-packages but the linked ones, no .pth hooks)."""
+    python, env = [sys.executable], fresh_env(cache)
+    if args.without:
+        python.append("-S")
+        env["PYTHONPATH"] += os.pathsep + str(hidden_site(args.without.split(","), work))
+    return python, env
+
+
 def first(lines: list[tuple[float, str]], pattern: str) -> tuple[float, re.Match] | None:
     for t, line in lines:
         if m := re.search(pattern, line):
@@ -61,7 +87,8 @@ def minigpt_run(args, name: str, overrides: list[str], cache: Path, work: Path) 
         cmd += ["--compile", "false", "--data.val_batches", "2"]
     if args.device == "cpu":
         cmd += ["--trainer.accelerator", "cpu"]
-    lines, rc = run_timed(cmd + overrides, REPO, fresh_env(cache), args.timeout)
+    python, env = minigpt_python(args, cache, work)
+    lines, rc = run_timed(python + cmd[1:] + args.extra.split() + overrides, REPO, env, args.timeout)
     (work / f"{name}.log").write_text("\n".join(f"{t:8.2f} {line}" for t, line in lines))
     row: dict = {"name": name, "overrides": " ".join(overrides), "rc": rc, "wall_s": lines[-1][0] if lines else None}
     if hit := first(lines, r"first optimizer step ([\d.]+)s after launch: (.*)"):
@@ -159,6 +186,79 @@ def throughput_child(args) -> None:
     print(json.dumps({"ms_per_iter": round(ms, 2), "tokens_per_s": round(tokens_s), "flops_per_token": flops}))
 
 
+def overhead_child(args) -> None:
+    """In a fresh process: ms per training step of the GPU recipe's model and batch (bf16 on a GPU), the host free to
+    run ahead (synchronized at the ends only), per run OPTIMIZER:LOOP:COMPILE. LOOP: bare (forward, backward, clip,
+    step, zero_grad, schedule by hand), minimal (Lightning's Trainer) or train_py (with train.py's callbacks,
+    logger and progress bar); COMPILE: regions, whole or eager.  What each layer costs the host."""
+    import numpy as np
+    import torch
+    import yaml
+    from lightning.pytorch.callbacks import LambdaCallback
+
+    from minigpt.core.config import GPTConfig
+    from minigpt.training.callbacks import compile_regions
+    from minigpt.training.datamodule import RandomWindows
+    from minigpt.training.lightning_module import GPTLightningModule
+    from minigpt.training.optim import OptimConfig
+    from minigpt.training.sft import split_batch
+    from minigpt.training.trainer import MiniGPTTrainer, run_callbacks
+
+    recipe = yaml.safe_load((REPO / "configs/shakespeare_char_gpu.yaml").read_text())
+    model, B = dict(recipe["model"], vocab_size=65), recipe["data"]["batch_size"]
+    if args.tiny:
+        model, B = model | dict(n_embd=32, n_head=2, block_size=16), 2
+    warm, n = (3, 13) if args.tiny else (15, 165)
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    tokens = np.random.default_rng(0).integers(0, 65, size=1 << 20, dtype=np.uint16)
+    windows = RandomWindows(tokens, model["block_size"], B, seed=0, stream=0, length=n)
+    loader = torch.utils.data.DataLoader(windows, batch_size=None, sampler=range(n), pin_memory=args.device == "cuda")
+    rows = {}
+    for run in args.overhead_runs.split(","):
+        optimizer, loop, compiled = run.split(":")
+        torch.manual_seed(0)
+        optim = OptimConfig(**recipe["optim"] | dict(optimizer=optimizer, lr_schedule="cosine", decay_steps=10**6))
+        module = GPTLightningModule(GPTConfig.from_dict(model), optim).to(args.device)
+        if compiled == "regions":
+            compile_regions(module.model)
+        elif compiled == "whole":
+            module.model.compile()
+        stamps: list[float] = []
+
+        def stamp(step: int, stamps: list[float] = stamps) -> None:
+            if step in (warm, n - 1):
+                sync()
+                stamps.append(time.perf_counter())
+
+        if loop == "bare":
+            opt = module.configure_optimizers()
+            optimizer_, schedule = opt["optimizer"], opt["lr_scheduler"]["scheduler"]
+            for i, batch in enumerate(loader):
+                stamp(i)
+                with torch.autocast(args.device, torch.bfloat16, enabled=args.device == "cuda"):
+                    _, loss = module.model(*split_batch(batch.to(args.device, non_blocking=True)))
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+                optimizer_.step(), optimizer_.zero_grad(), schedule.step()
+        else:
+            tmp = tempfile.TemporaryDirectory()
+            callbacks = [LambdaCallback(on_train_batch_start=lambda t, *_: stamp(t.global_step))]
+            config = dict(out_dir=tmp.name, checkpoint_every=1000, sample_tokens=0, attention_images=False)
+            config |= dict(compile=False, early_stopping={"patience": None}, trainer={"max_time": "00:00:10:00"})
+            callbacks += run_callbacks(config, B) if loop == "train_py" else []
+            train_py = loop == "train_py"
+            MiniGPTTrainer(
+                accelerator=args.device, devices=1, max_steps=n, limit_val_batches=0, num_sanity_val_steps=0,
+                gradient_clip_val=1.0, log_every_n_steps=25, enable_model_summary=False, callbacks=callbacks,
+                enable_checkpointing=train_py, enable_progress_bar=train_py, logger=train_py,
+                default_root_dir=tmp.name, max_time="00:00:10:00" if train_py else None,
+            ).fit(module, train_dataloaders=loader)  # fmt: skip
+            tmp.cleanup()
+        rows[run] = round((stamps[1] - stamps[0]) / (n - 1 - warm) * 1000, 2)
+        print(f"{run}: {rows[run]} ms/step", file=sys.stderr, flush=True)
+    print(json.dumps(rows))
+
+
 def throughput(args, work: Path) -> dict:
     gpu = next((k for k in PEAK_BF16 if k in args.gpu_name), None)
     peak = PEAK_BF16.get(gpu or "", float("nan"))
@@ -198,36 +298,50 @@ def main() -> None:
     p.add_argument("--variant", action="append", default=[], help="NAME=OVERRIDES for the variants part")
     p.add_argument("--nanogpt_iters", type=int, default=2000, help="nanoGPT's recipe, cut here (its best: ~2000)")
     p.add_argument("--compile_kinds", default="regions", help="throughput: regions and/or whole (one graph)")
+    p.add_argument("--extra", default="", help="train.py options added to every minigpt run (e.g. a compile mode)")
+    p.add_argument("--work", type=Path, help="folder for the runs, data and compile caches (default: a new one)")
+    p.add_argument("--without", default="", help="recipe runs as if these packages were not installed (a,b)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--tiny", action="store_true", help="tiny sizes: the script's own smoke test")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds allowed per launched command")
     p.add_argument("--out", type=Path, help="write the results as JSON here (logs beside it)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--overhead_runs", default="", help=argparse.SUPPRESS)
     p.add_argument("--regions", default="True", help=argparse.SUPPRESS)
     args = p.parse_args()
     args.regions = args.regions == "True"
     if args.child:
-        return throughput_child(args)
+        return overhead_child(args) if args.overhead_runs else throughput_child(args)
     import torch
 
     args.gpu_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     capability = torch.backends.cpu.get_cpu_capability()
     print(f"device: {args.gpu_name}; torch {torch.__version__}; cpu capability {capability}")
     parts = args.parts.split(",")
-    work = Path(tempfile.mkdtemp(prefix="bench_gpu_"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench_gpu_"))  # --work: caches kept across invocations
+    work.mkdir(parents=True, exist_ok=True)
     logs = args.out.with_suffix("") if args.out else work
     logs.mkdir(parents=True, exist_ok=True)
     results: dict = {"device": args.gpu_name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    results |= {"extra": args.extra, "without": args.without}
     args.launch_wall = {}
+
+    def save() -> None:  # after each part: a run cut short still leaves what it measured
+        for log in work.glob("*.log"):
+            (logs / log.name).write_text(log.read_text())
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=1))
 
     def recipe(name: str, overrides: list[str], cache: Path) -> None:
         args.launch_wall[str(work / name)] = time.time()
         row = minigpt_run(args, name, overrides, cache, work)
         results.setdefault("minigpt", []).append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "curve"}), "\n  curve:", row["curve"], flush=True)
+        save()
 
-    if "recipe" in parts:
+    if "recipe" in parts or "cold" in parts:
         recipe("recipe_cold", [], work / "cache_recipe")
+    if "recipe" in parts:
         recipe("recipe_warm", [], work / "cache_recipe")  # the same caches, now filled
     for spec in args.variant if "variants" in parts else []:
         name, _, overrides = spec.partition("=")
@@ -236,8 +350,9 @@ def main() -> None:
         recipe("recipe_120s", ["--trainer.max_time", "00:00:01:45", "--trainer.val_check_interval", "500"],
                work / "cache_recipe")  # fmt: skip
     if "imports" in parts:  # where a launch's import time goes (after the runs above: a warm disk cache)
-        cmd = [sys.executable, "-X", "importtime", "-c", "import minigpt.cli.train"]
-        got = subprocess.run(cmd, cwd=REPO, env=fresh_env(work / "cache_imports"), capture_output=True, text=True)
+        python, env = minigpt_python(args, work / "cache_imports", work)
+        cmd = python + ["-X", "importtime", "-c", "import minigpt.cli.train"]
+        got = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
         rows = [line.split("|") for line in got.stderr.splitlines() if line.startswith("import time:")]
         top = sorted(((int(r[1]), r[2].rstrip()) for r in rows if r[1].strip().isdigit()), reverse=True)
         results["imports"] = [(round(us / 1e6, 2), name) for us, name in top[:25]]
@@ -245,13 +360,21 @@ def main() -> None:
     if "nanogpt" in parts:
         results["nanogpt"] = nanogpt_run(args, work)
         print(json.dumps(results["nanogpt"]), flush=True)
+        save()
+    if "overhead" in parts:  # the recipe's step, layer by layer: a fresh process (its own compile caches)
+        runs = "muon:bare:regions,adamw:bare:regions,muon:bare:whole,muon:bare:eager,muon:minimal:regions"
+        runs += ",adamw:minimal:regions,muon:train_py:regions,adamw:train_py:regions"
+        runs = "muon:bare:eager,adamw:minimal:eager,muon:train_py:eager" if args.tiny else runs  # no compiling
+        cmd = [sys.executable, __file__, "--child", "--device", args.device, "--overhead_runs", runs]
+        lines, rc = run_timed(cmd + (["--tiny"] if args.tiny else []), REPO, fresh_env(work / "cache_oh"), args.timeout)
+        got = next((json.loads(line) for _, line in lines if line.startswith("{")), None)
+        results["overhead_ms_per_step"] = got or {"rc": rc, "tail": [line for _, line in lines[-6:]]}
+        print(json.dumps(results["overhead_ms_per_step"]), flush=True)
+        save()
     if "throughput" in parts:
         results["throughput"] = throughput(args, work)
         print(json.dumps(results["throughput"]), flush=True)
-    for log in work.glob("*.log"):
-        (logs / log.name).write_text(log.read_text())
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=1))
+    save()
 
 
 if __name__ == "__main__":

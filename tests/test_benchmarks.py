@@ -138,9 +138,11 @@ def test_bench_gpu_runs_minigpts_parts_on_a_cpu(corpus, tmp_path):
 
     out = tmp_path / "gpu.json"
     cmd = [sys.executable, str(REPO / "benchmarks/bench_gpu.py"), "--device", "cpu", "--tiny", "--corpus", str(corpus)]
-    subprocess.run([*cmd, "--parts", "recipe,throughput", "--out", str(out)], check=True, capture_output=True)
+    subprocess.run([*cmd, "--parts", "recipe,throughput,overhead", "--out", str(out)], check=True, capture_output=True)
     result = json.loads(out.read_text())
     cold, warm = result["minigpt"]
     assert cold["rc"] == 0 and cold["steps"] == 30 and 0 < cold["full_val"] < 10 and cold["first_step_s"] > 0
     assert [step for _, step, _ in cold["curve"]] == [9, 19, 29]  # val_loss with its wall time, from TensorBoard
     assert result["throughput"]["minigpt_regions"]["ms_per_iter"] > 0
+    assert set(result["overhead_ms_per_step"]) == {"muon:bare:eager", "adamw:minimal:eager", "muon:train_py:eager"}
+    assert all(ms > 0 for ms in result["overhead_ms_per_step"].values())

@@ -24,7 +24,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from jsonargparse import ActionYesNo, Namespace
@@ -48,7 +48,7 @@ from minigpt.core.model import GPT
 from minigpt.core.precision import resolve_precision
 from minigpt.core.seed import check_seed
 from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens
-from minigpt.training.callbacks import harness_callbacks, seconds_since_launch
+from minigpt.training.callbacks import CompileMode, harness_callbacks, seconds_since_launch
 from minigpt.training.checkpoint_io import SafeCheckpointIO
 from minigpt.training.datamodule import TokenDataModule
 from minigpt.training.dpo import DPOConfig, check_dpo_resumable, dpo_val_loss, frozen_reference
@@ -153,6 +153,14 @@ class MiniGPTCLI(LightningCLI):
             "not the whole model as one graph: several times quicker to start (docs/performance.md).",
         )
         parser.add_argument(
+            "--compile_mode",
+            type=CompileMode,
+            default="default",
+            help="With --compile: torch.compile's mode. reduce-overhead replays each compiled graph as a CUDA "
+            "graph (on a GPU: one launch instead of one per kernel, for small models whose steps wait on the "
+            "host); max-autotune-no-cudagraphs tries more kernels (a longer compile).",
+        )
+        parser.add_argument(
             "--sample_tokens",
             type=NonNegativeInt,
             default=200,
@@ -218,6 +226,7 @@ class MiniGPTCLI(LightningCLI):
                 "finetune": ("full", "lora"),
                 "lora.base_dtype": ("float32", "bfloat16", None),
                 "dpo.reference": ("model", "precomputed"),
+                "compile_mode": get_args(CompileMode),
             }
         )
         if problem := misplaced_setting(given, choices, LINKS):

@@ -7,7 +7,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -124,14 +124,18 @@ class TrainingThroughput(Callback):
             self.paused += time.perf_counter() - self.validation_start
 
 
-def compile_regions(model: GPT) -> None:
+# torch.compile's modes that minigpt offers (--compile_mode); reduce-overhead replays CUDA graphs on a GPU
+CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"]
+
+
+def compile_regions(model: GPT, mode: CompileMode = "default") -> None:
     """Regional compilation: each block is compiled, and since the blocks run the same code on their own weights
     (torch.compile takes module parameters as inputs), the first block's graph serves every layer; the head and
     loss are one more region.  A fraction of compiling the whole model as one graph, which traces and optimises
     every layer again; the embedding lookups between the regions stay eager."""
     for block in model.transformer.h:
-        block.compile()
-    model.head = torch.compile(model.head)  # this instance's head: the method, compiled (a plain attribute)
+        block.compile(mode=mode)
+    model.head = torch.compile(model.head, mode=mode)  # this instance's head: the method, compiled (an attribute)
 
 
 class CompileModel(Callback):
@@ -140,11 +144,14 @@ class CompileModel(Callback):
     weights, gradients and RNG state as they were.  Only the training step runs compiled: validation and what
     runs with it (text samples, attention images) run eagerly (GPTLightningModule.on_validation_start), so no
     graph is compiled for them.  Under DDP the first real step compiles instead.  regions: compile the repeated
-    block and the head (compile_regions) instead of the whole model as one graph."""
+    block and the head (compile_regions) instead of the whole model as one graph.  mode: torch.compile's; under
+    reduce-overhead (CUDA graphs on a GPU) each training batch begins a new CUDA-graph step and the gradients are
+    zeroed in place: a graph's outputs are overwritten by its next replay."""
 
-    def __init__(self, batch_size: int, regions: bool = True) -> None:
+    def __init__(self, batch_size: int, regions: bool = True, mode: CompileMode = "default") -> None:
         self.batch_size = batch_size
         self.regions = regions
+        self.mode = mode
         self.enabled = True
         self.seconds: float | None = None
 
@@ -157,9 +164,9 @@ class CompileModel(Callback):
             )
             return
         if self.regions:
-            compile_regions(pl_module.model)
+            compile_regions(pl_module.model, self.mode)
         else:
-            pl_module.model.compile()
+            pl_module.model.compile(mode=self.mode)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.world_size > 1 or not self.enabled:
@@ -174,6 +181,22 @@ class CompileModel(Callback):
             model.zero_grad(set_to_none=True)
         self.seconds = time.perf_counter() - start
         rank_zero_info(f"torch.compile: compiled in {self.seconds:.1f}s (not counted in training time)")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.enabled and self.mode == "reduce-overhead":
+            # gradients in buffers of their own, zeroed in place, made before any graph is recorded (after the fit
+            # loop's own zero_grad): a graph's outputs are overwritten by its next replay, the next micro-batch's
+            # backward under gradient accumulation
+            pl_module.grads_in_place = True
+            for p in pl_module.parameters():
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.enabled and self.mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
 
 
 def runs_whole_model(trainer: L.Trainer) -> bool:

@@ -61,6 +61,9 @@ class GPTLightningModule(L.LightningModule):
         # On a GPU, the step where the loss first became NaN/inf (-1: none yet), kept on the device: reading the
         # loss on the host every step would make the CPU wait for the GPU and stop it from queueing the next step
         self._first_nonfinite: torch.Tensor | None = None
+        # zero the gradients in place instead of freeing them: set where CUDA graphs compute them (CompileModel under
+        # reduce-overhead), whose outputs a later replay overwrites unless added into buffers of their own at once
+        self.grads_in_place = False
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         return self.model(idx, targets)
@@ -96,8 +99,16 @@ class GPTLightningModule(L.LightningModule):
             every = self.trainer.log_every_n_steps if self._trainer is not None else 1
             if every <= 1 or self.global_step % every == 0:
                 self._check_finite()
-        self._losses.append(loss.detach())  # logged at the step's end, on the steps Lightning writes
+        # logged at the step's end, on the steps Lightning writes; a copy: a CUDA graph's output is overwritten when
+        # the next micro-batch replays it (--compile_mode reduce-overhead)
+        self._losses.append(loss.detach().clone())
         return loss
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.zero_grad(set_to_none=not self.grads_in_place)
+
+    def on_validation_model_zero_grad(self) -> None:  # Lightning frees the gradients before validating
+        self.zero_grad(set_to_none=not self.grads_in_place)
 
     def _check_finite(self) -> None:
         if self._first_nonfinite is not None and (step := int(self._first_nonfinite)) >= 0:

@@ -222,7 +222,7 @@ def run_callbacks(config: Any, batch_size: int, imported: float | None = None) -
     if imported is not None:
         callbacks.append(StartupTimes(imported))  # before CompileModel: Lightning's setup ends before compiling
     if config["compile"]:
-        callbacks.append(CompileModel(batch_size, regions=config["compile_regions"]))
+        callbacks.append(CompileModel(batch_size, regions=config["compile_regions"], mode=config["compile_mode"]))
     if not config["trainer"].get("max_time"):  # Lightning adds its own Timer for max_time; else time the run
         callbacks.append(Timer())
     return callbacks

@@ -141,6 +141,12 @@ CASES: list[Case] = [
     ),
     train("unknown attention", "--model.attention", "flash3", expect=["model.attention", "sdpa, manual, einops"]),
     train(
+        "unknown compile mode",
+        "--compile_mode",
+        "fast",
+        expect=["compile_mode: unknown value 'fast'", "default, reduce-overhead, max-autotune-no-cudagraphs"],
+    ),
+    train(
         "n_embd % n_head != 0",
         "--model.n_embd",
         "30",

@@ -211,3 +211,42 @@ def test_the_start_up_report_names_each_part_and_adds_up(tiny_run_args, corpus, 
     assert m, report
     total, parts = float(m[1]), [float(x) for x in m.groups()[1:]]
     assert sum(parts) == pytest.approx(total, abs=0.25)  # each part rounded to 0.1 s
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_gradients_zeroed_in_place_train_as_freed_ones_under_accumulation(optimizer):
+    """--compile_mode reduce-overhead keeps the gradients in buffers of their own, zeroed in place (a CUDA graph's
+    outputs are overwritten by its next replay), validations included; on the same batches, with two micro-batches
+    per step, the weights end where freeing the gradients each step leaves them."""
+    import lightning as L
+    from lightning.pytorch.callbacks import LambdaCallback
+
+    from minigpt.core.config import GPTConfig
+    from minigpt.training.callbacks import CompileModel
+    from minigpt.training.lightning_module import GPTLightningModule
+    from minigpt.training.optim import OptimConfig
+
+    batches = [torch.randint(0, 40, (2, 17), generator=torch.Generator().manual_seed(i)) for i in range(6)]
+    ends = []
+    for in_place in (False, True):
+        torch.manual_seed(0)
+        config = GPTConfig(arch="llama", n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=40, dropout=0.0)
+        module = GPTLightningModule(config, OptimConfig(optimizer=optimizer, learning_rate=1e-2, warmup_steps=0))
+        # CompileModel's own set-up of the gradients under reduce-overhead, without compiling (CUDA graphs need a GPU)
+        starts: list[int] = []
+        hooks = [
+            LambdaCallback(on_train_start=CompileModel(2, mode="reduce-overhead").on_train_start),
+            LambdaCallback(on_train_start=lambda _, m, s=starts: s.extend(p.grad.data_ptr() for p in m.parameters())),
+        ]
+        trainer = L.Trainer(
+            accelerator="cpu", max_steps=3, accumulate_grad_batches=2, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, val_check_interval=2, limit_val_batches=1,
+            num_sanity_val_steps=0, gradient_clip_val=1.0, callbacks=hooks if in_place else [],
+        )  # fmt: skip
+        loader = torch.utils.data.DataLoader(batches, batch_size=None)
+        trainer.fit(module, train_dataloaders=loader, val_dataloaders=loader)  # validations between the steps
+        assert trainer.global_step == 3
+        if in_place:  # the buffers made at the start, added into in place (no reference is held to them here)
+            assert module.grads_in_place and [p.grad.data_ptr() for p in module.parameters()] == starts
+        ends.append({k: v.clone() for k, v in module.state_dict().items()})
+    assert all(torch.allclose(ends[0][k], ends[1][k], atol=1e-6) for k in ends[0])

@@ -1,0 +1,40 @@
+"""--compile_mode reduce-overhead on a GPU: the compiled graphs replay as CUDA graphs, and training ends where the
+default mode's does (the same kernels, replayed), also under gradient accumulation, where a graph's gradient
+outputs would be overwritten by the next micro-batch's replay were they not added into buffers of their own.
+The GPU recipe's settings (Muon, WSD, bf16-mixed, clipping), without dropout so both runs draw nothing random.
+Skipped without CUDA (tests/training/test_callbacks.py checks the in-place gradients on the CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from minigpt.cli.train import main as train_main
+from minigpt.core.checkpoint import model_state_dict, read_checkpoint
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+RECIPE = Path(__file__).resolve().parents[2] / "configs" / "shakespeare_char_gpu.yaml"
+
+
+@pytest.mark.parametrize("regions,accumulate", [(True, 2), (False, 1)], ids=["regions-accumulate2", "whole"])
+def test_reduce_overhead_trains_as_the_default_mode(regions, accumulate, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
+    weights = {}
+    for mode in ("default", "reduce-overhead"):
+        argv = ["--config", str(RECIPE), "--data.source", str(corpus), "--data.data_root", str(tmp_path / "data")]
+        argv += ["--out_dir", str(tmp_path / mode), "--model.n_layer", "2", "--model.n_embd", "64"]
+        argv += ["--model.n_head", "2", "--model.block_size", "64", "--model.dropout", "0.0"]
+        argv += ["--data.batch_size", "8", "--data.val_batches", "2", "--trainer.max_time", "null"]
+        argv += ["--trainer.max_steps", "12", "--trainer.val_check_interval", "6", "--trainer.log_every_n_steps", "3"]
+        argv += ["--trainer.accumulate_grad_batches", str(accumulate), "--compile_regions", str(regions).lower()]
+        argv += ["--compile_mode", mode, "--optim.learning_rate", "0.001", "--eval_full", "false"]
+        argv += ["--checkpoint_every", "12"]
+        trainer = train_main(argv)
+        assert trainer.global_step == 12
+        weights[mode] = model_state_dict(read_checkpoint(tmp_path / mode / "checkpoints" / "last.ckpt"))
+    for name, value in weights["default"].items():
+        assert torch.allclose(value.float(), weights["reduce-overhead"][name].float(), atol=2e-3, rtol=1e-2), name
