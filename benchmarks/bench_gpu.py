@@ -3,7 +3,7 @@
     python benchmarks/bench_gpu.py --nanogpt PATH/TO/nanoGPT --corpus tinyshakespeare.txt --out results.json
     python benchmarks/bench_gpu.py --device cpu --tiny --nanogpt PATH --corpus FILE     # the script's smoke test
 
-Parts (--parts: recipe, variants, long, imports, nanogpt, throughput), method and results:
+Parts (--parts: recipe, cold, variants, long, imports, nanogpt, throughput, overhead), method and results:
 docs/time_to_loss.md#on-one-gpu-launch-to-loss-against-nanogpt.
 """
 
