@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -49,14 +50,15 @@ def hidden_site(packages: list[str], work: Path) -> Path:
     PYTHONPATH, a command runs as on a fresh install that lacks them (what Lightning's import pulls in varies)."""
     import site
 
-    folder = work / "site_without"
+    hidden = {name.lower().replace("-", "_") for name in packages}
+    folder = work / ("site_without_" + "_".join(sorted(hidden)))
     if not folder.is_dir():
         folder.mkdir()
         for root in [Path(d) for d in site.getsitepackages() + [site.getusersitepackages()] if Path(d).is_dir()]:
-            for entry in root.iterdir():
-                if not any(entry.name.lower().startswith(name) for name in packages) and entry.name != "__pycache__":
-                    if not (folder / entry.name).exists():
-                        (folder / entry.name).symlink_to(entry)
+            for entry in root.iterdir():  # a package's folder, its .libs, its NAME-VERSION.dist-info
+                name = re.split(r"[-.]", entry.name.lower())[0]
+                if name not in hidden and entry.name != "__pycache__" and not (folder / entry.name).exists():
+                    (folder / entry.name).symlink_to(entry)
     return folder
 
 
@@ -79,6 +81,7 @@ def first(lines: list[tuple[float, str]], pattern: str) -> tuple[float, re.Match
 
 def minigpt_run(args, name: str, overrides: list[str], cache: Path, work: Path) -> dict:
     out = work / name
+    shutil.rmtree(out, ignore_errors=True)  # a --work kept from an earlier invocation: this run starts afresh
     cmd = [sys.executable, str(REPO / "train.py"), "--config", str(REPO / "configs/shakespeare_char_gpu.yaml")]
     cmd += ["--data.source", str(args.corpus), "--data.data_root", str(work / "data"), "--out_dir", str(out)]
     if args.tiny:
@@ -244,7 +247,8 @@ def overhead_child(args) -> None:
             tmp = tempfile.TemporaryDirectory()
             callbacks = [LambdaCallback(on_train_batch_start=lambda t, *_: stamp(t.global_step))]
             config = dict(out_dir=tmp.name, checkpoint_every=1000, sample_tokens=0, attention_images=False)
-            config |= dict(compile=False, early_stopping={"patience": None}, trainer={"max_time": "00:00:10:00"})
+            trainer_config = {"max_time": "00:00:10:00", "log_every_n_steps": 25}  # as the recipe: bar redraws too
+            config |= dict(compile=False, early_stopping={"patience": None}, trainer=trainer_config)
             callbacks += run_callbacks(config, B) if loop == "train_py" else []
             train_py = loop == "train_py"
             MiniGPTTrainer(

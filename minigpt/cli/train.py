@@ -47,19 +47,18 @@ from minigpt.core.lora import Finetune, LoRAConfig
 from minigpt.core.model import GPT
 from minigpt.core.precision import resolve_precision
 from minigpt.core.seed import check_seed
-from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens
 from minigpt.training.callbacks import CompileMode, harness_callbacks, seconds_since_launch
 from minigpt.training.checkpoint_io import SafeCheckpointIO
 from minigpt.training.datamodule import TokenDataModule
-from minigpt.training.dpo import DPOConfig, check_dpo_resumable, dpo_val_loss, frozen_reference
+from minigpt.training.dpo import DPOConfig, check_dpo_resumable, frozen_reference
 from minigpt.training.finetune_lora import check_finetune_resumable, load_base, lora_run_model
-from minigpt.training.grpo import GRPOConfig, check_grpo_resumable, grpo_val_pass
+from minigpt.training.grpo import GRPOConfig, check_grpo_resumable
 from minigpt.training.init_from import init_from_source, load_init_weights, read_last
 from minigpt.training.lightning_module import GPTLightningModule
-from minigpt.training.objectives import objective, objective_problem
+from minigpt.training.objectives import full_split_loss, objective, objective_problem
 from minigpt.training.optim import OptimConfig
 from minigpt.training.run_dir import SIGNALS, check_writable, lock_run_dir, recover, replacing, stop_on_signals
-from minigpt.training.sft import chat_loss, check_chat_resumable
+from minigpt.training.sft import check_chat_resumable
 from minigpt.training.trainer import TRAINER_DEFAULTS, EarlyStoppingConfig, MiniGPTTrainer, end_of_run, run_callbacks
 
 IMPORTED = seconds_since_launch()  # the start-up report's first part: Python, torch, Lightning and minigpt loaded
@@ -156,9 +155,8 @@ class MiniGPTCLI(LightningCLI):
             "--compile_mode",
             type=CompileMode,
             default="default",
-            help="With --compile: torch.compile's mode. reduce-overhead replays each compiled graph as a CUDA "
-            "graph (on a GPU: one launch instead of one per kernel, for small models whose steps wait on the "
-            "host); max-autotune-no-cudagraphs tries more kernels (a longer compile).",
+            help="With --compile: torch.compile's mode. reduce-overhead replays the compiled graphs as CUDA graphs "
+            "on a GPU (one launch each, for small models whose step waits on the host); see docs/options.md.",
         )
         parser.add_argument(
             "--sample_tokens",
@@ -415,26 +413,8 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         # on the training device: Lightning's teardown has moved the model to the CPU (on an H200 the full split
         # took 5.8 s there)
         cli.model.to(trainer.strategy.root_device)
-        with torch.compiler.set_stance("force_eager"):  # a ragged last batch would trigger a recompile
-            if cli.datamodule.hparams.format == "prompts":  # GRPO: pass@1 / pass@G of every held-out prompt
-                found = grpo_val_pass(cli.model, cli.datamodule.prepared.val, cli.datamodule.hparams.batch_size)
-                trainer.callback_metrics.update({f"full_val_{k}": torch.tensor(v) for k, v in found.items()})
-                n, unit = len(cli.datamodule.prepared.val), "prompts"
-                nats = (1.0 - found["pass@1"]) * n  # GRPO's val_loss: the share of wrong samples
-                per_text = (
-                    f", pass@1 {found['pass@1']:.4f}, pass@G {found['pass@G']:.4f} (G = {cli.model.grpo.group_size})"
-                )
-            elif cli.datamodule.hparams.format == "preference":  # DPO's loss over every validation pair
-                loss, n = dpo_val_loss(cli.model, cli.datamodule.prepared.val, cli.datamodule.hparams.batch_size)
-                nats, per_text, unit = loss * n, "", "pairs"
-            elif cli.datamodule.hparams.format == "chat":  # the assistant's tokens of every conversation
-                nats, n = chat_loss(cli.model.model, cli.datamodule.prepared.val, cli.datamodule.hparams.batch_size)
-                per_text, unit = "", "tokens"  # padded conversations: no running text to count characters of
-            else:
-                prepared = cli.datamodule.prepared
-                nats, n = evaluate_tokens(cli.model.model, prepared.val, cli.datamodule.hparams.batch_size)
-                per_char, per_byte = bits_per_char_and_byte(nats, prepared.tokenizer, prepared.val)
-                per_text, unit = f", {per_char:.4f} bits/char, {per_byte:.4f} bits/byte", "tokens"
+        nats, n, unit, per_text, found = full_split_loss(cli.model, cli.datamodule)
+        trainer.callback_metrics.update({f"full_val_{k}": torch.tensor(v) for k, v in found.items()})
         trainer.callback_metrics["full_val_loss"] = torch.tensor(nats / n)
         print(
             f"full val loss {nats / n:.4f} over all {n:,} validation {unit}{per_text} "

@@ -183,6 +183,11 @@ class CompileModel(Callback):
         rank_zero_info(f"torch.compile: compiled in {self.seconds:.1f}s (not counted in training time)")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.enabled and self.mode == "reduce-overhead" and trainer.world_size > 1:
+            raise UserError(
+                "compile_mode reduce-overhead runs on one device (its gradient buffers are not set up for DDP or "
+                "FSDP); use the default compile_mode with several devices"
+            )
         if self.enabled and self.mode == "reduce-overhead":
             # gradients in buffers of their own, zeroed in place, made before any graph is recorded (after the fit
             # loop's own zero_grad): a graph's outputs are overwritten by its next replay, the next micro-batch's
@@ -197,6 +202,11 @@ class CompileModel(Callback):
     ) -> None:
         if self.enabled and self.mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if pl_module.grads_in_place:  # the buffers go: the final evaluation and sampling need none
+            pl_module.grads_in_place = False
+            pl_module.zero_grad(set_to_none=True)
 
 
 def runs_whole_model(trainer: L.Trainer) -> bool:

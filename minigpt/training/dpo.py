@@ -257,7 +257,8 @@ class DPOLightningModule(GPTLightningModule):
         for ref in self._reference:
             ref.to(self.device)
         if self.dpo.reference == "precomputed" and self.ref_table is None:  # not restored from a checkpoint
-            self.ref_table = self.precompute(self.trainer.datamodule.prepared)
+            with torch.compiler.set_stance("force_eager"):  # once, before training: no graph is compiled for it
+                self.ref_table = self.precompute(self.trainer.datamodule.prepared)
 
     @torch.no_grad()
     def precompute(self, data: PreferenceData) -> torch.Tensor:

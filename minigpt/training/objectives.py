@@ -6,9 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from minigpt.training.dpo import DPOConfig, DPOLightningModule
-from minigpt.training.grpo import GRPOConfig, GRPOLightningModule
+import torch
+
+from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens
+from minigpt.training.datamodule import TokenDataModule
+from minigpt.training.dpo import DPOConfig, DPOLightningModule, dpo_val_loss
+from minigpt.training.grpo import GRPOConfig, GRPOLightningModule, grpo_val_pass
 from minigpt.training.lightning_module import GPTLightningModule
+from minigpt.training.sft import chat_loss
 
 SOURCES = "(a .ckpt, a run directory, a Hugging Face model directory or hf:ORG/NAME)"
 
@@ -50,3 +55,22 @@ def objective(config: dict[str, Any]) -> tuple[type[GPTLightningModule], dict[st
     if config["data"]["format"] == "prompts":
         return GRPOLightningModule, {"grpo": GRPOConfig(**config["grpo"])}
     return GPTLightningModule, {}
+
+
+def full_split_loss(module: Any, data: TokenDataModule) -> tuple[float, int, str, str, dict[str, float]]:
+    """The objective's loss over the whole validation split, as train.py reports it at the end: (nats in all, the
+    count they are over, its unit, what the report adds after the loss, metrics of its own: GRPO's pass rates)."""
+    val, batch_size = data.prepared.val, data.hparams.batch_size
+    with torch.compiler.set_stance("force_eager"):  # a ragged last batch would trigger a recompile
+        if data.hparams.format == "prompts":  # GRPO: pass@1 / pass@G of every held-out prompt
+            found = grpo_val_pass(module, val, batch_size)
+            per_text = f", pass@1 {found['pass@1']:.4f}, pass@G {found['pass@G']:.4f} (G = {module.grpo.group_size})"
+            return (1.0 - found["pass@1"]) * len(val), len(val), "prompts", per_text, found  # the share wrong
+        if data.hparams.format == "preference":  # DPO's loss over every validation pair
+            loss, n = dpo_val_loss(module, val, batch_size)
+            return loss * n, n, "pairs", "", {}
+        if data.hparams.format == "chat":  # the assistant's tokens of every conversation (padded: no running text)
+            return *chat_loss(module.model, val, batch_size), "tokens", "", {}
+        nats, n = evaluate_tokens(module.model, val, batch_size)
+        per_char, per_byte = bits_per_char_and_byte(nats, data.prepared.tokenizer, val)
+        return nats, n, "tokens", f", {per_char:.4f} bits/char, {per_byte:.4f} bits/byte", {}

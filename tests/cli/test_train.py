@@ -374,9 +374,15 @@ def test_compiled_training_matches_eager(tiny_run_args, corpus, data_root, tmp_p
 
     monkeypatch.setattr(GPTLightningModule, "training_step", training_step)
     runs = {}
-    # eager; the blocks and head compiled as regions (the default); the whole model as one graph
-    for compile, regions in ((False, True), (True, True), (True, False)):
-        name = f"{compile}-{regions}"
+    # eager; the blocks and head compiled as regions (the default); the whole model as one graph; regions under
+    # reduce-overhead (no CUDA graphs on a CPU: the gradients zeroed in place, which must train the same)
+    for compile, regions, mode in (
+        (False, True, "default"),
+        (True, True, "default"),
+        (True, False, "default"),
+        (True, True, "reduce-overhead"),
+    ):
+        name = f"{compile}-{regions}-{mode}"
         trainer = main(
             tiny_run_args(
                 corpus,
@@ -387,6 +393,7 @@ def test_compiled_training_matches_eager(tiny_run_args, corpus, data_root, tmp_p
                 model__dropout=0.1,
                 compile=compile,
                 compile_regions=regions,
+                compile_mode=mode,
             )
         )
         runs[name] = weights(tmp_path / name / "checkpoints" / "last.ckpt")
@@ -397,8 +404,8 @@ def test_compiled_training_matches_eager(tiny_run_args, corpus, data_root, tmp_p
         blocks_compiled = [getattr(b, "_compiled_call_impl", None) is not None for b in model.transformer.h]
         assert blocks_compiled == [compile and regions] * len(blocks_compiled)
         assert (getattr(model, "_compiled_call_impl", None) is not None) == (compile and not regions)
-    eager = runs["False-True"]
-    for name in ("True-True", "True-False"):
+    eager = runs["False-True-default"]
+    for name in ("True-True-default", "True-False-default", "True-True-reduce-overhead"):
         assert all(torch.allclose(eager[k], runs[name][k], atol=1e-4) for k in eager), name
 
 
