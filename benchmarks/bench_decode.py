@@ -141,12 +141,9 @@ def time_commands(args: Any, work: Path) -> list[dict[str, Any]]:
     for flags, extra in FLAGS.items():
         row: dict[str, Any] = dict(flags=flags)
         for run in ("first", "second")[: 1 if args.quick else 2]:
-            cmd = [*sample_py, *extra]
             t0 = time.perf_counter()
-            out = subprocess.run(cmd, env=env, cwd=work, capture_output=True, text=True)
+            out = common.run_child([*sample_py, *extra], cwd=work, env=env)
             row[f"{run}_s"] = time.perf_counter() - t0
-            if out.returncode != 0:
-                raise SystemExit(f"error: {' '.join(cmd)} failed: {out.stderr.strip()[-500:]}")
             notes = [line.removeprefix("note: ") for line in out.stderr.splitlines() if line.startswith("note:")]
             row[f"{run}_notes"] = " / ".join(notes) or "-"
         rows.append(row)
@@ -158,14 +155,9 @@ def time_commands(args: Any, work: Path) -> list[dict[str, Any]]:
 
 def synced_median(fn: Any, device: torch.device, repeats: int) -> tuple[Any, float, float]:
     """(result, seconds of the first call, median seconds of `repeats` more), the device synchronized."""
-    times = []
-    for _ in range(repeats + 1):
-        common.synchronize(device)
-        t0 = time.perf_counter()
-        out = fn()
-        common.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return out, times[0], common.median(times[1:])
+    out = []
+    times = common.time_fn(lambda: out.append(fn()), device, repeats + 1, warmup=0)
+    return out[-1], times[0], common.median(times[1:])
 
 
 def engine_one_client(model: GPT, tokenizer: Any, prompt: list[int], tokens: int, repeats: int) -> float:
@@ -250,11 +242,11 @@ def measure_kind(args: Any, label: dict[str, Any]) -> dict[str, Any]:
 def print_kind(kind: str, result: dict[str, Any], args: Any) -> None:
     where = f"CPU kind {kind}: {common.describe_machine(result['machine'])}"
     if "commands" in result:
-        print(f"\n{where}\nsample.py, {SHAPE_NAMES['gpt2']} shape, {args.tokens} tokens, --temperature 0: wall clock\n")
-        print(common.markdown_table(result["commands"], COMMAND_COLUMNS))
+        title = f"{where}\nsample.py, {SHAPE_NAMES['gpt2']} shape, {args.tokens} tokens, --temperature 0: wall clock"
+        common.print_table(result["commands"], COMMAND_COLUMNS, title)
     bound = f"bound = {result['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s / weight bytes"
-    print(f"\n{where}\nGreedy, {args.tokens} new tokens after {PROMPT_TOKENS}, median of {args.repeats}; {bound}\n")
-    print(common.markdown_table(result["rows"], RATE_COLUMNS))
+    title = f"{where}\nGreedy, {args.tokens} new tokens after {PROMPT_TOKENS}, median of {args.repeats}; {bound}"
+    common.print_table(result["rows"], RATE_COLUMNS, title)
     for r in result["rows"]:
         if "int8_decision" in r:
             print(f"int8 decision, {r['shape']}: {r['int8_decision']}")
@@ -288,8 +280,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.one_stream:
         with tempfile.TemporaryDirectory() as work:
             result["rows"] = measure_shape("gpt2", args, Path(work), device)
-        print(f"\nGreedy decoding, one stream, {SHAPE_NAMES['gpt2']} shape, float32, {args.tokens} new tokens\n")
-        print(common.markdown_table(result["rows"], RATE_COLUMNS))
+        title = f"Greedy decoding, one stream, {SHAPE_NAMES['gpt2']} shape, float32, {args.tokens} new tokens"
+        common.print_table(result["rows"], RATE_COLUMNS, title)
     elif args.quality:
         q = result["quality"] = quality(args.quality, args.text)
         print(

@@ -19,6 +19,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run from anywhere without installing
+
+from benchmarks import common
+
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12}  # dense bf16 FLOP/s, the vendors' datasheets
 
 
@@ -102,22 +106,11 @@ def minigpt_run(args, name: str, overrides: list[str], cache: Path, work: Path) 
         row["compile_s"] = float(hit[1][1])
     steps = [int(m[1]) for _, line in lines if (m := re.search(r"after (\d+) steps", line))]
     row["steps"] = steps[0] if steps else None
-    row["curve"] = val_curve(out, args.launch_wall)
+    start = args.launch_wall[str(out)]  # the val losses with the seconds since launch at which they were logged
+    row["curve"] = [(round(t - start, 2), step, round(loss, 4)) for t, step, loss in common.val_curve(out)]
     if rc != 0:
         row["tail"] = [line for _, line in lines[-8:]]
     return row
-
-
-def val_curve(out: Path, launched: dict) -> list[tuple[float, int, float]]:
-    """(seconds since launch, step, val_loss) from the run's TensorBoard events."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(out), size_guidance={"scalars": 0})
-    events.Reload()
-    if "val_loss" not in events.Tags().get("scalars", []):
-        return []
-    start = launched[str(out)]
-    return [(round(e.wall_time - start, 2), e.step, round(e.value, 4)) for e in events.Scalars("val_loss")]
 
 
 def nanogpt_run(args, work: Path) -> dict:
@@ -190,10 +183,8 @@ def throughput_child(args) -> None:
 
 
 def overhead_child(args) -> None:
-    """In a fresh process: ms per training step of the GPU recipe's model and batch (bf16 on a GPU), the host free to
-    run ahead (synchronized at the ends only), per run OPTIMIZER:LOOP:COMPILE. LOOP: bare (forward, backward, clip,
-    step, zero_grad, schedule by hand), minimal (Lightning's Trainer) or train_py (with train.py's callbacks,
-    logger and progress bar); COMPILE: regions, whole or eager.  What each layer costs the host."""
+    """In a fresh process: ms per training step of the GPU recipe's model and batch, synchronized at the ends only,
+    per run OPTIMIZER:LOOP:COMPILE (LOOP: bare, minimal or train_py; COMPILE: regions, whole or eager): the docs."""
     import numpy as np
     import torch
     import yaml
@@ -244,23 +235,31 @@ def overhead_child(args) -> None:
                 torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
                 optimizer_.step(), optimizer_.zero_grad(), schedule.step()
         else:
-            tmp = tempfile.TemporaryDirectory()
+            train_py, tmp = loop == "train_py", tempfile.TemporaryDirectory()
             callbacks = [LambdaCallback(on_train_batch_start=lambda t, *_: stamp(t.global_step))]
             config = dict(out_dir=tmp.name, checkpoint_every=1000, sample_tokens=0, attention_images=False)
             trainer_config = {"max_time": "00:00:10:00", "log_every_n_steps": 25}  # as the recipe: bar redraws too
             config |= dict(compile=False, early_stopping={"patience": None}, trainer=trainer_config)
-            callbacks += run_callbacks(config, B) if loop == "train_py" else []
-            train_py = loop == "train_py"
-            MiniGPTTrainer(
-                accelerator=args.device, devices=1, max_steps=n, limit_val_batches=0, num_sanity_val_steps=0,
-                gradient_clip_val=1.0, log_every_n_steps=25, enable_model_summary=False, callbacks=callbacks,
-                enable_checkpointing=train_py, enable_progress_bar=train_py, logger=train_py,
-                default_root_dir=tmp.name, max_time="00:00:10:00" if train_py else None,
-            ).fit(module, train_dataloaders=loader)  # fmt: skip
-            tmp.cleanup()
+            callbacks += run_callbacks(config, B) if train_py else []
+            with tmp:
+                MiniGPTTrainer(
+                    accelerator=args.device, devices=1, max_steps=n, limit_val_batches=0, num_sanity_val_steps=0,
+                    gradient_clip_val=1.0, log_every_n_steps=25, enable_model_summary=False, callbacks=callbacks,
+                    enable_checkpointing=train_py, enable_progress_bar=train_py, logger=train_py,
+                    default_root_dir=tmp.name, max_time="00:00:10:00" if train_py else None,
+                ).fit(module, train_dataloaders=loader)  # fmt: skip
         rows[run] = round((stamps[1] - stamps[0]) / (n - 1 - warm) * 1000, 2)
         print(f"{run}: {rows[run]} ms/step", file=sys.stderr, flush=True)
     print(json.dumps(rows))
+
+
+def child(args, work: Path, cache: str, flags: list[str]) -> tuple[dict, list[tuple[float, str]]]:
+    """This script's child part in a fresh process (compile caches in work/cache): the JSON line it printed (or its
+    exit code and output's tail), and its output lines."""
+    cmd = [sys.executable, __file__, "--child", "--device", args.device, *(["--tiny"] if args.tiny else []), *flags]
+    lines, rc = run_timed(cmd, REPO, fresh_env(work / cache), args.timeout)
+    got = next((json.loads(line) for _, line in lines if line.startswith("{")), None)
+    return got or {"rc": rc, "tail": [line for _, line in lines[-6:]]}, lines
 
 
 def throughput(args, work: Path) -> dict:
@@ -269,15 +268,11 @@ def throughput(args, work: Path) -> dict:
     rows: dict = {}
     flops_per_token = None
     for regions in [kind == "regions" for kind in args.compile_kinds.split(",")]:
-        cmd = [sys.executable, __file__, "--child", "--device", args.device, "--regions", str(regions)]
-        cmd += ["--tiny"] if args.tiny else []
-        lines, rc = run_timed(cmd, REPO, fresh_env(work / f"cache_tp_{regions}"), args.timeout)
-        got = next((json.loads(line) for _, line in lines if line.startswith("{")), None)
-        key = "minigpt_regions" if regions else "minigpt_whole_model"
-        rows[key] = {**(got or {"rc": rc, "tail": [line for _, line in lines[-6:]]}), "launch_to_end_s": lines[-1][0]}
-        if got:
-            flops_per_token = rows[key].pop("flops_per_token")
-            rows[key]["mfu"] = round(flops_per_token * got["tokens_per_s"] / peak, 4)
+        row, lines = child(args, work, f"cache_tp_{regions}", ["--regions", str(regions)])
+        if "flops_per_token" in row:
+            flops_per_token = row.pop("flops_per_token")
+            row["mfu"] = round(flops_per_token * row["tokens_per_s"] / peak, 4)
+        rows["minigpt_regions" if regions else "minigpt_whole_model"] = row | {"launch_to_end_s": lines[-1][0]}
     if args.device == "cuda":  # bench.py synchronizes CUDA unconditionally
         nano = args.nanogpt.resolve()
         cmd = [sys.executable, "bench.py", "--real_data=False", "--compile=True"]
@@ -330,7 +325,10 @@ def main() -> None:
     results |= {"extra": args.extra, "without": args.without}
     args.launch_wall = {}
 
-    def save() -> None:  # after each part: a run cut short still leaves what it measured
+    def save(part: str = "", value=None) -> None:  # after each part: a run cut short still leaves what it measured
+        if part:
+            results[part] = value
+            print(json.dumps(value), flush=True)
         for log in work.glob("*.log"):
             (logs / log.name).write_text(log.read_text())
         if args.out:
@@ -362,22 +360,14 @@ def main() -> None:
         results["imports"] = [(round(us / 1e6, 2), name) for us, name in top[:25]]
         print("imports (cumulative s):", results["imports"], flush=True)
     if "nanogpt" in parts:
-        results["nanogpt"] = nanogpt_run(args, work)
-        print(json.dumps(results["nanogpt"]), flush=True)
-        save()
+        save("nanogpt", nanogpt_run(args, work))
     if "overhead" in parts:  # the recipe's step, layer by layer: a fresh process (its own compile caches)
         runs = "muon:bare:regions,adamw:bare:regions,muon:bare:whole,muon:bare:eager,muon:minimal:regions"
         runs += ",adamw:minimal:regions,muon:train_py:regions,adamw:train_py:regions"
         runs = "muon:bare:eager,adamw:minimal:eager,muon:train_py:eager" if args.tiny else runs  # no compiling
-        cmd = [sys.executable, __file__, "--child", "--device", args.device, "--overhead_runs", runs]
-        lines, rc = run_timed(cmd + (["--tiny"] if args.tiny else []), REPO, fresh_env(work / "cache_oh"), args.timeout)
-        got = next((json.loads(line) for _, line in lines if line.startswith("{")), None)
-        results["overhead_ms_per_step"] = got or {"rc": rc, "tail": [line for _, line in lines[-6:]]}
-        print(json.dumps(results["overhead_ms_per_step"]), flush=True)
-        save()
+        save("overhead_ms_per_step", child(args, work, "cache_oh", ["--overhead_runs", runs])[0])
     if "throughput" in parts:
-        results["throughput"] = throughput(args, work)
-        print(json.dumps(results["throughput"]), flush=True)
+        save("throughput", throughput(args, work))
     save()
 
 

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
         for round_ in range(args.warmup + args.repeats):
             for name in times:
                 t0 = time.perf_counter()
-                common.child_output(cases[name], cwd=work)  # a folder with no out/ and no configs/
+                common.run_child(cases[name], cwd=work)  # a folder with no out/ and no configs/
                 if round_ >= args.warmup:
                     times[name].append(round(time.perf_counter() - t0, 4))
 
