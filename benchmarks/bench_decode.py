@@ -2,7 +2,6 @@
 float32 and int8, eager and compiled, against transformers' generate and the memory-bandwidth bound).
 
     python benchmarks/bench_decode.py --kinds native,avx2  # as this CPU is, and as an AVX2 one; GPT-2 and SmolLM2
-    python benchmarks/bench_decode.py --quick              # tiny shapes: a smoke test
     python benchmarks/bench_decode.py --shapes smollm2 --threads 1 --no_commands
     python benchmarks/bench_decode.py --quality out/RUN --text FILE   # int8 against float32 on a trained model
     python benchmarks/bench_decode.py --device cuda        # a GPU: single-stream greedy and the serve engine

@@ -2,7 +2,6 @@
 a chat of many turns.
 
     python benchmarks/bench_long_context.py                       # gpt and llama (learned positions, RoPE)
-    python benchmarks/bench_long_context.py --quick --json /tmp/lc.json
 
 Method and results: docs/performance.md#past-the-context.
 """

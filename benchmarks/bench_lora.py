@@ -3,7 +3,6 @@ Llama-3.2-1B-shaped and a SmolLM-135M-shaped model.
 
     python benchmarks/bench_lora.py                       # 135M and 1B shapes: full vs LoRA r8 / r16 / r8 + bf16 base
     python benchmarks/bench_lora.py --shapes 135m --variants full,lora8
-    python benchmarks/bench_lora.py --quick               # tiny shapes, 4 steps (smoke test)
     python benchmarks/bench_lora.py --shapes 1b --variants lora8,lora8-ckpt --full_layers ""  # recompute
 
 Method and results: docs/lora.md#measured.
@@ -11,7 +10,6 @@ Method and results: docs/lora.md#measured.
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -92,7 +90,7 @@ def train_row(spec: dict[str, Any]) -> dict[str, Any]:
     row |= dict(trainable=sum(p.numel() for p in params if p.requires_grad), total=sum(p.numel() for p in params))
     row |= dict(steps=trainer.global_step, checkpoint_bytes=(out / "checkpoints" / "last.ckpt").stat().st_size)
     # other work on the machine slows s/step, not peak RSS
-    return row | dict(wall_s=round(wall, 1), load_avg_1m=round(os.getloadavg()[0], 2))
+    return row | dict(wall_s=round(wall, 1), load_avg_1m=common.load_avg())
 
 
 def measure(shapes: list[str], variants: list[str], args: Any) -> list[dict[str, Any]]:

@@ -2,7 +2,6 @@
 
     python benchmarks/bench_prepare.py --corpus ../shared/data/tinyshakespeare.txt --mb 100
     python benchmarks/bench_prepare.py --mb 1000 --repeat 1              # the peak-RSS figure at 1 GB
-    python benchmarks/bench_prepare.py --quick                           # 2 MB, a smoke test
 
 Method and results: docs/tokenizers.md#preparation-speed-and-memory.
 """

@@ -2,7 +2,6 @@
 
     python benchmarks/bench_serve.py                         # GPT-2-124M shape and a small char model, random weights
     python benchmarks/bench_serve.py --shapes 124m --clients 1 8 --tokens 64
-    python benchmarks/bench_serve.py --quick                 # seconds: a smoke test of the script
 
 The models are random, float32, and read tinyshakespeare's 65 characters (the 124M shape's head stays 50,257 wide;
 sampling keeps the first 65 ids).  Method and results: docs/serve.md#measured.

@@ -2,7 +2,6 @@
 
     python benchmarks/bench_startup.py                  # median of 3 runs of each command
     python benchmarks/bench_startup.py --ckpt out/RUN   # the generation from a trained checkpoint
-    python benchmarks/bench_startup.py --quick          # one run of each (smoke test)
 
 Method and results: docs/performance.md#start-up.
 """

@@ -2,7 +2,6 @@
 train.py's own callbacks, logger and progress bar cost on top of a minimal Trainer.
 
     python benchmarks/bench_train.py                          # both shapes x {fp32, bf16} x {eager, compiled}
-    python benchmarks/bench_train.py --quick                  # tiny smoke run (seconds)
     python benchmarks/bench_train.py --shapes nanogpt --precisions 32-true --compile off --steps 50
     python benchmarks/bench_train.py --shapes finetune --compile off --overhead_rounds 0 --steps 5 --warmup 1
 
