@@ -41,6 +41,17 @@ PREFILL_TOKENS = 512
 KINDS = {"native": {}, "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
 FLAGS = {"none": [], "--quantize int8": ["--quantize", "int8"], "--compile": ["--compile"]}
 FLAGS["--quantize int8 --compile"] = FLAGS["--quantize int8"] + FLAGS["--compile"]
+SHAPE_NAMES = {"gpt2": "GPT-2-124M", "smollm2": "SmolLM2-135M"}
+RATE_COLUMNS = common.columns(
+    "shape:shape:, way:way:, tokens_per_s:tokens/s:.1f, vs_own_float32_eager:x own float32 eager:.2f, "
+    "vs_transformers:x transformers:.2f, weight_mib:weights MiB:.0f, fraction_of_bound:of bound:.0%, "
+    "ids_equal_transformers:ids = transformers':, prefill_tokens_per_s:prefill tokens/s:.0f, "
+    "first_call_s:first call s:.1f"
+)
+COMMAND_COLUMNS = common.columns(
+    "flags:flags:, first_s:first run s:.1f, second_s:second run s:.1f, vs_none_first:first x plain:.2f, "
+    "first_notes:decisions (first run):, second_notes:decisions (second run):"
+)
 
 
 def hf_config(shape: str, quick: bool) -> Any:
@@ -56,9 +67,6 @@ def hf_config(shape: str, quick: bool) -> Any:
     return transformers.LlamaConfig(
         **size, max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True, **none
     )
-
-
-SHAPE_NAMES = {"gpt2": "GPT-2-124M", "smollm2": "SmolLM2-135M"}
 
 
 def bytes_per_token(model: GPT) -> int:
@@ -209,18 +217,6 @@ def quality(ckpt: str, text_path: str, max_tokens: int = 100_000) -> dict[str, A
     found = dict(checkpoint=ckpt, text=text_path, tokens=n, params=fp32.num_params(), perplexity_float32=ppl32)
     found |= dict(perplexity_int8=ppl8, perplexity_change=ppl8 / ppl32 - 1, next_token_agreement=agreement)
     return found | dict(agreement_positions=positions)
-
-
-RATE_COLUMNS = common.columns(
-    "shape:shape:, way:way:, tokens_per_s:tokens/s:.1f, vs_own_float32_eager:x own float32 eager:.2f, "
-    "vs_transformers:x transformers:.2f, weight_mib:weights MiB:.0f, fraction_of_bound:of bound:.0%, "
-    "ids_equal_transformers:ids = transformers':, prefill_tokens_per_s:prefill tokens/s:.0f, "
-    "first_call_s:first call s:.1f"
-)
-COMMAND_COLUMNS = common.columns(
-    "flags:flags:, first_s:first run s:.1f, second_s:second run s:.1f, vs_none_first:first x plain:.2f, "
-    "first_notes:decisions (first run):, second_notes:decisions (second run):"
-)
 
 
 def measure_kind(args: Any, label: dict[str, Any]) -> dict[str, Any]:

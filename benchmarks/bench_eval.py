@@ -50,14 +50,12 @@ def write_task(folder: Path, items: int, context_chars: int = 80, ending_chars: 
         return " ".join(words)[:n]
 
     rows = [
-        {"ctx": text(context_chars), "endings": [text(ending_chars) for _ in range(4)], "label": i % 4}
-        for i in range(items)
+        dict(ctx=text(context_chars), endings=[text(ending_chars) for _ in range(4)], label=i % 4) for i in range(items)
     ]
     (folder / "mc.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    config = dict(
-        task="bench_mc", dataset_path="json", dataset_kwargs=dict(data_files=dict(test=str(folder / "mc.jsonl")))
-    )
-    config |= dict(test_split="test", output_type="multiple_choice", doc_to_text="{{ctx}}", doc_to_target="{{label}}")
+    data = dict(data_files=dict(test=str(folder / "mc.jsonl")))
+    config = dict(task="bench_mc", dataset_path="json", dataset_kwargs=data, test_split="test")
+    config |= dict(output_type="multiple_choice", doc_to_text="{{ctx}}", doc_to_target="{{label}}")
     return config | dict(doc_to_choice="{{endings}}", metric_list=[dict(metric="acc"), dict(metric="acc_norm")])
 
 

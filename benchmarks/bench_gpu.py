@@ -160,15 +160,14 @@ def throughput_child(args) -> None:
     batch = torch.randint(50304, (B, T + 1), generator=torch.Generator().manual_seed(1337))
     times: list[float] = []
 
-    class StepClock(L.Callback):
-        def on_train_batch_end(self, trainer, pl_module, *a) -> None:
-            if trainer.global_step in (warm, steps):
-                if pl_module.device.type == "cuda":
-                    torch.cuda.synchronize()
-                times.append(time.perf_counter())
+    def stamp(trainer: L.Trainer, *_) -> None:
+        if trainer.global_step in (warm, steps):
+            common.synchronize(args.device)
+            times.append(time.perf_counter())
 
     loader = torch.utils.data.DataLoader([batch] * (steps + 1), batch_size=None, pin_memory=args.device == "cuda")
-    callbacks = [StepClock()] + ([CompileModel(B, regions=args.regions)] if args.device == "cuda" else [])
+    clock = L.pytorch.callbacks.LambdaCallback(on_train_batch_end=stamp)
+    callbacks = [clock] + ([CompileModel(B, regions=args.regions)] if args.device == "cuda" else [])
     trainer = L.Trainer(
         accelerator=args.device, devices=1, precision="bf16-mixed" if args.device == "cuda" else "32-true",
         max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -203,7 +202,6 @@ def overhead_child(args) -> None:
     if args.tiny:
         model, B = model | dict(n_embd=32, n_head=2, block_size=16), 2
     warm, n = (3, 13) if args.tiny else (15, 165)
-    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     tokens = np.random.default_rng(0).integers(0, 65, size=1 << 20, dtype=np.uint16)
     windows = RandomWindows(tokens, model["block_size"], B, seed=0, stream=0, length=n)
     loader = torch.utils.data.DataLoader(windows, batch_size=None, sampler=range(n), pin_memory=args.device == "cuda")
@@ -221,7 +219,7 @@ def overhead_child(args) -> None:
 
         def stamp(step: int, stamps: list[float] = stamps) -> None:
             if step in (warm, n - 1):
-                sync()
+                common.synchronize(args.device)
                 stamps.append(time.perf_counter())
 
         if loop == "bare":
@@ -280,12 +278,10 @@ def throughput(args, work: Path) -> dict:
         hit = first(lines, r"time per iteration: ([\d.]+)ms, MFU: ([\d.]+)%")
         rows["nanogpt_bench"] = {"rc": rc, "launch_to_end_s": lines[-1][0] if lines else None}
         if hit:
-            ms = float(hit[1][1])
-            tokens_s = 12 * 1024 / ms * 1000
+            ms, tokens_s = float(hit[1][1]), 12 * 1024 / float(hit[1][1]) * 1000
             mfu = round(flops_per_token * tokens_s / peak, 4) if flops_per_token else None
-            rows["nanogpt_bench"].update(
-                ms_per_iter=ms, tokens_per_s=round(tokens_s), mfu=mfu, mfu_own_a100_basis=float(hit[1][2]) / 100
-            )
+            row = dict(ms_per_iter=ms, tokens_per_s=round(tokens_s), mfu=mfu, mfu_own_a100_basis=float(hit[1][2]) / 100)
+            rows["nanogpt_bench"] |= row
     return rows
 
 
@@ -334,23 +330,22 @@ def main() -> None:
         if args.out:
             args.out.write_text(json.dumps(results, indent=1))
 
-    def recipe(name: str, overrides: list[str], cache: Path) -> None:
+    def recipe(name: str, overrides: list[str]) -> None:
         args.launch_wall[str(work / name)] = time.time()
-        row = minigpt_run(args, name, overrides, cache, work)
+        row = minigpt_run(args, name, overrides, work / "cache_recipe", work)
         results.setdefault("minigpt", []).append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "curve"}), "\n  curve:", row["curve"], flush=True)
         save()
 
     if "recipe" in parts or "cold" in parts:
-        recipe("recipe_cold", [], work / "cache_recipe")
+        recipe("recipe_cold", [])
     if "recipe" in parts:
-        recipe("recipe_warm", [], work / "cache_recipe")  # the same caches, now filled
+        recipe("recipe_warm", [])  # the same caches, now filled
     for spec in args.variant if "variants" in parts else []:
         name, _, overrides = spec.partition("=")
-        recipe(f"variant_{name}", overrides.split(), work / "cache_recipe")
+        recipe(f"variant_{name}", overrides.split())
     if "long" in parts:
-        recipe("recipe_120s", ["--trainer.max_time", "00:00:01:45", "--trainer.val_check_interval", "500"],
-               work / "cache_recipe")  # fmt: skip
+        recipe("recipe_120s", ["--trainer.max_time", "00:00:01:45", "--trainer.val_check_interval", "500"])
     if "imports" in parts:  # where a launch's import time goes (after the runs above: a warm disk cache)
         python, env = minigpt_python(args, work / "cache_imports", work)
         cmd = python + ["-X", "importtime", "-c", "import minigpt.cli.train"]

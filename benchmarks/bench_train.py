@@ -194,10 +194,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         extras = dict(shape=shape["name"], rounds=args.overhead_rounds, steps=args.steps, ratio=ratio)
         extras |= dict(minimal_ms=minimal, train_py_ms=train_py)
 
-    print(
-        "\nPeak matmul FLOP/s (MFU denominators): "
-        + ", ".join(f"{k}: {v['tflops'] * 1e3:.1f} GFLOP/s (at {v['n']}^3)" for k, v in peaks.items())
-    )
+    peak_text = ", ".join(f"{k}: {v['tflops'] * 1e3:.1f} GFLOP/s (at {v['n']}^3)" for k, v in peaks.items())
+    print(f"\nPeak matmul FLOP/s (MFU denominators): {peak_text}")
     print(f"Per run: median of {args.steps} steps after {args.warmup} warm-up steps; best of {args.rounds} run(s)")
     common.print_table(rows, COLUMNS)
     if extras:
