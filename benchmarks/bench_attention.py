@@ -118,9 +118,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 fwd_bwd = common.median(common.time_fn(forward_backward, device, args.repeats, args.warmup))
                 peak = peak_memory(forward_backward, device)
                 row = dict(path=path, gqa=gqa, n_kv_head=kv_heads[gqa], seq_len=T, fwd_ms=round(fwd * 1e3, 3))
-                rows.append(
-                    row | dict(fwd_bwd_ms=round(fwd_bwd * 1e3, 3), peak_bytes=peak, peak_mib=round(common.mib(peak), 2))
-                )
+                row |= dict(fwd_bwd_ms=round(fwd_bwd * 1e3, 3), peak_bytes=peak, peak_mib=round(common.mib(peak), 2))
+                rows.append(row)
                 common.print_row(rows[-1], COLUMNS)
     rows.sort(key=lambda r: (r["gqa"] != "off", r["seq_len"], PATHS.index(r["path"])))
     common.print_table(rows, COLUMNS)

@@ -77,10 +77,7 @@ def minigpt_python(args, cache: Path, work: Path) -> tuple[list[str], dict[str, 
 
 
 def first(lines: list[tuple[float, str]], pattern: str) -> tuple[float, re.Match] | None:
-    for t, line in lines:
-        if m := re.search(pattern, line):
-            return t, m
-    return None
+    return next(((t, m) for t, line in lines if (m := re.search(pattern, line))), None)
 
 
 def minigpt_run(args, name: str, overrides: list[str], cache: Path, work: Path) -> dict:
@@ -127,11 +124,8 @@ def nanogpt_run(args, work: Path) -> dict:
         cmd += ["--n_layer=1", "--n_embd=48", "--n_head=2", "--batch_size=4", "--eval_iters=2", "--eval_interval=10"]
     lines, rc = run_timed(cmd, nano, fresh_env(work / "cache_nanogpt"), args.timeout)
     (work / "nanogpt.log").write_text("\n".join(f"{t:8.2f} {line}" for t, line in lines))
-    curve = [
-        (round(t, 2), int(m[1]), float(m[2]))
-        for t, line in lines
-        if (m := re.search(r"step (\d+): train loss [\d.]+, val loss ([\d.]+)", line))
-    ]
+    evals = [(t, re.search(r"step (\d+): train loss [\d.]+, val loss ([\d.]+)", line)) for t, line in lines]
+    curve = [(round(t, 2), int(m[1]), float(m[2])) for t, m in evals if m]
     row = {"name": "nanogpt", "rc": rc, "curve": curve, "wall_s": lines[-1][0] if lines else None}
     if hit := first(lines, r"iter 0: loss"):
         row["first_step_seen_s"] = hit[0]
