@@ -31,8 +31,7 @@ SCALING = common.columns(
 
 
 def build_case(path: str, n_kv_head: int, T: int, args: Any, dtype: torch.dtype, device: torch.device):
-    """(forward, forward_backward) closures of one CausalSelfAttention's own `_sdpa` / `_manual` / `_einops` method
-    with its causal mask, on leaf q (B, nh, T, hs) and k, v (B, nkv, T, hs) that require grad."""
+    """(forward, forward_backward) closures of one attention path on leaf q, k, v: docs/performance.md."""
     torch.manual_seed(0)
     B, nh, hs = args.batch, args.n_head, args.head_dim
     shape = dict(n_layer=1, n_head=nh, n_kv_head=n_kv_head, n_embd=nh * hs, block_size=max(args.seq_lens))
@@ -53,9 +52,8 @@ def build_case(path: str, n_kv_head: int, T: int, args: Any, dtype: torch.dtype,
 
 
 def peak_memory(fn: Callable[[], Any], device: torch.device) -> int:
-    """Bytes allocated by fn() at its peak, above what was allocated when it started.  CUDA: max_memory_allocated
-    after a reset.  CPU: the peak of the running sum of torch.profiler's allocation (+) and free (-) records in time
-    order (the raw kineto events keep every "[memory]" record; prof.events() folds those inside an op into one)."""
+    """Bytes allocated by fn() at its peak, above what was allocated when it started (on the CPU from the raw kineto
+    events, which keep every "[memory]" record; prof.events() folds those inside an op into one)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
@@ -73,8 +71,7 @@ def peak_memory(fn: Callable[[], Any], device: torch.device) -> int:
 
 
 def scaling(rows: list[dict[str, Any]], seq_lens: list[int]) -> list[dict[str, Any]]:
-    """Each path's time and memory growth from the second-longest length to the longest, and sdpa's speed-up
-    there: memory linear in T grows T1/T0 (2x), quadratic (T1/T0)^2 (4x)."""
+    """Each path's growth from the second-longest length to the longest, and sdpa's speed-up there."""
     T0, T1 = seq_lens[-2], seq_lens[-1]
     by = {(r["path"], r["gqa"], r["seq_len"]): r for r in rows}
     out = []

@@ -2,7 +2,6 @@
 float32 and int8, eager and compiled, against transformers' generate and the memory-bandwidth bound).
 
     python benchmarks/bench_decode.py --kinds native,avx2  # as this CPU is, and as an AVX2 one; GPT-2 and SmolLM2
-    python benchmarks/bench_decode.py --shapes smollm2 --threads 1 --no_commands
     python benchmarks/bench_decode.py --quality out/RUN --text FILE   # int8 against float32 on a trained model
     python benchmarks/bench_decode.py --device cuda        # a GPU: single-stream greedy and the serve engine
     python benchmarks/bench_decode.py --device cpu --quick --single_stream   # the same, tiny: its smoke test
@@ -136,8 +135,7 @@ def measure_shape(shape: str, args: Any, work: Path, device: torch.device = CPU)
 
 
 def time_commands(args: Any, work: Path) -> list[dict[str, Any]]:
-    """sample.py's wall clock for each flag combination, twice each, with caches empty at the start (this kind's
-    own, under `work`): the first run pays for what it measures or compiles, the second finds it cached."""
+    """sample.py's wall clock for each flag combination, twice each, with this kind's own caches empty at the start."""
     src = common.hf_folder(hf_config("gpt2", args.quick), work / "gpt2-command")
     env = {**os.environ, "XDG_CACHE_HOME": str(work / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor")}
     if args.threads:

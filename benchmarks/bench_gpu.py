@@ -246,8 +246,7 @@ def overhead_child(args) -> None:
 
 
 def child(args, work: Path, cache: str, flags: list[str]) -> tuple[dict, list[tuple[float, str]]]:
-    """This script's child part in a fresh process (compile caches in work/cache): the JSON line it printed (or its
-    exit code and output's tail), and its output lines."""
+    """This script's --child in a fresh process: the JSON line it printed (or its exit code and tail), its lines."""
     cmd = [sys.executable, __file__, "--child", "--device", args.device, *(["--tiny"] if args.tiny else []), *flags]
     lines, rc = run_timed(cmd, REPO, fresh_env(work / cache), args.timeout)
     got = next((json.loads(line) for _, line in lines if line.startswith("{")), None)

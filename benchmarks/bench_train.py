@@ -2,7 +2,6 @@
 train.py's own callbacks, logger and progress bar cost on top of a minimal Trainer.
 
     python benchmarks/bench_train.py                          # both shapes x {fp32, bf16} x {eager, compiled}
-    python benchmarks/bench_train.py --shapes nanogpt --precisions 32-true --compile off --steps 50
     python benchmarks/bench_train.py --shapes finetune --compile off --overhead_rounds 0 --steps 5 --warmup 1
 
 Method and results: docs/performance.md#training-throughput-and-mfu.
@@ -91,9 +90,7 @@ def matmul_seconds(dtype: torch.dtype, device: torch.device, n: int, repeats: in
 
 
 def peak_matmul_flops(dtype: torch.dtype, device: torch.device, n_max: int, repeats: int) -> dict[str, Any]:
-    """MFU's denominator: the fastest FLOP/s of square matmuls from 64^3 doubling up to n_max^3 (not always the
-    largest: AVX2 CPUs run bf16 fastest near 128^3).  A size whose one matmul would take over a second (from the
-    last size's time: AVX2's 2048^3 bf16 takes ~13 s) is skipped."""
+    """MFU's denominator: the fastest FLOP/s of square matmuls from 64^3 doubling up to n_max^3 (see the docs)."""
     seconds, n = {}, 64
     while n <= n_max and not (seconds and seconds[n // 2] * 8 > 1.0):  # a matmul's time grows as n^3
         seconds[n] = matmul_seconds(dtype, device, n, repeats)

@@ -1,7 +1,6 @@
 """Time-to-loss: train.py under a wall-clock budget, one lever changed at a time, on any text file.
 
     python benchmarks/time_to_loss.py --corpus ../shared/data/tinyshakespeare.txt             # all variants
-    python benchmarks/time_to_loss.py --corpus ../shared/data/tinyshakespeare.txt --budget 40 --variants recipe
     python benchmarks/time_to_loss.py --corpus stdlib --variants nanogpt recipe                # a second corpus
     python benchmarks/time_to_loss.py --corpus ../shared/data/tinyshakespeare.txt --budget 40 --variants recipe \
         --extra=--model.n_layer=2 --extra=--optim.learning_rate=6e-3                            # any other lever
