@@ -161,7 +161,7 @@ def throughput_child(args) -> None:
 
     loader = torch.utils.data.DataLoader([batch] * (steps + 1), batch_size=None, pin_memory=args.device == "cuda")
     clock = L.pytorch.callbacks.LambdaCallback(on_train_batch_end=stamp)
-    callbacks = [clock] + ([CompileModel(B, regions=args.regions)] if args.device == "cuda" else [])
+    callbacks = [clock] + ([CompileModel(B, regions=args.child == "regions")] if args.device == "cuda" else [])
     trainer = L.Trainer(
         accelerator=args.device, devices=1, precision="bf16-mixed" if args.device == "cuda" else "32-true",
         max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -200,7 +200,7 @@ def overhead_child(args) -> None:
     windows = RandomWindows(tokens, model["block_size"], B, seed=0, stream=0, length=n)
     loader = torch.utils.data.DataLoader(windows, batch_size=None, sampler=range(n), pin_memory=args.device == "cuda")
     rows = {}
-    for run in args.overhead_runs.split(","):
+    for run in args.child.split(","):
         optimizer, loop, compiled = run.split(":")
         torch.manual_seed(0)
         optim = OptimConfig(**recipe["optim"] | dict(optimizer=optimizer, lr_schedule="cosine", decay_steps=10**6))
@@ -245,9 +245,9 @@ def overhead_child(args) -> None:
     print(json.dumps(rows))
 
 
-def child(args, work: Path, cache: str, flags: list[str]) -> tuple[dict, list[tuple[float, str]]]:
+def child(args, work: Path, cache: str, what: str) -> tuple[dict, list[tuple[float, str]]]:
     """This script's --child in a fresh process: the JSON line it printed (or its exit code and tail), its lines."""
-    cmd = [sys.executable, __file__, "--child", "--device", args.device, *(["--tiny"] if args.tiny else []), *flags]
+    cmd = [sys.executable, __file__, "--child", what, "--device", args.device, *(["--tiny"] if args.tiny else [])]
     lines, rc = run_timed(cmd, REPO, fresh_env(work / cache), args.timeout)
     got = next((json.loads(line) for _, line in lines if line.startswith("{")), None)
     return got or {"rc": rc, "tail": [line for _, line in lines[-6:]]}, lines
@@ -258,12 +258,13 @@ def throughput(args, work: Path) -> dict:
     peak = PEAK_BF16.get(gpu or "", float("nan"))
     rows: dict = {}
     flops_per_token = None
-    for regions in [kind == "regions" for kind in args.compile_kinds.split(",")]:
-        row, lines = child(args, work, f"cache_tp_{regions}", ["--regions", str(regions)])
+    for kind in args.compile_kinds.split(","):
+        row, lines = child(args, work, f"cache_tp_{kind}", kind)
         if "flops_per_token" in row:
             flops_per_token = row.pop("flops_per_token")
             row["mfu"] = round(flops_per_token * row["tokens_per_s"] / peak, 4)
-        rows["minigpt_regions" if regions else "minigpt_whole_model"] = row | {"launch_to_end_s": lines[-1][0]}
+        row["launch_to_end_s"] = lines[-1][0]
+        rows["minigpt_regions" if kind == "regions" else "minigpt_whole_model"] = row
     if args.device == "cuda":  # bench.py synchronizes CUDA unconditionally
         nano = args.nanogpt.resolve()
         cmd = [sys.executable, "bench.py", "--real_data=False", "--compile=True"]
@@ -293,13 +294,10 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true", help="tiny sizes: the script's own smoke test")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds allowed per launched command")
     p.add_argument("--out", type=Path, help="write the results as JSON here (logs beside it)")
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--overhead_runs", default="", help=argparse.SUPPRESS)
-    p.add_argument("--regions", default="True", help=argparse.SUPPRESS)
+    p.add_argument("--child", help=argparse.SUPPRESS)  # throughput's compile kind, or the overhead part's runs
     args = p.parse_args()
-    args.regions = args.regions == "True"
     if args.child:
-        return overhead_child(args) if args.overhead_runs else throughput_child(args)
+        return overhead_child(args) if ":" in args.child else throughput_child(args)
     import torch
 
     args.gpu_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
@@ -353,7 +351,7 @@ def main() -> None:
         runs = "muon:bare:regions,adamw:bare:regions,muon:bare:whole,muon:bare:eager,muon:minimal:regions"
         runs += ",adamw:minimal:regions,muon:train_py:regions,adamw:train_py:regions"
         runs = "muon:bare:eager,adamw:minimal:eager,muon:train_py:eager" if args.tiny else runs  # no compiling
-        save("overhead_ms_per_step", child(args, work, "cache_oh", ["--overhead_runs", runs])[0])
+        save("overhead_ms_per_step", child(args, work, "cache_oh", runs)[0])
     if "throughput" in parts:
         save("throughput", throughput(args, work))
     save()
