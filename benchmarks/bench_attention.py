@@ -1,7 +1,6 @@
 """Attention paths side by side: time and peak memory of sdpa, manual and einops, with and without GQA.
 
     python benchmarks/bench_attention.py                       # B=4, 8 heads x 64, T = 128 .. 2048, float32
-    python benchmarks/bench_attention.py --dtype bfloat16 --seq_lens 512 1024 2048 --json /tmp/a.json
 
 Method and results: docs/performance.md#attention-paths.
 """

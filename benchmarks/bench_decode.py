@@ -2,9 +2,7 @@
 float32 and int8, eager and compiled, against transformers' generate and the memory-bandwidth bound).
 
     python benchmarks/bench_decode.py --kinds native,avx2  # as this CPU is, and as an AVX2 one; GPT-2 and SmolLM2
-    python benchmarks/bench_decode.py --quality out/RUN --text FILE   # int8 against float32 on a trained model
-    python benchmarks/bench_decode.py --device cuda        # a GPU: single-stream greedy and the serve engine
-    python benchmarks/bench_decode.py --device cpu --quick --single_stream   # the same, tiny: its smoke test
+    python benchmarks/bench_decode.py --device cpu --quick --single_stream   # the GPU measurement, tiny, on a CPU
 
 Method and results: docs/performance.md#decode.
 """

@@ -2,7 +2,6 @@
 through the harness's HFLM on the model's Hugging Face export, and what a 500-item task takes at that rate.
 
     python benchmarks/bench_eval.py                  # a GPT-2 124M-shaped model, 12 items (about 2 minutes on 2 cores)
-    python benchmarks/bench_eval.py --shape small    # a 6-layer 384-wide model, 40 items (seconds)
 
 Method and results: docs/evaluation.md#speed.
 """

@@ -1,7 +1,6 @@
 """On one GPU: minigpt against nanoGPT from launch to loss, and the training step on the GPT-2 124M shape.
 
     python benchmarks/bench_gpu.py --nanogpt PATH/TO/nanoGPT --corpus tinyshakespeare.txt --out results.json
-    python benchmarks/bench_gpu.py --device cpu --tiny --nanogpt PATH --corpus FILE     # the script's smoke test
 
 Parts (--parts: recipe, cold, variants, long, imports, nanogpt, throughput, overhead), method and results:
 docs/time_to_loss.md#on-one-gpu-launch-to-loss-against-nanogpt.
@@ -92,6 +91,7 @@ def minigpt_run(args, name: str, overrides: list[str], cache: Path, work: Path) 
     if args.device == "cpu":
         cmd += ["--trainer.accelerator", "cpu"]
     python, env = minigpt_python(args, cache, work)
+    launched = time.time()  # TensorBoard's wall times of the val losses are counted from here
     lines, rc = run_timed(python + cmd[1:] + args.extra.split() + overrides, REPO, env, args.timeout)
     (work / f"{name}.log").write_text("\n".join(f"{t:8.2f} {line}" for t, line in lines))
     row: dict = {"name": name, "overrides": " ".join(overrides), "rc": rc, "wall_s": lines[-1][0] if lines else None}
@@ -103,8 +103,7 @@ def minigpt_run(args, name: str, overrides: list[str], cache: Path, work: Path) 
         row["compile_s"] = float(hit[1][1])
     steps = [int(m[1]) for _, line in lines if (m := re.search(r"after (\d+) steps", line))]
     row["steps"] = steps[0] if steps else None
-    start = args.launch_wall[str(out)]  # the val losses with the seconds since launch at which they were logged
-    row["curve"] = [(round(t - start, 2), step, round(loss, 4)) for t, step, loss in common.val_curve(out)]
+    row["curve"] = [(round(t - launched, 2), step, round(loss, 4)) for t, step, loss in common.val_curve(out)]
     if rc != 0:
         row["tail"] = [line for _, line in lines[-8:]]
     return row
@@ -310,7 +309,6 @@ def main() -> None:
     logs.mkdir(parents=True, exist_ok=True)
     results: dict = {"device": args.gpu_name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
     results |= {"extra": args.extra, "without": args.without}
-    args.launch_wall = {}
 
     def save(part: str = "", value=None) -> None:  # after each part: a run cut short still leaves what it measured
         if part:
@@ -322,7 +320,6 @@ def main() -> None:
             args.out.write_text(json.dumps(results, indent=1))
 
     def recipe(name: str, overrides: list[str]) -> None:
-        args.launch_wall[str(work / name)] = time.time()
         row = minigpt_run(args, name, overrides, work / "cache_recipe", work)
         results.setdefault("minigpt", []).append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "curve"}), "\n  curve:", row["curve"], flush=True)

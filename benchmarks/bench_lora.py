@@ -2,7 +2,6 @@
 Llama-3.2-1B-shaped and a SmolLM-135M-shaped model.
 
     python benchmarks/bench_lora.py                       # 135M and 1B shapes: full vs LoRA r8 / r16 / r8 + bf16 base
-    python benchmarks/bench_lora.py --shapes 1b --variants lora8,lora8-ckpt --full_layers ""  # recompute
 
 Method and results: docs/lora.md#measured.
 """

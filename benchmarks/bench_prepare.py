@@ -1,7 +1,6 @@
 """Preparation speed and memory next to the bare encoder's, on the same text with the same threads.
 
     python benchmarks/bench_prepare.py --corpus ../shared/data/tinyshakespeare.txt --mb 100
-    python benchmarks/bench_prepare.py --mb 1000 --repeat 1              # the peak-RSS figure at 1 GB
 
 Method and results: docs/tokenizers.md#preparation-speed-and-memory.
 """

@@ -1,7 +1,6 @@
 """Start-up time of the commands, next to `python -c "import torch"`, which every one of them pays.
 
     python benchmarks/bench_startup.py                  # median of 3 runs of each command
-    python benchmarks/bench_startup.py --ckpt out/RUN   # the generation from a trained checkpoint
 
 Method and results: docs/performance.md#start-up.
 """

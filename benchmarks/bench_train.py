@@ -2,7 +2,6 @@
 train.py's own callbacks, logger and progress bar cost on top of a minimal Trainer.
 
     python benchmarks/bench_train.py                          # both shapes x {fp32, bf16} x {eager, compiled}
-    python benchmarks/bench_train.py --shapes finetune --compile off --overhead_rounds 0 --steps 5 --warmup 1
 
 Method and results: docs/performance.md#training-throughput-and-mfu.
 """

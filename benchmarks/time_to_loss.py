@@ -1,11 +1,6 @@
 """Time-to-loss: train.py under a wall-clock budget, one lever changed at a time, on any text file.
 
     python benchmarks/time_to_loss.py --corpus ../shared/data/tinyshakespeare.txt             # all variants
-    python benchmarks/time_to_loss.py --corpus stdlib --variants nanogpt recipe                # a second corpus
-    python benchmarks/time_to_loss.py --corpus ../shared/data/tinyshakespeare.txt --budget 40 --variants recipe \
-        --extra=--model.n_layer=2 --extra=--optim.learning_rate=6e-3                            # any other lever
-    python benchmarks/time_to_loss.py --corpus ../shared/data/tinyshakespeare.txt --steps 1000 --seeds 1337 1 \
-        --variants numerics_float32 numerics_bf16          # bf16's numerics against float32's, on any CPU
 
 Method and results: docs/time_to_loss.md.
 """
