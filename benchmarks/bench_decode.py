@@ -29,6 +29,7 @@ from benchmarks import common
 from minigpt.core.generation import generate
 from minigpt.core.model import GPT
 from minigpt.core.quantize import Int8Embedding, Int8Linear, choose_int8, quantize_model
+from minigpt.evaluation.loss import evaluate_tokens
 from minigpt.loading import load_model
 
 GIB = 2**30
@@ -201,8 +202,6 @@ def next_token_agreement(a: GPT, b: GPT, ids: list[int], batch: int = 8) -> tupl
 
 
 def quality(ckpt: str, text_path: str, max_tokens: int = 100_000) -> dict[str, Any]:
-    from minigpt.evaluation.loss import evaluate_tokens
-
     fp32, tokenizer = load_model(ckpt)
     int8 = quantize_model(load_model(ckpt)[0])  # int8 whether or not it is faster here: its quality is the question
     ids = tokenizer.encode(Path(text_path).read_text(encoding="utf-8"))[:max_tokens]

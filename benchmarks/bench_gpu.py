@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from anywhere without installing
+
+import torch
 
 from benchmarks import common
 
@@ -51,8 +54,6 @@ def fresh_env(cache: Path) -> dict[str, str]:
 def hidden_site(packages: list[str], work: Path) -> Path:
     """A site folder of links to every installed package but `packages`: with `python -S` and this folder on
     PYTHONPATH, a command runs as on a fresh install that lacks them (what Lightning's import pulls in varies)."""
-    import site
-
     hidden = {name.lower().replace("-", "_") for name in packages}
     folder = work / ("site_without_" + "_".join(sorted(hidden)))
     if not folder.is_dir():
@@ -139,7 +140,6 @@ def nanogpt_run(args, work: Path) -> dict:
 def throughput_child(args) -> None:
     """In a fresh process: minigpt's training step on the 124M shape through Lightning's Trainer."""
     import lightning as L
-    import torch
 
     from minigpt.core.config import GPTConfig
     from minigpt.training.callbacks import CompileModel
@@ -178,7 +178,6 @@ def overhead_child(args) -> None:
     """In a fresh process: ms per training step of the GPU recipe's model and batch, synchronized at the ends only,
     per run OPTIMIZER:LOOP:COMPILE (LOOP: bare, minimal or train_py; COMPILE: regions, whole or eager): the docs."""
     import numpy as np
-    import torch
     import yaml
     from lightning.pytorch.callbacks import LambdaCallback
 
@@ -297,8 +296,6 @@ def main() -> None:
     args = p.parse_args()
     if args.child:
         return overhead_child(args) if ":" in args.child else throughput_child(args)
-    import torch
-
     args.gpu_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     capability = torch.backends.cpu.get_cpu_capability()
     print(f"device: {args.gpu_name}; torch {torch.__version__}; cpu capability {capability}")

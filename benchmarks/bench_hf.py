@@ -19,11 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 
 from benchmarks import common
 
-OPERATIONS = {
-    "import": "minigpt import (load_model)",
-    "transformers": "transformers from_pretrained (reference)",
-    "export": "minigpt export (export_hf)",
-}
+OPERATIONS = {"import": "minigpt import (load_model)", "transformers": "transformers from_pretrained (reference)"}
+OPERATIONS["export"] = "minigpt export (export_hf)"
 COLUMNS = common.columns(
     "operation:operation:, seconds:seconds:.2f, peak_rss_mib:peak RSS MiB:.0f, "
     "peak_above_before_mib:peak over start MiB:.0f, first_forward_s:then 1-token forward s:.2f, "

@@ -19,6 +19,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
 from benchmarks import common
+from minigpt.core.checkpoint import model_checkpoint, save_file
+from minigpt.core.config import GPTConfig
+from minigpt.core.model import GPT
+from minigpt.core.tokenizers import ByteTokenizer
 
 LLAMA3_ROPE = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0)
 LLAMA3_ROPE["original_max_position_embeddings"] = 8192
@@ -45,11 +49,6 @@ COLUMNS += [("load_avg_1m", "load", ".1f")]
 
 def make_source(shape: str, n_layer: int, block_size: int, path: str) -> dict:
     """A checkpoint of random weights in the shape's config."""
-    from minigpt.core.checkpoint import model_checkpoint, save_file
-    from minigpt.core.config import GPTConfig
-    from minigpt.core.model import GPT
-    from minigpt.core.tokenizers import ByteTokenizer
-
     torch.manual_seed(0)
     model = GPT(GPTConfig(arch="llama", **{**SHAPES[shape], "n_layer": n_layer, "block_size": block_size}))
     save_file(model_checkpoint(model, ByteTokenizer()), Path(path))
