@@ -68,8 +68,7 @@ def hf_config(shape: str, quick: bool) -> Any:
 
 
 def bytes_per_token(model: GPT) -> int:
-    """Bytes of weights one decode step reads: each tensor of the state once (shared ones once), except the
-    tables read a row at a time (an embedding that is not also the head, learned positions)."""
+    """Bytes of weights one decode step reads: each tensor once, but the tables read a row at a time (the docs)."""
     head = {t.data_ptr() for t in model.lm_head.state_dict().values()}
     tables = [m for m in model.modules() if isinstance(m, (nn.Embedding, Int8Embedding))]
     rows_only = {t.data_ptr() for m in tables for t in m.state_dict().values()} - head
@@ -91,8 +90,7 @@ def hf_generate(hf: Any, prompt: torch.Tensor, tokens: int) -> torch.Tensor:
 
 
 def measure_shape(shape: str, args: Any, work: Path, device: torch.device = CPU) -> list[dict[str, Any]]:
-    """Each way's greedy tokens/s after one untimed call (the median of --repeats), its prefill of a 512-token prompt
-    and its first call; on a CPU minigpt int8 too, on one stream (a GPU, --single_stream) the serve engine."""
+    """Each way's greedy tokens/s, prefill and first call (docs/performance.md#decode); one stream: the serve engine."""
     import transformers
 
     src = common.hf_folder(hf_config(shape, args.quick), work / shape)

@@ -67,8 +67,7 @@ def hidden_site(packages: list[str], work: Path) -> Path:
 
 
 def minigpt_python(args, cache: Path, work: Path) -> tuple[list[str], dict[str, str]]:
-    """The interpreter command and environment minigpt's runs take: --without hides packages, as a fresh install
-    lacks them (`python -S`: no site-packages but the linked ones, no .pth hooks)."""
+    """The interpreter command and environment of minigpt's runs (--without: `python -S` and hidden_site's links)."""
     python, env = [sys.executable], fresh_env(cache)
     if args.without:
         python.append("-S")
@@ -252,8 +251,7 @@ def child(args, work: Path, cache: str, what: str) -> tuple[dict, list[tuple[flo
 
 
 def throughput(args, work: Path) -> dict:
-    gpu = next((k for k in PEAK_BF16 if k in args.gpu_name), None)
-    peak = PEAK_BF16.get(gpu or "", float("nan"))
+    peak = next((flops for gpu, flops in PEAK_BF16.items() if gpu in args.gpu_name), float("nan"))
     rows: dict = {}
     flops_per_token = None
     for kind in args.compile_kinds.split(","):

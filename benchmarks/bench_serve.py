@@ -75,8 +75,7 @@ async def level(url: str, prompts: list[str], tokens: int) -> dict:
 
 @torch.inference_mode()
 def step_ms(model: GPT, batch: int, prompt_tokens: int, device: torch.device, steps: int = 8) -> float:
-    """The model alone: ms of one decode step of `batch` rows at different positions (the engine's call), the
-    fastest of `steps` after one: batch / step time is what the server's total tokens/s approaches."""
+    """The model alone: ms of one decode step of `batch` rows at different positions, the fastest of `steps`."""
     cache = model.new_kv_cache(batch)
     model(torch.zeros(batch, prompt_tokens, dtype=torch.long, device=device), kv_cache=cache, input_pos=0)
     tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)

@@ -31,8 +31,7 @@ COLUMNS += [("ratio", f"x {BASELINE}", ".2f"), ("goal", f"within {GOAL_S} s", ""
 
 
 def make_checkpoint(folder: Path) -> Path:
-    """A random-weight model of the default config's shape with a char tokenizer of printable ASCII: generation
-    costs the same per token whatever the weights."""
+    """The default config's shape, random weights (generation costs the same whatever they are), printable chars."""
     torch.manual_seed(1337)
     tokenizer = CharTokenizer(string.printable)
     shape = yaml.safe_load(default_config().read_text())["model"]

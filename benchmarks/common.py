@@ -117,8 +117,7 @@ def peak_rss_bytes(field: str = "VmHWM") -> int:
 
 
 def hf_folder(config: Any, folder: Path) -> Path:
-    """A Hugging Face model folder of a transformers config: its own random init, and a byte tokenizer (tiktoken's gpt2
-    files would be a download)."""
+    """A Hugging Face model folder of a transformers config: its own random init, a byte tokenizer (no download)."""
     import transformers
 
     from minigpt.core.tokenizers import ByteTokenizer
