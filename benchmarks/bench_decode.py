@@ -186,8 +186,7 @@ def engine_one_client(model: GPT, tokenizer: Any, prompt: list[int], tokens: int
 
 @torch.inference_mode()
 def next_token_agreement(a: GPT, b: GPT, ids: list[int], batch: int = 8) -> tuple[float, int]:
-    """(fraction of positions where a's and b's most likely next token agree, positions) over consecutive
-    block_size windows of ids."""
+    """(fraction of positions where a's and b's most likely next tokens agree, positions) over block_size windows."""
     T = a.config.block_size
     windows = [ids[i : i + T] for i in range(0, len(ids) - 1, T)]
     windows = [w for w in windows if len(w) == T] or [ids[:T]]

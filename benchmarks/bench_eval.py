@@ -74,9 +74,8 @@ def timed_run(lm: Any, task: dict[str, Any]) -> dict[str, Any]:
         return out
 
     lm.loglikelihood = loglikelihood
-    results = simple_evaluate(
-        model=lm, tasks=[task], task_manager=TaskManager(include_defaults=False), bootstrap_iters=0, log_samples=False
-    )
+    tasks = TaskManager(include_defaults=False)
+    results = simple_evaluate(model=lm, tasks=[task], task_manager=tasks, bootstrap_iters=0, log_samples=False)
     acc = results["results"]["bench_mc"]["acc,none"]
     return dict(requests=count[0], seconds=spent[0], requests_per_s=count[0] / spent[0], acc=acc)
 

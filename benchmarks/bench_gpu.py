@@ -174,8 +174,7 @@ def throughput_child(args) -> None:
 
 
 def overhead_child(args) -> None:
-    """In a fresh process: ms per training step of the GPU recipe's model and batch, synchronized at the ends only,
-    per run OPTIMIZER:LOOP:COMPILE (LOOP: bare, minimal or train_py; COMPILE: regions, whole or eager): the docs."""
+    """In a fresh process: ms per step of the GPU recipe's model per OPTIMIZER:LOOP:COMPILE run (see the docs)."""
     import numpy as np
     import yaml
     from lightning.pytorch.callbacks import LambdaCallback

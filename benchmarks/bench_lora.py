@@ -99,10 +99,9 @@ def measure(shapes: list[str], variants: list[str], args: Any) -> list[dict[str,
         depth = SHAPES[shape]["n_layer"]
         scaled = [int(x) for x in full_layers.get(shape, "").split("/") if x]
         for variant in variants:  # LoRA r8 at the reduced depths too: how good is the extrapolation?
+            depths = [depth, *scaled] if variant == "lora8" else [depth]
             if VARIANTS[variant]["finetune"] == "full":
                 depths = scaled or [depth]
-            else:
-                depths = [depth, *scaled] if variant == "lora8" else [depth]
             for n_layer in depths:
                 source = work / "sources" / f"{shape}-L{n_layer}.ckpt"
                 if not source.is_file():  # in a child: its memory is no row's

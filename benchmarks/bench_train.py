@@ -100,8 +100,7 @@ def peak_matmul_flops(dtype: torch.dtype, device: torch.device, n_max: int, repe
 
 
 def run_lightning(module, shape, precision: str, device: torch.device, warmup: int, steps: int, train_py=False):
-    """trainer.fit for warmup + steps batches (+1, to close the last period): the step times' median.
-    train_py: with train.py's callbacks (minigpt.training.trainer.run_callbacks), TensorBoard logger, progress bar."""
+    """trainer.fit for warmup + steps (+1) batches: the step times' median; train_py: with train.py's callbacks."""
     n, stamps = warmup + steps + 1, []
 
     def stamp(*_) -> None:  # at each step's start and at the end of training

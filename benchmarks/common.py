@@ -110,8 +110,7 @@ def child_json(argv: list[str], marker: str = "RESULT ") -> dict[str, Any]:
 
 
 def peak_rss_bytes(field: str = "VmHWM") -> int:
-    """This process's peak resident memory since exec (VmHWM: ru_maxrss would carry the parent's peak across fork);
-    field "VmRSS": its resident memory now."""
+    """This process's peak resident memory (VmHWM: ru_maxrss would carry the parent's across fork); or VmRSS: now."""
     status = Path("/proc/self/status").read_text().splitlines()
     return next(int(line.split()[1]) * 1024 for line in status if line.startswith(f"{field}:"))
 
