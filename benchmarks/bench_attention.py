@@ -5,6 +5,7 @@
 Method and results: docs/performance.md#attention-paths.
 """
 
+import itertools
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -62,11 +63,8 @@ def peak_memory(fn: Callable[[], Any], device: torch.device) -> int:
         fn()
     kinds = {torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.MKLDNN, torch.autograd.DeviceType.IDEEP}
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]" and e.device_type() in kinds]
-    running = peak = 0
-    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in events):
-        running += nbytes
-        peak = max(peak, running)
-    return peak
+    records = sorted((e.start_ns(), e.nbytes()) for e in events)  # in time order: the running sum's peak
+    return max(itertools.accumulate((nbytes for _, nbytes in records), initial=0))
 
 
 def scaling(rows: list[dict[str, Any]], seq_lens: list[int]) -> list[dict[str, Any]]:

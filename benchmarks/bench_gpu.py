@@ -56,13 +56,12 @@ def hidden_site(packages: list[str], work: Path) -> Path:
     PYTHONPATH, a command runs as on a fresh install that lacks them (what Lightning's import pulls in varies)."""
     hidden = {name.lower().replace("-", "_") for name in packages}
     folder = work / ("site_without_" + "_".join(sorted(hidden)))
-    if not folder.is_dir():
-        folder.mkdir()
-        for root in [Path(d) for d in site.getsitepackages() + [site.getusersitepackages()] if Path(d).is_dir()]:
-            for entry in root.iterdir():  # a package's folder, its .libs, its NAME-VERSION.dist-info
-                name = re.split(r"[-.]", entry.name.lower())[0]
-                if name not in hidden and entry.name != "__pycache__" and not (folder / entry.name).exists():
-                    (folder / entry.name).symlink_to(entry)
+    folder.mkdir(exist_ok=True)
+    for root in [Path(d) for d in site.getsitepackages() + [site.getusersitepackages()] if Path(d).is_dir()]:
+        for entry in root.iterdir():  # a package's folder, its .libs, its NAME-VERSION.dist-info
+            name = re.split(r"[-.]", entry.name.lower())[0]
+            if name not in hidden and entry.name != "__pycache__" and not (folder / entry.name).exists():
+                (folder / entry.name).symlink_to(entry)
     return folder
 
 

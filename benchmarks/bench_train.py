@@ -144,8 +144,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--attention", default=None, choices=["sdpa", "manual", "einops"], help="of every shape")
     args = p.parse_args(argv)
     if args.quick:
-        args.steps, args.warmup, args.rounds, args.overhead_rounds = 3, 1, 1, 2
-        args.compile = ["off"]
+        args.steps, args.warmup, args.rounds, args.overhead_rounds, args.compile = 3, 1, 1, 2, ["off"]
     device = common.pick_device(args.device)
     shapes = [make_shape(name, args.quick) for name in args.shapes]
     for shape in shapes:
