@@ -1,12 +1,11 @@
 """Attention paths side by side: time and peak memory of sdpa, manual and einops, with and without GQA.
 
     python benchmarks/bench_attention.py                       # B=4, 8 heads x 64, T = 128 .. 2048, float32
-    python benchmarks/bench_attention.py --quick               # tiny smoke run (seconds)
-    python benchmarks/bench_attention.py --dtype bfloat16 --seq_lens 512 1024 2048 --json /tmp/a.json
 
 Method and results: docs/performance.md#attention-paths.
 """
 
+import itertools
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -32,8 +31,7 @@ SCALING = common.columns(
 
 
 def build_case(path: str, n_kv_head: int, T: int, args: Any, dtype: torch.dtype, device: torch.device):
-    """(forward, forward_backward) closures of one CausalSelfAttention's own `_sdpa` / `_manual` / `_einops` method
-    with its causal mask, on leaf q (B, nh, T, hs) and k, v (B, nkv, T, hs) that require grad."""
+    """(forward, forward_backward) closures of one attention path on leaf q, k, v: docs/performance.md."""
     torch.manual_seed(0)
     B, nh, hs = args.batch, args.n_head, args.head_dim
     shape = dict(n_layer=1, n_head=nh, n_kv_head=n_kv_head, n_embd=nh * hs, block_size=max(args.seq_lens))
@@ -54,9 +52,8 @@ def build_case(path: str, n_kv_head: int, T: int, args: Any, dtype: torch.dtype,
 
 
 def peak_memory(fn: Callable[[], Any], device: torch.device) -> int:
-    """Bytes allocated by fn() at its peak, above what was allocated when it started.  CUDA: max_memory_allocated
-    after a reset.  CPU: the peak of the running sum of torch.profiler's allocation (+) and free (-) records in time
-    order (the raw kineto events keep every "[memory]" record; prof.events() folds those inside an op into one)."""
+    """Bytes allocated by fn() at its peak, above what was allocated when it started (on the CPU from the raw kineto
+    events, which keep every "[memory]" record; prof.events() folds those inside an op into one)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
@@ -66,16 +63,12 @@ def peak_memory(fn: Callable[[], Any], device: torch.device) -> int:
         fn()
     kinds = {torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.MKLDNN, torch.autograd.DeviceType.IDEEP}
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]" and e.device_type() in kinds]
-    running = peak = 0
-    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in events):
-        running += nbytes
-        peak = max(peak, running)
-    return peak
+    records = sorted((e.start_ns(), e.nbytes()) for e in events)  # in time order: the running sum's peak
+    return max(itertools.accumulate((nbytes for _, nbytes in records), initial=0))
 
 
 def scaling(rows: list[dict[str, Any]], seq_lens: list[int]) -> list[dict[str, Any]]:
-    """Each path's time and memory growth from the second-longest length to the longest, and sdpa's speed-up
-    there: memory linear in T grows T1/T0 (2x), quadratic (T1/T0)^2 (4x)."""
+    """Each path's growth from the second-longest length to the longest, and sdpa's speed-up there."""
     T0, T1 = seq_lens[-2], seq_lens[-1]
     by = {(r["path"], r["gqa"], r["seq_len"]): r for r in rows}
     out = []
@@ -119,9 +112,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 fwd_bwd = common.median(common.time_fn(forward_backward, device, args.repeats, args.warmup))
                 peak = peak_memory(forward_backward, device)
                 row = dict(path=path, gqa=gqa, n_kv_head=kv_heads[gqa], seq_len=T, fwd_ms=round(fwd * 1e3, 3))
-                rows.append(
-                    row | dict(fwd_bwd_ms=round(fwd_bwd * 1e3, 3), peak_bytes=peak, peak_mib=round(common.mib(peak), 2))
-                )
+                row |= dict(fwd_bwd_ms=round(fwd_bwd * 1e3, 3), peak_bytes=peak, peak_mib=round(common.mib(peak), 2))
+                rows.append(row)
                 common.print_row(rows[-1], COLUMNS)
     rows.sort(key=lambda r: (r["gqa"] != "off", r["seq_len"], PATHS.index(r["path"])))
     common.print_table(rows, COLUMNS)

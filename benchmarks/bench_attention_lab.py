@@ -1,8 +1,6 @@
 """Attention lab figures: capture time, page size and time until the page has rendered in headless Chromium.
 
     python benchmarks/bench_attention_lab.py                   # GPT-2 124M shape (12 layers x 12 heads), 256 tokens
-    python benchmarks/bench_attention_lab.py --ckpt out/RUN    # a trained checkpoint (or an HF model directory)
-    python benchmarks/bench_attention_lab.py --quick           # 2 x 2 heads, 32 tokens (smoke test)
 
 Method and results: docs/performance.md#the-attention-lab.
 """

@@ -2,11 +2,7 @@
 float32 and int8, eager and compiled, against transformers' generate and the memory-bandwidth bound).
 
     python benchmarks/bench_decode.py --kinds native,avx2  # as this CPU is, and as an AVX2 one; GPT-2 and SmolLM2
-    python benchmarks/bench_decode.py --quick              # tiny shapes: a smoke test
-    python benchmarks/bench_decode.py --shapes smollm2 --threads 1 --no_commands
-    python benchmarks/bench_decode.py --quality out/RUN --text FILE   # int8 against float32 on a trained model
-    python benchmarks/bench_decode.py --device cuda        # a GPU: single-stream greedy and the serve engine
-    python benchmarks/bench_decode.py --device cpu --quick --single_stream   # the same, tiny: its smoke test
+    python benchmarks/bench_decode.py --device cpu --quick --single_stream   # the GPU measurement, tiny, on a CPU
 
 Method and results: docs/performance.md#decode.
 """
@@ -33,6 +29,7 @@ from benchmarks import common
 from minigpt.core.generation import generate
 from minigpt.core.model import GPT
 from minigpt.core.quantize import Int8Embedding, Int8Linear, choose_int8, quantize_model
+from minigpt.evaluation.loss import evaluate_tokens
 from minigpt.loading import load_model
 
 GIB = 2**30
@@ -42,6 +39,17 @@ PREFILL_TOKENS = 512
 KINDS = {"native": {}, "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
 FLAGS = {"none": [], "--quantize int8": ["--quantize", "int8"], "--compile": ["--compile"]}
 FLAGS["--quantize int8 --compile"] = FLAGS["--quantize int8"] + FLAGS["--compile"]
+SHAPE_NAMES = {"gpt2": "GPT-2-124M", "smollm2": "SmolLM2-135M"}
+RATE_COLUMNS = common.columns(
+    "shape:shape:, way:way:, tokens_per_s:tokens/s:.1f, vs_own_float32_eager:x own float32 eager:.2f, "
+    "vs_transformers:x transformers:.2f, weight_mib:weights MiB:.0f, fraction_of_bound:of bound:.0%, "
+    "ids_equal_transformers:ids = transformers':, prefill_tokens_per_s:prefill tokens/s:.0f, "
+    "first_call_s:first call s:.1f"
+)
+COMMAND_COLUMNS = common.columns(
+    "flags:flags:, first_s:first run s:.1f, second_s:second run s:.1f, vs_none_first:first x plain:.2f, "
+    "first_notes:decisions (first run):, second_notes:decisions (second run):"
+)
 
 
 def hf_config(shape: str, quick: bool) -> Any:
@@ -59,12 +67,8 @@ def hf_config(shape: str, quick: bool) -> Any:
     )
 
 
-SHAPE_NAMES = {"gpt2": "GPT-2-124M", "smollm2": "SmolLM2-135M"}
-
-
 def bytes_per_token(model: GPT) -> int:
-    """Bytes of weights one decode step reads: each tensor of the state once (shared ones once), except the
-    tables read a row at a time (an embedding that is not also the head, learned positions)."""
+    """Bytes of weights one decode step reads: each tensor once, but the tables read a row at a time (the docs)."""
     head = {t.data_ptr() for t in model.lm_head.state_dict().values()}
     tables = [m for m in model.modules() if isinstance(m, (nn.Embedding, Int8Embedding))]
     rows_only = {t.data_ptr() for m in tables for t in m.state_dict().values()} - head
@@ -86,8 +90,7 @@ def hf_generate(hf: Any, prompt: torch.Tensor, tokens: int) -> torch.Tensor:
 
 
 def measure_shape(shape: str, args: Any, work: Path, device: torch.device = CPU) -> list[dict[str, Any]]:
-    """Each way's greedy tokens/s after one untimed call (the median of --repeats), its prefill of a 512-token prompt
-    and its first call; on a CPU minigpt int8 too, on one stream (a GPU, --single_stream) the serve engine."""
+    """Each way's greedy tokens/s, prefill and first call (docs/performance.md#decode); one stream: the serve engine."""
     import transformers
 
     src = common.hf_folder(hf_config(shape, args.quick), work / shape)
@@ -129,8 +132,7 @@ def measure_shape(shape: str, args: Any, work: Path, device: torch.device = CPU)
 
 
 def time_commands(args: Any, work: Path) -> list[dict[str, Any]]:
-    """sample.py's wall clock for each flag combination, twice each, with caches empty at the start (this kind's
-    own, under `work`): the first run pays for what it measures or compiles, the second finds it cached."""
+    """sample.py's wall clock for each flag combination, twice each, with this kind's own caches empty at the start."""
     src = common.hf_folder(hf_config("gpt2", args.quick), work / "gpt2-command")
     env = {**os.environ, "XDG_CACHE_HOME": str(work / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor")}
     if args.threads:
@@ -141,12 +143,9 @@ def time_commands(args: Any, work: Path) -> list[dict[str, Any]]:
     for flags, extra in FLAGS.items():
         row: dict[str, Any] = dict(flags=flags)
         for run in ("first", "second")[: 1 if args.quick else 2]:
-            cmd = [*sample_py, *extra]
             t0 = time.perf_counter()
-            out = subprocess.run(cmd, env=env, cwd=work, capture_output=True, text=True)
+            out = common.run_child([*sample_py, *extra], cwd=work, env=env)
             row[f"{run}_s"] = time.perf_counter() - t0
-            if out.returncode != 0:
-                raise SystemExit(f"error: {' '.join(cmd)} failed: {out.stderr.strip()[-500:]}")
             notes = [line.removeprefix("note: ") for line in out.stderr.splitlines() if line.startswith("note:")]
             row[f"{run}_notes"] = " / ".join(notes) or "-"
         rows.append(row)
@@ -158,14 +157,9 @@ def time_commands(args: Any, work: Path) -> list[dict[str, Any]]:
 
 def synced_median(fn: Any, device: torch.device, repeats: int) -> tuple[Any, float, float]:
     """(result, seconds of the first call, median seconds of `repeats` more), the device synchronized."""
-    times = []
-    for _ in range(repeats + 1):
-        common.synchronize(device)
-        t0 = time.perf_counter()
-        out = fn()
-        common.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return out, times[0], common.median(times[1:])
+    out = []
+    times = common.time_fn(lambda: out.append(fn()), device, repeats + 1, warmup=0)
+    return out[-1], times[0], common.median(times[1:])
 
 
 def engine_one_client(model: GPT, tokenizer: Any, prompt: list[int], tokens: int, repeats: int) -> float:
@@ -192,8 +186,7 @@ def engine_one_client(model: GPT, tokenizer: Any, prompt: list[int], tokens: int
 
 @torch.inference_mode()
 def next_token_agreement(a: GPT, b: GPT, ids: list[int], batch: int = 8) -> tuple[float, int]:
-    """(fraction of positions where a's and b's most likely next token agree, positions) over consecutive
-    block_size windows of ids."""
+    """(fraction of positions where a's and b's most likely next tokens agree, positions) over block_size windows."""
     T = a.config.block_size
     windows = [ids[i : i + T] for i in range(0, len(ids) - 1, T)]
     windows = [w for w in windows if len(w) == T] or [ids[:T]]
@@ -206,8 +199,6 @@ def next_token_agreement(a: GPT, b: GPT, ids: list[int], batch: int = 8) -> tupl
 
 
 def quality(ckpt: str, text_path: str, max_tokens: int = 100_000) -> dict[str, Any]:
-    from minigpt.evaluation.loss import evaluate_tokens
-
     fp32, tokenizer = load_model(ckpt)
     int8 = quantize_model(load_model(ckpt)[0])  # int8 whether or not it is faster here: its quality is the question
     ids = tokenizer.encode(Path(text_path).read_text(encoding="utf-8"))[:max_tokens]
@@ -218,18 +209,6 @@ def quality(ckpt: str, text_path: str, max_tokens: int = 100_000) -> dict[str, A
     found = dict(checkpoint=ckpt, text=text_path, tokens=n, params=fp32.num_params(), perplexity_float32=ppl32)
     found |= dict(perplexity_int8=ppl8, perplexity_change=ppl8 / ppl32 - 1, next_token_agreement=agreement)
     return found | dict(agreement_positions=positions)
-
-
-RATE_COLUMNS = common.columns(
-    "shape:shape:, way:way:, tokens_per_s:tokens/s:.1f, vs_own_float32_eager:x own float32 eager:.2f, "
-    "vs_transformers:x transformers:.2f, weight_mib:weights MiB:.0f, fraction_of_bound:of bound:.0%, "
-    "ids_equal_transformers:ids = transformers':, prefill_tokens_per_s:prefill tokens/s:.0f, "
-    "first_call_s:first call s:.1f"
-)
-COMMAND_COLUMNS = common.columns(
-    "flags:flags:, first_s:first run s:.1f, second_s:second run s:.1f, vs_none_first:first x plain:.2f, "
-    "first_notes:decisions (first run):, second_notes:decisions (second run):"
-)
 
 
 def measure_kind(args: Any, label: dict[str, Any]) -> dict[str, Any]:
@@ -250,11 +229,11 @@ def measure_kind(args: Any, label: dict[str, Any]) -> dict[str, Any]:
 def print_kind(kind: str, result: dict[str, Any], args: Any) -> None:
     where = f"CPU kind {kind}: {common.describe_machine(result['machine'])}"
     if "commands" in result:
-        print(f"\n{where}\nsample.py, {SHAPE_NAMES['gpt2']} shape, {args.tokens} tokens, --temperature 0: wall clock\n")
-        print(common.markdown_table(result["commands"], COMMAND_COLUMNS))
+        title = f"{where}\nsample.py, {SHAPE_NAMES['gpt2']} shape, {args.tokens} tokens, --temperature 0: wall clock"
+        common.print_table(result["commands"], COMMAND_COLUMNS, title)
     bound = f"bound = {result['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s / weight bytes"
-    print(f"\n{where}\nGreedy, {args.tokens} new tokens after {PROMPT_TOKENS}, median of {args.repeats}; {bound}\n")
-    print(common.markdown_table(result["rows"], RATE_COLUMNS))
+    title = f"{where}\nGreedy, {args.tokens} new tokens after {PROMPT_TOKENS}, median of {args.repeats}; {bound}"
+    common.print_table(result["rows"], RATE_COLUMNS, title)
     for r in result["rows"]:
         if "int8_decision" in r:
             print(f"int8 decision, {r['shape']}: {r['int8_decision']}")
@@ -288,8 +267,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.one_stream:
         with tempfile.TemporaryDirectory() as work:
             result["rows"] = measure_shape("gpt2", args, Path(work), device)
-        print(f"\nGreedy decoding, one stream, {SHAPE_NAMES['gpt2']} shape, float32, {args.tokens} new tokens\n")
-        print(common.markdown_table(result["rows"], RATE_COLUMNS))
+        title = f"Greedy decoding, one stream, {SHAPE_NAMES['gpt2']} shape, float32, {args.tokens} new tokens"
+        common.print_table(result["rows"], RATE_COLUMNS, title)
     elif args.quality:
         q = result["quality"] = quality(args.quality, args.text)
         print(

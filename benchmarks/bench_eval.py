@@ -2,8 +2,6 @@
 through the harness's HFLM on the model's Hugging Face export, and what a 500-item task takes at that rate.
 
     python benchmarks/bench_eval.py                  # a GPT-2 124M-shaped model, 12 items (about 2 minutes on 2 cores)
-    python benchmarks/bench_eval.py --shape small    # a 6-layer 384-wide model, 40 items (seconds)
-    python benchmarks/bench_eval.py --quick          # a tiny model, 4 items (smoke test)
 
 Method and results: docs/evaluation.md#speed.
 """
@@ -51,14 +49,12 @@ def write_task(folder: Path, items: int, context_chars: int = 80, ending_chars: 
         return " ".join(words)[:n]
 
     rows = [
-        {"ctx": text(context_chars), "endings": [text(ending_chars) for _ in range(4)], "label": i % 4}
-        for i in range(items)
+        dict(ctx=text(context_chars), endings=[text(ending_chars) for _ in range(4)], label=i % 4) for i in range(items)
     ]
     (folder / "mc.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    config = dict(
-        task="bench_mc", dataset_path="json", dataset_kwargs=dict(data_files=dict(test=str(folder / "mc.jsonl")))
-    )
-    config |= dict(test_split="test", output_type="multiple_choice", doc_to_text="{{ctx}}", doc_to_target="{{label}}")
+    data = dict(data_files=dict(test=str(folder / "mc.jsonl")))
+    config = dict(task="bench_mc", dataset_path="json", dataset_kwargs=data, test_split="test")
+    config |= dict(output_type="multiple_choice", doc_to_text="{{ctx}}", doc_to_target="{{label}}")
     return config | dict(doc_to_choice="{{endings}}", metric_list=[dict(metric="acc"), dict(metric="acc_norm")])
 
 
@@ -78,9 +74,8 @@ def timed_run(lm: Any, task: dict[str, Any]) -> dict[str, Any]:
         return out
 
     lm.loglikelihood = loglikelihood
-    results = simple_evaluate(
-        model=lm, tasks=[task], task_manager=TaskManager(include_defaults=False), bootstrap_iters=0, log_samples=False
-    )
+    tasks = TaskManager(include_defaults=False)
+    results = simple_evaluate(model=lm, tasks=[task], task_manager=tasks, bootstrap_iters=0, log_samples=False)
     acc = results["results"]["bench_mc"]["acc,none"]
     return dict(requests=count[0], seconds=spent[0], requests_per_s=count[0] / spent[0], acc=acc)
 

@@ -2,7 +2,6 @@
 same model, and each weight type's agreement with f32.
 
     python benchmarks/bench_gguf.py              # GPT-2 124M and SmolLM2-135M shapes, random weights (minutes)
-    python benchmarks/bench_gguf.py --quick      # tiny shapes (seconds; smoke test)
 
 Method and results: docs/gguf.md#speed-and-size.
 """
@@ -93,9 +92,7 @@ def minigpt_decode(model: GPT, tokens: int, repeats: int) -> float:
     prompt = torch.tensor([PROMPT])
 
     def seconds(n: int) -> float:
-        start = time.perf_counter()
-        generate(model, prompt, max_new_tokens=n, temperature=0)
-        return time.perf_counter() - start
+        return common.time_fn(lambda: generate(model, prompt, max_new_tokens=n, temperature=0), "cpu", 1, warmup=0)[0]
 
     seconds(4)  # warm-up
     return statistics.median((tokens - 1) / (seconds(tokens) - seconds(1)) for _ in range(repeats))

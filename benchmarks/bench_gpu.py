@@ -1,7 +1,6 @@
 """On one GPU: minigpt against nanoGPT from launch to loss, and the training step on the GPT-2 124M shape.
 
     python benchmarks/bench_gpu.py --nanogpt PATH/TO/nanoGPT --corpus tinyshakespeare.txt --out results.json
-    python benchmarks/bench_gpu.py --device cpu --tiny --nanogpt PATH --corpus FILE     # the script's smoke test
 
 Parts (--parts: recipe, cold, variants, long, imports, nanogpt, throughput, overhead), method and results:
 docs/time_to_loss.md#on-one-gpu-launch-to-loss-against-nanogpt.
@@ -12,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 import tempfile
@@ -19,6 +19,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run from anywhere without installing
+
+import torch
+
+from benchmarks import common
+
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12}  # dense bf16 FLOP/s, the vendors' datasheets
 
 
@@ -48,23 +54,19 @@ def fresh_env(cache: Path) -> dict[str, str]:
 def hidden_site(packages: list[str], work: Path) -> Path:
     """A site folder of links to every installed package but `packages`: with `python -S` and this folder on
     PYTHONPATH, a command runs as on a fresh install that lacks them (what Lightning's import pulls in varies)."""
-    import site
-
     hidden = {name.lower().replace("-", "_") for name in packages}
     folder = work / ("site_without_" + "_".join(sorted(hidden)))
-    if not folder.is_dir():
-        folder.mkdir()
-        for root in [Path(d) for d in site.getsitepackages() + [site.getusersitepackages()] if Path(d).is_dir()]:
-            for entry in root.iterdir():  # a package's folder, its .libs, its NAME-VERSION.dist-info
-                name = re.split(r"[-.]", entry.name.lower())[0]
-                if name not in hidden and entry.name != "__pycache__" and not (folder / entry.name).exists():
-                    (folder / entry.name).symlink_to(entry)
+    folder.mkdir(exist_ok=True)
+    for root in [Path(d) for d in site.getsitepackages() + [site.getusersitepackages()] if Path(d).is_dir()]:
+        for entry in root.iterdir():  # a package's folder, its .libs, its NAME-VERSION.dist-info
+            name = re.split(r"[-.]", entry.name.lower())[0]
+            if name not in hidden and entry.name != "__pycache__" and not (folder / entry.name).exists():
+                (folder / entry.name).symlink_to(entry)
     return folder
 
 
 def minigpt_python(args, cache: Path, work: Path) -> tuple[list[str], dict[str, str]]:
-    """The interpreter command and environment minigpt's runs take: --without hides packages, as a fresh install
-    lacks them (`python -S`: no site-packages but the linked ones, no .pth hooks)."""
+    """The interpreter command and environment of minigpt's runs (--without: `python -S` and hidden_site's links)."""
     python, env = [sys.executable], fresh_env(cache)
     if args.without:
         python.append("-S")
@@ -73,10 +75,7 @@ def minigpt_python(args, cache: Path, work: Path) -> tuple[list[str], dict[str, 
 
 
 def first(lines: list[tuple[float, str]], pattern: str) -> tuple[float, re.Match] | None:
-    for t, line in lines:
-        if m := re.search(pattern, line):
-            return t, m
-    return None
+    return next(((t, m) for t, line in lines if (m := re.search(pattern, line))), None)
 
 
 def minigpt_run(args, name: str, overrides: list[str], cache: Path, work: Path) -> dict:
@@ -91,6 +90,7 @@ def minigpt_run(args, name: str, overrides: list[str], cache: Path, work: Path) 
     if args.device == "cpu":
         cmd += ["--trainer.accelerator", "cpu"]
     python, env = minigpt_python(args, cache, work)
+    launched = time.time()  # TensorBoard's wall times of the val losses are counted from here
     lines, rc = run_timed(python + cmd[1:] + args.extra.split() + overrides, REPO, env, args.timeout)
     (work / f"{name}.log").write_text("\n".join(f"{t:8.2f} {line}" for t, line in lines))
     row: dict = {"name": name, "overrides": " ".join(overrides), "rc": rc, "wall_s": lines[-1][0] if lines else None}
@@ -102,22 +102,10 @@ def minigpt_run(args, name: str, overrides: list[str], cache: Path, work: Path) 
         row["compile_s"] = float(hit[1][1])
     steps = [int(m[1]) for _, line in lines if (m := re.search(r"after (\d+) steps", line))]
     row["steps"] = steps[0] if steps else None
-    row["curve"] = val_curve(out, args.launch_wall)
+    row["curve"] = [(round(t - launched, 2), step, round(loss, 4)) for t, step, loss in common.val_curve(out)]
     if rc != 0:
         row["tail"] = [line for _, line in lines[-8:]]
     return row
-
-
-def val_curve(out: Path, launched: dict) -> list[tuple[float, int, float]]:
-    """(seconds since launch, step, val_loss) from the run's TensorBoard events."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(out), size_guidance={"scalars": 0})
-    events.Reload()
-    if "val_loss" not in events.Tags().get("scalars", []):
-        return []
-    start = launched[str(out)]
-    return [(round(e.wall_time - start, 2), e.step, round(e.value, 4)) for e in events.Scalars("val_loss")]
 
 
 def nanogpt_run(args, work: Path) -> dict:
@@ -134,11 +122,8 @@ def nanogpt_run(args, work: Path) -> dict:
         cmd += ["--n_layer=1", "--n_embd=48", "--n_head=2", "--batch_size=4", "--eval_iters=2", "--eval_interval=10"]
     lines, rc = run_timed(cmd, nano, fresh_env(work / "cache_nanogpt"), args.timeout)
     (work / "nanogpt.log").write_text("\n".join(f"{t:8.2f} {line}" for t, line in lines))
-    curve = [
-        (round(t, 2), int(m[1]), float(m[2]))
-        for t, line in lines
-        if (m := re.search(r"step (\d+): train loss [\d.]+, val loss ([\d.]+)", line))
-    ]
+    evals = [(t, re.search(r"step (\d+): train loss [\d.]+, val loss ([\d.]+)", line)) for t, line in lines]
+    curve = [(round(t, 2), int(m[1]), float(m[2])) for t, m in evals if m]
     row = {"name": "nanogpt", "rc": rc, "curve": curve, "wall_s": lines[-1][0] if lines else None}
     if hit := first(lines, r"iter 0: loss"):
         row["first_step_seen_s"] = hit[0]
@@ -153,7 +138,6 @@ def nanogpt_run(args, work: Path) -> dict:
 def throughput_child(args) -> None:
     """In a fresh process: minigpt's training step on the 124M shape through Lightning's Trainer."""
     import lightning as L
-    import torch
 
     from minigpt.core.config import GPTConfig
     from minigpt.training.callbacks import CompileModel
@@ -167,15 +151,14 @@ def throughput_child(args) -> None:
     batch = torch.randint(50304, (B, T + 1), generator=torch.Generator().manual_seed(1337))
     times: list[float] = []
 
-    class StepClock(L.Callback):
-        def on_train_batch_end(self, trainer, pl_module, *a) -> None:
-            if trainer.global_step in (warm, steps):
-                if pl_module.device.type == "cuda":
-                    torch.cuda.synchronize()
-                times.append(time.perf_counter())
+    def stamp(trainer: L.Trainer, *_) -> None:
+        if trainer.global_step in (warm, steps):
+            common.synchronize(args.device)
+            times.append(time.perf_counter())
 
     loader = torch.utils.data.DataLoader([batch] * (steps + 1), batch_size=None, pin_memory=args.device == "cuda")
-    callbacks = [StepClock()] + ([CompileModel(B, regions=args.regions)] if args.device == "cuda" else [])
+    clock = L.pytorch.callbacks.LambdaCallback(on_train_batch_end=stamp)
+    callbacks = [clock] + ([CompileModel(B, regions=args.child == "regions")] if args.device == "cuda" else [])
     trainer = L.Trainer(
         accelerator=args.device, devices=1, precision="bf16-mixed" if args.device == "cuda" else "32-true",
         max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -190,12 +173,8 @@ def throughput_child(args) -> None:
 
 
 def overhead_child(args) -> None:
-    """In a fresh process: ms per training step of the GPU recipe's model and batch (bf16 on a GPU), the host free to
-    run ahead (synchronized at the ends only), per run OPTIMIZER:LOOP:COMPILE. LOOP: bare (forward, backward, clip,
-    step, zero_grad, schedule by hand), minimal (Lightning's Trainer) or train_py (with train.py's callbacks,
-    logger and progress bar); COMPILE: regions, whole or eager.  What each layer costs the host."""
+    """In a fresh process: ms per step of the GPU recipe's model per OPTIMIZER:LOOP:COMPILE run (see the docs)."""
     import numpy as np
-    import torch
     import yaml
     from lightning.pytorch.callbacks import LambdaCallback
 
@@ -212,12 +191,11 @@ def overhead_child(args) -> None:
     if args.tiny:
         model, B = model | dict(n_embd=32, n_head=2, block_size=16), 2
     warm, n = (3, 13) if args.tiny else (15, 165)
-    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     tokens = np.random.default_rng(0).integers(0, 65, size=1 << 20, dtype=np.uint16)
     windows = RandomWindows(tokens, model["block_size"], B, seed=0, stream=0, length=n)
     loader = torch.utils.data.DataLoader(windows, batch_size=None, sampler=range(n), pin_memory=args.device == "cuda")
     rows = {}
-    for run in args.overhead_runs.split(","):
+    for run in args.child.split(","):
         optimizer, loop, compiled = run.split(":")
         torch.manual_seed(0)
         optim = OptimConfig(**recipe["optim"] | dict(optimizer=optimizer, lr_schedule="cosine", decay_steps=10**6))
@@ -230,7 +208,7 @@ def overhead_child(args) -> None:
 
         def stamp(step: int, stamps: list[float] = stamps) -> None:
             if step in (warm, n - 1):
-                sync()
+                common.synchronize(args.device)
                 stamps.append(time.perf_counter())
 
         if loop == "bare":
@@ -244,40 +222,43 @@ def overhead_child(args) -> None:
                 torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
                 optimizer_.step(), optimizer_.zero_grad(), schedule.step()
         else:
-            tmp = tempfile.TemporaryDirectory()
+            train_py, tmp = loop == "train_py", tempfile.TemporaryDirectory()
             callbacks = [LambdaCallback(on_train_batch_start=lambda t, *_: stamp(t.global_step))]
             config = dict(out_dir=tmp.name, checkpoint_every=1000, sample_tokens=0, attention_images=False)
             trainer_config = {"max_time": "00:00:10:00", "log_every_n_steps": 25}  # as the recipe: bar redraws too
             config |= dict(compile=False, early_stopping={"patience": None}, trainer=trainer_config)
-            callbacks += run_callbacks(config, B) if loop == "train_py" else []
-            train_py = loop == "train_py"
-            MiniGPTTrainer(
-                accelerator=args.device, devices=1, max_steps=n, limit_val_batches=0, num_sanity_val_steps=0,
-                gradient_clip_val=1.0, log_every_n_steps=25, enable_model_summary=False, callbacks=callbacks,
-                enable_checkpointing=train_py, enable_progress_bar=train_py, logger=train_py,
-                default_root_dir=tmp.name, max_time="00:00:10:00" if train_py else None,
-            ).fit(module, train_dataloaders=loader)  # fmt: skip
-            tmp.cleanup()
+            callbacks += run_callbacks(config, B) if train_py else []
+            with tmp:
+                MiniGPTTrainer(
+                    accelerator=args.device, devices=1, max_steps=n, limit_val_batches=0, num_sanity_val_steps=0,
+                    gradient_clip_val=1.0, log_every_n_steps=25, enable_model_summary=False, callbacks=callbacks,
+                    enable_checkpointing=train_py, enable_progress_bar=train_py, logger=train_py,
+                    default_root_dir=tmp.name, max_time="00:00:10:00" if train_py else None,
+                ).fit(module, train_dataloaders=loader)  # fmt: skip
         rows[run] = round((stamps[1] - stamps[0]) / (n - 1 - warm) * 1000, 2)
         print(f"{run}: {rows[run]} ms/step", file=sys.stderr, flush=True)
     print(json.dumps(rows))
 
 
+def child(args, work: Path, cache: str, what: str) -> tuple[dict, list[tuple[float, str]]]:
+    """This script's --child in a fresh process: the JSON line it printed (or its exit code and tail), its lines."""
+    cmd = [sys.executable, __file__, "--child", what, "--device", args.device, *(["--tiny"] if args.tiny else [])]
+    lines, rc = run_timed(cmd, REPO, fresh_env(work / cache), args.timeout)
+    got = next((json.loads(line) for _, line in lines if line.startswith("{")), None)
+    return got or {"rc": rc, "tail": [line for _, line in lines[-6:]]}, lines
+
+
 def throughput(args, work: Path) -> dict:
-    gpu = next((k for k in PEAK_BF16 if k in args.gpu_name), None)
-    peak = PEAK_BF16.get(gpu or "", float("nan"))
+    peak = next((flops for gpu, flops in PEAK_BF16.items() if gpu in args.gpu_name), float("nan"))
     rows: dict = {}
     flops_per_token = None
-    for regions in [kind == "regions" for kind in args.compile_kinds.split(",")]:
-        cmd = [sys.executable, __file__, "--child", "--device", args.device, "--regions", str(regions)]
-        cmd += ["--tiny"] if args.tiny else []
-        lines, rc = run_timed(cmd, REPO, fresh_env(work / f"cache_tp_{regions}"), args.timeout)
-        got = next((json.loads(line) for _, line in lines if line.startswith("{")), None)
-        key = "minigpt_regions" if regions else "minigpt_whole_model"
-        rows[key] = {**(got or {"rc": rc, "tail": [line for _, line in lines[-6:]]}), "launch_to_end_s": lines[-1][0]}
-        if got:
-            flops_per_token = rows[key].pop("flops_per_token")
-            rows[key]["mfu"] = round(flops_per_token * got["tokens_per_s"] / peak, 4)
+    for kind in args.compile_kinds.split(","):
+        row, lines = child(args, work, f"cache_tp_{kind}", kind)
+        if "flops_per_token" in row:
+            flops_per_token = row.pop("flops_per_token")
+            row["mfu"] = round(flops_per_token * row["tokens_per_s"] / peak, 4)
+        row["launch_to_end_s"] = lines[-1][0]
+        rows["minigpt_regions" if kind == "regions" else "minigpt_whole_model"] = row
     if args.device == "cuda":  # bench.py synchronizes CUDA unconditionally
         nano = args.nanogpt.resolve()
         cmd = [sys.executable, "bench.py", "--real_data=False", "--compile=True"]
@@ -285,12 +266,10 @@ def throughput(args, work: Path) -> dict:
         hit = first(lines, r"time per iteration: ([\d.]+)ms, MFU: ([\d.]+)%")
         rows["nanogpt_bench"] = {"rc": rc, "launch_to_end_s": lines[-1][0] if lines else None}
         if hit:
-            ms = float(hit[1][1])
-            tokens_s = 12 * 1024 / ms * 1000
+            ms, tokens_s = float(hit[1][1]), 12 * 1024 / float(hit[1][1]) * 1000
             mfu = round(flops_per_token * tokens_s / peak, 4) if flops_per_token else None
-            rows["nanogpt_bench"].update(
-                ms_per_iter=ms, tokens_per_s=round(tokens_s), mfu=mfu, mfu_own_a100_basis=float(hit[1][2]) / 100
-            )
+            row = dict(ms_per_iter=ms, tokens_per_s=round(tokens_s), mfu=mfu, mfu_own_a100_basis=float(hit[1][2]) / 100)
+            rows["nanogpt_bench"] |= row
     return rows
 
 
@@ -309,15 +288,10 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true", help="tiny sizes: the script's own smoke test")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds allowed per launched command")
     p.add_argument("--out", type=Path, help="write the results as JSON here (logs beside it)")
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--overhead_runs", default="", help=argparse.SUPPRESS)
-    p.add_argument("--regions", default="True", help=argparse.SUPPRESS)
+    p.add_argument("--child", help=argparse.SUPPRESS)  # throughput's compile kind, or the overhead part's runs
     args = p.parse_args()
-    args.regions = args.regions == "True"
     if args.child:
-        return overhead_child(args) if args.overhead_runs else throughput_child(args)
-    import torch
-
+        return overhead_child(args) if ":" in args.child else throughput_child(args)
     args.gpu_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     capability = torch.backends.cpu.get_cpu_capability()
     print(f"device: {args.gpu_name}; torch {torch.__version__}; cpu capability {capability}")
@@ -328,31 +302,31 @@ def main() -> None:
     logs.mkdir(parents=True, exist_ok=True)
     results: dict = {"device": args.gpu_name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
     results |= {"extra": args.extra, "without": args.without}
-    args.launch_wall = {}
 
-    def save() -> None:  # after each part: a run cut short still leaves what it measured
+    def save(part: str = "", value=None) -> None:  # after each part: a run cut short still leaves what it measured
+        if part:
+            results[part] = value
+            print(json.dumps(value), flush=True)
         for log in work.glob("*.log"):
             (logs / log.name).write_text(log.read_text())
         if args.out:
             args.out.write_text(json.dumps(results, indent=1))
 
-    def recipe(name: str, overrides: list[str], cache: Path) -> None:
-        args.launch_wall[str(work / name)] = time.time()
-        row = minigpt_run(args, name, overrides, cache, work)
+    def recipe(name: str, overrides: list[str]) -> None:
+        row = minigpt_run(args, name, overrides, work / "cache_recipe", work)
         results.setdefault("minigpt", []).append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "curve"}), "\n  curve:", row["curve"], flush=True)
         save()
 
     if "recipe" in parts or "cold" in parts:
-        recipe("recipe_cold", [], work / "cache_recipe")
+        recipe("recipe_cold", [])
     if "recipe" in parts:
-        recipe("recipe_warm", [], work / "cache_recipe")  # the same caches, now filled
+        recipe("recipe_warm", [])  # the same caches, now filled
     for spec in args.variant if "variants" in parts else []:
         name, _, overrides = spec.partition("=")
-        recipe(f"variant_{name}", overrides.split(), work / "cache_recipe")
+        recipe(f"variant_{name}", overrides.split())
     if "long" in parts:
-        recipe("recipe_120s", ["--trainer.max_time", "00:00:01:45", "--trainer.val_check_interval", "500"],
-               work / "cache_recipe")  # fmt: skip
+        recipe("recipe_120s", ["--trainer.max_time", "00:00:01:45", "--trainer.val_check_interval", "500"])
     if "imports" in parts:  # where a launch's import time goes (after the runs above: a warm disk cache)
         python, env = minigpt_python(args, work / "cache_imports", work)
         cmd = python + ["-X", "importtime", "-c", "import minigpt.cli.train"]
@@ -362,22 +336,14 @@ def main() -> None:
         results["imports"] = [(round(us / 1e6, 2), name) for us, name in top[:25]]
         print("imports (cumulative s):", results["imports"], flush=True)
     if "nanogpt" in parts:
-        results["nanogpt"] = nanogpt_run(args, work)
-        print(json.dumps(results["nanogpt"]), flush=True)
-        save()
+        save("nanogpt", nanogpt_run(args, work))
     if "overhead" in parts:  # the recipe's step, layer by layer: a fresh process (its own compile caches)
         runs = "muon:bare:regions,adamw:bare:regions,muon:bare:whole,muon:bare:eager,muon:minimal:regions"
         runs += ",adamw:minimal:regions,muon:train_py:regions,adamw:train_py:regions"
         runs = "muon:bare:eager,adamw:minimal:eager,muon:train_py:eager" if args.tiny else runs  # no compiling
-        cmd = [sys.executable, __file__, "--child", "--device", args.device, "--overhead_runs", runs]
-        lines, rc = run_timed(cmd + (["--tiny"] if args.tiny else []), REPO, fresh_env(work / "cache_oh"), args.timeout)
-        got = next((json.loads(line) for _, line in lines if line.startswith("{")), None)
-        results["overhead_ms_per_step"] = got or {"rc": rc, "tail": [line for _, line in lines[-6:]]}
-        print(json.dumps(results["overhead_ms_per_step"]), flush=True)
-        save()
+        save("overhead_ms_per_step", child(args, work, "cache_oh", runs)[0])
     if "throughput" in parts:
-        results["throughput"] = throughput(args, work)
-        print(json.dumps(results["throughput"]), flush=True)
+        save("throughput", throughput(args, work))
     save()
 
 

@@ -1,13 +1,11 @@
 """Hugging Face interop: what a 124M import and export cost in time and memory on this machine.
 
     python benchmarks/bench_hf.py            # GPT-2 124M import/export (about a minute)
-    python benchmarks/bench_hf.py --quick    # a tiny GPT-2-shaped model instead of 124M (seconds; smoke test)
 
 Method and results: docs/performance.md#hugging-face-import-and-export.
 """
 
 import json
-import resource
 import shutil
 import sys
 import tempfile
@@ -21,11 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anyw
 
 from benchmarks import common
 
-OPERATIONS = {
-    "import": "minigpt import (load_model)",
-    "transformers": "transformers from_pretrained (reference)",
-    "export": "minigpt export (export_hf)",
-}
+OPERATIONS = {"import": "minigpt import (load_model)", "transformers": "transformers from_pretrained (reference)"}
+OPERATIONS["export"] = "minigpt export (export_hf)"
 COLUMNS = common.columns(
     "operation:operation:, seconds:seconds:.2f, peak_rss_mib:peak RSS MiB:.0f, "
     "peak_above_before_mib:peak over start MiB:.0f, first_forward_s:then 1-token forward s:.2f, "
@@ -33,21 +28,16 @@ COLUMNS = common.columns(
 )
 
 
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-
-
 def measure(fn: Any) -> dict[str, Any]:
     """Run fn() and return its wall time, the process's peak RSS (VmHWM) and that peak above the RSS before fn (the
     imports before it only ever grew the RSS, so the peak is fn's)."""
-    before, t0 = rss_bytes(), time.perf_counter()
+    before, t0 = common.peak_rss_bytes("VmRSS"), time.perf_counter()
     fn()
-    result = dict(
-        seconds=round(time.perf_counter() - t0, 3), peak_rss_mib=round(common.mib(common.peak_rss_bytes()), 1)
+    seconds, peak = time.perf_counter() - t0, common.peak_rss_bytes()
+    result = dict(seconds=round(seconds, 3), peak_rss_mib=round(common.mib(peak), 1))
+    return result | dict(
+        rss_before_mib=round(common.mib(before), 1), peak_above_before_mib=round(common.mib(peak - before), 1)
     )
-    result["rss_before_mib"] = round(common.mib(before), 1)
-    return result | dict(peak_above_before_mib=round(common.mib(common.peak_rss_bytes() - before), 1))
 
 
 def child(what: str, src: str, out: str) -> None:

@@ -2,7 +2,6 @@
 a chat of many turns.
 
     python benchmarks/bench_long_context.py                       # gpt and llama (learned positions, RoPE)
-    python benchmarks/bench_long_context.py --quick --json /tmp/lc.json
 
 Method and results: docs/performance.md#past-the-context.
 """
@@ -36,18 +35,15 @@ CHAT = [("turns", "turns", ""), ("ms_per_turn", "ms/turn", ".1f"), ("prefilled_p
 
 def per_token_ms(model: GPT, tokens: int, device: torch.device, kv_cache: bool = True) -> list[float]:
     """Milliseconds of each generated token (the first includes the one-token prefill)."""
-    times: list[float] = []
-    last = [time.perf_counter()]
+    stamps = [time.perf_counter()]
 
     def tick(_: torch.Tensor) -> None:
         common.synchronize(device)
-        now = time.perf_counter()
-        times.append(1e3 * (now - last[0]))
-        last[0] = now
+        stamps.append(time.perf_counter())
 
     prompt, gen = torch.zeros(1, 1, dtype=torch.long, device=device), torch.Generator(device=device).manual_seed(SEED)
     generate(model, prompt, tokens, temperature=1.0, generator=gen, on_token=tick, use_kv_cache=kv_cache)
-    return times
+    return [1e3 * (b - a) for a, b in zip(stamps, stamps[1:])]
 
 
 @torch.inference_mode()

@@ -2,16 +2,12 @@
 Llama-3.2-1B-shaped and a SmolLM-135M-shaped model.
 
     python benchmarks/bench_lora.py                       # 135M and 1B shapes: full vs LoRA r8 / r16 / r8 + bf16 base
-    python benchmarks/bench_lora.py --shapes 135m --variants full,lora8
-    python benchmarks/bench_lora.py --quick               # tiny shapes, 4 steps (smoke test)
-    python benchmarks/bench_lora.py --shapes 1b --variants lora8,lora8-ckpt --full_layers ""  # recompute
 
 Method and results: docs/lora.md#measured.
 """
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -23,6 +19,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere without installing
 
 from benchmarks import common
+from minigpt.core.checkpoint import model_checkpoint, save_file
+from minigpt.core.config import GPTConfig
+from minigpt.core.model import GPT
+from minigpt.core.tokenizers import ByteTokenizer
 
 LLAMA3_ROPE = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0)
 LLAMA3_ROPE["original_max_position_embeddings"] = 8192
@@ -49,11 +49,6 @@ COLUMNS += [("load_avg_1m", "load", ".1f")]
 
 def make_source(shape: str, n_layer: int, block_size: int, path: str) -> dict:
     """A checkpoint of random weights in the shape's config."""
-    from minigpt.core.checkpoint import model_checkpoint, save_file
-    from minigpt.core.config import GPTConfig
-    from minigpt.core.model import GPT
-    from minigpt.core.tokenizers import ByteTokenizer
-
     torch.manual_seed(0)
     model = GPT(GPTConfig(arch="llama", **{**SHAPES[shape], "n_layer": n_layer, "block_size": block_size}))
     save_file(model_checkpoint(model, ByteTokenizer()), Path(path))
@@ -92,7 +87,7 @@ def train_row(spec: dict[str, Any]) -> dict[str, Any]:
     row |= dict(trainable=sum(p.numel() for p in params if p.requires_grad), total=sum(p.numel() for p in params))
     row |= dict(steps=trainer.global_step, checkpoint_bytes=(out / "checkpoints" / "last.ckpt").stat().st_size)
     # other work on the machine slows s/step, not peak RSS
-    return row | dict(wall_s=round(wall, 1), load_avg_1m=round(os.getloadavg()[0], 2))
+    return row | dict(wall_s=round(wall, 1), load_avg_1m=common.load_avg())
 
 
 def measure(shapes: list[str], variants: list[str], args: Any) -> list[dict[str, Any]]:
@@ -104,10 +99,9 @@ def measure(shapes: list[str], variants: list[str], args: Any) -> list[dict[str,
         depth = SHAPES[shape]["n_layer"]
         scaled = [int(x) for x in full_layers.get(shape, "").split("/") if x]
         for variant in variants:  # LoRA r8 at the reduced depths too: how good is the extrapolation?
+            depths = [depth, *scaled] if variant == "lora8" else [depth]
             if VARIANTS[variant]["finetune"] == "full":
                 depths = scaled or [depth]
-            else:
-                depths = [depth, *scaled] if variant == "lora8" else [depth]
             for n_layer in depths:
                 source = work / "sources" / f"{shape}-L{n_layer}.ckpt"
                 if not source.is_file():  # in a child: its memory is no row's

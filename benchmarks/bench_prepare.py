@@ -1,8 +1,6 @@
 """Preparation speed and memory next to the bare encoder's, on the same text with the same threads.
 
     python benchmarks/bench_prepare.py --corpus ../shared/data/tinyshakespeare.txt --mb 100
-    python benchmarks/bench_prepare.py --mb 1000 --repeat 1              # the peak-RSS figure at 1 GB
-    python benchmarks/bench_prepare.py --quick                           # 2 MB, a smoke test
 
 Method and results: docs/tokenizers.md#preparation-speed-and-memory.
 """
@@ -22,6 +20,8 @@ import tiktoken
 
 from benchmarks import common
 from minigpt.core.hf_tokenizer import tokenizers_library
+from minigpt.data.encoding import BATCH_CHARS
+from minigpt.data.sources import CHUNK_BYTES
 
 GOAL = 0.85
 # The child reports its own peak, VmHWM: ru_maxrss would carry over this parent's, which holds the whole text
@@ -58,9 +58,6 @@ def prepare_in_child(text: Path, tokenizer: str, data_root: Path) -> tuple[float
 
 def batches(text: Path) -> list[list[str]]:
     """The text as preparation hands it to the encoder: pieces of a read chunk, BATCH_CHARS per call."""
-    from minigpt.data.encoding import BATCH_CHARS
-    from minigpt.data.sources import CHUNK_BYTES
-
     data = text.read_text(encoding="utf-8", errors="replace")
     pieces = [data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)]
     per_batch = max(1, BATCH_CHARS // CHUNK_BYTES)

@@ -1,8 +1,6 @@
 """The server under load: total decode tokens/s and time to first token at 1, 4, 8 and 16 concurrent clients.
 
     python benchmarks/bench_serve.py                         # GPT-2-124M shape and a small char model, random weights
-    python benchmarks/bench_serve.py --shapes 124m --clients 1 8 --tokens 64
-    python benchmarks/bench_serve.py --quick                 # seconds: a smoke test of the script
 
 The models are random, float32, and read tinyshakespeare's 65 characters (the 124M shape's head stays 50,257 wide;
 sampling keeps the first 65 ids).  Method and results: docs/serve.md#measured.
@@ -56,9 +54,8 @@ async def one_client(http: httpx.AsyncClient, prompt: str, tokens: int) -> dict:
                 usage = chunk["usage"]
             elif first is None and chunk["choices"] and chunk["choices"][0]["text"]:
                 first = time.perf_counter()
-    end = time.perf_counter()
+    end, tokens = time.perf_counter(), usage["completion_tokens"]
     first = first or end
-    tokens = usage["completion_tokens"]
     return dict(ttft=first - t0, end=end, tokens=tokens, tpot=(end - first) / max(1, tokens - 1))
 
 
@@ -78,8 +75,7 @@ async def level(url: str, prompts: list[str], tokens: int) -> dict:
 
 @torch.inference_mode()
 def step_ms(model: GPT, batch: int, prompt_tokens: int, device: torch.device, steps: int = 8) -> float:
-    """The model alone: ms of one decode step of `batch` rows at different positions (the engine's call), the
-    fastest of `steps` after one: batch / step time is what the server's total tokens/s approaches."""
+    """The model alone: ms of one decode step of `batch` rows at different positions, the fastest of `steps`."""
     cache = model.new_kv_cache(batch)
     model(torch.zeros(batch, prompt_tokens, dtype=torch.long, device=device), kv_cache=cache, input_pos=0)
     tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)

@@ -1,8 +1,6 @@
 """Start-up time of the commands, next to `python -c "import torch"`, which every one of them pays.
 
     python benchmarks/bench_startup.py                  # median of 3 runs of each command
-    python benchmarks/bench_startup.py --ckpt out/RUN   # the generation from a trained checkpoint
-    python benchmarks/bench_startup.py --quick          # one run of each (smoke test)
 
 Method and results: docs/performance.md#start-up.
 """
@@ -33,8 +31,7 @@ COLUMNS += [("ratio", f"x {BASELINE}", ".2f"), ("goal", f"within {GOAL_S} s", ""
 
 
 def make_checkpoint(folder: Path) -> Path:
-    """A random-weight model of the default config's shape with a char tokenizer of printable ASCII: generation
-    costs the same per token whatever the weights."""
+    """The default config's shape, random weights (generation costs the same whatever they are), printable chars."""
     torch.manual_seed(1337)
     tokenizer = CharTokenizer(string.printable)
     shape = yaml.safe_load(default_config().read_text())["model"]
@@ -81,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
         for round_ in range(args.warmup + args.repeats):
             for name in times:
                 t0 = time.perf_counter()
-                common.child_output(cases[name], cwd=work)  # a folder with no out/ and no configs/
+                common.run_child(cases[name], cwd=work)  # a folder with no out/ and no configs/
                 if round_ >= args.warmup:
                     times[name].append(round(time.perf_counter() - t0, 4))
 

@@ -2,9 +2,6 @@
 train.py's own callbacks, logger and progress bar cost on top of a minimal Trainer.
 
     python benchmarks/bench_train.py                          # both shapes x {fp32, bf16} x {eager, compiled}
-    python benchmarks/bench_train.py --quick                  # tiny smoke run (seconds)
-    python benchmarks/bench_train.py --shapes nanogpt --precisions 32-true --compile off --steps 50
-    python benchmarks/bench_train.py --shapes finetune --compile off --overhead_rounds 0 --steps 5 --warmup 1
 
 Method and results: docs/performance.md#training-throughput-and-mfu.
 """
@@ -92,9 +89,7 @@ def matmul_seconds(dtype: torch.dtype, device: torch.device, n: int, repeats: in
 
 
 def peak_matmul_flops(dtype: torch.dtype, device: torch.device, n_max: int, repeats: int) -> dict[str, Any]:
-    """MFU's denominator: the fastest FLOP/s of square matmuls from 64^3 doubling up to n_max^3 (not always the
-    largest: AVX2 CPUs run bf16 fastest near 128^3).  A size whose one matmul would take over a second (from the
-    last size's time: AVX2's 2048^3 bf16 takes ~13 s) is skipped."""
+    """MFU's denominator: the fastest FLOP/s of square matmuls from 64^3 doubling up to n_max^3 (see the docs)."""
     seconds, n = {}, 64
     while n <= n_max and not (seconds and seconds[n // 2] * 8 > 1.0):  # a matmul's time grows as n^3
         seconds[n] = matmul_seconds(dtype, device, n, repeats)
@@ -105,8 +100,7 @@ def peak_matmul_flops(dtype: torch.dtype, device: torch.device, n_max: int, repe
 
 
 def run_lightning(module, shape, precision: str, device: torch.device, warmup: int, steps: int, train_py=False):
-    """trainer.fit for warmup + steps batches (+1, to close the last period): the step times' median.
-    train_py: with train.py's callbacks (minigpt.training.trainer.run_callbacks), TensorBoard logger, progress bar."""
+    """trainer.fit for warmup + steps (+1) batches: the step times' median; train_py: with train.py's callbacks."""
     n, stamps = warmup + steps + 1, []
 
     def stamp(*_) -> None:  # at each step's start and at the end of training
@@ -150,8 +144,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--attention", default=None, choices=["sdpa", "manual", "einops"], help="of every shape")
     args = p.parse_args(argv)
     if args.quick:
-        args.steps, args.warmup, args.rounds, args.overhead_rounds = 3, 1, 1, 2
-        args.compile = ["off"]
+        args.steps, args.warmup, args.rounds, args.overhead_rounds, args.compile = 3, 1, 1, 2, ["off"]
     device = common.pick_device(args.device)
     shapes = [make_shape(name, args.quick) for name in args.shapes]
     for shape in shapes:
@@ -195,10 +188,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         extras = dict(shape=shape["name"], rounds=args.overhead_rounds, steps=args.steps, ratio=ratio)
         extras |= dict(minimal_ms=minimal, train_py_ms=train_py)
 
-    print(
-        "\nPeak matmul FLOP/s (MFU denominators): "
-        + ", ".join(f"{k}: {v['tflops'] * 1e3:.1f} GFLOP/s (at {v['n']}^3)" for k, v in peaks.items())
-    )
+    peak_text = ", ".join(f"{k}: {v['tflops'] * 1e3:.1f} GFLOP/s (at {v['n']}^3)" for k, v in peaks.items())
+    print(f"\nPeak matmul FLOP/s (MFU denominators): {peak_text}")
     print(f"Per run: median of {args.steps} steps after {args.warmup} warm-up steps; best of {args.rounds} run(s)")
     common.print_table(rows, COLUMNS)
     if extras:

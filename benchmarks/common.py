@@ -92,32 +92,31 @@ def finish(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def child_output(argv: list[str], cwd: Path = REPO_ROOT, env: dict[str, str] | None = None) -> str:
-    """Run argv in a fresh process and return its output; a failure ends the benchmark with the output's tail."""
+def run_child(argv: list[str], cwd: Path = REPO_ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run argv in a fresh process, its output captured; a failure ends the benchmark with the output's tail."""
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
         raise SystemExit(f"error: {' '.join(argv)[:200]} failed (exit {proc.returncode}):\n{tail}")
-    return proc.stdout
+    return proc
 
 
 def child_json(argv: list[str], marker: str = "RESULT ") -> dict[str, Any]:
     """Run argv in a fresh process and return the JSON on the last line of its output that starts with `marker`."""
-    lines = [line for line in child_output(argv).splitlines() if line.startswith(marker)]
+    lines = [line for line in run_child(argv).stdout.splitlines() if line.startswith(marker)]
     if not lines:
         raise SystemExit(f"error: {' '.join(argv)[:200]} printed no line starting {marker!r}")
     return json.loads(lines[-1].removeprefix(marker))
 
 
-def peak_rss_bytes() -> int:
-    """This process's peak resident memory since exec (VmHWM: ru_maxrss would carry the parent's peak across fork)."""
+def peak_rss_bytes(field: str = "VmHWM") -> int:
+    """This process's peak resident memory (VmHWM: ru_maxrss would carry the parent's across fork); or VmRSS: now."""
     status = Path("/proc/self/status").read_text().splitlines()
-    return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+    return next(int(line.split()[1]) * 1024 for line in status if line.startswith(f"{field}:"))
 
 
 def hf_folder(config: Any, folder: Path) -> Path:
-    """A Hugging Face model folder of a transformers config: its own random init, and a byte tokenizer (tiktoken's gpt2
-    files would be a download)."""
+    """A Hugging Face model folder of a transformers config: its own random init, a byte tokenizer (no download)."""
     import transformers
 
     from minigpt.core.tokenizers import ByteTokenizer
@@ -129,6 +128,17 @@ def hf_folder(config: Any, folder: Path) -> Path:
     return folder
 
 
+def val_curve(run_dir: Path) -> list[tuple[float, int, float]]:
+    """(wall time, step, val_loss) of each validation a train.py run logged to TensorBoard (none: empty)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    if "val_loss" not in events.Tags().get("scalars", []):
+        return []
+    return [(e.wall_time, e.step, e.value) for e in events.Scalars("val_loss")]
+
+
 def synchronize(device: torch.device | str) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
@@ -137,6 +147,7 @@ def synchronize(device: torch.device | str) -> None:
 def time_fn(fn: Callable[[], Any], device: torch.device | str, repeats: int = 5, warmup: int = 1) -> list[float]:
     """Seconds per call of fn(), `repeats` times after `warmup` untimed calls (on CUDA, synchronized)."""
     times = []
+    synchronize(device)  # what was queued before is not the first call's
     for _ in range(warmup + repeats):
         t0 = time.perf_counter()
         fn()

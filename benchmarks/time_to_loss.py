@@ -1,12 +1,6 @@
 """Time-to-loss: train.py under a wall-clock budget, one lever changed at a time, on any text file.
 
     python benchmarks/time_to_loss.py --corpus ../shared/data/tinyshakespeare.txt             # all variants
-    python benchmarks/time_to_loss.py --corpus ../shared/data/tinyshakespeare.txt --budget 40 --variants recipe
-    python benchmarks/time_to_loss.py --corpus stdlib --variants nanogpt recipe                # a second corpus
-    python benchmarks/time_to_loss.py --corpus ../shared/data/tinyshakespeare.txt --budget 40 --variants recipe \
-        --extra=--model.n_layer=2 --extra=--optim.learning_rate=6e-3                            # any other lever
-    python benchmarks/time_to_loss.py --corpus ../shared/data/tinyshakespeare.txt --steps 1000 --seeds 1337 1 \
-        --variants numerics_float32 numerics_bf16          # bf16's numerics against float32's, on any CPU
 
 Method and results: docs/time_to_loss.md.
 """
@@ -76,16 +70,6 @@ def train_child(numerics: str, argv: list[str]) -> None:
     print(RESULT + json.dumps(ran), flush=True)
 
 
-def val_curve(run_dir: Path) -> list[tuple[int, float]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    events.Reload()
-    if "val_loss" not in events.Tags().get("scalars", []):
-        return []
-    return [(e.step, e.value) for e in events.Scalars("val_loss")]
-
-
 def run_variant(name: str, seed: int | None, args: Any, work: Path) -> dict[str, Any]:
     out_dir = work / f"{name}-{seed}"
     if args.steps:
@@ -103,7 +87,7 @@ def run_variant(name: str, seed: int | None, args: Any, work: Path) -> dict[str,
         runner = [sys.executable, str(common.REPO_ROOT / "train.py")]
     row: dict[str, Any] = dict(variant=name, seed=seed, change=VARIANTS[name][0])
     try:
-        out = common.child_output([*runner, *argv])
+        out = common.run_child([*runner, *argv]).stdout
     except SystemExit as e:  # one failed variant does not end the others
         return dict(row, error=str(e).splitlines()[-1])
     row["steps"] = int(re.search(r"after (\d+) steps", out).group(1))
@@ -114,7 +98,7 @@ def run_variant(name: str, seed: int | None, args: Any, work: Path) -> dict[str,
         row["bits_per_char"] = float(bits.group(1))
     if ran := re.search(f"^{RESULT}(.*)$", out, re.MULTILINE):
         row["muon_dtype"] = json.loads(ran.group(1))["muon_dtype"]
-    row["curve"] = val_curve(out_dir)
+    row["curve"] = [(step, loss) for _, step, loss in common.val_curve(out_dir)]
     hit = next((step for step, loss in row["curve"] if loss <= args.target), None)
     row["time_to_target_s"] = None if hit is None else round(hit * row["train_s"] / row["steps"], 1)
     return row
@@ -150,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # prepare the data once (cached in data/), so no run counts it
         prepare = [sys.executable, str(common.REPO_ROOT / "train.py"), "--config", args.config, *args.extra]
         prepare += ["--data.source", args.corpus, "--out_dir", str(Path(tmp) / "prep"), "--trainer.max_steps", "1"]
-        common.child_output(prepare + "--eval_full false --trainer.enable_progress_bar false".split())
+        common.run_child(prepare + "--eval_full false --trainer.enable_progress_bar false".split())
         for name in args.variants:
             for seed in args.seeds:
                 rows.append(run_variant(name, seed, args, Path(tmp)))

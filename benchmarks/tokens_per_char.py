@@ -1,7 +1,6 @@
 """Tokens per character of each tokenizer on each corpus: the figure that compares runs across tokenizers.
 
     python benchmarks/tokens_per_char.py --text english=../shared/data/tinyshakespeare.txt --text russian=ru.txt
-    python benchmarks/tokens_per_char.py --quick --text english=...         # char, byte, bpe:300
 
 Method and results: docs/tokenizers.md#tokens-per-character.
 """
