@@ -183,19 +183,20 @@ class CompileModel(Callback):
         rank_zero_info(f"torch.compile: compiled in {self.seconds:.1f}s (not counted in training time)")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.enabled and self.mode == "reduce-overhead" and trainer.world_size > 1:
+        if not (self.enabled and self.mode == "reduce-overhead"):
+            return
+        if trainer.world_size > 1:
             raise UserError(
                 "compile_mode reduce-overhead runs on one device (its gradient buffers are not set up for DDP or "
                 "FSDP); use the default compile_mode with several devices"
             )
-        if self.enabled and self.mode == "reduce-overhead":
-            # gradients in buffers of their own, zeroed in place, made before any graph is recorded (after the fit
-            # loop's own zero_grad): a graph's outputs are overwritten by its next replay, the next micro-batch's
-            # backward under gradient accumulation
-            pl_module.grads_in_place = True
-            for p in pl_module.parameters():
-                if p.requires_grad and p.grad is None:
-                    p.grad = torch.zeros_like(p)
+        # gradients in buffers of their own, zeroed in place, made before any graph is recorded (after the fit loop's
+        # own zero_grad): a graph's outputs are overwritten by its next replay, the next micro-batch's backward under
+        # gradient accumulation
+        pl_module.grads_in_place = True
+        for p in pl_module.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
