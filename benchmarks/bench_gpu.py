@@ -136,17 +136,21 @@ def nanogpt_run(args, work: Path) -> dict:
 
 
 def throughput_child(args) -> None:
-    """In a fresh process: minigpt's training step on the 124M shape through Lightning's Trainer."""
+    """In a fresh process: minigpt's training step on the 124M shape through Lightning's Trainer.  args.child:
+    regions or whole, then +MODE (a --compile_mode) and/or +BACKEND (an SDPA kernel), e.g. whole+cudnn."""
     import lightning as L
 
-    from minigpt.core.config import GPTConfig
+    from minigpt.core.config import SDPA_BACKENDS, GPTConfig
     from minigpt.training.callbacks import CompileModel
     from minigpt.training.lightning_module import GPTLightningModule
     from minigpt.training.optim import OptimConfig
 
     B, T, steps, warm = (2, 64, 6, 2) if args.tiny else (12, 1024, 30, 10)
     shape = dict(n_layer=2, n_head=2, n_embd=64) if args.tiny else dict(n_layer=12, n_head=12, n_embd=768)
-    config = GPTConfig(arch="gpt", attention="sdpa", block_size=T, vocab_size=50304, dropout=0.0, bias=False, **shape)
+    kind, *options = args.child.split("+")
+    sdpa = next((o for o in options if o in SDPA_BACKENDS), None)
+    mode = next((o for o in options if o != sdpa), "default")
+    config = GPTConfig(arch="gpt", block_size=T, vocab_size=50304, dropout=0.0, bias=False, sdpa_backend=sdpa, **shape)
     module = GPTLightningModule(config, OptimConfig(learning_rate=1e-4, weight_decay=1e-2, warmup_steps=1))
     batch = torch.randint(50304, (B, T + 1), generator=torch.Generator().manual_seed(1337))
     times: list[float] = []
@@ -158,7 +162,7 @@ def throughput_child(args) -> None:
 
     loader = torch.utils.data.DataLoader([batch] * (steps + 1), batch_size=None, pin_memory=args.device == "cuda")
     clock = L.pytorch.callbacks.LambdaCallback(on_train_batch_end=stamp)
-    callbacks = [clock] + ([CompileModel(B, regions=args.child == "regions")] if args.device == "cuda" else [])
+    callbacks = [clock] + ([CompileModel(B, regions=kind == "regions", mode=mode)] if args.device == "cuda" else [])
     trainer = L.Trainer(
         accelerator=args.device, devices=1, precision="bf16-mixed" if args.device == "cuda" else "32-true",
         max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -258,7 +262,7 @@ def throughput(args, work: Path) -> dict:
             flops_per_token = row.pop("flops_per_token")
             row["mfu"] = round(flops_per_token * row["tokens_per_s"] / peak, 4)
         row["launch_to_end_s"] = lines[-1][0]
-        rows["minigpt_regions" if kind == "regions" else "minigpt_whole_model"] = row
+        rows[{"regions": "minigpt_regions", "whole": "minigpt_whole_model"}.get(kind, f"minigpt_{kind}")] = row
     if args.device == "cuda":  # bench.py synchronizes CUDA unconditionally
         nano = args.nanogpt.resolve()
         cmd = [sys.executable, "bench.py", "--real_data=False", "--compile=True"]
@@ -280,7 +284,7 @@ def main() -> None:
     p.add_argument("--parts", default="recipe,variants,imports,nanogpt,throughput")
     p.add_argument("--variant", action="append", default=[], help="NAME=OVERRIDES for the variants part")
     p.add_argument("--nanogpt_iters", type=int, default=2000, help="nanoGPT's recipe, cut here (its best: ~2000)")
-    p.add_argument("--compile_kinds", default="regions", help="throughput: regions and/or whole (one graph)")
+    p.add_argument("--compile_kinds", default="regions", help="throughput: regions, whole (one graph), +MODE, +SDPA")
     p.add_argument("--extra", default="", help="train.py options added to every minigpt run (e.g. a compile mode)")
     p.add_argument("--work", type=Path, help="folder for the runs, data and compile caches (default: a new one)")
     p.add_argument("--without", default="", help="recipe runs as if these packages were not installed (a,b)")
@@ -312,8 +316,8 @@ def main() -> None:
         if args.out:
             args.out.write_text(json.dumps(results, indent=1))
 
-    def recipe(name: str, overrides: list[str]) -> None:
-        row = minigpt_run(args, name, overrides, work / "cache_recipe", work)
+    def recipe(name: str, overrides: list[str], cache: str = "") -> None:  # each run cold but the warm one
+        row = minigpt_run(args, name, overrides, work / f"cache_{cache or name}", work)
         results.setdefault("minigpt", []).append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "curve"}), "\n  curve:", row["curve"], flush=True)
         save()
@@ -321,7 +325,7 @@ def main() -> None:
     if "recipe" in parts or "cold" in parts:
         recipe("recipe_cold", [])
     if "recipe" in parts:
-        recipe("recipe_warm", [])  # the same caches, now filled
+        recipe("recipe_warm", [], cache="recipe_cold")  # the same caches, now filled
     for spec in args.variant if "variants" in parts else []:
         name, _, overrides = spec.partition("=")
         recipe(f"variant_{name}", overrides.split())

@@ -156,7 +156,8 @@ class MiniGPTCLI(LightningCLI):
             type=CompileMode,
             default="default",
             help="With --compile: torch.compile's mode. reduce-overhead replays the compiled graphs as CUDA graphs "
-            "on a GPU (one launch each, for small models whose step waits on the host); see docs/options.md.",
+            "on a GPU (one launch each, for small models whose step waits on the host); cudagraphs records the "
+            "traced graphs' own kernels as CUDA graphs (a compile of seconds); see docs/options.md.",
         )
         parser.add_argument(
             "--sample_tokens",

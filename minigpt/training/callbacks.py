@@ -124,8 +124,16 @@ class TrainingThroughput(Callback):
             self.paused += time.perf_counter() - self.validation_start
 
 
-# torch.compile's modes that minigpt offers (--compile_mode); reduce-overhead replays CUDA graphs on a GPU
-CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"]
+# How minigpt compiles (--compile_mode): torch.compile's modes for Inductor, whose reduce-overhead replays its
+# generated kernels as CUDA graphs; or torch.compile's cudagraphs backend, which records the traced graph's own ATen
+# kernels as CUDA graphs with no kernels generated: a compile of seconds, the step one launch, the kernels unfused
+CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs", "cudagraphs"]
+CUDA_GRAPH_MODES = ("reduce-overhead", "cudagraphs")
+
+
+def compile_options(mode: CompileMode) -> dict[str, str]:
+    """torch.compile's keyword arguments for a --compile_mode."""
+    return {"backend": "cudagraphs"} if mode == "cudagraphs" else {"mode": mode}
 
 
 def compile_regions(model: GPT, mode: CompileMode = "default") -> None:
@@ -134,8 +142,10 @@ def compile_regions(model: GPT, mode: CompileMode = "default") -> None:
     loss are one more region.  A fraction of compiling the whole model as one graph, which traces and optimises
     every layer again; the embedding lookups between the regions stay eager."""
     for block in model.transformer.h:
-        block.compile(mode=mode)
-    model.head = torch.compile(model.head, mode=mode)  # this instance's head: the method, compiled (an attribute)
+        block.compile(**compile_options(mode))
+    model.head = torch.compile(
+        model.head, **compile_options(mode)
+    )  # this instance's head: the method, compiled (an attribute)
 
 
 class CompileModel(Callback):
@@ -144,9 +154,9 @@ class CompileModel(Callback):
     weights, gradients and RNG state as they were.  Only the training step runs compiled: validation and what
     runs with it (text samples, attention images) run eagerly (GPTLightningModule.on_validation_start), so no
     graph is compiled for them.  Under DDP the first real step compiles instead.  regions: compile the repeated
-    block and the head (compile_regions) instead of the whole model as one graph.  mode: torch.compile's; under
-    reduce-overhead (CUDA graphs on a GPU) each training batch begins a new CUDA-graph step and the gradients are
-    zeroed in place: a graph's outputs are overwritten by its next replay."""
+    block and the head (compile_regions) instead of the whole model as one graph.  mode: CompileMode; under the
+    modes that replay CUDA graphs each training batch begins a new CUDA-graph step and the gradients are zeroed in
+    place: a graph's outputs are overwritten by its next replay."""
 
     def __init__(self, batch_size: int, regions: bool = True, mode: CompileMode = "default") -> None:
         self.batch_size = batch_size
@@ -156,6 +166,13 @@ class CompileModel(Callback):
         self.seconds: float | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.enabled = pl_module.device.type == "cuda" or self.mode != "cudagraphs"
+        if not self.enabled:  # traced but not recorded, the step would run slower than eager
+            rank_zero_warn(
+                f"compile_mode cudagraphs needs a CUDA GPU (this run is on {pl_module.device.type}); "
+                "training without compiling (--compile_mode default compiles here)"
+            )
+            return
         self.enabled = pl_module.device.type != "cpu" or has_cpp_compiler()
         if not self.enabled:  # inductor's CPU backend compiles C++: without a compiler it would die mid-run
             rank_zero_warn(
@@ -166,7 +183,7 @@ class CompileModel(Callback):
         if self.regions:
             compile_regions(pl_module.model, self.mode)
         else:
-            pl_module.model.compile(mode=self.mode)
+            pl_module.model.compile(**compile_options(self.mode))
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.world_size > 1 or not self.enabled:
@@ -183,11 +200,11 @@ class CompileModel(Callback):
         rank_zero_info(f"torch.compile: compiled in {self.seconds:.1f}s (not counted in training time)")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not (self.enabled and self.mode == "reduce-overhead"):
+        if not (self.enabled and self.mode in CUDA_GRAPH_MODES):
             return
         if trainer.world_size > 1:
             raise UserError(
-                "compile_mode reduce-overhead runs on one device (its gradient buffers are not set up for DDP or "
+                f"compile_mode {self.mode} runs on one device (its gradient buffers are not set up for DDP or "
                 "FSDP); use the default compile_mode with several devices"
             )
         # gradients in buffers of their own, zeroed in place, made before any graph is recorded (after the fit loop's
@@ -201,7 +218,7 @@ class CompileModel(Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self.enabled and self.mode == "reduce-overhead":
+        if self.enabled and self.mode in CUDA_GRAPH_MODES:
             torch.compiler.cudagraph_mark_step_begin()
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

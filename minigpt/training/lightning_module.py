@@ -62,7 +62,8 @@ class GPTLightningModule(L.LightningModule):
         # loss on the host every step would make the CPU wait for the GPU and stop it from queueing the next step
         self._first_nonfinite: torch.Tensor | None = None
         # zero the gradients in place instead of freeing them: set where CUDA graphs compute them (CompileModel under
-        # reduce-overhead), whose outputs a later replay overwrites unless added into buffers of their own at once
+        # reduce-overhead or cudagraphs), whose outputs a later replay overwrites unless added into buffers of their
+        # own at once
         self.grads_in_place = False
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
@@ -100,7 +101,7 @@ class GPTLightningModule(L.LightningModule):
             if every <= 1 or self.global_step % every == 0:
                 self._check_finite()
         # logged at the step's end, on the steps Lightning writes; a copy: a CUDA graph's output is overwritten when
-        # the next micro-batch replays it (--compile_mode reduce-overhead)
+        # the next micro-batch replays it (--compile_mode reduce-overhead or cudagraphs)
         self._losses.append(loss.detach().clone())
         return loss
 

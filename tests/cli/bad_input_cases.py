@@ -144,7 +144,10 @@ CASES: list[Case] = [
         "unknown compile mode",
         "--compile_mode",
         "fast",
-        expect=["compile_mode: unknown value 'fast'", "default, reduce-overhead, max-autotune-no-cudagraphs"],
+        expect=[
+            "compile_mode: unknown value 'fast'",
+            "default, reduce-overhead, max-autotune-no-cudagraphs, cudagraphs",
+        ],
     ),
     train(
         "n_embd % n_head != 0",

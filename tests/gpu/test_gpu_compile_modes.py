@@ -1,6 +1,7 @@
-"""--compile_mode reduce-overhead on a GPU: the compiled graphs replay as CUDA graphs, and training ends where the
-default mode's does (the same kernels, replayed), also under gradient accumulation, where a graph's gradient
-outputs would be overwritten by the next micro-batch's replay were they not added into buffers of their own.
+"""--compile_mode reduce-overhead and cudagraphs on a GPU: the compiled graphs replay as CUDA graphs, and training
+ends where the default mode's does (the same computation, replayed), also under gradient accumulation, where a
+graph's gradient outputs would be overwritten by the next micro-batch's replay were they not added into buffers of
+their own.
 The GPU recipe's settings (Muon, WSD, bf16-mixed, clipping), without dropout so both runs draw nothing random.
 Skipped without CUDA (tests/training/test_callbacks.py checks the in-place gradients on the CPU)."""
 
@@ -21,11 +22,11 @@ RECIPE = Path(__file__).resolve().parents[2] / "configs" / "shakespeare_char_gpu
 
 
 @pytest.mark.parametrize("regions,accumulate", [(True, 2), (False, 1)], ids=["regions-accumulate2", "whole"])
-def test_reduce_overhead_trains_as_the_default_mode(regions, accumulate, tmp_path):
+def test_the_cuda_graph_modes_train_as_the_default_mode(regions, accumulate, tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
     weights = {}
-    for mode in ("default", "reduce-overhead"):
+    for mode in ("default", "reduce-overhead", "cudagraphs"):
         argv = ["--config", str(RECIPE), "--data.source", str(corpus), "--data.data_root", str(tmp_path / "data")]
         argv += ["--out_dir", str(tmp_path / mode), "--model.n_layer", "2", "--model.n_embd", "64"]
         argv += ["--model.n_head", "2", "--model.block_size", "64", "--model.dropout", "0.0"]
@@ -37,7 +38,8 @@ def test_reduce_overhead_trains_as_the_default_mode(regions, accumulate, tmp_pat
         counters.clear()
         trainer = train_main(argv)
         assert trainer.global_step == 12
-        assert counters["inductor"]["cudagraph_skips"] == 0  # under reduce-overhead every graph replayed as one
+        assert counters["inductor"]["cudagraph_skips"] == 0  # under the CUDA-graph modes every graph replayed as one
         weights[mode] = model_state_dict(read_checkpoint(tmp_path / mode / "checkpoints" / "last.ckpt"))
-    for name, value in weights["default"].items():
-        assert torch.allclose(value.float(), weights["reduce-overhead"][name].float(), atol=2e-3, rtol=1e-2), name
+    for mode in ("reduce-overhead", "cudagraphs"):
+        for name, value in weights["default"].items():
+            assert torch.allclose(value.float(), weights[mode][name].float(), atol=2e-3, rtol=1e-2), (mode, name)
