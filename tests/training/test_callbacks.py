@@ -303,3 +303,40 @@ def test_compile_mode_cudagraphs_on_a_cpu_warns_and_trains_eagerly():
         callback.setup(None, module, "fit")
     assert not callback.enabled
     assert getattr(module.model.transformer.h[0], "_compiled_call_impl", None) is None
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt"])
+def test_the_traced_training_step_holds_nothing_cuda_graphs_refuse(arch):
+    """What the cudagraphs backend (and reduce-overhead) checks before recording a graph, run on the CPU: the
+    forward and backward graphs of a training step (bf16 autocast, dropout) mutate no input but the parameters and
+    hold no op a CUDA graph cannot record; were either false, a GPU would run that graph unrecorded."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.cudagraphs import check_for_mutation_ignore_cuda_graph_managed_tensor as mutations
+    from torch._dynamo.backends.debugging import boxed_nop
+    from torch._inductor.utils import count_tangents, get_first_incompatible_cudagraph_node, num_fw_fixed_arguments
+
+    from minigpt.core.config import GPTConfig
+    from minigpt.core.model import GPT
+
+    refusals: dict[str, list] = {}
+
+    def backend(gm, inputs):  # the cudagraphs backend's own checks (forward_cudagraphs, backward_cudagraphs)
+        def checked(name, fixed):
+            def compiler(aot, aot_inputs):
+                n = fixed(aot, aot_inputs)
+                refusals[name] = [mutations(aot, n), get_first_incompatible_cudagraph_node(aot)]
+                return boxed_nop(aot, aot_inputs)
+
+            return compiler
+
+        forward = checked("forward", lambda aot, aot_inputs: num_fw_fixed_arguments(len(inputs), len(aot_inputs)))
+        backward = checked("backward", lambda aot, _: count_tangents(aot))
+        return aot_autograd(fw_compiler=forward, bw_compiler=backward)(gm, inputs)
+
+    model = GPT(GPTConfig(arch=arch, n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=40, dropout=0.2))
+    model.compile(backend=backend)
+    x, y = torch.randint(0, 40, (2, 2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, loss = model(x, y)
+    loss.backward()
+    assert refusals == {"forward": [None, None], "backward": [None, None]}
