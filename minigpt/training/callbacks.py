@@ -143,9 +143,8 @@ def compile_regions(model: GPT, mode: CompileMode = "default") -> None:
     every layer again; the embedding lookups between the regions stay eager."""
     for block in model.transformer.h:
         block.compile(**compile_options(mode))
-    model.head = torch.compile(
-        model.head, **compile_options(mode)
-    )  # this instance's head: the method, compiled (an attribute)
+    # this instance's head: the method, compiled (an attribute)
+    model.head = torch.compile(model.head, **compile_options(mode))
 
 
 class CompileModel(Callback):
@@ -166,24 +165,24 @@ class CompileModel(Callback):
         self.seconds: float | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self.enabled = pl_module.device.type == "cuda" or self.mode != "cudagraphs"
-        if not self.enabled:  # traced but not recorded, the step would run slower than eager
-            rank_zero_warn(
-                f"compile_mode cudagraphs needs a CUDA GPU (this run is on {pl_module.device.type}); "
-                "training without compiling (--compile_mode default compiles here)"
+        device = pl_module.device.type
+        if self.mode == "cudagraphs" and device != "cuda":  # traced but not recorded, the step would be slower
+            return self.disable(
+                f"compile_mode cudagraphs needs a CUDA GPU (this run is on {device}; the default mode compiles)"
             )
-            return
-        self.enabled = pl_module.device.type != "cpu" or has_cpp_compiler()
-        if not self.enabled:  # inductor's CPU backend compiles C++: without a compiler it would die mid-run
-            rank_zero_warn(
+        if device == "cpu" and not has_cpp_compiler():  # inductor's CPU kernels are C++: it would die mid-run
+            return self.disable(
                 "torch.compile needs a C++ compiler on the CPU and none was found (install g++, e.g. "
-                "`apt-get install g++`); training without compiling"
+                "`apt-get install g++`)"
             )
-            return
         if self.regions:
             compile_regions(pl_module.model, self.mode)
         else:
             pl_module.model.compile(**compile_options(self.mode))
+
+    def disable(self, why: str) -> None:
+        self.enabled = False
+        rank_zero_warn(f"{why}; training without compiling")
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.world_size > 1 or not self.enabled:
