@@ -179,19 +179,20 @@ class Muon(torch.optim.Muon):
                 loss = closure()
         for group in self.param_groups:
             lr, momentum = group["lr"], group["momentum"]
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            if self.ns_dtype is None:
+                self.ns_dtype = torch.bfloat16 if has_native_bf16(params[0].device) else torch.float32
+            # the element-wise updates one foreach call each over the group (on a GPU a few launches, not one per
+            # matrix: a small model's optimizer step is the host launching kernels)
+            grads = [p.grad for p in params]
+            bufs = [self.momentum_buffer(p) for p in params]
+            torch._foreach_lerp_(bufs, grads, 1 - momentum)
+            updates = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs
+            torch._foreach_mul_(params, 1 - lr * group["weight_decay"])  # decoupled weight decay
             by_shape: dict[torch.Size, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # (weight rows, update rows)
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if self.ns_dtype is None:
-                    self.ns_dtype = torch.bfloat16 if has_native_bf16(p.device) else torch.float32
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-                buf = state["momentum_buffer"]
-                buf.lerp_(p.grad, 1 - momentum)
-                update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
-                p.mul_(1 - lr * group["weight_decay"])  # decoupled weight decay
+            for p, update in zip(params, updates):
                 rows = self.row_splits.get(p)
                 for piece in zip(p.split(rows), update.split(rows)) if rows else [(p, update)]:
                     by_shape.setdefault(piece[0].shape, []).append(piece)
@@ -205,9 +206,16 @@ class Muon(torch.optim.Muon):
                     self.ns_dtype,
                 )
                 alpha = -lr * muon_lr_ratio(group["adjust_lr_fn"], shape)
-                for (weight, _), u in zip(pieces, [ortho] if single else ortho):
-                    weight.add_(u, alpha=alpha)  # weight: the parameter, or a view of its rows
+                weights = [weight for weight, _ in pieces]  # the parameters, or views of their rows
+                ortho = ortho.to(weights[0].dtype)  # exact, and one dtype throughout keeps foreach on its fast path
+                torch._foreach_add_(weights, [ortho] if single else list(ortho.unbind()), alpha=alpha)
         return loss
+
+    def momentum_buffer(self, p: torch.Tensor) -> torch.Tensor:
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+        return state["momentum_buffer"]
 
 
 def muon_lr_ratio(adjust_lr_fn: str | None, shape: torch.Size) -> float:
