@@ -177,13 +177,14 @@ def throughput_child(args) -> None:
 
 
 def overhead_child(args) -> None:
-    """In a fresh process: ms per step of the GPU recipe's model per OPTIMIZER:LOOP:COMPILE run (see the docs)."""
+    """In a fresh process: ms per step of the GPU recipe's model per OPTIMIZER:LOOP:COMPILE run (see the docs);
+    COMPILE: eager, regions or whole, +MODE (a --compile_mode, through CompileModel: the Trainer loops only)."""
     import numpy as np
     import yaml
     from lightning.pytorch.callbacks import LambdaCallback
 
     from minigpt.core.config import GPTConfig
-    from minigpt.training.callbacks import compile_regions
+    from minigpt.training.callbacks import CompileModel, compile_regions
     from minigpt.training.datamodule import RandomWindows
     from minigpt.training.lightning_module import GPTLightningModule
     from minigpt.training.optim import OptimConfig
@@ -201,12 +202,14 @@ def overhead_child(args) -> None:
     rows = {}
     for run in args.child.split(","):
         optimizer, loop, compiled = run.split(":")
+        compiled, _, mode = compiled.partition("+")
+        assert not (mode and loop == "bare"), "a compile mode needs a Trainer loop (CompileModel)"
         torch.manual_seed(0)
         optim = OptimConfig(**recipe["optim"] | dict(optimizer=optimizer, lr_schedule="cosine", decay_steps=10**6))
         module = GPTLightningModule(GPTConfig.from_dict(model), optim).to(args.device)
-        if compiled == "regions":
+        if compiled == "regions" and not mode:
             compile_regions(module.model)
-        elif compiled == "whole":
+        elif compiled == "whole" and not mode:
             module.model.compile()
         stamps: list[float] = []
 
@@ -232,6 +235,7 @@ def overhead_child(args) -> None:
             trainer_config = {"max_time": "00:00:10:00", "log_every_n_steps": 25}  # as the recipe: bar redraws too
             config |= dict(compile=False, early_stopping={"patience": None}, trainer=trainer_config)
             callbacks += run_callbacks(config, B) if train_py else []
+            callbacks += [CompileModel(B, regions=compiled == "regions", mode=mode)] if mode else []
             with tmp:
                 MiniGPTTrainer(
                     accelerator=args.device, devices=1, max_steps=n, limit_val_batches=0, num_sanity_val_steps=0,
@@ -284,6 +288,7 @@ def main() -> None:
     p.add_argument("--parts", default="recipe,variants,imports,nanogpt,throughput")
     p.add_argument("--variant", action="append", default=[], help="NAME=OVERRIDES for the variants part")
     p.add_argument("--nanogpt_iters", type=int, default=2000, help="nanoGPT's recipe, cut here (its best: ~2000)")
+    p.add_argument("--overhead_runs", help="overhead: OPTIMIZER:LOOP:COMPILE runs, comma-separated (see the docs)")
     p.add_argument("--compile_kinds", default="regions", help="throughput: regions, whole (one graph), +MODE, +SDPA")
     p.add_argument("--extra", default="", help="train.py options added to every minigpt run (e.g. a compile mode)")
     p.add_argument("--work", type=Path, help="folder for the runs, data and compile caches (default: a new one)")
@@ -345,6 +350,7 @@ def main() -> None:
         runs = "muon:bare:regions,adamw:bare:regions,muon:bare:whole,muon:bare:eager,muon:minimal:regions"
         runs += ",adamw:minimal:regions,muon:train_py:regions,adamw:train_py:regions"
         runs = "muon:bare:eager,adamw:minimal:eager,muon:train_py:eager" if args.tiny else runs  # no compiling
+        runs = args.overhead_runs or runs
         save("overhead_ms_per_step", child(args, work, "cache_oh", runs)[0])
     if "throughput" in parts:
         save("throughput", throughput(args, work))
