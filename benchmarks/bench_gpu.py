@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import get_args
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from anywhere without installing
@@ -141,7 +142,7 @@ def throughput_child(args) -> None:
     import lightning as L
 
     from minigpt.core.config import SDPA_BACKENDS, GPTConfig
-    from minigpt.training.callbacks import CompileModel
+    from minigpt.training.callbacks import CompileMode, CompileModel
     from minigpt.training.lightning_module import GPTLightningModule
     from minigpt.training.optim import OptimConfig
 
@@ -150,6 +151,7 @@ def throughput_child(args) -> None:
     kind, *options = args.child.split("+")
     sdpa = next((o for o in options if o in SDPA_BACKENDS), None)
     mode = next((o for o in options if o != sdpa), "default")
+    assert kind in ("regions", "whole") and mode in get_args(CompileMode), f"unknown compile kind {args.child}"
     config = GPTConfig(arch="gpt", block_size=T, vocab_size=50304, dropout=0.0, bias=False, sdpa_backend=sdpa, **shape)
     module = GPTLightningModule(config, OptimConfig(learning_rate=1e-4, weight_decay=1e-2, warmup_steps=1))
     batch = torch.randint(50304, (B, T + 1), generator=torch.Generator().manual_seed(1337))
@@ -204,6 +206,8 @@ def overhead_child(args) -> None:
         optimizer, loop, compiled = run.split(":")
         compiled, _, mode = compiled.partition("+")
         assert not (mode and loop == "bare"), "a compile mode needs a Trainer loop (CompileModel)"
+        assert compiled in ("regions", "whole") if mode else compiled in ("eager", "regions", "whole"), run
+        torch._dynamo.reset()  # each run compiles afresh: no graph, CUDA graph tree or pool left by the one before
         torch.manual_seed(0)
         optim = OptimConfig(**recipe["optim"] | dict(optimizer=optimizer, lr_schedule="cosine", decay_steps=10**6))
         module = GPTLightningModule(GPTConfig.from_dict(model), optim).to(args.device)

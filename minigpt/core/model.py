@@ -410,8 +410,9 @@ class GPT(nn.Module):
             )
         pos = torch.arange(T, device=idx.device) + (input_pos[:, None] if per_row else input_pos)  # (T,) or (B, T)
         x = self.transformer.wte(idx)  # (B, T, C)
-        if self.config.scale_embeddings:  # sqrt(C) rounded to x's dtype first, as Gemma's reference does
-            x = x * torch.tensor(self.config.n_embd**0.5, dtype=x.dtype)
+        if self.config.scale_embeddings:  # sqrt(C) rounded to x's dtype first, as Gemma's reference does; made on
+            # x's device: a CPU tensor in a traced graph would keep it from being recorded as a CUDA graph
+            x = x * torch.full((), self.config.n_embd**0.5, dtype=x.dtype, device=x.device)
         rope = local_rope = None
         if self.config.arch == "gpt":
             x = x + self.transformer.wpe(pos)

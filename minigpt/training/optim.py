@@ -190,7 +190,12 @@ class Muon(torch.optim.Muon):
             bufs = [self.momentum_buffer(p) for p in params]
             torch._foreach_lerp_(bufs, grads, 1 - momentum)
             updates = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs
-            torch._foreach_mul_(params, 1 - lr * group["weight_decay"])  # decoupled weight decay
+            decay = 1 - lr * group["weight_decay"]  # decoupled weight decay
+            if params[0].dtype == torch.float32:
+                torch._foreach_mul_(params, decay)
+            else:  # bf16 weights (bf16-true): a CPU's foreach rounds the scalar to bf16 first, mul_ does not
+                for p in params:
+                    p.mul_(decay)
             by_shape: dict[torch.Size, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # (weight rows, update rows)
             for p, update in zip(params, updates):
                 rows = self.row_splits.get(p)
@@ -207,7 +212,8 @@ class Muon(torch.optim.Muon):
                 )
                 alpha = -lr * muon_lr_ratio(group["adjust_lr_fn"], shape)
                 weights = [weight for weight, _ in pieces]  # the parameters, or views of their rows
-                ortho = ortho.to(weights[0].dtype)  # exact, and one dtype throughout keeps foreach on its fast path
+                if weights[0].dtype == torch.float32:  # exact (from bf16 or float32): one dtype and layout throughout
+                    ortho = ortho.to(torch.float32, memory_format=torch.contiguous_format)  # keeps foreach's fast path
                 torch._foreach_add_(weights, [ortho] if single else list(ortho.unbind()), alpha=alpha)
         return loss
 

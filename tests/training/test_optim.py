@@ -70,6 +70,16 @@ def test_muon_is_torchs_muon_when_bf16_is_native(monkeypatch, adjust_lr_fn, nest
     )
 
 
+def test_muon_on_bf16_weights_is_torchs_muon(monkeypatch):
+    """bf16 weights (--trainer.precision bf16-true) take the same steps as under torch's Muon, bit for bit."""
+    monkeypatch.setattr(minigpt.core.precision, "cpu_has_native_bf16", lambda: (True, "faked"))
+    ours, opt, theirs, ref = _muon_pair("match_rms_adamw", True)
+    for p in ours + theirs:
+        p.data = p.data.bfloat16()
+    _steps(ours, opt, theirs, ref)
+    assert all(p.dtype == torch.bfloat16 and torch.equal(p, q) for p, q in zip(ours, theirs))
+
+
 def test_muon_iterates_in_float32_where_bf16_is_not_native(monkeypatch):
     """On a CPU without native bf16 the same update is computed in float32: equal to torch's up to bf16 rounding."""
     monkeypatch.setattr(minigpt.core.precision, "cpu_has_native_bf16", lambda: (False, "faked"))
