@@ -21,20 +21,24 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 RECIPE = Path(__file__).resolve().parents[2] / "configs" / "shakespeare_char_gpu.yaml"
 
 
-@pytest.mark.parametrize("regions,accumulate", [(True, 2), (False, 1)], ids=["regions-accumulate2", "whole"])
-def test_the_cuda_graph_modes_train_as_the_default_mode(regions, accumulate, tmp_path):
+def tiny_recipe(tmp_path: Path, out: str, steps: int, mode: str) -> list[str]:
+    """train.py's arguments: the GPU recipe at a tiny size on a small corpus, `steps` steps under `mode`."""
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
+    argv = ["--config", str(RECIPE), "--data.source", str(corpus), "--data.data_root", str(tmp_path / "data")]
+    argv += ["--out_dir", str(tmp_path / out), "--model.n_layer", "2", "--model.n_embd", "64", "--model.n_head", "2"]
+    argv += ["--model.block_size", "64", "--data.batch_size", "8", "--data.val_batches", "2"]
+    argv += ["--trainer.max_time", "null", "--trainer.max_steps", str(steps), "--trainer.val_check_interval"]
+    return argv + [str(steps // 2), "--compile_mode", mode, "--eval_full", "false"]
+
+
+@pytest.mark.parametrize("regions,accumulate", [(True, 2), (False, 1)], ids=["regions-accumulate2", "whole"])
+def test_the_cuda_graph_modes_train_as_the_default_mode(regions, accumulate, tmp_path):
     weights = {}
     for mode in ("default", "reduce-overhead", "cudagraphs"):
-        argv = ["--config", str(RECIPE), "--data.source", str(corpus), "--data.data_root", str(tmp_path / "data")]
-        argv += ["--out_dir", str(tmp_path / mode), "--model.n_layer", "2", "--model.n_embd", "64"]
-        argv += ["--model.n_head", "2", "--model.block_size", "64", "--model.dropout", "0.0"]
-        argv += ["--data.batch_size", "8", "--data.val_batches", "2", "--trainer.max_time", "null"]
-        argv += ["--trainer.max_steps", "12", "--trainer.val_check_interval", "6", "--trainer.log_every_n_steps", "3"]
+        argv = tiny_recipe(tmp_path, mode, 12, mode) + ["--model.dropout", "0.0", "--trainer.log_every_n_steps", "3"]
         argv += ["--trainer.accumulate_grad_batches", str(accumulate), "--compile_regions", str(regions).lower()]
-        argv += ["--compile_mode", mode, "--optim.learning_rate", "0.001", "--eval_full", "false"]
-        argv += ["--checkpoint_every", "12"]
+        argv += ["--optim.learning_rate", "0.001", "--checkpoint_every", "12"]
         counters.clear()
         trainer = train_main(argv)
         assert trainer.global_step == 12
@@ -49,15 +53,8 @@ def test_the_cuda_graph_modes_train_as_the_default_mode(regions, accumulate, tmp
 def test_the_recipe_with_dropout_records_its_graphs(mode, tmp_path):
     """The recipe's dropout (0.2) inside the recorded graphs: every graph recorded (a random op that CUDA graphs
     refuse would leave its graph unrecorded, slower but silent), and the loss falls."""
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(400)))
-    argv = ["--config", str(RECIPE), "--data.source", str(corpus), "--data.data_root", str(tmp_path / "data")]
-    argv += ["--out_dir", str(tmp_path / "run"), "--model.n_layer", "2", "--model.n_embd", "64", "--model.n_head", "2"]
-    argv += ["--model.block_size", "64", "--data.batch_size", "8", "--data.val_batches", "2"]
-    argv += ["--trainer.max_time", "null", "--trainer.max_steps", "30", "--trainer.val_check_interval", "15"]
-    argv += ["--compile_mode", mode, "--compile_regions", "false", "--eval_full", "false"]
     counters.clear()
-    trainer = train_main(argv)
+    trainer = train_main(tiny_recipe(tmp_path, "run", 30, mode) + ["--compile_regions", "false"])
     assert trainer.global_step == 30
     assert counters["inductor"]["cudagraph_skips"] == 0
     assert counters["inductor"]["cudagraph_recorded_non_static_inputs"] > 0  # graphs were recorded, not only run
