@@ -4,7 +4,10 @@ See `python train.py --help` for every key; the logic lives in minigpt/cli/train
 command is `minigpt train ...`.
 """
 
-from minigpt.cli.train import entry
-
 if __name__ == "__main__":
+    from minigpt.cli.cuda_start import start_cuda_early
+
+    start_cuda_early()  # one GPU: its context made in a thread while the line below imports Lightning
+    from minigpt.cli.train import entry
+
     entry()

@@ -91,8 +91,11 @@ def minigpt_run(args, name: str, overrides: list[str], cache: Path, work: Path) 
     if args.device == "cpu":
         cmd += ["--trainer.accelerator", "cpu"]
     python, env = minigpt_python(args, cache, work)
+    settings = [o for o in overrides if re.fullmatch(r"[A-Z][A-Z0-9_]*=.*", o)]  # NAME=VALUE: the environment's
+    env |= dict(setting.split("=", 1) for setting in settings)
+    flags = [o for o in overrides if o not in settings]
     launched = time.time()  # TensorBoard's wall times of the val losses are counted from here
-    lines, rc = run_timed(python + cmd[1:] + args.extra.split() + overrides, REPO, env, args.timeout)
+    lines, rc = run_timed(python + cmd[1:] + args.extra.split() + flags, REPO, env, args.timeout)
     (work / f"{name}.log").write_text("\n".join(f"{t:8.2f} {line}" for t, line in lines))
     row: dict = {"name": name, "overrides": " ".join(overrides), "rc": rc, "wall_s": lines[-1][0] if lines else None}
     if hit := first(lines, r"first optimizer step ([\d.]+)s after launch: (.*)"):
@@ -290,7 +293,7 @@ def main() -> None:
     p.add_argument("--nanogpt", type=Path, help="a checkout of karpathy/nanoGPT (not a dependency)")
     p.add_argument("--corpus", type=Path, help="tinyshakespeare.txt")
     p.add_argument("--parts", default="recipe,variants,imports,nanogpt,throughput")
-    p.add_argument("--variant", action="append", default=[], help="NAME=OVERRIDES for the variants part")
+    p.add_argument("--variant", action="append", default=[], help="variants: NAME=FLAGS (and ENV=VALUE)")
     p.add_argument("--nanogpt_iters", type=int, default=2000, help="nanoGPT's recipe, cut here (its best: ~2000)")
     p.add_argument("--overhead_runs", help="overhead: OPTIMIZER:LOOP:COMPILE runs, comma-separated (see the docs)")
     p.add_argument("--compile_kinds", default="regions", help="throughput: regions, whole (one graph), +MODE, +SDPA")

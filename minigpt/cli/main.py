@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> None:
     if name not in COMMANDS:
         what = "option" if name.startswith("-") else "command"
         fail(f"unknown {what} {name!r}; choose one of {', '.join(COMMANDS)} (see `minigpt --help`)")
+    if name == "train":
+        from minigpt.cli.cuda_start import start_cuda_early
+
+        start_cuda_early()  # one GPU: its context made in a thread while the line below imports Lightning
     command = importlib.import_module(COMMANDS[name][0])
     # flags passed on, sys.argv left as it is: a multi-device train relaunches `minigpt train ...` from it
     try:

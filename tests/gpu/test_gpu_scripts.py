@@ -5,6 +5,7 @@ max_steps, compiled sampling equals eager, LoRA trains the adapters only."""
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -135,3 +136,18 @@ def test_lora_trains_the_adapters_only_and_the_merged_run_generates(trained, tmp
     merged, tok = load_model(out_dir, device="cuda")  # merged on load, as sample.py, eval.py and serve do
     ids = generate(merged, torch.tensor([tok.encode("the ")], device="cuda"), 20, temperature=0)
     assert ids.shape == (1, 24) and tok.decode(ids[0].tolist()).startswith("the ")
+
+
+@pytest.mark.parametrize("early, made", [("1", True), ("0", False)])
+def test_train_makes_the_cuda_context_while_lightning_imports(early, made):
+    """One GPU visible: train's launch makes the context in a thread while train's modules (Lightning) import, so
+    it exists once they are loaded; MINIGPT_EARLY_CUDA=0 leaves it to Lightning's setup."""
+    code = (
+        "from minigpt.cli.cuda_start import start_cuda_early; thread = start_cuda_early(); import minigpt.cli.train; "
+        "thread and thread.join(); import torch; print(torch.cuda.is_initialized(), torch.cuda.memory_reserved() > 0)"
+    )
+    env = dict(os.environ, MINIGPT_EARLY_CUDA=early)
+    env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [str(made), str(made)]
