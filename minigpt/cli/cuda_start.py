@@ -1,12 +1,12 @@
 """Make the CUDA context while Python imports Lightning, instead of after it.
 
 A process's CUDA context (the driver's state on the device, its memory mapped) is made at its first allocation on
-the GPU: for train.py that is Lightning moving the model, after seconds of imports, and it took ~3 s of the H200
-runs' start-up (docs/time_to_loss.md). torch lets go of the GIL while it allocates, so a thread can make the context
+the GPU: for train.py that is Lightning moving the model, after seconds of imports (Lightning's setup, where it
+happens, took 3.1 s of an H200 run's start-up: docs/time_to_loss.md). torch lets go of the GIL while it allocates, so a thread can make the context
 while the main thread goes on importing. Only where the device is certain: exactly one GPU visible (the one a run
 on it takes); with several, each rank of a multi-device run picks its own, and a context made here would be one
-more on GPU 0. MINIGPT_EARLY_CUDA=0 turns it off (a strategy that forks processes, e.g. ddp_fork, refuses a CUDA
-started before it).
+more on GPU 0. MINIGPT_EARLY_CUDA=0 turns it off: a strategy that forks processes (ddp_fork) refuses a CUDA
+started before it, and a run on the CPU of a one-GPU machine needs no context on the GPU.
 """
 
 from __future__ import annotations
