@@ -2,11 +2,13 @@
 
 A process's CUDA context (the driver's state on the device, its memory mapped) is made at its first allocation on
 the GPU: for train.py that is Lightning moving the model, after seconds of imports (Lightning's setup, where it
-happens, took 3.1 s of an H200 run's start-up: docs/time_to_loss.md). torch lets go of the GIL while it allocates, so a thread can make the context
-while the main thread goes on importing. Only where the device is certain: exactly one GPU visible (the one a run
-on it takes); with several, each rank of a multi-device run picks its own, and a context made here would be one
-more on GPU 0. MINIGPT_EARLY_CUDA=0 turns it off: a strategy that forks processes (ddp_fork) refuses a CUDA
-started before it, and a run on the CPU of a one-GPU machine needs no context on the GPU.
+happens, took 3.1 s of an H200 run's start-up: docs/time_to_loss.md). torch lets go of the GIL while it allocates,
+so a thread can make the context while the main thread goes on importing; starting the driver (cuInit, under
+torch's CUDA init) keeps the GIL, so that part only moves earlier. Only where the device is certain: exactly one
+GPU visible (the one a run on it takes), in a process no launcher started (LOCAL_RANK unset: a rank takes its own
+device); with several GPUs a context made here would be one more on GPU 0. MINIGPT_EARLY_CUDA=0 turns it off: the
+processes a fork-based strategy (ddp_fork, ddp_notebook) forks cannot use a CUDA started before the fork, and a
+run on the CPU of a one-GPU machine needs no context on the GPU.
 """
 
 from __future__ import annotations
@@ -20,18 +22,18 @@ ENV = "MINIGPT_EARLY_CUDA"
 
 
 def wanted() -> bool:
-    """Whether to try: a CUDA build of torch, not turned off (the thread itself counts the GPUs)."""
-    return torch.version.cuda is not None and os.environ.get(ENV, "1") != "0"
+    """Whether to try: a CUDA build of torch, not a launched rank, not turned off (the thread counts the GPUs)."""
+    return torch.version.cuda is not None and "LOCAL_RANK" not in os.environ and os.environ.get(ENV, "1") != "0"
 
 
 def make_context() -> None:
-    """With exactly one GPU visible: the context, the caching allocator's first block and a cuBLAS handle (the
-    thread hands it back to torch's pool when it ends); no wait for the GPU. Counting the GPUs starts the driver,
-    which Lightning would do later anyway. An error is left to the main thread, which meets it again and reports it."""
+    """With exactly one GPU visible: the context and the caching allocator's first block; no wait for the GPU, and
+    no cuBLAS call (its workspace size is fixed at the first one, before Lightning's deterministic mode sets it).
+    Counting the GPUs starts the driver, which Lightning would do later anyway. An error is left to the main thread,
+    which meets it again and reports it."""
     try:
         if torch.cuda.device_count() == 1:
-            x = torch.ones(8, 8, device="cuda")
-            x @ x
+            torch.ones(1, device="cuda")
     except Exception:  # noqa: BLE001 -- the main thread's own first CUDA call reports it
         pass
 
