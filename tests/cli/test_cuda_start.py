@@ -3,7 +3,7 @@ GPU visible), never with MINIGPT_EARLY_CUDA=0, and no error of its own: the main
 
 from __future__ import annotations
 
-import runpy
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from minigpt.cli import cuda_start
-from minigpt.cli.main import main
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -62,16 +63,25 @@ def test_an_error_stays_in_the_thread(monkeypatch, cuda_build):
     assert raised == [] and not thread.daemon  # not a daemon: an early exit waits for it, not tears CUDA down
 
 
+LAUNCH = """
+import runpy, sys
+from minigpt.cli import cuda_start
+from minigpt.cli.main import main
+started = []
+cuda_start.start_cuda_early = lambda: started.append("minigpt.cli.train" in sys.modules)
+sys.argv = ["train.py", "--help"]
+try:
+    runpy.run_path("train.py", run_name="__main__") if sys.argv[0] == {command!r} else main(["train", "--help"])
+except SystemExit:
+    pass
+print("started", started, file=sys.stderr)
+"""
+
+
 @pytest.mark.parametrize("command", ["train.py", "minigpt train"])
-def test_train_starts_cuda_before_importing_its_modules(monkeypatch, command):
-    """Both ways to launch train start the thread, and before minigpt.cli.train (Lightning) is imported."""
-    started: list[bool] = []
-    monkeypatch.setattr(cuda_start, "start_cuda_early", lambda: started.append("minigpt.cli.train" in sys.modules))
-    monkeypatch.delitem(sys.modules, "minigpt.cli.train", raising=False)
-    monkeypatch.setattr(sys, "argv", ["train.py", "--help"])
-    with pytest.raises(SystemExit):
-        if command == "train.py":
-            runpy.run_path(str(Path(__file__).resolve().parents[2] / "train.py"), run_name="__main__")
-        else:
-            main(["train", "--help"])
-    assert started == [False]
+def test_train_starts_cuda_before_importing_its_modules(command):
+    """Both ways to launch train start the thread, and before minigpt.cli.train (Lightning) is imported: a fresh
+    process, where nothing has imported it yet."""
+    code = LAUNCH.format(command=command)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stderr.strip().splitlines()[-1] == "started [False]", out.stderr[-2000:]
