@@ -71,17 +71,18 @@ started = []
 cuda_start.start_cuda_early = lambda: started.append("minigpt.cli.train" in sys.modules)
 sys.argv = ["train.py", "--help"]
 try:
-    runpy.run_path("train.py", run_name="__main__") if sys.argv[0] == {command!r} else main(["train", "--help"])
+    {launch}
 except SystemExit:
     pass
 print("started", started, file=sys.stderr)
 """
+LAUNCHES = {"train.py": 'runpy.run_path("train.py", run_name="__main__")', "minigpt train": 'main(["train", "--help"])'}
 
 
 @pytest.mark.parametrize("command", ["train.py", "minigpt train"])
 def test_train_starts_cuda_before_importing_its_modules(command):
     """Both ways to launch train start the thread, and before minigpt.cli.train (Lightning) is imported: a fresh
     process, where nothing has imported it yet."""
-    code = LAUNCH.format(command=command)
+    code = LAUNCH.format(launch=LAUNCHES[command])
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stderr.strip().splitlines()[-1] == "started [False]", out.stderr[-2000:]
