@@ -36,6 +36,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
+from minigpt.cli.cuda_start import start_compile_workers
 from minigpt.cli.errors import fail, run_cli
 from minigpt.cli.parsing import OneLineErrors, flag_values, literal_choices, misplaced_setting
 from minigpt.configs import default_config
@@ -249,6 +250,8 @@ class MiniGPTCLI(LightningCLI):
         self.given = parser.file_keys | {key for key, _ in flag_values(given)}
 
     def instantiate_classes(self) -> None:
+        if self.config["compile"] and self.config["compile_mode"] != "cudagraphs":  # Inductor's kernels ahead
+            start_compile_workers()  # on one GPU: the compile workers start while the model is built
         source_config, source_model = None, None
         last = Path(self.config["out_dir"]) / "checkpoints" / "last.ckpt"
         # --resume reads the run's last checkpoint once: its checks, init_from and Lightning's restore share it
