@@ -47,6 +47,7 @@ __all__ = [
     "Compile",
     "compile_pays",
     "compiler_available",
+    "cpp_compiler",
     "compiled_forward",
     "decode_forward",
     "decoding",
@@ -60,7 +61,7 @@ __all__ = [
 COMPILE_OPTIONS = {"deterministic": True, "realize_reads_threshold": 1}
 
 NO_COMPILER = {
-    "cpu": "no C++ compiler found for torch.compile (install g++ or clang++, or set CXX)",
+    "cpu": "no C++ compiler found for torch.compile (install g++, or set CXX to the one you have)",
     "cuda": "torch.compile needs Triton on a GPU, and it is not installed",
 }
 UNCOMPILED = "decoding runs uncompiled, and int8 weights are dequantized for every matmul (slower than float32)"
@@ -75,18 +76,21 @@ def note_no_compiler(device_type: str) -> None:
     note_once(f"{NO_COMPILER.get(device_type, f'torch.compile does not run on {device_type} here')}: {UNCOMPILED}")
 
 
-CXX_NAMES = ("g++", "clang++", "c++")
+def cpp_compiler() -> str:
+    """The C++ compiler Inductor runs for CPU kernels, the only one it tries: $CXX, else g++ (clang++ on macOS), as
+    torch._inductor.config.cpp.cxx says; a clang++ or c++ on a Linux PATH without g++ is not found."""
+    return os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")
 
 
 @functools.cache
 def compiler_available(device_type: str = "cpu") -> bool:
-    """Can torch.compile build kernels for this device type?  CPU kernels are C++ (a compiler in $CXX or on PATH);
-    CUDA kernels are Triton."""
+    """Can torch.compile build kernels for this device type?  CPU kernels are C++ (cpp_compiler() on PATH, or the
+    path $CXX names); CUDA kernels are Triton."""
     if device_type == "cuda":
         return torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
     if device_type != "cpu":
         return False
-    return any(shutil.which(name) for name in (os.environ.get("CXX"), *CXX_NAMES) if name)
+    return shutil.which(cpp_compiler()) is not None
 
 
 @functools.cache

@@ -4,7 +4,6 @@ lm-evaluation-harness tasks, RNG state."""
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -18,16 +17,11 @@ from lightning.pytorch.utilities.seed import isolate_rng
 
 from minigpt import core
 from minigpt.core.checkpoint import RNG_STATE_KEY
+from minigpt.core.compiled import compiler_available, cpp_compiler
 from minigpt.core.errors import UnknownCharactersError, UserError
 from minigpt.core.generation import generate, prompt_ids
 from minigpt.core.model import GPT
 from minigpt.training.sft import split_batch
-
-
-def has_cpp_compiler() -> bool:
-    """Whether inductor's CPU backend finds a C++ compiler (it honours $CXX, else tries the usual names)."""
-    names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
-    return any(shutil.which(name) for name in names)
 
 
 def seconds_since_launch() -> float:
@@ -170,10 +164,10 @@ class CompileModel(Callback):
             return self.disable(
                 f"compile_mode cudagraphs needs a CUDA GPU (this run is on {device}; the default mode compiles)"
             )
-        if device == "cpu" and not has_cpp_compiler():  # inductor's CPU kernels are C++: it would die mid-run
+        if device == "cpu" and not compiler_available("cpu"):  # inductor's CPU kernels are C++: it would die mid-run
             return self.disable(
-                "torch.compile needs a C++ compiler on the CPU and none was found (install g++, e.g. "
-                "`apt-get install g++`)"
+                f"torch.compile needs a C++ compiler on the CPU and found no {cpp_compiler()} (install g++, e.g. "
+                "`apt-get install g++`, or set CXX to the C++ compiler you have)"
             )
         if self.regions:
             compile_regions(pl_module.model, self.mode)

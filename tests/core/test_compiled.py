@@ -37,22 +37,33 @@ def test_without_a_compiler_compile_runs_the_plain_loop_with_one_note(monkeypatc
     assert err.count("note:") == 1 and "C++ compiler" in err
 
 
-def test_a_cpu_compiler_is_found_in_cxx_or_on_path(monkeypatch, tmp_path):
-    """Public means only: $CXX or g++ / clang++ / c++ on PATH; without any, the compiled step is not tried."""
+def test_a_cpu_compiler_is_the_one_inductor_runs(monkeypatch, tmp_path):
+    """$CXX, else g++ on PATH (clang++ on macOS), the only names Inductor tries: a clang++ or c++ without g++ on
+    Linux would fail mid-compile (InvalidCxxCompiler), so the compiled step is not tried."""
     compiled.compiler_available.cache_clear()
     monkeypatch.setenv("PATH", str(tmp_path))  # no compiler here
     monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+
+    def found(*names: str) -> bool:
+        for path in tmp_path.iterdir():
+            path.unlink()
+        for name in names:
+            (tmp_path / name).write_text("#!/bin/sh\n")
+            (tmp_path / name).chmod(0o755)
+        compiled.compiler_available.cache_clear()
+        return compiled.compiler_available("cpu")
+
     try:
-        assert not compiled.compiler_available("cpu")
-        compiled.compiler_available.cache_clear()
-        clang = tmp_path / "clang++"
-        clang.write_text("#!/bin/sh\n")
-        clang.chmod(0o755)
-        assert compiled.compiler_available("cpu")
-        compiled.compiler_available.cache_clear()
-        clang.unlink()
-        monkeypatch.setenv("CXX", sys.executable)  # any executable that CXX names
-        assert compiled.compiler_available("cpu")
+        assert not found()
+        assert not found("clang++", "c++")  # on PATH, but not what Inductor runs on Linux
+        assert found("g++")
+        monkeypatch.setattr(sys, "platform", "darwin")
+        assert found("clang++") and not found("g++")
+        monkeypatch.setenv("CXX", sys.executable)  # any executable that CXX names, by path
+        assert found()
+        monkeypatch.setenv("CXX", "clang++")  # or by name on PATH
+        assert found("clang++") and not found("g++")
         assert not compiled.compiler_available("mps")  # no compiled decoding there
     finally:
         compiled.compiler_available.cache_clear()

@@ -329,13 +329,17 @@ def test_sigint_and_sigterm_save_a_checkpoint_at_the_step_and_exit_non_zero(tiny
 def test_compile_without_a_cpp_compiler_trains_eagerly_with_one_warning(
     tiny_run_args, corpus, data_root, tmp_path, monkeypatch
 ):
-    from minigpt.training import callbacks
+    from minigpt.core import compiled as compiled_module
     from minigpt.training.callbacks import CompileModel
 
-    monkeypatch.setattr(callbacks.shutil, "which", lambda name: None)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no g++ here
     monkeypatch.delenv("CXX", raising=False)
-    with pytest.warns(UserWarning, match="torch.compile needs a C\\+\\+ compiler"):
-        trainer = main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=3, compile="true"))
+    compiled_module.compiler_available.cache_clear()  # found or not, once per process: found again here
+    try:
+        with pytest.warns(UserWarning, match="torch.compile needs a C\\+\\+ compiler on the CPU and found no g\\+\\+"):
+            trainer = main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=3, compile="true"))
+    finally:
+        compiled_module.compiler_available.cache_clear()
     compiled = next(c for c in trainer.callbacks if isinstance(c, CompileModel))
     assert trainer.global_step == 3 and not compiled.enabled and compiled.seconds is None
     model = trainer.lightning_module.model
