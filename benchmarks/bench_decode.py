@@ -37,6 +37,21 @@ CPU = torch.device("cpu")
 PROMPT_TOKENS = 16
 PREFILL_TOKENS = 512
 KINDS = {"native": {}, "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+KIND_VARIABLES = {k for env in KINDS.values() for k in env}
+
+
+def runs_here(kinds: list[str], env: dict[str, str]) -> bool:
+    """Whether this process measures the one kind asked for itself: only where its environment already is that
+    kind's (a child started for it, or a shell that set it); a `--kinds avx2` run from a native shell would
+    measure the native kind under the avx2 label."""
+    return len(kinds) == 1 and {k: env[k] for k in KIND_VARIABLES if k in env} == KINDS[kinds[0]]
+
+
+def kind_environment(kind: str, env: dict[str, str]) -> dict[str, str]:
+    """env as the kind's child runs it: the other kinds' variables out, the kind's in."""
+    return {k: v for k, v in env.items() if k not in KIND_VARIABLES} | KINDS[kind]
+
+
 FLAGS = {"none": [], "--quantize int8": ["--quantize", "int8"], "--compile": ["--compile"]}
 FLAGS["--quantize int8 --compile"] = FLAGS["--quantize int8"] + FLAGS["--compile"]
 SHAPE_NAMES = {"gpt2": "GPT-2-124M", "smollm2": "SmolLM2-135M"}
@@ -280,12 +295,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result |= dict(repeats=args.repeats, kinds={})
         with tempfile.TemporaryDirectory() as work:
             for kind in kinds:
-                if len(kinds) == 1:  # this process runs as it was started (a child: as its kind)
+                if runs_here(kinds, dict(os.environ)):  # started as that kind (a child)
                     result["kinds"][kind] = measure_kind(args, result["machine"])
                 else:  # this script again, as that kind (its environment set before torch starts); its JSON back
                     out = Path(work) / f"{kind}.json"  # the last --kinds and --json given are the ones argparse keeps
                     cmd = [sys.executable, __file__, *argv, "--kinds", kind, "--json", str(out)]
-                    subprocess.run(cmd, env={**os.environ, **KINDS[kind]}, check=True)
+                    subprocess.run(cmd, env=kind_environment(kind, dict(os.environ)), check=True)
                     result["kinds"][kind] = json.loads(out.read_text())["kinds"][kind]
         for kind, measured in result["kinds"].items():
             print_kind(kind, measured, args)

@@ -52,6 +52,21 @@ def test_each_benchmark_runs_once_at_its_tiny_size(script, flags, text, tmp_path
     assert capsys.readouterr().out.strip()  # and the figures, printed
 
 
+def test_bench_decode_measures_a_cpu_kind_in_a_process_started_as_that_kind():
+    """A kind's figures come from a process whose environment is that kind's: `--kinds avx2` from a native shell
+    (or `--kinds native` from an emulating one) runs the script again as the kind instead of labelling its own
+    process's figures with it (a native run reported as avx2, until 2026-11-28)."""
+    from benchmarks import bench_decode
+
+    native, avx2 = {"PATH": "/bin"}, {"PATH": "/bin", **bench_decode.KINDS["avx2"]}
+    assert bench_decode.runs_here(["native"], native) and bench_decode.runs_here(["avx2"], avx2)
+    assert not bench_decode.runs_here(["avx2"], native) and not bench_decode.runs_here(["native"], avx2)
+    assert not bench_decode.runs_here(["avx2"], {"ATEN_CPU_CAPABILITY": "avx2"})  # half of the kind
+    assert not bench_decode.runs_here(["native", "avx2"], native)  # each as a child of its own
+    assert bench_decode.kind_environment("avx2", native) == avx2
+    assert bench_decode.kind_environment("native", avx2) == native
+
+
 def test_time_to_loss_numerics_variants_train_as_each_kind_of_cpu_computes(
     tiny_run_args, corpus, data_root, tmp_path, monkeypatch, capsys
 ):

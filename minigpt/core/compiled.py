@@ -161,7 +161,14 @@ class AutoCompiledStep:
             update_record(self.key, **{f"compile_s_{'warm' if self.warm else 'cold'}": seconds - median(self.eager)})
             save_artifacts(self.key)
         elif self.step and len(self.compiled) == 1 + TIMED_COMPILED_STEPS:
-            update_record(self.key, compiled_over_eager=median(self.compiled[1:]) / median(self.eager))
+            compiled, eager = median(self.compiled[1:]), median(self.eager)
+            update_record(self.key, compiled_over_eager=compiled / eager)
+            if compiled > 1.05 * eager:  # clearly slower (the same ids either way): the rest decodes eagerly
+                self.step, self.decision = None, "eager"
+                note_once(
+                    f"--compile: the compiled decode step measured slower than the uncompiled one here "
+                    f"({1e3 * compiled:.1f} against {1e3 * eager:.1f} ms per token); decoding uncompiled from here on"
+                )
         return out
 
     def estimate(self) -> tuple[float, float, float]:

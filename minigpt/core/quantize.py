@@ -86,6 +86,15 @@ def int8pack_matmul(x: torch.Tensor, q: torch.Tensor, ones: torch.Tensor, scale:
     return y.float().reshape(*x.shape[:-1], q.shape[0]) * scale
 
 
+def compiled_int8pack_pays() -> bool:
+    """Does a compiled CPU decode step call the aten kernel for its int8 matmuls rather than fuse int8_matvec?  Only
+    on AVX2: there Inductor's loop loads the int8 rows 8 bytes at a time through a copy (torch 2.13's partial load of
+    a 32-byte Vectorized<int8_t>), and GPT-2 124M's compiled step decoded 14 tokens/s against 84 with the aten
+    kernel and 70 eagerly; with AVX-512 its fused loop is the faster (137 against 78).  Emulated AVX2 on an AVX-512
+    EPYC, docs/performance.md#decode."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX2"
+
+
 @contextlib.contextmanager
 def single_thread() -> Iterator[None]:
     """torch's intra-op threads set to 1 for the block (setting them costs well under a microsecond)."""
@@ -116,16 +125,21 @@ class Int8Linear(nn.Module):
         # the aten kernel where it can take this layer (eager decode steps; a compiled step fuses int8_matvec)
         self.kernel: Int8Kernel = kernel if self.in_features % INT8PACK_K_MULTIPLE == 0 else "matvec"
         self.one_thread = one_thread  # run the aten kernel on one thread (measured faster here: see choose_int8)
+        # what a compiled CPU step runs: the fused int8_matvec, or on AVX2 the aten kernel (compiled_int8pack_pays)
+        self.compiled_kernel: Int8Kernel = self.kernel if compiled_int8pack_pays() else "matvec"
         ones = torch.ones(self.out_features, dtype=torch.bfloat16, device=q.device)
         self.register_buffer("ones", ones, persistent=False)  # (N,) bf16: the aten kernel's scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        compiling = torch.compiler.is_compiling()
         if x.shape[:-1].numel() > MATVEC_ROWS:
             y = F.linear(x, self.weight.to(x.dtype)) * self.scale
-        elif self.kernel == "int8pack" and x.device.type == "cpu" and not torch.compiler.is_compiling():
+        elif self.kernel == "int8pack" and x.device.type == "cpu" and not compiling:
             with single_thread() if self.one_thread else contextlib.nullcontext():
                 y = int8pack_matmul(x, self.weight, self.ones, self.scale)
-        elif torch.compiler.is_compiling():  # inside the compiled decode step: fused with the rest
+        elif compiling and self.compiled_kernel == "int8pack" and x.device.type == "cpu":  # AVX2: the aten kernel
+            y = int8pack_matmul(x, self.weight, self.ones, self.scale)
+        elif compiling:  # inside the compiled decode step: fused with the rest
             y = int8_matvec(x, self.weight, self.scale)
         elif compiler_available(x.device.type):
             y = compiled_matvec()(x, self.weight, self.scale)

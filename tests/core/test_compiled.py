@@ -169,6 +169,38 @@ def test_auto_compile_compiles_where_the_tokens_pay_and_records_what_it_measured
     assert steps[-1].decision == "eager" and "~60 s" in capsys.readouterr().err
 
 
+def test_auto_compile_goes_back_to_eager_when_the_compiled_step_measures_slower(no_real_compile, monkeypatch, capsys):
+    """A compiled step slower than the eager one (as Inductor's int8 loop was on AVX2, 70 against 14 ms): after its
+    timed steps the rest of the generation decodes eagerly, with the same ids and one note; the record keeps the
+    ratio, so the next generation does not compile."""
+    now = [0.0]  # the clock: an eager step takes 0.1 s, a compiled one 0.3 s
+    monkeypatch.setattr(compiled, "decode_clock", lambda: now[0])
+
+    def slow_forward(model, *args, **kwargs):
+        now[0] += 0.3
+        return GPT.forward(model, *args, **kwargs)
+
+    monkeypatch.setattr(compiled, "compiled_forward", lambda: slow_forward)
+    model = varied_gpt("gpt", 2)
+    model.register_forward_pre_hook(lambda *args: now.__setitem__(0, now[0] + 0.1))
+    idx = random_ids(batch=1, length=5)
+    plain = generate(model, idx, 20, temperature=0)
+    key = measured.speed_key(model, "decode step compiled vs eager")
+    measured.update_record(key, compile_s_cold=0.0, compiled_over_eager=0.5)  # believed to pay
+    steps = []
+    auto_step = compiled.AutoCompiledStep
+    monkeypatch.setattr(compiled, "AutoCompiledStep", lambda *a: steps.append(auto_step(*a)) or steps[-1])
+    assert torch.equal(generate(model, idx, 20, temperature=0, compile="auto"), plain)
+    timed = 1 + compiled.TIMED_COMPILED_STEPS
+    assert steps[-1].decision == "eager" and steps[-1].step is None and len(steps[-1].compiled) == timed
+    assert len(steps[-1].eager) == 19 - timed  # 19 decode steps: the first new token comes from the prompt's pass
+    err = capsys.readouterr().err
+    assert err.count("note:") == 1 and "measured slower than the uncompiled one" in err and "300.0 against 100.0" in err
+    assert measured.read_record(key)["compiled_over_eager"] == pytest.approx(3.0)
+    assert torch.equal(generate(model, idx, 20, temperature=0, compile="auto"), plain)
+    assert steps[-1].decision == "eager" and steps[-1].compiled == []
+
+
 REUSE = """
 import sys, torch
 sys.path.insert(0, {tests!r})
