@@ -37,7 +37,7 @@ CPU = torch.device("cpu")
 PROMPT_TOKENS = 16
 PREFILL_TOKENS = 512
 KINDS = {"native": {}, "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
-KIND_VARIABLES = {k for env in KINDS.values() for k in env}
+KIND_VARIABLES = {k for env in KINDS.values() for k in env} | {"DNNL_MAX_CPU_ISA"}  # oneDNN's older name
 
 
 def runs_here(kinds: list[str], env: dict[str, str]) -> bool:

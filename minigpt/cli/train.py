@@ -250,8 +250,6 @@ class MiniGPTCLI(LightningCLI):
         self.given = parser.file_keys | {key for key, _ in flag_values(given)}
 
     def instantiate_classes(self) -> None:
-        if self.config["compile"] and self.config["compile_mode"] != "cudagraphs":  # Inductor's kernels ahead
-            start_compile_workers()  # on one GPU: the compile workers start while the model is built
         source_config, source_model = None, None
         last = Path(self.config["out_dir"]) / "checkpoints" / "last.ckpt"
         # --resume reads the run's last checkpoint once: its checks, init_from and Lightning's restore share it
@@ -263,6 +261,8 @@ class MiniGPTCLI(LightningCLI):
             check_finetune_resumable(self.resume_checkpoint, lora, last)
             check_dpo_resumable(self.resume_checkpoint, dpo, last)
             check_grpo_resumable(self.resume_checkpoint, grpo, last)
+        if self.config["compile"] and self.config["compile_mode"] != "cudagraphs":  # Inductor's kernels ahead
+            start_compile_workers()  # on one GPU: the compile workers start while the model is built
         if self.config.get("init_from"):  # fills the model section and data.tokenizer from the source
             source_config, source_model = init_from_source(self.config, self.given, self.resume_checkpoint)
         self.config_init = self.parser.instantiate_classes(self.config)

@@ -5,8 +5,8 @@ and a dispatch (with int8 weights the matmuls shrink fourfold and this is what i
 few fused C++ loops plus the float32 matmuls' library calls.  `dynamic=True` makes the KV cache's length and the
 position symbols from the first call on, so the step compiles once for every position and length (and once more
 for the step that fills a cache to its last position), given a cache allocated for the whole generation
-(KVCache.reserve: no growing copies in the graph).  Inductor writes C++ on a CPU, so it needs a compiler (g++ or
-clang++); where none is found everything runs eagerly, with a one-line note.
+(KVCache.reserve: no growing copies in the graph).  Inductor writes C++ on a CPU, so it needs its compiler ($CXX,
+else g++; clang++ on macOS); where that is not found everything runs eagerly, with a one-line note.
 
 Compiling costs tens of seconds the first time (a few from the cache) and saves a few milliseconds per token, so
 for a short generation it costs more than it saves.  `generate(compile="auto")` (sample.py --compile) therefore
@@ -48,6 +48,7 @@ __all__ = [
     "compile_pays",
     "compiler_available",
     "cpp_compiler",
+    "decode_step_key",
     "compiled_forward",
     "decode_forward",
     "decoding",
@@ -60,10 +61,7 @@ __all__ = [
 # real buffers (a few KiB per token) instead; float32 matmuls stay library calls either way.
 COMPILE_OPTIONS = {"deterministic": True, "realize_reads_threshold": 1}
 
-NO_COMPILER = {
-    "cpu": "no C++ compiler found for torch.compile (install g++, or set CXX to the one you have)",
-    "cuda": "torch.compile needs Triton on a GPU, and it is not installed",
-}
+NO_TRITON = "torch.compile needs Triton on a GPU, and it is not installed"
 UNCOMPILED = "decoding runs uncompiled, and int8 weights are dequantized for every matmul (slower than float32)"
 
 
@@ -73,13 +71,23 @@ def note_once(message: str) -> None:
 
 
 def note_no_compiler(device_type: str) -> None:
-    note_once(f"{NO_COMPILER.get(device_type, f'torch.compile does not run on {device_type} here')}: {UNCOMPILED}")
+    missing = {"cpu": no_cpp_compiler(), "cuda": NO_TRITON}
+    note_once(f"{missing.get(device_type, f'torch.compile does not run on {device_type} here')}: {UNCOMPILED}")
 
 
 def cpp_compiler() -> str:
-    """The C++ compiler Inductor runs for CPU kernels, the only one it tries: $CXX, else g++ (clang++ on macOS), as
-    torch._inductor.config.cpp.cxx says; a clang++ or c++ on a Linux PATH without g++ is not found."""
-    return os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")
+    """The C++ compiler Inductor runs for CPU kernels, the only one it tries: $CXX (even empty), else g++ (clang++
+    on macOS), as torch._inductor.config.cpp.cxx reads it; a clang++ or c++ on a Linux PATH without g++ is not it."""
+    return os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")
+
+
+def no_cpp_compiler() -> str:
+    """What to say where compiler_available("cpu") is false: which compiler was looked for, and the fix."""
+    name = cpp_compiler()
+    install = "install g++ (e.g. `apt-get install g++`)" if name == "g++" else f"install {name or 'one'}"
+    return (
+        f"torch.compile's C++ compiler {name!r} was not found ($CXX, else g++; clang++ on macOS): {install}, or set CXX"
+    )
 
 
 @functools.cache
@@ -133,6 +141,15 @@ def median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
+def decode_step_key(model: GPT) -> str:
+    """The per-machine record of this model's compiled decode step against its eager one.  Its weights are in the
+    key: a float32 model and its int8 copy (and int8's compiled kernel, minigpt.core.quantize) compile to different
+    steps with different savings, so one's measurement must not decide for the other."""
+    kernel = next((m.compiled_kernel for m in model.modules() if hasattr(m, "compiled_kernel")), None)
+    weights = f"int8, {kernel} compiled" if kernel is not None else str(model.lm_head.weight.dtype)
+    return speed_key(model, f"decode step compiled vs eager, {weights} weights")
+
+
 class AutoCompiledStep:
     """A CPU generation's decode step that compiles itself only if that pays: the first TIMED_EAGER_STEPS run
     eagerly and are timed, then compile_pays decides with the steps left, the compile time and saving measured
@@ -142,7 +159,7 @@ class AutoCompiledStep:
 
     def __init__(self, model: GPT, steps: int, clock: Callable[[], float] | None = None) -> None:
         self.model, self.steps_left, self.clock = model, steps, clock or decode_clock
-        self.key = speed_key(model, "decode step compiled vs eager")
+        self.key = decode_step_key(model)
         self.eager: list[float] = []
         self.compiled: list[float] = []
         self.step: Callable | None = None  # the compiled step, once chosen

@@ -17,7 +17,7 @@ from lightning.pytorch.utilities.seed import isolate_rng
 
 from minigpt import core
 from minigpt.core.checkpoint import RNG_STATE_KEY
-from minigpt.core.compiled import compiler_available, cpp_compiler
+from minigpt.core.compiled import compiler_available, no_cpp_compiler
 from minigpt.core.errors import UnknownCharactersError, UserError
 from minigpt.core.generation import generate, prompt_ids
 from minigpt.core.model import GPT
@@ -165,10 +165,7 @@ class CompileModel(Callback):
                 f"compile_mode cudagraphs needs a CUDA GPU (this run is on {device}; the default mode compiles)"
             )
         if device == "cpu" and not compiler_available("cpu"):  # inductor's CPU kernels are C++: it would die mid-run
-            return self.disable(
-                f"torch.compile needs a C++ compiler on the CPU and found no {cpp_compiler()} (install g++, e.g. "
-                "`apt-get install g++`, or set CXX to the C++ compiler you have)"
-            )
+            return self.disable(no_cpp_compiler())
         if self.regions:
             compile_regions(pl_module.model, self.mode)
         else:

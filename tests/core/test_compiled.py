@@ -64,6 +64,8 @@ def test_a_cpu_compiler_is_the_one_inductor_runs(monkeypatch, tmp_path):
         assert found()
         monkeypatch.setenv("CXX", "clang++")  # or by name on PATH
         assert found("clang++") and not found("g++")
+        monkeypatch.setenv("CXX", "")  # set but empty: Inductor runs "" (and fails), so no compiler
+        assert not found("g++", "clang++")
         assert not compiled.compiler_available("mps")  # no compiled decoding there
     finally:
         compiled.compiler_available.cache_clear()
@@ -153,7 +155,7 @@ def test_auto_compile_compiles_where_the_tokens_pay_and_records_what_it_measured
     model = varied_gpt("llama", 2)
     idx = random_ids(batch=1, length=5)
     plain = generate(model, idx, 20, temperature=0)
-    key = measured.speed_key(model, "decode step compiled vs eager")
+    key = compiled.decode_step_key(model)
     measured.update_record(key, compile_s_cold=0.5, compiled_over_eager=0.5)
     steps = []  # the generations' decode steps, to look at their decisions
     auto_step = compiled.AutoCompiledStep
@@ -185,7 +187,7 @@ def test_auto_compile_goes_back_to_eager_when_the_compiled_step_measures_slower(
     model.register_forward_pre_hook(lambda *args: now.__setitem__(0, now[0] + 0.1))
     idx = random_ids(batch=1, length=5)
     plain = generate(model, idx, 20, temperature=0)
-    key = measured.speed_key(model, "decode step compiled vs eager")
+    key = compiled.decode_step_key(model)
     measured.update_record(key, compile_s_cold=0.0, compiled_over_eager=0.5)  # believed to pay
     steps = []
     auto_step = compiled.AutoCompiledStep

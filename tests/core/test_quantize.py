@@ -241,3 +241,12 @@ def test_a_compiled_step_multiplies_int8_with_the_aten_kernel_on_avx2_only(capab
     other = {"sum": "_weight_int8pack_mm", "_weight_int8pack_mm": "sum"}[kernel]
     assert any(kernel in op for op in traced) and not any(other in op for op in traced), traced
     assert torch.allclose(y, F.linear(x, layer.weight.float()) * layer.scale, rtol=2e-2, atol=2e-2)
+
+
+def test_a_float32_model_and_its_int8_copy_keep_separate_compile_records():
+    """compile="auto" decides from what compiling saved before on this machine: a float32 model's record (its
+    compiled step barely faster) must not decide for its int8 copy (1.2 to 1.8x faster compiled), or the other way."""
+    model = varied_gpt("gpt", 2)
+    key = compiled.decode_step_key(model)
+    assert compiled.decode_step_key(quantize_model(copy.deepcopy(model))) != key
+    assert compiled.decode_step_key(copy.deepcopy(model)) == key  # the same shape and weights kind: one record
