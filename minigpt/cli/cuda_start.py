@@ -1,5 +1,4 @@
-"""Start a GPU run's slow start-up work early: the CUDA context while Python imports Lightning, and torch.compile's
-compile workers while the model is built and Lightning sets up.
+"""Make the CUDA context while Python imports Lightning, instead of after it.
 
 A process's CUDA context (the driver's state on the device, its memory mapped) is made at its first allocation on
 the GPU: for train.py that is Lightning moving the model, after seconds of imports (Lightning's setup, where it
@@ -10,13 +9,6 @@ GPU visible (the one a run on it takes), in a process no launcher started (LOCAL
 device); with several GPUs a context made here would be one more on GPU 0. MINIGPT_EARLY_CUDA=0 turns it off: the
 processes a fork-based strategy (ddp_fork, ddp_notebook) forks cannot use a CUDA started before the fork, and a
 run on the CPU of a one-GPU machine needs no context on the GPU.
-
-Inductor compiles a GPU's kernels (Triton) in a pool of worker processes, which torch starts at the first compile;
-the pool's first process imports torch, Inductor and Triton (seconds) before any worker takes a kernel, and until
-the pool is ready Inductor compiles the kernels one by one in the training process. start_compile_workers starts
-the pool as soon as the config says the run compiles, so its imports run on other cores while this process builds
-the model and Lightning moves it to the GPU. It is torch's own warm-up call, made earlier, under the same
-conditions as the context (and TORCH_WARM_POOL=0, torch's switch for it, also turns it off).
 """
 
 from __future__ import annotations
@@ -43,20 +35,6 @@ def make_context() -> None:
         if torch.cuda.device_count() == 1:
             torch.ones(1, device="cuda")
     except Exception:  # noqa: BLE001 -- the main thread's own first CUDA call reports it
-        pass
-
-
-def start_compile_workers() -> None:
-    """With exactly one GPU visible and Triton installed: start torch.compile's compile workers now instead of at
-    the first compile (the call torch makes there; a second call finds the pool started). For a run that compiles
-    with Inductor: the cudagraphs backend generates no kernels."""
-    if not wanted() or torch.cuda.device_count() != 1:
-        return
-    try:
-        from torch._inductor.async_compile import maybe_warm_pool  # what the first compile would import
-
-        maybe_warm_pool()
-    except Exception:  # noqa: BLE001 -- the first compile makes the same call and reports what fails
         pass
 
 

@@ -36,7 +36,6 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
-from minigpt.cli.cuda_start import start_compile_workers
 from minigpt.cli.errors import fail, run_cli
 from minigpt.cli.parsing import OneLineErrors, flag_values, literal_choices, misplaced_setting
 from minigpt.configs import default_config
@@ -261,8 +260,6 @@ class MiniGPTCLI(LightningCLI):
             check_finetune_resumable(self.resume_checkpoint, lora, last)
             check_dpo_resumable(self.resume_checkpoint, dpo, last)
             check_grpo_resumable(self.resume_checkpoint, grpo, last)
-        if self.config["compile"] and self.config["compile_mode"] != "cudagraphs":  # Inductor's kernels ahead
-            start_compile_workers()  # on one GPU: the compile workers start while the model is built
         if self.config.get("init_from"):  # fills the model section and data.tokenizer from the source
             source_config, source_model = init_from_source(self.config, self.given, self.resume_checkpoint)
         self.config_init = self.parser.instantiate_classes(self.config)

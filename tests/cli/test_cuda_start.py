@@ -1,6 +1,5 @@
-"""train's CUDA context made in a thread at launch and its compile workers started once the config is read
-(minigpt.cli.cuda_start): only where the device is certain (one GPU visible), never with MINIGPT_EARLY_CUDA=0, and
-no error of its own from the thread: the main thread's first CUDA call reports it."""
+"""train's CUDA context made in a thread at launch (minigpt.cli.cuda_start): only where the device is certain (one
+GPU visible), never with MINIGPT_EARLY_CUDA=0, and no error of its own: the main thread's first CUDA call reports it."""
 
 from __future__ import annotations
 
@@ -87,72 +86,3 @@ def test_train_starts_cuda_before_importing_its_modules(command):
     code = LAUNCH.format(launch=LAUNCHES[command])
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stderr.strip().splitlines()[-1] == "started [False]", out.stderr[-2000:]
-
-
-@pytest.fixture
-def warmed(monkeypatch, cuda_build):
-    """torch's warm-up of Inductor's compile workers, recorded instead of started."""
-    import torch._inductor.async_compile
-
-    calls: list[bool] = []
-    monkeypatch.setattr(torch._inductor.async_compile, "maybe_warm_pool", lambda: calls.append(True))
-    return calls
-
-
-@pytest.mark.parametrize("gpus", [0, 1, 2])
-def test_compile_workers_only_with_exactly_one_gpu(monkeypatch, warmed, gpus):
-    """With several GPUs each rank compiles on its own (torch starts each rank's workers at its first compile)."""
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    cuda_start.start_compile_workers()
-    assert warmed == ([True] if gpus == 1 else [])
-
-
-def test_no_compile_workers_on_a_cpu_build_in_a_launched_rank_or_turned_off(monkeypatch, warmed):
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    cuda_start.start_compile_workers()
-    monkeypatch.delenv("LOCAL_RANK")
-    monkeypatch.setenv(cuda_start.ENV, "0")
-    cuda_start.start_compile_workers()
-    monkeypatch.delenv(cuda_start.ENV)
-    monkeypatch.setattr(torch.version, "cuda", None)
-    cuda_start.start_compile_workers()
-    assert warmed == []
-
-
-@pytest.mark.parametrize(
-    ("flags", "started"),
-    [
-        (["--compile", "true"], True),
-        (["--compile", "true", "--compile_mode", "max-autotune-no-cudagraphs"], True),
-        (["--compile", "true", "--compile_mode", "cudagraphs"], False),  # no kernels generated: no workers
-        (["--compile", "false"], False),
-    ],
-)
-def test_train_starts_compile_workers_when_the_run_compiles_kernels(
-    monkeypatch, corpus, data_root, tmp_path, tiny_run_args, flags, started
-):
-    """Once the config is read, before the model is built: a run that compiles with Inductor starts the workers."""
-    from minigpt.cli import train
-    from minigpt.training.lightning_module import GPTLightningModule
-
-    calls: list[bool] = []
-    built: list[bool] = []
-    monkeypatch.setattr(train, "start_compile_workers", lambda: calls.append(True))
-    init = GPTLightningModule.__init__
-    monkeypatch.setattr(GPTLightningModule, "__init__", lambda *a, **k: built.append(bool(calls)) or init(*a, **k))
-    train.parse(tiny_run_args(corpus, data_root, tmp_path / "run", steps=1) + flags)
-    assert calls == ([True] if started else []) and built == [started]
-
-
-def test_compile_workers_that_fail_to_start_are_left_to_the_compile(monkeypatch, cuda_build):
-    """A pool that cannot start (here: the warm-up raises) does not stop the run at its config; the first compile
-    makes the same call and reports it."""
-    import torch._inductor.async_compile
-
-    def broken():
-        raise RuntimeError("Inductor async compile process pools are disabled in daemonic multiprocessing processes")
-
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch._inductor.async_compile, "maybe_warm_pool", broken)
-    cuda_start.start_compile_workers()
