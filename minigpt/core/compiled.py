@@ -48,10 +48,11 @@ __all__ = [
     "compile_pays",
     "compiler_available",
     "cpp_compiler",
-    "decode_step_key",
     "compiled_forward",
     "decode_forward",
+    "decode_step_key",
     "decoding",
+    "no_cpp_compiler",
     "note_no_compiler",
     "uses_graphs",
 ]
@@ -180,7 +181,7 @@ class AutoCompiledStep:
         elif self.step and len(self.compiled) == 1 + TIMED_COMPILED_STEPS:
             compiled, eager = median(self.compiled[1:]), median(self.eager)
             update_record(self.key, compiled_over_eager=compiled / eager)
-            if compiled > 1.05 * eager:  # clearly slower (the same ids either way): the rest decodes eagerly
+            if compiled > 1.05 * eager:  # clearly slower: the rest decodes eagerly (ids as documented above)
                 self.step, self.decision = None, "eager"
                 note_once(
                     f"--compile: the compiled decode step measured slower than the uncompiled one here "

@@ -122,7 +122,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight", q)  # (N, K) int8
         self.register_buffer("scale", scale)  # (N,)
         self.bias = linear.bias
-        # the aten kernel where it can take this layer (eager decode steps; a compiled step fuses int8_matvec)
+        # the aten kernel where it can take this layer (eager decode steps; a compiled step: compiled_kernel)
         self.kernel: Int8Kernel = kernel if self.in_features % INT8PACK_K_MULTIPLE == 0 else "matvec"
         self.one_thread = one_thread  # run the aten kernel on one thread (measured faster here: see choose_int8)
         # what a compiled CPU step runs: the fused int8_matvec, or on AVX2 the aten kernel (compiled_int8pack_pays)
