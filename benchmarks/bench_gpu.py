@@ -7,8 +7,11 @@ docs/time_to_loss.md#on-one-gpu-launch-to-loss-against-nanogpt.
 """
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import re
 import shutil
 import site
@@ -205,7 +208,9 @@ def overhead_child(args) -> None:
     windows = RandomWindows(tokens, model["block_size"], B, seed=0, stream=0, length=n)
     loader = torch.utils.data.DataLoader(windows, batch_size=None, sampler=range(n), pin_memory=args.device == "cuda")
     rows = {}
-    for run in args.child.split(","):
+    profiled = [args.profile] if args.profile else []  # once more, under cProfile: its ms are not the figure
+    for i, run in enumerate(args.child.split(",") + profiled):
+        profiler = cProfile.Profile() if i == len(args.child.split(",")) else None
         optimizer, loop, compiled = run.split(":")
         compiled, _, mode = compiled.partition("+")
         assert not (mode and loop == "bare"), "a compile mode needs a Trainer loop (CompileModel)"
@@ -220,10 +225,12 @@ def overhead_child(args) -> None:
             module.model.compile()
         stamps: list[float] = []
 
-        def stamp(step: int, stamps: list[float] = stamps) -> None:
+        def stamp(step: int, stamps: list[float] = stamps, profiler=profiler) -> None:
             if step in (warm, n - 1):
                 common.synchronize(args.device)
                 stamps.append(time.perf_counter())
+                if profiler is not None:  # the timed steps only: no compile, no warm-up
+                    profiler.enable() if step == warm else profiler.disable()
 
         if loop == "bare":
             opt = module.configure_optimizers()
@@ -250,16 +257,35 @@ def overhead_child(args) -> None:
                     enable_checkpointing=train_py, enable_progress_bar=train_py, logger=train_py,
                     default_root_dir=tmp.name, max_time="00:00:10:00" if train_py else None,
                 ).fit(module, train_dataloaders=loader)  # fmt: skip
-        rows[run] = round((stamps[1] - stamps[0]) / (n - 1 - warm) * 1000, 2)
+        ms = round((stamps[1] - stamps[0]) / (n - 1 - warm) * 1000, 2)
+        if profiler is not None:
+            write_profile(profiler, args.profile_out, f"{run}, {n - 1 - warm} steps under cProfile, {ms} ms/step")
+            continue
+        rows[run] = ms
         print(f"{run}: {rows[run]} ms/step", file=sys.stderr, flush=True)
     print(json.dumps(rows))
+
+
+def write_profile(profiler: cProfile.Profile, path: Path, title: str) -> None:
+    """The functions that took the host's time: the top 40 by own time, then by time with callees."""
+    out = io.StringIO()
+    for order in ("tottime", "cumulative"):
+        pstats.Stats(profiler, stream=out).sort_stats(order).print_stats(40)
+    path.write_text(f"{title}\n{out.getvalue()}")
+
+
+def last_json(lines: list[tuple[float, str]]) -> dict | None:
+    """A child's result: its last JSON line (Inductor's max-autotune prints JSON lines of its own before it)."""
+    return next((json.loads(line) for _, line in reversed(lines) if line.startswith("{")), None)
 
 
 def child(args, work: Path, cache: str, what: str) -> tuple[dict, list[tuple[float, str]]]:
     """This script's --child in a fresh process: the JSON line it printed (or its exit code and tail), its lines."""
     cmd = [sys.executable, __file__, "--child", what, "--device", args.device, *(["--tiny"] if args.tiny else [])]
+    if args.profile and ":" in what:  # the overhead part's child
+        cmd += ["--profile", args.profile, "--profile_out", str(work / "overhead_profile.log")]
     lines, rc = run_timed(cmd, REPO, fresh_env(work / cache), args.timeout)
-    got = next((json.loads(line) for _, line in lines if line.startswith("{")), None)
+    got = last_json(lines)
     return got or {"rc": rc, "tail": [line for _, line in lines[-6:]]}, lines
 
 
@@ -296,6 +322,8 @@ def main() -> None:
     p.add_argument("--variant", action="append", default=[], help="variants: NAME=FLAGS (and ENV=VALUE)")
     p.add_argument("--nanogpt_iters", type=int, default=2000, help="nanoGPT's recipe, cut here (its best: ~2000)")
     p.add_argument("--overhead_runs", help="overhead: OPTIMIZER:LOOP:COMPILE runs, comma-separated (see the docs)")
+    p.add_argument("--profile", help="overhead: run this OPTIMIZER:LOOP:COMPILE once more under cProfile")
+    p.add_argument("--profile_out", type=Path, help=argparse.SUPPRESS)  # where the overhead child writes it
     p.add_argument("--compile_kinds", default="regions", help="throughput: regions, whole (one graph), +MODE, +SDPA")
     p.add_argument("--extra", default="", help="train.py options added to every minigpt run (e.g. a compile mode)")
     p.add_argument("--work", type=Path, help="folder for the runs, data and compile caches (default: a new one)")

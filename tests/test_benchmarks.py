@@ -153,7 +153,8 @@ def test_bench_gpu_runs_minigpts_parts_on_a_cpu(corpus, tmp_path):
 
     out = tmp_path / "gpu.json"
     cmd = [sys.executable, str(REPO / "benchmarks/bench_gpu.py"), "--device", "cpu", "--tiny", "--corpus", str(corpus)]
-    subprocess.run([*cmd, "--parts", "recipe,throughput,overhead", "--out", str(out)], check=True, capture_output=True)
+    parts = ["--parts", "recipe,throughput,overhead", "--profile", "muon:train_py:eager", "--out", str(out)]
+    subprocess.run(cmd + parts, check=True, capture_output=True)
     result = json.loads(out.read_text())
     cold, warm = result["minigpt"]
     assert cold["rc"] == 0 and cold["steps"] == 30 and 0 < cold["full_val"] < 10 and cold["first_step_s"] > 0
@@ -161,3 +162,16 @@ def test_bench_gpu_runs_minigpts_parts_on_a_cpu(corpus, tmp_path):
     assert result["throughput"]["minigpt_regions"]["ms_per_iter"] > 0
     assert set(result["overhead_ms_per_step"]) == {"muon:bare:eager", "adamw:minimal:eager", "muon:train_py:eager"}
     assert all(ms > 0 for ms in result["overhead_ms_per_step"].values())
+    # --profile: that run once more under cProfile, its timed steps only, beside the results (not among them)
+    profile = (tmp_path / "gpu" / "overhead_profile.log").read_text()
+    assert profile.startswith("muon:train_py:eager, 9 steps under cProfile") and "optim.py" in profile
+
+
+def test_bench_gpu_takes_a_childs_last_json_line_as_its_result():
+    """max-autotune prints its choice of kernel as a JSON line before the child's own result."""
+    from benchmarks.bench_gpu import last_json
+
+    autotune = '{"num_choices": 20, "best_kernel": "mm"}'
+    lines = [(1.0, "compiling"), (2.0, autotune), (3.0, '{"ms_per_iter": 26.2}'), (3.1, "done")]
+    assert last_json(lines) == {"ms_per_iter": 26.2}
+    assert last_json([(1.0, "Traceback")]) is None

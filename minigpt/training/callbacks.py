@@ -181,6 +181,8 @@ class CompileModel(Callback):
         model, start = pl_module.model, time.perf_counter()
         batch = torch.zeros(self.batch_size, model.config.block_size + 1, dtype=torch.long, device=pl_module.device)
         autocast = trainer.precision_plugin.forward_context  # the step's precision
+        if self.mode in CUDA_GRAPH_MODES:  # as before each training batch: no graph here waits on an earlier one
+            torch.compiler.cudagraph_mark_step_begin()
         with isolate_rng(include_cuda=True):
             with autocast():  # split as the training step splits: the same strides, so its first step compiles nothing
                 _, loss = model(*split_batch(batch))

@@ -356,6 +356,20 @@ def test_every_shipped_config_parses_and_builds_its_model(config, capsys):
     module.configure_optimizers()
 
 
+def test_the_gpu_recipe_trains_a_few_steps_on_a_cpu(corpus, data_root, tmp_path):
+    """configs/shakespeare_char_gpu.yaml on a machine without a GPU (its shape cut down): its CUDA-graph compile
+    mode says it needs a GPU and the run trains eagerly, Muon, WSD and all, to its best checkpoint."""
+    argv = ["--config", str(REPO / "configs" / "shakespeare_char_gpu.yaml"), "--data.source", str(corpus)]
+    argv += ["--data.data_root", str(data_root), "--out_dir", str(tmp_path / "run"), "--model.n_layer", "2"]
+    argv += ["--model.n_head", "2", "--model.n_embd", "32", "--model.block_size", "32", "--data.batch_size", "4"]
+    argv += ["--data.val_batches", "2", "--trainer.max_time", "null", "--trainer.max_steps", "6"]
+    argv += ["--trainer.val_check_interval", "3", "--eval_full", "false"]
+    with pytest.warns(UserWarning, match="compile_mode cudagraphs needs a CUDA GPU .* training without compiling"):
+        trainer = main(argv)
+    assert trainer.global_step == 6
+    assert read_checkpoint(tmp_path / "run" / "checkpoints" / "best.ckpt")["global_step"] in (3, 6)
+
+
 @pytest.mark.slow
 def test_compiled_training_matches_eager(tiny_run_args, corpus, data_root, tmp_path, monkeypatch):
     """--compile true compiles before the clock starts, on a dummy batch that must leave no trace: the compiled

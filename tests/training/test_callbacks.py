@@ -305,6 +305,28 @@ def test_compile_mode_cudagraphs_on_a_cpu_warns_and_trains_eagerly():
     assert getattr(module.model.transformer.h[0], "_compiled_call_impl", None) is None
 
 
+@pytest.mark.parametrize("mode", ["reduce-overhead", "cudagraphs", "default"])
+def test_the_dummy_compile_step_begins_a_cuda_graph_step_of_its_own(mode, monkeypatch):
+    """Under the CUDA-graph modes the warm-up's forward begins a new CUDA-graph step, as each training batch does:
+    without it torch warned on the GPU that its graphs waited on pending backwards ("Unable to hit fast path")."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from minigpt.core.config import GPTConfig
+    from minigpt.training.callbacks import CompileModel
+    from minigpt.training.lightning_module import GPTLightningModule
+    from minigpt.training.optim import OptimConfig
+
+    module = GPTLightningModule(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=20), OptimConfig())
+    events: list[str] = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: events.append("step begins"))
+    module.model.register_forward_pre_hook(lambda *_: events.append("forward"))
+    trainer = SimpleNamespace(world_size=1, precision_plugin=SimpleNamespace(forward_context=contextlib.nullcontext))
+    CompileModel(2, mode=mode).on_fit_start(trainer, module)  # the model is not compiled here: only the order counts
+    assert events == (["forward"] if mode == "default" else ["step begins", "forward"])
+    assert all(p.grad is None for p in module.parameters())
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt"])
 def test_the_traced_training_step_holds_nothing_cuda_graphs_refuse(arch):
     """What the cudagraphs backend (and reduce-overhead) checks before recording a graph, run on the CPU: the
