@@ -105,6 +105,8 @@ def minigpt_run(args, name: str, overrides: list[str], cache: Path, work: Path) 
         row["first_step_s"], row["first_step_seen_s"], row["startup"] = float(hit[1][1]), hit[0], hit[1][2]
     if hit := first(lines, r"full val loss ([\d.]+)"):
         row["full_val"], row["full_val_at_s"] = float(hit[1][1]), hit[0]
+    if hit := first(lines, r"full val loss of \S+ \(step (\d+)\): ([\d.]+)"):  # a run that ended above its best
+        row["best_full_val"], row["best_step"], row["best_full_val_at_s"] = float(hit[1][2]), int(hit[1][1]), hit[0]
     if hit := first(lines, r"torch.compile: compiled in ([\d.]+)s"):
         row["compile_s"] = float(hit[1][1])
     steps = [int(m[1]) for _, line in lines if (m := re.search(r"after (\d+) steps", line))]

@@ -228,6 +228,18 @@ def run_callbacks(config: Any, batch_size: int, imported: float | None = None) -
     return callbacks
 
 
+def best_checkpoint(trainer: Trainer, last: Path) -> tuple[Path, int, float] | None:
+    """The run's best checkpoint (lowest val_loss), as (its path beside `last`, its step, its val_loss), or None
+    before any validation."""
+    best = next((c for c in trainer.callbacks if isinstance(c, BestCheckpoint)), None)
+    if best is None or best.best_model_score is None or not Path(best.best_model_path).is_file():
+        return None
+    path = last.parent / Path(best.best_model_path).name  # as the user named out_dir
+    # a run resumed from a checkpoint older than best_step: the step is in the file
+    step = best.best_step if best.best_step is not None else read_checkpoint(path)["global_step"]
+    return path, step, best.best_model_score.item()
+
+
 def end_of_run(trainer: Trainer, last: Path, val_batches: int) -> None:
     """What train.py prints when a run ends (rank 0): the last validation's loss, the best one with its step and
     checkpoint (what a run directory resolves to), why early stopping ended it, and the training time."""
@@ -235,13 +247,10 @@ def end_of_run(trainer: Trainer, last: Path, val_batches: int) -> None:
     shown = f"{val_loss.item():.4f}" if val_loss is not None else "n/a"
     # the last validation's val_batches windows: an estimate (the full split's loss follows)
     print(f"estimated val loss {shown} ({val_batches} batches) after {trainer.global_step} steps; checkpoint: {last}")
-    best = next((c for c in trainer.callbacks if isinstance(c, BestCheckpoint)), None)
-    if best is not None and best.best_model_score is not None and Path(best.best_model_path).is_file():
-        path = last.parent / Path(best.best_model_path).name  # as the user named out_dir
-        # a run resumed from a checkpoint older than best_step: the step is in the file
-        step = best.best_step if best.best_step is not None else read_checkpoint(path)["global_step"]
+    if best := best_checkpoint(trainer, last):
+        path, step, score = best
         print(
-            f"best val loss {best.best_model_score.item():.4f} at step {step}; checkpoint: {path} (what sample.py, "
+            f"best val loss {score:.4f} at step {step}; checkpoint: {path} (what sample.py, "
             f"eval.py and export.py take from {last.parent.parent})"
         )
     stopper = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)

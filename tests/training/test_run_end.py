@@ -176,3 +176,35 @@ def test_ctrl_c_is_a_stop_not_an_error(tiny_run_args, corpus, data_root, tmp_pat
         assert lines[-1] == f"stopped at once by a second Ctrl-C; continue from {last} with --resume"
         assert read_checkpoint(last)["global_step"] == 2  # the last checkpoint_every save: nothing half-done
     assert not {".train.lock", ".train.pid"} & {p.name for p in run.iterdir()}
+
+
+def test_a_run_whose_best_is_not_its_end_reports_the_full_split_loss_of_both(
+    tiny_run_args, corpus, data_root, tmp_path, monkeypatch, capsys
+):
+    """A run that overfit ends above its best: the end gives the full split's loss of the best checkpoint (what the
+    commands take) beside the final weights', and the module keeps its final weights.  The reference: the full
+    split's loss that a shorter run printed for its own final weights, here made the longer run's best."""
+    import torch
+
+    from minigpt.cli import train as train_cli
+    from minigpt.core.checkpoint import model_state_dict
+
+    main(tiny_run_args(corpus, data_root, tmp_path / "short", steps=10))
+    short = re.search(r"^full val loss ([\d.]+) over all", capsys.readouterr().out, re.M)[1]
+    earlier = tmp_path / "short" / "checkpoints" / "last.ckpt"
+    monkeypatch.setattr(train_cli, "best_checkpoint", lambda trainer, last: (earlier, 10, 0.0))
+    trainer = main(tiny_run_args(corpus, data_root, tmp_path / "long", steps=20))
+    out = capsys.readouterr().out
+    final = re.search(r"^full val loss ([\d.]+) over all", out, re.M)[1]
+    assert re.search(rf"^full val loss of last\.ckpt \(step 10\): {short} over all [\d,]+ validation tokens", out, re.M)
+    assert final != short and f"{trainer.callback_metrics['full_val_loss'].item():.4f}" == final
+    saved = model_state_dict(read_checkpoint(tmp_path / "long" / "checkpoints" / "last.ckpt"))
+    assert all(torch.equal(v, saved[k]) for k, v in trainer.lightning_module.model.state_dict().items())
+
+
+def test_a_run_that_ends_at_its_best_evaluates_the_full_split_once(tiny_run_args, corpus, data_root, tmp_path, capsys):
+    """Its last validation is its best (the letters run above is the other case): one full-split line."""
+    trainer = main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=20, trainer__val_check_interval=20))
+    out = capsys.readouterr().out
+    assert re.search(r"^best val loss [\d.]+ at step 20;", out, re.M) and trainer.global_step == 20
+    assert len(re.findall(r"^full val loss", out, re.M)) == 1
