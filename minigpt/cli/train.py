@@ -39,7 +39,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 from minigpt.cli.errors import fail, run_cli
 from minigpt.cli.parsing import OneLineErrors, flag_values, literal_choices, misplaced_setting
 from minigpt.configs import default_config
-from minigpt.core.checkpoint import check_resumable, read_checkpoint
+from minigpt.core.checkpoint import check_resumable
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError, first_line
 from minigpt.core.fsutil import atomic_write
@@ -55,7 +55,7 @@ from minigpt.training.finetune_lora import check_finetune_resumable, load_base, 
 from minigpt.training.grpo import GRPOConfig, check_grpo_resumable
 from minigpt.training.init_from import init_from_source, load_init_weights, read_last
 from minigpt.training.lightning_module import GPTLightningModule
-from minigpt.training.objectives import full_split_loss, objective, objective_problem
+from minigpt.training.objectives import full_split_loss, objective, objective_problem, split_report
 from minigpt.training.optim import OptimConfig
 from minigpt.training.run_dir import SIGNALS, check_writable, lock_run_dir, recover, replacing, stop_on_signals
 from minigpt.training.sft import check_chat_resumable
@@ -63,7 +63,7 @@ from minigpt.training.trainer import (
     TRAINER_DEFAULTS,
     EarlyStoppingConfig,
     MiniGPTTrainer,
-    best_checkpoint,
+    best_split_report,
     end_of_run,
     run_callbacks,
 )
@@ -424,12 +424,9 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         nats, n, unit, per_text, found = full_split_loss(cli.model, cli.datamodule)
         trainer.callback_metrics.update({f"full_val_{k}": torch.tensor(v) for k, v in found.items()})
         trainer.callback_metrics["full_val_loss"] = torch.tensor(nats / n)
-        print(
-            f"full val loss {nats / n:.4f} over all {n:,} validation {unit}{per_text} "
-            f"({time.perf_counter() - start:.1f}s to evaluate)"
-        )
-        if (best := best_checkpoint(trainer, last)) and best[1] != trainer.global_step:
-            best_split_loss(cli.model, cli.datamodule, best[0], best[1])
+        print(f"full val loss {split_report(nats, n, unit, per_text, start)}")
+        if report := best_split_report(trainer, last, cli.model, cli.datamodule):  # it overfit, or stopped early
+            print(report)
     timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
     remaining = timer.time_remaining() if timer is not None else None  # None: no max_time
     if (
@@ -441,25 +438,6 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         of = f" of {trainer.max_steps:,}" if trainer.max_steps > 0 else ""
         print(f"stopped by max_time ({cli.config['trainer']['max_time']}) after {trainer.global_step:,}{of} steps")
     return trainer
-
-
-def best_split_loss(module: GPTLightningModule, data: TokenDataModule, path: Path, step: int) -> None:
-    """Prints the full split's loss of the best checkpoint's weights (what sample.py, eval.py and export.py take)
-    when they are not the final ones: a run that overfit ends above its best.  The module's final weights are put
-    back afterwards."""
-    start, final = time.perf_counter(), {k: v.detach().clone() for k, v in module.state_dict().items()}
-    weights = read_checkpoint(path, map_location=module.device)["state_dict"]
-    if weights.keys() != final.keys():  # a checkpoint that holds less than the module (an adapter): not comparable
-        return
-    module.load_state_dict(weights)
-    try:
-        nats, n, unit, per_text, _ = full_split_loss(module, data)
-    finally:
-        module.load_state_dict(final)
-    print(
-        f"full val loss of {path.name} (step {step}): {nats / n:.4f} over all {n:,} validation {unit}{per_text} "
-        f"({time.perf_counter() - start:.1f}s to evaluate)"
-    )
 
 
 def entry() -> None:

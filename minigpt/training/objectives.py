@@ -4,10 +4,13 @@ in one line each, once the command line is parsed."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from minigpt.core.checkpoint import read_checkpoint
 from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens
 from minigpt.training.datamodule import TokenDataModule
 from minigpt.training.dpo import DPOConfig, DPOLightningModule, dpo_val_loss
@@ -74,3 +77,24 @@ def full_split_loss(module: Any, data: TokenDataModule) -> tuple[float, int, str
         nats, n = evaluate_tokens(module.model, val, batch_size)
         per_char, per_byte = bits_per_char_and_byte(nats, data.prepared.tokenizer, val)
         return nats, n, "tokens", f", {per_char:.4f} bits/char, {per_byte:.4f} bits/byte", {}
+
+
+def split_report(nats: float, n: int, unit: str, per_text: str, start: float) -> str:
+    """How train.py reports a full split's loss: the loss, what it is over, and the seconds since `start`."""
+    return f"{nats / n:.4f} over all {n:,} validation {unit}{per_text} ({time.perf_counter() - start:.1f}s to evaluate)"
+
+
+def checkpoint_split_loss(module: Any, data: TokenDataModule, path: Path) -> str | None:
+    """The split_report of a checkpoint's weights in place of the module's (the best checkpoint, when a run ended
+    above its best), the module's own weights put back afterwards; None for a checkpoint that holds other weights
+    than the module (an adapter's)."""
+    start, final = time.perf_counter(), {k: v.detach().clone() for k, v in module.state_dict().items()}
+    weights = read_checkpoint(path, map_location=module.device)["state_dict"]
+    if weights.keys() != final.keys():
+        return None
+    module.load_state_dict(weights)
+    try:
+        nats, n, unit, per_text, _ = full_split_loss(module, data)
+    finally:
+        module.load_state_dict(final)
+    return split_report(nats, n, unit, per_text, start)

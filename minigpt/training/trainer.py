@@ -33,6 +33,7 @@ from minigpt.training.callbacks import (
     TextSamples,
     TrainingThroughput,
 )
+from minigpt.training.objectives import checkpoint_split_loss
 
 PROGRESS_REFRESH = 10
 
@@ -238,6 +239,16 @@ def best_checkpoint(trainer: Trainer, last: Path) -> tuple[Path, int, float] | N
     # a run resumed from a checkpoint older than best_step: the step is in the file
     step = best.best_step if best.best_step is not None else read_checkpoint(path)["global_step"]
     return path, step, best.best_model_score.item()
+
+
+def best_split_report(trainer: Trainer, last: Path, module: L.LightningModule, data: Any) -> str | None:
+    """train.py's last line where the best checkpoint is not the final weights: the full split's loss of the best
+    checkpoint (what the commands take), the module's final weights kept; None where it is the final weights, or
+    holds other weights than the module (an adapter's)."""
+    if not (best := best_checkpoint(trainer, last)) or best[1] == trainer.global_step:
+        return None
+    report = checkpoint_split_loss(module, data, best[0])
+    return f"full val loss of {best[0].name} (step {best[1]}): {report}" if report else None
 
 
 def end_of_run(trainer: Trainer, last: Path, val_batches: int) -> None:
