@@ -88,10 +88,10 @@ def checkpoint_split_loss(module: Any, data: TokenDataModule, path: Path) -> str
     """The split_report of a checkpoint's weights in place of the module's (the best checkpoint, when a run ended
     above its best), the module's own weights put back afterwards; None for a checkpoint that holds other weights
     than the module (an adapter's)."""
-    start, final = time.perf_counter(), {k: v.detach().clone() for k, v in module.state_dict().items()}
-    weights = read_checkpoint(path, map_location=module.device)["state_dict"]
-    if weights.keys() != final.keys():
+    start, weights = time.perf_counter(), read_checkpoint(path, map_location=module.device)["state_dict"]
+    if weights.keys() != module.state_dict().keys():
         return None
+    final = {k: v.detach().clone() for k, v in module.state_dict().items()}
     module.load_state_dict(weights)
     try:
         nats, n, unit, per_text, _ = full_split_loss(module, data)
