@@ -7,6 +7,7 @@ docs/time_to_loss.md#on-one-gpu-launch-to-loss-against-nanogpt.
 """
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -278,7 +279,11 @@ def write_profile(profiler: cProfile.Profile, path: Path, title: str) -> None:
 
 def last_json(lines: list[tuple[float, str]]) -> dict | None:
     """A child's result: its last JSON line (Inductor's max-autotune prints JSON lines of its own before it)."""
-    return next((json.loads(line) for _, line in reversed(lines) if line.startswith("{")), None)
+    for _, line in reversed(lines):
+        if line.startswith("{"):
+            with contextlib.suppress(json.JSONDecodeError):  # a log line that only looks like JSON
+                return json.loads(line)
+    return None
 
 
 def child(args, work: Path, cache: str, what: str) -> tuple[dict, list[tuple[float, str]]]:
@@ -287,7 +292,7 @@ def child(args, work: Path, cache: str, what: str) -> tuple[dict, list[tuple[flo
     if args.profile and ":" in what:  # the overhead part's child
         cmd += ["--profile", args.profile, "--profile_out", str(work / "overhead_profile.log")]
     lines, rc = run_timed(cmd, REPO, fresh_env(work / cache), args.timeout)
-    got = last_json(lines)
+    got = last_json(lines) if rc == 0 else None  # a child that died after autotuning printed only the tuner's
     return got or {"rc": rc, "tail": [line for _, line in lines[-6:]]}, lines
 
 

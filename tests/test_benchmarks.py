@@ -175,3 +175,4 @@ def test_bench_gpu_takes_a_childs_last_json_line_as_its_result():
     lines = [(1.0, "compiling"), (2.0, autotune), (3.0, '{"ms_per_iter": 26.2}'), (3.1, "done")]
     assert last_json(lines) == {"ms_per_iter": 26.2}
     assert last_json([(1.0, "Traceback")]) is None
+    assert last_json([(1.0, '{"ms_per_iter": 26.2}'), (2.0, "{not json")]) == {"ms_per_iter": 26.2}

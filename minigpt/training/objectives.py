@@ -88,12 +88,13 @@ def checkpoint_split_loss(module: Any, data: TokenDataModule, path: Path) -> str
     """The split_report of a checkpoint's weights in place of the module's (the best checkpoint, when a run ended
     above its best), the module's own weights put back afterwards; None for a checkpoint that holds other weights
     than the module (an adapter's)."""
-    start, weights = time.perf_counter(), read_checkpoint(path, map_location=module.device)["state_dict"]
+    # on the CPU: a Lightning checkpoint holds the optimizer's state too, and the device may be near full
+    start, weights = time.perf_counter(), read_checkpoint(path)["state_dict"]
     if weights.keys() != module.state_dict().keys():
         return None
-    final = {k: v.detach().clone() for k, v in module.state_dict().items()}
-    module.load_state_dict(weights)
-    try:
+    final = {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+    try:  # a load that failed half-way would leave a mix: the final weights go back whatever happens
+        module.load_state_dict(weights)
         nats, n, unit, per_text, _ = full_split_loss(module, data)
     finally:
         module.load_state_dict(final)
