@@ -210,17 +210,21 @@ def overhead_child(args) -> None:
     tokens = np.random.default_rng(0).integers(0, 65, size=1 << 20, dtype=np.uint16)
     windows = RandomWindows(tokens, model["block_size"], B, seed=0, stream=0, length=n)
     loader = torch.utils.data.DataLoader(windows, batch_size=None, sampler=range(n), pin_memory=args.device == "cuda")
-    rows = {}
-    profiled = [args.profile] if args.profile else []  # once more, under cProfile: its ms are not the figure
-    for i, run in enumerate(args.child.split(",") + profiled):
-        profiler = cProfile.Profile() if i == len(args.child.split(",")) else None
+
+    def timed(run: str, profiler: "Profilers | None") -> float:
+        """ms per step of one OPTIMIZER:LOOP:COMPILE run, synchronized at the timed steps' ends only."""
         optimizer, loop, compiled = run.split(":")
+        optimizer, _, graph = optimizer.partition("+")  # +graph: the update replayed as a CUDA graph
+        assert graph in ("", "graph"), run
         compiled, _, mode = compiled.partition("+")
         assert not (mode and loop == "bare"), "a compile mode needs a Trainer loop (CompileModel)"
         assert compiled in ("regions", "whole") if mode else compiled in ("eager", "regions", "whole"), run
         torch._dynamo.reset()  # each run compiles afresh: no graph, CUDA graph tree or pool left by the one before
         torch.manual_seed(0)
-        optim = OptimConfig(**recipe["optim"] | dict(optimizer=optimizer, lr_schedule="cosine", decay_steps=10**6))
+        optim = OptimConfig(
+            **recipe["optim"]
+            | dict(optimizer=optimizer, lr_schedule="cosine", decay_steps=10**6, cuda_graph=bool(graph))
+        )
         module = GPTLightningModule(GPTConfig.from_dict(model), optim).to(args.device)
         if compiled == "regions" and not mode:
             compile_regions(module.model)
@@ -228,12 +232,12 @@ def overhead_child(args) -> None:
             module.model.compile()
         stamps: list[float] = []
 
-        def stamp(step: int, stamps: list[float] = stamps, profiler=profiler) -> None:
+        def stamp(step: int) -> None:
             if step in (warm, n - 1):
                 common.synchronize(args.device)
                 stamps.append(time.perf_counter())
                 if profiler is not None:  # the timed steps only: no compile, no warm-up
-                    profiler.enable() if step == warm else profiler.disable()
+                    profiler.start() if step == warm else profiler.stop()
 
         if loop == "bare":
             opt = module.configure_optimizers()
@@ -260,21 +264,55 @@ def overhead_child(args) -> None:
                     enable_checkpointing=train_py, enable_progress_bar=train_py, logger=train_py,
                     default_root_dir=tmp.name, max_time="00:00:10:00" if train_py else None,
                 ).fit(module, train_dataloaders=loader)  # fmt: skip
-        ms = round((stamps[1] - stamps[0]) / (n - 1 - warm) * 1000, 2)
-        if profiler is not None:
-            write_profile(profiler, args.profile_out, f"{run}, {n - 1 - warm} steps under cProfile, {ms} ms/step")
-            continue
-        rows[run] = ms
+        return round((stamps[1] - stamps[0]) / (n - 1 - warm) * 1000, 2)
+
+    rows = {}
+    for run in args.child.split(","):
+        rows[run] = timed(run, None)
         print(f"{run}: {rows[run]} ms/step", file=sys.stderr, flush=True)
+    if args.profile:  # once more, under the profilers: its ms are not the figure
+        profiler, steps = Profilers(args.device), n - 1 - warm
+        try:  # a profiler that fails (CUPTI beside CUDA graphs, say) costs its log, not the rows measured
+            ms = timed(args.profile, profiler)
+            profiler.write(args.profile_out, f"{args.profile}, {steps} steps under the profilers, {ms} ms/step", steps)
+        except Exception as error:
+            args.profile_out.write_text(f"{args.profile} failed under the profilers: {error!r}\n")
     print(json.dumps(rows))
 
 
-def write_profile(profiler: cProfile.Profile, path: Path, title: str) -> None:
-    """The functions that took the host's time: the top 40 by own time, then by time with callees."""
-    out = io.StringIO()
-    for order in ("tottime", "cumulative"):
-        pstats.Stats(profiler, stream=out).sort_stats(order).print_stats(40)
-    path.write_text(f"{title}\n{out.getvalue()}")
+class Profilers:
+    """The host's Python functions (cProfile) and, beside them, the device's kernels (torch.profiler; on a CPU the
+    ops): whether a step waits on the host or on the GPU is the kernels' time per step against the step's."""
+
+    def __init__(self, device: str) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        self.host = cProfile.Profile()
+        self.cuda = device == "cuda"
+        self.device = profile(activities=[ProfilerActivity.CUDA if self.cuda else ProfilerActivity.CPU])
+
+    def start(self) -> None:
+        self.device.start()
+        self.host.enable()
+
+    def stop(self) -> None:
+        self.host.disable()
+        self.device.stop()
+
+    def write(self, path: Path, title: str, steps: int) -> None:
+        """The kernels' time and count per step and the top 25 by it; then the host's top 40 functions by own time
+        and by time with callees. Both profilers slow the host: its ms per step is not the figure, the kernels' is."""
+        events = self.device.key_averages()
+        what = "GPU kernels" if self.cuda else "CPU ops (own time)"
+        busy_ms = sum(e.self_device_time_total if self.cuda else e.self_cpu_time_total for e in events) / 1e3
+        calls = sum(e.count for e in events)
+        out = io.StringIO()
+        out.write(f"{title}\n{what}: {busy_ms / steps:.2f} ms per step, {calls / steps:.0f} per step\n")
+        sort = "self_device_time_total" if self.cuda else "self_cpu_time_total"
+        out.write(events.table(sort_by=sort, row_limit=25, max_name_column_width=60) + "\n")
+        for order in ("tottime", "cumulative"):
+            pstats.Stats(self.host, stream=out).sort_stats(order).print_stats(40)
+        path.write_text(out.getvalue())
 
 
 def last_json(lines: list[tuple[float, str]]) -> dict | None:
@@ -329,7 +367,9 @@ def main() -> None:
     p.add_argument("--variant", action="append", default=[], help="variants: NAME=FLAGS (and ENV=VALUE)")
     p.add_argument("--nanogpt_iters", type=int, default=2000, help="nanoGPT's recipe, cut here (its best: ~2000)")
     p.add_argument("--overhead_runs", help="overhead: OPTIMIZER:LOOP:COMPILE runs, comma-separated (see the docs)")
-    p.add_argument("--profile", help="overhead: run this OPTIMIZER:LOOP:COMPILE once more under cProfile")
+    p.add_argument(
+        "--profile", help="overhead: run this OPTIMIZER:LOOP:COMPILE once more under cProfile and torch.profiler"
+    )
     p.add_argument("--profile_out", type=Path, help=argparse.SUPPRESS)  # where the overhead child writes it
     p.add_argument("--compile_kinds", default="regions", help="throughput: regions, whole (one graph), +MODE, +SDPA")
     p.add_argument("--extra", default="", help="train.py options added to every minigpt run (e.g. a compile mode)")
@@ -391,7 +431,7 @@ def main() -> None:
     if "overhead" in parts:  # the recipe's step, layer by layer: a fresh process (its own compile caches)
         runs = "muon:bare:regions,adamw:bare:regions,muon:bare:whole,muon:bare:eager,muon:minimal:regions"
         runs += ",adamw:minimal:regions,muon:train_py:regions,adamw:train_py:regions"
-        runs = "muon:bare:eager,adamw:minimal:eager,muon:train_py:eager" if args.tiny else runs  # no compiling
+        runs = "muon:bare:eager,adamw+graph:minimal:eager,muon:train_py:eager" if args.tiny else runs  # no compiling
         runs = args.overhead_runs or runs
         save("overhead_ms_per_step", child(args, work, "cache_oh", runs)[0])
     if "throughput" in parts:

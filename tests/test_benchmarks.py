@@ -6,6 +6,7 @@ here, not its time budget."""
 import importlib
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -160,11 +161,19 @@ def test_bench_gpu_runs_minigpts_parts_on_a_cpu(corpus, tmp_path):
     assert cold["rc"] == 0 and cold["steps"] == 30 and 0 < cold["full_val"] < 10 and cold["first_step_s"] > 0
     assert [step for _, step, _ in cold["curve"]] == [9, 19, 29]  # val_loss with its wall time, from TensorBoard
     assert result["throughput"]["minigpt_regions"]["ms_per_iter"] > 0
-    assert set(result["overhead_ms_per_step"]) == {"muon:bare:eager", "adamw:minimal:eager", "muon:train_py:eager"}
+    assert set(result["overhead_ms_per_step"]) == {
+        "muon:bare:eager",
+        "adamw+graph:minimal:eager",
+        "muon:train_py:eager",
+    }
     assert all(ms > 0 for ms in result["overhead_ms_per_step"].values())
-    # --profile: that run once more under cProfile, its timed steps only, beside the results (not among them)
+    # --profile: that run once more under cProfile and torch.profiler, its timed steps only, beside the results
+    # (not among them): the device's time per step (here the CPU's ops), its top ops, then the host's functions
     profile = (tmp_path / "gpu" / "overhead_profile.log").read_text()
-    assert profile.startswith("muon:train_py:eager, 9 steps under cProfile") and "optim.py" in profile
+    title, device, *table = profile.splitlines()
+    assert title.startswith("muon:train_py:eager, 9 steps under the profilers")
+    assert re.fullmatch(r"CPU ops \(own time\): \d+\.\d\d ms per step, \d+ per step", device), device
+    assert float(device.split()[4]) > 0 and "aten::mm" in profile and "optim.py" in profile
 
 
 def test_bench_gpu_takes_a_childs_last_json_line_as_its_result():

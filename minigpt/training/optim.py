@@ -10,6 +10,7 @@ is known, the peak is held.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -50,6 +51,10 @@ class OptimConfig:
     """wsd only: the share of the decay (warmup's end to decay's end) spent in the linear cooldown, in (0, 1]."""
     decay_steps: int | None = None
     """Step at which the decay ends; unset = at trainer.max_steps or at the end of max_time, whichever is first."""
+    cuda_graph: bool = False
+    """On a GPU, replay the optimizer's update as one CUDA graph from the fourth step (a small model's step is mostly
+    the host launching the update's kernels). Needs gradients kept in place between steps, as compile_mode
+    reduce-overhead and cudagraphs keep them; where they move, or on a CPU, the update runs eagerly."""
 
     def __post_init__(self) -> None:
         for name, problem, fix in self.problems():
@@ -108,7 +113,8 @@ def build_optimizer(model: GPT, cfg: OptimConfig, fused: bool) -> torch.optim.Op
         # Muon orthogonalises updates of the blocks' hidden matrices; embeddings and the head stay with AdamW
         hidden = [p for n, p in decay if p.dim() == 2 and n.startswith("transformer.h.")]
         ids = {id(p) for p in hidden}
-        return MuonWithAdamW(
+        muon = GraphedMuonWithAdamW if cfg.cuda_graph else MuonWithAdamW
+        return muon(
             [{"params": hidden, "weight_decay": cfg.weight_decay}],
             [
                 {"params": [p for _, p in decay if id(p) not in ids], "weight_decay": cfg.weight_decay},
@@ -120,7 +126,8 @@ def build_optimizer(model: GPT, cfg: OptimConfig, fused: bool) -> torch.optim.Op
             ns_steps=cfg.muon_ns_steps,
             row_splits=model.stacked_projections(),
         )
-    return torch.optim.AdamW(
+    adamw = GraphedAdamW if cfg.cuda_graph else torch.optim.AdamW
+    return adamw(
         [
             {"params": [p for _, p in decay], "weight_decay": cfg.weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
@@ -214,6 +221,9 @@ class Muon(torch.optim.Muon):
                 weights = [weight for weight, _ in pieces]  # the parameters, or views of their rows
                 if weights[0].dtype == torch.float32:  # exact (from bf16 or float32): one dtype and layout throughout
                     ortho = ortho.to(torch.float32, memory_format=torch.contiguous_format)  # keeps foreach's fast path
+                if isinstance(alpha, torch.Tensor):  # a learning rate on the device (GraphedStep): no scalar alpha
+                    ortho = ortho * alpha.to(ortho.dtype)
+                    alpha = 1.0
                 torch._foreach_add_(weights, [ortho] if single else list(ortho.unbind()), alpha=alpha)
         return loss
 
@@ -271,6 +281,88 @@ class MuonWithAdamW(torch.optim.Optimizer):
         loss = self.muon.step(closure)  # evaluates the closure (Lightning's forward + backward) first
         self.adamw.step()
         return loss
+
+
+class GraphedStep:
+    """Mixed into an optimizer (before it): step() runs the closure (Lightning's forward, backward and clipping)
+    eagerly, then the update, which from the fourth step on is one CUDA graph replayed instead of each of its
+    kernels launched from Python.  The first steps run eagerly (they make the state), the third on the side stream
+    the graph is captured on, as torch's CUDA-graph docs ask.  The graph reads each group's learning rate from a
+    tensor on the device, refilled before each replay, so a schedule still moves it.  It holds the gradients'
+    addresses: a step whose gradients moved (freed by zero_grad, say) drops the graph and runs eagerly from then on.
+    """
+
+    _eager_steps = 0
+    _graph: torch.cuda.CUDAGraph | None = None
+    _graph_given_up = False
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        params = [p for group in self.param_groups for p in group["params"]]
+        if self._graph is not None and any(g is not p.grad for g, p in zip(self._graph_grads, params, strict=True)):
+            warnings.warn("optim.cuda_graph: the gradients moved between steps; the update runs eagerly", stacklevel=2)
+            self._graph, self._graph_given_up = None, True
+        if self._graph is not None:
+            for lr, group in zip(self._graph_lrs, self.param_groups):
+                lr.fill_(group["lr"])
+            self._graph.replay()
+        elif self._graph_given_up or not params or params[0].device.type != "cuda" or self._eager_steps < 2:
+            self._eager_steps += 1
+            super().step()
+        elif self._eager_steps == 2:  # the last eager step on the capture's stream: its libraries warmed up there
+            self._graph_stream = torch.cuda.Stream(params[0].device)
+            self._graph_stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self._graph_stream):
+                super().step()
+            torch.cuda.current_stream().wait_stream(self._graph_stream)
+            self._eager_steps += 1
+        else:
+            try:
+                self._capture(params)
+            except RuntimeError as error:  # an op the capture refuses: the update still runs, eagerly
+                warnings.warn(
+                    f"optim.cuda_graph: the update could not be captured ({error}); it runs eagerly", stacklevel=2
+                )
+                self._graph, self._graph_given_up = None, True
+                super().step()
+                return loss
+            self._graph.replay()  # capturing ran nothing: this step's update
+        return loss
+
+    def _capture(self, params: list[torch.Tensor]) -> None:
+        floats = [group["lr"] for group in self.param_groups]
+        self._graph_lrs = [torch.tensor(lr, dtype=torch.float32, device=params[0].device) for lr in floats]
+        self._graph_grads = [p.grad for p in params]
+        self._graph = torch.cuda.CUDAGraph()
+        capturable = [group.get("capturable") for group in self.param_groups]  # AdamW's groups have the key
+        try:  # torch's AdamW refuses to be captured unless its groups say capturable; the groups read the tensors
+            for group, lr in zip(self.param_groups, self._graph_lrs):
+                group["lr"] = lr
+                if "capturable" in group:
+                    group["capturable"] = True
+            with torch.cuda.graph(self._graph, stream=self._graph_stream, capture_error_mode="thread_local"):
+                super().step()
+        finally:
+            for group, lr, was in zip(self.param_groups, floats, capturable):
+                group["lr"] = lr
+                if was is not None:
+                    group["capturable"] = was
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)  # new state tensors: a graph would update the old ones
+        self._graph, self._eager_steps = None, 0
+
+
+class GraphedAdamW(GraphedStep, torch.optim.AdamW):
+    """AdamW with its update replayed as a CUDA graph (OptimConfig.cuda_graph)."""
+
+
+class GraphedMuonWithAdamW(GraphedStep, MuonWithAdamW):
+    """Muon + AdamW with their update replayed as one CUDA graph (OptimConfig.cuda_graph)."""
 
 
 # ------------------------------------------------------------------------------------------------- schedule

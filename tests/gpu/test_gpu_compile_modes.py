@@ -1,7 +1,7 @@
 """--compile_mode reduce-overhead and cudagraphs on a GPU: the compiled graphs replay as CUDA graphs, and training
 ends where the default mode's does (the same computation, replayed), also under gradient accumulation, where a
 graph's gradient outputs would be overwritten by the next micro-batch's replay were they not added into buffers of
-their own.
+their own.  Beside them --optim.cuda_graph, the optimizer's update replayed as a CUDA graph.
 The GPU recipe's settings (Muon, WSD, bf16-mixed, clipping), without dropout so both runs draw nothing random.
 Skipped without CUDA (tests/training/test_callbacks.py checks the in-place gradients on the CPU)."""
 
@@ -59,3 +59,37 @@ def test_the_recipe_with_dropout_records_its_graphs(mode, tmp_path):
     assert counters["inductor"]["cudagraph_skips"] == 0
     assert counters["inductor"]["cudagraph_recorded_non_static_inputs"] > 0  # graphs were recorded, not only run
     assert trainer.callback_metrics["val_loss"] < 3.0  # from ln(vocab) ~ 3.6 for the corpus's characters
+
+
+# --optim.cuda_graph: the optimizer's update captured once as a CUDA graph and replayed (tests/training/test_optim.py
+# checks the eager path and the learning rate as a tensor on the CPU)
+
+
+def run_optimizer_graph(tmp_path, name: str, mode: str, optimizer: str, graphed: bool):
+    """12 steps of the tiny GPU recipe under compile mode `mode` ("eager": not compiled); (trainer, weights)."""
+    argv = tiny_recipe(tmp_path, name, 12, "default" if mode == "eager" else mode)
+    argv += ["--compile", str(mode != "eager").lower(), "--model.dropout", "0.0", "--optim.learning_rate", "0.001"]
+    argv += ["--optim.optimizer", optimizer, "--optim.cuda_graph", str(graphed).lower(), "--checkpoint_every", "12"]
+    argv += ["--optim.warmup_steps", "4", "--optim.lr_schedule", "cosine", "--compile_regions", "false"]
+    trainer = train_main(argv)
+    assert trainer.global_step == 12
+    return trainer, model_state_dict(read_checkpoint(tmp_path / name / "checkpoints" / "last.ckpt"))
+
+
+@pytest.mark.parametrize("optimizer", ["muon", "adamw"])
+def test_the_replayed_update_trains_as_the_eager_one(optimizer, tmp_path):
+    _, eager = run_optimizer_graph(tmp_path, "eager", "cudagraphs", optimizer, graphed=False)
+    trainer, graphed = run_optimizer_graph(tmp_path, "graphed", "cudagraphs", optimizer, graphed=True)
+    assert trainer.optimizers[0]._graph is not None  # captured, and still in use at the end
+    for name, value in eager.items():
+        assert torch.allclose(value.float(), graphed[name].float(), atol=2e-3, rtol=1e-2), name
+
+
+def test_gradients_that_move_make_the_update_eager_again(tmp_path):
+    """Uncompiled, zero_grad frees the gradients: the graph would read the old ones."""
+    _, eager = run_optimizer_graph(tmp_path, "eager", "eager", "muon", graphed=False)
+    with pytest.warns(UserWarning, match="gradients moved between steps"):
+        trainer, graphed = run_optimizer_graph(tmp_path, "graphed", "eager", "muon", graphed=True)
+    assert trainer.optimizers[0]._graph is None
+    for name, value in eager.items():
+        assert torch.allclose(value.float(), graphed[name].float(), atol=2e-3, rtol=1e-2), name

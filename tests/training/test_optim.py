@@ -7,7 +7,16 @@ import torch
 import minigpt.core.precision
 from minigpt.core.config import GPTConfig
 from minigpt.core.model import GPT
-from minigpt.training.optim import Muon, OptimConfig, build_optimizer, lr_multiplier, newton_schulz
+from minigpt.training.optim import (
+    GraphedAdamW,
+    GraphedMuonWithAdamW,
+    GraphedStep,
+    Muon,
+    OptimConfig,
+    build_optimizer,
+    lr_multiplier,
+    newton_schulz,
+)
 
 
 def test_warmup_is_linear_up_to_the_peak():
@@ -158,3 +167,51 @@ def test_build_optimizer_splits_fused_projections_for_muon(arch):
     else:
         assert block.mlp.c_fc.weight not in splits  # one GELU projection: nothing stacked
     assert block.attn.c_proj.weight not in splits
+
+
+def _trained_copies(n: int, cfg: OptimConfig, steps: int, lr_as_tensor: bool = False) -> list[dict]:
+    """Each of n copies of one tiny model after `steps` steps of build_optimizer(cfg) on the same gradients, with a
+    learning rate that changes every step (as a schedule moves it)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("tiny"))
+    grads = [{k: torch.randn_like(p) for k, p in model.named_parameters()} for _ in range(steps)]
+    states = []
+    for _ in range(n):
+        copy = GPT(GPTConfig.from_name("tiny"))
+        copy.load_state_dict(model.state_dict())
+        opt = build_optimizer(copy, cfg, fused=True)
+        for step, grad in enumerate(grads):
+            for group in opt.param_groups:
+                lr = cfg.learning_rate * (1 - step / steps)
+                group["lr"] = torch.tensor(lr) if lr_as_tensor else lr
+            for k, p in copy.named_parameters():
+                p.grad = grad[k].clone()
+            opt.step()
+        states.append({k: v.clone() for k, v in copy.state_dict().items()})
+    return states
+
+
+@pytest.mark.parametrize("optimizer", ["muon", "adamw"])
+def test_the_cuda_graph_option_runs_eagerly_on_a_cpu_as_the_plain_optimizer(optimizer):
+    """optim.cuda_graph picks the graphed classes; on a CPU their update is the plain optimizer's, to the bit
+    (tests/gpu/test_gpu_optimizer_graph.py checks the replayed update on a GPU)."""
+    cfg = OptimConfig(optimizer=optimizer, learning_rate=0.01)
+    graphed_cfg = OptimConfig(optimizer=optimizer, learning_rate=0.01, cuda_graph=True)
+    model = GPT(GPTConfig.from_name("tiny"))
+    expected = GraphedMuonWithAdamW if optimizer == "muon" else GraphedAdamW
+    assert type(build_optimizer(model, graphed_cfg, fused=True)) is expected
+    assert not isinstance(build_optimizer(model, cfg, fused=True), GraphedStep)
+    plain, graphed = _trained_copies(1, cfg, 5) + _trained_copies(1, graphed_cfg, 5)
+    for name, value in plain.items():
+        assert torch.equal(value, graphed[name]), name
+
+
+def test_muon_takes_its_learning_rate_as_a_tensor_as_the_graph_reads_it():
+    """The captured update reads each group's learning rate from a tensor on the device: Muon's weight decay and
+    update follow it as they follow a float (the same up to float32 rounding)."""
+    cfg = OptimConfig(optimizer="muon", learning_rate=0.01)
+    (floats,), (tensors,) = _trained_copies(1, cfg, 4), _trained_copies(1, cfg, 4, lr_as_tensor=True)
+    for name, value in floats.items():
+        torch.testing.assert_close(tensors[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    (untrained,) = _trained_copies(1, cfg, 0)
+    assert any(not torch.equal(untrained[k], v) for k, v in tensors.items())  # the steps moved the weights
