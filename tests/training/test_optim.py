@@ -7,16 +7,9 @@ import torch
 import minigpt.core.precision
 from minigpt.core.config import GPTConfig
 from minigpt.core.model import GPT
-from minigpt.training.optim import (
-    GraphedAdamW,
-    GraphedMuonWithAdamW,
-    GraphedStep,
-    Muon,
-    OptimConfig,
-    build_optimizer,
-    lr_multiplier,
-    newton_schulz,
-)
+from minigpt.training.muon import Muon, newton_schulz
+from minigpt.training.optim import OptimConfig, build_optimizer, lr_multiplier
+from minigpt.training.step_graph import GraphedAdamW, GraphedMuonWithAdamW, GraphedStep
 
 
 def test_warmup_is_linear_up_to_the_peak():

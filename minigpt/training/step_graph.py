@@ -1,0 +1,92 @@
+"""An optimizer's update captured once as a CUDA graph and replayed (OptimConfig.cuda_graph): on a small model the
+host launching the update's kernels one by one from Python is a large share of the step."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from minigpt.training.muon import MuonWithAdamW
+
+
+class GraphedStep:
+    """Mixed into an optimizer (before it): step() runs the closure (Lightning's forward, backward and clipping)
+    eagerly, then the update, which from the fourth step on is one CUDA graph replayed instead of each of its
+    kernels launched from Python.  The first steps run eagerly (they make the state), the third on the side stream
+    the graph is captured on, as torch's CUDA-graph docs ask.  The graph reads each group's learning rate from a
+    tensor on the device, refilled before each replay, so a schedule still moves it.  It holds the gradients'
+    addresses: a step whose gradients moved (freed by zero_grad, say) drops the graph and runs eagerly from then on.
+    """
+
+    _eager_steps = 0
+    _graph: torch.cuda.CUDAGraph | None = None
+    _graph_given_up = False
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        params = [p for group in self.param_groups for p in group["params"]]
+        if self._graph is not None and any(g is not p.grad for g, p in zip(self._graph_grads, params, strict=True)):
+            warnings.warn("optim.cuda_graph: the gradients moved between steps; the update runs eagerly", stacklevel=2)
+            self._graph, self._graph_given_up = None, True
+        if self._graph is not None:
+            for lr, group in zip(self._graph_lrs, self.param_groups):
+                lr.fill_(group["lr"])
+            self._graph.replay()
+        elif self._graph_given_up or not params or params[0].device.type != "cuda" or self._eager_steps < 2:
+            self._eager_steps += 1
+            super().step()
+        elif self._eager_steps == 2:  # the last eager step on the capture's stream: its libraries warmed up there
+            self._graph_stream = torch.cuda.Stream(params[0].device)
+            self._graph_stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self._graph_stream):
+                super().step()
+            torch.cuda.current_stream().wait_stream(self._graph_stream)
+            self._eager_steps += 1
+        else:
+            try:
+                self._capture(params)
+            except RuntimeError as error:  # an op the capture refuses: the update still runs, eagerly
+                warnings.warn(
+                    f"optim.cuda_graph: the update could not be captured ({error}); it runs eagerly", stacklevel=2
+                )
+                self._graph, self._graph_given_up = None, True
+                super().step()
+                return loss
+            self._graph.replay()  # capturing ran nothing: this step's update
+        return loss
+
+    def _capture(self, params: list[torch.Tensor]) -> None:
+        floats = [group["lr"] for group in self.param_groups]
+        self._graph_lrs = [torch.tensor(lr, dtype=torch.float32, device=params[0].device) for lr in floats]
+        self._graph_grads = [p.grad for p in params]
+        self._graph = torch.cuda.CUDAGraph()
+        capturable = [group.get("capturable") for group in self.param_groups]  # AdamW's groups have the key
+        try:  # torch's AdamW refuses to be captured unless its groups say capturable; the groups read the tensors
+            for group, lr in zip(self.param_groups, self._graph_lrs):
+                group["lr"] = lr
+                if "capturable" in group:
+                    group["capturable"] = True
+            with torch.cuda.graph(self._graph, stream=self._graph_stream, capture_error_mode="thread_local"):
+                super().step()
+        finally:
+            for group, lr, was in zip(self.param_groups, floats, capturable):
+                group["lr"] = lr
+                if was is not None:
+                    group["capturable"] = was
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)  # new state tensors: a graph would update the old ones
+        self._graph, self._eager_steps = None, 0
+
+
+class GraphedAdamW(GraphedStep, torch.optim.AdamW):
+    """AdamW with its update replayed as a CUDA graph (OptimConfig.cuda_graph)."""
+
+
+class GraphedMuonWithAdamW(GraphedStep, MuonWithAdamW):
+    """Muon + AdamW with their update replayed as one CUDA graph (OptimConfig.cuda_graph)."""
