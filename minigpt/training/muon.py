@@ -94,7 +94,7 @@ class Muon(torch.optim.Muon):
                 if weights[0].dtype == torch.float32:  # exact (from bf16 or float32): one dtype and layout throughout
                     ortho = ortho.to(torch.float32, memory_format=torch.contiguous_format)  # keeps foreach's fast path
                 if isinstance(alpha, torch.Tensor):  # a learning rate on the device (GraphedStep): no scalar alpha
-                    ortho = ortho * alpha.to(ortho.dtype)
+                    ortho = (ortho.float() * alpha).to(ortho.dtype)  # the product in float32, as alpha= computes it
                     alpha = 1.0
                 torch._foreach_add_(weights, [ortho] if single else list(ortho.unbind()), alpha=alpha)
         return loss

@@ -15,12 +15,14 @@ class GraphedStep:
     eagerly, then the update, which from the fourth step on is one CUDA graph replayed instead of each of its
     kernels launched from Python.  The first steps run eagerly (they make the state), the third on the side stream
     the graph is captured on, as torch's CUDA-graph docs ask.  The graph reads each group's learning rate from a
-    tensor on the device, refilled before each replay, so a schedule still moves it.  It holds the gradients'
-    addresses: a step whose gradients moved (freed by zero_grad, say) drops the graph and runs eagerly from then on.
+    tensor on the device, refilled before each replay, so a schedule still moves it.  It holds the gradients,
+    the weights and the state where they were at the capture: where the gradients move between steps (zero_grad
+    freeing them), or AdamW is not fused, the update runs eagerly (with a warning) from then on.
     """
 
     _eager_steps = 0
     _graph: torch.cuda.CUDAGraph | None = None
+    _graph_grads: list[torch.Tensor | None] = []  # the gradients the graph reads (before it: the last step's)
     _graph_given_up = False
 
     @torch.no_grad()
@@ -30,14 +32,18 @@ class GraphedStep:
             with torch.enable_grad():
                 loss = closure()
         params = [p for group in self.param_groups for p in group["params"]]
-        if self._graph is not None and any(g is not p.grad for g, p in zip(self._graph_grads, params, strict=True)):
-            warnings.warn("optim.cuda_graph: the gradients moved between steps; the update runs eagerly", stacklevel=2)
-            self._graph, self._graph_given_up = None, True
+        if self._graph_grads and any(g is not p.grad for g, p in zip(self._graph_grads, params, strict=True)):
+            self._give_up(
+                "the gradients moved between steps (only compile_mode cudagraphs and reduce-overhead keep them)"
+            )
         if self._graph is not None:
             for lr, group in zip(self._graph_lrs, self.param_groups):
                 lr.fill_(group["lr"])
             self._graph.replay()
-        elif self._graph_given_up or not params or params[0].device.type != "cuda" or self._eager_steps < 2:
+            return loss
+        if not self._graph_given_up and params and params[0].device.type == "cuda":
+            self._graph_grads = [p.grad for p in params]  # the next step checks they stayed
+        if self._graph_given_up or not self._graph_grads or self._eager_steps < 2:
             self._eager_steps += 1
             super().step()
         elif self._eager_steps == 2:  # the last eager step on the capture's stream: its libraries warmed up there
@@ -47,23 +53,30 @@ class GraphedStep:
                 super().step()
             torch.cuda.current_stream().wait_stream(self._graph_stream)
             self._eager_steps += 1
+        elif problem := self._uncapturable(params):
+            self._give_up(problem)
+            super().step()
         else:
             try:
-                self._capture(params)
-            except RuntimeError as error:  # an op the capture refuses: the update still runs, eagerly
-                warnings.warn(
-                    f"optim.cuda_graph: the update could not be captured ({error}); it runs eagerly", stacklevel=2
-                )
-                self._graph, self._graph_given_up = None, True
+                self._capture(params[0].device)
+            except Exception as error:  # an op the capture refuses: the update still runs, eagerly
+                self._give_up(f"the update could not be captured ({error})")
                 super().step()
                 return loss
             self._graph.replay()  # capturing ran nothing: this step's update
         return loss
 
-    def _capture(self, params: list[torch.Tensor]) -> None:
+    def _uncapturable(self, params: list[torch.Tensor]) -> str | None:
+        """Why the update cannot be captured now, or None."""
+        if any(group.get("fused") is False for group in self.param_groups):  # unfused AdamW keeps its step count
+            return "AdamW is not fused (under a gradient scaler, precision 16-mixed)"  # on the host
+        if any(p.grad is not None and not self.state.get(p) for p in params):  # made in the graph, zeroed per replay
+            return "a parameter has a gradient but no optimizer state yet"
+        return None
+
+    def _capture(self, device: torch.device) -> None:
         floats = [group["lr"] for group in self.param_groups]
-        self._graph_lrs = [torch.tensor(lr, dtype=torch.float32, device=params[0].device) for lr in floats]
-        self._graph_grads = [p.grad for p in params]
+        self._graph_lrs = [torch.tensor(lr, dtype=torch.float32, device=device) for lr in floats]
         self._graph = torch.cuda.CUDAGraph()
         capturable = [group.get("capturable") for group in self.param_groups]  # AdamW's groups have the key
         try:  # torch's AdamW refuses to be captured unless its groups say capturable; the groups read the tensors
@@ -79,9 +92,13 @@ class GraphedStep:
                 if was is not None:
                     group["capturable"] = was
 
+    def _give_up(self, why: str) -> None:
+        warnings.warn(f"optim.cuda_graph: {why}; the update runs eagerly", stacklevel=3)
+        self._graph, self._graph_grads, self._graph_given_up = None, [], True
+
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)  # new state tensors: a graph would update the old ones
-        self._graph, self._eager_steps = None, 0
+        self._graph, self._graph_grads, self._eager_steps = None, [], 0
 
 
 class GraphedAdamW(GraphedStep, torch.optim.AdamW):

@@ -7,6 +7,8 @@ Skipped without CUDA (tests/training/test_callbacks.py checks the in-place gradi
 
 from __future__ import annotations
 
+import copy
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,9 @@ from torch._dynamo.utils import counters  # inductor counts the graphs it could 
 
 from minigpt.cli.train import main as train_main
 from minigpt.core.checkpoint import model_state_dict, read_checkpoint
+from minigpt.core.config import GPTConfig
+from minigpt.core.model import GPT
+from minigpt.training.optim import OptimConfig, build_optimizer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -80,7 +85,9 @@ def run_optimizer_graph(tmp_path, name: str, mode: str, optimizer: str, graphed:
 def test_the_replayed_update_trains_as_the_eager_one(optimizer, tmp_path):
     _, eager = run_optimizer_graph(tmp_path, "eager", "cudagraphs", optimizer, graphed=False)
     trainer, graphed = run_optimizer_graph(tmp_path, "graphed", "cudagraphs", optimizer, graphed=True)
-    assert trainer.optimizers[0]._graph is not None  # captured, and still in use at the end
+    optim = trainer.optimizers[0]
+    assert optim._graph is not None  # captured, and still in use at the end
+    assert int(optim.state[optim.param_groups[-1]["params"][0]]["step"]) == 12  # AdamW's: each replay counted
     for name, value in eager.items():
         assert torch.allclose(value.float(), graphed[name].float(), atol=2e-3, rtol=1e-2), name
 
@@ -93,3 +100,28 @@ def test_gradients_that_move_make_the_update_eager_again(tmp_path):
     assert trainer.optimizers[0]._graph is None
     for name, value in eager.items():
         assert torch.allclose(value.float(), graphed[name].float(), atol=2e-3, rtol=1e-2), name
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_the_replayed_update_is_the_eager_update_step_by_step(optimizer):
+    """Outside Lightning, on the same gradients (kept in place) and a learning rate that changes every step: the
+    replayed update follows the eager one closely (Muon's rate-times-update is one multiply more in the graph)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("tiny")).cuda()
+    twin = copy.deepcopy(model)
+    cfg = OptimConfig(optimizer=optimizer, learning_rate=0.01)
+    eager = build_optimizer(model, cfg, fused=True)
+    graphed = build_optimizer(twin, replace(cfg, cuda_graph=True), fused=True)
+    for p in [*model.parameters(), *twin.parameters()]:
+        p.grad = torch.zeros_like(p)
+    for step in range(8):
+        for p, q in zip(model.parameters(), twin.parameters()):
+            gradient = torch.randn_like(p)
+            p.grad.copy_(gradient), q.grad.copy_(gradient)
+        for optim in (eager, graphed):
+            for group in optim.param_groups:
+                group["lr"] = 0.01 * (1 - step / 8)
+            optim.step()
+    assert graphed._graph is not None
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6, msg=name)

@@ -187,7 +187,7 @@ def _trained_copies(n: int, cfg: OptimConfig, steps: int, lr_as_tensor: bool = F
 @pytest.mark.parametrize("optimizer", ["muon", "adamw"])
 def test_the_cuda_graph_option_runs_eagerly_on_a_cpu_as_the_plain_optimizer(optimizer):
     """optim.cuda_graph picks the graphed classes; on a CPU their update is the plain optimizer's, to the bit
-    (tests/gpu/test_gpu_optimizer_graph.py checks the replayed update on a GPU)."""
+    (tests/gpu/test_gpu_compile_modes.py checks the replayed update on a GPU)."""
     cfg = OptimConfig(optimizer=optimizer, learning_rate=0.01)
     graphed_cfg = OptimConfig(optimizer=optimizer, learning_rate=0.01, cuda_graph=True)
     model = GPT(GPTConfig.from_name("tiny"))
