@@ -58,7 +58,7 @@ COLUMNS += [("steps", "steps", "d"), ("ms_per_step", "ms/step", ".1f"), ("muon_d
 def train_child(numerics: str, argv: list[str]) -> None:
     """train.py's main with `numerics` everywhere, Muon's iteration included, then one line of what ran."""
     from minigpt.cli.train import main
-    from minigpt.training.optim import Muon
+    from minigpt.training.muon import Muon
 
     # Muon decides its iteration's dtype at the first step from the CPU it runs on: decide it here instead
     Muon.ns_dtype = torch.bfloat16 if numerics == "bf16" else torch.float32

@@ -74,7 +74,7 @@ def test_time_to_loss_numerics_variants_train_as_each_kind_of_cpu_computes(
     # the figure they report (loss per step with a native-bf16 CPU's numerics, measured on any CPU) is only right if
     # the bf16 run really trains in bf16 autocast with Muon's iteration in bf16, and the float32 run in neither
     from benchmarks import time_to_loss
-    from minigpt.training.optim import Muon
+    from minigpt.training.muon import Muon
 
     monkeypatch.setattr(Muon, "ns_dtype", None)  # what the children set is undone after the test
     ran = {}

@@ -30,6 +30,15 @@ def newton_schulz(
     return x.mT if tall else x
 
 
+def evaluate(closure) -> torch.Tensor | None:
+    """An optimizer step's closure (Lightning's forward and backward) run with gradients on, as torch's optimizers
+    run it; its loss, or None without one."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class Muon(torch.optim.Muon):
     """torch.optim.Muon with the Newton-Schulz iteration in a dtype chosen for the parameters' device, batched over
     same-shaped matrices, and run on each projection of a stacked weight on its own.
@@ -52,10 +61,7 @@ class Muon(torch.optim.Muon):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate(closure)
         for group in self.param_groups:
             lr, momentum = group["lr"], group["momentum"]
             params = [p for p in group["params"] if p.grad is not None]

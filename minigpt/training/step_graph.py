@@ -7,7 +7,7 @@ import warnings
 
 import torch
 
-from minigpt.training.muon import MuonWithAdamW
+from minigpt.training.muon import MuonWithAdamW, evaluate
 
 
 class GraphedStep:
@@ -27,10 +27,7 @@ class GraphedStep:
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate(closure)  # eagerly
         params = [p for group in self.param_groups for p in group["params"]]
         if self._graph_grads and any(g is not p.grad for g, p in zip(self._graph_grads, params, strict=True)):
             self._give_up(
