@@ -173,7 +173,7 @@ def test_bench_gpu_runs_minigpts_parts_on_a_cpu(corpus, tmp_path):
     title, device, *table = profile.splitlines()
     assert title.startswith("muon:train_py:eager, 9 steps under the profilers")
     assert re.fullmatch(r"CPU ops \(own time\): \d+\.\d\d ms per step, \d+ per step", device), device
-    assert float(device.split()[4]) > 0 and "aten::mm" in profile and "optim.py" in profile
+    assert float(device.split()[4]) > 0 and "aten::mm" in profile and "training/muon.py" in profile
 
 
 def test_bench_gpu_takes_a_childs_last_json_line_as_its_result():
