@@ -243,12 +243,10 @@ def best_checkpoint(trainer: Trainer, last: Path) -> tuple[Path, int, float] | N
 
 def best_split_report(trainer: Trainer, last: Path, module: L.LightningModule, data: Any) -> str | None:
     """train.py's last line where the best checkpoint is not the final weights: the full split's loss of the best
-    checkpoint (what the commands take), the module's final weights kept; None where it is the final weights, or
-    holds other weights than the module (an adapter's)."""
+    checkpoint (what the commands take), the module's final weights kept; None where it is the final weights."""
     if not (best := best_checkpoint(trainer, last)) or best[1] == trainer.global_step:
         return None
-    report = checkpoint_split_loss(module, data, best[0])
-    return f"full val loss of {best[0].name} (step {best[1]}): {report}" if report else None
+    return f"full val loss of {best[0].name} (step {best[1]}): {checkpoint_split_loss(module, data, best[0])}"
 
 
 def end_of_run(trainer: Trainer, last: Path, val_batches: int) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import pytest
 import torch
@@ -107,6 +108,28 @@ def test_train_embeddings_trains_and_saves_the_embeddings_and_load_model_merges_
     idx = torch.randint(0, tokenizer.vocab_size, (2, 32))
     with torch.no_grad():
         torch.testing.assert_close(merged(idx)[0], model(idx)[0], atol=1e-5, rtol=0)
+
+
+def test_a_lora_run_whose_best_is_not_its_end_reports_the_full_split_loss_of_both(
+    lora_args, source_run, corpus, data_root, tmp_path, monkeypatch, capsys
+):
+    """The best checkpoint of a LoRA run holds the adapters only: its full-split line puts them on the live base
+    (issue 49 item 3).  The reference: the full split's loss a shorter run printed for its own final adapters, here
+    made the longer run's best; the module keeps its final adapters."""
+    from minigpt.training import trainer as trainer_module
+
+    main(lora_args(corpus, data_root, tmp_path / "short", source_run, steps=4))
+    short = re.search(r"^full val loss ([\d.]+) over all", capsys.readouterr().out, re.M)[1]
+    earlier = tmp_path / "short" / "checkpoints" / "last.ckpt"
+    monkeypatch.setattr(trainer_module, "best_checkpoint", lambda trainer, last: (earlier, 4, 0.0))
+    trainer = main(lora_args(corpus, data_root, tmp_path / "long", source_run, steps=10))
+    out = capsys.readouterr().out
+    final = re.search(r"^full val loss ([\d.]+) over all", out, re.M)[1]
+    assert re.search(rf"^full val loss of last\.ckpt \(step 4\): {short} over all [\d,]+ validation tokens", out, re.M)
+    assert final != short
+    saved = model_state_dict(read_checkpoint(tmp_path / "long" / "checkpoints" / "last.ckpt"))
+    live = trainer.lightning_module.model.state_dict()
+    assert saved.keys() < live.keys() and all(torch.equal(live[k], v) for k, v in saved.items())
 
 
 def test_a_lora_run_resumes_exactly(lora_args, source_run, corpus, data_root, tmp_path):
