@@ -63,7 +63,7 @@ def objective(config: dict[str, Any]) -> tuple[type[GPTLightningModule], dict[st
 def full_split_loss(module: Any, data: TokenDataModule) -> tuple[float, int, str, str, dict[str, float]]:
     """The objective's loss over the whole validation split, as train.py reports it at the end: (nats in all, the
     count they are over, its unit, what the report adds after the loss, metrics of its own: GRPO's pass rates)."""
-    val, batch_size = data.prepared.val, data.hparams.batch_size
+    val, batch_size = data.prepared.val, data.val_batch_size
     with torch.compiler.set_stance("force_eager"):  # a ragged last batch would trigger a recompile
         if data.hparams.format == "prompts":  # GRPO: pass@1 / pass@G of every held-out prompt
             found = grpo_val_pass(module, val, batch_size)

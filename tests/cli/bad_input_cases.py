@@ -262,6 +262,7 @@ CASES: list[Case] = [
     ),
     train("batch_size 0", "--data.batch_size", "0", expect=["data.batch_size: must be >= 1"]),
     train("val_batches 0", "--data.val_batches", "0", expect=["data.val_batches: must be >= 1"]),
+    train("val_batch_size 0", "--data.val_batch_size", "0", expect=["data.val_batch_size: must be >= 1"]),
     train("val_fraction outside (0, 1)", "--data.val_fraction", "1.5", expect=["data.val_fraction: must be between"]),
     train("num_workers below 0", "--data.num_workers", "-1", expect=["data.num_workers: must be >= 0"]),
     train("seed below 0", "--seed", "-1", expect=["--seed must be in [0, 4294967295]"]),

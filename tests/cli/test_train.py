@@ -370,6 +370,26 @@ def test_the_gpu_recipe_trains_a_few_steps_on_a_cpu(corpus, data_root, tmp_path)
     assert read_checkpoint(tmp_path / "run" / "checkpoints" / "best.ckpt")["global_step"] in (3, 6)
 
 
+def test_validation_in_larger_batches_leaves_training_and_the_full_split_loss_as_they_were(
+    tiny_run_args, corpus, data_root, tmp_path, capsys
+):
+    """--data.val_batch_size: validation (and the full split at the end) in batches of its own size, for a GPU whose
+    small model's batches cost launches more than compute.  Training is untouched, the full split's loss is the same
+    figure, and the validation batches have the size asked for."""
+    import re
+
+    runs = {}
+    for name, extra in (("default", {}), ("larger", {"data__val_batch_size": 24, "data__val_batches": 1})):
+        trainer = main(tiny_run_args(corpus, data_root, tmp_path / name, steps=12, **extra))
+        full = re.search(r"^full val loss ([\d.]+) over all", capsys.readouterr().out, re.M)[1]
+        sizes = {len(batch) for batch in trainer.datamodule.val_dataloader()}
+        runs[name] = weights(tmp_path / name / "checkpoints" / "last.ckpt"), full, sizes
+    (a, full_a, sizes_a), (b, full_b, sizes_b) = runs["default"], runs["larger"]
+    assert sizes_a == {8} and sizes_b == {24}
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert full_a == full_b
+
+
 @pytest.mark.slow
 def test_compiled_training_matches_eager(tiny_run_args, corpus, data_root, tmp_path, monkeypatch):
     """--compile true compiles before the clock starts, on a dummy batch that must leave no trace: the compiled

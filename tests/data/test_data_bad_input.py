@@ -206,6 +206,7 @@ def test_every_numeric_setting_is_range_checked_where_declared(tmp_path, capsys)
     for field, value in [
         ("batch_size", 0),
         ("val_batches", 0),
+        ("val_batch_size", 0),
         ("val_fraction", 1.0),
         ("val_fraction", float("nan")),
         ("num_workers", -1),
