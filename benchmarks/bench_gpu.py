@@ -91,7 +91,7 @@ def minigpt_run(args, name: str, overrides: list[str], cache: Path, work: Path) 
     if args.tiny:
         cmd += ["--model.n_layer", "1", "--model.n_embd", "48", "--model.n_head", "2", "--data.batch_size", "4"]
         cmd += ["--trainer.max_time", "null", "--trainer.max_steps", "30", "--trainer.val_check_interval", "10"]
-        cmd += ["--compile", "false", "--data.val_batches", "2"]
+        cmd += ["--compile", "false", "--data.val_batches", "2", "--data.val_batch_size", "4"]
     if args.device == "cpu":
         cmd += ["--trainer.accelerator", "cpu"]
     python, env = minigpt_python(args, cache, work)

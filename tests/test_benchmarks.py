@@ -25,6 +25,7 @@ QUICK = [
     pytest.param("bench_startup", ["--device", "cpu", "--commands", "sample.py --help"]),
     pytest.param("bench_prepare", ["--corpus", "{text}"]),
     pytest.param("tokens_per_char", ["--text", "english={text}"]),
+    pytest.param("val_estimate", ["--corpus", "{text}", "--data_root", "{tmp}/data"]),
     pytest.param("bench_decode", [], marks=SLOW),  # compiles the decode step of four tiny models
     # the GPU measurement (eager, compiled, transformers, the serve engine), tiny and on the CPU
     pytest.param("bench_decode", ["--single_stream", "--device", "cpu"], marks=SLOW, id="bench_decode-single_stream"),
