@@ -34,7 +34,7 @@ def test_tiny_run_learns_and_writes_a_loadable_checkpoint(tiny_run_args, corpus,
     assert val_loss < math.log(vocab) - 0.7  # well below the uniform guess ln(vocab)
     out = capsys.readouterr().out
     assert (
-        f"estimated val loss {val_loss:.4f} (2 batches) after 40 steps; checkpoint: "
+        f"estimated val loss {val_loss:.4f} (2 batches of 8) after 40 steps; checkpoint: "
         f"{tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}"
     ) in out
     assert "stopped by max_time" not in out  # max_steps ended it

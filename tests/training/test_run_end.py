@@ -84,7 +84,7 @@ def test_every_run_ends_with_a_validation_and_names_its_best(
     trainer = main(tiny_run_args(corpus, data_root, run, steps=steps, trainer__val_check_interval=interval))
     out = capsys.readouterr().out
     val_loss = trainer.callback_metrics["val_loss"].item()
-    assert f"estimated val loss {val_loss:.4f} (2 batches) after {steps} steps" in out
+    assert f"estimated val loss {val_loss:.4f} (2 batches of 8) after {steps} steps" in out
     validated_at = [interval * (i + 1) for i in range(validations - 1)] + [steps]
     assert len(val_losses(run)) == validations
     best_loss, best_step = min(zip(val_losses(run), validated_at))
