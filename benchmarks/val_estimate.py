@@ -28,9 +28,8 @@ def estimates(model: GPT, val: np.ndarray, batches: int, size: int, seeds: int) 
     out = []
     for seed in range(seeds):
         windows = RandomWindows(val, model.config.block_size, size, seed, stream=VAL_STREAM, length=batches)
-        out.append(
-            float(np.mean([model(w[:, :-1], w[:, 1:])[1].item() for w in map(windows.__getitem__, range(batches))]))
-        )
+        losses = [model(w[:, :-1], w[:, 1:])[1].item() for w in (windows[i] for i in range(batches))]
+        out.append(float(np.mean(losses)))
     return out
 
 

@@ -1,6 +1,7 @@
 """Training end to end through train.py's entry point: loss falls, checkpoints load, seeds, configs, resume."""
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -376,8 +377,6 @@ def test_validation_in_larger_batches_leaves_training_and_the_full_split_loss_as
     """--data.val_batch_size: validation (and the full split at the end) in batches of its own size, for a GPU whose
     small model's batches cost launches more than compute.  Training is untouched, the full split's loss is the same
     figure, and the validation batches have the size asked for."""
-    import re
-
     runs = {}
     for name, extra in (("default", {}), ("larger", {"data__val_batch_size": 24, "data__val_batches": 1})):
         trainer = main(tiny_run_args(corpus, data_root, tmp_path / name, steps=12, **extra))
