@@ -404,7 +404,7 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
             raise SystemExit(128 + SIGNALS["SIGINT"]) from None
         trainer.save_checkpoint(last, weights_only=False)  # the final state, whatever step the run stopped at
     if trainer.is_global_zero:
-        end_of_run(trainer, last, cli.datamodule.hparams.val_batches, cli.datamodule.val_batch_size)
+        end_of_run(trainer, last)
     if stopped_by[:1] == ["SIGINT"]:  # Ctrl-C: a stop the user asked for, not an error
         print(
             f"stopped by SIGINT (Ctrl-C) at step {trainer.global_step}; saved {last}; continue the run with --resume",

@@ -249,15 +249,16 @@ def best_split_report(trainer: Trainer, last: Path, module: L.LightningModule, d
     return f"full val loss of {best[0].name} (step {best[1]}): {checkpoint_split_loss(module, data, best[0])}"
 
 
-def end_of_run(trainer: Trainer, last: Path, val_batches: int, val_batch_size: int) -> None:
+def end_of_run(trainer: Trainer, last: Path) -> None:
     """What train.py prints when a run ends (rank 0): the last validation's loss, the best one with its step and
     checkpoint (what a run directory resolves to), why early stopping ended it, and the training time."""
     val_loss = trainer.callback_metrics.get("val_loss")
     shown = f"{val_loss.item():.4f}" if val_loss is not None else "n/a"
     # the last validation's val_batches batches: an estimate (the full split's loss follows)
+    data = trainer.datamodule
     print(
-        f"estimated val loss {shown} ({val_batches} batches of {val_batch_size}) after {trainer.global_step} steps; "
-        f"checkpoint: {last}"
+        f"estimated val loss {shown} ({data.hparams.val_batches} batches of {data.val_batch_size}) after "
+        f"{trainer.global_step} steps; checkpoint: {last}"
     )
     if best := best_checkpoint(trainer, last):
         path, step, score = best
