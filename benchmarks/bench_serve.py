@@ -1,4 +1,5 @@
-"""The server under load: total decode tokens/s and time to first token at 1, 4, 8 and 16 concurrent clients.
+"""The server under load: total decode tokens/s and time to first token at 1, 4, 8 and 16 concurrent clients,
+beside the engine alone (no HTTP) and its decode step alone.
 
     python benchmarks/bench_serve.py                         # GPT-2-124M shape and a small char model, random weights
 
@@ -8,6 +9,7 @@ sampling keeps the first 65 ids).  Method and results: docs/serve.md#measured.
 
 import asyncio
 import json
+import queue
 import statistics
 import sys
 import time
@@ -23,9 +25,11 @@ from serve_support import serving
 
 from benchmarks import common
 from minigpt.core.config import GPTConfig
+from minigpt.core.decode_graphs import DecodeGraphs
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import CharTokenizer
 from minigpt.serve.app import create_app
+from minigpt.serve.engine import Engine, Request
 
 CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # tinyshakespeare's 65
 SHAPES = {
@@ -35,6 +39,7 @@ SHAPES = {
 QUICK = dict(n_layer=1, n_head=2, n_embd=32, block_size=64)
 COLUMNS = [("clients", "clients", "d"), ("tokens_per_s", "total tokens/s", ".1f")]
 COLUMNS += [("vs_one_client", "x one client", ".2f"), ("per_client_tokens_per_s", "tokens/s per client", ".1f")]
+COLUMNS += [("engine_tokens_per_s", "engine alone tokens/s", ".1f")]
 COLUMNS += [("ttft_median_s", "TTFT median s", ".3f"), ("ttft_max_s", "TTFT max s", ".3f")]
 COLUMNS += [("tpot_ms", "ms/token after the first", ".1f"), ("step_ms", "model step ms", ".1f")]
 COLUMNS += [("step_x_one", "step bound x one", ".2f"), ("seconds", "wall s", ".2f")]
@@ -73,13 +78,34 @@ async def level(url: str, prompts: list[str], tokens: int) -> dict:
     return row | dict(tpot_ms=round(1000 * statistics.median(r["tpot"] for r in runs), 1))
 
 
+def engine_level(engine: Engine, prompts: list[list[int]], tokens: int) -> float:
+    """The engine alone (no HTTP): total tokens/s of len(prompts) greedy requests submitted together."""
+    finished: queue.Queue = queue.Queue()
+
+    def on_update(update) -> None:  # a request's last update carries its count
+        if update.finish_reason is not None:
+            finished.put(update.completion_tokens)
+
+    t0 = time.perf_counter()
+    for ids in prompts:
+        engine.submit(Request(prompt=ids, max_tokens=tokens, temperature=0), on_update)
+    total = sum(finished.get() for _ in prompts)
+    return round(total / (time.perf_counter() - t0), 2)
+
+
 @torch.inference_mode()
-def step_ms(model: GPT, batch: int, prompt_tokens: int, device: torch.device, steps: int = 8) -> float:
-    """The model alone: ms of one decode step of `batch` rows at different positions, the fastest of `steps`."""
+def step_ms(model: GPT, batch: int, prompt_tokens: int, device: torch.device, rows: int, steps: int = 8) -> float:
+    """ms of one decode step of `batch` rows at different positions, the fastest of `steps`, as the engine runs it:
+    on a GPU its CUDA graph over a static cache of `rows` rows (the engine's max_batch), elsewhere the model over a
+    cache that grows."""
+    tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    positions = iter([torch.arange(batch, device=device) % 4 + prompt_tokens + i for i in range(steps + 2)])
+    if device.type == "cuda":
+        graphs = DecodeGraphs(model, rows, model.config.block_size)
+        graphs(tokens, next(positions))  # captures this bucket's graph
+        return 1000 * min(common.time_fn(lambda: graphs(tokens, next(positions)), device, steps))
     cache = model.new_kv_cache(batch)
     model(torch.zeros(batch, prompt_tokens, dtype=torch.long, device=device), kv_cache=cache, input_pos=0)
-    tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
-    positions = iter([torch.arange(batch, device=device) % 4 + prompt_tokens + i for i in range(steps + 1)])
     return 1000 * min(common.time_fn(lambda: model(tokens, kv_cache=cache, input_pos=next(positions)), device, steps))
 
 
@@ -94,6 +120,16 @@ def bench_shape(name: str, args, device: torch.device) -> tuple[str, list[dict]]
     tokens = min(args.tokens, cfg.block_size - args.prompt_tokens)
     app = create_app(model, tokenizer, "bench", max_batch=max(args.clients), max_queue=max(args.clients))
     rows = []
+    engine = Engine(model, tokenizer, max_batch=max(args.clients), max_queue=max(args.clients))
+    engine.start()  # the engine alone, as the app's runs it (on a GPU from CUDA graphs), without HTTP
+    try:
+        engine_level(engine, [tokenizer.encode(p) for p in prompts[:2]], min(tokens, 8))  # warm-up: graphs captured
+        alone = {
+            n: max(engine_level(engine, [tokenizer.encode(p) for p in prompts[:n]], tokens) for _ in range(args.repeat))
+            for n in args.clients
+        }
+    finally:
+        engine.stop()
     with serving(app) as url:
         asyncio.run(level(url, prompts[:2], min(tokens, 8)))  # warm-up
         turns = {n: [] for n in args.clients}
@@ -101,10 +137,11 @@ def bench_shape(name: str, args, device: torch.device) -> tuple[str, list[dict]]
             for n in args.clients:
                 turns[n].append(asyncio.run(level(url, prompts[:n], tokens)))
         for runs in turns.values():  # the fastest turn: a busy machine only ever slows one down
-            rows.append(dict(shape=name, **max(runs, key=lambda run: run["tokens_per_s"]), turns=len(runs)))
+            best = max(runs, key=lambda run: run["tokens_per_s"])
+            rows.append(dict(shape=name, **best, engine_tokens_per_s=alone[best["clients"]], turns=len(runs)))
     first = rows[0] if rows[0]["clients"] == 1 else None  # the baseline level: one client
     for r in rows:  # the first row first: its step time is the others' baseline
-        r["step_ms"] = round(step_ms(model, r["clients"], args.prompt_tokens + 4, device), 2)
+        r["step_ms"] = round(step_ms(model, r["clients"], args.prompt_tokens + 4, device, max(args.clients)), 2)
         r["vs_one_client"] = round(r["tokens_per_s"] / first["tokens_per_s"], 2) if first else None
         r["step_x_one"] = round(r["clients"] / r["step_ms"] * first["step_ms"], 2) if first else None
     desc = (
