@@ -125,6 +125,36 @@ def hf_base(with_markers: bool) -> HFTokenizer:
     return HFTokenizer(backend.to_str(), eos_id=backend.token_to_id("<|endoftext|>"))
 
 
+def spm_bpe(decoder: str) -> HFTokenizer:
+    """A SentencePiece-style BPE trained here: "▁" for spaces, <0xNN> byte fallback for characters it lacks, and
+    the decoder of Llama 2's files (Strip: the prefix space goes) or of Metaspace's (the first token's space goes)."""
+    import tokenizers as t
+
+    trainer = t.Tokenizer(t.models.BPE())
+    trainer.pre_tokenizer = t.pre_tokenizers.Metaspace(prepend_scheme="first")  # pieces start with "▁"
+    corpus = "the thing and the other things, hello world and the end of it all\n" * 20
+    trainer.train_from_iterator([corpus], t.trainers.BpeTrainer(vocab_size=120, show_progress=False))
+    trained = t.Tokenizer.from_str(trainer.to_str()).get_vocab()
+    pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    pieces += [p for p, _ in sorted(trained.items(), key=lambda kv: kv[1]) if p not in pieces]
+    merges = [tuple(m) for m in json.loads(trainer.to_str())["model"]["merges"]]
+    backend = t.Tokenizer(
+        t.models.BPE({p: i for i, p in enumerate(pieces)}, merges, byte_fallback=True, unk_token="<unk>")
+    )
+    backend.pre_tokenizer = trainer.pre_tokenizer
+    if decoder == "llama2":
+        steps = [
+            t.decoders.Replace("▁", " "),
+            t.decoders.ByteFallback(),
+            t.decoders.Fuse(),
+            t.decoders.Strip(" ", 1, 0),
+        ]
+        backend.decoder = t.decoders.Sequence(steps)
+    else:
+        backend.decoder = t.decoders.Metaspace(prepend_scheme="first")
+    return HFTokenizer(backend.to_str(), bos_id=1, eos_id=2)
+
+
 BASES = {
     "char": lambda: CharTokenizer("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ \n?."),
     "byte": ByteTokenizer,

@@ -14,6 +14,7 @@ The generation itself is minigpt.core.generation; loading is minigpt.loading.loa
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any, TextIO, get_args
 
 import torch
@@ -39,7 +40,7 @@ from minigpt.core.errors import UserError, first_line
 from minigpt.core.generation import Sampling, generate, prompt_ids
 from minigpt.core.limits import check_sampling_size
 from minigpt.core.seed import check_seed
-from minigpt.core.tokenizers import Tokenizer
+from minigpt.core.tokenizer_base import IncrementalDecoder, Tokenizer, decode_after
 from minigpt.loading import load_chat_model, load_model
 
 # ---------------------------------------------------------------------------------------------------
@@ -47,13 +48,13 @@ from minigpt.loading import load_chat_model, load_model
 
 
 class TextStreamer:
-    """Prints tokens as they arrive.  Byte-level / BPE tokens can end in the middle of a UTF-8 character,
-    which decodes to U+FFFD: hold that tail back and decode it again with the tokens that follow."""
+    """Prints a completion's tokens as they arrive, as the text they add to the prompt's (IncrementalDecoder: a
+    SentencePiece space at the start is kept, a character split across tokens waits for its last one)."""
 
-    def __init__(self, tokenizer: Tokenizer, out: TextIO, stop_token: int | None = None) -> None:
-        self.tokenizer, self.out, self.stop_token = tokenizer, out, stop_token
-        self.pending: list[int] = []  # tokens since the last clean character boundary
-        self.printed = 0  # characters of decode(pending) already written
+    def __init__(
+        self, tokenizer: Tokenizer, out: TextIO, stop_token: int | None = None, context: Sequence[int] = ()
+    ) -> None:
+        self.text, self.out, self.stop_token = IncrementalDecoder(tokenizer, context), out, stop_token
         self.stopped = False
 
     def push(self, ids: list[int]) -> None:
@@ -61,28 +62,20 @@ class TextStreamer:
             if self.stopped or i == self.stop_token:
                 self.stopped = True
                 return
-            self.pending.append(i)
-        text = self.tokenizer.decode(self.pending)
-        stable = text.rstrip("\ufffd")
-        if len(stable) > self.printed:
-            self.out.write(stable[self.printed :])
-            self.out.flush()
-            self.printed = len(stable)
-        if len(stable) == len(text):  # ends on a whole character: start afresh (keeps decoding O(n))
-            self.pending, self.printed = [], 0
+            if piece := self.text.push(i):
+                self.out.write(piece)
+                self.out.flush()
 
     def flush(self) -> None:
-        text = self.tokenizer.decode(self.pending) if self.pending else ""
-        self.out.write(text[self.printed :])
+        self.out.write(self.text.finish())
         self.out.flush()
-        self.pending, self.printed = [], 0
 
 
-def decode_generated(tokenizer: Tokenizer, ids: list[int], stop_token: int | None) -> str:
-    """Generated ids -> text, cut at the first stop token."""
+def decode_generated(tokenizer: Tokenizer, prompt: list[int], ids: list[int], stop_token: int | None) -> str:
+    """Generated ids -> the text they add to the prompt's, cut at the first stop token."""
     if stop_token is not None and stop_token in ids:
         ids = ids[: ids.index(stop_token)]
-    return tokenizer.decode(ids)
+    return decode_after(tokenizer, prompt, ids)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -262,7 +255,7 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
     )
 
     if args.num_samples == 1:
-        stream = TextStreamer(tokenizer, stdout, stop_token)
+        stream = TextStreamer(tokenizer, stdout, stop_token, ids)
         stdout.write(prompt)
         stdout.flush()
         try:
@@ -275,7 +268,7 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
     out = generate(model, idx, args.max_new_tokens, **settings)
     for i, row in enumerate(out.tolist()):
         stdout.write(f"---------- sample {i + 1}/{args.num_samples} ----------\n")
-        stdout.write(prompt + decode_generated(tokenizer, row[len(ids) :], stop_token) + "\n")
+        stdout.write(prompt + decode_generated(tokenizer, ids, row[len(ids) :], stop_token) + "\n")
     stdout.flush()
 
 

@@ -27,7 +27,7 @@ from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.errors import UnknownCharactersError, UserError
 from minigpt.core.generation import Sampling, sample_next
 from minigpt.core.model import GPT
-from minigpt.core.tokenizer_base import Tokenizer
+from minigpt.core.tokenizer_base import IncrementalDecoder, Tokenizer
 
 __all__ = ["ChatSession", "chat", "NO_CHAT_TEMPLATE"]
 
@@ -130,22 +130,20 @@ class ChatSession:
         ids = self._prompt()
         budget = min(self.max_new_tokens, self.model.config.block_size - len(ids))
         reply: list[int] = []
-        shown = 0
+        text = IncrementalDecoder(self.tokenizer)  # the reply's text as it grows, decoded on its own
         logits = self._run(ids) if budget > 0 else None
         for step in range(budget):
             token = int(sample_next(logits[None, : self.tokenizer.vocab_size], **self.settings)[0])
             if token == self.tokenizer.eot_id:
                 break
             reply.append(token)
-            stable = self.tokenizer.decode(reply).rstrip("\ufffd")  # a token can end inside a UTF-8 character
-            if on_text is not None and len(stable) > shown:
-                on_text(stable[shown:])
-                shown = len(stable)
+            if (piece := text.push(token)) and on_text is not None:
+                on_text(piece)
             if step + 1 < budget:
                 logits = self._next(token)
         answer = self.tokenizer.decode(reply)
-        if on_text is not None and len(answer) > shown:
-            on_text(answer[shown:])
+        if (rest := text.finish()) and on_text is not None:
+            on_text(rest)
         self.messages.append({"role": "assistant", "content": answer})
         return answer
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ENDOFTEXT", "Tokenizer"]
+__all__ = ["ENDOFTEXT", "IncrementalDecoder", "Tokenizer", "decode_after"]
 
 ENDOFTEXT = "<|endoftext|>"
 
@@ -40,3 +40,46 @@ class Tokenizer(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size}, eot_id={self.eot_id})"
+
+
+# ids of the text before a continuation decoded with it: a decoder may read back a few ids (SentencePiece's space,
+# byte fallback's pieces of one character), never this many
+CONTEXT_IDS = 6
+
+
+def decode_after(tokenizer: Tokenizer, context: Sequence[int], ids: Sequence[int]) -> str:
+    """The text `ids` add after `context` (a completion's prompt): decode(context + ids) less decode(context).  A
+    SentencePiece decoder drops the space at the start of what it decodes, so ids decoded alone would lose the
+    space a continuation starts with."""
+    tail = list(context[-CONTEXT_IDS:])
+    return tokenizer.decode(tail + list(ids))[len(tokenizer.decode(tail)) if tail else 0 :]
+
+
+class IncrementalDecoder:
+    """The text of ids that arrive one at a time: push(id) -> the text it adds, finish() -> the rest.  Each push
+    decodes a window of the last few ids, not the whole text again (a long reply costs O(1) a token, not O(n)): the
+    window starts where the previous piece did, so the decoder sees the ids before the new ones (SentencePiece's
+    space, byte fallback's pieces of a character).  A piece never ends inside a UTF-8 character: a token that does
+    (U+FFFD) waits for the one that completes it; finish() gives what is left, such a tail included.  `context`:
+    ids already shown before these (a completion's prompt), as decode_after reads them.  Joined, the pieces and
+    finish() are decode_after(tokenizer, context, ids)."""
+
+    def __init__(self, tokenizer: Tokenizer, context: Sequence[int] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.ids = list(context[-CONTEXT_IDS:])  # the window decoded at each push
+        self.read = len(self.ids)  # the window's ids before this are given out already (or the context's)
+        self.shown = tokenizer.decode(self.ids) if self.ids else ""  # decode(ids[:read])
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if len(text) <= len(self.shown) or text.endswith("\ufffd"):
+            return ""  # nothing yet, or a character still incomplete
+        piece = text[len(self.shown) :]
+        del self.ids[: self.read]  # the next window starts at this piece's first id
+        self.read = len(self.ids)
+        self.shown = self.tokenizer.decode(self.ids)
+        return piece
+
+    def finish(self) -> str:
+        return self.tokenizer.decode(self.ids)[len(self.shown) :] if self.ids else ""

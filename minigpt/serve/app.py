@@ -99,7 +99,8 @@ class Server:
         stop_tokens = frozenset() if self.tokenizer.eot_id is None else frozenset({self.tokenizer.eot_id})
         if limit is None:
             limit = room if default is None else min(default, room)
-        return Generation(ids, limit, body.temperature, body.top_k, body.top_p, body.seed, body.stops(), stop_tokens)
+        settings = (body.temperature, body.top_k, body.top_p, body.seed, body.stops(), stop_tokens)
+        return Generation(ids, limit, *settings, continues_prompt=isinstance(body, CompletionRequest))
 
     def chat_ids(self, body: ChatRequest) -> list[int]:
         """The conversation's ids, what the messages say read as text, never as the template's markers (a

@@ -58,6 +58,7 @@ class Request:
     seed: int | None = None  # None: a fresh random seed
     stop: list[str] = field(default_factory=list)  # stop sequences: the text ends before the first one
     stop_tokens: frozenset[int] = frozenset()  # end-of-text / end-of-turn: end the text, not part of it
+    continues_prompt: bool = False  # a completion: its text is what it adds to the prompt's (a chat reply: its own)
 
 
 @dataclass
@@ -125,7 +126,8 @@ class Engine:
         else:
             generator = torch.Generator(device=self.device)
             generator.seed()  # a random seed of its own
-        ticket = Ticket(request, on_update, generator, TextStream(self.tokenizer, request.stop))
+        context = request.prompt if request.continues_prompt else ()  # a SentencePiece space at the start is kept
+        ticket = Ticket(request, on_update, generator, TextStream(self.tokenizer, request.stop, context))
         with self._wake:
             if self.queued() >= self.max_queue:
                 raise QueueFull(f"{self.queued()} requests are already waiting")

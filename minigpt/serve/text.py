@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from minigpt.core.tokenizer_base import Tokenizer
+from minigpt.core.tokenizer_base import IncrementalDecoder, Tokenizer
 
 __all__ = ["TextStream"]
 
@@ -17,17 +17,18 @@ __all__ = ["TextStream"]
 class TextStream:
     """push(token) -> (new text, whether a stop sequence ended it); finish() -> the text held back until the end."""
 
-    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = ()) -> None:
-        self.tokenizer, self.stop = tokenizer, [s for s in stop if s]
-        self.ids: list[int] = []
+    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = (), context: Sequence[int] = ()) -> None:
+        """context: the prompt's ids where the text continues it (a completion), as IncrementalDecoder reads them;
+        none for a text of its own (a chat reply)."""
+        self.decoder = IncrementalDecoder(tokenizer, context)
+        self.stop = [s for s in stop if s]
+        self.text = ""  # the text so far, less a character still incomplete
         self.sent = 0  # characters of the text already given out
         self.stopped = False
 
     def push(self, token: int) -> tuple[str, bool]:
-        self.ids.append(token)
-        # the whole text each time: a tokenizer's decode need not split at token boundaries (SentencePiece's
-        # leading space); a token can end inside a UTF-8 character, shown as U+FFFD until the next one completes it
-        text = self.tokenizer.decode(self.ids).rstrip("\ufffd")
+        self.text += self.decoder.push(token)
+        text = self.text
         # a match cannot start in the text already sent: what could begin a stop sequence is held back
         hits = [i for s in self.stop if (i := text.find(s, self.sent)) >= 0]
         if hits:
@@ -37,7 +38,7 @@ class TextStream:
 
     def finish(self) -> str:
         """The rest of the text once generation ended without a stop sequence (held-back text included)."""
-        return "" if self.stopped else self._take(self.tokenizer.decode(self.ids), None)
+        return "" if self.stopped else self._take(self.text + self.decoder.finish(), None)
 
     def _held(self, text: str) -> int:
         """Length of the longest end of `text` (past what was sent) that a stop sequence starts with."""

@@ -15,14 +15,14 @@ import torch
 
 from minigpt import GPT
 from minigpt.cli.errors import run_cli
-from minigpt.cli.sample import TextStreamer, main
+from minigpt.cli.sample import TextStreamer, decode_generated, main
 from minigpt.core.chat_template import IM_END, IM_START, ChatTokenizer
 from minigpt.core.checkpoint import model_checkpoint, save_file
 from minigpt.core.errors import UserError
 from minigpt.core.generation import generate, sample_next
 from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
 from minigpt.loading import load_model
-from support import byte_bpe, random_ids, varied_gpt
+from support import byte_bpe, random_ids, spm_bpe, varied_gpt
 
 REPO = Path(__file__).resolve().parents[2]
 PATHS = ["sdpa", "manual", "einops"]
@@ -100,6 +100,20 @@ def test_streamer_holds_back_partial_utf8():
     stream.push(CharTokenizer(CHARS).encode("cd"))
     stream.flush()
     assert buf.getvalue() == "ab"
+
+
+def test_streamer_prints_what_a_sentencepiece_completion_adds_to_the_prompt():
+    """Decoding each token alone dropped the space a SentencePiece piece starts with: sample.py printed
+    "the end ofit alland the thing" for "the end of" + " it all and the thing"."""
+    tok = spm_bpe("llama2")
+    prompt = tok.encode("the end of")
+    generated = tok.encode("the end of it all and the thing")[len(prompt) :]
+    buf = io.StringIO()
+    stream = TextStreamer(tok, buf, context=prompt)
+    for i in generated:
+        stream.push([i])
+    stream.flush()
+    assert buf.getvalue() == " it all and the thing" == decode_generated(tok, prompt, generated + [2], stop_token=2)
 
 
 def test_bpe_model_stops_at_end_of_text_unless_no_stop(tmp_path, capsys):

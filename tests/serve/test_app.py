@@ -16,7 +16,7 @@ from minigpt.core.chat_template import IM_END, IM_START, ChatTokenizer
 from minigpt.core.generation import prompt_ids
 from minigpt.core.tokenizers import CharTokenizer
 from minigpt.serve.app import create_app
-from support import varied_gpt
+from support import spm_bpe, varied_gpt
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -117,6 +117,22 @@ def test_greedy_completions_equal_generate(base_url, base_model):
         assert reply.choices[0].finish_reason == "length"
         assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len(ids), len(tokens))
         assert streamed_completion(base_url, **kw)[:2] == (tok.decode(tokens), "length")
+
+
+def test_a_completion_is_the_text_it_adds_to_the_prompt_sentencepiece_spaces_included():
+    """A SentencePiece decoder drops the space at the start of what it decodes: a completion is decoded after the
+    prompt's last ids, so a reply that starts a new word keeps its space, streamed or not."""
+    tok = spm_bpe("llama2")
+    model = varied_gpt("gpt", vocab_size=tok.vocab_size, block_size=BLOCK, tie_embeddings=False)
+    word = tok.encode("the")[0]  # "▁the"
+    with torch.no_grad():  # a final norm that outputs its bias, and a head that scores only `word` above zero
+        model.transformer.ln_f.weight.zero_()
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[word] = model.transformer.ln_f.bias
+    kw = dict(model="spm", prompt="the end of", temperature=0, max_tokens=3)
+    with serving(create_app(model, tok, "spm")) as url:
+        assert client(url).completions.create(**kw).choices[0].text == " the the the"  # was "the the the"
+        assert streamed_completion(url, **kw)[0] == " the the the"
 
 
 def test_stop_sequences_end_the_text_before_them(base_url, base_model, chat_url, chat_model):
