@@ -123,7 +123,8 @@ def bench_shape(name: str, args, device: torch.device) -> tuple[str, list[dict]]
     engine = Engine(model, tokenizer, max_batch=max(args.clients), max_queue=max(args.clients))
     engine.start()  # the engine alone, as the app's runs it (on a GPU from CUDA graphs), without HTTP
     try:
-        engine_level(engine, [tokenizer.encode(p) for p in prompts[:2]], min(tokens, 8))  # warm-up: graphs captured
+        for n in args.clients:  # warm-up: on a GPU each level's batch bucket captures its CUDA graph here, untimed
+            engine_level(engine, [tokenizer.encode(p) for p in prompts[:n]], min(tokens, 8))
         alone = {
             n: max(engine_level(engine, [tokenizer.encode(p) for p in prompts[:n]], tokens) for _ in range(args.repeat))
             for n in args.clients
@@ -131,7 +132,8 @@ def bench_shape(name: str, args, device: torch.device) -> tuple[str, list[dict]]
     finally:
         engine.stop()
     with serving(app) as url:
-        asyncio.run(level(url, prompts[:2], min(tokens, 8)))  # warm-up
+        for n in args.clients:  # warm-up, as the engine's above
+            asyncio.run(level(url, prompts[:n], min(tokens, 8)))
         turns = {n: [] for n in args.clients}
         for _ in range(args.repeat):  # levels take turns, so a busy spell slows them alike
             for n in args.clients:
