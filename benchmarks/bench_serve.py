@@ -124,10 +124,9 @@ def bench_shape(name: str, args, device: torch.device) -> tuple[str, list[dict]]
     engine.start()  # the engine alone, as the app's runs it (on a GPU from CUDA graphs), without HTTP
     try:
         for n in args.clients:  # warm-up: on a GPU each level's batch bucket captures its CUDA graph here, untimed
-            engine_level(engine, [tokenizer.encode(p) for p in prompts[:n]], min(tokens, 8))
+            engine_level(engine, ids.tolist()[:n], min(tokens, 8))
         alone = {
-            n: max(engine_level(engine, [tokenizer.encode(p) for p in prompts[:n]], tokens) for _ in range(args.repeat))
-            for n in args.clients
+            n: max(engine_level(engine, ids.tolist()[:n], tokens) for _ in range(args.repeat)) for n in args.clients
         }
     finally:
         engine.stop()
