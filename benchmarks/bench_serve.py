@@ -123,11 +123,10 @@ def bench_shape(name: str, args, device: torch.device) -> tuple[str, list[dict]]
     engine = Engine(model, tokenizer, max_batch=max(args.clients), max_queue=max(args.clients))
     engine.start()  # the engine alone, as the app's runs it (on a GPU from CUDA graphs), without HTTP
     try:
+        requests = ids.tolist()  # the prompts' ids
         for n in args.clients:  # warm-up: on a GPU each level's batch bucket captures its CUDA graph here, untimed
-            engine_level(engine, ids.tolist()[:n], min(tokens, 8))
-        alone = {
-            n: max(engine_level(engine, ids.tolist()[:n], tokens) for _ in range(args.repeat)) for n in args.clients
-        }
+            engine_level(engine, requests[:n], min(tokens, 8))
+        alone = {n: max(engine_level(engine, requests[:n], tokens) for _ in range(args.repeat)) for n in args.clients}
     finally:
         engine.stop()
     with serving(app) as url:

@@ -134,10 +134,10 @@ def spm_bpe(decoder: str) -> HFTokenizer:
     trainer.pre_tokenizer = t.pre_tokenizers.Metaspace(prepend_scheme="first")  # pieces start with "▁"
     corpus = "the thing and the other things, hello world and the end of it all\n" * 20
     trainer.train_from_iterator([corpus], t.trainers.BpeTrainer(vocab_size=120, show_progress=False))
-    trained = t.Tokenizer.from_str(trainer.to_str()).get_vocab()
+    trained = json.loads(trainer.to_str())["model"]
     pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
-    pieces += [p for p, _ in sorted(trained.items(), key=lambda kv: kv[1]) if p not in pieces]
-    merges = [tuple(m) for m in json.loads(trainer.to_str())["model"]["merges"]]
+    pieces += [p for p, _ in sorted(trained["vocab"].items(), key=lambda kv: kv[1]) if p not in pieces]
+    merges = [tuple(m) for m in trained["merges"]]
     backend = t.Tokenizer(
         t.models.BPE({p: i for i, p in enumerate(pieces)}, merges, byte_fallback=True, unk_token="<unk>")
     )

@@ -54,7 +54,7 @@ class TextStreamer:
     def __init__(
         self, tokenizer: Tokenizer, out: TextIO, stop_token: int | None = None, context: Sequence[int] = ()
     ) -> None:
-        self.text, self.out, self.stop_token = IncrementalDecoder(tokenizer, context), out, stop_token
+        self.decoder, self.out, self.stop_token = IncrementalDecoder(tokenizer, context), out, stop_token
         self.stopped = False
 
     def push(self, ids: list[int]) -> None:
@@ -62,12 +62,12 @@ class TextStreamer:
             if self.stopped or i == self.stop_token:
                 self.stopped = True
                 return
-            if piece := self.text.push(i):
+            if piece := self.decoder.push(i):
                 self.out.write(piece)
                 self.out.flush()
 
     def flush(self) -> None:
-        self.out.write(self.text.finish())
+        self.out.write(self.decoder.finish())
         self.out.flush()
 
 

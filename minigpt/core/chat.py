@@ -130,19 +130,19 @@ class ChatSession:
         ids = self._prompt()
         budget = min(self.max_new_tokens, self.model.config.block_size - len(ids))
         reply: list[int] = []
-        text = IncrementalDecoder(self.tokenizer)  # the reply's text as it grows, decoded on its own
+        decoder = IncrementalDecoder(self.tokenizer)  # the reply's text as it grows, decoded on its own
         logits = self._run(ids) if budget > 0 else None
         for step in range(budget):
             token = int(sample_next(logits[None, : self.tokenizer.vocab_size], **self.settings)[0])
             if token == self.tokenizer.eot_id:
                 break
             reply.append(token)
-            if (piece := text.push(token)) and on_text is not None:
+            if (piece := decoder.push(token)) and on_text is not None:
                 on_text(piece)
             if step + 1 < budget:
                 logits = self._next(token)
         answer = self.tokenizer.decode(reply)
-        if (rest := text.finish()) and on_text is not None:
+        if (rest := decoder.finish()) and on_text is not None:
             on_text(rest)
         self.messages.append({"role": "assistant", "content": answer})
         return answer
