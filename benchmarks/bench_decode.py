@@ -132,9 +132,15 @@ def measure_shape(shape: str, args: Any, work: Path, device: torch.device = CPU)
         row |= dict(tokens_per_s=args.tokens / seconds, prefill_tokens_per_s=PREFILL_TOKENS / prefill_s)
         rows.append(row | dict(weight_bytes=bytes_per_token(model), weight_mib=common.mib(bytes_per_token(model))))
         print(f"  {row['shape']}, {way}: {row['tokens_per_s']:.1f} tokens/s (first call {first_s:.1f} s)", flush=True)
-    if args.one_stream:
-        rate = engine_one_client(fp32, tokenizer, prompt[0].tolist(), args.tokens, max(1, args.repeats - 1))
-        rows.append(dict(shape=SHAPE_NAMES[shape], way="serve engine, one client", tokens_per_s=rate))
+    if args.one_stream:  # the server's default (compiled where its graphs are), and its --compile false
+        for compile, kind in ((None, "default"), (False, "--compile false")):
+            rate, way = engine_one_client(
+                fp32, tokenizer, prompt[0].tolist(), args.tokens, max(1, args.repeats - 1), compile
+            )
+            rows.append(
+                dict(shape=SHAPE_NAMES[shape], way=f"serve engine, one client, {way} ({kind})", tokens_per_s=rate)
+            )
+            print(f"  {SHAPE_NAMES[shape]}, {rows[-1]['way']}: {rate:.1f} tokens/s", flush=True)
     else:
         rows[0]["int8_decision"] = ": ".join(choose_int8(fp32))
     reference, own_fp32 = next(r for r in rows if r["way"] == "transformers float32"), rows[0]
@@ -177,26 +183,31 @@ def synced_median(fn: Any, device: torch.device, repeats: int) -> tuple[Any, flo
     return out[-1], times[0], common.median(times[1:])
 
 
-def engine_one_client(model: GPT, tokenizer: Any, prompt: list[int], tokens: int, repeats: int) -> float:
-    """The serve engine's tokens/s for one client: greedy, `tokens` new tokens, from submit to the last update."""
+def engine_one_client(
+    model: GPT, tokenizer: Any, prompt: list[int], tokens: int, repeats: int, compile: bool | None
+) -> tuple[float, str]:
+    """The serve engine's tokens/s for one client (greedy, `tokens` new tokens, from submit to the last update,
+    warmed up as the server does), and how its step ran."""
     from minigpt.serve.engine import Engine, Request
 
-    engine, finished = Engine(model, tokenizer, max_batch=8), queue.Queue()
+    engine, finished = Engine(model, tokenizer, max_batch=8, compile=compile), queue.Queue()
 
     def on_update(update: Any) -> None:  # a request's last update carries its count
         if update.finish_reason is not None:
             finished.put(update.completion_tokens)
 
-    engine.start()
+    engine.start()  # compiles and captures its step first, as the server's
+    way = "compiled" if engine.compile else "eager"
+    way = f"{way} step{', CUDA graphs' if engine.use_graphs and engine.device.type == 'cuda' else ''}"
     try:
         rates = []
-        for _ in range(repeats + 1):  # the first captures the graph
+        for _ in range(repeats + 1):  # the first untimed
             t0 = time.perf_counter()
             engine.submit(Request(prompt=prompt, max_tokens=tokens, temperature=0), on_update)
             rates.append(finished.get() / (time.perf_counter() - t0))
     finally:
         engine.stop()
-    return common.median(rates[1:])
+    return common.median(rates[1:]), way
 
 
 @torch.inference_mode()

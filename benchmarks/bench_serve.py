@@ -24,19 +24,11 @@ import httpx
 from serve_support import serving
 
 from benchmarks import common
-from minigpt.core.config import GPTConfig
-from minigpt.core.decode_graphs import DecodeGraphs
-from minigpt.core.model import GPT
+from benchmarks.bench_engine import CHARS, SHAPES, random_model, step_ms
 from minigpt.core.tokenizers import CharTokenizer
 from minigpt.serve.app import create_app
-from minigpt.serve.engine import Engine, Request
+from minigpt.serve.engine import Engine, Request, in_passing
 
-CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # tinyshakespeare's 65
-SHAPES = {
-    "124m": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50257),
-    "char": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65),
-}
-QUICK = dict(n_layer=1, n_head=2, n_embd=32, block_size=64)
 COLUMNS = [("clients", "clients", "d"), ("tokens_per_s", "total tokens/s", ".1f")]
 COLUMNS += [("vs_one_client", "x one client", ".2f"), ("per_client_tokens_per_s", "tokens/s per client", ".1f")]
 COLUMNS += [("engine_tokens_per_s", "engine alone tokens/s", ".1f")]
@@ -93,38 +85,23 @@ def engine_level(engine: Engine, prompts: list[list[int]], tokens: int) -> float
     return round(total / (time.perf_counter() - t0), 2)
 
 
-@torch.inference_mode()
-def step_ms(model: GPT, batch: int, prompt_tokens: int, device: torch.device, rows: int, steps: int = 8) -> float:
-    """ms of one decode step of `batch` rows at different positions, the fastest of `steps`, as the engine runs it:
-    on a GPU its CUDA graph over a static cache of `rows` rows (the engine's max_batch), elsewhere the model over a
-    cache that grows."""
-    tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
-    positions = iter([torch.arange(batch, device=device) % 4 + prompt_tokens + i for i in range(steps + 2)])
-    if device.type == "cuda":
-        graphs = DecodeGraphs(model, rows, model.config.block_size)
-        graphs(tokens, next(positions))  # captures this bucket's graph
-        return 1000 * min(common.time_fn(lambda: graphs(tokens, next(positions)), device, steps))
-    cache = model.new_kv_cache(batch)
-    model(torch.zeros(batch, prompt_tokens, dtype=torch.long, device=device), kv_cache=cache, input_pos=0)
-    return 1000 * min(common.time_fn(lambda: model(tokens, kv_cache=cache, input_pos=next(positions)), device, steps))
-
-
 def bench_shape(name: str, args, device: torch.device) -> tuple[str, list[dict]]:
-    shape = dict(SHAPES[name], **QUICK) if args.quick else SHAPES[name]
-    torch.manual_seed(1337)
-    model = GPT(GPTConfig(**shape)).to(device).eval()
+    model = in_passing(random_model, name, args, device)  # as `minigpt serve` loads it
     tokenizer = CharTokenizer(CHARS)
     cfg = model.config
     ids = torch.randint(len(CHARS), (max(args.clients), args.prompt_tokens), generator=torch.Generator().manual_seed(0))
     prompts = [tokenizer.decode(row.tolist()) for row in ids]
     tokens = min(args.tokens, cfg.block_size - args.prompt_tokens)
-    app = create_app(model, tokenizer, "bench", max_batch=max(args.clients), max_queue=max(args.clients))
+    sizes = dict(max_batch=max(args.clients), max_queue=max(args.clients))
+    app = create_app(model, tokenizer, "bench", **sizes, compile=args.compile)
     rows = []
-    engine = Engine(model, tokenizer, max_batch=max(args.clients), max_queue=max(args.clients))
-    engine.start()  # the engine alone, as the app's runs it (on a GPU from CUDA graphs), without HTTP
+    engine = Engine(model, tokenizer, **sizes, compile=args.compile)  # the engine alone, as the app's runs it
+    t0 = time.perf_counter()
+    engine.start()  # returns once its thread has compiled and captured every bucket's step, as the app's
+    warm_up_s = time.perf_counter() - t0
     try:
         requests = ids.tolist()  # the prompts' ids
-        for n in args.clients:  # warm-up: on a GPU each level's batch bucket captures its CUDA graph here, untimed
+        for n in args.clients:  # warm-up: each level once, untimed
             engine_level(engine, requests[:n], min(tokens, 8))
         alone = {n: max(engine_level(engine, requests[:n], tokens) for _ in range(args.repeat)) for n in args.clients}
     finally:
@@ -141,13 +118,15 @@ def bench_shape(name: str, args, device: torch.device) -> tuple[str, list[dict]]
             rows.append(dict(shape=name, **best, engine_tokens_per_s=alone[best["clients"]], turns=len(runs)))
     first = rows[0] if rows[0]["clients"] == 1 else None  # the baseline level: one client
     for r in rows:  # the first row first: its step time is the others' baseline
-        r["step_ms"] = round(step_ms(model, r["clients"], args.prompt_tokens + 4, device, max(args.clients)), 2)
+        r["step_ms"] = round(in_passing(step_ms, engine, r["clients"], args.prompt_tokens + 4), 2)
         r["vs_one_client"] = round(r["tokens_per_s"] / first["tokens_per_s"], 2) if first else None
         r["step_x_one"] = round(r["clients"] / r["step_ms"] * first["step_ms"], 2) if first else None
     desc = (
         f"{name}: {cfg.arch} {cfg.n_layer} layers x {cfg.n_head} heads, n_embd {cfg.n_embd}, block_size "
         f"{cfg.block_size}, vocab {cfg.vocab_size} ({model.num_params() / 1e6:.1f}M parameters), "
-        f"{type(tokenizer).__name__}; {args.prompt_tokens}-token prompts, {tokens} new tokens per client"
+        f"{type(tokenizer).__name__}; {args.prompt_tokens}-token prompts, {tokens} new tokens per client; decode step "
+        f"{'compiled' if engine.compile else 'eager'}{', CUDA graphs' if engine.use_graphs else ''} "
+        f"(warm-up {warm_up_s:.1f} s)"
     )
     return desc, rows
 
@@ -159,11 +138,17 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tokens", type=int, default=128, help="new tokens per client (default 128)")
     p.add_argument("--prompt_tokens", type=int, default=32, help="prompt tokens per client (default 32)")
     p.add_argument("--repeat", type=int, default=1, help="turns per level; the fastest is reported (default 1)")
+    p.add_argument(
+        "--compile",
+        type=lambda v: {"true": True, "false": False}[v.lower()],
+        default=None,
+        help="the server's --compile: true or false (default: the server's, compiled on a GPU with Triton)",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.clients, args.tokens, args.prompt_tokens = [1, 2], 8, 4
     device = common.pick_device(args.device)
-    label = common.start(args, device)
+    label = in_passing(common.start, args, device)  # its matmul probe too: the engine's the one OpenMP team
     models, rows = [], []
     for name in args.shapes:
         desc, shape_rows = bench_shape(name, args, device)

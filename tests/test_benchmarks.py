@@ -22,6 +22,8 @@ QUICK = [
     pytest.param("bench_train", ["--device", "cpu", "--shapes", "finetune"]),  # GPT-2's shape, made tiny
     pytest.param("bench_long_context", ["--device", "cpu"]),
     pytest.param("bench_serve", ["--device", "cpu"]),
+    pytest.param("bench_engine", ["--device", "cpu", "--ways", "growing, eager", "static, eager"]),
+    pytest.param("bench_engine", ["--device", "cpu"], marks=SLOW, id="bench_engine-compiled"),  # two compiles
     pytest.param("bench_startup", ["--device", "cpu", "--commands", "sample.py --help"]),
     pytest.param("bench_prepare", ["--corpus", "{text}"]),
     pytest.param("tokens_per_char", ["--text", "english={text}"]),

@@ -30,6 +30,7 @@ from minigpt.cli.parsing import (
     show_checkpoint_lines,
 )
 from minigpt.core.config import ATTENTIONS, Attention
+from minigpt.core.decode_graphs import batch_buckets
 from minigpt.core.errors import UserError, first_line
 from minigpt.loading import load_chat_model
 
@@ -109,6 +110,17 @@ def build_parser() -> CommandParser:
         default=None,
         help="attention implementation (default: the checkpoint's); all give the same output",
     )
+    p.add_argument(
+        "--compile",
+        type=bool | None,
+        default=None,
+        nargs="?",
+        const=True,  # --compile alone: true
+        help="decode through torch.compile's step, compiled (on a GPU: and captured in CUDA graphs) for every "
+        "batch size before the server answers: tens of seconds at start, then faster tokens; the same output. "
+        "Default: on a GPU where Triton is installed (false: start at once). On a CPU it needs a C++ compiler, and "
+        "is kept only where it measures faster than the uncompiled step (else a note)",
+    )
     add_quantize_argument(p)
     p.add_argument(
         "--log_level",
@@ -153,6 +165,7 @@ def _main(argv: list[str] | None) -> None:
         import uvicorn
 
         from minigpt.serve.app import create_app, uvicorn_config
+        from minigpt.serve.engine import in_passing
     except ImportError as e:
         raise UserError(
             f"minigpt serve needs the serve extra ({e.name} is missing): pip install 'minigpt[serve]'"
@@ -160,7 +173,9 @@ def _main(argv: list[str] | None) -> None:
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     device = resolve_device(args.device)
     sock = listen(args.host, args.port)
-    model, tokenizer = load_chat_model(args.ckpt, device=device, attention=args.attention, quantize=args.quantize)
+    # on a thread that ends: the engine's thread is then the only one with torch's CPU worker threads (in_passing)
+    load = dict(device=device, attention=args.attention, quantize=args.quantize)
+    model, tokenizer = in_passing(load_chat_model, args.ckpt, **load)
     name = args.model_name or default_name(args.ckpt)
     app = create_app(
         model,
@@ -172,6 +187,7 @@ def _main(argv: list[str] | None) -> None:
         max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes,
         request_timeout=args.request_timeout,
+        compile=args.compile,
     )
     host, port = sock.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
@@ -184,6 +200,13 @@ def _main(argv: list[str] | None) -> None:
             file=sys.stderr,
             flush=True,
         )
+    engine = app.state.server.engine
+    if engine.use_graphs:  # a GPU's graphs, or a compiled step: the server answers once they are ready
+        graphs = " and capturing its CUDA graphs" if engine.device.type == "cuda" else ""
+        sizes = ", ".join(map(str, batch_buckets(engine.max_batch)))
+        doing = f"compiling the decode step{graphs}" if engine.compile else "capturing the decode step's CUDA graphs"
+        tail = " (tens of seconds; --compile false skips the compile)" if engine.compile else ""
+        print(f"note: {doing} for batch sizes {sizes} before the first request is answered{tail}", file=sys.stderr)
     server = uvicorn.Server(uvicorn_config(app, log_level=args.log_level, timeout_graceful_shutdown=5))
     try:
         server.run(sockets=[sock])

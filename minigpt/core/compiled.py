@@ -54,6 +54,7 @@ __all__ = [
     "decoding",
     "no_cpp_compiler",
     "note_no_compiler",
+    "static_forward",
     "uses_graphs",
 ]
 
@@ -230,6 +231,13 @@ def graph_forward() -> Callable:
     """GPT.forward compiled for the static step that CUDA graphs capture (the graphs replay its kernels; no
     options: the CPU's are for C++ loops)."""
     return torch.compile(GPT.forward)
+
+
+@functools.cache
+def static_forward(device_type: str) -> Callable:
+    """GPT.forward compiled for the static step of `device_type` (the serve engine's): graph_forward on a GPU, on a
+    CPU with the C++ loops' options (shapes fixed per batch bucket, as the graphs': no dynamic=True)."""
+    return graph_forward() if device_type == "cuda" else torch.compile(GPT.forward, options=COMPILE_OPTIONS)
 
 
 # model -> (what its graphs were captured for, the graphs): one generation's set per model, freed with the model

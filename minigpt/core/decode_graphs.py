@@ -88,18 +88,31 @@ class DecodeGraphs:
             self.tokens[B:b].zero_()
             self.input_pos[B:b].zero_()
         self.bucket_steps[b] += 1
+        return self._run(b)[:B]
+
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """Run (on a GPU: compile if it does, and capture) every bucket's step now, so that no later step waits for
+        its bucket's capture.  Every row is padding (token 0 at position 0): use it before any row holds a request."""
+        self.tokens.zero_()
+        self.input_pos.zero_()
+        for b in self.buckets:
+            self._run(b)
+
+    def _run(self, b: int) -> torch.Tensor:
+        """Rows 0..b-1's step from the graph of bucket b (captured on its first step), or eagerly -> logits (b, V)."""
         if not self.capture:
-            return self._step(b)[:B]
+            return self._step(b)
         if b not in self.graphs:
             try:
                 self.graphs[b] = self._capture(b)
             except RuntimeError as e:  # a step CUDA cannot capture (an op that waits for the host): run it eagerly
                 print(f"note: decoding without CUDA graphs: {first_line(e)}", file=sys.stderr, flush=True)
                 self.capture = False
-                return self._step(b)[:B]
+                return self._step(b)
         graph, logits = self.graphs[b]
         graph.replay()
-        return logits[:B]
+        return logits
 
     @staticmethod
     def call_model(model: GPT, *args, **kwargs):

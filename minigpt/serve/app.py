@@ -164,16 +164,18 @@ def create_app(
     max_queue: int = 64,
     max_body_bytes: int = 1 << 20,
     request_timeout: float = 30.0,
+    compile: bool | None = None,
 ) -> FastAPI:
-    """The server's app; its engine thread starts and stops with the app (uvicorn runs the lifespan).
-    request_timeout: seconds a request's headers may take to arrive, and then its body (run it with uvicorn_config's
-    protocol for the headers' bound)."""
-    server = Server(model, tokenizer, name, Engine(model, tokenizer, max_batch, max_queue))
+    """The server's app; its engine thread starts and stops with the app (uvicorn runs the lifespan), once its
+    decode step is compiled and captured (on a GPU: Engine.start).  request_timeout: seconds a request's headers
+    may take to arrive, and then its body (run it with uvicorn_config's protocol for the headers' bound).
+    compile: the engine's (None = on a GPU with Triton)."""
+    server = Server(model, tokenizer, name, Engine(model, tokenizer, max_batch, max_queue, compile=compile))
     page = (files("minigpt.serve") / "static" / "index.html").read_text(encoding="utf-8")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        server.engine.start()
+        await asyncio.to_thread(server.engine.start)  # returns once its thread has compiled and captured its step
         yield
         await asyncio.to_thread(server.engine.stop)
 

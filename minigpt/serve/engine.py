@@ -16,7 +16,11 @@ requests always fill rows 0..B-1.
 
 On a GPU the decode step is replayed from a CUDA graph (minigpt.core.decode_graphs): the batch's cache is static,
 allocated once for max_batch rows of block_size positions and kept while the engine lives, and a batch of B rows
-runs padded to the smallest of 1, 2, 4, ... max_batch rows that holds it, so a few graphs serve every step.
+runs padded to the smallest of 1, 2, 4, ... max_batch rows that holds it, so a few graphs serve every step.  The
+step the graphs capture is torch.compile's where Triton is installed (fused kernels: fewer, shorter launches in
+each replay); start() compiles and captures every bucket before the first request, so none waits for it.  On a
+CPU, compile=True runs the same static step compiled (no graphs), once start() has measured it faster than the
+step uncompiled.
 
 Per request the tokens are those of `generate` alone (greedy, or with the same seed): the prefill is the same,
 and each step's row sees only its own keys.  Requests are validated before they get here (minigpt.serve.app):
@@ -28,12 +32,15 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
+from minigpt.core.compiled import compiler_available, note_no_compiler, note_once, static_forward
 from minigpt.core.decode_graphs import DecodeGraphs
 from minigpt.core.errors import UserError, first_line
 from minigpt.core.generation import sample_next
@@ -41,9 +48,12 @@ from minigpt.core.model import GPT
 from minigpt.core.tokenizer_base import Tokenizer
 from minigpt.serve.text import TextStream
 
-__all__ = ["Engine", "QueueFull", "Request", "Ticket", "Update"]
+__all__ = ["Engine", "QueueFull", "Request", "Ticket", "Update", "in_passing"]
 
 log = logging.getLogger("minigpt.serve")
+T = TypeVar("T")
+TIMED_STEPS = 5  # on a CPU, one row's steps timed each way (compiled, uncompiled) before the server answers
+step_clock = time.perf_counter  # what they are timed with (a test puts a fake one here)
 
 
 @dataclass
@@ -91,9 +101,33 @@ class Ticket:
         self.cancelled = True  # read by the engine thread between steps
 
 
+def in_passing(fn: Callable[..., T], *args, **kwargs) -> T:
+    """fn(*args, **kwargs) on a thread that ends with it.  Torch work done so (loading the model) leaves no OpenMP
+    team behind, and the engine's thread is the process's only one.  With two teams libgomp has more threads than
+    cores, so it stops its idle workers' spinning and each parallel op on a CPU waits for a wake-up: the engine's
+    decode step measured 20 to 30 % slower with the model loaded on the main thread (docs/serve.md)."""
+    result, failed = [], []
+
+    def run() -> None:
+        try:
+            result.append(fn(*args, **kwargs))
+        except BaseException as e:
+            failed.append(e)
+
+    thread = threading.Thread(target=run, name="minigpt-load", daemon=True)  # Ctrl-C while it runs: the process ends
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return result[0]
+
+
 class Engine:
-    """decode_graphs: decode from CUDA graphs over a static cache; None = on a GPU (elsewhere True runs the same
-    static, bucketed step eagerly)."""
+    """decode_graphs: decode from CUDA graphs over a static cache; None = on a GPU, or where compile (elsewhere the
+    same static, bucketed step runs without graphs).
+    compile: the step is torch.compile's static one; None = on a GPU where Triton is installed.  On a CPU
+    start() times it against the uncompiled step over a growing cache and keeps the faster (a note if that is the
+    uncompiled one)."""
 
     def __init__(
         self,
@@ -102,6 +136,7 @@ class Engine:
         max_batch: int = 8,
         max_queue: int = 64,
         decode_graphs: bool | None = None,
+        compile: bool | None = None,
     ) -> None:
         self.model, self.tokenizer = model.eval(), tokenizer
         self.max_batch, self.max_queue = max_batch, max_queue
@@ -110,9 +145,11 @@ class Engine:
         self.waiting: deque[Ticket] = deque()
         self.running: list[Ticket] = []  # request b decodes in row b of the cache
         self.cache = None  # the batch's KV cache, one per layer; let go when the batch empties (the graphs keep theirs)
-        self.use_graphs = self.device.type == "cuda" if decode_graphs is None else decode_graphs
+        self.compile = self._compiles(compile, decode_graphs)
+        self.use_graphs = self.device.type == "cuda" or self.compile if decode_graphs is None else decode_graphs
         self.graphs: DecodeGraphs | None = None  # made on the first request, then kept: the graphs hold its cache
         self.steps = 0  # decode steps run (a batch of B rows counts once)
+        self.warm = False  # the decode step compiled and captured (start does it)
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -149,9 +186,29 @@ class Engine:
             }
 
     def start(self) -> None:
+        """Start the engine's thread.  It first warms the decode step up (_warm_up: on a GPU every batch bucket's
+        graph compiled and captured), and start returns once it has, raising what that raised.  All of the engine's
+        torch work is on that one thread: on a CPU a second thread's parallel ops would slow both (in_passing)."""
         self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="minigpt-engine", daemon=True)
+        ready, failed = threading.Event(), []
+
+        def run() -> None:
+            try:
+                self._warm_up()
+            except BaseException as e:  # (the KeyboardInterrupt of a test's timeout too: start re-raises it)
+                failed.append(e)
+                return
+            finally:
+                ready.set()
+            self._loop()
+
+        self._thread = threading.Thread(target=run, name="minigpt-engine", daemon=True)
         self._thread.start()
+        ready.wait()
+        if failed:
+            self._thread.join()
+            self._thread = None
+            raise failed[0]
 
     def stop(self) -> None:
         """Finish every request with an error and end the thread."""
@@ -163,6 +220,20 @@ class Engine:
             self._thread = None
 
     # ------------------------------------------------------------------------------------- the engine's thread
+
+    def _warm_up(self) -> None:
+        """Compile (if it does) and capture every batch bucket's decode step before the first request, which would
+        otherwise wait for its bucket's.  On a CPU a compiled step is then timed against the uncompiled one."""
+        if not self.use_graphs or self.warm:
+            return
+        self._batch_cache()
+        if self.graphs is not None:  # (None: no room for the static cache)
+            self.graphs.warm_up()
+            if self.compile and not self.graphs.capture:
+                self._keep_the_faster_step()  # a CPU's compiled step: kept, or dropped with the static cache
+        if self.graphs is not None:
+            self.graphs.bucket_steps = dict.fromkeys(self.graphs.buckets, 0)  # the requests' steps from here on
+        self.warm = True
 
     def _loop(self) -> None:
         with torch.inference_mode():
@@ -236,7 +307,8 @@ class Engine:
             return self.model.new_kv_cache(self.max_batch)
         if self.graphs is None:
             try:
-                self.graphs = DecodeGraphs(self.model, self.max_batch, self.model.config.block_size)
+                forward = static_forward(self.device.type) if self.compile else None
+                self.graphs = DecodeGraphs(self.model, self.max_batch, self.model.config.block_size, forward)
             except torch.cuda.OutOfMemoryError:  # a long context's whole cache does not fit: grow one as needed
                 log.warning(
                     "no room for a static KV cache of %d x block_size: decoding without CUDA graphs", self.max_batch
@@ -244,6 +316,44 @@ class Engine:
                 self.use_graphs = False
                 return self.model.new_kv_cache(self.max_batch)
         return self.graphs.cache
+
+    def _compiles(self, compile: bool | None, decode_graphs: bool | None) -> bool:
+        """Is the decode step torch.compile's static one?  (As asked, where a compiler is; else a note.)"""
+        if compile is None:
+            return self.device.type == "cuda" and decode_graphs is not False and compiler_available("cuda")
+        if compile and decode_graphs is False:
+            raise ValueError("compile=True compiles the static step, and decode_graphs=False asks for none")
+        if compile and not compiler_available(self.device.type):
+            note_no_compiler(self.device.type)
+            return False
+        return compile
+
+    def _keep_the_faster_step(self) -> None:
+        """On a CPU the compiled static step is not always faster than the default, the uncompiled step over a cache
+        that grows (int8 weights: slower than their eager kernel).  One row's step is timed both ways, the median of
+        TIMED_STEPS (the growing cache's at position min(64, block_size / 2)), and the slower dropped, with a note."""
+        tokens = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+
+        def median_s(step: Callable[[int], object]) -> float:
+            times = []
+            for i in range(TIMED_STEPS):
+                start = step_clock()
+                step(i)
+                times.append(step_clock() - start)
+            return sorted(times)[len(times) // 2]
+
+        compiled_s = median_s(lambda i: self.graphs(tokens, 0))
+        cache, at = self.model.new_kv_cache(1), min(64, self.model.config.block_size // 2)
+        with torch.inference_mode():
+            self.model(tokens.expand(1, at), kv_cache=cache, input_pos=0)
+            growing_s = median_s(lambda i: self.model(tokens, kv_cache=cache, input_pos=torch.tensor([at + i])))
+        if compiled_s < growing_s:
+            return
+        self.compile, self.use_graphs, self.graphs = False, False, None  # the static cache goes too
+        note_once(
+            f"the decode step is not compiled: compiled, it measured slower here ({1e3 * compiled_s:.1f} against "
+            f"{1e3 * growing_s:.1f} ms a step uncompiled)"
+        )
 
     def _advance(self, ticket: Ticket, logits: torch.Tensor, greedy: int | None = None) -> bool:
         """Sample the next token from logits (1, V), send the new text; False once the request is finished."""

@@ -78,6 +78,23 @@ def test_minigpt_serve_answers_with_the_checkpoints_replies_until_interrupted(ch
         process.stderr.close()
 
 
+@pytest.mark.parametrize("flag, compiled", [([], False), (["--compile"], True), (["--compile", "false"], False)])
+def test_compile_reaches_the_engine_and_says_the_server_compiles_before_it_answers(
+    monkeypatch, capsys, chat_ckpt, flag, compiled
+):
+    import uvicorn
+
+    import minigpt.serve.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "compiler_available", lambda device_type="cpu": True)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets: None)  # no serving: the set-up only
+    main(["--ckpt", str(chat_ckpt), "--port", "0", "--max_batch", "4", *flag])
+    err = capsys.readouterr().err
+    note = "note: compiling the decode step for batch sizes 1, 2, 4 before the first request is answered"
+    assert (note in err) == compiled, err
+    assert "serving sft at" in err
+
+
 def one_error_line(capsys, argv: list[str]) -> str:
     with pytest.raises(SystemExit) as exit:
         main(argv)
@@ -93,6 +110,7 @@ def test_mistakes_are_one_error_line(capsys, chat_ckpt, tmp_path):
     for timeout in ("0", "-1", "nan", "soon"):
         assert "request_timeout" in one_error_line(capsys, ["--request_timeout", timeout])
     assert "attention" in one_error_line(capsys, ["--attention", "flash"])
+    assert "compile" in one_error_line(capsys, ["--compile", "maybe"])
     assert "checkpoint not found" in one_error_line(capsys, ["--ckpt", str(tmp_path / "none.ckpt"), "--port", "0"])
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = str(taken.getsockname()[1])

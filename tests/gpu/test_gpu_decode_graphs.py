@@ -73,14 +73,16 @@ def generate_ids(model, idx, n, compile=False):
     return generate(model, idx, n, temperature=0, compile=compile)
 
 
-def test_the_engine_replays_one_graph_per_bucket_and_each_request_gets_its_ids_alone():
-    chars = "\n abcdefghijklmnopqrstuvwxyz"
-    model, tokenizer = cuda_gpt("llama", 2, vocab_size=len(chars), block_size=96), CharTokenizer(chars)
-    prompts = [tokenizer.encode(p) for p in ["hello there", "why", "the cat sat on the mat", "a b c", "good day"]]
-    max_tokens = [40, 9, 20, 4, 30]
+CHARS = "\n abcdefghijklmnopqrstuvwxyz"
+PROMPTS = ["hello there", "why", "the cat sat on the mat", "a b c", "good day"]
+MAX_TOKENS = [40, 9, 20, 4, 30]
+
+
+def engine_texts(engine: Engine, tokenizer: CharTokenizer) -> list[str]:
+    """PROMPTS submitted together, then the engine started -> each request's text."""
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
     texts, done = [""] * len(prompts), [threading.Event() for _ in prompts]
-    engine = Engine(model, tokenizer, max_batch=8)
-    for i, (ids, n) in enumerate(zip(prompts, max_tokens)):
+    for i, (ids, n) in enumerate(zip(prompts, MAX_TOKENS)):
 
         def on_update(update, i=i):
             texts[i] += update.text
@@ -93,8 +95,32 @@ def test_the_engine_replays_one_graph_per_bucket_and_each_request_gets_its_ids_a
         assert all(event.wait(120) for event in done)
     finally:
         engine.stop()
-    for ids, n, text in zip(prompts, max_tokens, texts):
-        alone = generate_ids(model, torch.tensor([ids], device="cuda"), n)[0, len(ids) :].tolist()
-        assert text == tokenizer.decode(alone)
+    return texts
+
+
+def texts_alone(model, tokenizer: CharTokenizer) -> list[str]:
+    prompts = [torch.tensor([tokenizer.encode(p)], device="cuda") for p in PROMPTS]
+    return [tokenizer.decode(generate_ids(model, p, n)[0, p.size(1) :].tolist()) for p, n in zip(prompts, MAX_TOKENS)]
+
+
+def test_the_engine_replays_one_graph_per_bucket_and_each_request_gets_its_ids_alone():
+    model, tokenizer = cuda_gpt("llama", 2, vocab_size=len(CHARS), block_size=96), CharTokenizer(CHARS)
+    engine = Engine(model, tokenizer, max_batch=8, compile=False)  # the eager step captured
+    assert engine_texts(engine, tokenizer) == texts_alone(model, tokenizer)
     graphs = engine.graphs
     assert set(graphs.graphs) == {b for b, steps in graphs.bucket_steps.items() if steps} == {1, 2, 4, 8}
+
+
+def test_the_engine_compiles_and_captures_every_bucket_before_serving():
+    """The server's default with Triton: torch.compile's step, captured for every bucket as the engine starts; each
+    request still gets its ids alone (the eager loop's)."""
+    if not compiled.compiler_available("cuda"):
+        pytest.skip("Triton is not installed")
+    model, tokenizer = cuda_gpt("gpt", 4, vocab_size=len(CHARS), block_size=96), CharTokenizer(CHARS)
+    engine = Engine(model, tokenizer, max_batch=4)
+    assert engine.compile and engine.graphs is None
+    engine.start()
+    engine.stop()
+    assert set(engine.graphs.graphs) == {1, 2, 4} and engine.graphs.forward is compiled.graph_forward()
+    assert engine_texts(engine, tokenizer) == texts_alone(model, tokenizer)
+    assert set(engine.graphs.graphs) == {1, 2, 4}  # no capture past warm-up

@@ -99,3 +99,155 @@ def test_a_sliding_window_model_serves_each_request_as_it_decodes_alone(chat_mod
     assert got == [tokenizer.decode(alone(model, tokenizer, p, n)) for p, n in zip(prompts, MAX_TOKENS)]
     if decode_graphs:
         assert [layer.k.size(2) for layer in engine.graphs.cache] == [8, 64]
+
+
+class StepClock:
+    """The engine's clock for timing its steps on a CPU: it moves only by what the forwards under test cost."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def forward(self, seconds: float, calls: list[int] | None = None):
+        """A stand-in for the compiled forward: runs the model's own and costs `seconds` (recording its rows)."""
+
+        def forward(model, idx, **kwargs):
+            self.now += seconds
+            if calls is not None:
+                calls.append(idx.size(0))
+            return type(model).forward(model, idx, **kwargs)
+
+        return forward
+
+    def uncompiled(self, monkeypatch, model, seconds: float) -> None:
+        """The model's own step (uncompiled) costs `seconds` on this clock."""
+        forward = model.forward
+
+        def timed(*args, **kwargs):
+            self.now += seconds
+            return forward(*args, **kwargs)
+
+        monkeypatch.setattr(model, "forward", timed)
+
+
+@pytest.fixture
+def step_clock(monkeypatch) -> StepClock:
+    """A compiler "found", and a clock for the engine's timing of its steps."""
+    import minigpt.core.compiled as compiled
+    import minigpt.serve.engine as engine_module
+
+    clock = StepClock()
+    compiled.note_once.cache_clear()
+    monkeypatch.setattr(engine_module, "step_clock", clock)
+    monkeypatch.setattr(engine_module, "compiler_available", lambda device_type="cpu": True)
+    return clock
+
+
+def test_a_compiled_engine_warms_every_bucket_up_before_serving_and_each_request_gets_its_ids_alone(
+    monkeypatch, step_clock, chat_model
+):
+    """start() runs each bucket's step through the compiled forward before any request (on a GPU: compiles and
+    captures it; on a CPU it then times bucket 1 against the eager step), writing padding into the static cache;
+    the requests after it decode what they do alone."""
+    import minigpt.serve.engine as engine_module
+
+    calls: list[int] = []
+    monkeypatch.setattr(engine_module, "static_forward", lambda device_type: step_clock.forward(0.001, calls))
+    model, tokenizer = chat_model
+    step_clock.uncompiled(monkeypatch, model, 0.002)
+    engine = Engine(model, tokenizer, max_batch=8, compile=True)  # on a CPU: the static step, compiled
+    assert engine.compile and engine.use_graphs and engine.graphs is None
+    engine.start()
+    engine.stop()
+    timed = engine_module.TIMED_STEPS
+    assert calls == [1, 2, 4, 8] + [1] * timed and sum(engine.graphs.bucket_steps.values()) == 0
+    assert engine.compile and engine.use_graphs  # 1 ms a step against 2 uncompiled: kept
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    got = run_engine(engine, [Request(prompt=p, max_tokens=n, temperature=0) for p, n in zip(prompts, MAX_TOKENS)])
+    assert got == [tokenizer.decode(alone(model, tokenizer, p, n)) for p, n in zip(prompts, MAX_TOKENS)]
+    assert len(calls) == 4 + timed + engine.steps  # every step went through it; the second start warmed nothing
+
+
+def test_a_compiled_step_that_measures_slower_on_a_cpu_is_dropped_with_a_note(
+    monkeypatch, step_clock, base_model, capsys
+):
+    """As int8 weights' compiled step is on a CPU (21 against 13 to 18 ms a step for the GPT-2-124M shape, AVX512):
+    the engine goes back to the default, the uncompiled step over a cache that grows."""
+    import minigpt.serve.engine as engine_module
+
+    calls: list[int] = []
+    monkeypatch.setattr(engine_module, "static_forward", lambda device_type: step_clock.forward(0.003, calls))
+    model, tokenizer = base_model
+    step_clock.uncompiled(monkeypatch, model, 0.002)
+    engine = Engine(model, tokenizer, max_batch=2, compile=True)
+    engine.start()
+    engine.stop()
+    assert not engine.compile and not engine.use_graphs and engine.graphs is None  # the default: a growing cache
+    err = capsys.readouterr().err
+    assert err.count("note:") == 1 and "measured slower here (3.0 against 2.0 ms a step uncompiled)" in err
+    ids = tokenizer.encode(PROMPTS[0])
+    assert run_engine(engine, [Request(prompt=ids, max_tokens=9, temperature=0)]) == [
+        tokenizer.decode(alone(model, tokenizer, ids, 9))
+    ]
+    assert len(calls) == 2 + engine_module.TIMED_STEPS  # none after the warm-up
+
+
+def test_compile_is_the_static_step_where_a_compiler_is(monkeypatch, base_model, capsys):
+    import minigpt.core.compiled as compiled
+    import minigpt.serve.engine as engine_module
+
+    model, tokenizer = base_model
+    engine = Engine(model, tokenizer)  # a CPU's default: the growing cache, uncompiled
+    assert not engine.compile and not engine.use_graphs
+    with pytest.raises(ValueError, match="decode_graphs=False"):
+        Engine(model, tokenizer, decode_graphs=False, compile=True)
+    compiled.note_once.cache_clear()
+    monkeypatch.setattr(engine_module, "compiler_available", lambda device_type="cpu": False)
+    engine = Engine(model, tokenizer, compile=True)
+    assert not engine.compile and not engine.use_graphs
+    assert "C++ compiler" in capsys.readouterr().err
+
+
+def test_the_app_warms_its_engine_up_before_it_answers(monkeypatch, base_model):
+    """On a GPU every bucket's graph is captured (and compiled) as the server starts, not on a first request."""
+    from serve_support import serving
+
+    from minigpt.serve.app import create_app
+
+    model, tokenizer = base_model
+    app = create_app(model, tokenizer, "bench", max_batch=4, compile=False)
+    engine = app.state.server.engine
+    engine.use_graphs = True  # as on a GPU (its static step runs eagerly here)
+    assert engine.graphs is None
+    with serving(app):
+        assert engine.graphs is not None and not engine.running  # made before any request
+
+
+@pytest.mark.slow  # torch.compile of the static step: tens of seconds on 2 cores
+def test_the_engines_step_really_compiled_gives_each_request_its_ids_alone(base_model):
+    model, tokenizer = base_model
+    engine = Engine(model, tokenizer, max_batch=4, decode_graphs=True, compile=True)  # buckets 4, 2, 1
+    if not engine.compile:
+        pytest.skip("no C++ compiler for torch.compile")
+    prompts = [tokenizer.encode(p) for p in PROMPTS[:3]]
+    got = run_engine(engine, [Request(prompt=p, max_tokens=n, temperature=0) for p, n in zip(prompts, MAX_TOKENS)])
+    assert got == [tokenizer.decode(alone(model, tokenizer, p, n)) for p, n in zip(prompts, MAX_TOKENS)]
+
+
+def test_a_warm_up_that_fails_fails_start_and_leaves_no_thread(monkeypatch, step_clock, base_model):
+    """A compile that breaks as the server starts: start() raises it (uvicorn's start-up fails with it), and a later
+    start tries again."""
+    import minigpt.serve.engine as engine_module
+
+    def broken(model, idx, **kwargs):
+        raise RuntimeError("the compiler crashed")
+
+    monkeypatch.setattr(engine_module, "static_forward", lambda device_type: broken)
+    model, tokenizer = base_model
+    engine = Engine(model, tokenizer, max_batch=2, compile=True)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="the compiler crashed"):
+            engine.start()
+        assert not [t for t in threading.enumerate() if t.name == "minigpt-engine"]
