@@ -16,8 +16,9 @@ One graph then serves every position.  A batch of B rows runs in the graph of th
 server's running requests always fill rows 0..B-1) and their logits are dropped.
 
 Where a capture fails, a note says so and the step runs eagerly from then on.  Without CUDA (capture=False) the
-same static step runs eagerly: the tests' reference for the graphs.  A CPU does
-not decode this way (launches are cheap there; minigpt.core.compiled's dynamic step is faster).
+same static step runs eagerly: the tests' reference for the graphs.  A CPU decodes this way only in the serve
+engine with --compile, and only where its compiled step measured faster at start than the step over a cache that
+grows (launches are cheap there; elsewhere minigpt.core.compiled's dynamic step is the one).
 """
 
 from __future__ import annotations
