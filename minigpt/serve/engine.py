@@ -313,7 +313,7 @@ class Engine:
                 log.warning(
                     "no room for a static KV cache of %d x block_size: decoding without CUDA graphs", self.max_batch
                 )
-                self.use_graphs = False
+                self.use_graphs = self.compile = False  # (what compiles is the static step)
                 return self.model.new_kv_cache(self.max_batch)
         return self.graphs.cache
 

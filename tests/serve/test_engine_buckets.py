@@ -70,10 +70,11 @@ def test_without_room_for_the_static_cache_the_engine_decodes_with_a_growing_one
     monkeypatch.setattr(engine_module, "DecodeGraphs", no_room)
     model, tokenizer = base_model
     prompts = [tokenizer.encode(p) for p in PROMPTS[:2]]
-    engine = Engine(model, tokenizer, max_batch=4, decode_graphs=True)
+    monkeypatch.setattr(engine_module, "compiler_available", lambda device_type="cpu": True)
+    engine = Engine(model, tokenizer, max_batch=4, compile=True)  # the static step, compiled: no room for it
     got = run_engine(engine, [Request(prompt=p, max_tokens=12, temperature=0) for p in prompts])
     assert got == [tokenizer.decode(alone(model, tokenizer, p, 12)) for p in prompts]
-    assert engine.graphs is None and not engine.use_graphs
+    assert engine.graphs is None and not engine.use_graphs and not engine.compile
     assert "decoding without CUDA graphs" in caplog.text
 
 
