@@ -40,7 +40,7 @@ from typing import TypeVar
 
 import torch
 
-from minigpt.core.compiled import compiler_available, note_no_compiler, note_once, static_forward
+from minigpt.core.compiled import compiler_available, median, note_no_compiler, note_once, static_forward
 from minigpt.core.decode_graphs import DecodeGraphs
 from minigpt.core.errors import UserError, first_line
 from minigpt.core.generation import sample_next
@@ -340,7 +340,7 @@ class Engine:
                 start = step_clock()
                 step(i)
                 times.append(step_clock() - start)
-            return sorted(times)[len(times) // 2]
+            return median(times)
 
         compiled_s = median_s(lambda i: self.graphs(tokens, 0))
         cache, at = self.model.new_kv_cache(1), min(64, self.model.config.block_size // 2)
