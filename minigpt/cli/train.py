@@ -164,7 +164,8 @@ class MiniGPTCLI(LightningCLI):
             default="default",
             help="With --compile: torch.compile's mode. reduce-overhead replays the compiled graphs as CUDA graphs "
             "on a GPU (one launch each, for small models whose step waits on the host); cudagraphs records the "
-            "traced graphs' own kernels as CUDA graphs (a compile of seconds); see docs/options.md.",
+            "traced graphs' own kernels as CUDA graphs (a compile of seconds); graphed records the uncompiled "
+            "model's training step as CUDA graphs (no compile); see docs/options.md.",
         )
         parser.add_argument(
             "--sample_tokens",

@@ -21,6 +21,7 @@ from minigpt.core.compiled import compiler_available, no_cpp_compiler
 from minigpt.core.errors import UnknownCharactersError, UserError
 from minigpt.core.generation import generate, prompt_ids
 from minigpt.core.model import GPT
+from minigpt.training.model_graphs import TrainingGraphs, record_training_graphs
 from minigpt.training.sft import split_batch
 
 
@@ -120,9 +121,12 @@ class TrainingThroughput(Callback):
 
 # How minigpt compiles (--compile_mode): torch.compile's modes for Inductor, whose reduce-overhead replays its
 # generated kernels as CUDA graphs; or torch.compile's cudagraphs backend, which records the traced graph's own ATen
-# kernels as CUDA graphs with no kernels generated: a compile of seconds, the step one launch, the kernels unfused
-CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs", "cudagraphs"]
-CUDA_GRAPH_MODES = ("reduce-overhead", "cudagraphs")
+# kernels as CUDA graphs with no kernels generated: a compile of seconds, the step one launch, the kernels unfused;
+# or graphed: no compile at all, the eager model's training step recorded as CUDA graphs (training/model_graphs.py)
+CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs", "cudagraphs", "graphed"]
+COMPILED_GRAPH_MODES = ("reduce-overhead", "cudagraphs")  # torch.compile's CUDA graph trees
+CUDA_GRAPH_MODES = (*COMPILED_GRAPH_MODES, "graphed")  # the gradients come out of a replayed graph
+CUDA_ONLY_MODES = ("cudagraphs", "graphed")  # on a CPU nothing is recorded: the step would only be slower
 
 
 def compile_options(mode: CompileMode) -> dict[str, str]:
@@ -149,7 +153,8 @@ class CompileModel(Callback):
     graph is compiled for them.  Under DDP the first real step compiles instead.  regions: compile the repeated
     block and the head (compile_regions) instead of the whole model as one graph.  mode: CompileMode; under the
     modes that replay CUDA graphs each training batch begins a new CUDA-graph step and the gradients are zeroed in
-    place: a graph's outputs are overwritten by its next replay."""
+    place: a graph's outputs are overwritten by its next replay.  Under graphed nothing is compiled: the dummy step
+    records the whole model's training step (record_training_graphs; regions do not apply)."""
 
     def __init__(self, batch_size: int, regions: bool = True, mode: CompileMode = "default") -> None:
         self.batch_size = batch_size
@@ -157,13 +162,19 @@ class CompileModel(Callback):
         self.mode = mode
         self.enabled = True
         self.seconds: float | None = None
+        self.graphs: TrainingGraphs | None = None  # under graphed, once recorded
+        self.graphs_checked = False
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         device = pl_module.device.type
-        if self.mode == "cudagraphs" and device != "cuda":  # traced but not recorded, the step would be slower
+        if self.mode in CUDA_ONLY_MODES and device != "cuda":  # not recorded, the step would only be slower
             return self.disable(
-                f"compile_mode cudagraphs needs a CUDA GPU (this run is on {device}; the default mode compiles)"
+                f"compile_mode {self.mode} needs a CUDA GPU (this run is on {device}; the default mode compiles)"
             )
+        if self.mode == "graphed":  # recorded at fit start, on the step's precision
+            if pl_module.model.config.activation_checkpointing:  # its recomputation resets the RNG: not recordable
+                return self.disable("compile_mode graphed cannot record activation checkpointing's recomputation")
+            return
         if device == "cpu" and not compiler_available("cpu"):  # inductor's CPU kernels are C++: it would die mid-run
             return self.disable(no_cpp_compiler())
         if self.regions:
@@ -181,7 +192,12 @@ class CompileModel(Callback):
         model, start = pl_module.model, time.perf_counter()
         batch = torch.zeros(self.batch_size, model.config.block_size + 1, dtype=torch.long, device=pl_module.device)
         autocast = trainer.precision_plugin.forward_context  # the step's precision
-        if self.mode in CUDA_GRAPH_MODES:  # as before each training batch: no graph here waits on an earlier one
+        if self.mode == "graphed":
+            with isolate_rng(include_cuda=True):  # its eager warm-up steps draw dropout masks
+                self.graphs = record_training_graphs(model, batch, autocast)
+            self.seconds = time.perf_counter() - start
+            return rank_zero_info(f"CUDA graphs: recorded the training step in {self.seconds:.1f}s (not compiled)")
+        if self.mode in COMPILED_GRAPH_MODES:  # as before each training batch: no graph here waits on an earlier one
             torch.compiler.cudagraph_mark_step_begin()
         with isolate_rng(include_cuda=True):
             with autocast():  # split as the training step splits: the same strides, so its first step compiles nothing
@@ -210,10 +226,25 @@ class CompileModel(Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self.enabled and self.mode in CUDA_GRAPH_MODES:
+        if self.enabled and self.mode in COMPILED_GRAPH_MODES:
             torch.compiler.cudagraph_mark_step_begin()
 
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.graphs is None or self.graphs_checked:
+            return
+        self.graphs_checked = True  # after the first batch: said once, not every batch
+        if self.graphs.replays == 0:
+            rank_zero_warn(
+                f"compile_mode graphed recorded batches of shape {tuple(self.graphs.shape)} but this run's are "
+                "not: its steps run eagerly; use compile_mode cudagraphs for batches whose shape changes"
+            )
+
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.graphs is not None:  # the eager forward again; the graphs' memory goes with them
+            del pl_module.model.forward
+            self.graphs = None
         if pl_module.grads_in_place:  # the buffers go: the final evaluation and sampling need none
             pl_module.grads_in_place = False
             pl_module.zero_grad(set_to_none=True)

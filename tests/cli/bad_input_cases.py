@@ -146,7 +146,7 @@ CASES: list[Case] = [
         "fast",
         expect=[
             "compile_mode: unknown value 'fast'",
-            "default, reduce-overhead, max-autotune-no-cudagraphs, cudagraphs",
+            "default, reduce-overhead, max-autotune-no-cudagraphs, cudagraphs, graphed",
         ],
     ),
     train(

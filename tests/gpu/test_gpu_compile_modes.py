@@ -1,4 +1,4 @@
-"""--compile_mode reduce-overhead and cudagraphs on a GPU: the compiled graphs replay as CUDA graphs, and training
+"""--compile_mode reduce-overhead, cudagraphs and graphed on a GPU: the step replays as CUDA graphs, and training
 ends where the default mode's does (the same computation, replayed), also under gradient accumulation, where a
 graph's gradient outputs would be overwritten by the next micro-batch's replay were they not added into buffers of
 their own.  Beside them --optim.cuda_graph, the optimizer's update replayed as a CUDA graph.
@@ -19,6 +19,7 @@ from minigpt.cli.train import main as train_main
 from minigpt.core.checkpoint import model_state_dict, read_checkpoint
 from minigpt.core.config import GPTConfig
 from minigpt.core.model import GPT
+from minigpt.training import callbacks
 from minigpt.training.optim import OptimConfig, build_optimizer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -64,6 +65,45 @@ def test_the_recipe_with_dropout_records_its_graphs(mode, tmp_path):
     assert counters["inductor"]["cudagraph_skips"] == 0
     assert counters["inductor"]["cudagraph_recorded_non_static_inputs"] > 0  # graphs were recorded, not only run
     assert trainer.callback_metrics["val_loss"] < 3.0  # from ln(vocab) ~ 3.6 for the corpus's characters
+
+
+# --compile_mode graphed: the uncompiled model's training step recorded by torch.cuda.make_graphed_callables
+# (tests/training/test_model_graphs.py checks on the CPU which forwards replay)
+
+
+def graphed_runs(tmp_path, monkeypatch, modes: list[str], *extra: str) -> tuple[list, dict]:
+    """12 steps of the tiny GPU recipe for each of `modes` (run names; "eager": not compiled, any other:
+    --compile_mode graphed): the graphs each graphed run recorded, and each run's weights."""
+    recorded, record = [], callbacks.record_training_graphs
+    monkeypatch.setattr(callbacks, "record_training_graphs", lambda *a: recorded.append(record(*a)) or recorded[-1])
+    weights = {}
+    for name in modes:
+        argv = tiny_recipe(tmp_path, name, 12, "graphed") + ["--compile", str(name != "eager").lower()]
+        argv += ["--optim.learning_rate", "0.001", "--checkpoint_every", "12", *extra]
+        assert train_main(argv).global_step == 12
+        weights[name] = model_state_dict(read_checkpoint(tmp_path / name / "checkpoints" / "last.ckpt"))
+    return recorded, weights
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_graphed_trains_as_the_eager_model_replaying_every_training_forward(accumulate, tmp_path, monkeypatch):
+    extra = ["--model.dropout", "0.0", "--trainer.accumulate_grad_batches", str(accumulate)]
+    recorded, weights = graphed_runs(tmp_path, monkeypatch, ["eager", "graphed"], *extra)
+    [graphs] = recorded
+    assert graphs.replays == 12 * accumulate  # every micro-batch; validation ran the eager forward
+    for name, value in weights["eager"].items():
+        assert torch.allclose(value.float(), weights["graphed"][name].float(), atol=2e-3, rtol=1e-2), name
+
+
+def test_graphed_with_the_recipes_dropout_learns_and_repeats_under_a_seed(tmp_path, monkeypatch):
+    """Dropout's masks are drawn inside the replayed graphs (each replay advances the generator): the loss falls,
+    and the same seed gives the same weights."""
+    recorded, weights = graphed_runs(tmp_path, monkeypatch, ["graphed", "again"])
+    assert [g.replays for g in recorded] == [12, 12]
+    for name, value in weights["graphed"].items():
+        assert torch.equal(value, weights["again"][name]), name
+    argv = tiny_recipe(tmp_path, "longer", 30, "graphed")
+    assert train_main(argv).callback_metrics["val_loss"] < 3.0  # from ln(vocab) ~ 3.6 for the corpus's characters
 
 
 # --optim.cuda_graph: the optimizer's update captured once as a CUDA graph and replayed (tests/training/test_optim.py

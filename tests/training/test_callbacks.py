@@ -288,7 +288,8 @@ def test_the_cudagraphs_backend_traces_the_model_without_a_break_to_the_eager_st
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(steps[0][1], steps[1][1]))
 
 
-def test_compile_mode_cudagraphs_on_a_cpu_warns_and_trains_eagerly():
+@pytest.mark.parametrize("mode", ["cudagraphs", "graphed"])
+def test_compile_mode_cudagraphs_on_a_cpu_warns_and_trains_eagerly(mode):
     """CUDA graphs need a CUDA GPU: on a CPU the traced graph would run slower than eager, so training runs eagerly
     and says so (--compile_mode default compiles there)."""
     from minigpt.core.config import GPTConfig
@@ -298,11 +299,12 @@ def test_compile_mode_cudagraphs_on_a_cpu_warns_and_trains_eagerly():
 
     config = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=20)
     module = GPTLightningModule(config, OptimConfig())
-    callback = CompileModel(2, mode="cudagraphs")
-    with pytest.warns(UserWarning, match="compile_mode cudagraphs needs a CUDA GPU .* training without compiling"):
+    callback = CompileModel(2, mode=mode)
+    with pytest.warns(UserWarning, match=f"compile_mode {mode} needs a CUDA GPU .* training without compiling"):
         callback.setup(None, module, "fit")
     assert not callback.enabled
     assert getattr(module.model.transformer.h[0], "_compiled_call_impl", None) is None
+    assert "forward" not in vars(module.model)  # nothing recorded or installed
 
 
 @pytest.mark.parametrize("mode", ["reduce-overhead", "cudagraphs", "default"])
