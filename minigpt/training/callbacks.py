@@ -172,7 +172,7 @@ class CompileModel(Callback):
                 f"compile_mode {self.mode} needs a CUDA GPU (this run is on {device}; the default mode compiles)"
             )
         if self.mode == "graphed":  # recorded at fit start, on the step's precision
-            if pl_module.model.config.activation_checkpointing:  # its recomputation resets the RNG: not recordable
+            if pl_module.model.config.activation_checkpointing:  # it reads and sets the RNG state: refused in a capture
                 return self.disable("compile_mode graphed cannot record activation checkpointing's recomputation")
             return
         if device == "cpu" and not compiler_available("cpu"):  # inductor's CPU kernels are C++: it would die mid-run

@@ -99,7 +99,7 @@ def test_the_recording_runs_under_the_steps_autocast_without_its_cache_and_is_un
 
 
 def test_graphed_leaves_activation_checkpointing_eager(monkeypatch):
-    """Checkpointing's recomputation restores the RNG inside the backward, which a CUDA graph cannot record."""
+    """Checkpointing reads the RNG state in the forward and sets it in the backward: both refused in a capture."""
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", FakeRecorder())
     module = GPTLightningModule(replace(CONFIG, activation_checkpointing=True), OptimConfig())
     monkeypatch.setattr(GPTLightningModule, "device", property(lambda self: torch.device("cuda")))  # as on a GPU
