@@ -212,6 +212,17 @@ def count_model_builds(monkeypatch) -> list[str]:
     return builds
 
 
+def keep_training_graphs(monkeypatch) -> list:
+    """Collect the TrainingGraphs every --compile_mode graphed run records from here on (their replays count the
+    training forwards that replayed)."""
+    from minigpt.training import callbacks
+
+    graphs: list = []
+    record = callbacks.record_training_graphs
+    monkeypatch.setattr(callbacks, "record_training_graphs", lambda *args: graphs.append(record(*args)) or graphs[-1])
+    return graphs
+
+
 RUNS = """import contextlib, io, json, runpy, signal, sys
 script, results = sys.argv[1], []
 for argv in json.loads(sys.argv[2]):

@@ -19,8 +19,8 @@ from minigpt.cli.train import main as train_main
 from minigpt.core.checkpoint import model_state_dict, read_checkpoint
 from minigpt.core.config import GPTConfig
 from minigpt.core.model import GPT
-from minigpt.training import callbacks
 from minigpt.training.optim import OptimConfig, build_optimizer
+from support import keep_training_graphs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -74,8 +74,7 @@ def test_the_recipe_with_dropout_records_its_graphs(mode, tmp_path):
 def graphed_runs(tmp_path, monkeypatch, modes: list[str], *extra: str) -> tuple[list, dict]:
     """12 steps of the tiny GPU recipe for each of `modes` (run names; "eager": not compiled, any other:
     --compile_mode graphed): the graphs each graphed run recorded, and each run's weights."""
-    recorded, record = [], callbacks.record_training_graphs
-    monkeypatch.setattr(callbacks, "record_training_graphs", lambda *a: recorded.append(record(*a)) or recorded[-1])
+    recorded = keep_training_graphs(monkeypatch)
     weights = {}
     for name in modes:
         argv = tiny_recipe(tmp_path, name, 12, "graphed") + ["--compile", str(name != "eager").lower()]

@@ -19,6 +19,7 @@ from minigpt.training.callbacks import CompileModel
 from minigpt.training.lightning_module import GPTLightningModule
 from minigpt.training.model_graphs import TrainingGraphs
 from minigpt.training.optim import OptimConfig
+from support import keep_training_graphs
 
 CONFIG = GPTConfig(arch="llama", n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=20, dropout=0.1)
 
@@ -120,10 +121,9 @@ def test_train_py_under_graphed_routes_every_training_forward_and_nothing_else(
     from minigpt.core.checkpoint import model_state_dict, read_checkpoint
     from minigpt.training import callbacks
 
-    recorded, record = [], callbacks.record_training_graphs
     monkeypatch.setattr(callbacks, "CUDA_ONLY_MODES", ())  # recorded here as on a GPU
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", FakeRecorder())
-    monkeypatch.setattr(callbacks, "record_training_graphs", lambda *a: recorded.append(record(*a)) or recorded[-1])
+    recorded = keep_training_graphs(monkeypatch)
     weights = []
     for name, compiled in [("eager", "false"), ("graphed", "true")]:
         argv = tiny_run_args(corpus, data_root, tmp_path / name, steps=12, trainer__accumulate_grad_batches=accumulate)
