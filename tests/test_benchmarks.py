@@ -5,6 +5,7 @@ here, not its time budget."""
 
 import importlib
 import json
+import os
 import random
 import re
 import sys
@@ -188,3 +189,58 @@ def test_bench_gpu_takes_a_childs_last_json_line_as_its_result():
     assert last_json(lines) == {"ms_per_iter": 26.2}
     assert last_json([(1.0, "Traceback")]) is None
     assert last_json([(1.0, '{"ms_per_iter": 26.2}'), (2.0, "{not json")]) == {"ms_per_iter": 26.2}
+
+
+def test_offline_wheels_fetches_what_the_gpu_machine_lacks_at_the_versions_tested_here(tmp_path, monkeypatch):
+    """A machine with no package index gets the wheels of what it lacks, pinned as installed here; an extra's
+    requirements are followed (jsonargparse[signatures] -> docstring-parser, minigpt[serve] -> fastapi); torch never
+    travels (the machine's own drives its GPU)."""
+    from importlib.metadata import version
+
+    import benchmarks.offline_wheels as offline_wheels
+
+    lacking = {"jsonargparse", "docstring-parser", "fastapi", "torch"}
+    everything = offline_wheels.closure("minigpt", {"serve"}, "3.12")
+    assert lacking <= set(everything) and "lightning" in everything
+    (tmp_path / "theirs.txt").write_text("\n".join(sorted(set(everything) - lacking)))
+    calls = []
+    monkeypatch.setattr(offline_wheels.subprocess, "run", lambda cmd, check: calls.append(cmd))
+    argv = ["offline_wheels.py", "--have", str(tmp_path / "theirs.txt"), "--dest", str(tmp_path / "wheels")]
+    monkeypatch.setattr(sys, "argv", argv)
+    offline_wheels.main()
+    (cmd,) = calls
+    assert cmd[:5] == [sys.executable, "-m", "pip", "download", "-q"] and "--only-binary=:all:" in cmd
+    assert cmd[cmd.index("--python-version") + 1] == "3.12"
+    wanted = [arg for arg in cmd if "==" in arg]
+    assert wanted == [f"{name}=={version(name)}" for name in ("docstring-parser", "fastapi", "jsonargparse")]
+
+
+def test_gpu_session_skips_each_step_that_its_budget_cannot_hold(tmp_path):
+    """benchmarks/gpu_session.sh on a lease too short for any step: each step says it was skipped and why, and
+    the half still ends with its digest and its packed results.  The second half runs again the first half's
+    variant that reached 1.47 soonest (else the lowest loss), among those that ended well."""
+    import subprocess
+    import tarfile
+
+    kit, out, state = tmp_path / "kit", tmp_path / "out", tmp_path / "state"
+    kit.mkdir()
+    env = dict(os.environ, KIT=str(kit), OUT=str(out), STATE=str(state), BUDGET="1", DRY="1")
+    variants = [  # name, rc, full-split val loss, its seconds since launch
+        ("variant_shipped", 0, 1.4608, 39.5),
+        ("variant_graphed", 0, 1.4690, 31.0),  # the first at <= 1.47
+        ("variant_wide_12s", 0, 1.4650, 33.0),
+        ("variant_graph", 1, 1.4500, 30.0),  # it failed after its validation: not a candidate
+    ]
+    for half, steps in [("first", 9), ("rest", 7)]:
+        got = subprocess.run(["bash", str(REPO / "benchmarks/gpu_session.sh"), half], env=env, capture_output=True)
+        assert got.returncode == 0, got.stderr.decode()
+        for name, rc, loss, at in variants if half == "first" else []:  # as bench_gpu.py writes them
+            row = dict(name=name, overrides=f"--flag {name}", rc=rc, full_val=loss, full_val_at_s=at)
+            (state / "first" / f"{name}.json").write_text(json.dumps({"minigpt": [row]}))
+        digest = (out / f"{half}.txt").read_text()
+        assert ("again: graphed_again=--flag variant_graphed" in digest) == (half == "rest"), digest
+        skipped = re.findall(r"^== (\w+): skipped, -?\d+s left of the \d+s it needs$", digest, re.M)
+        assert len(skipped) == steps and ("variant_wide_40s" in skipped) == (half == "rest"), digest
+        assert f"== {half} done" in digest
+        with tarfile.open(out / f"{half}.tgz") as packed:
+            assert packed.getnames() == [half]
