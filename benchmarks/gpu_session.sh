@@ -116,6 +116,11 @@ QUICK=$( ((DRY)) && echo --quick)
 } 2>&1 | tee -a "$DIGEST"
 
 if [[ $HALF == first ]]; then
+    # the imports take ~10 s there against ~3 s on a 2-core CPU, warm or cold: Python compiling every module from
+    # source on each launch (no .pyc in the image, or none written) would do that
+    step pyc 20 60 bash -c 'env | grep -E "^PYTHON" ; python3 -c "import sys; print(sys.flags.dont_write_bytecode)"
+        python3 -v -c "import lightning.pytorch" 2>&1 | grep "^# code object from" |
+            sed -E "s/.*\.pyc.?$/from a .pyc/; s/^# code object from .*/from source/" | sort | uniq -c'
     variant shipped
     variant graphed --compile_mode graphed
     variant graphed_graph --compile_mode graphed --optim.cuda_graph true

@@ -40,7 +40,9 @@ def closure(root: str, extras: set[str], python: str) -> dict[str, str]:
         try:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:  # the version to fetch is the one installed here
-            raise SystemExit(f"{name} ({parent} needs it on Python {python}) is not installed here: pip install it")
+            raise SystemExit(
+                f"{name} ({parent} needs it on Python {python}) is not installed here: pip install it"
+            ) from None
         found[name_of(name)] = dist.version
         for line in dist.requires or []:
             req = Requirement(line)
