@@ -13,12 +13,13 @@
 #         its results where the machine still holds them (STATE, default /tmp/gpu_session)
 # DRY=1   the same plan on the CPU at tiny sizes: the script's own check (its figures mean nothing)
 #
-# first: the recipe cold as shipped and under --compile_mode graphed (alone, with the replayed update, and in 8 s);
-#        the GPU tests of the CUDA-graph modes; the replayed update alone; a wider model; the step's host overhead
-#        per compile mode, with a profile; the server over HTTP, one client, GPT-2 124M.
+# first: whether the imports compile from source; the recipe cold as shipped and under --compile_mode graphed
+#        (alone, with the replayed update, and in 8 s); the GPU tests of the CUDA-graph modes; the replayed update
+#        alone; a wider model; the server over HTTP, one client, GPT-2 124M (its step compiled and captured for
+#        each batch bucket before it answers).
 # rest:  the best 12 s variant again cold; the 40 s candidate for the 120 s goal; the serve engine's token, each
 #        way, and under cProfile; the server with its step uncompiled; throughput on the 124M shape against
-#        nanoGPT's bench.py; the rest of the GPU tests.
+#        nanoGPT's bench.py; the step's host overhead per compile mode, with a profile; the rest of the GPU tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 HALF=${1:?first or rest}
@@ -129,12 +130,7 @@ if [[ $HALF == first ]]; then
         -k "graphed or replayed or move or sync or dropout"
     variant graph --optim.cuda_graph true
     variant wide_12s "${WIDE[@]}"
-    runs=muon:train_py:regions+cudagraphs,muon+graph:train_py:regions+cudagraphs,muon:train_py:whole+graphed
-    runs+=,muon+graph:train_py:whole+graphed,muon+graph:train_py:whole+cudagraphs
-    step overhead 60 120 python3 benchmarks/bench_gpu.py "${GPU_ARGS[@]}" --parts overhead --timeout 110 \
-        --overhead_runs "$runs" --profile muon+graph:train_py:whole+graphed --work "$STATE/work_overhead" \
-        --out "$STATE/$HALF/overhead.json"
-    step serve_http 30 60 python3 benchmarks/bench_serve.py $QUICK --device $DEVICE --shapes 124m --clients 1 \
+    step serve_http 60 150 python3 benchmarks/bench_serve.py $QUICK --device $DEVICE --shapes 124m --clients 1 \
         --json "$STATE/$HALF/serve_http.json"
 else
     if [[ -z ${BEST:-} ]] && compgen -G "$STATE/first/variant_*.json" >/dev/null; then # the earliest at <= 1.47,
@@ -166,6 +162,11 @@ EOF
     step throughput 90 180 python3 benchmarks/bench_gpu.py "${GPU_ARGS[@]}" --parts throughput --timeout 80 \
         --compile_kinds regions,whole,whole+max-autotune-no-cudagraphs --work "$STATE/work_tp" \
         --out "$STATE/$HALF/throughput.json"
+    runs=muon:train_py:regions+cudagraphs,muon+graph:train_py:regions+cudagraphs,muon:train_py:whole+graphed
+    runs+=,muon+graph:train_py:whole+graphed,muon+graph:train_py:whole+cudagraphs
+    step overhead 60 120 python3 benchmarks/bench_gpu.py "${GPU_ARGS[@]}" --parts overhead --timeout 110 \
+        --overhead_runs "$runs" --profile muon+graph:train_py:whole+graphed --work "$STATE/work_overhead" \
+        --out "$STATE/$HALF/overhead.json"
     step tests_rest 60 300 python3 -m pytest -p no:cacheprovider -m gpu tests/gpu \
         -k "not (graphed or replayed or move or sync or dropout)"
 fi
