@@ -231,3 +231,18 @@ def test_minigpt_sample_imports_only_the_sample_command():
         ran.stdout.splitlines()[-1]
         == "['minigpt.cli.errors', 'minigpt.cli.main', 'minigpt.cli.parsing', 'minigpt.cli.sample']"
     )
+
+
+@pytest.mark.parametrize(
+    "argv, code, line",
+    [(["sample.py", "--help"], 0, "usage: sample.py"), (["eval.py", "--ckpt", "no/such/run"], 2, "error: ")],
+)
+def test_a_commands_exit_skips_the_collectors_passes_over_what_the_imports_made(argv, code, line):
+    """At a command's exit the live objects are frozen out of the garbage collector's last passes (~0.4 s of every
+    command's exit on a 2-core CPU, ~1.4 s of train.py's), whether it ended well or in a user error.  The check is
+    an atexit callback registered before the command's: it runs after the command's (last in, first out)."""
+    check = "import atexit, gc; atexit.register(lambda: print('frozen at exit:', gc.get_freeze_count() > 0))"
+    script = f"{check}\nimport runpy, sys\nsys.argv = {argv!r}\nrunpy.run_path({argv[0]!r}, run_name='__main__')"
+    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO)
+    assert ran.returncode == code and line in ran.stdout + ran.stderr, ran.stderr
+    assert ran.stdout.splitlines()[-1] == "frozen at exit: True"
