@@ -16,13 +16,15 @@ import subprocess
 import sys
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
 NEVER = re.compile(r"torch|triton|nvidia-.*|cuda-.*|minigpt")  # the GPU machine's own, or this checkout
 
 
 def name_of(requirement: str) -> str:
-    return re.sub(r"[-_.]+", "-", re.split(r"[\s=<>!~;\[(]", requirement.strip(), maxsplit=1)[0]).lower()
+    """The distribution's normalized name in a requirement or `pip freeze` line (name==version)."""
+    return canonicalize_name(re.split(r"[\s=<>!~;\[(]", requirement.strip(), maxsplit=1)[0])
 
 
 def closure(root: str, extras: set[str], python: str) -> dict[str, str]:
