@@ -2,7 +2,7 @@
 
     python benchmarks/bench_gpu.py --nanogpt PATH/TO/nanoGPT --corpus tinyshakespeare.txt --out results.json
 
-Parts (--parts: recipe, cold, variants, long, imports, nanogpt, throughput, overhead), method and results:
+Parts (--parts: bytecode, recipe, cold, variants, long, imports, nanogpt, throughput, overhead), method and results:
 docs/time_to_loss.md#on-one-gpu-launch-to-loss-against-nanogpt.
 """
 
@@ -77,6 +77,34 @@ def minigpt_python(args, cache: Path, work: Path) -> tuple[list[str], dict[str, 
         python.append("-S")
         env["PYTHONPATH"] += os.pathsep + str(hidden_site(args.without.split(","), work))
     return python, env
+
+
+BYTECODE_PROBE = """import json, sys, time
+start = time.perf_counter()
+import minigpt.cli.train
+from minigpt.core import bytecode_cache
+imports_s = time.perf_counter() - start
+folder = bytecode_cache.cache_folder()
+pyc_files = sum(1 for _ in folder.rglob("*.pyc")) if folder.is_dir() else 0
+print(json.dumps({"imports_s": round(imports_s, 2), "pycache_prefix": sys.pycache_prefix, "pyc_files": pyc_files,
+                  "torch_cached_here": bytecode_cache.bytecode_cached("torch")}))
+"""
+
+
+def bytecode_launches(python: list[str], env: dict[str, str]) -> dict:
+    """train.py's imports in three launches, each timed from launch to exit by this process (and its imports alone
+    by the child's clock): with minigpt's bytecode cache off (the environment as it is), then on: the first launch
+    (writes the cache where the environment keeps no compiled modules) and the next (reads it)."""
+    rows = {"environment": {k: v for k, v in env.items() if k.startswith("PYTHON") and k != "PYTHONPATH"}}
+    for launch in ("cache off", "first launch", "next launch"):
+        launch_env = dict(env, MINIGPT_BYTECODE_CACHE="0") if launch == "cache off" else env
+        start = time.perf_counter()
+        got = subprocess.run(python + ["-c", BYTECODE_PROBE], cwd=REPO, env=launch_env, capture_output=True, text=True)
+        row = {"launch_to_exit_s": round(time.perf_counter() - start, 2), "rc": got.returncode}
+        row |= json.loads(got.stdout.splitlines()[-1]) if got.returncode == 0 else {"tail": got.stderr[-2000:]}
+        rows[launch] = row
+        print(launch, json.dumps(row), flush=True)
+    return rows
 
 
 def first(lines: list[tuple[float, str]], pattern: str) -> tuple[float, re.Match] | None:
@@ -363,7 +391,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--nanogpt", type=Path, help="a checkout of karpathy/nanoGPT (not a dependency)")
     p.add_argument("--corpus", type=Path, help="tinyshakespeare.txt")
-    p.add_argument("--parts", default="recipe,variants,imports,nanogpt,throughput")
+    p.add_argument("--parts", default="bytecode,recipe,variants,imports,nanogpt,throughput")
     p.add_argument("--variant", action="append", default=[], help="variants: NAME=FLAGS (and ENV=VALUE)")
     p.add_argument("--nanogpt_iters", type=int, default=2000, help="nanoGPT's recipe, cut here (its best: ~2000)")
     p.add_argument("--overhead_runs", help="overhead: OPTIMIZER:LOOP:COMPILE runs, comma-separated (see the docs)")
@@ -409,6 +437,9 @@ def main() -> None:
         print(json.dumps({k: v for k, v in row.items() if k != "curve"}), "\n  curve:", row["curve"], flush=True)
         save()
 
+    if "bytecode" in parts:  # first, through the recipe runs' interpreter and site folder: they read the cache it
+        # leaves, as a user's second launch would
+        save("bytecode", bytecode_launches(*minigpt_python(args, work / "cache_bytecode", work)))
     if "recipe" in parts or "cold" in parts:
         recipe("recipe_cold", [])
     if "recipe" in parts:

@@ -13,11 +13,11 @@
 #         its results where the machine still holds them (STATE, default /tmp/gpu_session)
 # DRY=1   the same plan on the CPU at tiny sizes: the script's own check (its figures mean nothing)
 #
-# first: whether the imports compile from source; the recipe cold as shipped and under --compile_mode graphed
-#        (alone, with the replayed update, and in 8 s); the GPU tests of the CUDA-graph modes; the replayed update
-#        alone; a wider model; the server over HTTP, one client, GPT-2 124M (its step compiled and captured for
-#        each batch bucket before it answers).
-# rest:  the best 12 s variant again cold; the 40 s candidate for the 120 s goal; the serve engine's token, each
+# first: the imports with minigpt's bytecode cache off and on; the recipe cold as shipped and under --compile_mode
+#        graphed (alone, with the replayed update, and in 8 s); the GPU tests of the CUDA-graph modes; the replayed
+#        update alone; a wider model; the server over HTTP, one client, GPT-2 124M (its step compiled and captured
+#        for each batch bucket before it answers). The runs after the first step read the bytecode cache it made.
+# rest:  (on a fresh machine, the bytecode cache first) the best 12 s variant again cold; the 40 s candidate for the 120 s goal; the serve engine's token, each
 #        way, and under cProfile; the server with its step uncompiled; throughput on the 124M shape against
 #        nanoGPT's bench.py; the step's host overhead per compile mode, with a profile; the rest of the GPU tests.
 set -uo pipefail
@@ -75,12 +75,23 @@ EOF
     esac
 }
 
+WITHOUT=torchvision,transformers,scipy,torchaudio # minigpt's runs as a fresh install: what Lightning's import pulls in
+
+# the imports took ~10 s there against ~3 s on a 2-core CPU, warm or cold, as when Python compiles every module from
+# source at each launch (an image with no .pyc files, and none written): train.py's imports with minigpt's bytecode
+# cache off, then its first launch (writes the cache) and the next (reads it), through the recipe runs' interpreter
+# and site folder, so that the variants after it read that cache as a user's second launch would
+bytecode() {
+    step bytecode 45 100 python3 benchmarks/bench_gpu.py "${GPU_ARGS[@]}" --without $WITHOUT --parts bytecode \
+        --work "$STATE/work" --out "$STATE/$HALF/bytecode.json"
+}
+
 variant() { # variant NAME FLAGS...: the GPU recipe once with these train.py flags, cold (its own compile caches)
     local name=$1 timeout=${VARIANT_TIMEOUT:-62}
     shift
     [[ $* == *max_time\ 00:00:00:40* ]] && timeout=95
     step "variant_$name" $((timeout + 5)) $((timeout + 30)) python3 benchmarks/bench_gpu.py "${GPU_ARGS[@]}" \
-        --without torchvision,transformers,scipy,torchaudio --parts variants --timeout "$timeout" \
+        --without $WITHOUT --parts variants --timeout "$timeout" \
         --work "$STATE/work" --out "$STATE/$HALF/variant_$name.json" --variant "$name=$*"
 }
 
@@ -117,11 +128,7 @@ QUICK=$( ((DRY)) && echo --quick)
 } 2>&1 | tee -a "$DIGEST"
 
 if [[ $HALF == first ]]; then
-    # the imports take ~10 s there against ~3 s on a 2-core CPU, warm or cold: Python compiling every module from
-    # source on each launch (no .pyc in the image, or none written) would do that
-    step pyc 20 60 bash -c 'env | grep -E "^PYTHON" ; python3 -c "import sys; print(sys.flags.dont_write_bytecode)"
-        python3 -v -c "import lightning.pytorch" 2>&1 | grep "^# code object from" |
-            sed -E "s/.*\.pyc.?$/from a .pyc/; s/^# code object from .*/from source/" | sort | uniq -c'
+    bytecode
     variant shipped
     variant graphed --compile_mode graphed
     variant graphed_graph --compile_mode graphed --optim.cuda_graph true
@@ -151,6 +158,7 @@ EOF
     fi
     BEST=${BEST:-shipped_again=}
     say "again: $BEST"
+    [[ -d $STATE/first ]] || bytecode # a fresh machine: its bytecode cache made before the runs that read it
     variant "${BEST%%=*}" ${BEST#*=}
     variant wide_40s "${WIDE[@]}" --model.dropout 0.3 --trainer.max_time 00:00:00:40
     step engine 40 120 python3 benchmarks/bench_engine.py $QUICK --device $DEVICE --shapes 124m \
