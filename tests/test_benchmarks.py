@@ -26,7 +26,6 @@ QUICK = [
     pytest.param("bench_engine", ["--device", "cpu", "--ways", "growing, eager", "static, eager"]),
     pytest.param("bench_engine", ["--device", "cpu"], marks=SLOW, id="bench_engine-compiled"),  # two compiles
     pytest.param("bench_startup", ["--device", "cpu", "--commands", "sample.py --help"]),
-    pytest.param("bench_bytecode", [], marks=SLOW),  # ~40 s: three launches compile train.py's imports from source
     pytest.param("bench_prepare", ["--corpus", "{text}"]),
     pytest.param("tokens_per_char", ["--text", "english={text}"]),
     pytest.param("val_estimate", ["--corpus", "{text}", "--data_root", "{tmp}/data"]),
@@ -153,16 +152,33 @@ def test_time_to_loss_runs_the_config_as_shipped_and_validates_at_its_interval(c
 
 
 @SLOW  # two train.py children and two Lightning children
+@SLOW  # ~80 s: a copy of the site folders as links, then three launches that compile train.py's imports
+def test_bench_bytecode_emulates_an_environment_without_compiled_modules(tmp_path, capsys):
+    """`import minigpt` (before torch) sets the bytecode cache where torch's bytecode is missing: off, the first
+    launch and the next, as bench_bytecode.py emulates such an environment."""
+    from benchmarks import bench_bytecode
+
+    out = tmp_path / "bytecode.json"
+    launches = bench_bytecode.main(["--quick", "--json", str(out)])["launches"]
+    assert launches["environment"]["PYTHONDONTWRITEBYTECODE"] == "1"
+    off, first, after = launches["cache off"], launches["first launch"], launches["next launch"]
+    assert off["rc"] == first["rc"] == after["rc"] == 0
+    assert off["pycache_prefix"] is None and not off["torch_cached_here"] and off["pyc_files"] == 0
+    assert first["pycache_prefix"].endswith("/minigpt/pycache") and after["pycache_prefix"] == first["pycache_prefix"]
+    assert first["pyc_files"] > 1000 and after["torch_cached_here"]  # torch, Lightning, sympy: thousands of modules
+    assert json.loads(out.read_text())["rows"] and "next launch" in capsys.readouterr().out
+
+
 def test_bench_gpu_runs_minigpts_parts_on_a_cpu(corpus, tmp_path):
     """bench_gpu.py's minigpt side at tiny sizes (nanoGPT's side needs its checkout and a GPU)."""
     import subprocess
 
     out = tmp_path / "gpu.json"
     cmd = [sys.executable, str(REPO / "benchmarks/bench_gpu.py"), "--device", "cpu", "--tiny", "--corpus", str(corpus)]
-    parts = ["--parts", "recipe,throughput,overhead", "--profile", "muon:train_py:eager", "--out", str(out)]
+    parts = ["--parts", "cold,throughput,overhead", "--profile", "muon:train_py:eager", "--out", str(out)]
     subprocess.run(cmd + parts, check=True, capture_output=True)
     result = json.loads(out.read_text())
-    cold, warm = result["minigpt"]
+    (cold,) = result["minigpt"]  # the recipe cold (its warm run, the same command again, is left out: ~15 s)
     assert cold["rc"] == 0 and cold["steps"] == 30 and 0 < cold["full_val"] < 10 and cold["first_step_s"] > 0
     assert [step for _, step, _ in cold["curve"]] == [9, 19, 29]  # val_loss with its wall time, from TensorBoard
     assert result["throughput"]["minigpt_regions"]["ms_per_iter"] > 0
