@@ -17,9 +17,10 @@
 #        graphed (alone, with the replayed update, and in 8 s); the GPU tests of the CUDA-graph modes; the replayed
 #        update alone; a wider model; the server over HTTP, one client, GPT-2 124M (its step compiled and captured
 #        for each batch bucket before it answers). The runs after the first step read the bytecode cache it made.
-# rest:  (on a fresh machine, the bytecode cache first) the best 12 s variant again cold; the 40 s candidate for the 120 s goal; the serve engine's token, each
-#        way, and under cProfile; the server with its step uncompiled; throughput on the 124M shape against
-#        nanoGPT's bench.py; the step's host overhead per compile mode, with a profile; the rest of the GPU tests.
+# rest:  (on a fresh machine, the bytecode cache first) the best 12 s variant again cold; the 40 s candidate for the
+#        120 s goal; the serve engine's token, each way, and under cProfile; the server with its step uncompiled;
+#        throughput on the 124M shape against nanoGPT's bench.py; the step's host overhead per compile mode, with a
+#        profile; the rest of the GPU tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 HALF=${1:?first or rest}

@@ -4,7 +4,8 @@ Python compiles each module it imports from its source unless a .pyc of it is ca
 under `sys.pycache_prefix`. pip writes them when it installs; uv does not unless asked (`--compile-bytecode`), and an
 environment that is read-only, or runs with PYTHONDONTWRITEBYTECODE=1 (common in container images), writes none
 when it imports either. There every launch compiles torch, torch._dynamo, sympy and Lightning again: train.py's
-imports took 13.2 s instead of 5.1 s on a 2-core CPU (docs/performance.md, "Imports compiled from source").
+imports took 15.6 s, against 5.1 to 5.7 s with pip's .pyc files, on a 2-core CPU (docs/performance.md, "Imports
+compiled from source").
 
 Where the installed torch has no cached bytecode, this points `sys.pycache_prefix` (Python's own switch for trees it
 may not write to) at a folder in the user's cache: the first launch writes the .pyc files there, the next ones read
