@@ -134,7 +134,8 @@ if [[ $HALF == first ]]; then
     variant graphed --compile_mode graphed
     variant graphed_graph --compile_mode graphed --optim.cuda_graph true
     variant graphed_graph_8s --compile_mode graphed --optim.cuda_graph true --trainer.max_time 00:00:00:08
-    step tests_graphed 60 120 python3 -m pytest -p no:cacheprovider -m gpu tests/gpu \
+    # -o addopts=-q: in one process, without pyproject's `-n 2` (the GPU machine's image has no pytest-xdist)
+    step tests_graphed 60 120 python3 -m pytest -p no:cacheprovider -o addopts=-q -m gpu tests/gpu \
         -k "graphed or replayed or move or sync or dropout"
     variant graph --optim.cuda_graph true
     variant wide_12s "${WIDE[@]}"
@@ -176,7 +177,7 @@ EOF
     step overhead 60 120 python3 benchmarks/bench_gpu.py "${GPU_ARGS[@]}" --parts overhead --timeout 110 \
         --overhead_runs "$runs" --profile muon+graph:train_py:whole+graphed --work "$STATE/work_overhead" \
         --out "$STATE/$HALF/overhead.json"
-    step tests_rest 60 300 python3 -m pytest -p no:cacheprovider -m gpu tests/gpu \
+    step tests_rest 60 300 python3 -m pytest -p no:cacheprovider -o addopts=-q -m gpu tests/gpu \
         -k "not (graphed or replayed or move or sync or dropout)"
 fi
 say "== $HALF done: $((SECONDS - START))s of $BUDGET"

@@ -199,10 +199,15 @@ def test_sigkill_at_random_moments_then_resume_matches_an_uninterrupted_run(tiny
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.time() + 120
-        while (not last.exists() or last.stat().st_mtime_ns == seen) and time.time() < deadline and proc.poll() is None:
-            time.sleep(0.05)  # wait until this process is training and saving, then kill at a random moment
-        time.sleep(rng.uniform(0.0, 1.0))
+        # kill after a random number of this process's saves (1 to 4 of its 3-step checkpoints, so each run still
+        # has 20 steps or more ahead, on a machine of any speed), at a random moment after the last one seen
+        saves, deadline = rng.randint(1, 4), time.time() + 120
+        while saves and time.time() < deadline and proc.poll() is None:
+            mtime = last.stat().st_mtime_ns if last.exists() else None
+            if mtime != seen:
+                saves, seen = saves - 1, mtime
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0.0, 0.05))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1
