@@ -199,8 +199,8 @@ def test_sigkill_at_random_moments_then_resume_matches_an_uninterrupted_run(tiny
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        # kill after a random number of this process's saves (1 to 4 of its 3-step checkpoints, so each run still
-        # has 20 steps or more ahead, on a machine of any speed), at a random moment after the last one seen
+        # kill within 50 ms of this process's n-th save, n random in 1..4 (3 steps each: by the third kill, 36 of the
+        # 60 steps at most where the polls see every save); not at a random time, which a fast machine outran
         saves, deadline = rng.randint(1, 4), time.time() + 120
         while saves and time.time() < deadline and proc.poll() is None:
             mtime = last.stat().st_mtime_ns if last.exists() else None
