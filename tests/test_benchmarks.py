@@ -151,7 +151,6 @@ def test_time_to_loss_runs_the_config_as_shipped_and_validates_at_its_interval(c
     assert [step for step, _ in row["curve"]] == [6, 13, 20], row["curve"]
 
 
-@SLOW  # two train.py children and two Lightning children
 @SLOW  # ~80 s: a copy of the site folders as links, then three launches that compile train.py's imports
 def test_bench_bytecode_emulates_an_environment_without_compiled_modules(tmp_path, capsys):
     """`import minigpt` (before torch) sets the bytecode cache where torch's bytecode is missing: off, the first
@@ -169,6 +168,7 @@ def test_bench_bytecode_emulates_an_environment_without_compiled_modules(tmp_pat
     assert json.loads(out.read_text())["rows"] and "next launch" in capsys.readouterr().out
 
 
+@SLOW  # a train.py child and two Lightning children
 def test_bench_gpu_runs_minigpts_parts_on_a_cpu(corpus, tmp_path):
     """bench_gpu.py's minigpt side at tiny sizes (nanoGPT's side needs its checkout and a GPU)."""
     import subprocess
