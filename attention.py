@@ -8,7 +8,10 @@ into --out (default out/attention).  The command line is minigpt/cli/attention.p
 Installed, the same command is `minigpt attention ...`.
 """
 
-from minigpt.cli.attention import main
-
 if __name__ == "__main__":
-    main()
+    import gc
+
+    gc.disable()  # before torch loads; minigpt.cli.main.run_command says why, and resumes collecting
+    from minigpt.cli.main import run_command
+
+    run_command("attention")

@@ -3,7 +3,10 @@
 The command line is minigpt/cli/eval.py; `python eval.py --help` lists the flags.  Installed: `minigpt eval ...`.
 """
 
-from minigpt.cli.eval import main
-
 if __name__ == "__main__":
-    main()
+    import gc
+
+    gc.disable()  # before torch loads; minigpt.cli.main.run_command says why, and resumes collecting
+    from minigpt.cli.main import run_command
+
+    run_command("eval")

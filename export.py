@@ -10,7 +10,10 @@ lists the flags.
 Installed, the same command is `minigpt export ...`.
 """
 
-from minigpt.cli.export import main
-
 if __name__ == "__main__":
-    main()
+    import gc
+
+    gc.disable()  # before torch loads; minigpt.cli.main.run_command says why, and resumes collecting
+    from minigpt.cli.main import run_command
+
+    run_command("export")

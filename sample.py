@@ -8,7 +8,10 @@ The command line is minigpt/cli/sample.py, the generation minigpt/core/generatio
 lists the flags.  Installed, the same command is `minigpt sample ...`.
 """
 
-from minigpt.cli.sample import main
-
 if __name__ == "__main__":
-    main()
+    import gc
+
+    gc.disable()  # before torch loads; minigpt.cli.main.run_command says why, and resumes collecting
+    from minigpt.cli.main import run_command
+
+    run_command("sample")

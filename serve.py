@@ -7,7 +7,10 @@ The command line is minigpt/cli/serve.py, the server minigpt/serve/ (docs/serve.
 the flags.  Installed, the same command is `minigpt serve ...`; it needs the serve extra (pip install -e ".[serve]").
 """
 
-from minigpt.cli.serve import main
-
 if __name__ == "__main__":
-    main()
+    import gc
+
+    gc.disable()  # before torch loads; minigpt.cli.main.run_command says why, and resumes collecting
+    from minigpt.cli.main import run_command
+
+    run_command("serve")

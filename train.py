@@ -5,9 +5,9 @@ command is `minigpt train ...`.
 """
 
 if __name__ == "__main__":
-    from minigpt.cli.cuda_start import start_cuda_early
+    import gc
 
-    start_cuda_early()  # one GPU: its context made in a thread while the line below imports Lightning
-    from minigpt.cli.train import entry
+    gc.disable()  # before torch loads; minigpt.cli.main.run_command says why, and resumes collecting
+    from minigpt.cli.main import run_command
 
-    entry()
+    run_command("train")

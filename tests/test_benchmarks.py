@@ -26,6 +26,9 @@ QUICK = [
     pytest.param("bench_engine", ["--device", "cpu", "--ways", "growing, eager", "static, eager"]),
     pytest.param("bench_engine", ["--device", "cpu"], marks=SLOW, id="bench_engine-compiled"),  # two compiles
     pytest.param("bench_startup", ["--device", "cpu", "--commands", "sample.py --help"]),
+    pytest.param(
+        "bench_startup", ["--device", "cpu", "--commands", "train.py 20 steps"], marks=SLOW, id="startup-train"
+    ),
     pytest.param("bench_prepare", ["--corpus", "{text}"]),
     pytest.param("tokens_per_char", ["--text", "english={text}"]),
     pytest.param("val_estimate", ["--corpus", "{text}", "--data_root", "{tmp}/data"]),

@@ -6,13 +6,16 @@
     minigpt eval | export | attention ...     # `minigpt COMMAND --help` lists a command's flags
 
 Only the chosen command's module is imported, so `minigpt sample` starts without Lightning (train's import).
+The scripts (`python train.py`, ...) run their command through run_command too.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 from importlib.metadata import version
+from types import ModuleType
 
 from minigpt.cli.errors import fail, ignore_interrupts_until_exit, run_cli
 
@@ -48,6 +51,39 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def load_command(name: str) -> ModuleType:
+    """The module of command `name` (one of COMMANDS), imported."""
+    if name == "train":
+        from minigpt.cli.cuda_start import start_cuda_early
+
+        start_cuda_early()  # one GPU: its context made in a thread while the line below imports Lightning
+    return importlib.import_module(COMMANDS[name][0])
+
+
+def run_command(name: str, flags: list[str] | None = None) -> None:
+    """Run command `name` as this process's own job: `python NAME.py` (flags None: the process's arguments) and
+    `minigpt NAME FLAGS`. Its module is imported with the garbage collector paused, and what the imports made is
+    then frozen out of every later collection (gc.freeze) before collection resumes.
+
+    The imports make objects that live as long as the process, ~750,000 of them for train.py (torch's, Lightning's,
+    torch._dynamo's, sympy's), and CPython walks all of them at each full collection, one every time their number
+    grows by a quarter: a quarter of train.py's imports on a 2-core CPU (docs/performance.md#start-up), and every
+    later full collection (compiling, the exit) would walk them again. The cost: the imports' few cyclic garbage
+    objects (~15,000, ~12 MiB) are never freed. The scripts pause the collector on their first line, so torch's own
+    import is covered too; `minigpt NAME` has imported torch before it gets here."""
+    gc.disable()
+    try:
+        command = load_command(name)
+    finally:
+        gc.freeze()
+        gc.enable()
+    try:
+        run_cli(lambda: command.main(flags))
+    finally:
+        if name == "export":  # a finished export exits without Ctrl-C's noise (export.main does it for its argv)
+            ignore_interrupts_until_exit()
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] in ("-h", "--help"):
@@ -60,17 +96,12 @@ def main(argv: list[str] | None = None) -> None:
     if name not in COMMANDS:
         what = "option" if name.startswith("-") else "command"
         fail(f"unknown {what} {name!r}; choose one of {', '.join(COMMANDS)} (see `minigpt --help`)")
-    if name == "train":
-        from minigpt.cli.cuda_start import start_cuda_early
-
-        start_cuda_early()  # one GPU: its context made in a thread while the line below imports Lightning
-    command = importlib.import_module(COMMANDS[name][0])
     # flags passed on, sys.argv left as it is: a multi-device train relaunches `minigpt train ...` from it
-    try:
+    if argv is None:
+        run_command(name, flags)
+    else:  # a caller's, in its process: its garbage collector is left as it is
+        command = load_command(name)
         run_cli(lambda: command.main(flags))
-    finally:
-        if argv is None and name == "export":  # as `python export.py`: a finished export exits without Ctrl-C's noise
-            ignore_interrupts_until_exit()
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
-from minigpt.cli.errors import fail, run_cli
+from minigpt.cli.errors import fail
 from minigpt.cli.parsing import OneLineErrors, flag_values, literal_choices, misplaced_setting
 from minigpt.configs import default_config
 from minigpt.core.checkpoint import check_resumable
@@ -439,7 +439,3 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         of = f" of {trainer.max_steps:,}" if trainer.max_steps > 0 else ""
         print(f"stopped by max_time ({cli.config['trainer']['max_time']}) after {trainer.global_step:,}{of} steps")
     return trainer
-
-
-def entry() -> None:
-    run_cli(main)
