@@ -272,10 +272,10 @@ LAUNCHED = {  # how each is launched, and the heavy imports its command makes wi
 
 @pytest.mark.parametrize("argv", [["train.py", "--help"], ["sample.py", "--help"], ["minigpt", "train", "--help"]])
 def test_a_commands_imports_run_with_the_collector_paused_then_frozen_out_of_its_collections(argv):
-    """The imports make ~half a million objects that live as long as the process; a collection every time they
-    grow by a quarter took ~1 s of train.py's imports on a 2-core CPU.  So they run with the collector paused, what
-    they made is frozen, and the collector resumes for the command: it collects (a long training run or a server
-    that never did would only grow), and its first collection already skips what the imports made."""
+    """The imports make objects that live as long as the process (~750,000 for train.py); a full collection every
+    time they grew by a quarter took a quarter of train.py's imports on a 2-core CPU.  So they run with the collector
+    paused, what they made is frozen, and the collector resumes for the command: it collects (a long training run or
+    a server that never did would only grow), and its first collection already skips what the imports made."""
     launch, watched = LAUNCHED[argv[0]]
     code = PAUSED.format(watched=watched, argv=argv, launch=launch)
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
