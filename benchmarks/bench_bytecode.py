@@ -23,8 +23,6 @@ from benchmarks import common
 from benchmarks.bench_gpu import bytecode_launches
 
 COLUMNS = common.columns("run:run:, launch_to_exit_s:launch to exit (s):.2f, first_step:train.py's own report:")
-TRAIN = ["--trainer.max_steps", "20", "--trainer.val_check_interval", "20", "--sample_tokens", "0"]
-TRAIN += ["--eval_full", "false"]
 
 
 def site_without_bytecode(folder: Path) -> Path:
@@ -41,11 +39,11 @@ def site_without_bytecode(folder: Path) -> Path:
 
 
 def train_run(python: list[str], env: dict[str, str], work: Path, name: str) -> dict:
-    cmd = python + [str(common.REPO_ROOT / "train.py"), *TRAIN, "--out_dir", str(work / name)]
+    cmd = python + [str(common.REPO_ROOT / "train.py"), *common.TRAIN_20_STEPS, "--out_dir", str(work / name)]
     start = time.perf_counter()
     got = common.run_child(cmd + ["--data.data_root", str(work / "data")], cwd=work, env=env)
-    report = [line for line in got.stdout.splitlines() + got.stderr.splitlines() if "first optimizer step" in line]
-    first_step = report[-1].rsplit("first optimizer step", 1)[-1].strip() if report else "-"
+    report = common.first_step_report(got.stdout + got.stderr)
+    first_step = report[0].removeprefix("first optimizer step ") if report else "-"
     return dict(run=name, launch_to_exit_s=round(time.perf_counter() - start, 2), first_step=first_step)
 
 

@@ -130,7 +130,7 @@ def minigpt_run(args, name: str, overrides: list[str], cache: Path, work: Path) 
     lines, rc = run_timed(python + cmd[1:] + args.extra.split() + flags, REPO, env, args.timeout)
     (work / f"{name}.log").write_text("\n".join(f"{t:8.2f} {line}" for t, line in lines))
     row: dict = {"name": name, "overrides": " ".join(overrides), "rc": rc, "wall_s": lines[-1][0] if lines else None}
-    if hit := first(lines, r"first optimizer step ([\d.]+)s after launch: (.*)"):
+    if hit := first(lines, common.FIRST_STEP):
         row["first_step_s"], row["first_step_seen_s"], row["startup"] = float(hit[1][1]), hit[0], hit[1][2]
     if hit := first(lines, r"full val loss ([\d.]+)"):
         row["full_val"], row["full_val_at_s"] = float(hit[1][1]), hit[0]

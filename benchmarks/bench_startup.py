@@ -33,9 +33,7 @@ NEW_TOKENS = 50
 COLUMNS = [("command", "command", ""), ("seconds", "seconds", ".2f"), ("over_torch_s", f"- {BASELINE} (s)", "+.2f")]
 COLUMNS += [("ratio", f"x {BASELINE}", ".2f"), ("goal", f"within {GOAL_S} s", "")]
 COLUMNS += [("first_step_s", "train.py: first step (s)", ".1f"), ("imports_s", "of which imports (s)", ".1f")]
-TRAIN_STEPS = ["--trainer.max_steps", "20", "--trainer.val_check_interval", "20", "--sample_tokens", "0"]
-TRAIN_STEPS += ["--eval_full", "false", "--overwrite", "true", "--out_dir", "train"]  # data: prepared in warm-up
-FIRST_STEP = re.compile(r"first optimizer step ([\d.]+)s after launch: imports ([\d.]+)s")  # train.py's report
+TRAIN_STEPS = [*common.TRAIN_20_STEPS, "--overwrite", "true", "--out_dir", "train"]  # data: prepared in warm-up
 
 
 def make_checkpoint(folder: Path) -> Path:
@@ -85,21 +83,22 @@ def main(argv: list[str] | None = None) -> dict:
                 p.error(f"unknown --commands {sorted(unknown)}; choose from {list(cases)}")
             cases = {name: argv for name, argv in cases.items() if name in wanted}
         times: dict[str, list[float]] = {name: [] for name, argv in cases.items() if argv is not None}
-        reports: dict[str, list[tuple[str, str]]] = {name: [] for name in times}
+        reports: dict[str, list[tuple[float, float]]] = {name: [] for name in times}
         for round_ in range(args.warmup + args.repeats):
             for name in times:
                 t0 = time.perf_counter()
                 ran = common.run_child(cases[name], cwd=work)  # a folder with no out/ and no configs/
                 if round_ >= args.warmup:
                     times[name].append(round(time.perf_counter() - t0, 4))
-                    reports[name] += FIRST_STEP.findall(ran.stdout + ran.stderr)
+                    if report := common.first_step_report(ran.stdout + ran.stderr):  # train.py's: s, imports s
+                        reports[name].append((float(report[1]), float(re.search(r"imports ([\d.]+)s", report[2])[1])))
 
     base = common.median(times[BASELINE])
     rows = [dict(command=name, goal="not installed (pip install -e .)") for name in cases if name not in times]
     for name, runs in times.items():
         row = dict(command=name, seconds=round(common.median(runs), 3), runs=runs)
         if reports[name]:  # medians of train.py's own figures: launch to first optimizer step, and its imports
-            first_step, imports = ([float(x) for x in column] for column in zip(*reports[name]))
+            first_step, imports = (list(column) for column in zip(*reports[name]))
             row |= dict(first_step_s=common.median(first_step), imports_s=common.median(imports))
             row |= dict(first_step_runs=first_step, imports_runs=imports)
         if name.startswith("train.py"):

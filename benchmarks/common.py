@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import time
@@ -90,6 +91,18 @@ def finish(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     path.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(f"\nwrote {path}")
     return result
+
+
+# a 20-step train.py of the default config, for its start-up: no text samples, no full-split evaluation at the end
+TRAIN_20_STEPS = ["--trainer.max_steps", "20", "--trainer.val_check_interval", "20", "--sample_tokens", "0"]
+TRAIN_20_STEPS += ["--eval_full", "false"]
+# train.py's start-up report: seconds from launch to the first optimizer step, then where they went
+FIRST_STEP = r"first optimizer step ([\d.]+)s after launch: ([^\r\n]*)"
+
+
+def first_step_report(output: str) -> re.Match | None:
+    """The last start-up report in a train.py's output (a progress bar's \\r may share its line)."""
+    return next(reversed(list(re.finditer(FIRST_STEP, output))), None)
 
 
 def run_child(argv: list[str], cwd: Path = REPO_ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
