@@ -5,9 +5,10 @@
 Such an environment (installed without .pyc files, run with PYTHONDONTWRITEBYTECODE=1: many container images, and
 the GPU image docs/time_to_loss.md measures on) is emulated on any machine: `python -S` over a copy of this
 interpreter's site folders made of links to each file but the `__pycache__` folders, with a cache folder of its own
-(XDG_CACHE_HOME). First train.py's imports alone in three launches (the cache off, its first launch, the next), then
-a 20-step train.py (the default config), the cache off and on in turn, each launch to exit with its own report of the
-first optimizer step. Method and results: docs/performance.md#start-up.
+(XDG_CACHE_HOME). First train.py's imports alone in three launches (the cache off, its first launch, the next; a
+fourth, as the next under `-X importtime`, says where the time goes), then a 20-step train.py (the default config),
+the cache off and on in turn, each launch to exit with its own report of the first optimizer step. Method and
+results: docs/performance.md#start-up.
 """
 
 import os

@@ -79,7 +79,8 @@ def minigpt_python(args, cache: Path, work: Path) -> tuple[list[str], dict[str, 
     return python, env
 
 
-BYTECODE_PROBE = """import json, sys, time
+BYTECODE_PROBE = """import gc, json, sys, time
+gc.disable()  # as train.py imports (minigpt.cli.main.run_command)
 start = time.perf_counter()
 import minigpt.cli.train
 from minigpt.core import bytecode_cache
@@ -93,15 +94,21 @@ print(json.dumps({"imports_s": round(imports_s, 2), "pycache_prefix": sys.pycach
 
 def bytecode_launches(python: list[str], env: dict[str, str]) -> dict:
     """train.py's imports in three launches, each timed from launch to exit by this process (and its imports alone
-    by the child's clock): with minigpt's bytecode cache off (the environment as it is), then on: the first launch
-    (writes the cache where the environment keeps no compiled modules) and the next (reads it)."""
+    by the child's clock), the garbage collector paused as train.py pauses it: with minigpt's bytecode cache off
+    (the environment as it is), then on: the first launch (writes the cache where the environment keeps no compiled
+    modules) and the next (reads it). A fourth launch, as the next under `-X importtime`, says where their time goes
+    (common.import_breakdown), whatever the cache did."""
     rows = {"environment": {k: v for k, v in env.items() if k.startswith("PYTHON") and k != "PYTHONPATH"}}
-    for launch in ("cache off", "first launch", "next launch"):
+    for launch in ("cache off", "first launch", "next launch", "next, -X importtime"):
         launch_env = dict(env, MINIGPT_BYTECODE_CACHE="0") if launch == "cache off" else env
+        flags = ["-X", "importtime"] if "importtime" in launch else []
         start = time.perf_counter()
-        got = subprocess.run(python + ["-c", BYTECODE_PROBE], cwd=REPO, env=launch_env, capture_output=True, text=True)
+        cmd = python + flags + ["-c", BYTECODE_PROBE]
+        got = subprocess.run(cmd, cwd=REPO, env=launch_env, capture_output=True, text=True)
         row = {"launch_to_exit_s": round(time.perf_counter() - start, 2), "rc": got.returncode}
         row |= json.loads(got.stdout.splitlines()[-1]) if got.returncode == 0 else {"tail": got.stderr[-2000:]}
+        if flags and got.returncode == 0:
+            row["breakdown"] = common.import_breakdown(got.stderr)
         rows[launch] = row
         print(launch, json.dumps(row), flush=True)
     return rows
@@ -451,12 +458,9 @@ def main() -> None:
         recipe("recipe_120s", ["--trainer.max_time", "00:00:01:45", "--trainer.val_check_interval", "500"])
     if "imports" in parts:  # where a launch's import time goes (after the runs above: a warm disk cache)
         python, env = minigpt_python(args, work / "cache_imports", work)
-        cmd = python + ["-X", "importtime", "-c", "import minigpt.cli.train"]
+        cmd = python + ["-X", "importtime", "-c", "import gc; gc.disable(); import minigpt.cli.train"]
         got = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-        rows = [line.split("|") for line in got.stderr.splitlines() if line.startswith("import time:")]
-        top = sorted(((int(r[1]), r[2].rstrip()) for r in rows if r[1].strip().isdigit()), reverse=True)
-        results["imports"] = [(round(us / 1e6, 2), name) for us, name in top[:25]]
-        print("imports (cumulative s):", results["imports"], flush=True)
+        save("imports", common.import_breakdown(got.stderr, top=25))
     if "nanogpt" in parts:
         save("nanogpt", nanogpt_run(args, work))
     if "overhead" in parts:  # the recipe's step, layer by layer: a fresh process (its own compile caches)

@@ -105,6 +105,31 @@ def first_step_report(output: str) -> re.Match | None:
     return next(reversed(list(re.finditer(FIRST_STEP, output))), None)
 
 
+def import_breakdown(importtime: str, top: int = 12) -> dict[str, Any]:
+    """Where a launch's imports went, from `python -X importtime`'s lines (its stderr), in seconds: the total, the
+    number of modules, each top-level package's own time (its modules' self times: a package's figure holds its
+    compiled extensions' loading, not the packages it imports) and the slowest modules by their own time."""
+    rows = []  # (self us, cumulative us, name, depth)
+    for line in importtime.splitlines():
+        fields = line.removeprefix("import time:").split("|")
+        if line.startswith("import time:") and len(fields) == 3 and fields[0].strip().isdigit():
+            name = fields[2].rstrip()
+            rows.append((int(fields[0]), int(fields[1]), name.strip(), (len(name) - len(name.lstrip())) // 2))
+    packages: dict[str, int] = {}
+    for own, _, name, _ in rows:
+        packages[name.split(".")[0]] = packages.get(name.split(".")[0], 0) + own
+
+    def seconds(pairs: Iterable[tuple[str, int]]) -> list[tuple[str, float]]:
+        return [(name, round(us / 1e6, 2)) for name, us in sorted(pairs, key=lambda pair: -pair[1])[:top]]
+
+    return {
+        "total_s": round(sum(cumulative for _, cumulative, _, depth in rows if depth == 0) / 1e6, 2),
+        "modules": len(rows),
+        "by_package": seconds(packages.items()),
+        "slowest": seconds((name, own) for own, _, name, _ in rows),
+    }
+
+
 def run_child(argv: list[str], cwd: Path = REPO_ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run argv in a fresh process, its output captured; a failure ends the benchmark with the output's tail."""
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)

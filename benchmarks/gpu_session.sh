@@ -13,7 +13,7 @@
 #         its results where the machine still holds them (STATE, default /tmp/gpu_session)
 # DRY=1   the same plan on the CPU at tiny sizes: the script's own check (its figures mean nothing)
 #
-# first: the imports with minigpt's bytecode cache off and on; the recipe cold as shipped and under --compile_mode
+# first: the imports with minigpt's bytecode cache off and on, and where they go; the recipe cold as shipped and under --compile_mode
 #        graphed (alone, with the replayed update, and in 8 s); the GPU tests of the CUDA-graph modes; the replayed
 #        update alone; a wider model; the server over HTTP, one client, GPT-2 124M (its step compiled and captured
 #        for each batch bucket before it answers). The runs after the first step read the bytecode cache it made.
@@ -72,6 +72,21 @@ print("   curve (s since launch, step, val):", row["curve"])
 print("   tail:", row.get("tail", "")) if row["rc"] else None
 EOF
         ;;
+    bytecode)
+        python3 - "$STATE/$HALF/bytecode.json" <<'EOF'
+import json, sys
+try:
+    launches = json.load(open(sys.argv[1]))["bytecode"]
+except Exception as error:
+    sys.exit(print("   no result:", error))
+for name, row in launches.items():
+    if name != "environment":
+        keys = "rc launch_to_exit_s imports_s pyc_files torch_cached_here tail".split()
+        print(f"   {name}:", {k: row[k] for k in keys if k in row})
+for key, top in launches.get("next, -X importtime", {}).get("breakdown", {}).items():
+    print(f"   {key}:", top)
+EOF
+        ;;
     *) grep -v -E "^\s*$|Warning|warn\(" "$log" | tail -n 14 ;;
     esac
 }
@@ -81,9 +96,10 @@ WITHOUT=torchvision,transformers,scipy,torchaudio # minigpt's runs as a fresh in
 # the imports took ~10 s there against ~3 s on a 2-core CPU, warm or cold, as when Python compiles every module from
 # source at each launch (an image with no .pyc files, and none written): train.py's imports with minigpt's bytecode
 # cache off, then its first launch (writes the cache) and the next (reads it), through the recipe runs' interpreter
-# and site folder, so that the variants after it read that cache as a user's second launch would
+# and site folder, so that the variants after it read that cache as a user's second launch would; then the next
+# once more under -X importtime: where the time goes by package and module, whatever the cache changed
 bytecode() {
-    step bytecode 45 100 python3 benchmarks/bench_gpu.py "${GPU_ARGS[@]}" --without $WITHOUT --parts bytecode \
+    step bytecode 60 140 python3 benchmarks/bench_gpu.py "${GPU_ARGS[@]}" --without $WITHOUT --parts bytecode \
         --work "$STATE/work" --out "$STATE/$HALF/bytecode.json"
 }
 

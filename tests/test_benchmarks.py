@@ -169,6 +169,31 @@ def test_bench_bytecode_emulates_an_environment_without_compiled_modules(tmp_pat
     assert first["pycache_prefix"].endswith("/minigpt/pycache") and after["pycache_prefix"] == first["pycache_prefix"]
     assert first["pyc_files"] > 1000 and after["torch_cached_here"]  # torch, Lightning, sympy: thousands of modules
     assert json.loads(out.read_text())["rows"] and "next launch" in capsys.readouterr().out
+    # the next launch again under -X importtime: where the time went, torch's own modules among the slowest packages
+    breakdown = launches["next, -X importtime"]["breakdown"]
+    assert breakdown["modules"] > 1000 and "torch" in dict(breakdown["by_package"]) and breakdown["total_s"] > 0
+
+
+def test_an_importtime_breakdown_sums_each_packages_own_time():
+    """Where a launch's imports went, from `python -X importtime`'s lines: a package's own time is its modules'
+    self times (not what they import: lightning importing torchmetrics counts for torchmetrics), the total is the
+    top-level imports' cumulative times."""
+    from benchmarks.common import import_breakdown
+
+    importtime = """import time: self [us] | cumulative | imported package
+import time:       100 |        100 | _io
+import time:    400000 |    400000 |   torch._C
+import time:    200000 |    600000 | torch
+import time:     50000 |      50000 |       torchmetrics.functional
+import time:     30000 |      80000 |     torchmetrics
+import time:     20000 |     100000 |   lightning.fabric
+import time:     10000 |     110000 | lightning
+noise that is no importtime line
+"""
+    got = import_breakdown(importtime, top=2)
+    assert got["modules"] == 7 and got["total_s"] == 0.71  # 100 us + 0.6 s + 0.11 s
+    assert got["by_package"] == [("torch", 0.6), ("torchmetrics", 0.08)]  # the top 2; lightning's own: 0.03
+    assert got["slowest"] == [("torch._C", 0.4), ("torch", 0.2)]
 
 
 @SLOW  # a train.py child and two Lightning children
