@@ -37,7 +37,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from minigpt.cli.errors import fail
-from minigpt.cli.parsing import OneLineErrors, flag_values, literal_choices, misplaced_setting
+from minigpt.cli.parsing import OneLineErrors, flag_values, literal_choices, misplaced_setting, read_field_docs
 from minigpt.configs import default_config
 from minigpt.core.checkpoint import check_resumable
 from minigpt.core.config import GPTConfig
@@ -332,6 +332,7 @@ class MiniGPTCLI(LightningCLI):
 def parse(argv: list[str] | None = None) -> MiniGPTCLI:
     """Parse the config and flags and build the datamodule, the module and the trainer (nothing is trained)."""
     given = sys.argv[1:] if argv is None else argv
+    read_field_docs(given)
     parser_kwargs: dict[str, Any] = {"prog": "train.py"}
     if not any(a in ("-c", "--config") or a.startswith("--config=") for a in given):
         parser_kwargs["default_config_files"] = [str(default_config())]  # shipped in the package, never skipped

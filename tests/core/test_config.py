@@ -8,7 +8,7 @@ from dataclasses import MISSING, fields
 import pytest
 import yaml
 
-from minigpt.cli.train import main
+from minigpt.cli.train import main, parse
 from minigpt.core.config import GPTConfig
 from minigpt.training.init_from import LINKED_MODEL_FIELDS
 from minigpt.training.optim import OptimConfig
@@ -94,7 +94,10 @@ def test_every_config_field_is_a_flag_with_the_dataclass_default(tmp_path, capsy
     OptimConfig(**{n: v for (s, n), v in expected.items() if s == "optim"})
 
 
-def test_help_shows_each_fields_own_docstring(capsys):
+def test_help_shows_each_fields_own_docstring(tiny_run_args, corpus, data_root, tmp_path, capsys):
+    """Also after a launch without --help in the same process: only a launch that prints help reads the docstrings
+    (minigpt.cli.parsing.read_field_docs), and each launch decides for itself."""
+    parse(tiny_run_args(corpus, data_root, tmp_path / "run"))
     with pytest.raises(SystemExit):
         main(["--help"])
     out = " ".join(capsys.readouterr().out.split())
