@@ -168,9 +168,8 @@ class CompileModel(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         device = pl_module.device.type
         if self.mode in CUDA_ONLY_MODES and device != "cuda":  # not recorded, the step would only be slower
-            return self.disable(
-                f"compile_mode {self.mode} needs a CUDA GPU (this run is on {device}; the default mode compiles)"
-            )
+            fix = "--compile_mode default compiles there"
+            return self.disable(f"compile_mode {self.mode} needs a CUDA GPU (this run is on {device}: {fix})")
         if self.mode == "graphed":  # recorded at fit start, on the step's precision
             if pl_module.model.config.activation_checkpointing:  # it reads and sets the RNG state: refused in a capture
                 return self.disable("compile_mode graphed cannot record activation checkpointing's recomputation")
