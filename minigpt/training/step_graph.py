@@ -13,8 +13,8 @@ from minigpt.training.muon import MuonWithAdamW, evaluate
 class GraphedStep:
     """Mixed into an optimizer (before it): step() runs the closure (Lightning's forward, backward and clipping)
     eagerly, then the update, which from the fourth step on is one CUDA graph replayed instead of each of its
-    kernels launched from Python.  The first steps run eagerly (they make the state), the third on the side stream
-    the graph is captured on, as torch's CUDA-graph docs ask.  The graph reads each group's learning rate from a
+    kernels launched from Python.  The first steps run eagerly (they make the state), the third on a side stream,
+    as torch's CUDA-graph docs ask.  The graph reads each group's learning rate from a
     tensor on the device, refilled before each replay, so a schedule still moves it.  It holds the gradients,
     the weights and the state where they were at the capture: where the gradients move between steps (zero_grad
     freeing them), or AdamW is not fused, the update runs eagerly (with a warning) from then on.
@@ -31,7 +31,7 @@ class GraphedStep:
         params = [p for group in self.param_groups for p in group["params"]]
         if self._graph_grads and any(g is not p.grad for g, p in zip(self._graph_grads, params, strict=True)):
             self._give_up(
-                "the gradients moved between steps (only compile_mode cudagraphs and reduce-overhead keep them)"
+                "the gradients moved between steps (compile_mode cudagraphs, reduce-overhead and graphed keep them)"
             )
         if self._graph is not None:
             for lr, group in zip(self._graph_lrs, self.param_groups):
@@ -43,12 +43,12 @@ class GraphedStep:
         if self._graph_given_up or not self._graph_grads or self._eager_steps < 2:
             self._eager_steps += 1
             super().step()
-        elif self._eager_steps == 2:  # the last eager step on the capture's stream: its libraries warmed up there
-            self._graph_stream = torch.cuda.Stream(params[0].device)
-            self._graph_stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self._graph_stream):
+        elif self._eager_steps == 2:  # the last eager step on a side stream, as torch's CUDA-graph docs ask
+            side = torch.cuda.Stream(params[0].device)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
                 super().step()
-            torch.cuda.current_stream().wait_stream(self._graph_stream)
+            torch.cuda.current_stream().wait_stream(side)
             self._eager_steps += 1
         elif problem := self._uncapturable(params):
             self._give_up(problem)
@@ -76,13 +76,21 @@ class GraphedStep:
         self._graph_lrs = [torch.tensor(lr, dtype=torch.float32, device=device) for lr in floats]
         self._graph = torch.cuda.CUDAGraph()
         capturable = [group.get("capturable") for group in self.param_groups]  # AdamW's groups have the key
+        # captured on a stream that never ran a matmul: cuBLAS makes that stream's workspace during the capture, in
+        # the graph's own memory pool, as torch.compile's CUDA graphs make theirs. A workspace made before, in the
+        # common pool, would be freed under the graph the next time torch.compile records one (it frees every
+        # stream's workspace then), and the replays would write into memory that other tensors own
+        stream, before = torch.cuda.Stream(device), torch.cuda.current_stream(device)
         try:  # torch's AdamW refuses to be captured unless its groups say capturable; the groups read the tensors
             for group, lr in zip(self.param_groups, self._graph_lrs):
                 group["lr"] = lr
                 if "capturable" in group:
                     group["capturable"] = True
-            with torch.cuda.graph(self._graph, stream=self._graph_stream, capture_error_mode="thread_local"):
+            with torch.cuda.graph(self._graph, stream=stream, capture_error_mode="thread_local"):
                 super().step()
+        except BaseException:
+            torch.cuda.set_stream(before)  # a failed capture leaves its stream current (torch.cuda.graph's exit)
+            raise
         finally:
             for group, lr, was in zip(self.param_groups, floats, capturable):
                 group["lr"] = lr

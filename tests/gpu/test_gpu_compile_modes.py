@@ -7,6 +7,7 @@ Skipped without CUDA (tests/training/test_callbacks.py checks the in-place gradi
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +20,9 @@ from minigpt.cli.train import main as train_main
 from minigpt.core.checkpoint import model_state_dict, read_checkpoint
 from minigpt.core.config import GPTConfig
 from minigpt.core.model import GPT
+from minigpt.training.model_graphs import record_training_graphs
 from minigpt.training.optim import OptimConfig, build_optimizer
+from minigpt.training.sft import split_batch
 from support import keep_training_graphs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -94,6 +97,32 @@ def test_graphed_trains_as_the_eager_model_replaying_every_training_forward(accu
         assert torch.allclose(value.float(), weights["graphed"][name].float(), atol=2e-3, rtol=1e-2), name
 
 
+def test_a_graphed_replay_gives_the_eager_loss_and_gradients_and_draws_new_dropout_masks():
+    """The recorded graphs directly: without dropout a replay's loss and gradients are the eager model's, and it
+    returns the loss alone (the graphs record no logits); with dropout each replay draws its own masks."""
+    torch.manual_seed(0)
+    for dropout in (0.0, 0.2):
+        model = GPT(replace(GPTConfig.from_name("tiny"), dropout=dropout)).cuda().train()
+        batch = torch.randint(0, model.config.vocab_size, (4, model.config.block_size + 1), device="cuda")
+        _, loss = model(*split_batch(batch))
+        loss.backward()
+        eager = (loss.item(), [p.grad.clone() for p in model.parameters()])
+        for p in model.parameters():  # buffers of their own, as CompileModel makes them
+            p.grad.zero_()
+        graphs = record_training_graphs(model, batch, contextlib.nullcontext)
+        logits, loss = model(*split_batch(batch))
+        first = loss.item()  # a copy: the next replay overwrites the graph's output
+        loss.backward()
+        second = model(*split_batch(batch))[1].item()
+        assert logits is None and graphs.replays == 2
+        if dropout == 0:
+            assert first == pytest.approx(second, rel=1e-6) and first == pytest.approx(eager[0], rel=1e-5)
+            for p, grad in zip(model.parameters(), eager[1]):
+                torch.testing.assert_close(p.grad, grad, rtol=1e-4, atol=1e-5)
+        else:
+            assert first != second  # masks frozen at the recording would repeat the same loss
+
+
 def test_graphed_with_the_recipes_dropout_learns_and_repeats_under_a_seed(tmp_path, monkeypatch):
     """Dropout's masks are drawn inside the replayed graphs (each replay advances the generator): the loss falls,
     and the same seed gives the same weights."""
@@ -120,10 +149,12 @@ def run_optimizer_graph(tmp_path, name: str, mode: str, optimizer: str, graphed:
     return trainer, model_state_dict(read_checkpoint(tmp_path / name / "checkpoints" / "last.ckpt"))
 
 
-@pytest.mark.parametrize("optimizer", ["muon", "adamw"])
-def test_the_replayed_update_trains_as_the_eager_one(optimizer, tmp_path):
-    _, eager = run_optimizer_graph(tmp_path, "eager", "cudagraphs", optimizer, graphed=False)
-    trainer, graphed = run_optimizer_graph(tmp_path, "graphed", "cudagraphs", optimizer, graphed=True)
+@pytest.mark.parametrize("optimizer,mode", [("muon", "cudagraphs"), ("adamw", "cudagraphs"), ("muon", "graphed")])
+def test_the_replayed_update_trains_as_the_eager_one(optimizer, mode, tmp_path):
+    """Under either mode that keeps the gradients in place: torch.compile's CUDA graphs, or the step recorded by
+    make_graphed_callables (graphed + --optim.cuda_graph: the recipe's candidate, two graphs a step)."""
+    _, eager = run_optimizer_graph(tmp_path, "eager", mode, optimizer, graphed=False)
+    trainer, graphed = run_optimizer_graph(tmp_path, "graphed", mode, optimizer, graphed=True)
     optim = trainer.optimizers[0]
     assert optim._graph is not None  # captured, and still in use at the end
     assert int(optim.state[optim.param_groups[-1]["params"][0]]["step"]) == 12  # AdamW's: each replay counted

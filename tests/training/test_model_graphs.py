@@ -29,15 +29,16 @@ def test_only_a_training_forward_of_the_recorded_shape_replays():
     model = GPT(CONFIG)
     replayed = []
 
-    def replay(idx, targets):  # stands in for the graphs: what they would compute, and that they ran
+    def replay(idx, targets):  # stands in for the graphs: what they would compute (the loss), and that they ran
         replayed.append(tuple(idx.shape))
-        return type(model).forward(model, idx, targets)
+        return type(model).forward(model, idx, targets)[1]
 
     graphs = TrainingGraphs(model, replay, model.forward, torch.Size((4, 8)))
     model.forward = graphs
     x, y = torch.randint(0, 20, (2, 4, 8))
-    model(x, y)
+    logits, loss = model(x, y)
     assert replayed == [(4, 8)] and graphs.replays == 1
+    assert logits is None and loss.ndim == 0  # a replay gives the loss alone: the graphs record no logits
     model(x[:3], y[:3])  # a smaller last batch: eager, not broadcast into the graphs' buffers
     model(x)  # no targets (DPO's and GRPO's forwards)
     model(x[:, :1], kv_cache=model.new_kv_cache(4))  # generation
