@@ -11,6 +11,7 @@ import re
 import statistics
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -115,9 +116,9 @@ def import_breakdown(importtime: str, top: int = 12) -> dict[str, Any]:
         if line.startswith("import time:") and len(fields) == 3 and fields[0].strip().isdigit():
             name = fields[2].rstrip()
             rows.append((int(fields[0]), int(fields[1]), name.strip(), (len(name) - len(name.lstrip())) // 2))
-    packages: dict[str, int] = {}
+    packages: Counter[str] = Counter()
     for own, _, name, _ in rows:
-        packages[name.split(".")[0]] = packages.get(name.split(".")[0], 0) + own
+        packages[name.split(".")[0]] += own
 
     def seconds(pairs: Iterable[tuple[str, int]]) -> list[tuple[str, float]]:
         return [(name, round(us / 1e6, 2)) for name, us in sorted(pairs, key=lambda pair: -pair[1])[:top]]

@@ -13,10 +13,11 @@
 #         its results where the machine still holds them (STATE, default /tmp/gpu_session)
 # DRY=1   the same plan on the CPU at tiny sizes: the script's own check (its figures mean nothing)
 #
-# first: the imports with minigpt's bytecode cache off and on, and where they go; the recipe cold as shipped and under --compile_mode
-#        graphed (alone, with the replayed update, and in 8 s); the GPU tests of the CUDA-graph modes; the replayed
-#        update alone; a wider model; the server over HTTP, one client, GPT-2 124M (its step compiled and captured
-#        for each batch bucket before it answers). The runs after the first step read the bytecode cache it made.
+# first: the imports with minigpt's bytecode cache off and on, and where they go; the recipe cold as shipped and
+#        under --compile_mode graphed (alone, with the replayed update, and in 8 s); the GPU tests of the CUDA-graph
+#        modes; the replayed update alone; a wider model; the server over HTTP, one client, GPT-2 124M (its step
+#        compiled and captured for each batch bucket before it answers). The runs after the first step read the
+#        bytecode cache it made.
 # rest:  (on a fresh machine, the bytecode cache first) the best 12 s variant again cold; the 40 s candidate for the
 #        120 s goal; the serve engine's token, each way, and under cProfile; the server with its step uncompiled;
 #        throughput on the 124M shape against nanoGPT's bench.py; the step's host overhead per compile mode, with a

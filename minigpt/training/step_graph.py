@@ -14,10 +14,10 @@ class GraphedStep:
     """Mixed into an optimizer (before it): step() runs the closure (Lightning's forward, backward and clipping)
     eagerly, then the update, which from the fourth step on is one CUDA graph replayed instead of each of its
     kernels launched from Python.  The first steps run eagerly (they make the state), the third on a side stream,
-    as torch's CUDA-graph docs ask.  The graph reads each group's learning rate from a
-    tensor on the device, refilled before each replay, so a schedule still moves it.  It holds the gradients,
-    the weights and the state where they were at the capture: where the gradients move between steps (zero_grad
-    freeing them), or AdamW is not fused, the update runs eagerly (with a warning) from then on.
+    as torch's CUDA-graph docs ask.  The graph reads each group's learning rate from a tensor on the device,
+    refilled before each replay, so a schedule still moves it.  It holds the gradients, the weights and the state
+    where they were at the capture: where the gradients move between steps (zero_grad freeing them), or AdamW is
+    not fused, the update runs eagerly (with a warning) from then on.
     """
 
     _eager_steps = 0
@@ -76,10 +76,11 @@ class GraphedStep:
         self._graph_lrs = [torch.tensor(lr, dtype=torch.float32, device=device) for lr in floats]
         self._graph = torch.cuda.CUDAGraph()
         capturable = [group.get("capturable") for group in self.param_groups]  # AdamW's groups have the key
-        # captured on a stream that never ran a matmul: cuBLAS makes that stream's workspace during the capture, in
-        # the graph's own memory pool, as torch.compile's CUDA graphs make theirs. A workspace made before, in the
-        # common pool, would be freed under the graph the next time torch.compile records one (it frees every
-        # stream's workspace then), and the replays would write into memory that other tensors own
+        # captured on a stream of its own, not the warm-up's (torch hands streams out from a pool of 32 a device, of
+        # which a run takes a few): cuBLAS makes that stream's workspace during the capture, in the graph's own
+        # memory pool, as torch.compile's CUDA graphs make theirs. A workspace made before, in the common pool, would
+        # be freed under the graph the next time torch.compile records one (it frees every stream's workspace then),
+        # and the replays would write into memory that other tensors own
         stream, before = torch.cuda.Stream(device), torch.cuda.current_stream(device)
         try:  # torch's AdamW refuses to be captured unless its groups say capturable; the groups read the tensors
             for group, lr in zip(self.param_groups, self._graph_lrs):
