@@ -18,7 +18,7 @@ from lightning.pytorch.utilities.seed import isolate_rng
 from minigpt import core
 from minigpt.core.checkpoint import RNG_STATE_KEY
 from minigpt.core.compiled import compiler_available, no_cpp_compiler
-from minigpt.core.errors import UnknownCharactersError, UserError
+from minigpt.core.errors import UnknownCharactersError, UserError, first_line
 from minigpt.core.generation import generate, prompt_ids
 from minigpt.core.model import GPT
 from minigpt.training.model_graphs import TrainingGraphs, record_training_graphs
@@ -192,8 +192,11 @@ class CompileModel(Callback):
         batch = torch.zeros(self.batch_size, model.config.block_size + 1, dtype=torch.long, device=pl_module.device)
         autocast = trainer.precision_plugin.forward_context  # the step's precision
         if self.mode == "graphed":
-            with isolate_rng(include_cuda=True):  # its eager warm-up steps draw dropout masks
-                self.graphs = record_training_graphs(model, batch, autocast)
+            try:
+                with isolate_rng(include_cuda=True):  # its eager warm-up steps draw dropout masks
+                    self.graphs = record_training_graphs(model, batch, autocast)
+            except Exception as error:  # noqa: BLE001 -- an op the capture refuses: the run still trains, eagerly
+                return self.disable(f"compile_mode graphed could not record the training step ({first_line(error)})")
             self.seconds = time.perf_counter() - start
             return rank_zero_info(f"CUDA graphs: recorded the training step in {self.seconds:.1f}s (not compiled)")
         if self.mode in COMPILED_GRAPH_MODES:  # as before each training batch: no graph here waits on an earlier one

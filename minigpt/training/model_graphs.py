@@ -62,6 +62,7 @@ def record_training_graphs(model: GPT, batch: torch.Tensor, autocast: Callable) 
     inputs, targets = split_batch(batch)
     eager = model.forward
     device = batch.device.type
+    stream = torch.cuda.current_stream() if batch.is_cuda else None
     # the step's autocast, without its cast cache: a cached bf16 copy of a weight would be recorded stale
     with (
         autocast(),
@@ -73,7 +74,12 @@ def record_training_graphs(model: GPT, batch: torch.Tensor, autocast: Callable) 
         ),
     ):
         loss = TrainingLoss(model, eager)
-        recorded = torch.cuda.make_graphed_callables(loss, (inputs, targets), allow_unused_input=True)
+        try:
+            recorded = torch.cuda.make_graphed_callables(loss, (inputs, targets), allow_unused_input=True)
+        except BaseException:  # the model is as it was; the stream is put back (a failed capture leaves its own)
+            if stream is not None:
+                torch.cuda.set_stream(stream)
+            raise
     graphs = TrainingGraphs(model, recorded, eager, inputs.shape)
     model.forward = graphs
     return graphs

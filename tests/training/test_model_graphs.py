@@ -136,3 +136,33 @@ def test_train_py_under_graphed_routes_every_training_forward_and_nothing_else(
     assert "forward" not in vars(graphs.model)  # undone at the end of training
     for key, value in weights[0].items():
         assert torch.equal(value, weights[1][key]), key
+
+
+def test_a_recording_that_fails_leaves_the_run_training_eagerly(
+    tiny_run_args, corpus, data_root, tmp_path, monkeypatch
+):
+    """A kernel the capture refuses (make_graphed_callables raises): one warning naming the error, and the run
+    trains eagerly to the uncompiled run's weights."""
+    from minigpt.cli.train import main
+    from minigpt.core.checkpoint import model_state_dict, read_checkpoint
+    from minigpt.training import callbacks
+
+    def refuse(module, sample_args, allow_unused_input=False):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore lines")
+
+    monkeypatch.setattr(callbacks, "CUDA_ONLY_MODES", ())  # recorded here as on a GPU
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", refuse)
+    recorded = keep_training_graphs(monkeypatch)
+
+    def run(name: str, compiled: str) -> dict:
+        argv = tiny_run_args(corpus, data_root, tmp_path / name, steps=6) + ["--compile", compiled]
+        assert main(argv + ["--compile_mode", "graphed", "--model.dropout", "0.1"]).global_step == 6
+        return model_state_dict(read_checkpoint(tmp_path / name / "checkpoints" / "last.ckpt"))
+
+    eager = run("eager", "false")
+    why = r"compile_mode graphed could not record the training step \(CUDA error: operation not permitted when"
+    with pytest.warns(UserWarning, match=why + r" stream is capturing\); training without compiling"):
+        graphed = run("graphed", "true")
+    assert recorded == []
+    for key, value in eager.items():
+        assert torch.equal(value, graphed[key]), key
