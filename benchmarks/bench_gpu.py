@@ -143,8 +143,10 @@ def minigpt_run(args, name: str, overrides: list[str], cache: Path, work: Path) 
         row["full_val"], row["full_val_at_s"] = float(hit[1][1]), hit[0]
     if hit := first(lines, r"full val loss of \S+ \(step (\d+)\): ([\d.]+)"):  # a run that ended above its best
         row["best_full_val"], row["best_step"], row["best_full_val_at_s"] = float(hit[1][2]), int(hit[1][1]), hit[0]
-    if hit := first(lines, r"torch.compile: compiled in ([\d.]+)s"):
+    if hit := first(lines, r"(?:torch.compile: compiled|CUDA graphs: recorded the training step) in ([\d.]+)s"):
         row["compile_s"] = float(hit[1][1])
+    if hit := first(lines, r"\S.*; training without compiling"):  # a compile mode that fell back (a warning)
+        row["not_compiled"] = hit[1][0]
     steps = [int(m[1]) for _, line in lines if (m := re.search(r"after (\d+) steps", line))]
     row["steps"] = steps[0] if steps else None
     row["curve"] = [(round(t - launched, 2), step, round(loss, 4)) for t, step, loss in common.val_curve(out)]

@@ -67,7 +67,7 @@ try:
     row = json.load(open(sys.argv[1]))["minigpt"][0]
 except Exception as error:
     sys.exit(print("   no result:", error))
-keys = "rc first_step_s startup compile_s steps full_val full_val_at_s best_full_val best_step".split()
+keys = "rc first_step_s startup compile_s not_compiled steps full_val full_val_at_s best_full_val best_step".split()
 print("  ", {k: row[k] for k in keys if k in row})
 print("   curve (s since launch, step, val):", row["curve"])
 print("   tail:", row.get("tail", "")) if row["rc"] else None

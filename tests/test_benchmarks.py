@@ -203,10 +203,16 @@ def test_bench_gpu_runs_minigpts_parts_on_a_cpu(corpus, tmp_path):
 
     out = tmp_path / "gpu.json"
     cmd = [sys.executable, str(REPO / "benchmarks/bench_gpu.py"), "--device", "cpu", "--tiny", "--corpus", str(corpus)]
-    parts = ["--parts", "cold,throughput,overhead", "--profile", "muon:train_py:eager", "--out", str(out)]
+    parts = ["--parts", "cold,variants,throughput,overhead", "--profile", "muon:train_py:eager", "--out", str(out)]
+    parts += ["--variant", "cg=--compile true --compile_mode cudagraphs"]  # a GPU's compile mode: falls back here
     subprocess.run(cmd + parts, check=True, capture_output=True)
     result = json.loads(out.read_text())
-    (cold,) = result["minigpt"]  # the recipe cold (its warm run, the same command again, is left out: ~15 s)
+    cold, fallback = result["minigpt"]  # the recipe cold (its warm run, the same command again, is left out: ~15 s)
+    assert fallback["rc"] == 0 and fallback["not_compiled"].endswith(
+        "compile_mode cudagraphs needs a CUDA GPU (this run is on cpu: --compile_mode default compiles there); "
+        "training without compiling"
+    )
+    assert "not_compiled" not in cold
     assert cold["rc"] == 0 and cold["steps"] == 30 and 0 < cold["full_val"] < 10 and cold["first_step_s"] > 0
     assert [step for _, step, _ in cold["curve"]] == [9, 19, 29]  # val_loss with its wall time, from TensorBoard
     assert result["throughput"]["minigpt_regions"]["ms_per_iter"] > 0
