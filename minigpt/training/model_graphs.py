@@ -9,7 +9,8 @@ of exactly those shapes replays; everything else (validation, generation, anothe
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -54,6 +55,19 @@ class TrainingLoss(torch.nn.Module):
         return self.eager(idx, targets)[1]
 
 
+@contextmanager
+def current_stream_kept(device: torch.device) -> Iterator[None]:
+    """Around a CUDA-graph capture: where it fails, the caller's stream is current again (torch.cuda.graph's exit
+    leaves its capture stream current when the capture ends in an error).  Nothing to do off a GPU."""
+    before = torch.cuda.current_stream(device) if device.type == "cuda" else None
+    try:
+        yield
+    except BaseException:
+        if before is not None:
+            torch.cuda.set_stream(before)
+        raise
+
+
 def record_training_graphs(model: GPT, batch: torch.Tensor, autocast: Callable) -> TrainingGraphs:
     """Record model(inputs, targets)'s loss for `batch`'s shape (B, T + 1), under the training step's precision
     (autocast: its context), as CUDA graphs, and install them as model.forward.  The parameters' gradients come out
@@ -62,7 +76,6 @@ def record_training_graphs(model: GPT, batch: torch.Tensor, autocast: Callable) 
     inputs, targets = split_batch(batch)
     eager = model.forward
     device = batch.device.type
-    stream = torch.cuda.current_stream() if batch.is_cuda else None
     # the step's autocast, without its cast cache: a cached bf16 copy of a weight would be recorded stale
     with (
         autocast(),
@@ -72,14 +85,10 @@ def record_training_graphs(model: GPT, batch: torch.Tensor, autocast: Callable) 
             enabled=torch.is_autocast_enabled(device),
             cache_enabled=False,
         ),
+        current_stream_kept(batch.device),  # a failure leaves the model as it was
     ):
         loss = TrainingLoss(model, eager)
-        try:
-            recorded = torch.cuda.make_graphed_callables(loss, (inputs, targets), allow_unused_input=True)
-        except BaseException:  # the model is as it was; the stream is put back (a failed capture leaves its own)
-            if stream is not None:
-                torch.cuda.set_stream(stream)
-            raise
+        recorded = torch.cuda.make_graphed_callables(loss, (inputs, targets), allow_unused_input=True)
     graphs = TrainingGraphs(model, recorded, eager, inputs.shape)
     model.forward = graphs
     return graphs

@@ -7,6 +7,7 @@ import warnings
 
 import torch
 
+from minigpt.training.model_graphs import current_stream_kept
 from minigpt.training.muon import MuonWithAdamW, evaluate
 
 
@@ -81,17 +82,17 @@ class GraphedStep:
         # memory pool, as torch.compile's CUDA graphs make theirs. A workspace made before, in the common pool, would
         # be freed under the graph the next time torch.compile records one (it frees every stream's workspace then),
         # and the replays would write into memory that other tensors own
-        stream, before = torch.cuda.Stream(device), torch.cuda.current_stream(device)
+        stream = torch.cuda.Stream(device)
         try:  # torch's AdamW refuses to be captured unless its groups say capturable; the groups read the tensors
             for group, lr in zip(self.param_groups, self._graph_lrs):
                 group["lr"] = lr
                 if "capturable" in group:
                     group["capturable"] = True
-            with torch.cuda.graph(self._graph, stream=stream, capture_error_mode="thread_local"):
+            with (
+                current_stream_kept(device),
+                torch.cuda.graph(self._graph, stream=stream, capture_error_mode="thread_local"),
+            ):
                 super().step()
-        except BaseException:
-            torch.cuda.set_stream(before)  # a failed capture leaves its stream current (torch.cuda.graph's exit)
-            raise
         finally:
             for group, lr, was in zip(self.param_groups, floats, capturable):
                 group["lr"] = lr
