@@ -11,6 +11,23 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def pytest_configure(config):
+    """Each pytest-xdist worker gets its share of the cores, and so do the commands it runs.  torch's default of a
+    thread per core in every worker oversubscribes them, and OpenMP's barriers then wait on threads that are not
+    running: the suite took 6:05 on 2 cores in 2 workers, 3:48 with one thread each.  A user's OMP_NUM_THREADS
+    stays."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers is None:
+        return
+    import torch
+
+    # the cores this process may use (Linux), else all of them
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    share = max(1, cores // int(workers))
+    os.environ.setdefault("OMP_NUM_THREADS", str(share))  # read by the subprocesses' torch at its start
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
 def _make_corpus(path: Path, n_lines: int = 800, seed: int = 0) -> Path:
     """A few dozen KB of text with learnable structure (a small vocabulary of words)."""
     rng = random.Random(seed)
