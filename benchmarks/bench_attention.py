@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         args.seq_lens, args.batch, args.n_head, args.head_dim, args.repeats = [32, 64], 1, 4, 16, 1
     args.seq_lens = sorted(args.seq_lens)
-    device, dtype = common.pick_device(args.device), common.DTYPES[args.dtype]
+    device, dtype = common.pick_device(args.device), getattr(torch, args.dtype)
     kv_heads = {"off": args.n_head, "on": max(1, args.n_head // 4)}
     label = common.start(args, device, dtype)
     print(

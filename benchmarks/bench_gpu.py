@@ -26,11 +26,29 @@ from typing import get_args
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from anywhere without installing
 
-import torch
-
-from benchmarks import common
+from benchmarks import common  # torch: in the children only (see machine)
 
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12}  # dense bf16 FLOP/s, the vendors' datasheets
+
+
+def machine(device: str) -> tuple[str, str, str]:
+    """(the device's name, torch's version, the CPU capability) for the report.  On a GPU without importing torch:
+    this process only launches the runs, and the import took ~4 s of each of the GPU session's ~11 launches of
+    this script on the H200, CUDA's start more (and GPU memory the runs need).  The capability of the host's CPU is
+    then that of bytecode's probe, which imports torch anyway."""
+    if device == "cpu":
+        import torch
+
+        return "cpu", torch.__version__, torch.backends.cpu.get_cpu_capability()
+    from importlib.metadata import version
+
+    try:  # CUDA's device 0: the first of CUDA_VISIBLE_DEVICES where it is set
+        first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+        query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", first]
+        name = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout.strip() or "unknown GPU"
+    except (OSError, subprocess.TimeoutExpired):
+        name = "unknown GPU"
+    return name, version("torch"), "see bytecode's probe"
 
 
 def run_timed(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[list[tuple[float, str]], int]:
@@ -88,7 +106,8 @@ imports_s = time.perf_counter() - start
 folder = bytecode_cache.cache_folder()
 pyc_files = sum(1 for _ in folder.rglob("*.pyc")) if folder.is_dir() else 0
 print(json.dumps({"imports_s": round(imports_s, 2), "pycache_prefix": sys.pycache_prefix, "pyc_files": pyc_files,
-                  "torch_cached_here": bytecode_cache.bytecode_cached("torch")}))
+                  "torch_cached_here": bytecode_cache.bytecode_cached("torch"),
+                  "cpu_capability": sys.modules["torch"].backends.cpu.get_cpu_capability()}))
 """
 
 
@@ -186,6 +205,7 @@ def throughput_child(args) -> None:
     """In a fresh process: minigpt's training step on the 124M shape through Lightning's Trainer.  args.child:
     regions or whole, then +MODE (a --compile_mode) and/or +BACKEND (an SDPA kernel), e.g. whole+cudnn."""
     import lightning as L
+    import torch
 
     from minigpt.core.config import SDPA_BACKENDS, GPTConfig
     from minigpt.training.callbacks import CompileMode, CompileModel
@@ -228,6 +248,7 @@ def overhead_child(args) -> None:
     """In a fresh process: ms per step of the GPU recipe's model per OPTIMIZER:LOOP:COMPILE run (see the docs);
     COMPILE: eager, regions or whole, +MODE (a --compile_mode, through CompileModel: the Trainer loops only)."""
     import numpy as np
+    import torch
     import yaml
     from lightning.pytorch.callbacks import LambdaCallback
 
@@ -420,15 +441,14 @@ def main() -> None:
     args = p.parse_args()
     if args.child:
         return overhead_child(args) if ":" in args.child else throughput_child(args)
-    args.gpu_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
-    capability = torch.backends.cpu.get_cpu_capability()
-    print(f"device: {args.gpu_name}; torch {torch.__version__}; cpu capability {capability}")
+    args.gpu_name, torch_version, capability = machine(args.device)
+    print(f"device: {args.gpu_name}; torch {torch_version}; cpu capability {capability}")
     parts = args.parts.split(",")
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_gpu_"))  # --work: caches kept across invocations
     work.mkdir(parents=True, exist_ok=True)
     logs = args.out.with_suffix("") if args.out else work
     logs.mkdir(parents=True, exist_ok=True)
-    results: dict = {"device": args.gpu_name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    results: dict = {"device": args.gpu_name, "torch": torch_version, "date": time.strftime("%Y-%m-%d")}
     results |= {"extra": args.extra, "without": args.without}
 
     def save(part: str = "", value=None) -> None:  # after each part: a run cut short still leaves what it measured

@@ -1,7 +1,11 @@
 """What the benchmark scripts share: the machine's label, the flags every script has, timing, child processes that
 report JSON, markdown tables and the JSON file.  Each script puts the repository root on sys.path itself, so
 `python benchmarks/bench_X.py` runs from anywhere.  How they measure and what they found: docs/performance.md.
+torch is imported where it is used: bench_gpu's parent process only launches the runs, and on the GPU machine
+torch's import took seconds of each of its launches.
 """
+
+from __future__ import annotations
 
 import argparse
 import json
@@ -14,15 +18,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from minigpt.core.precision import cpu_name, matmul_gflops
+if TYPE_CHECKING:
+    import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")  # torch's names: getattr(torch, name)
 Columns = Sequence[tuple[str, str, str]]  # (key, header, format spec: empty for left-aligned text)
 
 
@@ -31,11 +34,17 @@ def load_avg() -> float:
 
 
 def pick_device(name: str = "auto") -> torch.device:
+    import torch
+
     return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
 
 
 def machine_label(device: torch.device | str = "cpu", dtype: str | torch.dtype = "float32") -> dict[str, Any]:
     """Where and how a benchmark ran; the same keys in every script's JSON (`machine`)."""
+    import torch
+
+    from minigpt.core.precision import cpu_name, matmul_gflops
+
     device = torch.device(device)
     label = dict(cpu=cpu_name(), cores=os.cpu_count(), torch_threads=torch.get_num_threads(), torch=torch.__version__)
     dtype = str(dtype).removeprefix("torch.")
@@ -44,7 +53,7 @@ def machine_label(device: torch.device | str = "cpu", dtype: str | torch.dtype =
         # which kind of CPU a figure belongs to: with native bf16 (AVX512_BF16/AMX) bf16 matmuls beat float32,
         # without (AVX2) they run ~100x slower
         label["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-        rates = {name: matmul_gflops(DTYPES[name], n=512, seconds=0.2) for name in ("float32", "bfloat16")}
+        rates = {name: matmul_gflops(getattr(torch, name), n=512, seconds=0.2) for name in ("float32", "bfloat16")}
         label["matmul_gflops"] = {name: round(rate, 1) for name, rate in rates.items()}
     if device.type == "cuda":
         label |= dict(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
@@ -156,6 +165,7 @@ def peak_rss_bytes(field: str = "VmHWM") -> int:
 
 def hf_folder(config: Any, folder: Path) -> Path:
     """A Hugging Face model folder of a transformers config: its own random init, a byte tokenizer (no download)."""
+    import torch
     import transformers
 
     from minigpt.core.tokenizers import ByteTokenizer
@@ -179,6 +189,8 @@ def val_curve(run_dir: Path) -> list[tuple[float, int, float]]:
 
 
 def synchronize(device: torch.device | str) -> None:
+    import torch
+
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
 

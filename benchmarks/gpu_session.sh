@@ -82,7 +82,7 @@ except Exception as error:
     sys.exit(print("   no result:", error))
 for name, row in launches.items():
     if name != "environment":
-        keys = "rc launch_to_exit_s imports_s pyc_files torch_cached_here tail".split()
+        keys = "rc launch_to_exit_s imports_s pyc_files torch_cached_here cpu_capability tail".split()
         print(f"   {name}:", {k: row[k] for k in keys if k in row})
 for key, top in launches.get("next, -X importtime", {}).get("breakdown", {}).items():
     print(f"   {key}:", top)

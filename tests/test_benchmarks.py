@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # `benchmarks` is a folder of scripts, not an installed package
@@ -168,6 +169,7 @@ def test_bench_bytecode_emulates_an_environment_without_compiled_modules(tmp_pat
     assert off["pycache_prefix"] is None and not off["torch_cached_here"] and off["pyc_files"] == 0
     assert first["pycache_prefix"].endswith("/minigpt/pycache") and after["pycache_prefix"] == first["pycache_prefix"]
     assert first["pyc_files"] > 1000 and after["torch_cached_here"]  # torch, Lightning, sympy: thousands of modules
+    assert after["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # bench_gpu's label of the host CPU
     assert json.loads(out.read_text())["rows"] and "next launch" in capsys.readouterr().out
     # the next launch again under -X importtime: where the time went, torch's own modules among the slowest packages
     breakdown = launches["next, -X importtime"]["breakdown"]
@@ -229,6 +231,21 @@ def test_bench_gpu_runs_minigpts_parts_on_a_cpu(corpus, tmp_path):
     assert title.startswith("muon:train_py:eager, 9 steps under the profilers")
     assert re.fullmatch(r"CPU ops \(own time\): \d+\.\d\d ms per step, \d+ per step", device), device
     assert float(device.split()[4]) > 0 and "aten::mm" in profile and "training/muon.py" in profile
+
+
+def test_bench_gpu_names_the_gpu_and_torchs_version_without_importing_torch(tmp_path):
+    """bench_gpu's parent only launches the runs: on the GPU machine its own torch import (and CUDA's start) cost
+    seconds of each of the session's launches of it.  It asks nvidia-smi for CUDA's device 0 instead."""
+    import subprocess
+
+    smi = tmp_path / "nvidia-smi"  # the real one's answer for GPU 1 (CUDA's device 0 when CUDA_VISIBLE_DEVICES=1,0)
+    smi.write_text('#!/bin/sh\n[ "$*" = "--query-gpu=name --format=csv,noheader -i 1" ] && echo "NVIDIA H200"\n')
+    smi.chmod(0o755)
+    code = "import json, sys; from benchmarks.bench_gpu import machine\n"
+    code += "print(json.dumps([*machine('cuda'), 'torch' in sys.modules]))"
+    env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}", CUDA_VISIBLE_DEVICES="1,0")
+    got = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert json.loads(got.stdout) == ["NVIDIA H200", torch.__version__, "see bytecode's probe", False]
 
 
 def test_bench_gpu_takes_a_childs_last_json_line_as_its_result():
