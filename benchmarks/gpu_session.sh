@@ -142,7 +142,8 @@ QUICK=$( ((DRY)) && echo --quick)
     date -u
     git log --oneline -1 2>/dev/null
     nvidia-smi -L 2>/dev/null
-    python3 -c "import sys, torch, lightning; print(sys.version.split()[0], torch.__version__, lightning.__version__)"
+    # the versions installed, not imported: importing torch and Lightning took seconds on the GPU machine
+    python3 -c "import sys; from importlib.metadata import version as v; print(sys.version.split()[0], v('torch'), v('lightning'))"
 } 2>&1 | tee -a "$DIGEST"
 
 if [[ $HALF == first ]]; then
