@@ -257,13 +257,13 @@ class Watch(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name in watched and name not in seen:  # the module's import begins
             seen[name] = dict(collecting=gc.isenabled(), collections_before=len(frozen_at_collections))
-counted = []
+counted = [False]
 def collecting(phase, info):  # the frozen count at the first collection once every watched import began, None at
     # the others: get_freeze_count walks all ~750,000 frozen objects, and --help makes thousands of collections
     if phase == "start":
-        first = len(seen) == len(watched) and not counted
+        first = len(seen) == len(watched) and not counted[0]
+        counted[0] |= first
         frozen_at_collections.append(gc.get_freeze_count() if first else None)
-        counted.extend([True] if first else [])
 gc.callbacks.append(collecting)
 sys.meta_path.insert(0, Watch())
 atexit.register(lambda: print(json.dumps(dict(seen=seen, frozen=frozen_at_collections, collecting=gc.isenabled()))))
