@@ -149,6 +149,10 @@ def problems(args) -> Iterator[str]:
         yield "--out is empty; give the folder (or .gguf file) to write, e.g. --out hf/my-model"
     if args.format != "gguf" and args.gguf_type != "f32":
         yield "--gguf_type is a setting of --format gguf; add --format gguf, or drop --gguf_type"
+    if args.format != "peft" and args.base_out is not None:
+        yield "--base_out is a setting of --format peft; add --format peft, or drop --base_out"
+    if args.format != "gguf" and args.out.rstrip("/").lower().endswith(".gguf"):  # a forgotten --format gguf
+        yield f"--out {args.out} names a .gguf file but --format is {args.format}; add --format gguf"
 
 
 def run(argv: list[str] | None = None, replacing: list[Replaced] | None = None) -> Path:

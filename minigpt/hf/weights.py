@@ -114,6 +114,14 @@ def from_hf_state_dict(
         raise CheckpointError(
             f"the weights have no tensor for {missing}; the weight files are incomplete or belong to another model"
         )
+    for name, shape in wanted.items():  # by the file's own names and shapes, before any fusing or transposing
+        name = name if name in hf_state else name.removeprefix("transformer.")
+        tensor = hf_state[name]
+        if isinstance(tensor, torch.Tensor) and tuple(tensor.shape) != shape:
+            raise CheckpointError(
+                f"tensor {name} has shape {tuple(tensor.shape)} but config.json implies {shape}; "
+                "the weights do not match config.json"
+            )
     ours = family_of(config).from_hf(hf_state, config)
     expected = dict(shapes)  # a copy: the tied head is dropped from it below
     if config.tie_embeddings:

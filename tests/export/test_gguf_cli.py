@@ -198,6 +198,14 @@ def test_export_command_mistakes_are_one_line_exit_2_and_write_nothing(tmp_path)
             ["--ckpt", str(tmp_path / "qk.ckpt"), "--out", str(tmp_path / "hf"), "--gguf_type", "q8_0"],
             "--gguf_type is a setting of --format gguf",
         ),
+        (
+            ["--ckpt", str(tmp_path / "qk.ckpt"), "--out", str(tmp_path / "hf"), "--base_out", str(tmp_path / "b")],
+            "--base_out is a setting of --format peft; add --format peft, or drop --base_out",
+        ),
+        (
+            ["--ckpt", str(tmp_path / "qk.ckpt"), "--out", str(tmp_path / "m.gguf")],
+            "names a .gguf file but --format is hf; add --format gguf",
+        ),
     ]
     for (code, err), (_, expected) in zip(script_runs("export.py", [argv for argv, _ in cases], 300), cases):
         assert code == 2 and err.startswith("error: ") and expected in err, err

@@ -357,15 +357,28 @@ def test_a_truncated_weight_file_is_named(saved, tmp_path, weights):
 
 
 def test_a_shape_that_disagrees_with_config_json_is_named(saved, tmp_path):
+    """By the name and shape the file holds (GPT-2's Conv1D weights stored (in, out)), not by minigpt's fused and
+    transposed tensors: the user looks for the broken tensor in the file."""
+    from safetensors.torch import load_file, save_file
+
     path = copy_model(saved, "gpt2", tmp_path)
     edit_config(path, n_inner=100)
     assert one_line_error(path) == (
-        f"{path}: tensor transformer.h.0.mlp.c_fc.weight has shape (192, 48) but "
-        "config.json implies (100, 48); the weights do not match config.json"
+        f"{path}: tensor transformer.h.0.mlp.c_fc.weight has shape (48, 192) but "
+        "config.json implies (48, 100); the weights do not match config.json"
     )
     path = copy_model(saved, "llama-gqa-tied", tmp_path)
     edit_config(path, num_key_value_heads=4)
     assert "do not match config.json" in one_line_error(path)
+    path = copy_model(saved, "qwen2-gqa-tied", tmp_path)
+    weights = load_file(path / "model.safetensors")
+    bias = weights["model.layers.1.self_attn.q_proj.bias"]
+    weights["model.layers.1.self_attn.q_proj.bias"] = bias[:10].clone()  # fused with k and v's biases on import
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    assert one_line_error(path) == (
+        f"{path}: tensor model.layers.1.self_attn.q_proj.bias has shape (10,) but config.json implies "
+        f"{tuple(bias.shape)}; the weights do not match config.json"
+    )
 
 
 def test_a_missing_tensor_is_named(saved, tmp_path):

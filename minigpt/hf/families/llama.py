@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 from minigpt.core.config import GPTConfig
-from minigpt.core.errors import CheckpointError
 from minigpt.core.model import llama3_scaled_frequencies
 from minigpt.hf.families.base import Family, get, gguf_blocks
 
@@ -271,14 +270,8 @@ class Llama(Family):
             for rest, hf_names in self.fused.items():
                 if prefix + hf_names[0] not in hf:  # a tensor this config has not (biases): checked before
                     continue
-                parts = [hf[prefix + n] for n in hf_names]
-                if len({p.shape[1:] for p in parts}) != 1:
-                    raise CheckpointError(
-                        f"{prefix}{hf_names[0]} and its siblings disagree in width "
-                        f"({', '.join(str(tuple(p.shape)) for p in parts)}); the weights do not "
-                        "match config.json"
-                    )
-                out[ours + rest] = torch.cat(parts, dim=0)
+                # each part's shape was checked against config.json's before (weights.from_hf_state_dict)
+                out[ours + rest] = torch.cat([hf[prefix + n] for n in hf_names], dim=0)
         return out
 
     # ------------------------------------------------------------------------------------------- GGUF
