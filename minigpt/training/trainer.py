@@ -131,7 +131,37 @@ class EarlyStoppingConfig:
             raise ConfigError(f"early_stopping.min_delta: must be >= 0, got {self.min_delta}; use e.g. 0.0 or 0.001")
 
 
-class BestCheckpoint(ModelCheckpoint):
+class RunCheckpoint(ModelCheckpoint):
+    """Lightning's ModelCheckpoint for a file of the run directory's checkpoints/ (best.ckpt, last.ckpt), whose
+    state survives the run directory being moved or copied."""
+
+    @property
+    def state_key(self) -> str:
+        # ModelCheckpoint's own key: a run checkpointed before these classes existed resumes with its state
+        return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved_in = state_dict.get("dirpath", self.dirpath)
+        if saved_in != self.dirpath and (Path(self.dirpath) / Path(state_dict["best_model_path"]).name).is_file():
+            # the run directory was moved or copied, its checkpoints with it: Lightning would forget the best score
+            # (it keeps it only where the folder is the same), and the next validation, however worse, would
+            # replace best.ckpt. The same files at their new place keep it
+            def moved(path: str) -> str:
+                return str(Path(self.dirpath) / Path(path).name) if path else path
+
+            state_dict = {
+                **state_dict,
+                "dirpath": self.dirpath,
+                "best_k_models": {moved(k): v for k, v in state_dict.get("best_k_models", {}).items()},
+                **{
+                    k: moved(state_dict.get(k, ""))
+                    for k in ("best_model_path", "kth_best_model_path", "last_model_path")
+                },
+            }
+        super().load_state_dict(state_dict)
+
+
+class BestCheckpoint(RunCheckpoint):
     """checkpoints/best.ckpt: the lowest val_loss so far (Lightning's ModelCheckpoint), and the step it was reached
     at (best_step), which its state keeps for --resume."""
 
@@ -146,11 +176,6 @@ class BestCheckpoint(ModelCheckpoint):
             auto_insert_metric_name=False,
         )
         self.best_step: int | None = None
-
-    @property
-    def state_key(self) -> str:
-        # ModelCheckpoint's own key: a run checkpointed before this class existed resumes with its best
-        return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         saved = self.current_score  # ModelCheckpoint sets it only when it saves a new best
@@ -198,7 +223,7 @@ def run_callbacks(config: Any, batch_size: int, imported: float | None = None) -
     callbacks = [
         BestCheckpoint(checkpoints),  # best.ckpt: lowest validation loss so far
         # last.ckpt: every checkpoint_every steps, what --resume continues from
-        ModelCheckpoint(
+        RunCheckpoint(
             dirpath=checkpoints,
             filename="last",
             every_n_train_steps=config["checkpoint_every"],

@@ -74,6 +74,34 @@ def test_early_stopping_stops_a_run_that_stops_improving_and_keeps_the_best_chec
     assert read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == trainer.global_step
 
 
+def test_a_moved_run_resumes_with_its_best(stopped_run, tiny_run_args, data_root, tmp_path, capsys, monkeypatch):
+    """A run directory copied (or moved) elsewhere and resumed keeps its best: Lightning forgets the best score
+    where the checkpoints' folder changed, and a worse validation then replaced best.ckpt and was called the best."""
+    from minigpt.training.lightning_module import GPTLightningModule
+
+    run, trainer, _, best_loss, best_step, _ = stopped_run
+    moved = Path(shutil.copytree(run, tmp_path / "moved"))
+    best = (moved / "checkpoints" / "best.ckpt").read_bytes()
+    real = GPTLightningModule.batch_loss
+    monkeypatch.setattr(  # the resumed run's validations are far worse than the best
+        GPTLightningModule, "batch_loss", lambda self, batch, stage: real(self, batch, stage) + (stage == "val")
+    )
+    steps = trainer.global_step + INTERVAL
+    argv = tiny_run_args(
+        run.parent / "letters.txt", data_root, moved, steps=steps, trainer__val_check_interval=INTERVAL
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = main(argv + ["--early_stopping.patience", str(PATIENCE), "--eval_full", "false", "--resume", "true"])
+    assert resumed.global_step == steps and val_losses(moved)[-1] > best_loss + 0.9
+    assert not [w for w in caught if "dirpath has changed" in str(w.message)], [str(w.message) for w in caught]
+    assert (moved / "checkpoints" / "best.ckpt").read_bytes() == best
+    out = capsys.readouterr().out
+    assert (
+        f"best val loss {best_loss:.4f} at step {best_step}; checkpoint: {moved / 'checkpoints' / 'best.ckpt'}" in out
+    )
+
+
 @pytest.mark.parametrize("steps,interval,validations", [(7, 10, 1), (10, 5, 2)])
 def test_every_run_ends_with_a_validation_and_names_its_best(
     tiny_run_args, corpus, data_root, tmp_path, capsys, steps, interval, validations
