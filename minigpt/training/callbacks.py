@@ -86,7 +86,7 @@ class TrainingThroughput(Callback):
         dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if "16" in precision else torch.float32
         peak = get_available_flops(trainer.strategy.root_device, dtype)
         self.throughput = Throughput(available_flops=peak, world_size=trainer.world_size, window_size=self.window_size)
-        self.batches = self.samples = self.tokens = 0
+        self.batches = self.samples = self.tokens = self.logged_batches = 0
         self.start, self.paused = time.perf_counter(), 0.0
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
@@ -105,8 +105,10 @@ class TrainingThroughput(Callback):
             batches=self.batches,
             samples=self.samples,
             lengths=self.tokens,
-            flops=flops * self.batches if flops else None,
+            # the FLOPs since the previous update, which Throughput sums over its window (not the running total)
+            flops=flops * (self.batches - self.logged_batches) if flops else None,
         )
+        self.logged_batches = self.batches
         rates = {f"train/{k}": v for k, v in self.throughput.compute().items()}
         if rates and trainer.logger is not None:
             trainer.logger.log_metrics(rates, step=trainer.global_step)

@@ -196,6 +196,13 @@ def test_throughput_is_logged_at_the_logged_steps_with_the_tokens_trained(tiny_r
     hp = trainer.datamodule.hparams
     for t, s in zip(tokens, samples):  # each sample is one window of block_size target tokens
         assert t.value == pytest.approx(s.value * hp.block_size, rel=1e-6)
+    # FLOP/s: the model's FLOPs a batch times batches a second, at every logged step (a running total given as the
+    # FLOPs since the previous update made it grow with the step)
+    batches = events.Scalars("train/device/batches_per_sec")
+    flops = events.Scalars("train/device/flops_per_sec")
+    assert [e.step for e in flops] == [6, 9, 12]
+    for f, b in zip(flops, batches):
+        assert f.value == pytest.approx(b.value * trainer.lightning_module.flops_per_batch, rel=1e-5)
 
 
 def test_the_start_up_report_names_each_part_and_adds_up(tiny_run_args, corpus, data_root, tmp_path):
