@@ -250,6 +250,8 @@ class MiniGPTCLI(LightningCLI):
                 "--finetune lora trains adapters on a model: name it with --init_from (a .ckpt, a run "
                 "directory, a Hugging Face model directory or hf:ORG/NAME), or drop --finetune lora"
             )
+        if self.config["resume"] and self.config["overwrite"]:
+            parser.error("--resume continues the run in out_dir and --overwrite starts it over; pass only one of them")
         if problem := objective_problem(self.config):  # DPO's and GRPO's settings that cannot work together
             parser.error(problem)
         # init_from needs to know which settings the user gave, not their defaults: the keys of the --config files
@@ -380,6 +382,11 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         saved = cli.resume_checkpoint or read_last(last)
         check_chat_resumable(saved, cli.model.tokenizer, last)
         check_resumable(saved, cli.model.config, cli.model.tokenizer, last)
+        if 0 <= (max_steps := cli.trainer.max_steps) <= (step := saved["global_step"]):
+            raise UserError(
+                f"--resume: {last} is at step {step}, so --trainer.max_steps {max_steps} trains nothing; "
+                f"raise --trainer.max_steps above {step} to continue the run"
+            )
         ckpt_path = str(last)
     elif (out_dir / "checkpoints").is_dir() and any((out_dir / "checkpoints").glob("*.ckpt")):
         if not cli.config["overwrite"]:

@@ -86,7 +86,12 @@ WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPE
 
 def write_error(e: OSError, target: str | Path, fix: str, error: type[UserError] = DataError) -> UserError | None:
     """`error("cannot write TARGET (No space left on device); FIX")` when e says the destination cannot take the
-    data (WRITE_ERRNOS), else None: any other OSError is a bug or another problem, and keeps its traceback."""
+    data (WRITE_ERRNOS, or a file where a folder must be), else None: any other OSError is a bug or another
+    problem, and keeps its traceback."""
+    if e.errno in (errno.EEXIST, errno.ENOTDIR) and e.filename is not None:  # mkdir where a file stands
+        path = Path(e.filename)
+        if file := next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None):
+            return error(f"cannot write {target} ({file} is a file, not a folder); {fix}")
     if e.errno not in WRITE_ERRNOS:
         return None
     return error(f"cannot write {target} ({os.strerror(e.errno)}); {fix}")

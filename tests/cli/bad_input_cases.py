@@ -307,8 +307,24 @@ CASES: list[Case] = [
         "2",
         expect=["n_layer=1 (this run's config gives 2)"],
     ),
+    train(
+        "--resume of a finished run, max_steps not raised",
+        "--out_dir",
+        "{run}",
+        "--resume",
+        expect=["is at step 10, so --trainer.max_steps 10 trains nothing", "above 10"],
+    ),
+    train(
+        "--resume with --overwrite", "--out_dir", "{run}", "--resume", "--overwrite", expect=["pass only one of them"]
+    ),
     train("existing run, neither --resume nor --overwrite", "--out_dir", "{run}", expect=["already holds a run"]),
     train("out_dir cannot be written", "--out_dir", "{w}/a-file/run", expect=["cannot write to out_dir"]),
+    train(
+        "data_root is a file",
+        "--data.data_root",
+        "{w}/a-file",
+        expect=["a-file is a file, not a folder", "--data.data_root"],
+    ),
     sample("missing checkpoint", "--ckpt", "{w}/nope.ckpt", expect=["checkpoint not found"]),
     sample("truncated checkpoint", "--ckpt", "{w}/truncated.ckpt", expect=["truncated"]),
     sample("not a checkpoint", "--ckpt", "{w}/notes.txt", expect=["is not a checkpoint"]),

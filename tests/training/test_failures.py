@@ -103,6 +103,14 @@ def test_resume_mistakes_leave_the_run_untouched(tiny_run_args, corpus, data_roo
     )
     assert_one_line_error(code, err, "n_layer=1 (this run's config gives 2)")
     assert last.read_bytes() == before
+    for steps in (5, 3):  # a finished run resumed as it was, or to fewer steps: refused, not rewritten
+        code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "run", steps=steps) + ["--resume"], capsys)
+        assert_one_line_error(
+            code, err, f"is at step 5, so --trainer.max_steps {steps} trains nothing; raise --trainer.max_steps above 5"
+        )
+    code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "run") + ["--resume", "--overwrite"], capsys)
+    assert_one_line_error(code, err, "--resume continues the run in out_dir and --overwrite starts it over")
+    assert last.read_bytes() == before
 
 
 def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
