@@ -37,7 +37,7 @@ from minigpt.core.model import GPT
 from minigpt.core.tokenizer_base import Tokenizer
 from minigpt.serve.engine import Engine, QueueFull, Ticket, Update
 from minigpt.serve.engine import Request as Generation
-from minigpt.serve.errors import APIError, validation_error
+from minigpt.serve.errors import APIError, unparsable_body, validation_error
 from minigpt.serve.limits import BodyLimit, uvicorn_config
 from minigpt.serve.protocol import ChatRequest, CompletionRequest
 
@@ -196,7 +196,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(request: Request, e: RequestValidationError) -> JSONResponse:
-        return validation_error(e).response()
+        return validation_error(e, request.headers.get("content-type")).response()
 
     @app.exception_handler(UserError)
     async def unreadable(request: Request, e: UserError) -> JSONResponse:
@@ -215,6 +215,8 @@ def create_app(
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:  # an unknown path or method
+        if e.status_code == 400 and e.__cause__ is not None:  # FastAPI's parse of the body failed: say why
+            return unparsable_body(e.__cause__).response()
         code = "not_found" if e.status_code == 404 else None
         return APIError(e.status_code, f"{request.method} {request.url.path}: {e.detail}", code=code).response()
 

@@ -1,12 +1,14 @@
-"""OpenAI's error JSON for the server's refusals, {"error": {"message", "type", "param", "code"}}: APIError, and
-pydantic's complaints about a body as one APIError naming the field."""
+"""OpenAI's error JSON for the server's refusals, {"error": {"message", "type", "param", "code"}}: APIError,
+pydantic's complaints about a body as one APIError naming the field, and a body FastAPI could not parse."""
 
 from __future__ import annotations
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-__all__ = ["APIError", "validation_error"]
+__all__ = ["APIError", "unparsable_body", "validation_error"]
+
+NOT_JSON = "the request body is not valid JSON; send a JSON object (Content-Type: application/json)"
 
 
 class APIError(Exception):
@@ -36,16 +38,22 @@ def field_path(loc: tuple) -> str | None:
     return ".".join(str(part) for part in loc[1:] if not union_member(part)) or None
 
 
-def validation_error(e: RequestValidationError) -> APIError:
+def validation_error(e: RequestValidationError, content_type: str | None = None) -> APIError:
     """pydantic's complaint about a body, as one 400 naming the field.  Of a union's complaints, the one about the
-    member the value has the type of (a list of 5 stop sequences is too long, not "not a string")."""
+    member the value has the type of (a list of 5 stop sequences is too long, not "not a string").  content_type:
+    the request's header, named when it is why the body was not read as JSON."""
     error = min(e.errors(), key=lambda error: error["type"].endswith("_type"))
     param = field_path(error["loc"])
     if error["type"] == "json_invalid":
+        return APIError(400, NOT_JSON, code="invalid_json")
+    # FastAPI parses a body only when its Content-Type says JSON, else passes on the bytes (a web page may post
+    # text/plain to any server without a CORS check, so JSON must be declared); `curl -d` sends a form's type
+    if param is None and isinstance(error.get("input"), bytes):
+        sent = f"is {content_type[:100]}, not application/json" if content_type else "is missing"
         return APIError(
             400,
-            "the request body is not valid JSON; send a JSON object (Content-Type: application/json)",
-            code="invalid_json",
+            f"the request's Content-Type {sent}; send the JSON object with the header Content-Type: application/json",
+            code="invalid_content_type",
         )
     if error["type"] == "extra_forbidden":
         return APIError(
@@ -64,3 +72,24 @@ def validation_error(e: RequestValidationError) -> APIError:
     if error["type"] == "missing":
         return APIError(400, f"missing required parameter: {param}", param, "missing_required_parameter")
     return APIError(400, f"{param or 'body'}: {error['msg']}", param, "invalid_value")
+
+
+def unparsable_body(cause: BaseException) -> APIError:
+    """A JSON body FastAPI could not parse, which it reports only as "There was an error parsing the body", as a
+    400 saying why (cause: what its parser raised)."""
+    if isinstance(cause, UnicodeDecodeError):
+        where = f"byte 0x{cause.object[cause.start]:02x} at position {cause.start}"
+        return APIError(
+            400,
+            f"the request body is not valid JSON: {where} is not UTF-8; send a JSON object as UTF-8 text "
+            "(Content-Type: application/json)",
+            code="invalid_json",
+        )
+    if isinstance(cause, RecursionError):  # Python's parser stops near 1,000 levels
+        return APIError(
+            400,
+            "the request body is JSON nested too deep to read (a request is a few levels deep); send a JSON object "
+            "with the request's fields (Content-Type: application/json)",
+            code="invalid_json",
+        )
+    return APIError(400, NOT_JSON, code="invalid_json")

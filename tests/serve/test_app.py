@@ -3,6 +3,7 @@ stop sequences, seeds; every bad request is a 4xx with OpenAI's error JSON; the 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -275,6 +276,26 @@ def test_every_bad_request_is_a_4xx_with_openais_error_json(chat_url):
     with pytest.raises(openai.BadRequestError, match="at least 1"):  # the client raises OpenAI's own error
         client(chat_url).chat.completions.create(model="tiny-chat", messages=[])
     assert httpx.post(chat_url + CHAT, json=GOOD).status_code == 200  # and the server kept serving
+
+
+def test_a_body_not_read_as_json_says_why_and_how_to_send_it(chat_url):
+    """Not "body: Input should be a valid dictionary" or "There was an error parsing the body" with no code."""
+    good = json.dumps(GOOD).encode()
+    cases = [  # (Content-Type, body, code, words in the message)
+        ("application/x-www-form-urlencoded", good, "invalid_content_type", "Content-Type is application/x-www-form"),
+        ("text/plain", good, "invalid_content_type", "Content-Type is text/plain, not application/json; send"),
+        (None, good, "invalid_content_type", "Content-Type is missing; send the JSON object with the header"),
+        ("application/json", b'{"model": "tiny-chat", "x": "\xff\xfe"}', "invalid_json", "byte 0xff at position 29"),
+        ("application/json", b"[" * 5000 + b"]" * 5000, "invalid_json", "nested too deep to read"),
+    ]
+    for content_type, body, code, words in cases:
+        headers = {"Content-Type": content_type} if content_type else {}
+        response = httpx.post(chat_url + CHAT, content=body, headers=headers)
+        assert response.status_code == 400, (content_type, response.text)
+        error = response.json()["error"]
+        assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", None, code), error
+        assert words in error["message"] and "Content-Type: application/json" in error["message"], error
+    assert httpx.post(chat_url + CHAT, content=good, headers={"Content-Type": "application/json"}).status_code == 200
 
 
 def test_a_base_model_refuses_chat_and_names_completions(base_url):
