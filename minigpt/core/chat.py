@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from minigpt.core.chat_template import ChatTokenizer
+from minigpt.core.chat_template import ROLES, ChatTokenizer
 from minigpt.core.errors import UnknownCharactersError, UserError
 from minigpt.core.generation import Sampling, sample_next
 from minigpt.core.model import GPT
@@ -54,6 +54,8 @@ class ChatSession:
     ) -> None:
         if not isinstance(tokenizer, ChatTokenizer):
             raise UserError(f"this model {NO_CHAT_TEMPLATE}")
+        if system is not None and not isinstance(system, str):
+            raise UserError(f"the system prompt is {type(system).__name__}, not text; give a string (or None)")
         Sampling(temperature, top_k, top_p, max_new_tokens)  # refuses a setting that cannot work
         self.model, self.tokenizer = model, tokenizer
         self.messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
@@ -63,37 +65,32 @@ class ChatSession:
         self.cached: list[int] = []  # the ids whose keys and values the cache holds, at positions 0..
         self.prefilled = 0  # tokens run through the model so far (what the cache saves shows here)
 
-    def _prompt(self) -> list[int]:
-        """The conversation's ids with the generation prompt.  When a reply no longer has room (min(max_new_tokens,
-        block_size / 2) tokens), its oldest turns are dropped until it fills at most half the block: the cache is
-        then filled again from the first dropped turn on, once per half a block of conversation, not every turn."""
+    def _prompt(self, messages: list[dict[str, str]]) -> tuple[list[int], list[dict[str, str]]]:
+        """The ids (with the generation prompt) of `messages`, the conversation and the new user message, and the
+        messages they hold.  When a reply no longer has room (min(max_new_tokens, block_size / 2) tokens), the oldest
+        turns are dropped until it fills at most half the block: the cache is then filled again from the first
+        dropped turn on, once per half a block of conversation, not every turn.  A message the model cannot read
+        raises UserError, and the caller's list is left as it was (no turn dropped for it)."""
         block_size = self.model.config.block_size
         room = min(self.max_new_tokens, block_size // 2)
-        first = 1 if self.messages[0]["role"] == "system" else 0
+        first = 1 if messages[0]["role"] == "system" else 0
         fits = block_size - room  # the prompt's bound until turns are dropped; then half the block
+        messages = list(messages)  # turns are dropped from a copy, kept only when the new message fits
         while True:
             try:
-                ids = self.tokenizer.encode_prompt(self.messages)  # the messages' text is text, never a marker
+                ids = self.tokenizer.encode_prompt(messages)  # the messages' text is text, never a marker
             except UnknownCharactersError as e:
-                problem = str(
-                    e.about(
-                        "the message",
-                        "a char-level model reads only the characters it was trained on, so remove or replace them",
-                    )
-                )
-                break
-            if len(ids) <= fits or (len(ids) < block_size and len(self.messages) - first <= 1):
-                return ids
-            if len(self.messages) - first <= 1:  # only the new message is left, and it does not fit
-                problem = (
+                fix = "a char-level model reads only the characters it was trained on, so remove or replace them"
+                raise e.about("the message", fix) from None
+            if len(ids) <= fits or (len(ids) < block_size and len(messages) - first <= 1):
+                return ids, messages
+            if len(messages) - first <= 1:  # only the new message is left, and it does not fit
+                raise UserError(
                     f"the message is {len(ids)} tokens with the chat markup, and the model reads at most "
                     f"{block_size - 1} before its reply; write a shorter message"
                 )
-                break
-            del self.messages[first : first + 2]  # the oldest user turn and its reply
+            del messages[first : min(first + 2, len(messages) - 1)]  # the oldest user turn and its reply, never the new
             fits = block_size // 2
-        self.messages.pop()  # a message the model cannot read is not part of the conversation
-        raise UserError(problem)
 
     def _run(self, ids: list[int]) -> torch.Tensor:
         """Logits of the last of `ids` (the whole conversation), running only what the cache does not hold."""
@@ -125,9 +122,13 @@ class ChatSession:
 
     @torch.inference_mode()
     def reply(self, text: str, on_text: Callable[[str], object] | None = None) -> str:
-        """The assistant's reply to the user's `text` (streamed to on_text as it grows), added to the conversation."""
-        self.messages.append({"role": "user", "content": text})
-        ids = self._prompt()
+        """The assistant's reply to the user's `text` (streamed to on_text as it grows), added to the conversation.
+        A message the model cannot read (too long for the block, characters a char model lacks) raises UserError and
+        leaves the conversation as it was."""
+        if not isinstance(text, str):
+            raise UserError(f"the message is {type(text).__name__}, not text; give a string")
+        ids, kept = self._prompt([*self.messages, {"role": "user", "content": text}])
+        self.messages[:] = kept  # in place, as before: a list the caller holds stays the conversation
         budget = min(self.max_new_tokens, self.model.config.block_size - len(ids))
         reply: list[int] = []
         decoder = IncrementalDecoder(self.tokenizer)  # the reply's text as it grows, decoded on its own
@@ -161,11 +162,31 @@ def chat(
 ) -> str:
     """The model's reply to `messages` (a user's text, or a conversation ending with a user turn); greedy by
     default.  For several turns that reuse the KV cache, use ChatSession."""
+    if not isinstance(messages, str):
+        _check_messages(messages)
     generator = torch.Generator(device=model.lm_head.weight.device).manual_seed(seed) if seed is not None else None
     session = ChatSession(model, tokenizer, system, max_new_tokens, temperature, top_k, top_p, generator)
     if isinstance(messages, str):
         return session.reply(messages)
-    if not messages or messages[-1].get("role") != "user":
-        raise UserError("chat: the conversation must end with a user message for the model to answer")
     session.messages += [dict(m) for m in messages[:-1]]
     return session.reply(messages[-1]["content"])
+
+
+def _check_messages(messages: object) -> None:
+    """Refuse, in one line, a conversation the chat template cannot take: what chat() is given, checked as training's
+    chat data is (minigpt.data.conversations, a layer above core), less the assistant turn a reply does not need."""
+    fix = 'give a list of {"role": ..., "content": "..."} dicts'
+    if not isinstance(messages, (list, tuple)):
+        raise UserError(f"chat: the messages are {type(messages).__name__}, not a text or a list of messages; {fix}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise UserError(f"chat: message {i} is {type(m).__name__}, not a message; {fix}")
+        for key in ("role", "content"):
+            if key not in m:
+                raise UserError(f'chat: message {i} has no "{key}"; give every message a "role" and a "content"')
+        if m["role"] not in ROLES:
+            raise UserError(f"chat: message {i} has the unknown role {m['role']!r}; use one of {', '.join(ROLES)}")
+        if not isinstance(m["content"], str):
+            raise UserError(f"chat: message {i}'s content is {type(m['content']).__name__}, not text; give a string")
+    if not messages or messages[-1]["role"] != "user":
+        raise UserError("chat: the conversation must end with a user message for the model to answer")

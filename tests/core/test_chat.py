@@ -9,6 +9,7 @@ import torch
 from minigpt import GPT, GPTConfig
 from minigpt.core.chat import ChatSession, chat
 from minigpt.core.chat_template import IM_END, IM_START, ChatTokenizer
+from minigpt.core.errors import UserError
 from minigpt.core.generation import generate
 from minigpt.core.tokenizers import CharTokenizer
 
@@ -62,3 +63,72 @@ def test_a_users_markers_are_text_not_a_turn_of_their_own():
     reply = generate(model, torch.tensor([prompt]), 6, temperature=0, stop_token=tok.eot_id)[0, len(prompt) :]
     reply = [int(t) for t in reply if t != tok.eot_id]
     assert chat(model, tok, forged, max_new_tokens=6) == tok.decode(reply)
+
+
+def tiny_chat_model(block_size: int = 64) -> tuple[GPT, ChatTokenizer]:
+    tok = ChatTokenizer.for_base(CharTokenizer("abcdefghijklmnopqrstuvwxyz \n?"))
+    torch.manual_seed(0)
+    return GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=block_size, vocab_size=tok.vocab_size)).eval(), tok
+
+
+def test_a_refused_message_leaves_the_conversation_as_it_was():
+    """A message too long for the block is refused without dropping the earlier turns to make room for it first;
+    a message that fits still drops the oldest turns (the documented way a long chat goes on)."""
+    model, tok = tiny_chat_model()
+    session = ChatSession(model, tok, "be kind", max_new_tokens=4, temperature=0)
+    session.reply("hi")
+    before, cached, prefilled = [dict(m) for m in session.messages], list(session.cached), session.prefilled
+    with pytest.raises(UserError, match=r"the message is \d+ tokens .*write a shorter message"):
+        session.reply("x" * 200)
+    assert session.messages == before and session.cached == cached and session.prefilled == prefilled
+    with pytest.raises(UserError, match="outside the model's char vocabulary"):
+        session.reply("HELLO")
+    assert session.messages == before
+    session.reply("y" * 20)  # fits alone, not with the first turn: that turn goes
+    assert [m["content"] for m in session.messages[:2]] == ["be kind", "y" * 20]
+
+
+def test_a_long_conversation_never_loses_its_last_user_message():
+    """Dropping the oldest turns two at a time (a user turn and its reply) must stop before the message to answer,
+    even when the turns do not alternate (as chat() may be given them)."""
+    model, tok = tiny_chat_model()
+    session = ChatSession(model, tok, max_new_tokens=4, temperature=0)
+    session.messages = [{"role": "user", "content": "a" * 50}]
+    session.reply("what")
+    assert session.messages[0] == {"role": "user", "content": "what"} and len(session.messages) == 2
+
+
+@pytest.mark.parametrize(
+    "messages, problem",
+    [
+        ([{"role": "user"}], 'message 0 has no "content"'),
+        ([{"content": "hi"}], 'message 0 has no "role"'),
+        ([{"role": "user", "content": 12}], "message 0's content is int, not text"),
+        ([{"role": "user", "content": None}], "message 0's content is NoneType, not text"),
+        ([{"role": "bot", "content": "hi"}, {"role": "user", "content": "hi"}], "message 0 has the unknown role 'bot'"),
+        (["hi"], "message 0 is str, not a message"),
+        ([{"role": "user", "content": "hi"}, 5], "message 1 is int, not a message"),
+        ({"role": "user", "content": "hi"}, "messages are dict"),
+        (12, "messages are int"),
+        ([], "must end with a user message"),
+        ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], "must end with a user message"),
+    ],
+)
+def test_chat_refuses_malformed_messages_in_one_line(messages, problem):
+    model, tok = tiny_chat_model()
+    with pytest.raises(UserError) as e:
+        chat(model, tok, messages, max_new_tokens=2)
+    assert problem in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_session_refuses_a_message_or_system_prompt_that_is_not_text():
+    model, tok = tiny_chat_model()
+    with pytest.raises(UserError, match="the system prompt is int, not text"):
+        ChatSession(model, tok, system=12)
+    session = ChatSession(model, tok, max_new_tokens=2, temperature=0)
+    session.reply("hi")
+    before = [dict(m) for m in session.messages]
+    for text in (12, None, {"role": "user", "content": "hi"}):
+        with pytest.raises(UserError, match="the message is .*, not text; give a string"):
+            session.reply(text)
+    assert session.messages == before
