@@ -248,22 +248,24 @@ class TokenDataModule(L.LightningDataModule):
             pin_memory=self._on_cuda(),
         )
 
-    def val_dataloader(self) -> DataLoader:
+    def val_batches_run(self) -> tuple[Dataset, int]:
+        """The validation's batches, the same at every evaluation, and how many of them a validation runs: the
+        val_batches, or all of a split of fewer conversations, pairs or prompts."""
         hp, data, size = self.hparams, self._load(), self.val_batch_size
-        rank, world = self._world()
-        # the same windows at every evaluation; each rank takes its share of the batches
         if hp.format == "chat":
             windows = FixedConversations(data.val, size)
-            n_batches = min(hp.val_batches, len(windows))
         elif hp.format == "preference":
             windows = FixedPairs(data.val, size, offset=len(data.train))
-            n_batches = min(hp.val_batches, len(windows))
         elif hp.format == "prompts":
             windows = FixedPrompts(data.val, size)
-            n_batches = min(hp.val_batches, len(windows))
         else:
             windows = RandomWindows(data.val, hp.block_size, size, hp.seed, stream=VAL_STREAM, length=hp.val_batches)
-            n_batches = hp.val_batches
+        return windows, min(hp.val_batches, len(windows))
+
+    def val_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        rank, world = self._world()
+        windows, n_batches = self.val_batches_run()  # each rank takes its share of the batches
         return DataLoader(
             windows,
             batch_size=None,

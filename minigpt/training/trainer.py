@@ -280,9 +280,9 @@ def end_of_run(trainer: Trainer, last: Path) -> None:
     val_loss = trainer.callback_metrics.get("val_loss")
     shown = f"{val_loss.item():.4f}" if val_loss is not None else "n/a"
     # the last validation's val_batches batches: an estimate (the full split's loss follows)
-    data = trainer.datamodule
+    data, batches = trainer.datamodule, trainer.datamodule.val_batches_run()[1]
     print(
-        f"estimated val loss {shown} ({data.hparams.val_batches} batches of {data.val_batch_size}) after "
+        f"estimated val loss {shown} ({batches} batch{'es' * (batches != 1)} of {data.val_batch_size}) after "
         f"{trainer.global_step} steps; checkpoint: {last}"
     )
     if best := best_checkpoint(trainer, last):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import pytest
 import torch
@@ -94,7 +95,7 @@ def test_a_char_base_learns_to_chat_and_resumes_and_talks(
     assert len(out.getvalue().splitlines()) == 2  # one reply line per user line (the blank line is no turn)
 
 
-def test_a_chat_run_from_scratch_resumes_only_with_its_template(tmp_path, data_root):
+def test_a_chat_run_from_scratch_resumes_only_with_its_template(tmp_path, data_root, capsys):
     chats = write_chats(tmp_path / "chats.jsonl", n=20)
     small = {
         "model.n_layer": 1,
@@ -104,6 +105,8 @@ def test_a_chat_run_from_scratch_resumes_only_with_its_template(tmp_path, data_r
         "data.tokenizer": "char",
     }
     train_main(sft_args(chats, data_root, tmp_path / "run", steps=4, **small))
+    # its one validation conversation is one batch, whatever data.val_batches (2) asks for
+    assert re.search(r"^estimated val loss [\d.]+ \(1 batch of 4\) after 4 steps", capsys.readouterr().out, re.M)
     other = tmp_path / "other.jinja"
     other.write_text("{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}")
     with pytest.raises(UserError, match="another chat template than this run's .data.chat_template.") as e:
