@@ -18,6 +18,7 @@ from typing import Any
 from minigpt.core.chat_template import ROLES
 from minigpt.core.errors import DataError, first_line
 from minigpt.core.user_files import DOCUMENT_BYTES, json_lines, loads, read_user_text
+from minigpt.data.sources import DEFAULT_SOURCE
 
 __all__ = ["read_conversations", "source_rows", "to_messages"]
 
@@ -91,7 +92,7 @@ def _json_rows(path: Path) -> Iterator[tuple[Any, str]]:
         raise DataError(f"{where}: {problem} ({reason}); {fix}") from None
 
 
-def _dataset_rows(source: str) -> Iterator[tuple[Any, str]]:
+def _dataset_rows(source: str, what: str) -> Iterator[tuple[Any, str]]:
     import datasets  # slow to import; only parquet files and hub names need it
 
     local = Path(source).expanduser()
@@ -103,7 +104,7 @@ def _dataset_rows(source: str) -> Iterator[tuple[Any, str]]:
             ds = datasets.load_dataset(name, config or None, split="train")
     except Exception as e:  # datasets raises many types (hub, network, parsing): each is one line here
         raise DataError(
-            f"cannot read the conversations {source} ({type(e).__name__}: {first_line(e)}); give a "
+            f"cannot read the {what} {source} ({type(e).__name__}: {first_line(e)}); give a "
             ".jsonl, .json or .parquet file, or a datasets name"
         ) from None
     for i, row in enumerate(ds, 1):
@@ -112,6 +113,11 @@ def _dataset_rows(source: str) -> Iterator[tuple[Any, str]]:
 
 def source_rows(source: str, what: str = "chat data (--data.format chat)", layout: str = '{"messages": [...]}'):
     """(row, where) for each row of `source`: a .jsonl/.json file, a .parquet file or a datasets name."""
+    if str(source) == DEFAULT_SOURCE:  # not a datasets name to look up on the hub (a minute offline)
+        raise DataError(
+            f"{what} needs --data.source: a .jsonl, .json or .parquet file or a datasets name, one {layout} "
+            f"per row; the default source {DEFAULT_SOURCE} is the built-in plain-text corpus"
+        )
     path = Path(str(source)).expanduser()
     if path.suffix.lower() in (".jsonl", ".json"):
         return _json_rows(path)  # (a missing file: its reader's "cannot read it")
@@ -120,7 +126,7 @@ def source_rows(source: str, what: str = "chat data (--data.format chat)", layou
             f"{source}: {what} is read from .jsonl, .json or .parquet files or "
             f"a datasets name; convert it to JSON Lines with one {layout} per line"
         )
-    return _dataset_rows(str(source))
+    return _dataset_rows(str(source), what)
 
 
 def read_conversations(source: str) -> list[Messages]:

@@ -580,6 +580,14 @@ CASES: list[Case] = [
     ),
     # user data is bounded where it is read: JSON depth, template render budget, file kinds, memory (issue 40)
     train(
+        "chat data with no --data.source (the default corpus is text)",
+        "--data.format",
+        "chat",
+        "--data.source",
+        "stdlib",
+        expect=["chat data (--data.format chat) needs --data.source", "built-in plain-text corpus"],
+    ),
+    train(
         "chat data nested 100,000 deep",
         "--data.format",
         "chat",
