@@ -22,6 +22,7 @@ of B pairs is (2B, T + 1): the chosen rows, then the rejected ones (TRL's order)
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -105,6 +106,21 @@ def encode_pair(chat: ChatTokenizer, pair: Preference) -> tuple[Pair, int]:
     return (rows[0], rows[1]), n
 
 
+SAME_TOKENS = (
+    "chosen and rejected are the same tokens once rendered with the chat template, so the pair prefers nothing; "
+    "give a worse answer as rejected or drop the row"
+)
+
+
+def same_after_cut(block_size: int) -> str:
+    """The refusal of a pair whose answers differ only past the block_size + 1 tokens a row is cut to."""
+    return (
+        f"chosen and rejected differ only after the first block_size + 1 = {block_size + 1} tokens, where the pair "
+        "is cut, so it prefers nothing; make the answers differ earlier or drop the row, or train with a larger "
+        "block_size"
+    )
+
+
 def load_preference_data(
     source: str, tokenizer: str, chat_template: str | None, val_fraction: float, block_size: int, seed: int
 ) -> PreferenceData:
@@ -129,9 +145,12 @@ def load_preference_data(
                     f"the prompt takes {n} tokens and leaves no room for an answer in block_size={block_size}; "
                     "shorten the prompt or drop the pair, or train with a larger block_size"
                 )
-            if max(len(chosen), len(rejected)) > block_size + 1:
-                truncated += 1
-            rows.append((chosen[: block_size + 1], rejected[: block_size + 1]))
+            cut = max(len(chosen), len(rejected)) > block_size + 1
+            truncated += int(cut)
+            chosen, rejected = chosen[: block_size + 1], rejected[: block_size + 1]
+            if np.array_equal(chosen, rejected):  # refused as preferences.py refuses chosen == rejected
+                raise DataError(same_after_cut(block_size) if cut else SAME_TOKENS)
+            rows.append((chosen, rejected))
     except UserError as e:  # the template's errors and a pair's, named by where
         raise DataError(f"{where}: {first_line(e, 400)}") from None
     if len(rows) < 2:
@@ -233,7 +252,38 @@ def dpo_loss(
 
 # ------------------------------------------------------------------------------------------------- the module
 
-SECTION_KEY = "dpo"  # ckpt["minigpt"]["dpo"]: {"reference", "fingerprint", "ref_logps" (precomputed only)}
+# ckpt["minigpt"]["dpo"]: {"reference", "fingerprint", "ref_logps" and "pairs" (precomputed only)}
+SECTION_KEY = "dpo"
+
+
+def pairs_fingerprint(data: PreferenceData) -> dict[str, Any]:
+    """The prepared pairs in the precomputed reference's order (training, then validation): their count and the
+    sha256 of their token ids.  Saved with the table; a resume checks its pairs against it, as a resumed run's
+    tokenizer is checked against the one its checkpoint records (minigpt.core.checkpoint.resume_problems)."""
+    digest = hashlib.sha256()
+    for pair in data.train + data.val:
+        for row in pair:
+            digest.update(len(row).to_bytes(8, "little"))
+            digest.update(np.ascontiguousarray(row, dtype="<i8").tobytes())
+    return {"pairs": len(data.train) + len(data.val), "sha256": digest.hexdigest()}
+
+
+def reference_pairs_problem(saved: dict[str, Any] | None, rows: int, found: dict[str, Any], path: Any) -> str | None:
+    """Why a checkpoint's precomputed log-probs (`rows` pairs, `saved` their fingerprint; None in a checkpoint
+    written before fingerprints were kept: the count alone is checked) are not those of this run's pairs `found`."""
+    if rows == found["pairs"] and (saved is None or saved.get("sha256") == found["sha256"]):
+        return None
+    now = (
+        f"{found['pairs']:,} pairs"
+        if rows != found["pairs"]
+        else f"{rows:,} other pairs (fingerprint {found['sha256'][:12]}, the run's {saved['sha256'][:12]})"
+    )
+    return (
+        f"{path} holds the precomputed reference log-probs of {rows:,} pairs, and this run has {now}; the pairs "
+        "changed since (data.source, the tokenizer, seed or data.val_fraction) and the log-probs are by position: "
+        "resume with the data.source, seed and data.val_fraction the run started with, or start a new run in "
+        "another out_dir"
+    )
 
 
 class DPOLightningModule(GPTLightningModule):
@@ -246,6 +296,7 @@ class DPOLightningModule(GPTLightningModule):
         self._reference: list[GPT] = []  # a full run's frozen copy (dpo.reference model)
         self.ref_fingerprint: str | None = None
         self.ref_table: torch.Tensor | None = None  # precomputed: (n_pairs, 2) chosen / rejected log-probs
+        self.ref_pairs: dict[str, Any] | None = None  # precomputed: the fingerprint of the pairs of ref_table
 
     def use_reference(self, reference: GPT) -> None:
         """A full run's frozen reference, kept out of the module tree: not trained, not in the state_dict (a
@@ -257,8 +308,10 @@ class DPOLightningModule(GPTLightningModule):
         for ref in self._reference:
             ref.to(self.device)
         if self.dpo.reference == "precomputed" and self.ref_table is None:  # not restored from a checkpoint
+            data = self.trainer.datamodule.prepared
             with torch.compiler.set_stance("force_eager"):  # once, before training: no graph is compiled for it
-                self.ref_table = self.precompute(self.trainer.datamodule.prepared)
+                self.ref_table = self.precompute(data)
+            self.ref_pairs = pairs_fingerprint(data)
 
     @torch.no_grad()
     def precompute(self, data: PreferenceData) -> torch.Tensor:
@@ -319,12 +372,19 @@ class DPOLightningModule(GPTLightningModule):
         super().on_save_checkpoint(ckpt)
         entry = {"reference": self.dpo.reference, "fingerprint": self.ref_fingerprint}
         if self.ref_table is not None:
-            entry["ref_logps"] = self.ref_table.cpu()
+            entry["ref_logps"], entry["pairs"] = self.ref_table.cpu(), self.ref_pairs
         ckpt[SECTION][SECTION_KEY] = entry
 
     def on_load_checkpoint(self, ckpt: dict[str, Any]) -> None:
         super().on_load_checkpoint(ckpt)
-        table = ckpt[SECTION].get(SECTION_KEY, {}).get("ref_logps")
+        entry = ckpt[SECTION].get(SECTION_KEY) or {}
+        table = entry.get("ref_logps")
+        data = getattr(self.trainer.datamodule, "prepared", None)
+        if table is not None and isinstance(data, PreferenceData):  # the table's rows are these pairs, by position
+            found = pairs_fingerprint(data)
+            if problem := reference_pairs_problem(entry.get("pairs"), len(table), found, self.trainer.ckpt_path):
+                raise UserError(problem)
+            self.ref_pairs = found
         self.ref_table = table.float() if table is not None else None
 
 

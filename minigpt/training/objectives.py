@@ -81,6 +81,7 @@ def full_split_loss(module: Any, data: TokenDataModule) -> tuple[float, int, str
 
 def split_report(nats: float, n: int, unit: str, per_text: str, start: float) -> str:
     """How train.py reports a full split's loss: the loss, what it is over, and the seconds since `start`."""
+    unit = unit if n != 1 else unit.removesuffix("s")  # "over all 1 validation pair"
     return f"{nats / n:.4f} over all {n:,} validation {unit}{per_text} ({time.perf_counter() - start:.1f}s to evaluate)"
 
 

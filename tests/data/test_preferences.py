@@ -7,8 +7,10 @@ import json
 
 import pytest
 
+from minigpt.core.chat_template import DEFAULT_CHAT_TEMPLATE
 from minigpt.core.errors import DataError
 from minigpt.data.preferences import read_preferences, to_preference
+from minigpt.training.dpo import load_preference_data
 
 GOOD = {"prompt": "2+2=", "chosen": "4", "rejected": "5"}
 
@@ -57,3 +59,46 @@ def test_a_bad_row_is_one_line_naming_it_and_the_fix(row, words):
     assert "\n" not in str(e.value)
     for w in words:
         assert w in str(e.value)
+
+
+def write_pairs(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_answers_that_differ_only_past_the_cut_are_refused_as_equal_ones(tmp_path):
+    """Rows are cut to block_size + 1 tokens: answers equal up to there give the pair nothing to prefer (its loss
+    stays log 2), so it is refused, as a pair equal before tokenizing is, naming the row and the fix."""
+    same_start = "A" * 100
+    rows = [
+        {"prompt": "p", "chosen": "4", "rejected": "5"},
+        {"prompt": "q", "chosen": same_start + "x", "rejected": same_start + "y"},
+    ]
+    with pytest.raises(DataError) as e:
+        load_preference_data(write_pairs(tmp_path / "cut.jsonl", rows), "byte", None, 0.5, 64, 0)
+    assert "\n" not in str(e.value)
+    for w in ["cut.jsonl line 2:", "differ only after the first block_size + 1 = 65 tokens", "larger block_size"]:
+        assert w in str(e.value)
+    # the same answers kept whole with a larger block_size, and a cut pair that still differs, are kept
+    data = load_preference_data(str(tmp_path / "cut.jsonl"), "byte", None, 0.5, 256, 0)
+    assert data.counts == {"pairs": 2, "train": 1, "val": 1, "truncated": 0}
+    rows[1] = {"prompt": "q", "chosen": "x" + same_start, "rejected": "y" + same_start}
+    data = load_preference_data(write_pairs(tmp_path / "differ.jsonl", rows), "byte", None, 0.5, 64, 0)
+    assert data.counts["truncated"] == 1
+    assert all(len(r) == 65 and not (c == r).all() for c, r in data.train + data.val if len(c) > 64)
+
+
+def test_answers_the_chat_template_renders_alike_are_refused(tmp_path):
+    """Different text that becomes the same tokens (here a template that trims the answers) prefers nothing too."""
+    template = DEFAULT_CHAT_TEMPLATE.replace(
+        "message['content'] + '<|im_end|>' }}{% endgeneration",
+        "message['content'] | trim + '<|im_end|>' }}{% endgeneration",
+    )
+    assert template != DEFAULT_CHAT_TEMPLATE
+    (tmp_path / "trim.jinja").write_text(template)
+    rows = [{"prompt": "p", "chosen": "4", "rejected": "5"}, {"prompt": "q", "chosen": "4", "rejected": " 4 "}]
+    with pytest.raises(DataError) as e:
+        load_preference_data(
+            write_pairs(tmp_path / "trim.jsonl", rows), "byte", str(tmp_path / "trim.jinja"), 0.5, 64, 0
+        )
+    assert "trim.jsonl line 2: chosen and rejected are the same tokens" in str(e.value)

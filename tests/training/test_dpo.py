@@ -5,11 +5,13 @@ uninterrupted one; the end checkpoint samples and exports as any other."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
 import torch
 
+from minigpt.cli.errors import run_cli
 from minigpt.cli.export import main as export_main
 from minigpt.cli.sample import main as sample_main
 from minigpt.cli.train import main as train_main
@@ -22,7 +24,7 @@ from minigpt.core.model import GPT
 from minigpt.core.tokenizers import ByteTokenizer
 from minigpt.data.preferences import read_preferences
 from minigpt.loading import load_model
-from minigpt.training.dpo import METRICS, encode_pair
+from minigpt.training.dpo import METRICS, encode_pair, reference_pairs_problem
 from support import flags, scalars
 
 STANDARD = [{"prompt": f"{a}+{a + 1}=", "chosen": str(2 * a + 1), "rejected": str(2 * a)} for a in range(24)]
@@ -147,6 +149,50 @@ def test_precomputed_reference_trains_as_the_frozen_copy_and_survives_resume(set
         assert scalars(setup / "pre")[name] == pytest.approx(scalars(setup / "full")[name], abs=1e-5)
 
 
+def checkpoint_bytes(run) -> dict[str, str]:
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted((run / "checkpoints").iterdir())}
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ("fewer", ["log-probs of 40 pairs", "this run has 20 pairs"]),  # silently trained on other pairs' log-probs
+        ("more", ["log-probs of 40 pairs", "this run has 44 pairs"]),  # was an IndexError traceback mid-training
+        ("edited", ["log-probs of 40 pairs", "this run has 40 other pairs (fingerprint "]),  # one answer changed
+        ("split", ["log-probs of 40 pairs", "this run has 40 other pairs (fingerprint "]),  # another train/val split
+    ],
+)
+def test_precomputed_resume_with_changed_pairs_is_one_line_and_leaves_the_checkpoints(setup, change, words, capsys):
+    """The table is indexed by pair position: a resume whose pairs are not the ones it was computed for (the
+    file, its order, the split) is refused where the table is restored, before a step, with one error line."""
+    run = setup / f"pre_{change}"
+    train_main(dpo_args(setup, run.name, steps=3, **{"dpo.reference": "precomputed"}))
+    rows = STANDARD + CONVERSATIONAL
+    changed = {
+        "fewer": rows[:20],
+        "more": rows + [{"prompt": f"{a}-1=", "chosen": str(a - 1), "rejected": str(a)} for a in range(4)],
+        "edited": [*rows[:5], {**rows[5], "chosen": "eleven"}, *rows[6:]],
+    }
+    if change in changed:
+        (setup / f"{change}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in changed[change]))
+        extra = {"data.source": setup / f"{change}.jsonl"}
+    else:  # the same file split otherwise: the table's positions are other pairs
+        extra = {"data.val_fraction": 0.3}
+    before = checkpoint_bytes(run)
+    capsys.readouterr()
+    resume = dpo_args(setup, run.name, steps=6, resume="true", **{"dpo.reference": "precomputed"}, **extra)
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(lambda: train_main(resume))
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert exit_info.value.code == 2 and "Traceback" not in err and len(errors) == 1, err
+    for w in [f"{run}/checkpoints/last.ckpt holds the precomputed reference", *words, "start a new run"]:
+        assert w in errors[0], (w, errors[0])
+    assert checkpoint_bytes(run) == before
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["minigpt"]["dpo"]["pairs"]
+    assert saved["pairs"] == len(rows) and len(saved["sha256"]) == 64  # the table's pairs: count and token hash
+
+
 def test_lora_dpo_ends_in_a_checkpoint_that_samples_and_exports(setup, tmp_path, capsys):
     train_main(dpo_args(setup, "lora", steps=6, finetune="lora", **{"lora.rank": 4}))
     logged = scalars(setup / "lora")
@@ -156,3 +202,14 @@ def test_lora_dpo_ends_in_a_checkpoint_that_samples_and_exports(setup, tmp_path,
     sample_main(["--ckpt", str(setup / "lora"), "--prompt", "1+2=", "--max_new_tokens", "4", "--num_samples", "1"])
     export_main(["--ckpt", str(setup / "lora"), "--format", "peft", "--out", str(tmp_path / "adapter")])
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_a_table_saved_without_its_pairs_fingerprint_is_checked_by_its_count():
+    """Checkpoints written before the fingerprint was kept: the table's length still has to be the pairs' count."""
+    found = {"pairs": 40, "sha256": "0" * 64}
+    assert reference_pairs_problem(None, 40, found, "old/last.ckpt") is None
+    assert "log-probs of 24 pairs, and this run has 40 pairs" in reference_pairs_problem(
+        None, 24, found, "old/last.ckpt"
+    )
+    assert reference_pairs_problem({"pairs": 40, "sha256": "0" * 64}, 40, found, "run/last.ckpt") is None
+    assert "40 other pairs" in reference_pairs_problem({"pairs": 40, "sha256": "1" * 64}, 40, found, "run/last.ckpt")
