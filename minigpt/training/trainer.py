@@ -293,8 +293,10 @@ def end_of_run(trainer: Trainer, last: Path) -> None:
         )
     stopper = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)
     if stopper is not None and stopper.stopping_reason == EarlyStoppingReason.PATIENCE_EXHAUSTED:
+        by = f" by more than {abs(stopper.min_delta):g}" if stopper.min_delta else ""  # Lightning negates it for min
         print(
-            f"early stopping: val loss not lower for {stopper.wait_count} validations in a row "
+            f"early stopping: val loss not lower{by} for {stopper.wait_count} validation"
+            f"{'s' * (stopper.wait_count != 1)} in a row "
             f"(early_stopping.patience {stopper.patience}); stopped at step {trainer.global_step}"
         )
     elif stopper is not None and stopper.stopping_reason != EarlyStoppingReason.NOT_STOPPED:

@@ -74,6 +74,17 @@ def test_early_stopping_stops_a_run_that_stops_improving_and_keeps_the_best_chec
     assert read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == trainer.global_step
 
 
+def test_early_stopping_names_its_min_delta(tiny_run_args, corpus, data_root, tmp_path, capsys):
+    """With early_stopping.min_delta, a val loss that fell by less than it does not count as lower: the end says so."""
+    argv = tiny_run_args(corpus, data_root, tmp_path / "run", steps=50, trainer__val_check_interval=INTERVAL)
+    trainer = main(
+        argv + ["--early_stopping.patience", "1", "--early_stopping.min_delta", "10", "--eval_full", "false"]
+    )
+    assert trainer.global_step == 2 * INTERVAL  # the first validation sets the best, the second does not beat it
+    out = capsys.readouterr().out
+    assert "early stopping: val loss not lower by more than 10 for 1 validation in a row" in out, out
+
+
 def test_a_moved_run_resumes_with_its_best(stopped_run, tiny_run_args, data_root, tmp_path, capsys, monkeypatch):
     """A run directory copied (or moved) elsewhere and resumed keeps its best: Lightning forgets the best score
     where the checkpoints' folder changed, and a worse validation then replaced best.ckpt and was called the best."""

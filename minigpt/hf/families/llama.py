@@ -216,8 +216,8 @@ class Llama(Family):
     def qk_norm_problems(self, config: GPTConfig, target: str) -> Iterator[str]:
         if config.qk_norm and not self.qk_norm:
             yield (
-                f"qk_norm=true: {target} has no query/key normalisation; train with qk_norm false, or export as "
-                "Qwen3 (model.family qwen3)"
+                f"qk_norm=true: {target} has no query/key normalisation; train with qk_norm false, or with "
+                "model.family qwen3 to export as Qwen3"
             )
         if self.qk_norm and not config.qk_norm:
             yield (
@@ -287,7 +287,7 @@ class Llama(Family):
         if kind == "linear":  # rope_freqs would hold it, but minigpt writes Llama 3's factors there only
             yield (
                 f"rope_scaling linear: minigpt writes {self.gguf_target} without linear RoPE "
-                "scaling; train without rope_scaling (or export as Gemma 3, model.family gemma3_text)"
+                "scaling; train without rope_scaling (or with model.family gemma3_text to export as Gemma 3)"
             )
         if config.mlp != "swiglu":
             yield (
