@@ -70,6 +70,9 @@ MATRICES = (
 VECTORS = ("c_attn.bias", "c_proj.bias", "c_fc.bias", "_proj.bias")
 
 
+LAYER_INDEX = re.compile(r"\.(\d+)\.")  # a block's tensors: transformer.h.N.*, model.layers.N.*
+
+
 def expected_rank(name: str) -> int | None:
     """2 for a projection or embedding matrix, 1 for its bias or a norm's gain, None for anything else a file may
     hold and the conversion does not read (GPT-2's causal-mask buffer attn.bias, a rotary inv_freq)."""
@@ -114,6 +117,14 @@ def from_hf_state_dict(
         raise CheckpointError(
             f"the weights have no tensor for {missing}; the weight files are incomplete or belong to another model"
         )
+    for name in hf_state:  # a layer past config.json's count: a config that describes fewer layers than the file
+        if (found := LAYER_INDEX.search(name)) and int(found[1]) >= config.n_layer:
+            first = f"{name[: found.start()]}.0.{name[found.end() :]}"  # the same tensor of layer 0
+            if first in wanted or f"transformer.{first}" in wanted:
+                raise CheckpointError(
+                    f"the weights have a tensor of layer {found[1]} ({name}), but config.json has "
+                    f"{config.n_layer} layer{'s' * (config.n_layer != 1)}; the weights do not match config.json"
+                )
     for name, shape in wanted.items():  # by the file's own names and shapes, before any fusing or transposing
         name = name if name in hf_state else name.removeprefix("transformer.")
         tensor = hf_state[name]

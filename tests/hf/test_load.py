@@ -381,6 +381,15 @@ def test_a_shape_that_disagrees_with_config_json_is_named(saved, tmp_path):
     )
 
 
+@pytest.mark.parametrize("name,key", [("gpt2", "n_layer"), ("llama-gqa-tied", "num_hidden_layers")])
+def test_a_config_with_fewer_layers_than_the_weights_is_refused(saved, tmp_path, name, key):
+    """Not a model silently cut to config.json's layers (transformers warns of the unused tensors and loads)."""
+    path = copy_model(saved, name, tmp_path)
+    edit_config(path, **{key: 1})
+    message = one_line_error(path)
+    assert "the weights have a tensor of layer 1 (" in message and "but config.json has 1 layer;" in message
+
+
 def test_a_missing_tensor_is_named(saved, tmp_path):
     from safetensors.torch import load_file, save_file
 
