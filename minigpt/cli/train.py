@@ -57,7 +57,15 @@ from minigpt.training.init_from import init_from_source, load_init_weights, read
 from minigpt.training.lightning_module import GPTLightningModule
 from minigpt.training.objectives import full_split_loss, objective, objective_problem, split_report
 from minigpt.training.optim import OptimConfig
-from minigpt.training.run_dir import SIGNALS, check_writable, lock_run_dir, recover, replacing, stop_on_signals
+from minigpt.training.run_dir import (
+    SIGNALS,
+    check_writable,
+    lock_run_dir,
+    nothing_to_resume,
+    recover,
+    replacing,
+    stop_on_signals,
+)
 from minigpt.training.sft import check_chat_resumable
 from minigpt.training.trainer import (
     TRAINER_DEFAULTS,
@@ -358,7 +366,7 @@ def main(argv: list[str] | None = None) -> Trainer:
     """Parse the config and flags, train, save the final state; returns the Trainer (for tests and scripts)."""
     cli = parse(argv)
     out_dir = Path(cli.config["out_dir"])
-    check_writable(out_dir)
+    check_writable(out_dir, cli.config["resume"])
     lock = lock_run_dir(out_dir)
     try:
         if lock is not None:  # this process owns the run directory: finish what a killed --overwrite left
@@ -374,10 +382,7 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
     ckpt_path, overwrite = None, False
     if cli.config["resume"]:
         if not last.is_file():
-            raise UserError(
-                f"--resume: no checkpoint at {last}; start the run without --resume "
-                "(or point --out_dir at the run to continue)"
-            )
+            raise nothing_to_resume(last)
         # read at parse time, unless the run was restored since (recover: a killed --overwrite put it back)
         saved = cli.resume_checkpoint or read_last(last)
         check_chat_resumable(saved, cli.model.tokenizer, last)
@@ -438,12 +443,8 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
             print(report)
     timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
     remaining = timer.time_remaining() if timer is not None else None  # None: no max_time
-    if (
-        trainer.is_global_zero
-        and remaining is not None
-        and remaining <= 0
-        and not 0 < trainer.max_steps <= trainer.global_step
-    ):  # the time budget ended the run, not max_steps
+    budget_ended = remaining is not None and remaining <= 0 and not 0 < trainer.max_steps <= trainer.global_step
+    if trainer.is_global_zero and budget_ended:  # the time budget ended the run, not max_steps
         of = f" of {trainer.max_steps:,}" if trainer.max_steps > 0 else ""
         print(f"stopped by max_time ({cli.config['trainer']['max_time']}) after {trainer.global_step:,}{of} steps")
     return trainer

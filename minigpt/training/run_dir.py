@@ -28,7 +28,16 @@ LOCK_FILE, PID_FILE = ".train.lock", ".train.pid"
 SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM}
 
 
-def check_writable(out_dir: Path) -> None:
+def nothing_to_resume(last: Path) -> UserError:
+    return UserError(
+        f"--resume: no checkpoint at {last}; start the run without --resume (or point --out_dir at the run to continue)"
+    )
+
+
+def check_writable(out_dir: Path, resume: bool) -> None:
+    """out_dir made if missing and written to; with --resume a missing one is refused first (not made empty)."""
+    if resume and not out_dir.exists():
+        raise nothing_to_resume(out_dir / "checkpoints" / "last.ckpt")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         probe = out_dir / f".write-test-{id(out_dir)}"

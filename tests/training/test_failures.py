@@ -93,6 +93,7 @@ def test_unwritable_out_dir(tiny_run_args, corpus, data_root, tmp_path, capsys):
 def test_resume_mistakes_leave_the_run_untouched(tiny_run_args, corpus, data_root, tmp_path, capsys):
     code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "none") + ["--resume"], capsys)
     assert_one_line_error(code, err, "--resume: no checkpoint at")
+    assert not (tmp_path / "none").exists()  # no empty run directory left behind
 
     main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))
     capsys.readouterr()
