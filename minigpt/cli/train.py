@@ -59,6 +59,7 @@ from minigpt.training.objectives import full_split_loss, objective, objective_pr
 from minigpt.training.optim import OptimConfig
 from minigpt.training.run_dir import (
     SIGNALS,
+    check_steps_left,
     check_writable,
     lock_run_dir,
     nothing_to_resume,
@@ -71,6 +72,7 @@ from minigpt.training.trainer import (
     TRAINER_DEFAULTS,
     EarlyStoppingConfig,
     MiniGPTTrainer,
+    RunConfigFile,
     best_split_report,
     end_of_run,
     run_callbacks,
@@ -357,7 +359,7 @@ def parse(argv: list[str] | None = None) -> MiniGPTCLI:
             run=False,
             trainer_defaults=TRAINER_DEFAULTS,
             parser_kwargs=parser_kwargs,
-            save_config_kwargs={"overwrite": True},
+            save_config_callback=RunConfigFile,
             auto_configure_optimizers=False,
         )
 
@@ -387,11 +389,7 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         saved = cli.resume_checkpoint or read_last(last)
         check_chat_resumable(saved, cli.model.tokenizer, last)
         check_resumable(saved, cli.model.config, cli.model.tokenizer, last)
-        if 0 <= (max_steps := cli.trainer.max_steps) <= (step := saved["global_step"]):
-            raise UserError(
-                f"--resume: {last} is at step {step}, so --trainer.max_steps {max_steps} trains nothing; "
-                f"raise --trainer.max_steps above {step} to continue the run"
-            )
+        check_steps_left(last, saved["global_step"], cli.trainer.max_steps)
         ckpt_path = str(last)
     elif (out_dir / "checkpoints").is_dir() and any((out_dir / "checkpoints").glob("*.ckpt")):
         if not cli.config["overwrite"]:

@@ -34,6 +34,15 @@ def nothing_to_resume(last: Path) -> UserError:
     )
 
 
+def check_steps_left(last: Path, step: int, max_steps: int) -> None:
+    """A resume from `last`, at `step`, must have steps left to train (max_steps -1: no bound)."""
+    if 0 <= max_steps <= step:
+        raise UserError(
+            f"--resume: {last} is at step {step}, so --trainer.max_steps {max_steps} trains nothing; "
+            f"raise --trainer.max_steps above {step} to continue the run"
+        )
+
+
 def check_writable(out_dir: Path, resume: bool) -> None:
     """out_dir made if missing and written to; with --resume a missing one is refused first (not made empty)."""
     if resume and not out_dir.exists():

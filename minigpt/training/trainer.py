@@ -21,6 +21,7 @@ from lightning.pytorch.callbacks import (
     TQDMProgressBar,
 )
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
+from lightning.pytorch.cli import SaveConfigCallback
 
 from minigpt.core.checkpoint import read_checkpoint
 from minigpt.core.errors import ConfigError, UserError
@@ -129,6 +130,21 @@ class EarlyStoppingConfig:
             raise ConfigError(f"early_stopping.patience: must be >= 1 or null, got {self.patience}; use e.g. 3")
         if not (math.isfinite(self.min_delta) and self.min_delta >= 0):
             raise ConfigError(f"early_stopping.min_delta: must be >= 0, got {self.min_delta}; use e.g. 0.0 or 0.001")
+
+
+class RunConfigFile(SaveConfigCallback):
+    """out_dir/config.yaml, LightningCLI's record of the run's settings, written (over the previous run's) when
+    training starts, not at setup as Lightning does: a resume refused while its checkpoint is restored (DPO's
+    precomputed log-probs of other pairs) leaves the run's record as it was."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{**kwargs, "overwrite": True})
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        pass  # not yet: see on_train_start
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().setup(trainer, pl_module, "fit")
 
 
 class RunCheckpoint(ModelCheckpoint):

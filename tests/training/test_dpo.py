@@ -162,7 +162,7 @@ def checkpoint_bytes(run) -> dict[str, str]:
         ("split", ["log-probs of 40 pairs", "this run has 40 other pairs (fingerprint "]),  # another train/val split
     ],
 )
-def test_precomputed_resume_with_changed_pairs_is_one_line_and_leaves_the_checkpoints(setup, change, words, capsys):
+def test_precomputed_resume_with_changed_pairs_is_one_line_and_leaves_the_run(setup, change, words, capsys):
     """The table is indexed by pair position: a resume whose pairs are not the ones it was computed for (the
     file, its order, the split) is refused where the table is restored, before a step, with one error line."""
     run = setup / f"pre_{change}"
@@ -178,7 +178,7 @@ def test_precomputed_resume_with_changed_pairs_is_one_line_and_leaves_the_checkp
         extra = {"data.source": setup / f"{change}.jsonl"}
     else:  # the same file split otherwise: the table's positions are other pairs
         extra = {"data.val_fraction": 0.3}
-    before = checkpoint_bytes(run)
+    before, config = checkpoint_bytes(run), (run / "config.yaml").read_text()
     capsys.readouterr()
     resume = dpo_args(setup, run.name, steps=6, resume="true", **{"dpo.reference": "precomputed"}, **extra)
     with pytest.raises(SystemExit) as exit_info:
@@ -189,6 +189,7 @@ def test_precomputed_resume_with_changed_pairs_is_one_line_and_leaves_the_checkp
     for w in [f"{run}/checkpoints/last.ckpt holds the precomputed reference", *words, "start a new run"]:
         assert w in errors[0], (w, errors[0])
     assert checkpoint_bytes(run) == before
+    assert (run / "config.yaml").read_text() == config  # the run's record keeps the data it was trained on
     saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["minigpt"]["dpo"]["pairs"]
     assert saved["pairs"] == len(rows) and len(saved["sha256"]) == 64  # the table's pairs: count and token hash
 
