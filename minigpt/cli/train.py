@@ -262,6 +262,8 @@ class MiniGPTCLI(LightningCLI):
             )
         if self.config["resume"] and self.config["overwrite"]:
             parser.error("--resume continues the run in out_dir and --overwrite starts it over; pass only one of them")
+        if not self.config.get("init_from"):  # refused before the data is prepared (a fine-tune's is its source's)
+            GPTConfig(**{**self.config["model"].as_dict(), "vocab_size": 1})  # the data's, linked at instantiation
         if problem := objective_problem(self.config):  # DPO's and GRPO's settings that cannot work together
             parser.error(problem)
         # init_from needs to know which settings the user gave, not their defaults: the keys of the --config files

@@ -90,6 +90,14 @@ def test_unwritable_out_dir(tiny_run_args, corpus, data_root, tmp_path, capsys):
     assert_one_line_error(code, err, "cannot write to out_dir", "choose a writable --out_dir")
 
 
+def test_a_model_config_mistake_is_refused_before_the_data_is_prepared(tiny_run_args, corpus, tmp_path, capsys):
+    """Not after minutes of preparing a large corpus: the model's settings are checked as they are parsed."""
+    argv = tiny_run_args(corpus, tmp_path / "data", tmp_path / "run", model__n_embd=30, model__n_head=4)
+    code, err = run_train(argv, capsys)
+    assert_one_line_error(code, err, "model.n_embd: 30 is not divisible by n_head=4")
+    assert not (tmp_path / "data").exists()
+
+
 def test_resume_mistakes_leave_the_run_untouched(tiny_run_args, corpus, data_root, tmp_path, capsys):
     code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "none") + ["--resume"], capsys)
     assert_one_line_error(code, err, "--resume: no checkpoint at")
