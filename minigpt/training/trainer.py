@@ -151,6 +151,12 @@ class RunCheckpoint(ModelCheckpoint):
     """Lightning's ModelCheckpoint for a file of the run directory's checkpoints/ (best.ckpt, last.ckpt), whose
     state survives the run directory being moved or copied."""
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        with warnings.catch_warnings():  # a resumed run's checkpoints/ holds its checkpoints: no news (a new run
+            # where a run is already is refused before, unless --overwrite, which moves the old files aside)
+            warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
+            super().setup(trainer, pl_module, stage)
+
     @property
     def state_key(self) -> str:
         # ModelCheckpoint's own key: a run checkpointed before these classes existed resumes with its state
