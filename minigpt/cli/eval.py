@@ -14,6 +14,7 @@ minigpt.loading.load_model.  Every user mistake (a bad flag, checkpoint, text fi
 from __future__ import annotations
 
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from minigpt.cli.parsing import (
     show_checkpoint_lines,
 )
 from minigpt.core.errors import UserError
+from minigpt.core.fsutil import write_error
 from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens, text_ids
 from minigpt.loading import load_model
 
@@ -85,6 +87,22 @@ def problems(args) -> Iterator[str]:
         )
     if args.output is not None and Path(args.output).is_dir():
         yield f"--output {args.output} is a directory; give the path of the JSON file to write"
+    for flag in ("limit", "num_fewshot", "output"):
+        if args.text is not None and getattr(args, flag) is not None:
+            yield f"--{flag} is a setting of --tasks, which --text does not read; drop --{flag}"
+
+
+def check_output(path: Path) -> None:
+    """--output's folder made and written to before the tasks run (hours, on a large task), not after them."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as e:  # a file where a folder must be is named; any other reason in the system's words
+        fix = "choose a path you can write to"
+        raise write_error(e, f"--output {path}", fix, UserError) or UserError(
+            f"cannot write --output {path} ({e.strerror or type(e).__name__}); {fix}"
+        ) from None
 
 
 def run_tasks(args) -> dict:
@@ -92,6 +110,8 @@ def run_tasks(args) -> dict:
     from minigpt.evaluation.harness import MiniGPTLM, evaluate_tasks, resolve_tasks, results_table, write_results
 
     tasks = resolve_tasks(args.tasks.split(","))  # before loading the model: a wrong name costs nothing
+    if args.output is not None:
+        check_output(Path(args.output))
     model, tokenizer = load_model(args.ckpt, device=resolve_device(args.device), quantize=args.quantize)
     show_checkpoint_lines()
     results = evaluate_tasks(
