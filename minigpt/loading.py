@@ -25,10 +25,11 @@ from minigpt.core.checkpoint import (
     run_checkpoints,
 )
 from minigpt.core.compiled import note_once
+from minigpt.core.devices import resolve_device
 from minigpt.core.errors import CheckpointError, UserError, first_line
 from minigpt.core.lora import LoRAConfig, adapter_names, checkpoint_lora, fingerprint, lora_model, merge_lora
 from minigpt.core.model import GPT
-from minigpt.core.quantize import Quantization, choose_int8, quantize_model
+from minigpt.core.quantize import QUANTIZATIONS, Quantization, choose_int8, quantize_model
 from minigpt.core.tokenizers import Tokenizer
 from minigpt.hf.chat_files import read_chat_template
 from minigpt.hf.load import load_hf_model, resolve_hf_source
@@ -65,6 +66,9 @@ def load_model(
     `generating=(batch, tokens)`, the generation to come, also where quantizing would cost more than it saves.
     A run directory means its best checkpoint (checkpoints/best.ckpt, the lowest validation loss), else its last.
     """
+    if quantize is not None and quantize not in QUANTIZATIONS:
+        raise UserError(f"quantize: unknown value {quantize!r}; choose one of {', '.join(QUANTIZATIONS)} (or None)")
+    device = resolve_device(str(device))  # "auto", and a device this machine lacks as one line
     return _load_model(source, device, attention, quantize, announce=True, generating=generating)
 
 

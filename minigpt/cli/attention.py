@@ -23,9 +23,9 @@ from minigpt.cli.parsing import (
     add_source_argument,
     checkpoint_lines,
     read_prompt,
-    resolve_device,
     show_checkpoint_lines,
 )
+from minigpt.core.devices import resolve_device
 from minigpt.core.errors import UserError
 from minigpt.core.seed import check_seed
 from minigpt.lab.capture import capture_attention, save_npz

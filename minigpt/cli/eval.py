@@ -27,9 +27,9 @@ from minigpt.cli.parsing import (
     checkpoint_lines,
     misplaced_setting,
     read_text_file,
-    resolve_device,
     show_checkpoint_lines,
 )
+from minigpt.core.devices import resolve_device
 from minigpt.core.errors import UserError
 from minigpt.core.fsutil import write_error
 from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens, text_ids

@@ -12,7 +12,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, TextIO, get_args, get_origin, get_type_hints
 
-import torch
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser, get_loader, set_loader, set_parsing_settings
 
@@ -203,27 +202,6 @@ def add_prompt_arguments(p: ArgumentParser, what: str) -> None:
         default=None,
         help="read the prompt from this file (instead of --prompt)",
     )
-
-
-def resolve_device(name: str) -> str:
-    """`auto` -> cuda if available else cpu; a device that does not exist here is a one-line error."""
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device: torch.device | None = torch.device(name)
-    except RuntimeError:
-        device = None
-    if device is None or device.type not in ("cpu", "cuda", "mps"):
-        why = f"{name!r} is not a device minigpt runs on; use cpu, cuda, cuda:N, mps or auto"
-    elif device.type == "cuda" and not torch.cuda.is_available():
-        why = f"{name}: CUDA is not available here; use cpu"
-    elif device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        why = f"{name}: only {torch.cuda.device_count()} CUDA device(s) here; use cuda:0"
-    elif device.type == "mps" and not torch.backends.mps.is_available():
-        why = f"{name}: MPS is not available here; use cpu"
-    else:
-        return name
-    raise UserError(f"device {why}")
 
 
 def typed(stdin: TextIO | None, line: bool = False) -> str:

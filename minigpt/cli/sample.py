@@ -30,12 +30,12 @@ from minigpt.cli.parsing import (
     is_terminal,
     misplaced_setting,
     read_prompt,
-    resolve_device,
     show_checkpoint_lines,
     typed,
 )
 from minigpt.core.chat import ChatSession
 from minigpt.core.config import Attention
+from minigpt.core.devices import resolve_device
 from minigpt.core.errors import UserError, first_line
 from minigpt.core.generation import Sampling, generate, prompt_ids
 from minigpt.core.limits import check_sampling_size

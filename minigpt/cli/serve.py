@@ -26,11 +26,11 @@ from minigpt.cli.parsing import (
     add_source_argument,
     checkpoint_lines,
     misplaced_setting,
-    resolve_device,
     show_checkpoint_lines,
 )
 from minigpt.core.config import ATTENTIONS, Attention
 from minigpt.core.decode_graphs import batch_buckets
+from minigpt.core.devices import resolve_device
 from minigpt.core.errors import UserError, first_line
 from minigpt.loading import load_chat_model
 

@@ -164,6 +164,11 @@ def generate(
     Sampling(temperature, top_k, top_p, max_new_tokens)  # the library's edge: a bad setting is one UserError
     if idx.dim() != 2 or idx.size(1) < 1:
         raise ValueError(f"idx must be (batch, tokens) with at least one token, got shape {tuple(idx.shape)}")
+    if (low := int(idx.min())) < 0 or (high := int(idx.max())) >= model.config.vocab_size:  # once, at the edge
+        raise UserError(
+            f"token id {low if low < 0 else high} is outside the model's vocabulary (0 to "
+            f"{model.config.vocab_size - 1}); encode the prompt with the model's own tokenizer"
+        )
     device = model.lm_head.weight.device
     B, T0 = idx.shape
     block_size = model.config.block_size

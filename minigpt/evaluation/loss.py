@@ -49,6 +49,11 @@ def evaluate_tokens(
     n = len(tokens) - 1  # predictions
     if n < 1:
         raise UserError("nothing to evaluate: the text has fewer than 2 tokens; use a longer text")
+    if int(tokens.min()) < 0 or int(tokens.max()) >= model.config.vocab_size:
+        raise UserError(
+            f"token ids from {int(tokens.min())} to {int(tokens.max())} are not all in the model's vocabulary (0 to "
+            f"{model.config.vocab_size - 1}); encode the text with the model's own tokenizer"
+        )
 
     def nll(starts: list[int], size: int) -> float:
         x = torch.stack([tokens[s : s + size] for s in starts]).to(device)  # (B, size)

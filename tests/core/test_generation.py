@@ -153,6 +153,19 @@ def test_top_k_keeps_exactly_k_even_with_ties():
         Sampling(top_k=0)  # the settings are checked where they are declared; filter_logits trusts them
 
 
+def test_token_ids_outside_the_vocabulary_are_one_user_error():
+    """What a prompt encoded with another tokenizer gives: one line naming the id and the fix, not torch's
+    IndexError from the embedding (or, for a negative id, another token read silently)."""
+    from minigpt.evaluation.loss import evaluate_tokens
+
+    model = varied_gpt("gpt", 4, vocab_size=64)
+    for bad in (64, -1):
+        with pytest.raises(UserError, match=rf"^token id {bad} is outside the model's vocabulary \(0 to 63\); encode"):
+            generate(model, torch.tensor([[1, bad, 2]]), 3)
+    with pytest.raises(UserError, match=r"^token ids from 1 to 99 are not all in the model's vocabulary \(0 to 63\)"):
+        evaluate_tokens(model, [1, 2, 99])
+
+
 def test_top_p_keeps_the_smallest_set_reaching_p():
     probs = torch.tensor([0.15, 0.5, 0.05, 0.3])  # shuffled: sorted it is 0.5, 0.3, 0.15, 0.05
     logits = probs.log().repeat(2, 1)

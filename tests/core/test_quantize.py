@@ -16,6 +16,7 @@ import minigpt.core.compiled as compiled
 import minigpt.core.measured as measured
 import minigpt.core.quantize as quantize
 from minigpt.core.checkpoint import model_checkpoint, save_file
+from minigpt.core.errors import UserError
 from minigpt.core.generation import generate
 from minigpt.core.quantize import Int8Embedding, Int8Linear, int8_matvec, quantize_model, quantize_rows
 from minigpt.core.tokenizers import ByteTokenizer
@@ -106,6 +107,23 @@ def test_load_model_quantizes_a_checkpoint(tmp_path, monkeypatch):
     assert weights and all(b.dtype == torch.int8 for b in weights if b is not int8.transformer.wpe.weight)
     idx = random_ids(batch=1, length=8, vocab=256)
     assert torch.equal(generate(int8, idx, 4, temperature=0)[:, :8], idx)
+
+
+def test_load_model_refuses_an_unknown_quantization_and_a_missing_device(tmp_path):
+    """The API's edge, as the commands' flags are: one UserError each, not a silent int8 or torch's own error."""
+    path = tmp_path / "m.ckpt"
+    save_file(model_checkpoint(varied_gpt("gpt", 4, vocab_size=256), ByteTokenizer()), path)
+    with pytest.raises(UserError, match=r"^quantize: unknown value 'int4'; choose one of int8"):
+        load_model(path, quantize="int4")
+    missing = [("gpu", "'gpu' is not a device minigpt runs on")]
+    missing += [] if torch.backends.mps.is_available() else [("mps", "mps: MPS is not available here")]
+    for device, words in missing:
+        with pytest.raises(UserError, match=f"^device {words}"):
+            load_model(path, device=device)
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match="^device cuda: CUDA is not available here; use cpu"):
+            load_model(path, device="cuda")
+    assert next(load_model(path, device="auto")[0].parameters()).device.type in ("cpu", "cuda")
 
 
 def test_without_a_compiler_int8_runs_eagerly_with_one_note(monkeypatch, capsys):
