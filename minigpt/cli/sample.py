@@ -227,6 +227,10 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
     if problem := misplaced_setting(sys.argv[1:] if argv is None else argv, choices):
         parser.error(problem)
     args = parser.parse_args(argv)
+    if args.system is not None and not args.chat:
+        parser.error("--system is the system prompt of --chat: add --chat, or drop --system")
+    if args.compile and not args.kv_cache:
+        parser.error("--compile compiles the KV-cache decode step, which --no-kv-cache turns off; drop one of them")
     Sampling(args.temperature, args.top_k, args.top_p, args.max_new_tokens)  # checked here: names like the flags
     check_seed(args.seed)
     device = resolve_device(args.device)

@@ -384,6 +384,15 @@ CASES: list[Case] = [
     ),
     sample("a device this machine lacks", "--ckpt", "{ckpt}", "--device", "mps", expect=["device mps"]),
     sample("seed below 0", "--ckpt", "{ckpt}", "--seed", "-1", expect=["--seed must be in [0, 4294967295]"]),
+    sample("--system without --chat", "--ckpt", "{ckpt}", "--system", "Be brief.", expect=["add --chat, or drop"]),
+    sample(
+        "--compile with --no-kv-cache",
+        "--ckpt",
+        "{ckpt}",
+        "--compile",
+        "--no-kv-cache",
+        expect=["--compile compiles the KV-cache decode step, which --no-kv-cache turns off"],
+    ),
     evaluate(
         "batch_size below 1",
         "--ckpt",
