@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -102,6 +103,8 @@ class MiniGPTTrainer(Trainer):
             for key in ("max_steps", "max_epochs", "limit_train_batches")
             if kwargs.get(key) == 0
         ]
+        if isinstance(budget := kwargs.get("max_time"), str) and re.fullmatch(r"0+(:0+)*", budget):
+            problems.append(f"trainer.max_time={budget} trains nothing; give a positive duration (DD:HH:MM:SS)")
         if problems:
             raise UserError(problems[0])
         precision, _ = resolve_precision(precision, kwargs.get("accelerator", "auto"))
@@ -252,7 +255,7 @@ def run_callbacks(config: Any, batch_size: int, imported: float | None = None) -
             save_top_k=1,
             enable_version_counter=False,
         ),
-        LearningRateMonitor(logging_interval="step"),
+        *([] if config["trainer"].get("logger") is False else [LearningRateMonitor(logging_interval="step")]),
         TrainingThroughput(),  # rates over the steps since the previous logged step
         RNGState(),
         TextSamples(config["sample_tokens"]),

@@ -276,6 +276,7 @@ CASES: list[Case] = [
         expect=["trainer.accumulate_grad_batches must be >= 1"],
     ),
     train("max_time not in DD:HH:MM:SS", "--trainer.max_time", "1h", expect=["'1h'", "DD:HH:MM:SS"]),
+    train("max_time of zero", "--trainer.max_time", "00:00:00:00", expect=["max_time=00:00:00:00 trains nothing"]),
     train("GPU asked for on a machine without one", "--trainer.accelerator", "gpu", expect=["trainer:", "gpu"]),
     train("devices 0", "--trainer.devices", "0", expect=["trainer:", "devices"]),
     train("FSDP asked for on a CPU", "--trainer.strategy", "fsdp", expect=["trainer:", "fsdp", "requires a GPU"]),

@@ -85,6 +85,14 @@ def test_early_stopping_names_its_min_delta(tiny_run_args, corpus, data_root, tm
     assert "early stopping: val loss not lower by more than 10 for 1 validation in a row" in out, out
 
 
+def test_a_run_without_a_logger_trains_and_ends_as_any_run(tiny_run_args, corpus, data_root, tmp_path, capsys):
+    """--trainer.logger false: no TensorBoard events, and no callback that needs a logger (the learning-rate
+    monitor raised MisconfigurationException, a traceback)."""
+    trainer = main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=10) + ["--trainer.logger", "false"])
+    assert trainer.global_step == 10 and trainer.logger is None
+    assert "best val loss" in capsys.readouterr().out and not list((tmp_path / "run").glob("events.*"))
+
+
 def test_a_moved_run_resumes_with_its_best(stopped_run, tiny_run_args, data_root, tmp_path, capsys, monkeypatch):
     """A run directory copied (or moved) elsewhere and resumed keeps its best: Lightning forgets the best score
     where the checkpoints' folder changed, and a worse validation then replaced best.ckpt and was called the best."""
