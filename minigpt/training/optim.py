@@ -95,6 +95,13 @@ class OptimConfig:
             yield "warmup_steps", f"must be >= 0, got {self.warmup_steps}", "use e.g. 100"
         if self.decay_steps is not None and self.decay_steps < 1:
             yield "decay_steps", f"must be >= 1 or unset, got {self.decay_steps}", "leave it unset to use max_steps"
+        elif self.decay_steps is not None and self.decay_steps <= self.warmup_steps and self.lr_schedule != "constant":
+            yield (
+                "decay_steps",
+                f"{self.decay_steps} is not past warmup_steps={self.warmup_steps}, so nothing would decay (the decay "
+                "runs from warmup's end to decay_steps)",
+                "set decay_steps above warmup_steps, or leave it unset to use max_steps",
+            )
 
 
 # ------------------------------------------------------------------------------------------------ optimizer
@@ -215,6 +222,9 @@ def trainer_schedule(trainer: Any, cfg: OptimConfig) -> tuple[int | None, Clock 
     if cfg.decay_steps:
         return cfg.decay_steps, None
     max_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+    if max_steps is None and (trainer.max_epochs or -1) > 0:  # a run of max_epochs: Lightning counts its steps
+        steps = trainer.estimated_stepping_batches
+        max_steps = int(steps) if math.isfinite(steps) else None
     timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
 
     def clock() -> tuple[float, float] | None:

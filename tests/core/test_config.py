@@ -37,9 +37,8 @@ def other_value(field) -> object:
     if base is bool:
         return not field.default if field.default is not None else True
     if base is int:
-        return {"n_head": 2, "n_kv_head": 1, "n_embd": 64, "mlp_hidden": 96, "head_dim": 16}.get(
-            field.name, (field.default or 1) + 1
-        )
+        others = {"n_head": 2, "n_kv_head": 1, "n_embd": 64, "mlp_hidden": 96, "head_dim": 16, "decay_steps": 500}
+        return others.get(field.name, (field.default or 1) + 1)
     if base is float:
         return {
             "dropout": 0.25,

@@ -17,6 +17,7 @@ from lightning.pytorch.callbacks import Callback, Timer
 
 from minigpt.cli import train as train_cli
 from minigpt.core.checkpoint import read_checkpoint
+from minigpt.core.errors import ConfigError
 from minigpt.training.optim import LRSchedule, OptimConfig, build_scheduler, lr_multiplier, trainer_schedule
 
 WSD = OptimConfig(learning_rate=1.0, warmup_steps=10, lr_schedule="wsd", min_lr_ratio=0.0, cooldown_fraction=0.4)
@@ -147,7 +148,7 @@ def test_decay_steps_max_steps_and_the_time_budget():
     end is nearer."""
     timer = FakeTimer(10.0, lambda step: 0.1)
     trainer = SimpleNamespace(max_steps=50, callbacks=[timer])
-    assert trainer_schedule(trainer, OptimConfig(decay_steps=80)) == (80, None)
+    assert trainer_schedule(trainer, OptimConfig(decay_steps=180)) == (180, None)
     decay_end, clock = trainer_schedule(trainer, WSD)
     assert decay_end == 50
     timer.now = 2.5
@@ -159,7 +160,14 @@ def test_decay_steps_max_steps_and_the_time_budget():
     assert lr_lambda(40) == pytest.approx(0.25)
     timer.now = 2.0  # a fast machine: max_steps is nearer its end
     assert lr_lambda(40) == pytest.approx(lr_multiplier(40, WSD, 50))
-    assert trainer_schedule(SimpleNamespace(max_steps=-1, callbacks=[Timer()]), WSD)[1]() is None
+    assert trainer_schedule(SimpleNamespace(max_steps=-1, max_epochs=-1, callbacks=[Timer()]), WSD)[1]() is None
+    # a run bounded by max_epochs: the decay ends at Lightning's count of its steps (it held the peak before)
+    epochs = SimpleNamespace(max_steps=-1, max_epochs=2, estimated_stepping_batches=120, callbacks=[Timer()])
+    assert trainer_schedule(epochs, WSD)[0] == 120
+    endless = SimpleNamespace(max_steps=-1, max_epochs=-1, estimated_stepping_batches=float("inf"), callbacks=[])
+    assert trainer_schedule(endless, WSD)[0] is None
+    with pytest.raises(ConfigError, match=r"^optim.decay_steps: 10 is not past warmup_steps=20, so nothing would"):
+        OptimConfig(warmup_steps=20, decay_steps=10)
 
 
 class LRRecorder(Callback):
