@@ -3,7 +3,8 @@ update in minigpt.training.muon, the update as a CUDA graph in minigpt.training.
 
 The schedule is a multiplier of the peak learning rate: linear warmup, then cosine / linear / constant / wsd
 (warmup-stable-decay) down to `min_lr_ratio` at the decay's end.  The decay ends at `decay_steps`, else at the
-trainer's `max_steps` or at the end of its time budget (`max_time`), whichever comes first: under a time budget
+trainer's `max_steps` (or its `max_epochs`' last step) or at the end of its time budget (`max_time`), whichever comes
+first: under a time budget
 its progress is training time, so a run ends cooled down however many steps the machine managed.  When no end
 is known, the peak is held.
 """
