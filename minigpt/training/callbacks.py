@@ -87,6 +87,7 @@ class TrainingThroughput(Callback):
         peak = get_available_flops(trainer.strategy.root_device, dtype)
         self.throughput = Throughput(available_flops=peak, world_size=trainer.world_size, window_size=self.window_size)
         self.batches = self.samples = self.tokens = self.logged_batches = 0
+        self.logged_step = trainer.global_step  # a resumed run's first logged step is after it
         self.start, self.paused = time.perf_counter(), 0.0
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
@@ -94,9 +95,17 @@ class TrainingThroughput(Callback):
         self.batches += 1
         self.samples += batch.size(0)
         self.tokens += batch[:, 1:].numel()
-        every = trainer.log_every_n_steps
-        if self.throughput is None or not trainer.is_global_zero or every < 1 or trainer.global_step % every:
+        every, step = trainer.log_every_n_steps, trainer.global_step
+        # once per logged optimizer step: under gradient accumulation its micro-batches all end at the same step
+        if (
+            self.throughput is None
+            or not trainer.is_global_zero
+            or every < 1
+            or step % every
+            or step == self.logged_step
+        ):
             return
+        self.logged_step = step
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)  # the steps so far are done, not only queued
         flops = getattr(pl_module, "flops_per_batch", None)

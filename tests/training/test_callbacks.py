@@ -203,6 +203,12 @@ def test_throughput_is_logged_at_the_logged_steps_with_the_tokens_trained(tiny_r
     assert [e.step for e in flops] == [6, 9, 12]
     for f, b in zip(flops, batches):
         assert f.value == pytest.approx(b.value * trainer.lightning_module.flops_per_batch, rel=1e-5)
+    # under gradient accumulation: one point per logged optimizer step (each of its micro-batches ended at it)
+    accumulating = tiny_run_args(corpus, data_root, tmp_path / "acc", steps=12, trainer__accumulate_grad_batches=2)
+    main(accumulating + ["--trainer.log_every_n_steps", "3"])
+    events = EventAccumulator(str(tmp_path / "acc"), size_guidance={"scalars": 0}).Reload()
+    assert [e.step for e in events.Scalars("train/device/items_per_sec")] == [6, 9, 12]
+    assert [e.step for e in events.Scalars("train/batches")] == [3, 6, 9, 12]
 
 
 def test_the_start_up_report_names_each_part_and_adds_up(tiny_run_args, corpus, data_root, tmp_path):
