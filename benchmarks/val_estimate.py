@@ -19,7 +19,7 @@ from minigpt.core.config import GPTConfig
 from minigpt.core.model import GPT
 from minigpt.evaluation.loss import evaluate_tokens
 from minigpt.loading import load_model
-from minigpt.training.datamodule import VAL_STREAM, RandomWindows, TokenDataModule
+from minigpt.training.datamodule import VAL_STREAM, FixedWindows, TokenDataModule
 
 
 def estimates(model: GPT, val: np.ndarray, batches: int, size: int, seeds: int) -> list[float]:
@@ -27,7 +27,7 @@ def estimates(model: GPT, val: np.ndarray, batches: int, size: int, seeds: int) 
     of equal-sized batches."""
     out = []
     for seed in range(seeds):
-        windows = RandomWindows(val, model.config.block_size, size, seed, stream=VAL_STREAM, length=batches)
+        windows = FixedWindows(val, model.config.block_size, size, seed, stream=VAL_STREAM, length=batches)
         losses = [model(w[:, :-1], w[:, 1:])[1].item() for w in (windows[i] for i in range(batches))]
         out.append(float(np.mean(losses)))
     return out

@@ -5,7 +5,9 @@ row, the loss on what the assistant says.
 
 Training batch i is drawn by a generator seeded with (seed, rank, i), and a run resumed at optimizer step s
 continues at batch i = s * accumulate_grad_batches: the data order after a resume is exactly the order
-an uninterrupted run would have seen, and under DDP each rank draws its own windows.
+an uninterrupted run would have seen, and under DDP each rank draws its own windows.  Validation's windows are
+drawn once, all together, from a generator seeded with (seed, VAL_STREAM): the same total number of windows is
+the same windows however they are batched.
 """
 
 from __future__ import annotations
@@ -43,10 +45,30 @@ class RandomWindows(Dataset):
         return self.length
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        rng = np.random.default_rng([self.seed, self.stream, i])
-        starts = rng.integers(0, len(self.tokens) - self.block_size, size=self.batch_size)
-        windows = np.stack([self.tokens[s : s + self.block_size + 1] for s in starts])
+        windows = np.stack([self.tokens[s : s + self.block_size + 1] for s in self.starts(i)])
         return torch.from_numpy(windows.astype(np.int64))  # (B, T + 1)
+
+    def starts(self, i: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, self.stream, i])
+        return rng.integers(0, len(self.tokens) - self.block_size, size=self.batch_size)
+
+
+class FixedWindows(RandomWindows):
+    """The validation's windows: all length * batch_size offsets drawn at once from rng(seed, stream), item i the
+    batch of offsets [i * batch_size, (i + 1) * batch_size).  The windows depend only on the seed and their number,
+    not on how they are batched: 5 batches of 640 are the same 3,200 windows as 50 batches of 64."""
+
+    def __init__(
+        self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int, stream: int, length: int
+    ) -> None:
+        super().__init__(tokens, block_size, batch_size, seed, stream, length)
+        rng = np.random.default_rng([seed, stream])
+        self.all_starts = rng.integers(0, len(tokens) - block_size, size=length * batch_size)
+
+    def starts(self, i: int) -> np.ndarray:
+        if not 0 <= i < self.length:
+            raise IndexError(f"batch {i} of {self.length}")
+        return self.all_starts[i * self.batch_size : (i + 1) * self.batch_size]
 
 
 class ResumableSampler(Sampler[int]):
@@ -116,7 +138,8 @@ class TokenDataModule(L.LightningDataModule):
             val_batches: batches in the fixed validation set (per evaluation, over all devices)
             val_batch_size: sequences per validation batch, and per batch of the full split's evaluation at the
                 end (None: batch_size).  On a GPU whose small model's batches cost kernel launches, not compute,
-                as many windows in fewer, larger batches validate in a fraction of the time
+                as many windows in fewer, larger batches validate in a fraction of the time; the windows are the
+                same ones, for they depend only on the seed and val_batches x val_batch_size
             seed: fixes the training windows (in train.py: set from the run's seed)
             num_workers: DataLoader worker processes
             format: "text" (a corpus read as one stream) or "chat": source holds conversations, rows of
@@ -259,7 +282,7 @@ class TokenDataModule(L.LightningDataModule):
         elif hp.format == "prompts":
             windows = FixedPrompts(data.val, size)
         else:
-            windows = RandomWindows(data.val, hp.block_size, size, hp.seed, stream=VAL_STREAM, length=hp.val_batches)
+            windows = FixedWindows(data.val, hp.block_size, size, hp.seed, stream=VAL_STREAM, length=hp.val_batches)
         return windows, min(hp.val_batches, len(windows))
 
     def val_dataloader(self) -> DataLoader:
