@@ -18,7 +18,7 @@ from typing import Any
 from minigpt.core.chat_template import ROLES
 from minigpt.core.errors import DataError, first_line
 from minigpt.core.user_files import DOCUMENT_BYTES, json_lines, loads, read_user_text
-from minigpt.data.sources import DEFAULT_SOURCE
+from minigpt.data.sources import DEFAULT_SOURCE, check_hub_reachable, hub_retries_quiet
 
 __all__ = ["read_conversations", "source_rows", "to_messages"]
 
@@ -96,12 +96,15 @@ def _dataset_rows(source: str, what: str) -> Iterator[tuple[Any, str]]:
     import datasets  # slow to import; only parquet files and hub names need it
 
     local = Path(source).expanduser()
+    if local.suffix.lower() != ".parquet":
+        check_hub_reachable(source)  # (before the try below, which would wrap its DataError)
     try:
         if local.suffix.lower() == ".parquet":
             ds = datasets.load_dataset("parquet", data_files=[str(local)], split="train")
         else:
             name, _, config = source.partition(":")
-            ds = datasets.load_dataset(name, config or None, split="train")
+            with hub_retries_quiet():
+                ds = datasets.load_dataset(name, config or None, split="train")
     except Exception as e:  # datasets raises many types (hub, network, parsing): each is one line here
         raise DataError(
             f"cannot read the {what} {source} ({type(e).__name__}: {first_line(e)}); give a "

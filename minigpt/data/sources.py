@@ -17,13 +17,15 @@ A file is read as text whatever its container or encoding: *.gz / *.bz2 / *.xz a
 UTF-32 with a byte-order mark is converted to UTF-8 (a UTF-8 BOM is dropped). Empty files, empty rows and a
 folder's binary files (and archives) hold no document: they are skipped, counted and named in corpus.skipped_files.
 Only regular files (or symlinks to them) are read: a FIFO, socket or device (/dev/zero) could block or never end,
-so one given as the source or found in a folder is refused. A URL is fetched by minigpt.data.download.
+so one given as the source or found in a folder is refused. A URL is fetched by minigpt.data.download. A hub name
+is refused at once when the hub's host does not resolve (no network), rather than after `datasets`' retries.
 """
 
 from __future__ import annotations
 
 import bz2
 import codecs
+import contextlib
 import gzip
 import hashlib
 import itertools
@@ -31,9 +33,11 @@ import json
 import lzma
 import os
 import re
+import socket
 import stat
 import sysconfig
 import urllib.parse
+import urllib.request
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,13 +141,16 @@ class Corpus:
             return self._dataset
         import datasets  # imported lazily: slow to import, and only needed for dataset sources
 
+        if not self.builder:
+            check_hub_reachable(self.source)  # (before the try below, which would wrap its DataError)
         try:
             if self.builder == "json":  # before `datasets`' parsers (ujson: no depth bound) see it
                 check_json_file(self.origin)
             if self.builder:
                 self._dataset = datasets.load_dataset(self.builder, data_files=[self.origin], split="train")
             else:
-                self._dataset = datasets.load_dataset(self.origin, self.config, split="train")
+                with hub_retries_quiet():
+                    self._dataset = datasets.load_dataset(self.origin, self.config, split="train")
         except _BUGS:
             raise
         except Exception as e:  # datasets raises many types (hub, network, parsing): report any as one line
@@ -156,6 +163,46 @@ class Corpus:
                 "and check your network"
             ) from None
         return self._dataset
+
+
+def check_hub_reachable(source: str) -> None:
+    """Refuse the hub dataset `source` at once when the hub's host (huggingface_hub's ENDPOINT: HF_ENDPOINT) does
+    not resolve: with no network or DNS, `datasets` retries for ~25 s before failing. Only the name is looked up
+    (no request sent). Skipped in offline mode (datasets reads its cache) and behind a proxy (which resolves it)."""
+    import datasets
+    from huggingface_hub import constants
+
+    endpoint = urllib.parse.urlsplit(constants.ENDPOINT)
+    host = endpoint.hostname
+    if datasets.config.HF_HUB_OFFLINE or not host or urllib.request.getproxies().keys() & {endpoint.scheme, "all"}:
+        return
+    try:
+        socket.getaddrinfo(host, endpoint.port or (443 if endpoint.scheme == "https" else 80), type=socket.SOCK_STREAM)
+    except (OSError, ValueError) as e:  # socket.gaierror; ValueError: an HF_ENDPOINT with a bad port or host name
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else first_line(e)
+        mirror = " (or check HF_ENDPOINT)" if os.environ.get("HF_ENDPOINT") else ""
+        raise DataError(
+            f"cannot reach the Hugging Face Hub ({host}: {reason}) to read the dataset {source}; connect to the "
+            f"internet{mirror}, or set HF_HUB_OFFLINE=1 to read a copy that datasets has cached, or pass a local "
+            "file or folder"
+        ) from None
+
+
+@contextlib.contextmanager
+def hub_retries_quiet() -> Iterator[None]:
+    """huggingface_hub logs each retry of a failed request as warnings ("Retrying in 8s"); a failure is reported
+    as one line instead, so they are held back while a hub dataset loads. A user's HF_HUB_VERBOSITY is kept."""
+    from huggingface_hub.utils import logging as hub_logging
+
+    if os.environ.get("HF_HUB_VERBOSITY"):
+        yield
+        return
+    verbosity = hub_logging.get_verbosity()
+    hub_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hub_logging.set_verbosity(verbosity)
 
 
 def resolve_source(source: str, data_root: str | Path = "data", text_column: str = "text") -> Corpus:
