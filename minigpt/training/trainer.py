@@ -155,8 +155,9 @@ class RunCheckpoint(ModelCheckpoint):
     state survives the run directory being moved or copied."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        with warnings.catch_warnings():  # a resumed run's checkpoints/ holds its checkpoints: no news (a new run
-            # where a run is already is refused before, unless --overwrite, which moves the old files aside)
+        # Lightning warns when checkpoints/ is not empty: a resumed run's holds its own checkpoints, and a new run
+        # where one already is has been refused before (or, with --overwrite, its files moved aside)
+        with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
             super().setup(trainer, pl_module, stage)
 
