@@ -383,6 +383,7 @@ class Engine:
         ticket.finished = True
         if error is None:
             text += ticket.text.finish()
+            reason = "stop" if ticket.text.stopped else reason  # a stop sequence only the end of the text showed
         self._send(ticket, Update(text, ticket.sampled, reason, error))
 
     def _send(self, ticket: Ticket, update: Update) -> None:

@@ -37,8 +37,15 @@ class TextStream:
         return self._take(text, len(text) - self._held(text)), False
 
     def finish(self) -> str:
-        """The rest of the text once generation ended without a stop sequence (held-back text included)."""
-        return "" if self.stopped else self._take(self.text + self.decoder.finish(), None)
+        """The rest of the text once generation ended without a stop sequence (held-back text included), cut
+        before a stop sequence that only the end shows: one inside the last token's incomplete character's text,
+        such as a byte-level token ' \xe6' whose space the decoder held back with its lead byte."""
+        if self.stopped:
+            return ""
+        text = self.text + self.decoder.finish()
+        hits = [i for s in self.stop if (i := text.find(s, self.sent)) >= 0]
+        self.stopped = bool(hits)
+        return self._take(text, min(hits, default=None))
 
     def _held(self, text: str) -> int:
         """Length of the longest end of `text` (past what was sent) that a stop sequence starts with."""

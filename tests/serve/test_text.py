@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import tiktoken
 from serve_support import CHARS
 
-from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer
+from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
 from minigpt.serve.text import TextStream
 
 
@@ -31,3 +32,16 @@ def test_text_stream_never_splits_a_character():
     pieces = [stream.push(b) for b in "né!".encode()]
     assert [p for p, _ in pieces] == ["n", "", "é", "!"]
     assert stream.finish() == ""
+
+
+def test_a_stop_sequence_that_only_the_end_shows_still_cuts_the_text():
+    """A byte-level token ' \xe6' ends inside a character, so its space waits with the lead byte; when generation
+    then ends (max_tokens), the rest is still searched for the stop sequences: ' ' was sent before."""
+    ranks = {bytes([i]): i for i in range(256)} | {b" \xe6": 256}  # one token: a space and a character's lead byte
+    tok = TiktokenTokenizer(
+        tiktoken.Encoding("space-lead", pat_str=r"\S+|\s+", mergeable_ranks=ranks, special_tokens={})
+    )
+    stream = TextStream(tok, stop=[" "])
+    assert stream.push(ord("o")) == ("o", False)
+    assert stream.push(256) == ("", False)  # " " and half a character: held back
+    assert stream.finish() == "" and stream.stopped  # the text ends before the stop sequence
