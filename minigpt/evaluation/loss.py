@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from minigpt.core.errors import UnknownCharactersError, UserError
 from minigpt.core.model import GPT
 from minigpt.core.tokenizer_base import Tokenizer
+from minigpt.core.tokenizers import ByteTokenizer
 
 # Bytes of float32 logits one batch may hold: a GPT-2 shape (50,257 x 1024 per window) at batch 32 would take
 # 6.6 GB for the logits alone, 13 GB with the loss's copies.  Fewer windows at once change the speed, not the result.
@@ -95,4 +96,6 @@ def bits_per_char_and_byte(nats: float, tokenizer: Tokenizer, ids: Sequence[int]
     else:
         first_chars, first_bytes = len(first), len(first.encode("utf-8"))
     chars, utf8 = max(1, len(text) - first_chars), max(1, len(text.encode("utf-8")) - first_bytes)
+    if isinstance(tokenizer, ByteTokenizer):  # its ids are the bytes, UTF-8 or not (decoded, a bad byte is 3: U+FFFD)
+        utf8 = max(1, sum(i != tokenizer.eot_id for i in ids[1:]))
     return nats / math.log(2) / chars, nats / math.log(2) / utf8

@@ -93,6 +93,11 @@ def test_bits_per_char_and_byte_count_the_predicted_text_only():
     char.eot_id = 2
     per_char, per_byte = bits_per_char_and_byte(3 * math.log(2), char, [0, 1, 2, 0])
     assert per_char == per_byte == 3 / 2
+    # a byte model's bytes are its ids, UTF-8 or not: Latin-1 text, or a split that starts inside a character
+    # (decoded, each bad byte would be U+FFFD, 3 bytes)
+    for data in ("Café résumé ".encode("latin-1") * 5, "😀😀abc".encode()[1:]):
+        ids = list(data)
+        assert bits_per_char_and_byte((len(ids) - 1) * math.log(2), tokenizer, ids)[1] == 1.0  # 1 bit a byte
 
 
 def run_eval_py(monkeypatch, *args: str) -> None:
