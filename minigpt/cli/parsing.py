@@ -229,8 +229,16 @@ def is_terminal(stdin: TextIO | None) -> bool:
 
 
 def read_prompt(args: Any, stdin: TextIO | None) -> str:
+    if args.prompt_file is None and args.prompt == "-":
+        return typed(stdin)
     if args.prompt_file is None:
-        return typed(stdin) if args.prompt == "-" else args.prompt
+        try:  # bytes that are not UTF-8 reach argv as lone surrogates (Python's surrogateescape)
+            args.prompt.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise UserError(
+                f"--prompt is not UTF-8 text (a byte that is not UTF-8 at character {e.start}); pass UTF-8 text"
+            ) from None
+        return args.prompt
     if args.prompt:
         raise UserError("give the prompt with --prompt or --prompt-file, not both")
     return read_text_file(args.prompt_file, "prompt file")

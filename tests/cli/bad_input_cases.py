@@ -385,6 +385,14 @@ CASES: list[Case] = [
     ),
     sample("a device this machine lacks", "--ckpt", "{ckpt}", "--device", "mps", expect=["device mps"]),
     sample("seed below 0", "--ckpt", "{ckpt}", "--seed", "-1", expect=["--seed must be in [0, 4294967295]"]),
+    sample(
+        "a --prompt that is not UTF-8 (argv bytes)",
+        "--ckpt",
+        "{ckpt}",
+        "--prompt",
+        "ab\udcffcd",  # the byte 0xff as Python's argv holds it (surrogateescape)
+        expect=["--prompt is not UTF-8 text (a byte that is not UTF-8 at character 2); pass UTF-8 text"],
+    ),
     sample("--system without --chat", "--ckpt", "{ckpt}", "--system", "Be brief.", expect=["add --chat, or drop"]),
     sample(
         "--compile with --no-kv-cache",
