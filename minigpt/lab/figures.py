@@ -11,6 +11,7 @@ Colour is sqrt(weight), so the small weights of a spread-out head still show.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import matplotlib
@@ -120,8 +121,12 @@ def grid_image(weights: torch.Tensor | np.ndarray, min_cell: int = 48, gap: int 
 def save_figures(
     weights: torch.Tensor | np.ndarray, tokens: list[str], out_dir: str | Path, title: str = ""
 ) -> list[Path]:
-    """attention_grid.png and attention_layer{N}.png for each layer; returns their paths."""
+    """attention_grid.png and attention_layer{N}.png for each layer; returns their paths.  A previous capture's
+    figures of layers this model lacks go: the folder's figures are then one capture's (the user's files stay)."""
     out_dir = Path(out_dir)
+    for old in out_dir.glob("attention_layer*.png"):
+        if (found := re.fullmatch(r"attention_layer(\d+)\.png", old.name)) and int(found[1]) >= len(weights):
+            old.unlink()
     paths = []
     figures = [("attention_grid.png", grid_figure(weights, title))]
     figures += [(f"attention_layer{layer}.png", layer_figure(weights, layer, tokens)) for layer in range(len(weights))]

@@ -36,6 +36,16 @@ def test_pngs_have_the_grid_size_and_npz_holds_everything(tmp_path):
         assert json.loads(str(npz["config"]))["n_layer"] == L
         assert npz["metric_previous"].shape == (L, H)
 
+    # a smaller model's capture into the same folder: the bigger one's extra layer figure goes, the user's files stay
+    (tmp_path / "attention_layer_notes.png").write_bytes(b"mine")
+    smaller = capture_attention(random_model(n_layer=1, n_head=H), CharTokenizer(CHARS), PROMPT)
+    save_figures(smaller.weights, smaller.tokens, tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == [
+        "attention_grid.png",
+        "attention_layer0.png",
+        "attention_layer_notes.png",
+    ]
+
     image = grid_image(capture.weights, min_cell=48, gap=2)  # the TensorBoard picture
     cell = len(PROMPT) * math.ceil(48 / len(PROMPT))
     assert image.shape == (L * cell + (L + 1) * 2, H * cell + (H + 1) * 2, 3) and image.dtype == np.uint8
