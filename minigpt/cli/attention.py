@@ -55,6 +55,8 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
     device = resolve_device(args.device)
     prompt = read_prompt(args, stdin)  # an empty one is refused by the lab (lab_prompt_ids)
     out = Path(args.out)
+    if not args.out.strip():  # an unset shell variable: never the current directory
+        raise UserError(f"--out is empty; give the folder to write, e.g. --out {DEFAULT_OUT}")
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a folder")
     model, tokenizer = load_model(args.ckpt, device=device)

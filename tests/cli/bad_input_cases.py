@@ -495,6 +495,9 @@ CASES: list[Case] = [
         expect=["40 tokens", "block_size=32"],
     ),
     attention("empty prompt", "--ckpt", "{ckpt}", "--prompt", "", "--out", "{w}/lab", expect=["prompt is empty"]),
+    attention(
+        "empty --out", "--ckpt", "{ckpt}", "--prompt", "def", "--out", "", expect=["--out is empty; give the folder"]
+    ),
     export(
         "--out already holds files",
         "--ckpt",
