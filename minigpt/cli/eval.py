@@ -14,7 +14,6 @@ minigpt.loading.load_model.  Every user mistake (a bad flag, checkpoint, text fi
 from __future__ import annotations
 
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from minigpt.cli.parsing import (
 )
 from minigpt.core.devices import resolve_device
 from minigpt.core.errors import UserError
-from minigpt.core.fsutil import write_error
+from minigpt.core.fsutil import make_writable_dir, write_error
 from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens, text_ids
 from minigpt.loading import load_model
 
@@ -95,9 +94,7 @@ def problems(args) -> Iterator[str]:
 def check_output(path: Path) -> None:
     """--output's folder made and written to before the tasks run (hours, on a large task), not after them."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path.parent):
-            pass
+        make_writable_dir(path.parent)
     except OSError as e:  # a file where a folder must be is named; any other reason in the system's words
         fix = "choose a path you can write to"
         raise write_error(e, f"--output {path}", fix, UserError) or UserError(

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,6 +53,14 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> None:
     finally:
         tmp.unlink(missing_ok=True)  # whatever stopped the write (renamed into place, it is gone already)
     fsync_dir(path.parent)
+
+
+def make_writable_dir(folder: Path) -> None:
+    """`folder` made if missing and a file written to it and removed: an OSError says the folder cannot be written,
+    before work whose result would go there is done."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=folder):
+        pass
 
 
 def write_json(path: str | Path, obj: Any) -> None:

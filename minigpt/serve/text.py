@@ -29,11 +29,9 @@ class TextStream:
     def push(self, token: int) -> tuple[str, bool]:
         self.text += self.decoder.push(token)
         text = self.text
-        # a match cannot start in the text already sent: what could begin a stop sequence is held back
-        hits = [i for s in self.stop if (i := text.find(s, self.sent)) >= 0]
-        if hits:
+        if (end := self._stop_at(text)) is not None:
             self.stopped = True
-            return self._take(text, min(hits)), True
+            return self._take(text, end), True
         return self._take(text, len(text) - self._held(text)), False
 
     def finish(self) -> str:
@@ -43,9 +41,14 @@ class TextStream:
         if self.stopped:
             return ""
         text = self.text + self.decoder.finish()
-        hits = [i for s in self.stop if (i := text.find(s, self.sent)) >= 0]
-        self.stopped = bool(hits)
-        return self._take(text, min(hits, default=None))
+        end = self._stop_at(text)
+        self.stopped = end is not None
+        return self._take(text, end)
+
+    def _stop_at(self, text: str) -> int | None:
+        """Where the first stop sequence in `text` starts, or None.  A match cannot start in the text already sent:
+        what could begin a stop sequence is held back."""
+        return min((i for s in self.stop if (i := text.find(s, self.sent)) >= 0), default=None)
 
     def _held(self, text: str) -> int:
         """Length of the longest end of `text` (past what was sent) that a stop sequence starts with."""

@@ -22,7 +22,7 @@ from filelock import FileLock, Timeout
 from lightning.pytorch import Trainer
 
 from minigpt.core.errors import UserError
-from minigpt.core.fsutil import pid_alive, temp_sibling
+from minigpt.core.fsutil import make_writable_dir, pid_alive, temp_sibling
 
 LOCK_FILE, PID_FILE = ".train.lock", ".train.pid"
 SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM}
@@ -48,10 +48,7 @@ def check_writable(out_dir: Path, resume: bool) -> None:
     if resume and not out_dir.exists():
         raise nothing_to_resume(out_dir / "checkpoints" / "last.ckpt")
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / f".write-test-{id(out_dir)}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        make_writable_dir(out_dir)
     except OSError as e:
         raise UserError(
             f"cannot write to out_dir {out_dir} ({e.strerror or type(e).__name__}); choose a writable --out_dir"
