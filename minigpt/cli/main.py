@@ -43,10 +43,10 @@ def usage() -> str:
     lines += [
         "",
         "options:",
-        "  -h, --help     show this message",
+        "  -h, --help     show this message (also `minigpt help`)",
         "  --version      show the version",
         "",
-        "`minigpt COMMAND --help` lists a command's flags.",
+        "`minigpt COMMAND --help` (or `minigpt help COMMAND`) lists a command's flags.",
     ]
     return "\n".join(lines)
 
@@ -86,7 +86,9 @@ def run_command(name: str, flags: list[str] | None = None) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
-    if not args or args[0] in ("-h", "--help"):
+    if args[:1] == ["help"] and len(args) > 1:  # `minigpt help train` = `minigpt train --help`
+        args = [args[1], "--help"]
+    if not args or args[0] in ("-h", "--help", "help"):
         print(usage())
         return
     if args[0] == "--version":

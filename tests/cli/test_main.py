@@ -28,7 +28,7 @@ HEAVY = ("lightning", "pytorch_lightning", "matplotlib", "datasets", "transforme
 # --------------------------------------------------------------------------------------------------- dispatch
 
 
-@pytest.mark.parametrize("argv", [[], ["--help"], ["-h"]])
+@pytest.mark.parametrize("argv", [[], ["--help"], ["-h"], ["help"]])
 def test_help_and_no_arguments_list_every_command(argv, capsys):
     main(argv)
     out = capsys.readouterr().out
@@ -64,6 +64,18 @@ def test_each_commands_help_is_its_own(command, capsys):
         main([command, "--help"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.startswith(f"usage: {command}.py")
+
+
+def test_help_command_is_the_commands_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["help", "sample"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: sample.py")
+
+
+def test_python_dash_m_minigpt_is_the_console_script():
+    done = subprocess.run([sys.executable, "-m", "minigpt", "--version"], capture_output=True, text=True, check=False)
+    assert (done.returncode, done.stdout.strip()) == (0, f"minigpt {PYPROJECT['project']['version']}"), done.stderr
 
 
 @pytest.mark.parametrize("command", ["sample", "eval", "export", "attention"])
