@@ -102,7 +102,12 @@ class OneLineErrors:
         super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None) -> None:  # type: ignore[override]
-        fail(f"{one_line(message)} (see `{self.prog} --help`)")
+        message = one_line(message)
+        required = "the following arguments are required: "
+        if message.startswith(required):  # named as the user types them: "--out", not "out"
+            names = [f"--{name.strip()}" for name in message.removeprefix(required).split(",")]
+            message = f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} required"
+        fail(f"{message} (see `{self.prog} --help`)")
 
 
 class CommandParser(OneLineErrors, ArgumentParser):

@@ -498,6 +498,7 @@ CASES: list[Case] = [
     attention(
         "empty --out", "--ckpt", "{ckpt}", "--prompt", "def", "--out", "", expect=["--out is empty; give the folder"]
     ),
+    export("no --out", "--ckpt", "{ckpt}", expect=["--out is required (see `export.py --help`)"]),
     export(
         "--out already holds files",
         "--ckpt",
