@@ -335,7 +335,7 @@ class MiniGPTCLI(LightningCLI):
         kwargs["precision"], reason = resolve_precision(
             trainer_config.get("precision"), trainer_config.get("accelerator"), self.model.config.attention
         )
-        if trainer_config.get("precision") == "auto":
+        if trainer_config.get("precision") == "auto" or reason.startswith("note:"):
             rank_zero_info(reason)
         try:
             return super().instantiate_trainer(**kwargs)

@@ -96,15 +96,29 @@ def has_native_bf16(device: torch.device) -> bool:
     return device.type == "cpu" and cpu_has_native_bf16()[0]
 
 
+def runs_on_cpu(accelerator: str | None) -> bool:
+    """Whether Lightning's `accelerator` setting lands on the CPU on this machine."""
+    gpu = torch.cuda.is_available() or torch.backends.mps.is_available()
+    return accelerator == "cpu" or (accelerator in (None, "auto") and not gpu)
+
+
 def resolve_precision(
     precision: str | int | None, accelerator: str | None = "auto", attention: str | None = None
 ) -> tuple[str | int | None, str]:
-    """(the precision to give Lightning, a one-line reason).  Anything but "auto" is returned as given.
+    """(the precision to give Lightning, a one-line reason).  Anything but "auto" is returned as given; its reason
+    starts with "note:" where it is a half precision on a CPU that emulates bf16 (Lightning runs 16-mixed as
+    bf16-mixed on a CPU).
 
     On a CPU, bf16 autocast pays only where bf16 matmuls are native, and not with the sdpa attention path:
     torch's CPU flash-attention backward is slower in bf16 than in float32 (the manual and einops paths are not).
     """
     if precision != "auto":
+        half = str(precision).startswith(("bf16", "16"))
+        if half and runs_on_cpu(accelerator) and not (native := cpu_has_native_bf16())[0]:
+            return precision, (
+                f"note: precision {precision} on this CPU is emulated bf16 ({native[1]}), many times slower than "
+                "float32; --trainer.precision auto picks the faster one"
+            )
         return precision, f"precision {precision} (as configured)"
     if accelerator in (None, "auto", "gpu", "cuda") and torch.cuda.is_available():
         name = torch.cuda.get_device_name()

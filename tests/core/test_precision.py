@@ -92,6 +92,19 @@ def test_explicit_precision_is_kept(cpu):
     assert resolve_precision("bf16-mixed", "cpu", "manual")[0] == "bf16-mixed"
 
 
+@pytest.mark.parametrize("given", ["bf16-mixed", "bf16-true", "16-mixed"])
+def test_explicit_half_precision_on_a_cpu_without_bf16_gets_a_note(cpu, given):
+    """Kept as given, but said: on an AVX2 CPU bf16 is emulated, ~100x slower (Lightning runs 16-mixed as bf16)."""
+    cpu("AVX2")
+    chosen, why = resolve_precision(given, "auto", "manual")
+    assert chosen == given
+    assert why.startswith(f"note: precision {given} on this CPU is emulated bf16 (CPU capability AVX2")
+    assert "--trainer.precision auto" in why
+    cpu("AVX512", fp32=200, bf16=800)  # native: nothing to say
+    assert not resolve_precision(given, "cpu", "manual")[1].startswith("note:")
+    assert not resolve_precision("32-true", "cpu", "manual")[1].startswith("note:")
+
+
 @pytest.mark.parametrize(
     "capability,fp32,bf16,expected", [("AVX2", 140, 1, "32-true"), ("AVX512", 210, 800, "bf16-mixed")]
 )
