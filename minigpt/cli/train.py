@@ -6,11 +6,10 @@
     python train.py --config configs/finetune_shakespeare.yaml  # fine-tune: init_from another model's weights
     python train.py --config configs/sft_addition.yaml --finetune lora  # adapters only (minigpt.core.lora)
 
-How a setting travels: each field of GPTConfig (section `model`) and OptimConfig (section `optim`) is a YAML
-key and a `--model.FIELD` / `--optim.FIELD` flag because jsonargparse reads the dataclasses themselves (types,
-defaults, docstrings).  The parsed sections are instantiated as those dataclasses and handed to
-GPTLightningModule as they are.  Shared values are linked, not copied: model.block_size -> data.block_size,
-seed -> data.seed, and the data's tokenizer -> model.vocab_size.
+How a setting travels: each field of GPTConfig (section `model`) and OptimConfig (section `optim`) is a YAML key
+and a `--model.FIELD` / `--optim.FIELD` flag because jsonargparse reads the dataclasses themselves (types, defaults,
+docstrings), instantiated and handed to GPTLightningModule as they are.  Shared values are linked, not copied:
+model.block_size -> data.block_size, seed -> data.seed, and the data's tokenizer -> model.vocab_size.
 
 Fine-tuning (`init_from: SRC`, anything minigpt.loading.load_model reads) takes the model config, the weights
 and the tokenizer from SRC (minigpt.training.init_from): the tokenizer becomes data.tokenizer, so the corpus is
@@ -38,6 +37,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 
 from minigpt.cli.errors import fail
 from minigpt.cli.parsing import OneLineErrors, flag_values, literal_choices, misplaced_setting, read_field_docs
+from minigpt.cli.train_flags import unread_flag
 from minigpt.configs import default_config
 from minigpt.core.checkpoint import check_resumable
 from minigpt.core.config import GPTConfig
@@ -264,8 +264,8 @@ class MiniGPTCLI(LightningCLI):
             parser.error("--resume continues the run in out_dir and --overwrite starts it over; pass only one of them")
         if not self.config.get("init_from"):  # refused before the data is prepared (a fine-tune's is its source's)
             GPTConfig(**{**self.config["model"].as_dict(), "vocab_size": 1})  # the data's, linked at instantiation
-        if problem := objective_problem(self.config):  # DPO's and GRPO's settings that cannot work together
-            parser.error(problem)
+        if problem := objective_problem(self.config) or unread_flag(given, self.config):
+            parser.error(problem)  # DPO's and GRPO's settings that cannot work together; a flag nothing reads
         # init_from needs to know which settings the user gave, not their defaults: the keys of the --config files
         # and of the flags (one parse: the files' keys were noted as jsonargparse read them)
         self.given = parser.file_keys | {key for key, _ in flag_values(given)}
