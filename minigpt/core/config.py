@@ -121,7 +121,8 @@ class GPTConfig:
     """The Hugging Face family the exports write (an imported model keeps its source's); unset = gpt2 for arch gpt,
     llama for arch llama."""
     sdpa_backend: SdpaBackend | None = None
-    """Restrict SDPA to one kernel: flash, efficient, math or cudnn; unset = torch picks."""
+    """Restrict SDPA to one kernel: flash, efficient, math or cudnn; unset = torch picks.  efficient and cudnn are
+    CUDA kernels (a CPU has flash and math), and flash takes no mask (a KV cache's later steps need one)."""
     activation_checkpointing: bool = False
     """Training only: keep each block's input, not its activations, and recompute them in the backward pass (less
     memory for about one more forward pass of compute)."""
@@ -165,6 +166,14 @@ class GPTConfig:
             if value not in choices and not (value is None and optional):
                 unset = " or leave it unset" if optional else ""
                 yield name, f"unknown value {value!r}", f"choose one of {', '.join(choices)}{unset}"
+        for name, (kind, optional) in scalar_fields().items():  # a YAML or an API call may hold "false" or "0.1"
+            value = getattr(self, name)
+            if kind is bool and not isinstance(value, bool) and not (value is None and optional):
+                yield name, f"must be true or false, got {value!r}", "write it unquoted: true or false"
+                return
+            if kind is float and not is_number(value) and not (value is None and optional):
+                yield name, f"must be a number, got {value!r}", "write it unquoted, e.g. 0.1"
+                return  # the rules below compare these
         for name in ("n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "block_size", "vocab_size", "mlp_hidden"):
             value = getattr(self, name)
             if name == "head_dim" and value is None:  # n_head and n_embd are fine, so __post_init__ could not divide
@@ -198,7 +207,9 @@ class GPTConfig:
             yield "attn_scale_dim", f"must be a positive integer, got {scale_dim!r}", "use e.g. 256, or leave it unset"
         if not 0.0 < self.norm_eps < 1.0:
             yield "norm_eps", f"must be in (0, 1), got {self.norm_eps}", "use e.g. 1e-5"
-        if self.rope_scaling is not None:
+        if self.rope_scaling is not None and self.arch == "gpt":
+            yield "rope_scaling", "arch gpt has learned positions, not RoPE", "use arch llama or leave it unset"
+        elif self.rope_scaling is not None:
             yield from self._rope_scaling_problems()
         yield from self._window_problems()
         if not 0.0 < self.partial_rotary_factor <= 1.0:
@@ -252,7 +263,7 @@ class GPTConfig:
             yield (
                 "sdpa_backend",
                 "flash takes no attention mask, and a sliding window needs one",
-                "choose efficient or leave it unset",
+                "leave it unset, or choose efficient on a GPU",
             )
 
     def layer_window(self, layer: int) -> int | None:
@@ -318,6 +329,17 @@ class GPTConfig:
         if name not in PRESETS:
             raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})
+
+
+@functools.cache
+def scalar_fields() -> dict[str, tuple[type, bool]]:
+    """field -> (bool or float, whether it may be unset), for GPTConfig's fields declared as one of those."""
+    found = {}
+    for name, hint in get_type_hints(GPTConfig).items():
+        kinds = [a for a in (hint, *get_args(hint)) if a in (bool, float)]
+        if kinds:
+            found[name] = (kinds[0], type(None) in get_args(hint))
+    return found
 
 
 @functools.cache

@@ -50,6 +50,9 @@ class KVCache:
         self.v = torch.zeros_like(self.k)
         # a ring's slot -> the position it holds, (B, capacity); EMPTY where none
         self.pos = torch.full((batch_size, 0), EMPTY, device=device) if window is not None else None
+        # a ring written with one start for every row: one past its last position, kept on the host so that a decode
+        # step's check reads no device memory (None once rows were written apart: read from pos)
+        self.end: int | None = 0
 
     @property
     def slots(self) -> int:
@@ -84,8 +87,10 @@ class KVCache:
         window - 1 positions before it, and the ring holds `window` positions."""
         if self.window is None or start == 0:
             return True
-        held = self.pos[0][self.pos[0] != EMPTY]
-        end = int(held.max()) + 1 if held.numel() else 0
+        end = self.end
+        if end is None:
+            held = self.pos[0][self.pos[0] != EMPTY]
+            end = int(held.max()) + 1 if held.numel() else 0
         return start <= end and (end <= self.window or start >= end - 1)
 
     def update(
@@ -124,12 +129,15 @@ class KVCache:
             self.reserve((int(input_pos.max()) if per_row else input_pos) + T)
         start = input_pos[:, None] if per_row else torch.full((B, 1), input_pos, device=k.device)  # (B, 1)
         new_pos = start + torch.arange(T, device=k.device)  # (B, T)
+        # one token too: a decode step at an earlier position would attend over a ring that has lost its window.
+        # Not while compiling: a compiled decode step (generate's) always continues
+        if not per_row and not torch.compiler.is_compiling() and not self.resumable(input_pos):
+            raise ValueError(
+                f"a sliding layer's cache has dropped the positions a query at {input_pos} needs; "
+                "start again from position 0"
+            )
+        self.end = None if per_row or torch.compiler.is_compiling() else input_pos + T  # compiled: read from pos
         if T > 1:
-            if not per_row and not self.resumable(input_pos):
-                raise ValueError(
-                    f"a sliding layer's cache has dropped the positions a query at {input_pos} needs; "
-                    "start again from position 0"
-                )
             self.pos[:B].masked_fill_(self.pos[:B] >= start, EMPTY)  # a rewound sequence's later positions: gone
             attended = (
                 torch.cat((self.k[:B], k), 2),
@@ -161,6 +169,7 @@ class KVCache:
             self.k[row, :, :length], self.v[row, :, :length] = k, v
             return
         positions = torch.arange(first, length, device=self.k.device)
+        self.end = None
         self.pos[row] = EMPTY
         self.k[row, :, positions % self.window], self.v[row, :, positions % self.window] = k, v
         self.pos[row, positions % self.window] = positions

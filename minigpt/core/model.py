@@ -19,6 +19,7 @@ Decoding with the KV cache (minigpt.core.kv_cache), `input_pos` is where idx sta
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 import torch.nn as nn
@@ -155,10 +156,10 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         key_pos = None  # the keys' positions: 0..S-1, or a ring cache's (B, S) (a sliding layer's last window)
         if kv_cache is not None:
-            # (B, nkv, S, hs): S = input_pos + T (per row: the longest); a ring's S = its slots (+ T when T > 1)
+            # (B, nkv, S, hs): S = input_pos + T (per row: the longest); a ring's S = its capacity (+ T when T > 1)
             k, v, key_pos = kv_cache.update(k, v, input_pos)
         # sdpa's is_causal covers training and prefill, and one new token with one start sees every cached key;
-        # every other case gets an explicit mask: (T, S), or (B, 1, T, S) when each row has its own start.  A
+        # every other case gets an explicit mask: (T, S), or (B, 1, T, S) per row (own starts, a ring's keys).  A
         # sliding window needs it only where some key is `window` or more back: a ring's keys, or S > window.
         S = k.size(2)
         one_start = not isinstance(input_pos, torch.Tensor)
@@ -208,7 +209,8 @@ class CausalSelfAttention(nn.Module):
         k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)  # (B, nh, S, hs)
         att = (q @ k.transpose(-2, -1)) * self.scale  # (B, nh, T, S)
         att = att.masked_fill(~mask, float("-inf"))
-        att = att.float().softmax(dim=-1).to(q.dtype)  # float32 softmax: bf16 sums lose the small terms
+        # a softmax in float32 at least: bf16 sums lose the small terms (a float64 model keeps its float64)
+        att = att.softmax(dim=-1, dtype=torch.promote_types(att.dtype, torch.float32)).to(q.dtype)
         y = F.dropout(att, self.dropout, self.training) @ v  # (B, nh, T, hs)
         return y, att
 
@@ -219,7 +221,7 @@ class CausalSelfAttention(nn.Module):
         if mask.dim() == 4:  # one mask per row, (B, 1, T, S): give it the g axis too
             mask = mask[:, :, None]
         scores = scores.masked_fill(~mask, float("-inf"))
-        att = scores.float().softmax(dim=-1).to(q.dtype)
+        att = scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
         y = einsum(F.dropout(att, self.dropout, self.training), v, "b kv g t s, b kv s d -> b kv g t d")
         y = rearrange(y, "b kv g t d -> b (kv g) t d")  # (B, nh, T, hs)
         return y, rearrange(att, "b kv g t s -> b (kv g) t s")
@@ -400,6 +402,10 @@ class GPT(nn.Module):
         """
         B, T = idx.shape
         per_row = isinstance(input_pos, torch.Tensor)
+        if kv_cache is None and (per_row or input_pos != 0):  # without a cache every query would see idx's ends
+            raise ValueError("input_pos needs kv_cache (positions after a cached prefix); without one, idx starts at 0")
+        if not per_row and input_pos < 0:
+            raise ValueError(f"input_pos must be >= 0, got {input_pos}")
         # a static cache's step (a CUDA graph's) leaves its positions on the device, bounded by the cache's size
         static = per_row and kv_cache is not None and kv_cache[0].static
         end = 0 if static else (int(input_pos.max()) if per_row else input_pos) + T
@@ -476,8 +482,8 @@ class GPT(nn.Module):
 
     def set_attention(self, attention: str) -> None:
         """Switch every layer to another attention path; the weights are shared, so outputs stay the same."""
+        replace(self.config, attention=attention)  # checked first: a refused path leaves the model as it was
         self.config.attention = attention
-        self.config.validate()
         for block in self.transformer.h:
             block.attn.attention = attention
 

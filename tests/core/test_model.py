@@ -39,6 +39,17 @@ def run_path(model: GPT, attention: str, idx: torch.Tensor, targets: torch.Tenso
     return logits.detach(), grads
 
 
+@pytest.mark.parametrize("arch,n_kv_head", [("gpt", 4), ("llama", 2)])
+def test_paths_agree_in_float64_to_float64s_precision(arch, n_kv_head):
+    """The manual and einops softmax is float32 at least, not at most: a float64 model stays float64 throughout."""
+    model = build(tiny(arch, n_kv_head)).double()
+    idx = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(3))
+    ref = model(idx)[0]
+    for attention in ["manual", "einops"]:
+        model.set_attention(attention)
+        assert (model(idx)[0] - ref).abs().max().item() < 1e-12, attention
+
+
 @pytest.mark.parametrize("arch,n_kv_head", VARIANTS)
 def test_paths_agree_forward_and_backward(arch, n_kv_head):
     model = build(tiny(arch, n_kv_head))
@@ -253,6 +264,24 @@ def test_model_attention_weights_from_any_path():
     assert torch.all(weights.triu(diagonal=1) == 0)
 
 
+@pytest.mark.parametrize("input_pos", [3, torch.tensor([3])])
+def test_input_pos_without_a_cache_is_a_clear_error(input_pos):
+    """Positions after a cached prefix mean nothing without the cache: the manual path's mask would let every query
+    see idx's last token (and sdpa's would not)."""
+    model = GPT(tiny(attention="manual"))
+    with pytest.raises(ValueError, match="input_pos needs kv_cache"):
+        model(torch.zeros(1, 4, dtype=torch.long), input_pos=input_pos)
+    with pytest.raises(ValueError, match="input_pos must be >= 0, got -1"):
+        model(torch.zeros(1, 1, dtype=torch.long), kv_cache=model.new_kv_cache(1), input_pos=-1)
+
+
+def test_a_refused_attention_path_leaves_the_model_as_it_was():
+    model = GPT(tiny())
+    with pytest.raises(ConfigError, match="model.attention: unknown value 'flash'"):
+        model.set_attention("flash")
+    assert model.config.attention == "sdpa" and GPT(model.config).config.attention == "sdpa"
+
+
 def test_sequence_longer_than_block_size_is_a_clear_error():
     model = GPT(tiny())
     with pytest.raises(ValueError, match="longer than block_size=64; crop it"):
@@ -268,6 +297,10 @@ def test_sequence_longer_than_block_size_is_a_clear_error():
         (dict(attention="flash2"), r"model\.attention: unknown value 'flash2'; choose one of sdpa, manual, einops"),
         (dict(arch="llama", n_embd=36, n_head=4), r"model\.head_dim: head size 9 is odd but RoPE"),
         (dict(n_layer=0), r"model\.n_layer: must be a positive integer"),
+        (dict(dropout="0.1"), r"model\.dropout: must be a number, got '0\.1'; write it unquoted"),
+        (dict(tie_embeddings="false"), r"model\.tie_embeddings: must be true or false, got 'false'"),
+        (dict(bias=0), r"model\.bias: must be true or false, got 0"),
+        (dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), r"model\.rope_scaling: arch gpt has learned"),
     ],
 )
 def test_bad_config_names_field_and_fix(kw, match):
