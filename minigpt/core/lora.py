@@ -366,16 +366,17 @@ def fingerprint(model: GPT) -> str:
 
 
 def training_flops_per_token(model: GPT, seq_len: int) -> int:
-    """GPT.flops_per_token for a LoRA model: a frozen weight costs 4 FLOPs per entry and token (the forward and the
-    input's gradient, no weight gradient), a trained one 6, and attention's q.k and att.v as in GPT.flops_per_token."""
+    """GPT.flops_per_token for a LoRA model: a frozen matmul weight costs 4 FLOPs per entry and token (the forward
+    and the input's gradient, no weight gradient), a trained one 6 (the adapters, a grown head's new rows, a head
+    tied to trained embeddings), and attention's q.k and att.v as in GPT.flops_per_token.  Embedding lookups are
+    not matmuls, trained or not."""
     cfg = model.config
-    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    frozen = sum(
-        m.weight.numel()
-        for m in model.modules()
-        if isinstance(m, (nn.Linear, LoRALinear, GrownHead)) and not m.weight.requires_grad
-    )
-    return 4 * frozen + 6 * trained + attention_flops_per_token(cfg, seq_len or cfg.block_size)
+    matmuls = [m for m in model.modules() if isinstance(m, (nn.Linear, LoRALinear, GrownHead))]
+    weights = {id(m.weight): m.weight for m in matmuls}  # a tied head's weight is the embedding's: counted once
+    weights |= {id(m.new_rows): m.new_rows for m in matmuls if isinstance(m, GrownHead)}
+    weights |= {id(p): p for m in matmuls if isinstance(m, LoRALinear) for p in (*m.lora_A.values(), *m.lora_B.values())}
+    flops = sum((6 if w.requires_grad else 4) * w.numel() for w in weights.values())
+    return flops + attention_flops_per_token(cfg, seq_len or cfg.block_size)
 
 
 # ------------------------------------------------------------------------------------------------- checkpoints

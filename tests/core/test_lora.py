@@ -205,6 +205,18 @@ def test_flops_count_frozen_weights_without_their_gradient():
     assert 0.6 * full < training_flops_per_token(model, 16) < 0.7 * full  # ~4/6 of full fine-tuning's
 
 
+def test_flops_count_no_embedding_lookups_however_they_train():
+    """Trained embeddings of an untied model are lookups, not matmuls: they add nothing (they made a LoRA run with
+    train_embeddings count more FLOPs than full fine-tuning); its untied head, trained, counts 6 per entry."""
+    config = GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=16, vocab_size=1000, tie_embeddings=False)
+    full = GPT(config).flops_per_token(16)
+    frozen = lora_model(GPT(config), config, LoRAConfig(rank=1, targets=["q"]))
+    embeddings = lora_model(GPT(config), config, LoRAConfig(rank=1, targets=["q"], train_embeddings=True))
+    head = embeddings.lm_head.weight.numel()
+    assert training_flops_per_token(embeddings, 16) - training_flops_per_token(frozen, 16) == 2 * head
+    assert training_flops_per_token(embeddings, 16) < full
+
+
 def test_the_fingerprint_names_the_weights_and_the_shape_not_the_attention_path():
     base = base_model()
     print_ = fingerprint(base)
