@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from minigpt.core.compiled import Compile, decoding
+from minigpt.core.config import is_number, is_whole
 from minigpt.core.errors import UnknownCharactersError, UserError
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import Tokenizer
@@ -56,15 +57,15 @@ class Sampling:
             raise UserError(problem)
 
     def problems(self) -> Iterator[str]:
-        if not self.temperature >= 0:  # also catches NaN
-            yield f"temperature must be >= 0 (0 = greedy), got {self.temperature}"
-        if self.top_k is not None and self.top_k < 1:
-            yield f"top_k must be >= 1 (or none for no top-k filtering), got {self.top_k}"
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            yield f"top_p must be in (0, 1] (1 = no nucleus filtering), got {self.top_p}"
-        if self.max_new_tokens < 0:
-            yield f"max_new_tokens must be >= 0, got {self.max_new_tokens}"
-        if self.max_new_tokens > MAX_NEW_TOKENS:
+        if not (is_number(self.temperature) and self.temperature >= 0):  # also catches NaN
+            yield f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}"
+        if self.top_k is not None and not (is_whole(self.top_k) and self.top_k >= 1):
+            yield f"top_k must be a whole number >= 1 (or none for no top-k filtering), got {self.top_k!r}"
+        if self.top_p is not None and not (is_number(self.top_p) and 0.0 < self.top_p <= 1.0):
+            yield f"top_p must be in (0, 1] (1 = no nucleus filtering), got {self.top_p!r}"
+        if not (is_whole(self.max_new_tokens) and self.max_new_tokens >= 0):
+            yield f"max_new_tokens must be a whole number >= 0, got {self.max_new_tokens!r}"
+        elif self.max_new_tokens > MAX_NEW_TOKENS:
             yield f"max_new_tokens must be <= {MAX_NEW_TOKENS:,}, got {self.max_new_tokens:,}; generate in parts"
 
 
@@ -162,8 +163,12 @@ def generate(
     AutoCompiledStep; a note when it declines); elsewhere as True.
     """
     Sampling(temperature, top_k, top_p, max_new_tokens)  # the library's edge: a bad setting is one UserError
-    if idx.dim() != 2 or idx.size(1) < 1:
+    if idx.dim() != 2 or idx.size(0) < 1 or idx.size(1) < 1:
         raise ValueError(f"idx must be (batch, tokens) with at least one token, got shape {tuple(idx.shape)}")
+    if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
+        raise ValueError(f"idx must hold token ids (an integer tensor), got {idx.dtype}")
+    if vocab_size is not None and not (is_whole(vocab_size) and vocab_size >= 1):
+        raise ValueError(f"vocab_size must be a whole number >= 1 (or None: every id), got {vocab_size!r}")
     if (low := int(idx.min())) < 0 or (high := int(idx.max())) >= model.config.vocab_size:  # once, at the edge
         raise UserError(
             f"token id {low if low < 0 else high} is outside the model's vocabulary (0 to "

@@ -31,9 +31,9 @@ class NonFiniteLossError(UserError):
 
 
 def host_read_is_free(device: torch.device) -> bool:
-    """Whether reading a value of `device` on the host costs nothing: on a CPU it does not; on a GPU it makes the
-    host wait for every queued kernel."""
-    return device.type != "cuda"
+    """Whether reading a value of `device` on the host costs nothing: on a CPU it does not; on a GPU (CUDA, Apple's
+    MPS) it makes the host wait for every queued kernel."""
+    return device.type == "cpu"
 
 
 class GPTLightningModule(L.LightningModule):
