@@ -153,6 +153,33 @@ def test_top_k_keeps_exactly_k_even_with_ties():
         Sampling(top_k=0)  # the settings are checked where they are declared; filter_logits trusts them
 
 
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(top_k=2.5), "top_k must be a whole number >= 1"),
+        (dict(max_new_tokens=2.0), "max_new_tokens must be a whole number >= 0, got 2.0"),
+        (dict(temperature="0.7"), "temperature must be a number >= 0"),
+    ],
+)
+def test_sampling_settings_of_the_wrong_type_are_one_user_error(kwargs, match):
+    """A number given as text or a fraction where a count belongs (was a TypeError from inside torch.topk/empty)."""
+    with pytest.raises(UserError, match=match):
+        generate(varied_gpt("gpt", 4, vocab_size=64), torch.tensor([[1, 2]]), **{"max_new_tokens": 3, **kwargs})
+
+
+@pytest.mark.parametrize(
+    "idx,kwargs,match",
+    [
+        (torch.tensor([[1.0, 2.0]]), {}, "idx must hold token ids"),
+        (torch.zeros(0, 3, dtype=torch.long), {}, r"got shape \(0, 3\)"),
+        (torch.tensor([[1, 2]]), dict(vocab_size=0), "vocab_size must be a whole number >= 1"),
+    ],
+)
+def test_a_prompt_that_is_not_token_ids_is_a_clear_error(idx, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        generate(varied_gpt("gpt", 4, vocab_size=64), idx, 3, **kwargs)
+
+
 def test_token_ids_outside_the_vocabulary_are_one_user_error():
     """What a prompt encoded with another tokenizer gives: one line naming the id and the fix, not torch's
     IndexError from the embedding (or, for a negative id, another token read silently)."""

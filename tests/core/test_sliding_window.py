@@ -192,6 +192,8 @@ def test_a_ring_goes_on_only_where_it_holds_what_the_next_query_needs():
         assert [cache[0].resumable(p) for p in (0, 10, 18, 19, 20, 21)] == [True, False, False, True, True, False]
         with pytest.raises(ValueError, match="has dropped the positions a query at 10 needs; start again from"):
             model(idx[:, 10:12], kv_cache=cache, input_pos=10)
+        with pytest.raises(ValueError, match="has dropped the positions a query at 10 needs"):  # one token too
+            model(idx[:, 10:11], kv_cache=cache, input_pos=10)
         # going on from 19 (the last token again) and starting over from 0 both give the full forward's logits
         full = model(idx)[0]
         assert close(model(idx[:, 19:25], kv_cache=cache, input_pos=19)[0], full[:, 19:25])
