@@ -83,11 +83,13 @@ def misplaced_setting(
 
 def invoked_as(prog: str | None) -> str | None:
     """A command's name as the user ran it, for its usage line and errors: `minigpt train` through the console
-    script (minigpt.cli.main), else as given (`train.py`)."""
+    script (minigpt.cli.main; also `python3 -m minigpt`, `minigpt help train`), else as given (`train.py`)."""
     command = (prog or "").removesuffix(".py")
     runner = sys.argv[0] if sys.argv else ""
-    via_main = Path(runner).name in ("minigpt", "minigpt.exe") or runner.endswith(str(Path("minigpt/cli/main.py")))
-    return f"minigpt {command}" if prog and prog.endswith(".py") and via_main and sys.argv[1:2] == [command] else prog
+    mains = (str(Path("minigpt/cli/main.py")), str(Path("minigpt/__main__.py")))
+    via_main = Path(runner).name in ("minigpt", "minigpt.exe") or runner.endswith(mains)
+    named = sys.argv[1:2] == [command] or sys.argv[1:3] == ["help", command]
+    return f"minigpt {command}" if prog and prog.endswith(".py") and via_main and named else prog
 
 
 class OneLineErrors:

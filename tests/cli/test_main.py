@@ -74,8 +74,12 @@ def test_help_command_is_the_commands_help(capsys):
 
 
 def test_python_dash_m_minigpt_is_the_console_script():
+    """`python3 -m minigpt` runs the console script, and its commands name themselves as it does."""
     done = subprocess.run([sys.executable, "-m", "minigpt", "--version"], capture_output=True, text=True, check=False)
     assert (done.returncode, done.stdout.strip()) == (0, f"minigpt {PYPROJECT['project']['version']}"), done.stderr
+    for argv in (["sample", "--attention", "flash"], ["help", "sample"]):
+        done = subprocess.run([sys.executable, "-m", "minigpt", *argv], capture_output=True, text=True, check=False)
+        assert "minigpt sample" in done.stdout + done.stderr and "sample.py" not in done.stdout + done.stderr, argv
 
 
 @pytest.mark.parametrize("command", ["sample", "eval", "export", "attention"])
