@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-import torch
 from jsonargparse import ActionYesNo, Namespace
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch import Trainer
@@ -37,7 +35,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException, SI
 
 from minigpt.cli.errors import fail
 from minigpt.cli.parsing import OneLineErrors, flag_values, literal_choices, misplaced_setting, read_field_docs
-from minigpt.cli.train_flags import unread_flag
+from minigpt.cli.train_flags import note_unread_flags
 from minigpt.configs import default_config
 from minigpt.core.checkpoint import check_resumable
 from minigpt.core.config import GPTConfig
@@ -55,7 +53,7 @@ from minigpt.training.finetune_lora import check_finetune_resumable, load_base, 
 from minigpt.training.grpo import GRPOConfig, check_grpo_resumable
 from minigpt.training.init_from import init_from_source, load_init_weights, read_last
 from minigpt.training.lightning_module import GPTLightningModule
-from minigpt.training.objectives import full_split_loss, objective, objective_problem, split_report
+from minigpt.training.objectives import objective, objective_problem
 from minigpt.training.optim import OptimConfig
 from minigpt.training.run_dir import (
     SIGNALS,
@@ -73,8 +71,8 @@ from minigpt.training.trainer import (
     EarlyStoppingConfig,
     MiniGPTTrainer,
     RunConfigFile,
-    best_split_report,
     end_of_run,
+    full_split_end,
     run_callbacks,
 )
 
@@ -264,8 +262,9 @@ class MiniGPTCLI(LightningCLI):
             parser.error("--resume continues the run in out_dir and --overwrite starts it over; pass only one of them")
         if not self.config.get("init_from"):  # refused before the data is prepared (a fine-tune's is its source's)
             GPTConfig(**{**self.config["model"].as_dict(), "vocab_size": 1})  # the data's, linked at instantiation
-        if problem := objective_problem(self.config) or unread_flag(given, self.config):
-            parser.error(problem)  # DPO's and GRPO's settings that cannot work together; a flag nothing reads
+        if problem := objective_problem(self.config):  # DPO's and GRPO's settings that cannot work together
+            parser.error(problem)
+        note_unread_flags(given, self.config)
         # init_from needs to know which settings the user gave, not their defaults: the keys of the --config files
         # and of the flags (one parse: the files' keys were noted as jsonargparse read them)
         self.given = parser.file_keys | {key for key, _ in flag_values(given)}
@@ -430,17 +429,8 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
             f"stopped by {stopped_by[0]} at step {trainer.global_step}; saved {last}; continue the run with --resume",
             code=128 + SIGNALS[stopped_by[0]],
         )
-    if cli.config["eval_full"] and trainer.world_size == 1:
-        start = time.perf_counter()
-        # on the training device: Lightning's teardown has moved the model to the CPU (on an H200 the full split
-        # took 5.8 s there)
-        cli.model.to(trainer.strategy.root_device)
-        nats, n, unit, per_text, found = full_split_loss(cli.model, cli.datamodule)
-        trainer.callback_metrics.update({f"full_val_{k}": torch.tensor(v) for k, v in found.items()})
-        trainer.callback_metrics["full_val_loss"] = torch.tensor(nats / n)
-        print(f"full val loss {split_report(nats, n, unit, per_text, start)}")
-        if report := best_split_report(trainer, last, cli.model, cli.datamodule):  # it overfit, or stopped early
-            print(report)
+    if cli.config["eval_full"]:
+        full_split_end(trainer, cli.model, cli.datamodule, last)
     timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
     remaining = timer.time_remaining() if timer is not None else None  # None: no max_time
     budget_ended = remaining is not None and remaining <= 0 and not 0 < trainer.max_steps <= trainer.global_step

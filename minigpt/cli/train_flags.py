@@ -1,11 +1,15 @@
-"""train.py's settings that are read only beside another one: a flag typed for one while the other is off would
-change nothing, so it is refused, naming what reads it.  A --config file's are not refused: a recipe may hold a
-setting for when it is switched on (the GPU recipe's compile_mode, run with --compile false for a comparison)."""
+"""train.py's settings that are read only beside another one: a flag typed for one while the other is off changes
+nothing, and one `note:` line says so.  Not refused: a sweep may toggle the switch (--finetune, --compile) and keep
+the flags it reads.  A --config file's settings are not noted: a recipe may hold one for when it is switched on
+(the GPU recipe's compile_mode, run with --compile false for a comparison)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+from lightning.pytorch.utilities import rank_zero_only
 
 from minigpt.cli.parsing import flag_values
 
@@ -23,10 +27,15 @@ READ_ONLY_WITH: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def unread_flag(args: Sequence[str], config: Any) -> str | None:
-    """The refusal of the first flag in `args` that `config` (the parsed settings) would not read, or None."""
+def unread_flags(args: Sequence[str], config: Any) -> Iterator[str]:
+    """What is said of each flag in `args` that `config` (the parsed settings) does not read."""
     for key, _ in flag_values(args):
         for name, (reads, needs) in READ_ONLY_WITH.items():
             if (key == name or (name.endswith(".") and key.startswith(name))) and not reads(config):
-                return f"--{key} is read only with {needs}; add {needs}, or drop --{key}"
-    return None
+                yield f"--{key} is read only with {needs}: it does nothing in this run"
+
+
+@rank_zero_only
+def note_unread_flags(args: Sequence[str], config: Any) -> None:
+    for note in dict.fromkeys(unread_flags(args, config)):  # a flag given twice: said once
+        print(f"note: {note}", file=sys.stderr, flush=True)

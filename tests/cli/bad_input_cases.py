@@ -262,12 +262,6 @@ CASES: list[Case] = [
         "-0.1",
         expect=["early_stopping.min_delta: must be >= 0, got -0.1"],
     ),
-    train(
-        "a setting read only beside another, without it",
-        "--compile_mode",
-        "reduce-overhead",
-        expect=["--compile_mode is read only with --compile; add --compile, or drop --compile_mode"],
-    ),
     train("batch_size 0", "--data.batch_size", "0", expect=["data.batch_size: must be >= 1"]),
     train("val_batches 0", "--data.val_batches", "0", expect=["data.val_batches: must be >= 1"]),
     train("val_batch_size 0", "--data.val_batch_size", "0", expect=["data.val_batch_size: must be >= 1"]),
