@@ -374,7 +374,9 @@ def training_flops_per_token(model: GPT, seq_len: int) -> int:
     matmuls = [m for m in model.modules() if isinstance(m, (nn.Linear, LoRALinear, GrownHead))]
     weights = {id(m.weight): m.weight for m in matmuls}  # a tied head's weight is the embedding's: counted once
     weights |= {id(m.new_rows): m.new_rows for m in matmuls if isinstance(m, GrownHead)}
-    weights |= {id(p): p for m in matmuls if isinstance(m, LoRALinear) for p in (*m.lora_A.values(), *m.lora_B.values())}
+    weights |= {
+        id(p): p for m in matmuls if isinstance(m, LoRALinear) for p in (*m.lora_A.values(), *m.lora_B.values())
+    }
     flops = sum((6 if w.requires_grad else 4) * w.numel() for w in weights.values())
     return flops + attention_flops_per_token(cfg, seq_len or cfg.block_size)
 

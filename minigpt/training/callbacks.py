@@ -25,7 +25,7 @@ from minigpt.training.model_graphs import TrainingGraphs, record_training_graphs
 from minigpt.training.sft import split_batch
 
 
-def seconds_since_launch() -> float:
+def process_age() -> float:
     """Seconds since this process started: from /proc on Linux (the kernel's start time of the process, so the
     interpreter's own start counts), else since minigpt was first imported."""
     try:
@@ -34,6 +34,15 @@ def seconds_since_launch() -> float:
         return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return time.perf_counter() - core.IMPORTED_AT
+
+
+# the launch, on perf_counter's clock, taken at import: a process forked later (ddp_fork) keeps its launcher's
+LAUNCHED_AT = time.perf_counter() - process_age()
+
+
+def seconds_since_launch() -> float:
+    """Seconds since the command was launched (its process started)."""
+    return time.perf_counter() - LAUNCHED_AT
 
 
 class StartupTimes(Callback):
@@ -80,15 +89,29 @@ class TrainingThroughput(Callback):
     def __init__(self, window_size: int = 2) -> None:
         self.window_size = window_size
         self.throughput: Throughput | None = None
+        self.restored: dict[str, float] = {}  # a resumed run's totals so far: its curves go on from them
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         precision = str(trainer.precision)
         dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if "16" in precision else torch.float32
         peak = get_available_flops(trainer.strategy.root_device, dtype)
         self.throughput = Throughput(available_flops=peak, world_size=trainer.world_size, window_size=self.window_size)
-        self.batches = self.samples = self.tokens = self.logged_batches = 0
+        self.batches, self.samples, self.tokens = (
+            int(self.restored.get(k, 0)) for k in ("batches", "samples", "tokens")
+        )
+        self.logged_batches = self.batches
         self.logged_step = trainer.global_step  # a resumed run's first logged step is after it
-        self.start, self.paused = time.perf_counter(), 0.0
+        self.start, self.paused = time.perf_counter() - self.restored.get("time", 0.0), 0.0
+
+    def state_dict(self) -> dict[str, float]:
+        """The totals (this rank's, as Lightning's Throughput counts them), saved in the checkpoint."""
+        if self.throughput is None:
+            return dict(self.restored)
+        elapsed = time.perf_counter() - self.start - self.paused
+        return {"batches": self.batches, "samples": self.samples, "tokens": self.tokens, "time": elapsed}
+
+    def load_state_dict(self, state_dict: dict[str, float]) -> None:
+        self.restored = dict(state_dict)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         batch = batch[0] if isinstance(batch, (tuple, list)) else batch  # DPO: (rows, pair indices)

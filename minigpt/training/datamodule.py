@@ -244,20 +244,22 @@ class TokenDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         hp, data = self.hparams, self._load()
-        rank, _ = self._world()
+        rank, world = self._world()
         accumulate = self.trainer.accumulate_grad_batches if self.trainer is not None else 1
-        # an "epoch" is about one pass over the training tokens, a whole number of optimizer steps
+        # an "epoch" is about one pass over the training tokens, a whole number of optimizer steps (every rank's
+        # batches make a step)
+        per_step = hp.batch_size * accumulate * world
         if hp.format == "chat":  # an epoch is about one pass over the conversations
-            steps = max(1, len(data.train) // (hp.batch_size * accumulate))
+            steps = max(1, len(data.train) // per_step)
             windows = RandomConversations(data.train, hp.batch_size, hp.seed, stream=rank, length=1 << 62)
         elif hp.format == "preference":  # an epoch is about one pass over the pairs
-            steps = max(1, len(data.train) // (hp.batch_size * accumulate))
+            steps = max(1, len(data.train) // per_step)
             windows = RandomPairs(data.train, hp.batch_size, hp.seed, stream=rank, length=1 << 62)
         elif hp.format == "prompts":  # an epoch is about one pass over the prompts
-            steps = max(1, len(data.train) // (hp.batch_size * accumulate))
+            steps = max(1, len(data.train) // per_step)
             windows = RandomPrompts(data.train, hp.batch_size, hp.seed, stream=rank, length=1 << 62)
         else:
-            steps = max(1, len(data.train) // (hp.batch_size * hp.block_size * accumulate))
+            steps = max(1, len(data.train) // (per_step * hp.block_size))
             windows = RandomWindows(data.train, hp.block_size, hp.batch_size, hp.seed, stream=rank, length=1 << 62)
         length = steps * accumulate
         start = (lambda: self.trainer.global_step * accumulate) if self.trainer is not None else (lambda: 0)

@@ -363,7 +363,7 @@ class DPOLightningModule(GPTLightningModule):
     def on_validation_epoch_end(self) -> None:
         if not self._val_losses:
             return
-        self.log("val_loss", torch.stack(self._val_losses).mean(), prog_bar=True, sync_dist=True)
+        self.log("val_loss", self.mean_over_ranks(torch.stack(self._val_losses)), prog_bar=True, sync_dist=True)
         for name, value in self.pop_metrics().items():
             self.log(f"val_{name}", value, sync_dist=True)
         self._val_losses.clear()

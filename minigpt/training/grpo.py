@@ -234,7 +234,7 @@ class GRPOLightningModule(GPTLightningModule):
     def on_validation_epoch_end(self) -> None:
         if not self._val:
             return
-        found = {k: torch.cat([v[k] for v in self._val]).mean() for k in self._val[0]}
+        found = {k: self.mean_over_ranks(torch.cat([v[k] for v in self._val])) for k in self._val[0]}
         self._val.clear()
         # val_loss (what best.ckpt and early stopping watch): the share of wrong held-out samples
         self.log("val_loss", 1.0 - found["pass@1"], prog_bar=True, sync_dist=True)

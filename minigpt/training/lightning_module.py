@@ -137,10 +137,17 @@ class GPTLightningModule(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         if not self._val_losses:
             return
-        val_loss = torch.stack(self._val_losses).mean()
+        val_loss = self.mean_over_ranks(torch.stack(self._val_losses))
         self._val_losses.clear()
         self.log("val_loss", val_loss, prog_bar=True, sync_dist=True)
         self.log("val_ppl", torch.exp(val_loss), sync_dist=True)
+
+    def mean_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
+        """The mean of `values` (1-D) and every other rank's: each value weighs alike however the ranks split them
+        (a mean of the ranks' means, sync_dist's, weighs the values of a rank that ran fewer batches more)."""
+        sums = torch.stack((values.sum(), values.new_tensor(float(values.numel()))))
+        sums = self.trainer.strategy.reduce(sums, reduce_op="sum")
+        return sums[0] / sums[1]
 
     # train_loss and grad_norm are logged only on the steps Lightning writes to the loggers: every
     # log_every_n_steps, and the step where the run stops early (max_time).  The curves and progress bar are
@@ -163,7 +170,7 @@ class GPTLightningModule(L.LightningModule):
         if every > 0 and (self.global_step % every == 0 or self.trainer.should_stop):
             if "grad_norm" not in logs:  # a stop off the grid: clipping's measure, or the gradients as they are
                 logs["grad_norm"] = self._clip_norm if self._clip_norm is not None else self._total_grad_norm()
-            self.log("train_loss", logs.pop("train_loss"), prog_bar=True)
+            self.log("train_loss", logs.pop("train_loss"), prog_bar=True, sync_dist=True)  # every rank's batches
             for name, value in logs.items():  # grad_norm, and batch_loss's metrics under their own names
                 self.log(name, value)
 

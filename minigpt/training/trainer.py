@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
+import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import (
     Callback,
@@ -35,7 +37,7 @@ from minigpt.training.callbacks import (
     TextSamples,
     TrainingThroughput,
 )
-from minigpt.training.objectives import checkpoint_split_loss
+from minigpt.training.objectives import checkpoint_split_loss, full_split_loss, split_report
 
 PROGRESS_REFRESH = 10
 
@@ -298,6 +300,25 @@ def best_split_report(trainer: Trainer, last: Path, module: L.LightningModule, d
     if not (best := best_checkpoint(trainer, last)) or best[1] == trainer.global_step:
         return None
     return f"full val loss of {best[0].name} (step {best[1]}): {checkpoint_split_loss(module, data, best[0])}"
+
+
+def full_split_end(trainer: Trainer, module: L.LightningModule, data: Any, last: Path) -> None:
+    """train.py's full-split lines (eval_full): the final weights' loss over the whole validation split, and the best
+    checkpoint's where that is another.  In one process only: under several, each holds a share of the split."""
+    if trainer.world_size > 1:
+        if trainer.is_global_zero:
+            print(f"full val loss: not computed ({trainer.world_size} processes; it runs in one: eval.py --ckpt)")
+        return
+    start = time.perf_counter()
+    # on the training device: Lightning's teardown has moved the model to the CPU (on an H200 the full split took
+    # 5.8 s there)
+    module.to(trainer.strategy.root_device)
+    nats, n, unit, per_text, found = full_split_loss(module, data)
+    trainer.callback_metrics.update({f"full_val_{k}": torch.tensor(v) for k, v in found.items()})
+    trainer.callback_metrics["full_val_loss"] = torch.tensor(nats / n)
+    print(f"full val loss {split_report(nats, n, unit, per_text, start)}")
+    if report := best_split_report(trainer, last, module, data):  # it overfit, or stopped early
+        print(report)
 
 
 def end_of_run(trainer: Trainer, last: Path) -> None:

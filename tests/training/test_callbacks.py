@@ -211,6 +211,21 @@ def test_throughput_is_logged_at_the_logged_steps_with_the_tokens_trained(tiny_r
     assert [e.step for e in events.Scalars("train/batches")] == [3, 6, 9, 12]
 
 
+def test_the_throughput_totals_go_on_after_a_resume(tiny_run_args, corpus, data_root, tmp_path):
+    """train/lengths, samples, batches and time count from the run's start, not from the resume (they fell to 0)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    args = ["--trainer.log_every_n_steps", "3", "--checkpoint_every", "6"]
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=6) + args)
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=12) + args + ["--resume", "true"])
+    events = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0}).Reload()
+    for tag in ("train/lengths", "train/samples", "train/batches", "train/time"):
+        values = [e.value for e in sorted(events.Scalars(tag), key=lambda e: e.wall_time)]
+        assert values == sorted(values) and len(values) >= 4, (tag, values)
+    batches = {e.step: e.value for e in events.Scalars("train/batches")}
+    assert batches[max(batches)] == 12
+
+
 def test_the_start_up_report_names_each_part_and_adds_up(tiny_run_args, corpus, data_root, tmp_path):
     from minigpt.training.callbacks import StartupTimes
 

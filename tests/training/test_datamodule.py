@@ -72,3 +72,20 @@ def test_validation_windows_depend_on_the_seed_and_stay_apart_from_training(corp
     assert val[0][:, 0].tolist() != RandomWindows(tokens, 8, 4, seed=1337, stream=0, length=1)[0][:, 0].tolist()
     with pytest.raises(IndexError):
         val[3]
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_an_epoch_is_one_pass_over_the_tokens_whatever_the_ranks(corpus, data_root, world_size):
+    """Every rank's batches make one optimizer step: under DDP an epoch has 1/world_size of the steps (each rank
+    took the one-process count, and an epoch was world_size passes)."""
+    import types
+
+    one = datamodule(corpus, data_root)
+    several = datamodule(corpus, data_root)
+    trainer = dict(global_rank=0, accumulate_grad_batches=1, global_step=0, strategy=None)
+    one.trainer = types.SimpleNamespace(world_size=1, **trainer)
+    several.trainer = types.SimpleNamespace(world_size=world_size, **trainer)
+    one._on_cuda = several._on_cuda = lambda: False
+    steps = len(one.train_dataloader())
+    assert steps >= 2 * world_size  # the corpus is big enough for the count to say something
+    assert len(several.train_dataloader()) == steps // world_size
