@@ -419,10 +419,9 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
     if trainer.is_global_zero:
         end_of_run(trainer, last)
     if stopped_by[:1] == ["SIGINT"]:  # Ctrl-C: a stop the user asked for, not an error
-        print(
-            f"stopped by SIGINT (Ctrl-C) at step {trainer.global_step}; saved {last}; continue the run with --resume",
-            file=sys.stderr,
-        )
+        stop = f"stopped by SIGINT (Ctrl-C) at step {trainer.global_step}; saved {last}; continue the run with --resume"
+        if trainer.is_global_zero:  # a terminal's Ctrl-C reaches every rank
+            print(stop, file=sys.stderr)
         raise SystemExit(128 + SIGNALS["SIGINT"])
     if stopped_by:  # from outside (a scheduler's SIGTERM): the run did not end as configured
         fail(

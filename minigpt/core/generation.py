@@ -57,14 +57,23 @@ class Sampling:
             raise UserError(problem)
 
     def problems(self) -> Iterator[str]:
-        if not (is_number(self.temperature) and self.temperature >= 0):  # also catches NaN
-            yield f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}"
-        if self.top_k is not None and not (is_whole(self.top_k) and self.top_k >= 1):
-            yield f"top_k must be a whole number >= 1 (or none for no top-k filtering), got {self.top_k!r}"
-        if self.top_p is not None and not (is_number(self.top_p) and 0.0 < self.top_p <= 1.0):
-            yield f"top_p must be in (0, 1] (1 = no nucleus filtering), got {self.top_p!r}"
-        if not (is_whole(self.max_new_tokens) and self.max_new_tokens >= 0):
-            yield f"max_new_tokens must be a whole number >= 0, got {self.max_new_tokens!r}"
+        # the types first (an API call may pass "0.7" or 2.5), then the ranges; top_k and top_p may be unset
+        for name, of_type in (("temperature", is_number), ("top_k", is_whole), ("top_p", is_number)):
+            value = getattr(self, name)
+            if not of_type(value) and not (value is None and name != "temperature"):
+                yield f"{name} must be a {'whole number' if of_type is is_whole else 'number'}, got {value!r}"
+                return
+        if not is_whole(self.max_new_tokens):
+            yield f"max_new_tokens must be a whole number, got {self.max_new_tokens!r}"
+            return
+        if not self.temperature >= 0:  # also catches NaN
+            yield f"temperature must be >= 0 (0 = greedy), got {self.temperature}"
+        if self.top_k is not None and self.top_k < 1:
+            yield f"top_k must be >= 1 (or none for no top-k filtering), got {self.top_k}"
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            yield f"top_p must be in (0, 1] (1 = no nucleus filtering), got {self.top_p}"
+        if self.max_new_tokens < 0:
+            yield f"max_new_tokens must be >= 0, got {self.max_new_tokens}"
         elif self.max_new_tokens > MAX_NEW_TOKENS:
             yield f"max_new_tokens must be <= {MAX_NEW_TOKENS:,}, got {self.max_new_tokens:,}; generate in parts"
 

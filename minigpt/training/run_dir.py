@@ -159,11 +159,12 @@ def stop_on_signals(trainer: Trainer) -> Iterator[list[str]]:
         if len(received) > 1:
             raise KeyboardInterrupt
         trainer.should_stop = True
-        print(
-            "\nstopping after this step and saving a checkpoint (Ctrl-C again to stop at once)",
-            file=sys.stderr,
-            flush=True,
-        )
+        if trainer.is_global_zero:  # a terminal's Ctrl-C reaches every rank: said once
+            print(
+                "\nstopping after this step and saving a checkpoint (Ctrl-C again to stop at once)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
