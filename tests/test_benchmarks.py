@@ -37,7 +37,7 @@ QUICK = [
     # the GPU measurement (eager, compiled, transformers, the serve engine), tiny and on the CPU
     pytest.param("bench_decode", ["--single_stream", "--device", "cpu"], marks=SLOW, id="bench_decode-single_stream"),
     pytest.param("bench_attention_lab", ["--device", "cpu", "--repeats", "1"], marks=SLOW),
-    pytest.param("bench_hf", ["--device", "cpu"], marks=SLOW),
+    pytest.param("bench_hf", [], marks=SLOW),  # on the CPU: no --device
     pytest.param("bench_lora", ["--work", "{tmp}"], marks=SLOW),  # about 45 s of CPU: eight train.py children
 ]
 
@@ -108,7 +108,9 @@ def test_time_to_loss_numerics_variants_train_as_each_kind_of_cpu_computes(
     assert all(0 < r["full_val_loss"] < 10 for r in ran.values())
 
 
-def test_time_to_loss_runs_the_config_as_shipped_and_validates_at_its_interval(corpus, data_root, tmp_path, capsys):
+def test_time_to_loss_runs_the_config_as_shipped_and_validates_at_its_interval(
+    corpus, data_root, tmp_path, capsys, monkeypatch
+):
     # the recipe's row is the recipe as a user runs it: the benchmark adds no validations the config does not make
     import yaml
 
@@ -145,7 +147,9 @@ def test_time_to_loss_runs_the_config_as_shipped_and_validates_at_its_interval(c
     ]
     extra = [f"--extra={flag}={value}" for flag, value in zip(tiny[::2], tiny[1::2])]
     out = tmp_path / "ttl.json"
-    time_to_loss.main(["--quick", "--corpus", str(corpus), "--config", str(config_path), "--json", str(out), *extra])
+    monkeypatch.chdir(tmp_path)  # the corpus and the config relative to the user's folder, not the children's
+    paths = ["--corpus", os.path.relpath(corpus), "--config", config_path.name, "--target", "100"]
+    time_to_loss.main(["--quick", *paths, "--json", str(out), *extra])
     result = json.loads(out.read_text())
     assert result["val_every"] == 7 and "validation every 7 steps" in capsys.readouterr().out
     (row,) = result["results"]
@@ -153,6 +157,8 @@ def test_time_to_loss_runs_the_config_as_shipped_and_validates_at_its_interval(c
     assert 0 < row["full_val_loss"] < 10
     # every 7 steps, as the config says (each validation is logged at the step before it)
     assert [step for step, _ in row["curve"]] == [6, 13, 20], row["curve"]
+    # any loss is below a target of 100: reached at the first validation, after 7 of the 21 steps
+    assert row["time_to_target_s"] == round(7 * row["train_s"] / 21, 1)
 
 
 @SLOW  # ~80 s: a copy of the site folders as links, then three launches that compile train.py's imports
@@ -312,3 +318,85 @@ def test_gpu_session_skips_each_step_that_its_budget_cannot_hold(tmp_path):
         assert f"== {half} done" in digest
         with tarfile.open(out / f"{half}.tgz") as packed:
             assert packed.getnames() == [half]
+
+
+def test_bench_train_builds_each_shape_with_a_schedule_optim_config_accepts():
+    """The shapes without an optim section (nanogpt, default) keep OptimConfig's 100 warmup steps: the decay ends
+    after the run's steps past that warmup (it ended at step 26, before the warmup's end, and OptimConfig refused
+    it, until 2026-11-29)."""
+    from benchmarks import bench_train
+    from minigpt.training.optim import OptimConfig
+
+    for name in ("nanogpt", "default", "finetune"):
+        shape = bench_train.make_shape(name, quick=False)
+        optim = bench_train.optim_config(shape, 5 + 20 + 1)  # the default warm-up and steps
+        assert optim.decay_steps == optim.warmup_steps + 26 and OptimConfig(**vars(optim)) == optim
+        module = bench_train.make_module(bench_train.make_shape(name, quick=True), False, 26, torch.device("cpu"))
+        assert module.optim.decay_steps > module.optim.warmup_steps
+
+
+@pytest.mark.parametrize(
+    "script, flags",
+    [
+        ("bench_attention", ["--seq_lens", "0"]),
+        ("bench_attention", ["--n_head", "0"]),
+        ("bench_attention", ["--repeats", "0"]),
+        ("bench_attention", ["--device", "foo"]),
+        ("bench_long_context", ["--blocks", "1"]),
+        ("bench_long_context", ["--block_sizes", "1"]),
+        ("bench_long_context", ["--chat_block_size", "16"]),
+        ("bench_prepare", ["--corpus", "/nonexistent"]),
+        ("bench_prepare", ["--mb", "0"]),
+        ("bench_prepare", ["--mb", "-1"]),
+        ("tokens_per_char", ["--text", "foo"]),
+        ("bench_engine", ["--repeat", "0"]),
+        ("bench_serve", ["--clients", "0"]),
+        ("bench_startup", ["--repeats", "0"]),
+        ("bench_hf", ["--repeats", "0"]),
+        ("bench_hf", ["--device", "cpu"]),  # it runs on the CPU: no --device to ignore
+        ("bench_lora", ["--steps", "3"]),  # s/step is the median period after the first two steps
+    ],
+)
+def test_a_benchmarks_bad_argument_is_one_error_line(script, flags, capsys):
+    module = importlib.import_module(f"benchmarks.{script}")
+    with pytest.raises(SystemExit) as exit:
+        module.main(flags)
+    assert exit.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert line.startswith(f"{os.path.basename(sys.argv[0])}: error: "), line
+
+
+def test_each_benchmarks_help_describes_it_in_whole_sentences(capsys):
+    for script in ("bench_gguf", "bench_long_context", "bench_serve", "bench_engine"):
+        module = importlib.import_module(f"benchmarks.{script}")
+        with pytest.raises(SystemExit):
+            module.main(["--help"])
+        description = capsys.readouterr().out.split("\n\n")[1]
+        assert description.rstrip().endswith("."), description
+
+
+def test_bench_gpu_kills_a_silent_child_at_its_timeout():
+    """A hung child that prints nothing is killed at the timeout too (it was only checked at each line)."""
+    import time
+
+    from benchmarks.bench_gpu import run_timed
+
+    started = time.perf_counter()
+    code = "print('started', flush=True); import time; time.sleep(120)"
+    lines, rc = run_timed([sys.executable, "-c", code], REPO, dict(os.environ), timeout=2)
+    assert rc != 0 and [line for _, line in lines] == ["started"] and time.perf_counter() - started < 60
+
+
+def test_offline_wheels_fetches_nothing_when_nothing_is_missing(tmp_path, monkeypatch, capsys):
+    import benchmarks.offline_wheels as offline_wheels
+
+    everything = offline_wheels.closure("minigpt", {"serve"}, "3.12")
+    (tmp_path / "theirs.txt").write_text("\n".join(everything))
+    monkeypatch.setattr(offline_wheels.subprocess, "run", lambda *a, **k: pytest.fail("pip ran"))
+    monkeypatch.setattr(sys, "argv", ["offline_wheels.py", "--have", str(tmp_path / "theirs.txt"), "--dest", "w"])
+    offline_wheels.main()
+    assert capsys.readouterr().out.startswith("nothing to fetch")
+    monkeypatch.setattr(sys, "argv", ["offline_wheels.py", "--have", str(tmp_path / "none.txt"), "--dest", "w"])
+    with pytest.raises(SystemExit) as exit:
+        offline_wheels.main()
+    assert exit.value.code == 2 and "error: --have" in capsys.readouterr().err

@@ -54,6 +54,7 @@ class GPTLightningModule(L.LightningModule):
         self.lora = lora  # a LoRA run's checkpoint entry: where its base is
         self.flops_per_batch: int | None = None  # read by TrainingThroughput (callbacks.py) for FLOP/s and MFU
         self._val_losses: list[torch.Tensor] = []
+        self.validated_at: int | None = None  # the step of the last validation (its val_loss is the logged one)
         self._losses: list[torch.Tensor] = []  # this optimizer step's training loss, one per (micro-)batch
         self._batch_metrics: list[dict[str, torch.Tensor]] = []  # batch_loss's other metrics (DPO's), per batch
         self._step_logs: dict[str, torch.Tensor] | None = None  # the optimizer step's train_loss (and grad_norm)
@@ -129,6 +130,8 @@ class GPTLightningModule(L.LightningModule):
 
     def on_validation_end(self) -> None:
         torch.compiler.set_stance("default")
+        if not self.trainer.sanity_checking:
+            self.validated_at = self.global_step  # a SIGTERM stops the run without validating its last step
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         loss = self.batch_loss(batch, "val")

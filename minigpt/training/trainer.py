@@ -328,9 +328,11 @@ def end_of_run(trainer: Trainer, last: Path) -> None:
     shown = f"{val_loss.item():.4f}" if val_loss is not None else "n/a"
     # the last validation's val_batches batches: an estimate (the full split's loss follows)
     data, batches = trainer.datamodule, trainer.datamodule.val_batches_run()[1]
+    at, step = trainer.lightning_module.validated_at, trainer.global_step
+    after = f"after {step} steps" if val_loss is None or at in (None, step) else f"at step {at} (stopped at {step})"
     print(
-        f"estimated val loss {shown} ({batches} batch{'es' * (batches != 1)} of {data.val_batch_size}) after "
-        f"{trainer.global_step} steps; checkpoint: {last}"
+        f"estimated val loss {shown} ({batches} batch{'es' * (batches != 1)} of {data.val_batch_size}) {after}; "
+        f"checkpoint: {last}"
     )
     if best := best_checkpoint(trainer, last):
         path, step, score = best

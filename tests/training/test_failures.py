@@ -313,14 +313,20 @@ def test_sigint_and_sigterm_save_a_checkpoint_at_the_step_and_exit_non_zero(tiny
     procs = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         args = tiny_run_args(
-            corpus, tmp_path / f"data-{sig.name}", tmp_path / sig.name, steps=100000, checkpoint_every=3
+            corpus,
+            tmp_path / f"data-{sig.name}",
+            tmp_path / sig.name,
+            steps=100000,
+            checkpoint_every=3,
+            trainer__val_check_interval=2,
+            eval_full=False,
         )
         procs[sig] = subprocess.Popen(
             [sys.executable, "train.py", *args],
             cwd=REPO,
             env=env,
             text=True,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
     for sig, proc in procs.items():
@@ -331,7 +337,7 @@ def test_sigint_and_sigterm_save_a_checkpoint_at_the_step_and_exit_non_zero(tiny
         assert proc.poll() is None, proc.stderr.read()
         start = time.time()
         proc.send_signal(sig)
-        err = proc.communicate(timeout=60)[1]
+        out, err = proc.communicate(timeout=60)
         assert time.time() - start < 30
         assert proc.returncode == 128 + sig, err
         errors = [line for line in err.splitlines() if line.startswith("error: ")]
@@ -344,6 +350,11 @@ def test_sigint_and_sigterm_save_a_checkpoint_at_the_step_and_exit_non_zero(tiny
         assert "Traceback" not in err
         step = int(stops[0].split(" at step ")[1].split(";")[0])
         assert read_checkpoint(last)["global_step"] == step
+        # the val loss printed is the last validation's, named by its step (SIGTERM does not validate: on an odd
+        # step the last validation was the step before)
+        estimate = next(line for line in out.splitlines() if line.startswith("estimated val loss"))
+        unvalidated = sig == signal.SIGTERM and step % 2
+        assert (f"at step {step - 1} (stopped at {step})" if unvalidated else f"after {step} steps") in estimate, out
         assert f"saved {last};" in stops[0] and "continue the run with --resume" in stops[0]
         assert not {".train.lock", ".train.pid"} & {p.name for p in (tmp_path / sig.name).iterdir()}
 
