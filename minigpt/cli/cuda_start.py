@@ -6,9 +6,9 @@ happens, took 3.1 s of an H200 run's start-up: docs/time_to_loss.md). torch lets
 so a thread can make the context while the main thread goes on importing; starting the driver (cuInit, under
 torch's CUDA init) keeps the GIL, so that part only moves earlier. Only where the device is certain: exactly one
 GPU visible (the one a run on it takes), in a process no launcher started (LOCAL_RANK unset: a rank takes its own
-device); with several GPUs a context made here would be one more on GPU 0. MINIGPT_EARLY_CUDA=0 turns it off: the
-processes a fork-based strategy (ddp_fork, ddp_notebook) forks cannot use a CUDA started before the fork, and a
-run on the CPU of a one-GPU machine needs no context on the GPU.
+device); with several GPUs a context made here would be one more on GPU 0. MINIGPT_EARLY_CUDA=0 turns it off: a
+run on the CPU of a one-GPU machine needs no context on the GPU (train.py refuses the fork-based strategies, whose
+forked processes could not use a CUDA started before the fork).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from minigpt.training.model_graphs import TrainingGraphs, record_training_graphs
 from minigpt.training.sft import split_batch
 
 
-def process_age() -> float:
+def seconds_since_launch() -> float:
     """Seconds since this process started: from /proc on Linux (the kernel's start time of the process, so the
     interpreter's own start counts), else since minigpt was first imported."""
     try:
@@ -34,15 +34,6 @@ def process_age() -> float:
         return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return time.perf_counter() - core.IMPORTED_AT
-
-
-# the launch, on perf_counter's clock, taken at import: a process forked later (ddp_fork) keeps its launcher's
-LAUNCHED_AT = time.perf_counter() - process_age()
-
-
-def seconds_since_launch() -> float:
-    """Seconds since the command was launched (its process started)."""
-    return time.perf_counter() - LAUNCHED_AT
 
 
 class StartupTimes(Callback):

@@ -5,13 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from minigpt.core.checkpoint import read_checkpoint, save_file
 from minigpt.core.errors import CheckpointError
 from minigpt.core.fsutil import write_errors
-from minigpt.core.torch_files import load_torch_file
 
 
 class SafeCheckpointIO(TorchCheckpointIO):
@@ -36,20 +34,4 @@ class SafeCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> dict:
         if (ckpt := self.preloaded.pop(str(path), None)) is not None:
             return ckpt
-        try:
-            return read_checkpoint(path, map_location=map_location or "cpu")
-        except CheckpointError as refused:  # or weights alone: how ddp_spawn/ddp_fork hand rank 0's to the launcher
-            weights = self._weights_alone(Path(path), map_location or "cpu")
-            if weights is None:
-                raise refused from None
-            return weights
-
-    @staticmethod
-    def _weights_alone(path: Path, map_location: Any) -> dict[str, torch.Tensor] | None:
-        """The file's state dict, where it holds one and nothing else (read weights_only), else None."""
-        try:
-            weights = load_torch_file(path, "", "", map_location)
-        except CheckpointError:
-            return None
-        tensors = isinstance(weights, dict) and weights and all(isinstance(v, torch.Tensor) for v in weights.values())
-        return weights if tensors else None
+        return read_checkpoint(path, map_location=map_location or "cpu")
