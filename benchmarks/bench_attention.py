@@ -84,13 +84,15 @@ def scaling(rows: list[dict[str, Any]], seq_lens: list[int]) -> list[dict[str, A
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = common.parser(__doc__, "attention")
-    p.add_argument("--seq_lens", nargs="+", type=int, default=[128, 256, 512, 1024, 2048])
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--n_head", type=int, default=8)
-    p.add_argument("--head_dim", type=int, default=64)
+    p.add_argument("--seq_lens", nargs="+", type=common.positive_int, default=[128, 256, 512, 1024, 2048])
+    p.add_argument("--batch", type=common.positive_int, default=4)
+    p.add_argument("--n_head", type=common.positive_int, default=8)
+    p.add_argument("--head_dim", type=common.positive_int, default=64)
     p.add_argument("--dtype", default="float32", choices=sorted(common.DTYPES))
-    p.add_argument("--repeats", type=int, default=3, help="timed calls per measurement (median reported)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed calls before timing")
+    p.add_argument(
+        "--repeats", type=common.positive_int, default=3, help="timed calls per measurement (median reported)"
+    )
+    p.add_argument("--warmup", type=common.non_negative_int, default=1, help="untimed calls before timing")
     args = p.parse_args(argv)
     if args.quick:
         args.seq_lens, args.batch, args.n_head, args.head_dim, args.repeats = [32, 64], 1, 4, 16, 1

@@ -49,10 +49,12 @@ def train_run(python: list[str], env: dict[str, str], work: Path, name: str) -> 
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = common.parser(__doc__, "bytecode")
-    p.add_argument("--rounds", type=int, default=2, help="20-step runs each way, alternated (default 2)")
+    p = common.parser(__doc__, "bytecode", device=False)  # train.py picks the device
+    p.add_argument(
+        "--rounds", type=common.non_negative_int, default=2, help="20-step runs each way, alternated (default 2)"
+    )
     args = p.parse_args(argv)
-    label = common.start(args)
+    label = common.start(args, common.pick_device())  # where its train.py runs train
     with tempfile.TemporaryDirectory(prefix="bench_bytecode_") as tmp:
         work = Path(tmp)
         made = time.perf_counter()

@@ -32,7 +32,7 @@ from minigpt.core.decode_graphs import DecodeGraphs
 from minigpt.core.model import GPT
 from minigpt.core.quantize import quantize_model
 from minigpt.core.tokenizers import CharTokenizer
-from minigpt.serve.engine import Engine, Request, in_passing
+from minigpt.serve.engine import Engine, Request, Update, in_passing
 
 CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # tinyshakespeare's 65
 SHAPES = {
@@ -66,12 +66,23 @@ def step_ms(engine: Engine, batch: int, prompt_tokens: int, steps: int = 8) -> f
 
 
 def one_request(engine: Engine, prompt: list[int], tokens: int) -> float:
-    """Seconds from submitting a greedy request of `tokens` new tokens to its last update."""
-    done = threading.Event()
+    """Seconds from submitting a greedy request of `tokens` new tokens to its last update; a request that ends
+    without all of them (an error) ends the benchmark with one line."""
+    done, last = threading.Event(), []
+
+    def on_update(update: Update) -> None:
+        if update.finish_reason:
+            last.append(update)
+            done.set()
+
     t0 = time.perf_counter()
-    engine.submit(Request(prompt=prompt, max_tokens=tokens, temperature=0), lambda u: u.finish_reason and done.set())
+    engine.submit(Request(prompt=prompt, max_tokens=tokens, temperature=0), on_update)
     done.wait()
-    return time.perf_counter() - t0
+    seconds, (update,) = time.perf_counter() - t0, last
+    if update.finish_reason == "error" or update.completion_tokens != tokens:
+        why = update.error or f"finish_reason {update.finish_reason}"
+        raise SystemExit(f"error: a request of {tokens} tokens made {update.completion_tokens}: {why}")
+    return seconds
 
 
 def kernels_per_token(engine: Engine, prompt: list[int], tokens: int) -> tuple[float, float]:
@@ -96,7 +107,7 @@ class ProfiledEngine(Engine):
             self.profile.disable()
 
 
-def measure(model: GPT, tokenizer: CharTokenizer, way: str, prompt: list[int], args) -> dict | None:
+def measure(model: GPT, tokenizer: CharTokenizer, way: str, prompt: list[int], tokens: int, args) -> dict | None:
     static, compile = WAYS[way]
     kind = ProfiledEngine if args.cprofile else Engine
     engine = kind(model, tokenizer, max_batch=1, decode_graphs=static, compile=compile)  # one bucket: one compile
@@ -108,10 +119,10 @@ def measure(model: GPT, tokenizer: CharTokenizer, way: str, prompt: list[int], a
     if compile and not engine.compile:  # on a CPU, measured slower than uncompiled at warm-up (a note says so)
         row["way"] += " -> dropped: growing, eager"
     try:
-        one_request(engine, prompt, min(8, args.tokens))  # untimed
-        engine_ms = 1000 * min(one_request(engine, prompt, args.tokens) for _ in range(args.repeat)) / args.tokens
+        one_request(engine, prompt, min(8, tokens))  # untimed
+        engine_ms = 1000 * min(one_request(engine, prompt, tokens) for _ in range(args.repeat)) / tokens
         if engine.device.type == "cuda":
-            row["kernel_ms"], row["kernels"] = kernels_per_token(engine, prompt, args.tokens)
+            row["kernel_ms"], row["kernels"] = kernels_per_token(engine, prompt, tokens)
     finally:
         engine.stop()
     if args.cprofile:  # every request's, the untimed one's included
@@ -129,11 +140,18 @@ def random_model(shape: str, args, device: torch.device) -> GPT:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = common.parser(__doc__.splitlines()[0], "engine")
+    p = common.parser(common.summary(__doc__), "engine")
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--ways", nargs="+", default=list(WAYS), choices=list(WAYS))
-    p.add_argument("--tokens", type=int, default=128, help="new tokens per request (default 128)")
-    p.add_argument("--repeat", type=int, default=3, help="timed requests per way; the fastest counts (default 3)")
+    p.add_argument(
+        "--tokens",
+        type=common.positive_int,
+        default=128,
+        help="new tokens per request (default 128; at most what the block holds after the prompt)",
+    )
+    p.add_argument(
+        "--repeat", type=common.positive_int, default=3, help="timed requests per way; the fastest counts (default 3)"
+    )
     p.add_argument("--int8", action="store_true", help="int8 weights (sample.py/serve --quantize int8's)")
     p.add_argument(
         "--cprofile",
@@ -150,13 +168,17 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     for name in args.shapes:
         model = in_passing(random_model, name, args, device)  # as the server loads it (in_passing)
+        tokens = min(args.tokens, model.config.block_size - len(prompt))  # the engine's limit, as bench_serve's
+        if tokens < args.tokens:
+            print(f"{name}: {tokens} new tokens, all that block_size {model.config.block_size} holds after the prompt")
         for way in args.ways:
-            row = measure(model, tokenizer, way, prompt, args)
+            row = measure(model, tokenizer, way, prompt, tokens, args)
             if row is not None:
-                rows.append(dict(shape=name, **row))
+                rows.append(dict(shape=name, **row, tokens=tokens))
                 common.print_row(rows[-1], COLUMNS)
     weights = "int8" if args.int8 else "float32"
-    title = f"One client, {args.tokens} new tokens after a {len(prompt)}-token prompt, {weights} weights"
+    counts = "/".join(str(n) for n in sorted({r["tokens"] for r in rows})) or args.tokens  # each shape's
+    title = f"One client, {counts} new tokens after a {len(prompt)}-token prompt, {weights} weights"
     common.print_table(rows, COLUMNS, title)
     result = dict(benchmark="engine", machine=label, tokens=args.tokens, prompt_tokens=len(prompt), weights=weights)
     result["results"] = rows

@@ -99,10 +99,17 @@ def minigpt_decode(model: GPT, tokens: int, repeats: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = common.parser(__doc__.splitlines()[0], "gguf")
-    p.add_argument("--tokens", type=int, default=128, help="new tokens per decode run")
-    p.add_argument("--repeats", type=int, default=3, help="runs per measurement (the median is reported)")
-    p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="for both runtimes (default: torch's)")
+    p = common.parser(common.summary(__doc__), "gguf", device=False)  # on the CPU
+    p.add_argument("--tokens", type=common.at_least(2), default=128, help="new tokens per decode run")
+    p.add_argument(
+        "--repeats", type=common.positive_int, default=3, help="runs per measurement (the median is reported)"
+    )
+    p.add_argument(
+        "--threads",
+        type=common.positive_int,
+        default=torch.get_num_threads(),
+        help="for both runtimes (default: torch's)",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     shapes, tokens, repeats = (QUICK, 8, 1) if args.quick else (SHAPES, args.tokens, args.repeats)

@@ -19,6 +19,7 @@ import site
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import get_args
@@ -52,17 +53,21 @@ def machine(device: str) -> tuple[str, str, str]:
 
 
 def run_timed(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[list[tuple[float, str]], int]:
-    """Runs cmd; returns its output lines, each with the seconds since launch at which it arrived, and the exit code."""
+    """Runs cmd, killed after `timeout` seconds (printing or not); returns its output lines, each with the seconds since
+    launch at which it arrived, and the exit code."""
     start = time.perf_counter()
     out = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, **out)
+    deadline = threading.Timer(timeout, proc.kill)  # a child that hangs silently is killed too
+    deadline.start()
     lines = []
-    for line in proc.stdout:  # type: ignore[union-attr]
-        for part in line.replace("\r", "\n").splitlines():  # progress bars redraw with \r
-            if part.strip():
-                lines.append((time.perf_counter() - start, part.rstrip()))
-        if time.perf_counter() - start > timeout:
-            proc.kill()
+    try:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            for part in line.replace("\r", "\n").splitlines():  # progress bars redraw with \r
+                if part.strip():
+                    lines.append((time.perf_counter() - start, part.rstrip()))
+    finally:
+        deadline.cancel()
     return lines, proc.wait()
 
 
@@ -316,12 +321,13 @@ def overhead_child(args) -> None:
             config |= dict(compile=False, early_stopping={"patience": None}, trainer=trainer_config)
             callbacks += run_callbacks(config, B) if train_py else []
             callbacks += [CompileModel(B, regions=compiled == "regions", mode=mode)] if mode else []
-            with tmp:
+            with tmp:  # on a CPU in float32, as the bare loop (the default, auto, is bf16 on a native-bf16 CPU)
                 MiniGPTTrainer(
                     accelerator=args.device, devices=1, max_steps=n, limit_val_batches=0, num_sanity_val_steps=0,
                     gradient_clip_val=1.0, log_every_n_steps=25, enable_model_summary=False, callbacks=callbacks,
                     enable_checkpointing=train_py, enable_progress_bar=train_py, logger=train_py,
                     default_root_dir=tmp.name, max_time="00:00:10:00" if train_py else None,
+                    precision="auto" if args.device == "cuda" else "32-true",
                 ).fit(module, train_dataloaders=loader)  # fmt: skip
         return round((stamps[1] - stamps[0]) / (n - 1 - warm) * 1000, 2)
 
@@ -394,14 +400,14 @@ def child(args, work: Path, cache: str, what: str) -> tuple[dict, list[tuple[flo
 
 
 def throughput(args, work: Path) -> dict:
-    peak = next((flops for gpu, flops in PEAK_BF16.items() if gpu in args.gpu_name), float("nan"))
+    peak = next((flops for gpu, flops in PEAK_BF16.items() if gpu in args.gpu_name), None)  # None: no MFU (JSON null)
     rows: dict = {}
     flops_per_token = None
     for kind in args.compile_kinds.split(","):
         row, lines = child(args, work, f"cache_tp_{kind}", kind)
         if "flops_per_token" in row:
             flops_per_token = row.pop("flops_per_token")
-            row["mfu"] = round(flops_per_token * row["tokens_per_s"] / peak, 4)
+            row["mfu"] = round(flops_per_token * row["tokens_per_s"] / peak, 4) if peak else None
         row["launch_to_end_s"] = lines[-1][0]
         rows[{"regions": "minigpt_regions", "whole": "minigpt_whole_model"}.get(kind, f"minigpt_{kind}")] = row
     if args.device == "cuda":  # bench.py synchronizes CUDA unconditionally
@@ -412,7 +418,7 @@ def throughput(args, work: Path) -> dict:
         rows["nanogpt_bench"] = {"rc": rc, "launch_to_end_s": lines[-1][0] if lines else None}
         if hit:
             ms, tokens_s = float(hit[1][1]), 12 * 1024 / float(hit[1][1]) * 1000
-            mfu = round(flops_per_token * tokens_s / peak, 4) if flops_per_token else None
+            mfu = round(flops_per_token * tokens_s / peak, 4) if flops_per_token and peak else None
             row = dict(ms_per_iter=ms, tokens_per_s=round(tokens_s), mfu=mfu, mfu_own_a100_basis=float(hit[1][2]) / 100)
             rows["nanogpt_bench"] |= row
     return rows

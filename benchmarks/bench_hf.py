@@ -87,8 +87,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if argv[:1] == ["--_child"]:
         child(*argv[1:4])
         return {}
-    p = common.parser(__doc__, "bench_hf")
-    p.add_argument("--repeats", type=int, default=3, help="fresh processes per cost measurement (median time)")
+    p = common.parser(__doc__, "bench_hf", device=False)  # on the CPU
+    p.add_argument(
+        "--repeats", type=common.positive_int, default=3, help="fresh processes per cost measurement (median time)"
+    )
     args = p.parse_args(argv)
     label = common.start(args)
 

@@ -87,11 +87,21 @@ def chat_rows(block_size: int, turns: int, window: int, device: torch.device) ->
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = common.parser(__doc__.splitlines()[0], "long_context")
-    p.add_argument("--block_sizes", type=int, nargs="+", default=[64, 256])
-    p.add_argument("--blocks", type=int, default=8, help="tokens sampled, in block sizes (default 8)")
-    p.add_argument("--turns", type=int, default=200)
-    p.add_argument("--chat_block_size", type=int, default=512)
+    p = common.parser(common.summary(__doc__), "long_context")
+    p.add_argument("--block_sizes", type=common.at_least(2), nargs="+", default=[64, 256])
+    p.add_argument(
+        "--blocks",
+        type=common.at_least(2),
+        default=8,
+        help="tokens sampled, in block sizes (default 8; at least 2: the context fills, then slides)",
+    )
+    p.add_argument("--turns", type=common.positive_int, default=200)
+    p.add_argument(
+        "--chat_block_size",
+        type=common.at_least(128),
+        default=512,
+        help="the chat model's block_size (default 512; at least 128: a turn's message is ~100 tokens with its markup)",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.block_sizes, args.blocks, args.turns, args.chat_block_size = [16], 4, 8, 128

@@ -73,6 +73,7 @@ def train_row(spec: dict[str, Any]) -> dict[str, Any]:
     argv += ["--data.data_root", spec["data_root"], "--out_dir", str(out), "--data.batch_size", str(spec["batch"])]
     argv += ["--trainer.max_steps", steps, "--trainer.val_check_interval", steps, "--checkpoint_every", steps]
     argv += "--overwrite true --data.val_batches 1 --trainer.precision 32-true --optim.warmup_steps 2".split()
+    argv += ["--trainer.accelerator", "cpu"]  # a CPU's peak RSS, as the machine's label says
     argv += "--trainer.enable_progress_bar false --sample_tokens 0 --attention_images false --eval_full false".split()
     if variant["finetune"] == "lora":
         argv += ["--lora.rank", str(variant["rank"]), "--lora.alpha", str(2 * variant["rank"])]
@@ -103,7 +104,7 @@ def measure(shapes: list[str], variants: list[str], args: Any) -> list[dict[str,
             if VARIANTS[variant]["finetune"] == "full":
                 depths = scaled or [depth]
             for n_layer in depths:
-                source = work / "sources" / f"{shape}-L{n_layer}.ckpt"
+                source = work / "sources" / f"{shape}-L{n_layer}-T{args.block}.ckpt"  # all that shapes it
                 if not source.is_file():  # in a child: its memory is no row's
                     make = dict(shape=shape, n_layer=n_layer, block_size=args.block, path=str(source))
                     common.child_json([sys.executable, __file__, "--child", json.dumps(make)])
@@ -136,13 +137,23 @@ def extrapolated(shape: str, rows: list[dict[str, Any]], depths: list[int]) -> l
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = common.parser(__doc__, "bench_lora")
+    p = common.parser(__doc__, "bench_lora", device=False)  # the CPU's
     p.add_argument("--shapes", default="135m,1b", help="comma-separated: 135m, 1b, tiny")
     p.add_argument("--variants", default="full,lora8,lora16,lora8-bf16", help=f"comma-separated: {', '.join(VARIANTS)}")
-    p.add_argument("--steps", type=int, default=20, help="optimizer steps per row")
-    p.add_argument("--block", type=int, default=256, help="tokens per row (the sources' block_size)")
+    p.add_argument(
+        "--steps",
+        type=common.at_least(4),
+        default=20,
+        help="optimizer steps per row (at least 4: s/step is the median period after the first two steps)",
+    )
+    p.add_argument("--block", type=common.positive_int, default=256, help="tokens per row (the sources' block_size)")
     p.add_argument("--full_layers", default="1b=2/4", help="SHAPE=L1/L2: full fine-tuning there, extrapolated")
-    p.add_argument("--scaled_steps", type=int, default=8, help="optimizer steps of the rows at reduced depth")
+    p.add_argument(
+        "--scaled_steps",
+        type=common.at_least(4),
+        default=8,
+        help="optimizer steps of the rows at reduced depth (at least 4)",
+    )
     p.add_argument("--corpus", default=None, help="training text (default: a generated one)")
     p.add_argument("--work", default="/tmp/bench_lora", help="sources, prepared data and runs")
     p.add_argument("--child", help=argparse.SUPPRESS)  # a row (a variant), or a source to make (a path)

@@ -80,15 +80,21 @@ def compare(name: str, encode_batch, text_batches, text: Path, tokenizer: str, d
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = common.parser(__doc__, "prepare")
+    p = common.parser(__doc__, "prepare", device=False)  # on the CPU
     p.add_argument("--corpus", type=Path, help="a text file to repeat (default: the standard library's sources)")
-    p.add_argument("--mb", type=float, default=100.0, help="megabytes of text (default 100)")
-    p.add_argument("--vocab", type=int, default=8192, help="the trained BPE's vocabulary (default 8192)")
-    p.add_argument("--repeat", type=int, default=2, help="turns of bare encoder and preparation (default 2)")
+    p.add_argument("--mb", type=common.positive_float, default=100.0, help="megabytes of text (default 100)")
+    p.add_argument(
+        "--vocab", type=common.positive_int, default=8192, help="the trained BPE's vocabulary (default 8192)"
+    )
+    p.add_argument(
+        "--repeat", type=common.positive_int, default=2, help="turns of bare encoder and preparation (default 2)"
+    )
     p.add_argument("--tiktoken", default="gpt2", help="the gpt2 row's encoding (r50k_base: the same ranks)")
     args = p.parse_args(argv)
     if args.quick:
         args.mb, args.vocab, args.repeat = 2.0, 1024, 1
+    if args.corpus and not args.corpus.is_file():
+        p.error(f"--corpus {args.corpus}: no such file")
     label = common.start(args)
     threads = os.cpu_count()
     with tempfile.TemporaryDirectory() as tmp:

@@ -24,7 +24,7 @@ import httpx
 from serve_support import serving
 
 from benchmarks import common
-from benchmarks.bench_engine import CHARS, SHAPES, random_model, step_ms
+from benchmarks.bench_engine import CHARS, QUICK, SHAPES, random_model, step_ms
 from minigpt.core.tokenizers import CharTokenizer
 from minigpt.serve.app import create_app
 from minigpt.serve.engine import Engine, Request, in_passing
@@ -132,12 +132,16 @@ def bench_shape(name: str, args, device: torch.device) -> tuple[str, list[dict]]
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = common.parser(__doc__.splitlines()[0], "serve")
+    p = common.parser(common.summary(__doc__), "serve")
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    p.add_argument("--clients", nargs="+", type=int, default=[1, 4, 8, 16], help="concurrency levels")
-    p.add_argument("--tokens", type=int, default=128, help="new tokens per client (default 128)")
-    p.add_argument("--prompt_tokens", type=int, default=32, help="prompt tokens per client (default 32)")
-    p.add_argument("--repeat", type=int, default=1, help="turns per level; the fastest is reported (default 1)")
+    p.add_argument("--clients", nargs="+", type=common.positive_int, default=[1, 4, 8, 16], help="concurrency levels")
+    p.add_argument("--tokens", type=common.positive_int, default=128, help="new tokens per client (default 128)")
+    p.add_argument(
+        "--prompt_tokens", type=common.positive_int, default=32, help="prompt tokens per client (default 32)"
+    )
+    p.add_argument(
+        "--repeat", type=common.positive_int, default=1, help="turns per level; the fastest is reported (default 1)"
+    )
     p.add_argument(
         "--compile",
         type=lambda v: {"true": True, "false": False}[v.lower()],
@@ -147,6 +151,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.quick:
         args.clients, args.tokens, args.prompt_tokens = [1, 2], 8, 4
+    block_size = min((QUICK if args.quick else SHAPES[name])["block_size"] for name in args.shapes)
+    if args.prompt_tokens >= block_size:
+        p.error(f"--prompt_tokens {args.prompt_tokens} leaves no room for new tokens in block_size {block_size}")
     device = common.pick_device(args.device)
     label = in_passing(common.start, args, device)  # its matmul probe too: the engine's the one OpenMP team
     models, rows = [], []

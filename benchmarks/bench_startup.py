@@ -46,7 +46,7 @@ def make_checkpoint(folder: Path) -> Path:
     return folder / "startup.ckpt"
 
 
-def commands(ckpt: Path, device: str) -> dict[str, list[str] | None]:
+def commands(ckpt: Path | str, device: str) -> dict[str, list[str] | None]:
     """name -> argv (None: not available here)."""
     py = sys.executable
     cases: dict[str, list[str] | None] = {BASELINE: [py, "-c", "import torch"]}
@@ -66,8 +66,15 @@ def commands(ckpt: Path, device: str) -> dict[str, list[str] | None]:
 def main(argv: list[str] | None = None) -> dict:
     p = common.parser(__doc__, "startup")
     p.add_argument("--ckpt", default=None, help="checkpoint for the generation (default: a random-weight model)")
-    p.add_argument("--repeats", type=int, default=3, help="runs of each command; the median is reported (default 3)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default 1; --quick: 0)")
+    p.add_argument(
+        "--repeats",
+        type=common.positive_int,
+        default=3,
+        help="runs of each command; the median is reported (default 3)",
+    )
+    p.add_argument(
+        "--warmup", type=common.non_negative_int, default=1, help="untimed rounds first (default 1; --quick: 0)"
+    )
     p.add_argument("--commands", default=None, help=f"comma-separated names to time (default all; {BASELINE!r} too)")
     args = p.parse_args(argv)
     if args.quick:
@@ -76,7 +83,8 @@ def main(argv: list[str] | None = None) -> dict:
     label = common.start(args, device)
     with tempfile.TemporaryDirectory(prefix="bench_startup_") as tmp:
         work = Path(tmp)
-        cases = commands(Path(args.ckpt) if args.ckpt else make_checkpoint(work), str(device))
+        ckpt = common.user_path(args.ckpt) if args.ckpt else make_checkpoint(work)  # the children run in `work`
+        cases = commands(ckpt, str(device))
         if args.commands:
             wanted = {BASELINE} | {name.strip() for name in args.commands.split(",")}
             if unknown := wanted - set(cases):

@@ -7,6 +7,7 @@ Method and results: docs/performance.md#training-throughput-and-mfu.
 """
 
 import contextlib
+import dataclasses
 import io
 import logging
 import sys
@@ -57,11 +58,18 @@ def make_shape(name: str, quick: bool) -> dict[str, Any]:
     return dict(shape, name=name)
 
 
+def optim_config(shape: dict[str, Any], total_steps: int) -> OptimConfig:
+    """The shape's optimizer, its schedule decaying over the run's steps after its own warmup (the shapes without an
+    optim section keep OptimConfig's 100 warmup steps, more than a run of this benchmark takes)."""
+    optim = OptimConfig(**shape["optim"])
+    return dataclasses.replace(optim, decay_steps=optim.warmup_steps + total_steps)
+
+
 def make_module(shape: dict[str, Any], compile: bool, total_steps: int, device: torch.device) -> GPTLightningModule:
     """The module as train.py builds it, compiled in place as train.py's CompileModel callback does."""
     torch.manual_seed(0)
     config = GPTConfig.from_dict(shape["model"])
-    module = GPTLightningModule(config, OptimConfig(**shape["optim"], decay_steps=total_steps)).to(device)
+    module = GPTLightningModule(config, optim_config(shape, total_steps)).to(device)
     if compile:
         module.model.compile()
     return module
@@ -137,10 +145,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--shapes", nargs="+", default=["nanogpt", "default"], choices=["nanogpt", "default", "finetune"])
     p.add_argument("--precisions", nargs="+", default=["32-true", "bf16-mixed"], choices=["32-true", "bf16-mixed"])
     p.add_argument("--compile", nargs="+", default=["off", "on"], choices=["off", "on"])
-    p.add_argument("--steps", type=int, default=20, help="timed steps per run (median reported)")
-    p.add_argument("--warmup", type=int, default=5, help="steps skipped before timing (compilation happens here)")
-    p.add_argument("--rounds", type=int, default=1, help="runs per setting: ms/step from the best")
-    p.add_argument("--overhead_rounds", type=int, default=8, help="(minimal, train.py's) pairs; 0: none")
+    p.add_argument("--steps", type=common.positive_int, default=20, help="timed steps per run (median reported)")
+    p.add_argument(
+        "--warmup",
+        type=common.non_negative_int,
+        default=5,
+        help="steps skipped before timing (compilation happens here)",
+    )
+    p.add_argument("--rounds", type=common.positive_int, default=1, help="runs per setting: ms/step from the best")
+    p.add_argument(
+        "--overhead_rounds", type=common.non_negative_int, default=8, help="(minimal, train.py's) pairs; 0: none"
+    )
     p.add_argument("--attention", default=None, choices=["sdpa", "manual", "einops"], help="of every shape")
     args = p.parse_args(argv)
     if args.quick:

@@ -71,13 +71,81 @@ def describe_machine(label: dict[str, Any]) -> str:
     return f"Machine: {where}, load average {label['load_avg_1m']} at start"
 
 
-def parser(doc: str, name: str) -> argparse.ArgumentParser:
-    """An argparse parser (its help: the script's docstring) with the flags every script has."""
+def summary(doc: str) -> str:
+    """A docstring's first paragraph on one line: a --help description that does not stop mid-sentence."""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= low (anything else: one error line naming the flag)."""
+
+    def whole_number(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    return whole_number
+
+
+positive_int, non_negative_int = at_least(1), at_least(0)
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+def device_name(name: str) -> str:
+    """--device's type: auto, or a device this machine has (a typo or a missing GPU: one error line)."""
+    import torch
+
+    if name == "auto":
+        return name
+    try:
+        torch.device(name)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"unknown device {name!r}: auto, cpu, cuda, cuda:1, ...") from None
+    try:
+        torch.empty(0, device=name)  # a device this machine lacks (or this torch build cannot reach) fails
+    except (RuntimeError, AssertionError, NotImplementedError) as e:  # AssertionError: torch built without CUDA
+        raise argparse.ArgumentTypeError(f"no device {name!r} here ({str(e).splitlines()[0][:100]})") from None
+    return name
+
+
+def user_path(value: str) -> str:
+    """A path given on the command line, absolute (children run in other folders); anything that is no file or folder
+    from here (a URL, a hub name) as it is."""
+    path = Path(value).expanduser()
+    return str(path.resolve()) if path.exists() else value
+
+
+def parser(doc: str, name: str, device: bool = True) -> argparse.ArgumentParser:
+    """An argparse parser (its help: the script's docstring) with the flags every script has, and --device where the
+    script runs on the device it names (device=False: a script that runs on the CPU, or leaves the choice to
+    train.py)."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny settings that finish in seconds (smoke test)")
     p.add_argument("--json", default=str(RESULTS_DIR / f"{name}.json"), help="where to write the figures")
-    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
-    p.add_argument("--wait_quiet", type=int, default=0, metavar="N", help="wait up to N x 45 s for a load under 1.0")
+    if device:
+        p.add_argument(
+            "--device",
+            type=device_name,
+            default="auto",
+            help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...",
+        )
+    p.add_argument(
+        "--wait_quiet", type=non_negative_int, default=0, metavar="N", help="wait up to N x 45 s for a load under 1.0"
+    )
     return p
 
 

@@ -55,15 +55,21 @@ def closure(root: str, extras: set[str], python: str) -> dict[str, str]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))  # the first paragraph
     p.add_argument("--have", required=True, help="the machine's installed distributions, one name per line")
     p.add_argument("--dest", required=True, help="folder for the wheels")
     p.add_argument("--python", default="3.12", help="the machine's Python (major.minor; default 3.12)")
     p.add_argument("--extras", default="serve", help="minigpt's extras to include, comma-separated")
     args = p.parse_args()
-    have = {name_of(line) for line in open(args.have) if line.strip() and not line.startswith("#")}
+    try:
+        have = {name_of(line) for line in open(args.have) if line.strip() and not line.startswith("#")}
+    except OSError as e:
+        p.error(f"--have {args.have}: {e.strerror}")
     needed = closure("minigpt", set(filter(None, args.extras.split(","))), args.python)
     missing = {name: version for name, version in needed.items() if name not in have and not NEVER.fullmatch(name)}
+    if not missing:
+        print("nothing to fetch: the machine has every distribution minigpt needs")
+        return
     print("fetching:", " ".join(f"{n}=={v}" for n, v in sorted(missing.items())), flush=True)
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", args.dest]
     cmd += ["--python-version", args.python, "--implementation", "cp"]

@@ -18,6 +18,7 @@ import torch
 import yaml
 
 from benchmarks import common
+from minigpt.core.precision import runs_on_cpu
 
 CONFIG = "configs/shakespeare_char_cpu.yaml"
 RESULT = "time_to_loss result: "
@@ -99,8 +100,9 @@ def run_variant(name: str, seed: int | None, args: Any, work: Path) -> dict[str,
     if ran := re.search(f"^{RESULT}(.*)$", out, re.MULTILINE):
         row["muon_dtype"] = json.loads(ran.group(1))["muon_dtype"]
     row["curve"] = [(step, loss) for _, step, loss in common.val_curve(out_dir)]
+    # the first validation at the target; one logged at step s came after s + 1 steps
     hit = next((step for step, loss in row["curve"] if loss <= args.target), None)
-    row["time_to_target_s"] = None if hit is None else round(hit * row["train_s"] / row["steps"], 1)
+    row["time_to_target_s"] = None if hit is None else round((hit + 1) * row["train_s"] / row["steps"], 1)
     return row
 
 
@@ -109,21 +111,34 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if argv[:1] == ["--child"]:
         train_child(argv[1], argv[2:])
         return {}
-    p = common.parser(__doc__, "time_to_loss")
+    p = common.parser(__doc__, "time_to_loss", device=False)  # train.py picks the device
     p.add_argument("--corpus", required=True, help="text file (or any --data.source) to train on")
-    p.add_argument("--budget", type=float, default=114.0, help="training seconds per run (default 114)")
-    p.add_argument("--steps", type=int, default=None, help="train for this many steps instead of --budget")
+    p.add_argument("--budget", type=common.positive_float, default=114.0, help="training seconds per run (default 114)")
+    p.add_argument(
+        "--steps", type=common.positive_int, default=None, help="train for this many steps instead of --budget"
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=[None], help="one run per seed (default: the config's)")
     p.add_argument("--target", type=float, default=1.88, help="val loss to reach (default 1.88)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--config", default=CONFIG)
-    p.add_argument("--val_every", type=int, default=None, help="steps between validations (default: the config's)")
+    p.add_argument(
+        "--val_every", type=common.positive_int, default=None, help="steps between validations (default: the config's)"
+    )
     p.add_argument("--extra", action="append", default=[], metavar="--FLAG=VALUE", help="a train.py flag for every run")
     args = p.parse_args(argv)
     if args.quick:
         args.budget, args.variants = 3.0, args.variants[:1]
-    label = common.start(args, "cpu", "see variants")
+    # the children run in the repository's root: the user's paths from here (else from there, as the default config)
+    args.corpus = common.user_path(args.corpus)
+    args.config = args.config if args.config == CONFIG else common.user_path(args.config)
+    if not (common.REPO_ROOT / args.config).is_file():
+        p.error(f"--config {args.config}: no such file")
     config = yaml.safe_load((common.REPO_ROOT / args.config).read_text())
+    accelerator = (config.get("trainer") or {}).get("accelerator", "auto")
+    for flag in args.extra:  # --extra=--trainer.accelerator=cpu
+        accelerator = flag.split("=", 1)[1] if flag.startswith("--trainer.accelerator=") else accelerator
+    device = "cpu" if runs_on_cpu(accelerator) else "cuda" if torch.cuda.is_available() else "mps"  # train.py's
+    label = common.start(args, device, "see variants")
     val_every = args.val_every or (config.get("trainer") or {}).get("val_check_interval")
     length = f"{args.steps} steps" if args.steps else f"{args.budget:.0f} s of training"
     print(f"Corpus {args.corpus}; {length} per run; target {args.target}; validation every {val_every} steps\n")

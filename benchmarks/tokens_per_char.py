@@ -25,12 +25,14 @@ def tokens_per_char(source: str, tokenizer: str, data_root: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = common.parser(__doc__, "tokens_per_char")
+    p = common.parser(__doc__, "tokens_per_char", device=False)  # on the CPU
     p.add_argument("--text", action="append", required=True, metavar="NAME=FILE", help="a corpus (repeatable)")
     p.add_argument("--tokenizers", default="char,byte,gpt2,bpe:4096,bpe:8192")
     args = p.parse_args(argv)
     if args.quick:
         args.tokenizers = "char,byte,bpe:300"
+    if bad := [item for item in args.text if "=" not in item]:
+        p.error(f"--text {bad[0]}: give NAME=FILE, e.g. --text english=tinyshakespeare.txt")
     corpora = dict(item.split("=", 1) for item in args.text)
     label = common.start(args)
     rows = []

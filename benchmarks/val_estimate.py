@@ -35,13 +35,13 @@ def estimates(model: GPT, val: np.ndarray, batches: int, size: int, seeds: int) 
 
 @torch.no_grad()
 def main(argv: list[str] | None = None) -> dict:
-    p = common.parser(__doc__, "val_estimate")
+    p = common.parser(__doc__, "val_estimate", device=False)  # on the CPU
     p.add_argument("--ckpt", help="a run directory (its best checkpoint) or .ckpt; --quick: an untrained tiny model")
     p.add_argument("--corpus", required=True, help="the text file the model was trained on")
     p.add_argument("--tokenizer", default="char", help="the run's data.tokenizer (default char)")
     p.add_argument("--data_root", default="data", help="where prepared token files are cached")
     p.add_argument("--shapes", default="50x64,5x640,8x64,16x64", help="BATCHESxBATCH_SIZE, comma-separated")
-    p.add_argument("--seeds", type=int, default=12, help="window draws per shape (as many runs' seeds)")
+    p.add_argument("--seeds", type=common.at_least(2), default=12, help="window draws per shape (as many runs' seeds)")
     args = p.parse_args(argv)
     if not (args.ckpt or args.quick):
         p.error("--ckpt is required (a run directory or .ckpt), unless --quick")
