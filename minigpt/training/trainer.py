@@ -311,7 +311,7 @@ def full_split_end(trainer: Trainer, module: L.LightningModule, data: Any, last:
     checkpoint's where that is another.  In one process only: under several, each holds a share of the split."""
     if trainer.world_size > 1:
         if trainer.is_global_zero:
-            print(f"full val loss: not computed ({trainer.world_size} processes; it runs in one: eval.py --ckpt)")
+            print(f"full val loss: not computed under {trainer.world_size} processes (it runs in one process)")
         return
     start = time.perf_counter()
     # on the training device: Lightning's teardown has moved the model to the CPU (on an H200 the full split took
