@@ -106,6 +106,7 @@ def spm_problems(doc: dict, model: dict) -> Iterator[str]:
 # each control or user-defined token and </s>, but <unk>, <s> and <|endoftext|>
 PHI3_NAMES = re.compile(r"phi-?3", re.IGNORECASE)
 PHI3_KEPT = ("<unk>", "<s>", "<|endoftext|>")
+PHI3_LOOKED_UP = ("</s>", *PHI3_KEPT)  # read by name (llama.cpp's token_to_id.at) in a model named Phi-3
 
 
 def _phi3_rstripped(added: list[dict], vocab: dict[str, int]) -> set[str]:
@@ -114,17 +115,24 @@ def _phi3_rstripped(added: list[dict], vocab: dict[str, int]) -> set[str]:
     return ({a["content"] for a in added} | ({"</s>"} if "</s>" in vocab else set())) - set(PHI3_KEPT)
 
 
-def phi3_name(name: str, phi3_rstrip: bool, has_added_tokens: bool) -> tuple[str, str | None]:
+def phi3_name(name: str, phi3_rstrip: bool, tokens: set[str]) -> tuple[str, str | None]:
     """The general.name to write and a note if it is not `name`: llama.cpp strips whitespace after special tokens
     exactly when that name says Phi-3 (PHI3_NAMES), so it must say so where the tokenizer strips as Phi-3's does
-    (`phi3_rstrip`), and must not elsewhere."""
-    if phi3_rstrip and not PHI3_NAMES.search(name):
-        new = f"{name} (phi3 tokenizer)"
-    elif not phi3_rstrip and PHI3_NAMES.search(name) and has_added_tokens:
+    (`phi3_rstrip`), and must not elsewhere; and under that name it looks up PHI3_LOOKED_UP in the vocabulary
+    (`tokens`), failing to load a model that lacks one (a run folder named my-phi3-run, a char vocabulary)."""
+    missing = [t for t in PHI3_LOOKED_UP if t not in tokens]
+    if phi3_rstrip and not missing and not PHI3_NAMES.search(name):
+        new, why = f"{name} (phi3 tokenizer)", "and this tokenizer does"
+    elif (missing or not phi3_rstrip) and PHI3_NAMES.search(name):
         new = PHI3_NAMES.sub(lambda m: m[0].replace("-", "").replace("3", " 3"), name)
+        why = (
+            f"and looks up {', '.join(missing)}, which this vocabulary lacks"
+            if missing
+            else "and this tokenizer does not"
+        )
     else:
         return name, None
     return new, (
         f"the GGUF name is {new!r}, not {name!r}: llama.cpp strips the whitespace after special tokens exactly when "
-        "a model's name says Phi-3, and this tokenizer " + ("does" if phi3_rstrip else "does not")
+        f"a model's name says Phi-3, {why}"
     )

@@ -236,7 +236,7 @@ def _spm_vocab(doc: dict, model: dict) -> GGUFVocab:
 
 def gguf_name(name: str, vocab: GGUFVocab) -> tuple[str, str | None]:
     """The general.name to write for `vocab` and a note if it is not `name` (gguf_spm.phi3_name)."""
-    return phi3_name(name, vocab.phi3_rstrip, bool({CONTROL, USER_DEFINED} & set(vocab.types)))
+    return phi3_name(name, vocab.phi3_rstrip, set(vocab.tokens))
 
 
 def _byte_level(text: str) -> str:

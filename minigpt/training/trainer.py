@@ -107,7 +107,9 @@ class MiniGPTTrainer(Trainer):
         ]
         # spawn and fork launchers hand only the weights back to the launching process, which then saves and reports
         # a run it did not train (step 0, no optimizer state) over rank 0's last.ckpt
-        if isinstance(strategy := kwargs.get("strategy"), str) and strategy.startswith(("ddp_spawn", "ddp_fork", "ddp_notebook")):
+        if isinstance(strategy := kwargs.get("strategy"), str) and strategy.startswith(
+            ("ddp_spawn", "ddp_fork", "ddp_notebook")
+        ):
             problems.append(f"trainer.strategy={strategy} hands back only the weights, not the run; use ddp")
         if isinstance(budget := kwargs.get("max_time"), str) and re.fullmatch(r"0+(:0+)*", budget):
             problems.append(f"trainer.max_time={budget} trains nothing; give a positive duration (DD:HH:MM:SS)")

@@ -82,6 +82,16 @@ def test_llama_cpp_computes_what_minigpt_computes(name, tmp_path):
             assert diff < (3e-3 if model.config.arch == "gpt" else 1e-4), (t, diff)
 
 
+def test_a_model_named_phi3_without_phi3s_tokens_loads_in_llama_cpp(tmp_path):
+    """Under a name that says Phi-3, llama.cpp looks up </s>, <unk>, <s> and <|endoftext|> by name and fails to load
+    a vocabulary without them: such an export is renamed, with a note (a run folder named my-phi3-run failed)."""
+    model = random_model(n_layer=1, n_embd=32, vocab_size=256)
+    result = export_gguf(model, ByteTokenizer(), tmp_path / "model.gguf", name="my-phi3-run")
+    assert any("'my-phi 3-run'" in note and "which this vocabulary lacks" in note for note in result.notes)
+    with LlamaCpp(tmp_path / "model.gguf") as llama:
+        assert llama.tokenize("hi") == list(b"hi")
+
+
 # ------------------------------------------------------------------------------------------------- trained models
 
 

@@ -219,3 +219,22 @@ def test_a_sliding_window_model_exports_as_mistral_with_its_window_and_the_same_
         full.load_state_dict(model.state_dict())
         assert (full.eval()(idx)[0] - ours).abs().max() > 1e-3  # the window bites
     torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES.values() if f.config_defaults], ids=lambda f: f.model_type)
+def test_a_field_config_json_leaves_out_is_read_as_transformers_reads_it(family):
+    """config_defaults are transformers' own defaults (a Qwen3 config without head_dim has heads of 128, not
+    hidden/heads; Phi-3's eps is 1e-5, not Llama's 1e-6), and an import without those fields computes with them."""
+    import transformers
+
+    from minigpt.hf.load import config_from_hf
+
+    hf_config = transformers.AutoConfig.for_model(family.model_type)
+    assert family.config_defaults == {k: getattr(hf_config, k) for k in family.config_defaults}
+    small = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2)
+    left_out = {*family.config_defaults, "head_dim"}  # (the default config's head_dim: its own 4096 / 32)
+    fields = {k: v for k, v in hf_config.to_dict().items() if k not in left_out} | small
+    config = config_from_hf(fields | {"architectures": [family.hf_class], "intermediate_size": 128})
+    assert config.block_size == family.config_defaults["max_position_embeddings"]
+    assert config.norm_eps == hf_config.rms_norm_eps
+    assert config.head_dim == family.config_defaults.get("head_dim", 64 // 4)

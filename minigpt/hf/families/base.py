@@ -39,6 +39,9 @@ class Family:
     SentencePiece-style one goes into the GGUF as llama.cpp's SentencePiece vocabulary, which has no pre-tokenizer)."""
     tiktoken_fallback: ClassVar[str | None] = None
     """The tiktoken encoding of a model folder that holds no tokenizer files (GPT-2's vocab.json/merges.txt)."""
+    config_defaults: ClassVar[dict[str, Any]] = {}
+    """What the HF config class reads where config.json leaves a field out (transformers' defaults that no other
+    field derives): read as if config.json held them, so an import computes what transformers computes."""
     all_biases: ClassVar[bool] = False
     """The HF and llama.cpp layouts always hold every bias: a bias-free model exports zeros there."""
     # PEFT: where our adapters sit in the HF model
@@ -66,9 +69,9 @@ class Family:
         return iter(())
 
     def text_config(self, hf: dict[str, Any]) -> dict[str, Any] | None:
-        """The config.json of the text model the import reads (hf itself, or a class in `reads`'s text part); None:
-        that class's config.json has none."""
-        return hf
+        """The config.json of the text model the import reads (hf itself over config_defaults, or a class in
+        `reads`'s text part); None: that class's config.json has none."""
+        return self.config_defaults | hf
 
     def text_weight_name(self, hf: dict[str, Any], name: str) -> str | None:
         """A weight file's tensor name -> the text model's (None: not the text model's, not read)."""

@@ -103,6 +103,7 @@ def is_multimodal(hf: dict[str, Any]) -> bool:
 
 class Gemma3(Llama):
     model_type = "gemma3_text"
+    config_defaults = {}  # Gemma3TextConfig's are read where they are used (DEFAULTS, context)
     hf_class = "Gemma3ForCausalLM"
     reads = MULTIMODAL
     gguf_arch = "gemma3"

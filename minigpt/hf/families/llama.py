@@ -115,7 +115,7 @@ def rope_problems(hf: dict[str, Any], kinds: tuple[str, ...] = ("default", "llam
         )
     if kind not in kinds:
         imported = "plain RoPE" + (" and rope_type llama3 (Llama 3.1/3.2) or linear" if "llama3" in kinds else " only")
-        yield f"its RoPE scaling is {kind!r}, which minigpt does not compute; it imports {imported}"
+        yield f"its RoPE scaling is {kind!r}, which minigpt does not compute for this family; it imports {imported}"
 
 
 def rope_config(config: GPTConfig) -> dict[str, Any]:
@@ -140,6 +140,7 @@ def rotary_pairs(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 class Llama(Family):
     model_type = "llama"
+    config_defaults = {"max_position_embeddings": 2048}  # LlamaConfig's
     hf_class = "LlamaForCausalLM"
     block = "llama"
     gguf_arch = "llama"

@@ -18,6 +18,7 @@ DEFAULT_WINDOW = 4096  # MistralConfig's sliding_window where config.json has no
 
 class Mistral(Llama):
     model_type = "mistral"
+    config_defaults = {"max_position_embeddings": 131072}  # MistralConfig's (4096 * 32)
     hf_class = "MistralForCausalLM"
     gguf_pre_tokenizer = None  # SentencePiece-style BPE (v0.1-v0.3): llama.cpp's SentencePiece vocabulary
     sliding_window = True

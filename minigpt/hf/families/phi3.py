@@ -63,6 +63,7 @@ def is_longrope(hf: dict[str, Any]) -> bool:
 
 class Phi3(Llama):
     model_type = "phi3"
+    config_defaults = {"max_position_embeddings": 4096, "rms_norm_eps": 1e-5}  # Phi3Config's (Llama's eps is 1e-6)
     hf_class = "Phi3ForCausalLM"
     gguf_arch = "phi3"
     gguf_pre_tokenizer = (O200K, "gpt-4o")  # Phi-4-mini's (Phi-3's SentencePiece-style BPE needs no pattern)

@@ -20,6 +20,7 @@ PATTERN = (  # Qwen2's tokenizer.json (Qwen3's too): single digits
 
 class Qwen2(Llama):
     model_type = "qwen2"
+    config_defaults = {"max_position_embeddings": 32768}  # Qwen2Config's
     hf_class = "Qwen2ForCausalLM"
     gguf_arch = "qwen2"
     gguf_pre_tokenizer = (PATTERN, "qwen2")

@@ -16,6 +16,7 @@ QK_NORMS = {"attn.q_norm.weight": "self_attn.q_norm.weight", "attn.k_norm.weight
 
 class Qwen3(Qwen2):
     model_type = "qwen3"
+    config_defaults = {"max_position_embeddings": 32768, "head_dim": 128}  # Qwen3Config's: head_dim not hidden/heads
     hf_class = "Qwen3ForCausalLM"
     gguf_arch = "qwen3"
     block_names = BLOCK | QK_NORMS
