@@ -12,6 +12,7 @@ is known, the peak is held.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -38,7 +39,8 @@ class OptimConfig:
     learning_rate: float = 1e-3
     """Peak learning rate."""
     min_lr_ratio: float = 0.1
-    """Final learning rate as a fraction of the peak, in [0, 1]."""
+    """The learning rate where the decay ends, as a fraction of the peak, in [0, 1] (a run of max_steps steps
+    ends its decay at step max_steps, one past its last: that step trains a little above it)."""
     weight_decay: float = 0.1
     """Decoupled weight decay, applied to matrices and embeddings only (never biases or norm gains)."""
     beta1: float = 0.9
@@ -226,6 +228,13 @@ def trainer_schedule(trainer: Any, cfg: OptimConfig) -> tuple[int | None, Clock 
     if max_steps is None and (trainer.max_epochs or -1) > 0:  # a run of max_epochs: Lightning counts its steps
         steps = trainer.estimated_stepping_batches
         max_steps = int(steps) if math.isfinite(steps) else None
+    if max_steps is not None and cfg.warmup_steps >= max_steps and trainer.is_global_zero:
+        print(
+            f"note: optim.warmup_steps {cfg.warmup_steps} is not below the run's {max_steps} steps: the learning rate "
+            f"rises to {cfg.learning_rate * max_steps / cfg.warmup_steps:.3g} at most (its peak is "
+            f"{cfg.learning_rate:g}) and never decays; lower warmup_steps",
+            file=sys.stderr,
+        )
     timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
 
     def clock() -> tuple[float, float] | None:

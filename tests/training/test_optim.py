@@ -36,6 +36,24 @@ def test_wsd_holds_the_peak_then_cools_down_over_its_fraction(fraction):
         assert lr_multiplier(step, cfg, 110) == pytest.approx(expected), step
 
 
+def test_a_warmup_as_long_as_the_run_is_noted(capsys):
+    """warmup_steps >= max_steps: the peak is never reached and nothing decays (a short smoke run of a recipe);
+    said in one note, with the highest rate the run reaches."""
+    from types import SimpleNamespace
+
+    from minigpt.training.optim import trainer_schedule
+
+    trainer = SimpleNamespace(max_steps=40, max_epochs=None, callbacks=[], is_global_zero=True)
+    assert trainer_schedule(trainer, OptimConfig(learning_rate=2e-3, warmup_steps=100))[0] == 40
+    assert capsys.readouterr().err.strip() == (
+        "note: optim.warmup_steps 100 is not below the run's 40 steps: the learning rate rises to 0.0008 at most "
+        "(its peak is 0.002) and never decays; lower warmup_steps"
+    )
+    assert lr_multiplier(39, OptimConfig(warmup_steps=100), 40) == 0.4  # the figure the note says
+    trainer_schedule(trainer, OptimConfig(warmup_steps=39))
+    assert capsys.readouterr().err == ""
+
+
 def test_no_known_end_holds_the_peak():
     cfg = OptimConfig(warmup_steps=10, lr_schedule="cosine")
     assert lr_multiplier(10_000, cfg, None) == 1.0
