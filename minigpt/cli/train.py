@@ -69,6 +69,7 @@ from minigpt.training.sft import check_chat_resumable
 from minigpt.training.trainer import (
     TRAINER_DEFAULTS,
     EarlyStoppingConfig,
+    LastCheckpoint,
     MiniGPTTrainer,
     RunConfigFile,
     end_of_run,
@@ -415,7 +416,11 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
             saved = f"continue from {last} with --resume" if last.is_file() else "no checkpoint was saved yet"
             print(f"stopped at once by a second Ctrl-C; {saved}", file=sys.stderr)
             raise SystemExit(128 + SIGNALS["SIGINT"]) from None
-        trainer.save_checkpoint(last, weights_only=False)  # the final state, whatever step the run stopped at
+        # the final state, whatever step the run stopped at; unless LastCheckpoint saved it at the validation that
+        # ended the run (a step on the validation grid, where a save after fit would resume its logs a step late)
+        saver = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)
+        if saver is None or saver.saved_at_stop != trainer.global_step:
+            trainer.save_checkpoint(last, weights_only=False)
     if trainer.is_global_zero:
         end_of_run(trainer, last)
     if stopped_by[:1] == ["SIGINT"]:  # Ctrl-C: a stop the user asked for, not an error

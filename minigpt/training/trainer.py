@@ -195,6 +195,51 @@ class RunCheckpoint(ModelCheckpoint):
         super().load_state_dict(state_dict)
 
 
+class LastCheckpoint(RunCheckpoint):
+    """checkpoints/last.ckpt: every checkpoint_every steps (Lightning's ModelCheckpoint), and at the validation that
+    ends the run when that validation was also a scheduled one (val_check_interval's grid).
+
+    The run's final state is saved after `trainer.fit` returns (train.py), when Lightning has already counted the
+    step for its loggers.  Lightning's restart takes a checkpoint whose last batch completed, at a step where
+    validation is scheduled, for one saved at that validation's end, before that count: it counts the step again,
+    and every later point of the resumed run's logs would sit one step late.  Saved here, at the end of that
+    validation (after best.ckpt and early stopping have seen it: checkpoint callbacks run last, this one after
+    BestCheckpoint), the checkpoint is what Lightning expects; train.py then keeps it (`saved_at_stop`) instead of
+    saving again at the same step.  Where the last step is off the grid, the checkpoint saved after `fit` is the
+    one Lightning reads right, and nothing is saved here."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.saved_at_stop: int | None = None  # the step of the save below, if one was made in this run
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        # the loop stops after this validation: max_steps (FinalValidation), early stopping, Ctrl-C, max_time or
+        # SIGTERM (Lightning raises it after this step); min_steps / min_epochs can keep it going
+        min_steps, min_epochs = trainer.min_steps or 0, trainer.min_epochs or 0
+        can_stop = trainer.global_step >= min_steps and trainer.current_epoch >= min_epochs
+        stopping = trainer.received_sigterm or (trainer.should_stop and can_stop)
+        stopping = trainer.strategy.reduce_boolean_decision(bool(stopping), all=False)  # every rank saves, or none
+        if stopping and scheduled_validation(trainer):
+            trainer.save_checkpoint(Path(self.dirpath) / f"{self.filename}{self.FILE_EXTENSION}", weights_only=False)
+            self.saved_at_stop = trainer.global_step
+
+
+def scheduled_validation(trainer: L.Trainer) -> bool:
+    """Whether the current training batch is one at which the validation schedule (val_check_interval,
+    check_val_every_n_epoch) validates: what Lightning asks, without the stop request, when it restarts at it."""
+    every = trainer.check_val_every_n_epoch
+    if every is not None and (trainer.current_epoch + 1) % every != 0:
+        return False
+    interval = trainer.val_check_batch  # None: a time-based val_check_interval; inf: once per epoch of unknown length
+    if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
+        return False
+    index = trainer.fit_loop.total_batch_idx if every is None else trainer.fit_loop.batch_idx
+    return (index + 1) % interval == 0
+
+
 class BestCheckpoint(RunCheckpoint):
     """checkpoints/best.ckpt: the lowest val_loss so far (Lightning's ModelCheckpoint), and the step it was reached
     at (best_step), which its state keeps for --resume."""
@@ -257,7 +302,7 @@ def run_callbacks(config: Any, batch_size: int, imported: float | None = None) -
     callbacks = [
         BestCheckpoint(checkpoints),  # best.ckpt: lowest validation loss so far
         # last.ckpt: every checkpoint_every steps, what --resume continues from
-        RunCheckpoint(
+        LastCheckpoint(
             dirpath=checkpoints,
             filename="last",
             every_n_train_steps=config["checkpoint_every"],

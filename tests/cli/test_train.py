@@ -260,6 +260,16 @@ def test_resume_continues_exactly(tiny_run_args, corpus, data_root, tmp_path, op
     a = weights(tmp_path / "straight" / "checkpoints" / "last.ckpt")
     b = weights(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
     assert all(torch.equal(a[k], b[k]) for k in a), "a resumed run must match an uninterrupted one bitwise"
+    # and its logs sit at the same steps: the first part ended on a validation step (10 of val_check_interval 10),
+    # whose end-of-run checkpoint Lightning read as one made before that step was counted (every point was 1 late)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def points(run: str, tag: str) -> list[tuple[int, float]]:
+        events = EventAccumulator(str(tmp_path / run), size_guidance={"scalars": 0}).Reload()
+        return sorted({(e.step, round(e.value, 5)) for e in events.Scalars(tag)})
+
+    for tag in ("train_loss", "val_loss", "lr/pg1"):
+        assert points("resumed", tag) == points("straight", tag), tag
 
 
 def test_existing_run_is_not_overwritten_by_accident(tiny_run_args, corpus, data_root, tmp_path):
