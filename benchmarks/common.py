@@ -106,19 +106,15 @@ def positive_float(text: str) -> float:
 
 
 def device_name(name: str) -> str:
-    """--device's type: auto, or a device this machine has (a typo or a missing GPU: one error line)."""
-    import torch
+    """--device's type: auto, or a device this machine has (minigpt's own check: a typo or a missing GPU is one
+    error line)."""
+    from minigpt.core.devices import resolve_device
+    from minigpt.core.errors import UserError
 
-    if name == "auto":
-        return name
     try:
-        torch.device(name)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(f"unknown device {name!r}: auto, cpu, cuda, cuda:1, ...") from None
-    try:
-        torch.empty(0, device=name)  # a device this machine lacks (or this torch build cannot reach) fails
-    except (RuntimeError, AssertionError, NotImplementedError) as e:  # AssertionError: torch built without CUDA
-        raise argparse.ArgumentTypeError(f"no device {name!r} here ({str(e).splitlines()[0][:100]})") from None
+        resolve_device(name)
+    except UserError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return name
 
 

@@ -7,7 +7,7 @@ Each field is declared once, here: its type (choices as `Literal`), its default 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
@@ -166,14 +166,10 @@ class GPTConfig:
             if value not in choices and not (value is None and optional):
                 unset = " or leave it unset" if optional else ""
                 yield name, f"unknown value {value!r}", f"choose one of {', '.join(choices)}{unset}"
-        for name, (kind, optional) in scalar_fields().items():  # a YAML or an API call may hold "false" or "0.1"
-            value = getattr(self, name)
-            if kind is bool and not isinstance(value, bool) and not (value is None and optional):
-                yield name, f"must be true or false, got {value!r}", "write it unquoted: true or false"
-                return
-            if kind is float and not is_number(value) and not (value is None and optional):
-                yield name, f"must be a number, got {value!r}", "write it unquoted, e.g. 0.1"
-                return  # the rules below compare these
+        if wrong := kind_problem(self, (bool, float)):  # a YAML or an API call may hold "false" or "0.1"
+            name, kind, problem = wrong
+            yield name, problem, "write it unquoted: " + ("true or false" if kind is bool else "e.g. 0.1")
+            return  # the rules below compare these
         for name in ("n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "block_size", "vocab_size", "mlp_hidden"):
             value = getattr(self, name)
             if name == "head_dim" and value is None:  # n_head and n_embd are fine, so __post_init__ could not divide
@@ -331,15 +327,32 @@ class GPTConfig:
         return cls(**{**PRESETS[name], **overrides})
 
 
+# what a value of each declared scalar type must be, and its test (a bool is no whole number, nor a number)
+KINDS: dict[type, tuple[str, Callable[[Any], bool]]] = {
+    bool: ("true or false", lambda v: isinstance(v, bool)),
+    int: ("a whole number", is_whole),
+    float: ("a number", is_number),
+}
+
+
 @functools.cache
-def scalar_fields() -> dict[str, tuple[type, bool]]:
-    """field -> (bool or float, whether it may be unset), for GPTConfig's fields declared as one of those."""
+def declared_kinds(cls: type, kinds: tuple[type, ...]) -> dict[str, tuple[type, bool]]:
+    """field -> (its type, whether it may be None), for the dataclass's fields declared as one of `kinds`."""
     found = {}
-    for name, hint in get_type_hints(GPTConfig).items():
-        kinds = [a for a in (hint, *get_args(hint)) if a in (bool, float)]
-        if kinds:
-            found[name] = (kinds[0], type(None) in get_args(hint))
+    for name, hint in get_type_hints(cls).items():
+        if declared := [a for a in (hint, *get_args(hint)) if a in kinds]:
+            found[name] = (declared[0], type(None) in get_args(hint))
     return found
+
+
+def kind_problem(obj: Any, kinds: tuple[type, ...]) -> tuple[str, type, str] | None:
+    """(field, its declared type, what is wrong) for the first field of dataclass `obj` whose value is not of its
+    declared type among `kinds` (KINDS), or None: checked from the declarations, before a rule compares values."""
+    for name, (kind, optional) in declared_kinds(type(obj), kinds).items():
+        value = getattr(obj, name)
+        if not (value is None and optional) and not KINDS[kind][1](value):
+            return name, kind, f"must be {KINDS[kind][0]}, got {value!r}"
+    return None
 
 
 @functools.cache

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from minigpt.core.compiled import Compile, decoding
-from minigpt.core.config import is_number, is_whole
+from minigpt.core.config import is_whole, kind_problem
 from minigpt.core.errors import UnknownCharactersError, UserError
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import Tokenizer
@@ -57,14 +57,9 @@ class Sampling:
             raise UserError(problem)
 
     def problems(self) -> Iterator[str]:
-        # the types first (an API call may pass "0.7" or 2.5), then the ranges; top_k and top_p may be unset
-        for name, of_type in (("temperature", is_number), ("top_k", is_whole), ("top_p", is_number)):
-            value = getattr(self, name)
-            if not of_type(value) and not (value is None and name != "temperature"):
-                yield f"{name} must be a {'whole number' if of_type is is_whole else 'number'}, got {value!r}"
-                return
-        if not is_whole(self.max_new_tokens):
-            yield f"max_new_tokens must be a whole number, got {self.max_new_tokens!r}"
+        if wrong := kind_problem(self, (int, float)):  # the declared types first (an API call may pass "0.7")
+            name, _, problem = wrong
+            yield f"{name} {problem}"
             return
         if not self.temperature >= 0:  # also catches NaN
             yield f"temperature must be >= 0 (0 = greedy), got {self.temperature}"
