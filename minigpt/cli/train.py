@@ -180,7 +180,7 @@ class MiniGPTCLI(LightningCLI):
             "--sample_tokens",
             type=NonNegativeInt,
             default=200,
-            help="Tokens generated and logged as text at each validation (0 = none).",
+            help="Tokens generated and logged as text at each validation (0 = none), drawn with --seed.",
         )
         parser.add_argument(
             "--attention_images",

@@ -286,10 +286,12 @@ def runs_whole_model(trainer: L.Trainer) -> bool:
 
 
 class TextSamples(Callback):
-    """At each validation, generate `tokens` tokens from the start of a document and log them as text."""
+    """At each validation, generate `tokens` tokens from the start of a document and log them as text, drawn with
+    `seed` (the run's): the same text the checkpoint of that step gives with that seed."""
 
-    def __init__(self, tokens: int = 200) -> None:
+    def __init__(self, tokens: int = 200, seed: int = 0) -> None:
         self.tokens = tokens
+        self.seed = seed
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         tokenizer = getattr(pl_module, "tokenizer", None)
@@ -305,7 +307,7 @@ class TextSamples(Callback):
             return
         start = prompt_ids(tokenizer, "")
         idx = torch.tensor([start], dtype=torch.long, device=pl_module.device)
-        g = torch.Generator(device=pl_module.device).manual_seed(0)
+        g = torch.Generator(device=pl_module.device).manual_seed(self.seed)
         # eager: generation's growing shapes would each trigger a recompile; isolated: training's RNG is untouched
         with torch.compiler.set_stance("force_eager"), isolate_rng(include_cuda=True):
             out = generate(pl_module.model, idx, self.tokens, temperature=0.8, top_k=200, generator=g)

@@ -312,7 +312,7 @@ def run_callbacks(config: Any, batch_size: int, imported: float | None = None) -
         *([] if config["trainer"].get("logger") is False else [LearningRateMonitor(logging_interval="step")]),
         TrainingThroughput(),  # rates over the steps since the previous logged step
         RNGState(),
-        TextSamples(config["sample_tokens"]),
+        TextSamples(config["sample_tokens"], config["seed"]),
         AttentionImages(config["attention_images"]),
         FinalValidation(),
     ]

@@ -180,6 +180,30 @@ def test_attention_images_switch():
     assert 0 < len(probe) <= 5  # characters outside the vocabulary are left out, the probe cropped
 
 
+def test_the_logged_text_sample_is_what_the_checkpoint_draws_with_the_run_seed(
+    tiny_run_args, corpus, data_root, tmp_path
+):
+    """TextSamples draws with --seed (it drew with 0 whatever the seed was), so a user gets the logged text back from
+    the checkpoint of that step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from minigpt import generate, load_model
+    from minigpt.core.generation import prompt_ids
+
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=10) + ["--seed", "7"])
+    events = EventAccumulator(str(tmp_path / "run"), size_guidance={"tensors": 0}).Reload()
+    (logged,) = events.Tensors("sample/text_summary")
+    model, tokenizer = load_model(tmp_path / "run" / "checkpoints" / "last.ckpt")
+    start = prompt_ids(tokenizer, "")
+    texts = {}
+    for seed in (7, 0):
+        g = torch.Generator().manual_seed(seed)
+        out = generate(model, torch.tensor([start]), 8, temperature=0.8, top_k=200, generator=g)
+        texts[seed] = "```\n" + tokenizer.decode(out[0, len(start) :].tolist()) + "\n```"
+    assert logged.step == 10 and texts[7] != texts[0]
+    assert logged.tensor_proto.string_val[0].decode() == texts[7]
+
+
 def test_throughput_is_logged_at_the_logged_steps_with_the_tokens_trained(tiny_run_args, corpus, data_root, tmp_path):
     """TrainingThroughput: the rates of Lightning's Throughput, measured at the logged steps only (on a GPU, timing
     every batch would make the host wait for the GPU every step)."""
