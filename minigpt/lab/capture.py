@@ -83,8 +83,22 @@ def lab_prompt_ids(tokenizer: Tokenizer, text: str, config: GPTConfig) -> list[i
 
 
 def token_strings(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
-    """Each token decoded on its own (a byte of a multi-byte character shows as U+FFFD)."""
-    return [tokenizer.decode([i]) for i in ids]
+    """Each token decoded on its own; tokens that each hold part of a multi-byte character (byte-level BPE, byte
+    fallback) would each show U+FFFD, so each shows the text they make together and its part: "é(1/2)", "é(2/2)"."""
+    strings, i = [], 0
+    while i < len(ids):
+        piece = tokenizer.decode([ids[i]])
+        # UTF-8 characters are at most 4 bytes, so at most 4 tokens make one up
+        spans = (tokenizer.decode(ids[i:j]) for j in range(i + 2, min(i + 4, len(ids)) + 1))
+        whole = "\ufffd" in piece and next(((j, t) for j, t in enumerate(spans, 2) if "\ufffd" not in t), None)
+        if not whole:  # a whole token, or bytes that make no character (an invalid byte, a character cut off)
+            strings.append(piece)
+            i += 1
+            continue
+        n, text = whole
+        strings += [f"{text}({k}/{n})" for k in range(1, n + 1)]
+        i += n
+    return strings
 
 
 def _weights(model: GPT, ids: list[int]) -> torch.Tensor:

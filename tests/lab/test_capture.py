@@ -9,8 +9,14 @@ import torch
 
 from minigpt import GPT, GPTConfig, attention_maps
 from minigpt.core.errors import UserError
-from minigpt.core.tokenizers import CharTokenizer
-from minigpt.lab.capture import capture_attention, head_metrics, induction_scores, random_repeated_ids
+from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer
+from minigpt.lab.capture import (
+    capture_attention,
+    head_metrics,
+    induction_scores,
+    random_repeated_ids,
+    token_strings,
+)
 from support import LAB_CHARS as CHARS
 from support import LAB_PROMPT as PROMPT
 from support import lab_model as random_model
@@ -124,3 +130,14 @@ def test_a_capture_over_the_memory_budget_is_refused_before_running(monkeypatch)
 def test_library_call_raises_user_error_for_an_empty_prompt():
     with pytest.raises(UserError, match="empty"):
         attention_maps(random_model(), CharTokenizer(CHARS), "")
+
+
+def test_tokens_that_split_a_character_show_it_and_their_part():
+    """Byte-level tokens of one character each decode to U+FFFD alone; the lab labels them with the character and
+    which part each is, and keeps U+FFFD only for bytes that make no character."""
+    tokenizer = ByteTokenizer()
+    assert token_strings(tokenizer, tokenizer.encode("aé 😀")) == [
+        *["a", "é(1/2)", "é(2/2)", " "],
+        *["😀(1/4)", "😀(2/4)", "😀(3/4)", "😀(4/4)"],
+    ]
+    assert token_strings(tokenizer, [0xFF, 97, 0xE2, 0x80]) == ["\ufffd", "a", "\ufffd", "\ufffd"]  # a cut-off tail
