@@ -1,8 +1,8 @@
 """minigpt: a small, readable, fast GPT trainer.
 
     from minigpt import GPT, GPTConfig, load_model, generate
-    model, tokenizer = minigpt.load_chat_model("out/sft")       # a chat run, or a HF model with a chat template
-    minigpt.chat(model, tokenizer, "What is 2 + 2?")             # one reply; ChatSession for several turns
+    model, tokenizer = minigpt.load_chat_model("out/sft_addition")  # a chat run, or a HF model with a chat template
+    minigpt.chat(model, tokenizer, "What is 2 + 2?")                 # one reply; ChatSession for several turns
 
 The package is layered (each imports only those before it): core (config, model, generation, tokenizers, the
 checkpoint format), then data, hf (Hugging Face interop), lab (the attention lab) and evaluation (loss, lm-eval),

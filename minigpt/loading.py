@@ -25,6 +25,7 @@ from minigpt.core.checkpoint import (
     run_checkpoints,
 )
 from minigpt.core.compiled import note_once
+from minigpt.core.config import ATTENTIONS, Attention
 from minigpt.core.devices import resolve_device
 from minigpt.core.errors import CheckpointError, UserError, first_line
 from minigpt.core.lora import LoRAConfig, adapter_names, checkpoint_lora, fingerprint, lora_model, merge_lora
@@ -51,7 +52,7 @@ def is_hf_source(source: str | Path | None) -> bool:
 def load_model(
     source: str | Path | None = None,
     device: str | torch.device = "cpu",
-    attention: str | None = None,
+    attention: Attention | None = None,
     quantize: Quantization | None = None,
     generating: tuple[int, int] | None = None,
 ) -> tuple[GPT, Tokenizer]:
@@ -68,6 +69,8 @@ def load_model(
     """
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise UserError(f"quantize: unknown value {quantize!r}; choose one of {', '.join(QUANTIZATIONS)} (or None)")
+    if attention is not None and attention not in ATTENTIONS:  # the caller's argument, not the checkpoint's fault
+        raise UserError(f"attention: unknown value {attention!r}; choose one of {', '.join(ATTENTIONS)} (or None)")
     device = resolve_device(str(device))  # "auto", and a device this machine lacks as one line
     return _load_model(source, device, attention, quantize, announce=True, generating=generating)
 

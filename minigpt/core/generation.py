@@ -16,6 +16,7 @@ them (generate and ChatSession build one); the filters and sample_next trust wha
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -137,7 +138,20 @@ def refill_length(block_size: int) -> int:
     return max(1, block_size // 2)
 
 
-@torch.inference_mode()
+def plain_tensor_out(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """Run fn under inference_mode (its KV caches, and on a GPU its decode graphs' static cache, are made there)
+    but return an ordinary tensor: an inference tensor refuses autograd and in-place edits outside it."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs) -> torch.Tensor:
+        with torch.inference_mode():
+            out = fn(*args, **kwargs)
+        return out.clone()  # a copy made outside inference_mode is an ordinary tensor (ids: bytes, not time)
+
+    return run
+
+
+@plain_tensor_out
 def generate(
     model: GPT,
     idx: torch.Tensor,

@@ -164,12 +164,12 @@ class LoRALinear(nn.Module):
         self.weight = nn.Parameter(weight.to(dtype) if dtype is not None else weight, requires_grad=False)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
         self.pieces, self.scaling = dict(pieces), cfg.scaling
-        n_in, device = weight.size(1), weight.device
+        # the adapters, and the merged weight, in the dtype the layer computed in (a frozen base_dtype copy aside)
+        self.compute_dtype = weight.dtype
+        n_in, like = weight.size(1), {"device": weight.device, "dtype": weight.dtype}
         targeted = [p for p in pieces if p in cfg.targets]
-        self.lora_A = nn.ParameterDict({p: nn.Parameter(torch.empty(cfg.rank, n_in, device=device)) for p in targeted})
-        self.lora_B = nn.ParameterDict(
-            {p: nn.Parameter(torch.zeros(pieces[p], cfg.rank, device=device)) for p in targeted}
-        )
+        self.lora_A = nn.ParameterDict({p: nn.Parameter(torch.empty(cfg.rank, n_in, **like)) for p in targeted})
+        self.lora_B = nn.ParameterDict({p: nn.Parameter(torch.zeros(pieces[p], cfg.rank, **like)) for p in targeted})
         for a in self.lora_A.values():  # A as nn.Linear initialises its weight, B zero (the paper's, PEFT's)
             nn.init.kaiming_uniform_(a, a=math.sqrt(5))
         self.dropout = nn.Dropout(cfg.dropout)
@@ -198,11 +198,13 @@ class LoRALinear(nn.Module):
 
     @torch.no_grad()
     def delta(self) -> torch.Tensor:
-        """alpha / r * B @ A for each piece (zeros where none), stacked as the weight's rows: (out, in), float32."""
+        """alpha / r * B @ A for each piece (zeros where none), stacked as the weight's rows: (out, in), in float32
+        (float64 for a float64 layer)."""
+        wide = torch.promote_types(self.compute_dtype, torch.float32)
         if not self.lora_A:
-            return self.weight.new_zeros(self.weight.shape, dtype=torch.float32)
+            return self.weight.new_zeros(self.weight.shape, dtype=wide)
         a, b = self.stacked()
-        return self.scaling * (b.float() @ a.float())
+        return self.scaling * (b.to(wide) @ a.to(wide))
 
 
 class GrownEmbedding(nn.Module):
@@ -331,13 +333,16 @@ def plain_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
 
 @torch.no_grad()
 def merge_lora(model: GPT) -> GPT:
-    """Fold every adapter into its weight (float32) and append the new rows, in place, one layer at a time (so a
-    large model never holds two copies): the model becomes a plain GPT computing what the LoRA model computed."""
+    """Fold every adapter into its weight (summed in float32 or wider, kept in the layer's compute dtype) and append
+    the new rows, in place, one layer at a time (so a large model never holds two copies): the model becomes a
+    plain GPT computing what the LoRA model computed."""
     for block in model.transformer.h:
         for name in block_pieces(model.config):
             parent, attr = block.get_submodule(name.split(".")[0]), name.split(".")[1]
             lora = getattr(parent, attr)
-            setattr(parent, attr, plain_linear(lora.weight.float() + lora.delta(), lora.bias))
+            delta = lora.delta()
+            merged = (lora.weight.to(delta.dtype) + delta).to(lora.compute_dtype)
+            setattr(parent, attr, plain_linear(merged, lora.bias))
     wte, head = model.transformer.wte, model.lm_head
     if isinstance(head, GrownHead):
         head_weight = torch.cat([head.weight, head.new_rows.to(head.weight.dtype)])

@@ -303,7 +303,7 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         config.validate()
-        self.config = config
+        self.config = config = replace(config)  # its own: the caller's (shared by other models) stays as it was
         self.transformer = nn.ModuleDict(
             dict(
                 wte=embedding(config.vocab_size, config.n_embd),
@@ -391,7 +391,8 @@ class GPT(nn.Module):
         attn_weights: list[torch.Tensor] | None = None,
         last_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx (B, T) token ids -> logits (B, T, vocab), and the mean cross-entropy if targets (B, T) are given.
+        """idx (B, T) token ids -> logits (B, T, vocab), and the mean cross-entropy if targets (B, T) are given
+        (in float32, or the model's float64; a target of -1 is not scored: a prompt's or padding's position).
         last_only: the last position's logits only, (B, 1, vocab), which is all generating needs (the head over
         every position of a 512-token prompt would be a third of a GPT-2-124M prefill's work).
 
@@ -458,7 +459,8 @@ class GPT(nn.Module):
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1), ignore_index=-1)
+            wide = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 up to float32; float64 kept
+            loss = F.cross_entropy(wide.flatten(0, 1), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> list[KVCache]:
@@ -482,8 +484,7 @@ class GPT(nn.Module):
 
     def set_attention(self, attention: str) -> None:
         """Switch every layer to another attention path; the weights are shared, so outputs stay the same."""
-        replace(self.config, attention=attention)  # checked first: a refused path leaves the model as it was
-        self.config.attention = attention
+        self.config = replace(self.config, attention=attention)  # checked first: a refused path changes nothing
         for block in self.transformer.h:
             block.attn.attention = attention
 

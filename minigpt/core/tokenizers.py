@@ -81,6 +81,8 @@ class CharTokenizer(Tokenizer):
         return ids
 
     def decode(self, ids: Sequence[int]) -> str:
+        if (low := min(ids, default=0)) < 0:  # a list index would wrap round to the last characters
+            raise ValueError(f"token id {low} is negative; this vocabulary's ids are 0 to {len(self.chars) - 1}")
         return "".join(self.chars[i] for i in ids)
 
     def to_dict(self) -> dict[str, Any]:

@@ -87,6 +87,17 @@ def test_same_seed_same_samples_different_seed_different():
     assert torch.equal(sample(1337, use_kv_cache=False), a)
 
 
+def test_the_generated_ids_are_an_ordinary_tensor():
+    """Generated ids feed training (self-training, RL) and get edited: an inference tensor (generate ran under
+    inference_mode) refused both."""
+    model = varied_gpt("gpt", 4)
+    out = generate(model, random_ids(), 8, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert not out.is_inference()
+    model.train()
+    model(out[:, :-1], out[:, 1:])[1].backward()
+    out[:, 0] = 1
+
+
 def test_stop_token_stops_pads_and_streams():
     model = varied_gpt("gpt", 4)
     idx = random_ids(batch=3, length=3, seed=4)

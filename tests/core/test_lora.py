@@ -94,6 +94,26 @@ def test_merged_weights_compute_what_base_plus_adapters_compute(name, base_dtype
     GPT(run).load_state_dict(merged_model.state_dict())
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_a_model_in_another_dtype_gets_adapters_and_a_merge_in_its_dtype(dtype):
+    """From Python a model may be float64 (gradient checks) or bfloat16: the adapters were float32 whatever the
+    layer's dtype, and the first forward failed (BFloat16 != float); the merge left float32 weights in it."""
+    base = base_model(arch="llama", n_kv_head=2).to(dtype)
+    run = GPTConfig.from_dict({**base.config.to_dict(), "vocab_size": 53})  # grown rows too
+    idx = torch.randint(0, 50, (2, 16))
+    with torch.no_grad():
+        expected, _ = base(idx)
+        fresh, _ = lora_model(copy.deepcopy(base), run, LoRAConfig(rank=4)).eval()(idx)
+    fresh_tolerance, merged_tolerance = (0, 1e-12) if dtype == torch.float64 else (0.05, 0.1)  # bf16: 8 bits
+    torch.testing.assert_close(fresh[..., :50], expected, atol=fresh_tolerance, rtol=0)
+    model = with_trained_adapters(lora_model(base, run, LoRAConfig(rank=4, alpha=8)).eval())
+    with torch.no_grad():
+        unmerged, _ = model(idx)
+        merged, _ = merge_lora(model)(idx)
+    assert {p.dtype for p in model.parameters()} == {dtype} and merged.dtype == dtype
+    torch.testing.assert_close(merged, unmerged, atol=merged_tolerance, rtol=0)
+
+
 def test_each_targeted_projection_has_its_own_adapter_over_its_rows():
     base = base_model(arch="llama", n_kv_head=2)
     model = lora_model(base, base.config, LoRAConfig(rank=4, alpha=8, targets=["q", "v", "down"]))

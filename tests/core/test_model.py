@@ -50,6 +50,26 @@ def test_paths_agree_in_float64_to_float64s_precision(arch, n_kv_head):
         assert (model(idx)[0] - ref).abs().max().item() < 1e-12, attention
 
 
+def test_a_float64_models_loss_is_float64():
+    """The loss was taken in float32 whatever the logits: a float64 gradient check stopped at float32's precision."""
+    model = build(tiny("llama", 2)).double()
+    idx, targets = torch.randint(0, 256, (2, 2, 16), generator=torch.Generator().manual_seed(4))
+    targets[0, :5] = -1  # not scored (a prompt's positions)
+    logits, loss = model(idx, targets)
+    expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
+    assert loss.dtype == torch.float64 and (loss - expected).abs().item() < 1e-14
+
+
+def test_a_model_keeps_its_own_config():
+    """Two models built from one config: switching one's attention path left the other's config naming the new path
+    while its layers ran the old one (and a checkpoint of it recorded the wrong path)."""
+    cfg = tiny()
+    a, b = GPT(cfg), GPT(cfg)
+    a.set_attention("manual")
+    assert (a.config.attention, b.config.attention, cfg.attention) == ("manual", "sdpa", "sdpa")
+    assert {block.attn.attention for block in b.transformer.h} == {"sdpa"}
+
+
 @pytest.mark.parametrize("arch,n_kv_head", VARIANTS)
 def test_paths_agree_forward_and_backward(arch, n_kv_head):
     model = build(tiny(arch, n_kv_head))

@@ -109,12 +109,15 @@ def test_load_model_quantizes_a_checkpoint(tmp_path, monkeypatch):
     assert torch.equal(generate(int8, idx, 4, temperature=0)[:, :8], idx)
 
 
-def test_load_model_refuses_an_unknown_quantization_and_a_missing_device(tmp_path):
+def test_load_model_refuses_an_unknown_quantization_or_attention_and_a_missing_device(tmp_path):
     """The API's edge, as the commands' flags are: one UserError each, not a silent int8 or torch's own error."""
     path = tmp_path / "m.ckpt"
     save_file(model_checkpoint(varied_gpt("gpt", 4, vocab_size=256), ByteTokenizer()), path)
     with pytest.raises(UserError, match=r"^quantize: unknown value 'int4'; choose one of int8"):
         load_model(path, quantize="int4")
+    # the caller's argument, not a fault of the checkpoint (it was a CheckpointError naming the file)
+    with pytest.raises(UserError, match=r"^attention: unknown value 'flash'; choose one of sdpa, manual, einops"):
+        load_model(path, attention="flash")
     missing = [("gpu", "'gpu' is not a device minigpt runs on")]
     missing += [] if torch.backends.mps.is_available() else [("mps", "mps: MPS is not available here")]
     for device, words in missing:

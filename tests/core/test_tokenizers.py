@@ -132,3 +132,12 @@ def test_bpe_vocab_in_unicode_digits_is_one_line(spec):
     with pytest.raises(DataError, match="in the digits 0-9"):
         bpe_vocab_size(spec)
     assert bpe_vocab_size("bpe:4_096") == 4096
+
+
+def test_a_negative_id_is_refused_by_the_char_tokenizer_not_read_from_the_end():
+    from minigpt.core.tokenizers import CharTokenizer
+
+    tokenizer = CharTokenizer("abc")
+    assert tokenizer.decode([0, 2]) == "ac"
+    with pytest.raises(ValueError, match=r"^token id -1 is negative; this vocabulary's ids are 0 to 2$"):
+        tokenizer.decode([0, -1])  # a Python list index: it was "ac"
