@@ -10,9 +10,13 @@ in the flags, the checkpoint or the address ends in one `error:` line and exit c
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -162,10 +166,9 @@ def _main(argv: list[str] | None) -> None:
         parser.error(problem)
     args = parser.parse_args(argv)
     try:
-        import uvicorn
-
-        from minigpt.serve.app import create_app, uvicorn_config
+        from minigpt.serve.app import create_app
         from minigpt.serve.engine import in_passing
+        from minigpt.serve.limits import EngineFirstServer, uvicorn_config
     except ImportError as e:
         raise UserError(
             f"minigpt serve needs the serve extra ({e.name} is missing): pip install 'minigpt[serve]'"
@@ -207,12 +210,27 @@ def _main(argv: list[str] | None) -> None:
         doing = f"compiling the decode step{graphs}" if engine.compile else "capturing the decode step's CUDA graphs"
         tail = " (tens of seconds; --compile false skips the compile)" if engine.compile else ""
         print(f"note: {doing} for batch sizes {sizes} before the first request is answered{tail}", file=sys.stderr)
-    server = uvicorn.Server(uvicorn_config(app, log_level=args.log_level, timeout_graceful_shutdown=5))
+    server = EngineFirstServer(uvicorn_config(app, log_level=args.log_level, timeout_graceful_shutdown=5))
     try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn shut down cleanly, then re-raised the Ctrl-C: stopping is what it asked for
+        with sigterm_as_ctrl_c():
+            server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn shut down cleanly, then re-raised the signal: stopping is what it asked for
         pass
     print("stopped", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM ends the server as Ctrl-C does (exit 0, "stopped"): uvicorn shuts down cleanly on either, then raises
+    the signal again, and SIGTERM's default action ended the process with 143."""
+    if threading.current_thread() is not threading.main_thread():  # (only the main thread may set a handler)
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def main(argv: list[str] | None = None) -> None:

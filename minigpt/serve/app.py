@@ -35,7 +35,7 @@ from minigpt.core.errors import UserError, first_line
 from minigpt.core.generation import prompt_ids
 from minigpt.core.model import GPT
 from minigpt.core.tokenizer_base import Tokenizer
-from minigpt.serve.engine import Engine, QueueFull, Ticket, Update
+from minigpt.serve.engine import SHUTTING_DOWN, Engine, QueueFull, Ticket, Update
 from minigpt.serve.engine import Request as Generation
 from minigpt.serve.errors import APIError, unparsable_body, validation_error
 from minigpt.serve.limits import BodyLimit, uvicorn_config
@@ -84,13 +84,10 @@ class Server:
                 "hold the reply; send a shorter prompt"
             )
         elif limit is not None and limit > room:
-            param, problem = (
-                "max_tokens",
-                (
-                    f"max_tokens is {limit}, but the prompt ({len(ids)} tokens) leaves room "
-                    f"for {room} in this model's context of {self.context}; ask for at most "
-                    f"{room}"
-                ),
+            param = body.limit_field()
+            problem = (
+                f"{param} is {limit}, but the prompt ({len(ids)} tokens) leaves room for {room} in this model's "
+                f"context of {self.context}; ask for at most {room}"
             )
         else:
             problem = None
@@ -170,6 +167,11 @@ def create_app(
     decode step is compiled and captured (on a GPU: Engine.start).  request_timeout: seconds a request's headers
     may take to arrive, and then its body (run it with uvicorn_config's protocol for the headers' bound).
     compile: the engine's (None = on a GPU with Triton)."""
+    if api_key is not None and not (api_key and api_key.isascii() and api_key.isprintable()):
+        raise UserError(  # "" let a bare "Bearer" in; a header carries no other characters, so no key could match
+            "the API key is empty or has characters an HTTP header cannot carry; give one of printable ASCII "
+            "characters (--api_key or $MINIGPT_API_KEY), or none"
+        )
     server = Server(model, tokenizer, name, Engine(model, tokenizer, max_batch, max_queue, compile=compile))
     page = (files("minigpt.serve") / "static" / "index.html").read_text(encoding="utf-8")
 
@@ -187,7 +189,7 @@ def create_app(
             CORSMiddleware,
             allow_origins=list(cors_origins),
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["*"],  # the openai JS client sends x-stainless-* headers; the origins are the guard
         )
 
     @app.exception_handler(APIError)
@@ -206,12 +208,7 @@ def create_app(
 
     @app.exception_handler(QueueFull)
     async def busy(request: Request, e: QueueFull) -> JSONResponse:
-        return APIError(
-            503,
-            f"the server is busy ({server.engine.max_batch} requests decoding, "
-            f"{server.engine.max_queue} waiting); try again shortly",
-            code="server_busy",
-        ).response()
+        return APIError(503, f"the server is busy ({e}); try again shortly", code="server_busy").response()
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:  # an unknown path or method
@@ -323,6 +320,8 @@ async def collected(updates: AsyncIterator[Update]) -> tuple[str, Update]:
         parts.append(update.text)
     if update is None or update.finish_reason is None:  # nobody is listening any more
         raise APIError(499, "the client closed the request", code="client_closed_request")
+    if update.finish_reason == "error" and update.error == SHUTTING_DOWN:
+        raise APIError(503, SHUTTING_DOWN, code="server_shutting_down")
     if update.finish_reason == "error":
         raise APIError(500, update.error or "decoding failed", code="decoding_failed")
     return "".join(parts), update

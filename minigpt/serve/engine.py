@@ -48,9 +48,11 @@ from minigpt.core.model import GPT
 from minigpt.core.tokenizer_base import Tokenizer
 from minigpt.serve.text import TextStream
 
-__all__ = ["Engine", "QueueFull", "Request", "Ticket", "Update", "in_passing"]
+__all__ = ["SHUTTING_DOWN", "Engine", "QueueFull", "Request", "Ticket", "Update", "in_passing"]
 
 log = logging.getLogger("minigpt.serve")
+
+SHUTTING_DOWN = "the server is shutting down"  # the error of every request the engine's stop ends
 T = TypeVar("T")
 TIMED_STEPS = 5  # on a CPU, one row's steps timed each way (compiled, uncompiled) before the server answers
 step_clock = time.perf_counter  # what they are timed with (a test puts a fake one here)
@@ -143,6 +145,7 @@ class Engine:
         self.device = model.lm_head.weight.device
         self.vocab_size = min(tokenizer.vocab_size, model.config.vocab_size)
         self.waiting: deque[Ticket] = deque()
+        self.admitting = 0  # taken from waiting, not yet in running (their prefill): counted as decoding
         self.running: list[Ticket] = []  # request b decodes in row b of the cache
         self.cache = None  # the batch's KV cache, one per layer; let go when the batch empties (the graphs keep theirs)
         self.compile = self._compiles(compile, decode_graphs)
@@ -166,8 +169,13 @@ class Engine:
         context = request.prompt if request.continues_prompt else ()  # a SentencePiece space at the start is kept
         ticket = Ticket(request, on_update, generator, TextStream(self.tokenizer, request.stop, context))
         with self._wake:
-            if self.queued() >= self.max_queue:
-                raise QueueFull(f"{self.queued()} requests are already waiting")
+            if self._stopping and self._thread is not None:  # a request that came while the engine stops
+                self._finish(ticket, "error", SHUTTING_DOWN)
+                return ticket
+            # max_batch + max_queue in all: a burst on an idle server waits for its rows, not a 503
+            decoding = sum(not t.cancelled for t in self.running) + self.admitting
+            if decoding + self.queued() >= self.max_batch + self.max_queue:
+                raise QueueFull(f"{decoding} requests decoding, {self.queued()} waiting")
             self.waiting.append(ticket)
             self._wake.notify()
         return ticket
@@ -248,13 +256,18 @@ class Engine:
                         self.waiting.popleft()
                         for _ in range(min(len(self.waiting), self.max_batch - len(self.running)))
                     ]
+                    self.admitting = len(joining)
                 try:
                     for ticket in joining:
                         self._admit(ticket)
+                        with self._wake:  # now in running, or finished at its first token
+                            self.admitting -= 1
                     if self.running:
                         self._step()
                 except Exception as e:  # a bug, or the device out of memory: fail what runs, keep serving
                     log.exception("decoding failed")
+                    with self._wake:
+                        self.admitting = 0
                     failed = self.running + [t for t in joining if t not in self.running and not t.finished]
                     self.running, self.cache = [], None
                     for ticket in failed:
@@ -262,7 +275,7 @@ class Engine:
         with self._wake:
             left, self.running, self.waiting, self.cache = self.running + list(self.waiting), [], deque(), None
         for ticket in left:
-            self._finish(ticket, "error", "the server is shutting down")
+            self._finish(ticket, "error", SHUTTING_DOWN)
 
     def _drop_cancelled(self) -> None:
         self.waiting = deque(t for t in self.waiting if not t.cancelled)

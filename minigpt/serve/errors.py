@@ -29,7 +29,10 @@ class APIError(Exception):
 def union_member(part: object) -> bool:
     """A part of pydantic's error location that names the union member it tried: a type, CamelCase or with brackets."""
     return isinstance(part, str) and (
-        part in ("str", "int", "float", "bool", "none") or "[" in part or part[:1].isupper()
+        part in ("str", "int", "float", "bool", "none")
+        or "[" in part
+        or part[:1].isupper()
+        or part.startswith("constrained-")  # a str with a min_length
     )
 
 

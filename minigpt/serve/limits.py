@@ -18,7 +18,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from minigpt.serve.errors import APIError
 
-__all__ = ["BodyLimit", "RequestDeadline", "uvicorn_config"]
+__all__ = ["BodyLimit", "EngineFirstServer", "RequestDeadline", "uvicorn_config"]
 
 
 class BodyLimit:
@@ -123,6 +123,19 @@ def headers_timeout(seconds: float) -> bytes:
     body = error.response().body
     head = f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
     return (head + "connection: close\r\n\r\n").encode() + body
+
+
+class EngineFirstServer(uvicorn.Server):
+    """uvicorn's server for an app of create_app, whose shutdown (Ctrl-C, SIGTERM) stops the app's engine first: every
+    request in flight then ends at once with OpenAI's error JSON ("the server is shutting down"; a stream with its
+    error event).  uvicorn's own order waits timeout_graceful_shutdown for the connections, then cancels the
+    requests mid-response (a plain-text 500, a stream cut without an end) and only then runs the app's shutdown."""
+
+    async def shutdown(self, sockets=None) -> None:
+        for listener in self.servers:
+            listener.close()  # no new connections while the engine stops (uvicorn closes them too, later)
+        await asyncio.to_thread(self.config.app.state.server.engine.stop)
+        await super().shutdown(sockets)
 
 
 def uvicorn_config(app: FastAPI, **settings) -> uvicorn.Config:

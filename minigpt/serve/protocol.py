@@ -48,7 +48,8 @@ class StreamOptions(Body):
     include_usage: bool = False
 
 
-Stop = str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=4)] | None
+StopText = Annotated[str, Field(min_length=1)]  # "" would end every reply before its first character
+Stop = StopText | Annotated[list[StopText], Field(max_length=4)] | None
 
 
 class Sampling(Body):
@@ -56,8 +57,8 @@ class Sampling(Body):
 
     model: str
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False)  # NaN: "a finite number", not "<= 2"
+    top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
     top_k: int | None = Field(None, ge=1)
     stop: Stop = None
     seed: int | None = Field(None, ge=-MAX_SEED - 1, le=MAX_SEED)
@@ -71,6 +72,10 @@ class Sampling(Body):
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
+    def limit_field(self) -> str:
+        """The field that set the reply's token limit, for an error about it."""
+        return "max_tokens"
+
 
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
@@ -79,6 +84,9 @@ class ChatRequest(Sampling):
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def limit_field(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
 
 class CompletionRequest(Sampling):

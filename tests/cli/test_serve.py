@@ -3,6 +3,7 @@ as one `error:` line with exit code 2.  The server itself is tested in tests/ser
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -10,7 +11,9 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
+import httpx
 import openai
 import pytest
 
@@ -78,6 +81,55 @@ def test_minigpt_serve_answers_with_the_checkpoints_replies_until_interrupted(ch
         process.stderr.close()
 
 
+def start_serving(ckpt, *flags: str) -> tuple[subprocess.Popen, str]:
+    """`minigpt serve` on a free port -> (its process, its URL), once it says it serves."""
+    command = [sys.executable, "-m", "minigpt.cli.main", "serve", "--ckpt", str(ckpt), "--port", "0", *flags]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    before = []
+    while not (line := process.stderr.readline()).startswith("serving "):
+        assert line, f"minigpt serve ended before serving: {''.join(before)}"
+        before.append(line)
+    return process, re.search(r"at (\S+)/v1", line).group(1)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_ends_the_requests_in_flight_with_openais_error_and_exits_0(tmp_path, sig):
+    """Ctrl-C or SIGTERM while requests decode: each ends at once with the engine's error (a stream's error event,
+    a 503 JSON), not uvicorn's plain-text 500 and a stream cut off 5 s later; SIGTERM ended the process with 143."""
+    tokenizer = CharTokenizer("\n abcdefghij")
+    path = tmp_path / "long" / "checkpoints" / "best.ckpt"
+    path.parent.mkdir(parents=True)
+    save_file(model_checkpoint(varied_gpt("llama", vocab_size=tokenizer.vocab_size, block_size=8192), tokenizer), path)
+    process, url = start_serving(path, "--log_level", "warning")
+    watchdog = threading.Timer(120, process.kill)
+    watchdog.start()
+    try:
+        body = {"model": "long", "prompt": "abc", "max_tokens": 8000, "temperature": 0}
+        whole = {}
+        waiting = threading.Thread(target=lambda: whole.update(r=httpx.post(f"{url}/v1/completions", json=body)))
+        with httpx.stream("POST", f"{url}/v1/completions", json=body | {"stream": True}, timeout=60) as stream:
+            events = stream.iter_lines()
+            assert next(events).startswith("data: {")  # decoding (8000 tokens: seconds, not milliseconds)
+            waiting.start()
+            while httpx.get(f"{url}/health").json()["running"] < 2:  # both decoding
+                time.sleep(0.01)
+            process.send_signal(sig)
+            last = [line for line in events if line.startswith("data: ")][-1]
+        assert json.loads(last[6:])["error"]["message"] == "the server is shutting down"
+        waiting.join()
+        assert whole["r"].status_code == 503, whole["r"].text
+        assert whole["r"].json()["error"]["code"] == "server_shutting_down"
+        assert process.wait(timeout=30) == 0
+        err = process.stderr.read()
+        assert err.rstrip().endswith("stopped") and "Traceback" not in err, err
+    finally:
+        watchdog.cancel()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stderr.close()
+
+
 @pytest.mark.parametrize("flag, compiled", [([], False), (["--compile"], True), (["--compile", "false"], False)])
 def test_compile_reaches_the_engine_and_says_the_server_compiles_before_it_answers(
     monkeypatch, capsys, chat_ckpt, flag, compiled
@@ -112,6 +164,8 @@ def test_mistakes_are_one_error_line(capsys, chat_ckpt, tmp_path):
     assert "attention" in one_error_line(capsys, ["--attention", "flash"])
     assert "compile" in one_error_line(capsys, ["--compile", "maybe"])
     assert "checkpoint not found" in one_error_line(capsys, ["--ckpt", str(tmp_path / "none.ckpt"), "--port", "0"])
+    line = one_error_line(capsys, ["--ckpt", str(chat_ckpt), "--port", "0", "--api_key", ""])
+    assert line.startswith("error: the API key is empty"), line
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = str(taken.getsockname()[1])
         line = one_error_line(capsys, ["--ckpt", str(chat_ckpt), "--port", port])

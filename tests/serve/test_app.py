@@ -14,6 +14,7 @@ from serve_support import BLOCK, CHARS, alone, serving
 
 from minigpt import ChatSession
 from minigpt.core.chat_template import IM_END, IM_START, ChatTokenizer
+from minigpt.core.errors import UserError
 from minigpt.core.generation import prompt_ids
 from minigpt.core.tokenizers import CharTokenizer
 from minigpt.serve.app import create_app
@@ -230,8 +231,11 @@ BAD = [  # (path, body, status, param, words in the message)
     (CHAT, GOOD | {"temperature": "hot"}, 400, "temperature", "number"),
     (CHAT, GOOD | {"temperature": "0.5"}, 400, "temperature", "number"),  # a number as a string is no number
     (CHAT, GOOD | {"temperature": 3}, 400, "temperature", "less than or equal to 2"),
+    (CHAT, json.dumps(GOOD | {"temperature": float("nan")}).encode(), 400, "temperature", "finite number"),
     (CHAT, GOOD | {"max_tokens": 0}, 400, "max_tokens", "greater than or equal to 1"),
     (CHAT, GOOD | {"max_tokens": 1000}, 400, "max_tokens", "leaves room for"),
+    (CHAT, GOOD | {"max_tokens": None, "max_completion_tokens": 1000}, 400, "max_completion_tokens", "is 1000, but"),
+    (CHAT, GOOD | {"stop": ""}, 400, "stop", "at least 1 character"),
     (CHAT, GOOD | {"stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "at most 4"),
     (CHAT, GOOD | {"n": 2}, 400, "n", "1"),
     (CHAT, GOOD | {"tools": []}, 400, "tools", "unrecognized request argument"),
@@ -322,8 +326,18 @@ def test_api_key_is_required_when_set_and_cors_only_when_asked(base_model):
         assert httpx.get(f"{url}/").status_code == 200
         allowed = httpx.get(f"{url}/health", headers={"Origin": "http://allowed.test"})
         assert allowed.headers["access-control-allow-origin"] == "http://allowed.test"
+        # the openai JS client's preflight: its own x-stainless-* headers beside the key (refused: 400)
+        preflight = {
+            "Origin": "http://allowed.test",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type,x-stainless-os,x-stainless-lang",
+        }
+        assert httpx.options(f"{url}/v1/chat/completions", headers=preflight).status_code == 200
         other = httpx.get(f"{url}/health", headers={"Origin": "http://evil.test"})
         assert "access-control-allow-origin" not in other.headers
+    for key in ("", "sëcret", "two\nlines"):  # "" let a bare "Bearer" in; the others no client can send
+        with pytest.raises(UserError, match="^the API key is empty or has characters an HTTP header cannot carry"):
+            create_app(*base_model, "tiny-base", api_key=key)
     with serving(create_app(*base_model, "tiny-base")) as url:  # by default no origin is allowed
         response = httpx.options(
             f"{url}/v1/models", headers={"Origin": "http://allowed.test", "Access-Control-Request-Method": "GET"}

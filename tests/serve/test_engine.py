@@ -88,7 +88,9 @@ def test_eight_concurrent_streams_get_what_each_would_get_alone(chat_model):
 
 
 def test_a_full_queue_answers_503_and_a_client_that_leaves_frees_its_place(base_model):
-    """The engine is not started (lifespan off), so requests stay queued until the test starts it."""
+    """The engine is not started (lifespan off), so requests stay queued until the test starts it.  The server
+    holds max_batch + max_queue requests: the first max_batch of a burst wait for rows that are free (they were
+    answered 503 while rows sat idle)."""
     app = create_app(*base_model, "tiny-base", max_batch=1, max_queue=1)
     engine = app.state.server.engine
     body = {"model": "tiny-base", "prompt": "the", "max_tokens": 5, "temperature": 0}
@@ -102,18 +104,24 @@ def test_a_full_queue_answers_503_and_a_client_that_leaves_frees_its_place(base_
     async def scenario(url: str) -> None:
         async with httpx.AsyncClient(base_url=url, timeout=60) as http:
             first = asyncio.create_task(http.post("/v1/completions", json=body))
-            await until(lambda: engine.stats()["waiting"] == 1)
+            second = asyncio.create_task(http.post("/v1/completions", json=body))
+            await until(lambda: engine.stats()["waiting"] == 2)
             busy = await http.post("/v1/completions", json=body)
             assert busy.status_code == 503
-            assert busy.json()["error"]["code"] == "server_busy" and "try again" in busy.json()["error"]["message"]
+            message = busy.json()["error"]["message"]  # the counts as they are, not the limits
+            assert busy.json()["error"]["code"] == "server_busy"
+            assert message == "the server is busy (0 requests decoding, 2 waiting); try again shortly"
             first.cancel()  # this client gives up while it waits
-            await until(lambda: engine.stats()["waiting"] == 0)
+            await until(lambda: engine.stats()["waiting"] == 1)
+            third = asyncio.create_task(http.post("/v1/completions", json=body))
+            await until(lambda: engine.stats()["waiting"] == 2)
             engine.start()
             try:
-                served = await http.post("/v1/completions", json=body)
+                served = await asyncio.gather(second, third)
             finally:
                 await asyncio.to_thread(engine.stop)
-            assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 5
+            assert [r.status_code for r in served] == [200, 200]
+            assert all(r.json()["usage"]["completion_tokens"] == 5 for r in served)
 
     with serving(app, lifespan="off") as url:
         asyncio.run(scenario(url))
