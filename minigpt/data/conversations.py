@@ -18,7 +18,13 @@ from typing import Any
 from minigpt.core.chat_template import ROLES
 from minigpt.core.errors import DataError, first_line
 from minigpt.core.user_files import DOCUMENT_BYTES, json_lines, loads, read_user_text
-from minigpt.data.sources import DEFAULT_SOURCE, check_hub_reachable, hub_retries_quiet
+from minigpt.data.sources import (
+    DEFAULT_SOURCE,
+    check_hub_reachable,
+    dataset_failure,
+    hub_retries_quiet,
+    load_local_dataset,
+)
 
 __all__ = ["read_conversations", "source_rows", "to_messages"]
 
@@ -100,14 +106,14 @@ def _dataset_rows(source: str, what: str) -> Iterator[tuple[Any, str]]:
         check_hub_reachable(source)  # (before the try below, which would wrap its DataError)
     try:
         if local.suffix.lower() == ".parquet":
-            ds = datasets.load_dataset("parquet", data_files=[str(local)], split="train")
+            ds = load_local_dataset("parquet", str(local))
         else:
             name, _, config = source.partition(":")
             with hub_retries_quiet():
                 ds = datasets.load_dataset(name, config or None, split="train")
     except Exception as e:  # datasets raises many types (hub, network, parsing): each is one line here
         raise DataError(
-            f"cannot read the {what} {source} ({type(e).__name__}: {first_line(e)}); give a "
+            f"cannot read the {what} {source} ({dataset_failure(e)}); give a "
             ".jsonl, .json or .parquet file, or a datasets name"
         ) from None
     for i, row in enumerate(ds, 1):

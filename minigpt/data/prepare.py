@@ -17,7 +17,9 @@ checksums and ids, the tokenizer file's hash): a damaged one is prepared again, 
 
 from __future__ import annotations
 
+import errno
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -162,7 +164,7 @@ def prepare_data(
             }
             write_json(tmp / "meta.json", meta)  # last: its presence marks a complete preparation
             fsync_dir(tmp)
-            install_dir(tmp, out)
+            install_unless_prepared(tmp, out, fingerprint)
     finally:  # never a partial directory that a later run could take (once installed, tmp is gone)
         shutil.rmtree(tmp, ignore_errors=True)
     if corpus.skipped_files:
@@ -178,7 +180,32 @@ def prepare_data(
         f"{meta['num_documents']:,} documents ({mb:.1f} MB, {tok.name}) in {seconds:.1f}s: "
         f"{mb / max(seconds, 1e-9):.1f} MB/s, {tokens / max(seconds, 1e-9) / 1e6:.2f} M tokens/s"
     )
+    if meta["split"] == "documents" and meta["val_tokens"] < val_fraction * tokens / 4:
+        print(  # whole documents go to one side: a few large ones leave validation to the small ones
+            f"note: the validation split is {meta['val_tokens'] / tokens:.2%} of the tokens where "
+            f"val_fraction asks for {val_fraction:.0%}: documents go whole to one side, and most of the text is "
+            "in documents larger than that; split the large files into smaller ones for a fuller validation split",
+            file=sys.stderr,
+        )
     return out
+
+
+def install_unless_prepared(tmp: Path, out: Path, fingerprint: str) -> None:
+    """Install tmp at out, unless another process (a second run on the same source) has installed the same
+    preparation meanwhile: that one is kept, whole, for whoever reads it already (both renaming onto out made the
+    second rename fail, ENOTEMPTY, a traceback)."""
+
+    def prepared_meanwhile() -> bool:
+        meta = _complete_meta(out, fingerprint)
+        return meta is not None and verify_prepared(out, meta) is None
+
+    if prepared_meanwhile():
+        return
+    try:
+        install_dir(tmp, out)
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not prepared_meanwhile():
+            raise
 
 
 def load_prepared(data_dir: str | Path) -> PreparedData:

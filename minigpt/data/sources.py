@@ -94,6 +94,27 @@ class Document:
     chunks: Iterable[bytes]  # the content as UTF-8 text's bytes (or a binary file's), CHUNK_BYTES at a time
 
 
+def load_local_dataset(builder: str, path: str) -> Any:
+    """A local file read by `datasets`' builder (json, csv, parquet) as a Dataset (split "train"), read from the
+    file again: `datasets` finds its cached copy by the file's modification time alone, so a file edited and given
+    its old time back (cp -p, rsync -a, tar x) read as the old rows.  Called only where the rows are read for a
+    preparation, which reads the whole file anyway."""
+    import datasets
+
+    return datasets.load_dataset(builder, data_files=[path], split="train", download_mode="force_redownload")
+
+
+def dataset_failure(e: BaseException) -> str:
+    """Why `datasets` could not read a source, in a few words: the error it wraps (its DatasetGenerationError says
+    only "An error occurred while generating the dataset"; the parser's own, e.g. "JSON parse error ... in row 1",
+    is its cause), or that a file holds no rows (an empty file: a bare StopIteration)."""
+    if isinstance(e, StopIteration):
+        return "it holds no rows"
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return f"{type(e).__name__}: {first_line(e)}"
+
+
 @dataclass
 class Corpus:
     """A resolved source: where the documents come from, and a cheap fingerprint to tell when they change."""
@@ -116,11 +137,13 @@ class Corpus:
         return self.kind == "dataset"
 
     def fingerprint(self) -> str:
-        """Changes when the content may have: file listing with sizes and mtimes, plus the files' content hash when
-        they are small enough (CONTENT_HASH_LIMIT: an edit that keeps size and mtime); a hub dataset's name/config."""
-        listing = [(f.relpath, f.size, f.mtime_ns) for f in self.files]
+        """Changes when the content may have: the files' listing with sizes and their content hash when they are
+        small enough (CONTENT_HASH_LIMIT: an edit that keeps size and modification time), else the listing with
+        sizes and modification times (a `touch` or a checkout then prepares again); a hub dataset's name/config."""
+        hashed = bool(self.files) and sum(f.size for f in self.files) <= CONTENT_HASH_LIMIT
+        listing = [(f.relpath, f.size) if hashed else (f.relpath, f.size, f.mtime_ns) for f in self.files]
         content = None
-        if self.files and sum(f.size for f in self.files) <= CONTENT_HASH_LIMIT:
+        if hashed:
             h = hashlib.sha256()
             for f in self.files:
                 h.update(f"{f.relpath}\0{f.size}\0".encode())
@@ -147,14 +170,14 @@ class Corpus:
             if self.builder == "json":  # before `datasets`' parsers (ujson: no depth bound) see it
                 check_json_file(self.origin)
             if self.builder:
-                self._dataset = datasets.load_dataset(self.builder, data_files=[self.origin], split="train")
+                self._dataset = load_local_dataset(self.builder, self.origin)
             else:
                 with hub_retries_quiet():
                     self._dataset = datasets.load_dataset(self.origin, self.config, split="train")
         except _BUGS:
             raise
         except Exception as e:  # datasets raises many types (hub, network, parsing): report any as one line
-            why = f"{type(e).__name__}: {first_line(e)}"
+            why = dataset_failure(e)
             raise DataError(
                 f"could not read {self.origin} as {self.builder} ({why}); check the file's format"
                 if self.builder

@@ -150,6 +150,10 @@ def test_damaged_caches_are_prepared_again_and_refused_when_loaded(tmp_path, cap
     assert prepare_data(str(src), "char", data_root=root) == d
     assert "prepared" in capsys.readouterr().out
     assert "cat" in load_prepared(d).tokenizer.decode(np.asarray(load_prepared(d).train[:200]).tolist())
+    # only its modification time changed (a touch, a checkout): the content hash says it is the same
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert prepare_data(str(src), "char", data_root=root) == d
+    assert "prepared earlier from the same source" in capsys.readouterr().out
 
 
 # -------------------------------------------------------------------------------------------- 4. folder corpora

@@ -303,6 +303,22 @@ def test_document_split_deterministic(tmp_path, monkeypatch):
     assert len(p.val) > 0 and len(p.train) > 0 and p.meta["val_documents"] == 1
 
 
+def test_a_folder_whose_text_is_one_large_file_says_its_validation_split_is_small(tmp_path, capsys):
+    """Whole documents go to one side: a corpus file beside a README left validation the README alone (0.02%),
+    whatever val_fraction asked for, without a word."""
+    folder = tmp_path / "f"
+    write(folder / "corpus.txt", TEXT * 40)
+    write(folder / "README.md", "a short readme\n")
+    p = load_prepared(prepare_data(str(folder), "char", data_root=tmp_path / "data", val_fraction=0.3))
+    assert p.meta["val_documents"] == 1 and len(p.val) == len("a short readme\n")
+    assert (
+        "note: the validation split is 0.02% of the tokens where val_fraction asks for 30%" in capsys.readouterr().err
+    )
+    write(folder / "more.txt", TEXT * 40)  # three documents near a third each: no note
+    prepare_data(str(folder), "char", data_root=tmp_path / "data", val_fraction=0.3)
+    assert "note:" not in capsys.readouterr().err
+
+
 def test_cache_and_source_change(tmp_path, monkeypatch):
     src = write(tmp_path / "t.txt", TEXT)
     d = prepare_data(str(src), "char", data_root=tmp_path / "data")
@@ -357,6 +373,27 @@ def test_crash_leaves_old_preparation(tmp_path, monkeypatch):
     assert sorted(p.name for p in root.iterdir()) == [d.name]
 
 
+def test_a_run_that_finds_its_preparation_installed_by_another_meanwhile_takes_it(tmp_path, monkeypatch):
+    """Two runs preparing one source at once: the second to finish found the first's directory where it renamed
+    its own (ENOTEMPTY, a traceback).  Here the other run is a real process that finishes first."""
+    import errno
+
+    src = write(tmp_path / "t.txt", TEXT)
+    root = tmp_path / "data"
+    other = (
+        f"from minigpt.data.prepare import prepare_data; prepare_data({str(src)!r}, 'char', data_root={str(root)!r})"
+    )
+
+    def after_the_other_run(tmp, out):
+        subprocess.run([sys.executable, "-c", other], check=True, capture_output=True)
+        raise OSError(errno.ENOTEMPTY, "Directory not empty", str(tmp))  # what renaming onto its directory does
+
+    monkeypatch.setattr(prepare_mod, "install_dir", after_the_other_run)
+    d = prepare_data(str(src), "char", data_root=root)
+    assert load_prepared(d).meta["num_chars"] == len(TEXT)
+    assert sorted(p.name for p in root.iterdir()) == [d.name]  # this run's copy is gone, the other's kept
+
+
 def test_incomplete_dir_is_not_used(tmp_path):
     src = write(tmp_path / "t.txt", TEXT)
     d = prepare_data(str(src), "char", data_root=tmp_path / "data")
@@ -382,6 +419,28 @@ def test_jsonl_dataset_source(tmp_path, monkeypatch):
     assert p.meta["num_chars"] == sum(len(r["text"]) for r in rows)
     with pytest.raises(DataError, match=r"'body' not found.*columns present: id, text"):
         prepare_data(str(src), "char", data_root=tmp_path / "data", text_column="body")
+
+
+def test_a_jsonl_edited_with_its_old_time_is_read_again_and_a_bad_one_names_its_row(tmp_path, hf_cache):
+    """`datasets` finds its cached copy of a local file by modification time alone: an edit given the old time back
+    (cp -p, rsync -a) was prepared from the old rows, silently."""
+    import os
+
+    src = write_jsonl(tmp_path / "c.jsonl", ["the quick brown fox\n"] * 20)
+    before = os.stat(src)
+    d = prepare_data(str(src), "char", data_root=tmp_path / "data")
+    write_jsonl(src, ["the QUICK brown fox\n"] * 20)  # the same size
+    os.utime(src, ns=(before.st_atime_ns, before.st_mtime_ns))
+    p = load_prepared(prepare_data(str(src), "char", data_root=tmp_path / "data"))
+    assert p.meta["num_documents"] == 20 and "QUICK" in p.tokenizer.decode(p.train.tolist() + p.val.tolist())
+    assert load_prepared(d).meta == p.meta
+    # what the parser said, not "DatasetGenerationError: An error occurred while generating the dataset"
+    write(src, '{"text": "a"}\n{bad\n')
+    with pytest.raises(DataError, match=r"could not read .*c\.jsonl as json \(ArrowInvalid: JSON parse error.*row 1"):
+        prepare_data(str(src), "char", data_root=tmp_path / "data")
+    write(src, "")
+    with pytest.raises(DataError, match=r"c\.jsonl as json \(it holds no rows\)"):
+        prepare_data(str(src), "char", data_root=tmp_path / "data")
 
 
 def test_jsonl_dataset_bpe(tmp_path, monkeypatch, bpe, bpe_file):
