@@ -35,7 +35,7 @@ from minigpt.core.user_files import DOCUMENT_BYTES, loads, read_user_bytes
 from minigpt.data.bpe import plan_split, train_bpe
 from minigpt.data.encoding import char_vocabulary
 from minigpt.data.progress import Progress
-from minigpt.data.sources import DATA_ROOT_FIX, DEFAULT_SOURCE, resolve_source, sha256_json, slugify
+from minigpt.data.sources import DATA_ROOT_FIX, DECOMPRESSORS, DEFAULT_SOURCE, resolve_source, sha256_json, slugify
 from minigpt.data.token_files import token_dtype, write_tokens
 from minigpt.data.verify import file_sha256, verify_prepared
 
@@ -137,7 +137,10 @@ def prepare_data(
                 tok = train_bpe(corpus, planned, spec)
             else:
                 tok = get_tokenizer(spec)
-            progress = Progress(sum(f.size for f in corpus.files) or None, f"{corpus.name} ({tok.name})")
+            # the bytes read are text's (decompressed): a compressed file's size is no total for them
+            sized = not any(f.path.suffix.lower() in DECOMPRESSORS for f in corpus.files)
+            total = sum(f.size for f in corpus.files) if sized else None
+            progress = Progress(total, f"{corpus.name} ({tok.name})")
             try:
                 stats = write_tokens(tmp, tok, corpus, val_fraction, num_proc, planned, progress)
             finally:

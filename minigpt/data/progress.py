@@ -48,7 +48,7 @@ class Progress:
             self.last = now
             rate = num_bytes / elapsed
             done = f"{num_bytes / 1e6:,.1f} MB"
-            if self.total:
+            if self.total and num_bytes <= self.total:  # (a total that was an estimate says nothing past it)
                 eta = (self.total - num_bytes) / rate if rate > 0 else float("inf")
                 done += f" of {self.total / 1e6:,.1f} MB ({100 * num_bytes / self.total:.0f}%, ETA {eta:.0f}s)"
             print(

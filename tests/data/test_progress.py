@@ -38,3 +38,16 @@ def test_preparation_logs_while_it_reads(tmp_path, monkeypatch, capsys):
     prepare_data(str(tmp_path / "a.txt"), "char", data_root=tmp_path / "data")
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("data: a (char): ")]
     assert lines and "of 0.0 MB (100%" in lines[-1] and "38,000 tokens" in lines[-1]
+
+
+def test_a_compressed_source_gives_no_share_of_its_file_size(tmp_path, monkeypatch, capsys):
+    """The bytes read are the decompressed text's: against the .gz's size the lines read 136%, ETA -4s."""
+    import gzip
+
+    monkeypatch.setattr(progress_module, "LOG_EVERY_S", 0)
+    with gzip.open(tmp_path / "a.txt.gz", "wt") as f:
+        f.write("to be or not to be\n" * 2000)
+    prepare_data(str(tmp_path / "a.txt.gz"), "char", data_root=tmp_path / "data")
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("data: a")]
+    assert lines and all(" of " not in line and "%" not in line for line in lines), lines
+    assert "0.0 MB read, 38,000 tokens" in lines[-1]
