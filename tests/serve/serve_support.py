@@ -10,11 +10,10 @@ import time
 from contextlib import contextmanager
 
 import torch
-import uvicorn
 
 from minigpt import GPT
 from minigpt.core.generation import generate
-from minigpt.serve.app import uvicorn_config
+from minigpt.serve.limits import EngineFirstServer, uvicorn_config
 
 # "Z" is left out on purpose: a message with it must be refused
 CHARS = "\n !',.:;?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXY"
@@ -40,7 +39,7 @@ def alone(
 def serving(app, **config):
     """The app on uvicorn in a thread, on a free 127.0.0.1 port -> its base URL; stopped on exit."""
     sock = socket.create_server(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn_config(app, log_level="warning", **config))  # as `minigpt serve` runs it
+    server = EngineFirstServer(uvicorn_config(app, log_level="warning", **config))  # as `minigpt serve` runs it
     thread = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), daemon=True)
     thread.start()
     try:

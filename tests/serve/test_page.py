@@ -7,7 +7,7 @@ from importlib.resources import files
 
 import httpx
 import pytest
-from serve_support import serving
+from serve_support import alone, serving
 
 from browser import Browser, chromium_path
 from minigpt import ChatSession
@@ -60,3 +60,25 @@ def test_a_user_chats_two_turns_in_chromium_and_the_replies_stream(chat_model):
         assert page.errors == []
     assert page.requests and all(r.startswith(f"{url}/") for r in page.requests), page.requests
     assert sum(r == f"{url}/v1/chat/completions" for r in page.requests) == 2
+
+
+def test_a_base_model_page_continues_the_text_sent(base_model):
+    """A base model has no chat template: the page said chat was not available yet kept Send, and every message
+    was a 400.  Now it continues each text sent, through /v1/completions."""
+    if chromium_path() is None:
+        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
+    model, tok = base_model
+    with serving(create_app(model, tok, "tiny-base")) as url, Browser() as page:
+        page.goto(f"{url}/")
+        page.wait_for("document.getElementById('status').textContent.includes('continues the text you send')")
+        assert page.evaluate("document.getElementById('send').textContent") == "Continue"
+        assert page.evaluate("document.getElementById('system_row').hidden")
+        page.evaluate("document.getElementById('temperature').value = '0'")
+        page.type_text("#max_tokens", "20")
+        page.type_text("#input", "the cat")
+        page.press("Enter")
+        page.wait_for("document.querySelectorAll('.assistant').length === 1 && document.body.dataset.busy === '0'")
+        expected = tok.decode(alone(model, tok, tok.encode("the cat"), 20))
+        assert page.evaluate(LAST_REPLY) == expected
+        assert page.evaluate("document.querySelectorAll('.error').length") == 0 and page.errors == []
+    assert sum(r == f"{url}/v1/completions" for r in page.requests) == 1
