@@ -233,7 +233,7 @@ def resolve_source(source: str, data_root: str | Path = "data", text_column: str
     source = str(source)  # (not empty: prepare_data refuses that, as Path("") is the current directory)
     if source == "stdlib":
         root = Path(sysconfig.get_paths()["stdlib"]).resolve()
-        files = _walk(root, suffix=".py", skip_dirs=STDLIB_SKIP_DIRS)
+        files = _walk(root, suffix=".py", skip_dirs=STDLIB_SKIP_DIRS, follow_links=False)  # the corpus as it was
         return Corpus(source, "stdlib", str(root), "stdlib", files)
     if source.startswith(("http://", "https://")):
         corpus = _local_corpus(source, download(source, Path(data_root) / "downloads"), text_column)
@@ -363,11 +363,24 @@ def _local_corpus(source: str, path: Path, text_column: str) -> Corpus:
     )
 
 
-def _walk(root: Path, suffix: str | None = None, skip_dirs: Collection[str] = ()) -> list[SourceFile]:
-    """Regular files under root, sorted by relative path; hidden files and folders are skipped."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".") and d not in skip_dirs]
+def _walk(
+    root: Path, suffix: str | None = None, skip_dirs: Collection[str] = (), follow_links: bool = True
+) -> list[SourceFile]:
+    """Regular files under root, sorted by relative path; hidden files and folders are skipped.  Symlinked folders
+    are followed as symlinked files are (a user's folder's were left out without a word), each folder once (a link
+    back up would loop), in name order so the same path always takes a folder reached twice."""
+    found, seen = [], set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=follow_links):
+        try:
+            st = os.stat(dirpath)
+        except OSError:  # vanished
+            dirnames[:] = []
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            dirnames[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in skip_dirs)
         for fname in filenames:
             if fname.startswith(".") or (suffix and not fname.endswith(suffix)):
                 continue

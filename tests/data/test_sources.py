@@ -85,3 +85,20 @@ def test_train_on_a_fifo_is_one_error_line_not_a_hang(tmp_path):
         "end; pass a regular text file (save the data into one first)"
     )
     assert sorted(os.listdir(tmp_path)) == ["stream.txt"]
+
+
+def test_a_symlinked_folder_is_read_once_and_a_link_back_up_does_not_loop(tmp_path):
+    """A symlinked subfolder was left out without a word (symlinked files were read)."""
+    from minigpt.data.sources import resolve_source
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "more.txt").write_text(TEXT)
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / "a.txt").write_text(TEXT)
+    (corpus / "linked").symlink_to(elsewhere, target_is_directory=True)
+    (corpus / "sub" / "up").symlink_to(corpus, target_is_directory=True)  # a cycle
+    with deadline(30):
+        files = resolve_source(str(corpus), tmp_path / "data").files
+    assert [f.relpath for f in files] == ["a.txt", "linked/more.txt"]
