@@ -54,7 +54,10 @@ def _row_problems(row: Any) -> Iterator[str]:
         )
         return
     messages = _given_messages(row)
-    if not isinstance(messages, list) or not messages:
+    if not isinstance(messages, list):
+        yield f'"messages" is {type(messages).__name__}, not a list of messages; {FIX}'
+        return
+    if not messages:
         yield f'the conversation is empty ("messages" must be a non-empty list); {FIX}'
         return
     for i, message in enumerate(messages):
@@ -64,11 +67,14 @@ def _row_problems(row: Any) -> Iterator[str]:
             yield f"message {i} has the unknown role {message['role']!r}; use one of {', '.join(ROLES)}"
         elif not isinstance(message["content"], str):
             yield f"message {i}'s content is {type(message['content']).__name__}, not text; give a string"
-    if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages):
+    replies = [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "assistant"]
+    if not replies:
         yield (
             "the conversation has no assistant turn, so there is nothing to learn from it; add the assistant's "
             "reply or drop the row"
         )
+    elif all(reply == "" for reply in replies):  # it would teach only the end-of-turn marker
+        yield "every assistant turn is empty, so there is nothing to learn from it; give the replies' text or drop the row"
 
 
 def _given_messages(row: dict[str, Any]) -> Any:

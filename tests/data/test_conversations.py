@@ -35,6 +35,11 @@ def test_rows_from_jsonl_json_and_parquet_and_alpaca_rows(tmp_path):
         ('{"messages": [{"role": "user"}]}', r"line 2: message 0 has no \"role\" or no \"content\""),
         ('{"messages": [{"role": "robot", "content": "hi"}]}', r"line 2: message 0 has the unknown role 'robot'"),
         ('{"messages": []}', r"line 2: the conversation is empty"),
+        ('{"messages": "hello"}', r"line 2: \"messages\" is str, not a list of messages"),
+        (
+            '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]}',
+            r"line 2: every assistant turn is empty, so there is nothing to learn from it",
+        ),
         ('{"messages": [{"role": "user", "content": "hi"}]}', r"line 2: the conversation has no assistant turn"),
         ('{"text": "hi"}', r"line 2: no \"messages\""),
         ("[1, 2]", r"line 2: a row must be a JSON object"),
