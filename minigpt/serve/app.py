@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from importlib.resources import files
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
@@ -147,6 +147,28 @@ class Server:
             ticket.cancel()  # nothing once it finished; a client gone mid-way frees its row before the next step
 
 
+class RequireKey:
+    """ASGI middleware: a /v1 request without `Authorization: Bearer KEY` (compared in constant time) is answered 401
+    at once, before its body is read or checked (as a route's dependency it ran after FastAPI had parsed and
+    validated the body, so a client without the key got 400s naming the fields).  The page and /health stay open."""
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app, self.key = app, api_key.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1") and not self.allows(scope["headers"]):
+            refusal = APIError(
+                401, "a valid API key is required: send the header 'Authorization: Bearer KEY'", code="invalid_api_key"
+            )
+            return await refusal.response()(scope, receive, send)
+        await self.app(scope, receive, send)
+
+    def allows(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        given = next((value for name, value in headers if name == b"authorization"), b"")
+        scheme, _, key = given.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(key.strip(), self.key)
+
+
 def usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
@@ -184,7 +206,9 @@ def create_app(
     app = FastAPI(title="minigpt", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server, app.state.request_timeout = server, request_timeout
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes, timeout=request_timeout)
-    if cors_origins:
+    if api_key is not None:  # outside BodyLimit: a request without the key is answered before its body is read
+        app.add_middleware(RequireKey, api_key=api_key)
+    if cors_origins:  # outermost: a preflight is answered here, and a 401 gets the CORS headers too
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(cors_origins),
@@ -221,17 +245,6 @@ def create_app(
     async def bug(request: Request, e: Exception) -> JSONResponse:  # logged with its traceback by the server
         return APIError(500, f"internal error ({type(e).__name__}); the server's log has the details").response()
 
-    def authorized(request: Request) -> None:
-        if api_key is None:
-            return
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
-            raise APIError(
-                401, "a valid API key is required: send the header 'Authorization: Bearer KEY'", code="invalid_api_key"
-            )
-
-    v1 = [Depends(authorized)]
-
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def index() -> HTMLResponse:
         return HTMLResponse(page, headers={"Content-Security-Policy": PAGE_POLICY})
@@ -247,11 +260,11 @@ def create_app(
             **server.engine.stats(),
         }
 
-    @app.get("/v1/models", dependencies=v1)
+    @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [model_card()]}
 
-    @app.get("/v1/models/{model_id:path}", dependencies=v1)
+    @app.get("/v1/models/{model_id:path}")
     async def model_info(model_id: str) -> dict:
         server.check_model(model_id)
         return model_card()
@@ -259,7 +272,7 @@ def create_app(
     def model_card() -> dict:
         return {"id": name, "object": "model", "created": server.created, "owned_by": "minigpt"}
 
-    @app.post("/v1/chat/completions", dependencies=v1)
+    @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
         server.check_model(body.model)
         ids = server.chat_ids(body)
@@ -290,7 +303,7 @@ def create_app(
             "usage": usage(len(ids), last.completion_tokens),
         }
 
-    @app.post("/v1/completions", dependencies=v1)
+    @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         server.check_model(body.model)
         ids = prompt_ids(tokenizer, body.prompt)

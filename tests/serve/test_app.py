@@ -321,6 +321,10 @@ def test_api_key_is_required_when_set_and_cors_only_when_asked(base_model):
             assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
         with pytest.raises(openai.AuthenticationError):
             client(url, api_key="wrong").models.list()
+        # before the body is read: a client without the key learns nothing of the request's fields
+        for body in (b"{not json", json.dumps({"model": "tiny-base", "prompt": 3}).encode()):
+            response = httpx.post(f"{url}/v1/completions", content=body, headers={"Content-Type": "application/json"})
+            assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer", response.text
         assert client(url, api_key="sesame").completions.create(model="tiny-base", prompt="a", max_tokens=2).usage
         assert httpx.get(f"{url}/health").status_code == 200  # the page and the health check need no key
         assert httpx.get(f"{url}/").status_code == 200
