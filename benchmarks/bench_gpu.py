@@ -316,7 +316,7 @@ def overhead_child(args) -> None:
         else:
             train_py, tmp = loop == "train_py", tempfile.TemporaryDirectory()
             callbacks = [LambdaCallback(on_train_batch_start=lambda t, *_: stamp(t.global_step))]
-            config = dict(out_dir=tmp.name, checkpoint_every=1000, sample_tokens=0, attention_images=False)
+            config = dict(out_dir=tmp.name, checkpoint_every=1000, sample_tokens=0, attention_images=False, seed=0)
             trainer_config = {"max_time": "00:00:10:00", "log_every_n_steps": 25}  # as the recipe: bar redraws too
             config |= dict(compile=False, early_stopping={"patience": None}, trainer=trainer_config)
             callbacks += run_callbacks(config, B) if train_py else []

@@ -118,7 +118,7 @@ def run_lightning(module, shape, precision: str, device: torch.device, warmup: i
     tmp = tempfile.TemporaryDirectory(prefix="bench_train_")
     callbacks: list[Callback] = [LambdaCallback(on_train_batch_start=stamp, on_train_end=stamp)]
     if train_py:  # train.py's callbacks, its checkpoint every 1,000 steps (none in a run this short)
-        run_config = dict(out_dir=tmp.name, checkpoint_every=1000, sample_tokens=200, attention_images="auto")
+        run_config = dict(out_dir=tmp.name, checkpoint_every=1000, sample_tokens=200, attention_images="auto", seed=0)
         run_config |= dict(compile=False, early_stopping={"patience": None}, trainer={})
         callbacks += [c for c in run_callbacks(run_config, shape["batch_size"]) if not isinstance(c, ModelCheckpoint)]
         callbacks.append(ModelCheckpoint(dirpath=tmp.name, filename="last", every_n_train_steps=1000))
