@@ -88,6 +88,9 @@ def load_reward(spec: str) -> Reward:
     return fn
 
 
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
 def score(reward: Reward, prompts: list[Any], completions: list[str], answers: list[str], wheres: list[str]):
     """(N,) float32 rewards of N completions; one UserError naming the prompt for a reward that raises or is not
     a finite number."""
@@ -100,8 +103,12 @@ def score(reward: Reward, prompts: list[Any], completions: list[str], answers: l
                 f"the reward function failed on the prompt of {where} ({prompt!r:.60}) with {type(e).__name__}: "
                 f"{first_line(e)}; fix the function (grpo.reward)"
             ) from None
-        number = float(value) if isinstance(value, numbers.Real) else None  # (bool is an int: 1/0; numpy's too)
-        if number is None or not math.isfinite(number):
+        try:  # (bool is an int: 1/0; numpy's too)
+            number = float(value) if isinstance(value, numbers.Real) else None
+        except OverflowError:  # an int past float's range
+            number = None
+        # the rewards are float32: a float past its range (1e39) became inf there, and the loss NaN
+        if number is None or not math.isfinite(number) or abs(number) > FLOAT32_MAX:
             raise DataError(
                 f"the reward function returned {value!r:.60} for the prompt of {where} ({prompt!r:.60}), not a "
                 "finite number; "

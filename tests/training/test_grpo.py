@@ -139,6 +139,15 @@ BASES = {
 }
 
 
+@pytest.mark.parametrize("value", [1e39, -1e39, 10**400])
+def test_a_reward_past_float32s_range_is_refused_in_one_line(value):
+    """1e39 is finite in Python but inf in the float32 rewards (the loss became NaN, blamed on the learning rate);
+    10**400 made float() raise OverflowError, a traceback."""
+    with pytest.raises(UserError, match=r"^the reward function returned .* for the prompt of row 1 .* not a finite"):
+        score(lambda prompt, completion, answer: value, ["1+2?"], ["3"], ["3"], ["row 1"])
+    assert score(lambda prompt, completion, answer: 3.0e38, ["1+2?"], ["3"], ["3"], ["row 1"]).isfinite().all()
+
+
 @pytest.mark.parametrize("kind", list(BASES))
 def test_a_rollout_and_its_loss_on_every_tokenizer_kind(kind):
     """Prompt ids from the chat template, completions that stop at its end-of-turn token, texts the reward reads,
@@ -196,6 +205,15 @@ def test_grpo_logs_its_metrics_learns_the_reward_and_resumes_as_if_uninterrupted
             grpo_args(setup, "resumed", steps=9, resume="true", init_from=setup / "other.ckpt", **{"grpo.beta": 0.05})
         )
     assert torch.load(setup / "resumed" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
+
+
+def test_a_run_started_without_a_kl_is_not_resumed_with_one(setup):
+    """Started with grpo.beta 0, a run records no reference: resumed with a KL it took init_from as it is now as
+    its start, unchecked (a KL to another model, without a word)."""
+    train_main(grpo_args(setup, "no_kl", steps=2, **{"grpo.beta": 0.0}))
+    with pytest.raises(UserError, match=r"started without a reference \(grpo.beta 0\).*resume it with --grpo.beta 0"):
+        train_main(grpo_args(setup, "no_kl", steps=4, resume="true", **{"grpo.beta": 0.05}))
+    assert torch.load(setup / "no_kl" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2
 
 
 def test_lora_grpo_in_bf16_autocast_with_the_adapters_off_as_reference_ends_in_a_usable_checkpoint(
