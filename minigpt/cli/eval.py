@@ -70,7 +70,8 @@ def build_parser() -> CommandParser:
         type=int | None,
         default=None,
         help="windows of block_size tokens (--text) or requests (--tasks, default 1) evaluated at once: "
-        "speed and memory, not the result; at most as many as keep the logits within 512 MiB",
+        "speed and memory, not the result; at most as many as keep their scoring (logits and activations) "
+        "within 512 MiB",
     )
     p.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:N, mps, or auto")
     add_quantize_argument(p)

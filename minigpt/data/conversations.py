@@ -74,7 +74,10 @@ def _row_problems(row: Any) -> Iterator[str]:
             "reply or drop the row"
         )
     elif all(reply == "" for reply in replies):  # it would teach only the end-of-turn marker
-        yield "every assistant turn is empty, so there is nothing to learn from it; give the replies' text or drop the row"
+        yield (
+            "every assistant turn is empty, so there is nothing to learn from it; give the replies' text or drop "
+            "the row"
+        )
 
 
 def _given_messages(row: dict[str, Any]) -> Any:

@@ -33,7 +33,7 @@ from minigpt.core.fsutil import atomic_write, write_errors
 from minigpt.core.generation import generate, prompt_ids
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import HFTokenizer, Tokenizer
-from minigpt.evaluation.loss import LOGITS_BUDGET, text_ids
+from minigpt.evaluation.loss import MEMORY_BUDGET, bytes_per_token, text_ids
 from minigpt.evaluation.task_files import read_task_file, resolve_tasks
 
 INSTALL = (
@@ -66,7 +66,7 @@ class _Stopped(Exception):
 class MiniGPTLM(TemplateLM):
     """A minigpt model and tokenizer as an `lm_eval` LM: loglikelihood, loglikelihood_rolling, generate_until.
 
-    batch_size: requests scored at once (fewer when their logits would pass 512 MiB); max_gen_toks: the generation
+    batch_size: requests scored at once (fewer when scoring them would pass 512 MiB); max_gen_toks: the generation
     limit when a task names none.  distributed: take rank and world size from torch.distributed (Lightning DDP).
     """
 
@@ -130,7 +130,7 @@ class MiniGPTLM(TemplateLM):
     ) -> list[tuple[float, bool]]:
         """(sum of log p(continuation | context), whether greedy decoding gives it) per (key, context, continuation),
         the input cut to the last block_size tokens as HFLM cuts it; longest first, in batches."""
-        T, V = self.max_length, self.model.config.vocab_size
+        T = self.max_length
         rows = []
         for key, context, continuation in requests:
             inp = (context + continuation)[-(T + 1) :][:-1]
@@ -145,7 +145,7 @@ class MiniGPTLM(TemplateLM):
         start = 0
         while start < len(order):
             longest = len(rows[order[start]][1])
-            fits = max(1, LOGITS_BUDGET // (longest * V * 4))  # float32 logits of the batch
+            fits = max(1, MEMORY_BUDGET // (longest * bytes_per_token(self.model.config)))
             batch = order[start : start + min(self.batch_size, fits)]
             start += len(batch)
             x = torch.zeros(len(batch), longest, dtype=torch.long)  # right padding: causal, so it changes nothing

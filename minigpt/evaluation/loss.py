@@ -12,19 +12,29 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UnknownCharactersError, UserError
 from minigpt.core.model import GPT
 from minigpt.core.tokenizer_base import Tokenizer
 from minigpt.core.tokenizers import ByteTokenizer
 
-# Bytes of float32 logits one batch may hold: a GPT-2 shape (50,257 x 1024 per window) at batch 32 would take
-# 6.6 GB for the logits alone, 13 GB with the loss's copies.  Fewer windows at once change the speed, not the result.
-LOGITS_BUDGET = 512 * 2**20
+# Bytes one batch's scoring may hold: a GPT-2 shape (50,257 x 1024 per window) at batch 32 would take 6.6 GB for
+# the logits alone, 13 GB with the loss's copies.  Fewer windows at once change the speed, not the result.
+MEMORY_BUDGET = 512 * 2**20
+
+
+def bytes_per_token(config: GPTConfig) -> int:
+    """Float32 bytes a scored token holds at a forward pass's peak (no gradients): its logits three times (the
+    loss's float copy and log-softmax), a layer's activations (the residual and norms, q/k/v, the MLP's hidden) and,
+    on the manual and einops paths, its row of every head's attention weights.  Counting the logits alone, a
+    char-vocabulary model took thousands of windows at once: 4 GB where 16 windows took 0.5 GB, and were faster."""
+    weights = config.n_head * config.block_size if config.attention != "sdpa" else 0
+    return 4 * (3 * config.vocab_size + 6 * config.n_embd + 2 * config.mlp_hidden + weights)
 
 
 def windows_per_batch(model: GPT, batch_size: int | None = None) -> int:
-    """batch_size, or fewer: as many block_size windows as keep their logits within LOGITS_BUDGET."""
-    fits = max(1, LOGITS_BUDGET // (model.config.block_size * model.config.vocab_size * 4))
+    """batch_size, or fewer: as many block_size windows as keep their scoring within MEMORY_BUDGET."""
+    fits = max(1, MEMORY_BUDGET // (model.config.block_size * bytes_per_token(model.config)))
     return fits if batch_size is None else min(batch_size, fits)
 
 

@@ -41,16 +41,16 @@ def test_evaluate_tokens_matches_token_by_token_reference():
         evaluate_tokens(model, tokens[:1])
 
 
-def test_evaluation_batches_within_the_logits_budget(monkeypatch):
-    """However large the batch asked for, the logits held at once stay within the budget (a GPT-2 shape at batch
-    32 held 13 GB); the result is the same."""
+def test_evaluation_batches_within_the_memory_budget(monkeypatch):
+    """However large the batch asked for, what a batch holds at once stays within the budget (a GPT-2 shape at
+    batch 32 held 13 GB of logits); the result is the same."""
     from minigpt.evaluation import loss as evaluate
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=11)).eval()
     tokens = torch.randint(0, 11, (200,))
     reference, _ = evaluate_tokens(model, tokens, batch_size=1)
-    monkeypatch.setattr(evaluate, "LOGITS_BUDGET", 3 * 16 * 11 * 4)  # three windows' logits
+    monkeypatch.setattr(evaluate, "MEMORY_BUDGET", 3 * 16 * evaluate.bytes_per_token(model.config))  # 3 windows
     batches = []
     real_forward = model.forward
     monkeypatch.setattr(
@@ -60,6 +60,21 @@ def test_evaluation_batches_within_the_logits_budget(monkeypatch):
         batches.clear()
         assert math.isclose(evaluate_tokens(model, tokens, batch_size=asked)[0], reference, rel_tol=1e-5)
         assert max(batches) == 3 and sum(batches) == 13  # 12 full windows and the rest
+
+
+def test_a_small_vocabularys_batch_is_bounded_by_its_activations_too():
+    """Counting the logits alone, a char model of GPT-2's width scored 2,016 windows of 1,024 at once: its MLP's
+    hidden activations alone were 25 GB (a 5 MB text: 4 GB peak where 16 windows took 0.5 GB, and were faster)."""
+    from minigpt.evaluation.loss import MEMORY_BUDGET, windows_per_batch
+
+    for attention in ("sdpa", "manual"):
+        config = GPTConfig.from_name("gpt2", vocab_size=65, attention=attention)
+        with torch.device("meta"):
+            model = GPT(config)
+        windows = windows_per_batch(model)
+        assert 1 <= windows and windows * config.block_size * config.mlp_hidden * 4 <= MEMORY_BUDGET
+        if attention == "manual":  # every head's weights of a window: (n_head, T, T) floats
+            assert windows * config.n_head * config.block_size**2 * 4 <= MEMORY_BUDGET
 
 
 # --------------------------------------------------------------------------------------------------
