@@ -135,7 +135,19 @@ def fewshot_room(task: Any) -> tuple[int, str]:
     itself when they are the split being evaluated (the harness then draws one more and drops it)."""
     sampler = getattr(task, "sampler", None)
     pool = len(sampler.fewshot_docs()) if sampler is not None else 0
-    split = getattr(getattr(task, "fewshot_cfg", None), "split", None)
+    fewshot = getattr(task, "fewshot_cfg", None)
+    split = getattr(fewshot, "split", None)
+    borrowed = (  # no split, samples, training or validation documents: the harness takes the evaluated ones
+        split is None
+        and getattr(fewshot, "samples", None) is None
+        and not task.has_training_docs()
+        and not task.has_validation_docs()
+    )
+    if borrowed:  # and then does not leave the question out: its own answer could be among its examples
+        return 0, (
+            " (it has only the documents it evaluates, which the harness would not leave out of their own examples; "
+            f"set `fewshot_split: {task.config.test_split}` in its YAML, which leaves each question out)"
+        )
     same = split is not None and split == task.config.test_split
     where = f" (its {split} split{', less the question itself' if same else ''})" if split else ""
     return max(pool - same, 0), where

@@ -702,10 +702,20 @@ CASES: list[Case] = [
         "--ckpt",
         "{ckpt}",
         "--tasks",
-        "{w}/quiz.yaml",
+        "{w}/shots.yaml",
         "--num_fewshot",
         "1000",
-        expect=["num_fewshot=1000", "task quiz has 5 document(s)"],
+        expect=["num_fewshot=1000", "task shots has 4 document(s)", "(its test split, less the question itself)"],
+    ),
+    evaluate(
+        "--num_fewshot on a task that has only the documents it evaluates (a question would see its own answer)",
+        "--ckpt",
+        "{ckpt}",
+        "--tasks",
+        "{w}/quiz.yaml",
+        "--num_fewshot",
+        "2",
+        expect=["num_fewshot=2: task quiz has 0 document(s)", "set `fewshot_split: test` in its YAML"],
     ),
     evaluate(
         "--tasks' --output where it cannot be written (checked before the tasks run)",
@@ -944,6 +954,7 @@ def _write_hostile_inputs(w: Path) -> None:
         "    aggregation: mean\n    higher_is_better: true\n"
     )
     (w / "quiz.yaml").write_text(quiz)
+    (w / "shots.yaml").write_text(quiz.replace("task: quiz", "task: shots\nfewshot_split: test"))
     (w / "hooked.yaml").write_text(quiz.replace("task: quiz", "task: hooked\nprocess_docs: !function hooks.broken"))
     (w / "hooks.py").write_text("def broken(docs):\n    return 1 / 0\n")
     (w / "outside.yaml").write_text(quiz.replace("task: quiz", "task: outside\nprocess_docs: !function os.system"))
