@@ -37,6 +37,9 @@ NO_CHAT_TEMPLATE = (
 )
 
 
+EMPTY_TURN = {"role": "user", "content": ""}
+
+
 class ChatSession:
     """One conversation with a model (see the module docstring)."""
 
@@ -85,6 +88,12 @@ class ChatSession:
             if len(ids) <= fits or (len(ids) < block_size and len(messages) - first <= 1):
                 return ids, messages
             if len(messages) - first <= 1:  # only the new message is left, and it does not fit
+                if first and len(self.tokenizer.encode_prompt(messages[first:])) < block_size:
+                    alone = len(self.tokenizer.encode_prompt(messages[:first] + [EMPTY_TURN]))
+                    raise UserError(  # the message would fit without the system prompt: name that, not the message
+                        f"the system prompt takes {alone} tokens with the chat markup, and the model reads at most "
+                        f"{block_size - 1} before its reply; write a shorter system prompt (--system)"
+                    )
                 raise UserError(
                     f"the message is {len(ids)} tokens with the chat markup, and the model reads at most "
                     f"{block_size - 1} before its reply; write a shorter message"

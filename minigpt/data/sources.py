@@ -283,6 +283,15 @@ def iter_documents(corpus: Corpus) -> Iterator[Document]:
         yield Document(f.relpath, str(f.path), itertools.chain([first], chunks))
 
 
+# the columns of the rows --data.format's other objectives read (minigpt.data.conversations, preferences, prompts)
+ROW_LAYOUTS = [
+    ("chat", {"messages"}),
+    ("chat", {"instruction", "output"}),
+    ("preference", {"prompt", "chosen", "rejected"}),
+    ("prompts", {"prompt", "answer"}),
+]
+
+
 def _row_documents(corpus: Corpus) -> Iterator[Document]:
     ds = corpus.load_dataset()
     column = corpus.text_column
@@ -293,7 +302,14 @@ def _row_documents(corpus: Corpus) -> Iterator[Document]:
             if feature is None
             else f"of {corpus.source} holds {feature}, not text"
         )
-        raise DataError(f"column {column!r} {problem}; set text_column to the column that holds the text")
+        names = set(ds.column_names)
+        layout = next((fmt for fmt, columns in ROW_LAYOUTS if columns <= names), None)
+        if feature is None and layout is not None:  # another objective's rows: say the flag, not a text column
+            raise DataError(
+                f"{corpus.source} holds {layout} rows ({', '.join(ds.column_names)}), not text; train on them with "
+                f"--data.format {layout}, or set --data.text_column to the column that holds the text"
+            )
+        raise DataError(f"column {column!r} {problem}; set --data.text_column to the column that holds the text")
     i = 0
     for batch in ds.select_columns([column]).with_format("arrow").iter(batch_size=1000):
         for text in batch[column].to_pylist():

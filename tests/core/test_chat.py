@@ -86,6 +86,10 @@ def test_a_refused_message_leaves_the_conversation_as_it_was():
     assert session.messages == before
     session.reply("y" * 20)  # fits alone, not with the first turn: that turn goes
     assert [m["content"] for m in session.messages[:2]] == ["be kind", "y" * 20]
+    # a system prompt that leaves a message no room is named, not the message ("hi" was "write a shorter message")
+    long_system = ChatSession(model, tok, "be kind " * 8, max_new_tokens=4, temperature=0)
+    with pytest.raises(UserError, match=r"^the system prompt takes \d+ tokens .*write a shorter system prompt"):
+        long_system.reply("hi")
 
 
 def test_a_long_conversation_never_loses_its_last_user_message():

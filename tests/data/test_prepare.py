@@ -443,6 +443,24 @@ def test_a_jsonl_edited_with_its_old_time_is_read_again_and_a_bad_one_names_its_
         prepare_data(str(src), "char", data_root=tmp_path / "data")
 
 
+@pytest.mark.parametrize(
+    "row, layout",
+    [
+        ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}, "chat"),
+        ({"prompt": "1+1?", "chosen": "2", "rejected": "3"}, "preference"),
+        ({"prompt": "1+1?", "answer": "2"}, "prompts"),
+    ],
+)
+def test_another_objectives_rows_read_as_text_name_the_format_flag(tmp_path, hf_cache, row, layout):
+    """--data.format left out on the docs' own chat, pair or prompt files said "set text_column" (no such flag)."""
+    src = write_jsonl(tmp_path / "rows.jsonl", ["unused"])
+    src.write_text(json.dumps(row) + "\n")
+    with pytest.raises(
+        DataError, match=rf"holds {layout} rows \(.*\), not text; train on them with --data.format {layout}"
+    ):
+        prepare_data(str(src), "char", data_root=tmp_path / "data")
+
+
 def test_jsonl_dataset_bpe(tmp_path, monkeypatch, bpe, bpe_file):
     import datasets
 
