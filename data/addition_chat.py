@@ -1,6 +1,7 @@
 """Recipe: a chat skill a base model lacks, multi-digit addition, as conversations with held-out prompts.
 
     python3 data/addition_chat.py                     # data/addition/train.jsonl (9,000) and test.jsonl (200)
+                                                      # and prompts.jsonl: train's questions for GRPO (docs/grpo.md)
     python3 train.py --config configs/sft_addition.yaml
     python3 sample.py --ckpt out/sft_addition --chat --temperature 0
 
@@ -52,6 +53,12 @@ def make(n_train: int, n_test: int, digits: int, seed: int, share: float = 0.05)
     return train, test
 
 
+def prompt_row(conversation: dict) -> dict:
+    """A conversation as GRPO's prompt row: {"prompt": the question, "answer": the reply the reward checks}."""
+    question, answer = conversation["messages"]
+    return {"prompt": question["content"], "answer": answer["content"]}
+
+
 def write_jsonl(rows: list[dict], path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
@@ -72,9 +79,12 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     write_jsonl(train, args.out / "train.jsonl")
     write_jsonl(test, args.out / "test.jsonl")
+    # the same training questions as GRPO's prompt rows (--data.format prompts), their answers for the reward
+    write_jsonl([prompt_row(row) for row in train], args.out / "prompts.jsonl")
     print(
-        f"wrote {args.out / 'train.jsonl'} ({len(train):,}) and {args.out / 'test.jsonl'} ({len(test):,}, held out); "
-        f"fine-tune on it with:\n  python3 train.py --config configs/sft_addition.yaml"
+        f"wrote {args.out / 'train.jsonl'} ({len(train):,}), {args.out / 'test.jsonl'} ({len(test):,}, held out) "
+        f"and {args.out / 'prompts.jsonl'} (train's questions, for GRPO); fine-tune on it with:\n"
+        "  python3 train.py --config configs/sft_addition.yaml"
     )
 
 

@@ -203,8 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
         report("dpo", row)
 
     if "grpo" in stages:
-        prompts = [{"prompt": r["messages"][0]["content"], "answer": r["messages"][1]["content"]} for r in train_rows]
-        addition.write_jsonl(prompts, args.data / "prompts.jsonl")
+        addition.write_jsonl([addition.prompt_row(r) for r in train_rows], args.data / "prompts.jsonl")
         grpo = {
             "config": REPO / "configs" / "grpo_addition.yaml",
             "init_from": sft_run,

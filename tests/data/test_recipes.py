@@ -73,6 +73,11 @@ def test_the_addition_recipe_holds_out_whole_pairs_and_writes_chat_rows(tmp_path
     )
     assert (len(train), len(test)) == (3000, 100)
     assert "configs/sft_addition.yaml" in capsys.readouterr().out
+    # GRPO's prompt rows (configs/grpo_addition.yaml reads them; no documented step wrote them)
+    from minigpt.data.prompts import read_prompts
+
+    prompts = read_prompts(str(tmp_path / "prompts.jsonl"))
+    assert len(prompts) == 3000 and prompts[0].answer == train[0]["messages"][1]["content"]
 
     def pair(row):
         (user, assistant) = row["messages"]
