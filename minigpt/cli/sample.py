@@ -172,6 +172,14 @@ def build_parser() -> CommandParser:
 # Chat
 
 
+# what --chat cannot honour (flag, set?): they were accepted and did nothing; 0 tokens gave empty replies as turns
+CHAT_IGNORES = [
+    ("--num_samples", lambda args: args.num_samples != 1),
+    ("--no-stop", lambda args: not args.stop),
+    ("--max_new_tokens 0", lambda args: args.max_new_tokens == 0),
+]
+
+
 def run_chat(args: Any, device: str, stdout: TextIO, stdin: TextIO) -> None:
     """One reply per user line, streamed; a terminal gets a `> ` prompt, stdin read as lines gets none."""
     model, tokenizer = load_chat_model(args.ckpt, device, args.attention, args.quantize)
@@ -209,12 +217,21 @@ def run_chat(args: Any, device: str, stdout: TextIO, stdin: TextIO) -> None:
         line = line.rstrip("\n")
         if not line.strip():
             continue
+        held = len(session.messages)
         try:
             session.reply(line, on_text=write)
         except skipped as e:
             print(f"error: {first_line(e, 2000)}", file=sys.stderr, flush=True)
+            continue
         finally:  # an error or Ctrl-C mid-reply still ends the line
             write("\n")
+        if (dropped := held + 2 - len(session.messages)) > 0:  # the turn's two messages came, older ones went
+            print(
+                f"note: the conversation outgrew the model's context of {model.config.block_size} tokens: its "
+                f"{dropped} oldest message(s) are left out from here on (a system prompt is kept)",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -229,6 +246,8 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
     args = parser.parse_args(argv)
     if args.system is not None and not args.chat:
         parser.error("--system is the system prompt of --chat: add --chat, or drop --system")
+    if args.chat and (unread := [flag for flag, off in CHAT_IGNORES if off(args)]):
+        parser.error(f"--chat replies once per turn and stops at the end of it: drop {' and '.join(unread)}")
     if args.compile and not args.kv_cache:
         parser.error("--compile compiles the KV-cache decode step, which --no-kv-cache turns off; drop one of them")
     Sampling(args.temperature, args.top_k, args.top_p, args.max_new_tokens)  # checked here: names like the flags

@@ -173,6 +173,8 @@ def chat(
     default.  For several turns that reuse the KV cache, use ChatSession."""
     if not isinstance(messages, str):
         _check_messages(messages)
+        if system is not None and any(m["role"] == "system" for m in messages):  # it rendered two system turns
+            raise UserError("chat: the system prompt is given twice (system= and a system message); give one of them")
     generator = torch.Generator(device=model.lm_head.weight.device).manual_seed(seed) if seed is not None else None
     session = ChatSession(model, tokenizer, system, max_new_tokens, temperature, top_k, top_p, generator)
     if isinstance(messages, str):

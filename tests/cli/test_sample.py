@@ -342,6 +342,28 @@ def test_cli_chat_reads_a_typed_marker_as_text(tmp_path):
     assert out.getvalue() == tok.decode([t for t in reply if t != tok.eot_id]) + "\n"
 
 
+def test_cli_chat_says_when_the_oldest_turns_are_left_out_and_refuses_what_it_cannot_honour(tmp_path, capsys):
+    """A conversation past the context lost its oldest turns without a word; --num_samples, --no-stop and
+    --max_new_tokens 0 were accepted with --chat and did nothing (0: empty replies kept as turns)."""
+    tok = ChatTokenizer.for_base(CharTokenizer(CHARS))
+    ckpt = write_ckpt(tmp_path / "chat.ckpt", varied_gpt("llama", 2, vocab_size=tok.vocab_size, block_size=48), tok)
+    turns = "".join(f"turn {word} says hello\n" for word in ("one", "two", "three"))
+    main(
+        ["--ckpt", str(ckpt), "--chat", "--temperature", "0", "--max_new_tokens", "4"],
+        io.StringIO(),
+        io.StringIO(turns),
+    )
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
+    assert notes and all("outgrew the model's context of 48 tokens" in n for n in notes), notes
+    for flags in (["--num_samples", "2"], ["--no-stop"], ["--max_new_tokens", "0"]):
+        with pytest.raises(SystemExit) as exit:
+            main(["--ckpt", str(ckpt), "--chat", *flags], io.StringIO(), io.StringIO("hi\n"))
+        assert exit.value.code == 2
+        assert f"--chat replies once per turn and stops at the end of it: drop {' '.join(flags[:1])}" in (
+            capsys.readouterr().err
+        )
+
+
 # --------------------------------------------------------------------------------------------------
 # Bad input, in-process (same code path as sample.py: main wraps everything in run_cli)
 

@@ -125,6 +125,15 @@ def test_chat_refuses_malformed_messages_in_one_line(messages, problem):
     assert problem in str(e.value) and "\n" not in str(e.value)
 
 
+def test_chat_refuses_a_system_prompt_given_twice():
+    """system= beside a system message rendered two system turns, without a word."""
+    model, tok = tiny_chat_model()
+    messages = [{"role": "system", "content": "be kind"}, {"role": "user", "content": "hi"}]
+    with pytest.raises(UserError, match="the system prompt is given twice"):
+        chat(model, tok, messages, system="be brief", max_new_tokens=2)
+    assert chat(model, tok, messages, max_new_tokens=2) == chat(model, tok, "hi", system="be kind", max_new_tokens=2)
+
+
 def test_a_session_refuses_a_message_or_system_prompt_that_is_not_text():
     model, tok = tiny_chat_model()
     with pytest.raises(UserError, match="the system prompt is int, not text"):
