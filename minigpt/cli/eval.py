@@ -43,6 +43,7 @@ def build_parser() -> CommandParser:
         description="Evaluate a checkpoint on a text file (nats/token, bits/char), "
         "or on lm-evaluation-harness tasks (--tasks).",
         minimums=MINIMUMS,
+        paths={"text": "the text file to evaluate on", "output": "the path of the JSON file to write"},
     )
     add_source_argument(p)
     p.add_argument("--text", type=str | None, default=None, help="UTF-8 text file to evaluate on")

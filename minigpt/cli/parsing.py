@@ -114,12 +114,15 @@ class OneLineErrors:
 
 class CommandParser(OneLineErrors, ArgumentParser):
     """The parser of sample.py and eval.py: flags, plus --config FILE and --print_config like train.py.
-    minimums (flag -> its smallest value) declares the counts' lower bounds, checked here after parsing (flags
-    and --config alike); a count left out (None) is not checked."""
+    minimums (flag -> its smallest value) declares the counts' lower bounds, and paths (flag -> what it names) the
+    flags that name a file, which may not be empty (Path("") is the current folder: "it is a directory"); both
+    checked here after parsing (flags and --config alike); a flag left out (None) is not checked."""
 
-    def __init__(self, *args: Any, minimums: dict[str, int] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, minimums: dict[str, int] | None = None, paths: dict[str, str] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
-        self.minimums = minimums or {}
+        self.minimums, self.paths = minimums or {}, paths or {}
         self.add_argument("--config", action=ActionConfigFile, help="a YAML file of these options")
 
     def parse_args(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
@@ -127,6 +130,9 @@ class CommandParser(OneLineErrors, ArgumentParser):
         for flag, low in self.minimums.items():
             if (value := parsed.get(flag)) is not None and value < low:
                 self.error(f"--{flag} must be >= {low}, got {value}")
+        for flag, what in self.paths.items():
+            if (value := parsed.get(flag)) is not None and not value.strip():
+                self.error(f"--{flag} is empty; give {what}")
         return parsed
 
 
@@ -209,6 +215,8 @@ def add_prompt_arguments(p: ArgumentParser, what: str) -> None:
         default=None,
         help="read the prompt from this file (instead of --prompt)",
     )
+    if isinstance(p, CommandParser):
+        p.paths["prompt_file"] = "the file that holds the prompt"
 
 
 def typed(stdin: TextIO | None, line: bool = False) -> str:

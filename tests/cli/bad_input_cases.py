@@ -697,6 +697,18 @@ CASES: list[Case] = [
         "100000000",
         expect=["generating 100,000,000 sequence(s)", "draw fewer samples"],
     ),
+    sample("an empty --prompt-file", "--ckpt", "{ckpt}", "--prompt-file", "", expect=["--prompt_file is empty"]),
+    evaluate("an empty --text", "--ckpt", "{ckpt}", "--text", "", expect=["--text is empty; give the text file"]),
+    evaluate(
+        "an empty --output",
+        "--ckpt",
+        "{ckpt}",
+        "--tasks",
+        "{w}/quiz.yaml",
+        "--output",
+        "",
+        expect=["--output is empty; give the path of the JSON file"],
+    ),
     evaluate(
         "--num_fewshot past a task's documents",
         "--ckpt",
