@@ -63,8 +63,11 @@ def to_preference(row: Any, where: str) -> Preference:
     if missing:
         raise DataError(f"{where}: the row has no {' and no '.join(map(repr, missing))}; {FIX}")
     prompt = _messages(row["prompt"], "prompt", where, ROLES)
-    if prompt[-1]["role"] == "assistant":
-        raise DataError(f"{where}: the prompt ends with an assistant turn; end it with the user's turn")
+    if (last := prompt[-1]["role"]) != "user":  # a system turn alone is no question either
+        raise DataError(
+            f"{where}: the prompt ends with {'an' if last == 'assistant' else 'a'} {last} turn; end it with the "
+            "user's turn"
+        )
     chosen = _messages(row["chosen"], "chosen", where, ("assistant",))
     rejected = _messages(row["rejected"], "rejected", where, ("assistant",))
     if chosen == rejected:

@@ -57,8 +57,11 @@ def to_prompt_row(row: Any, where: str) -> PromptRow:
                     f"{m!r:.60}; fix the message"
                 )
         messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
-        if messages[-1]["role"] == "assistant":
-            raise DataError(f"{where}: the prompt ends with an assistant turn; end it with the user's turn")
+        if (last := messages[-1]["role"]) != "user":  # a system turn alone is no question either
+            raise DataError(
+                f"{where}: the prompt ends with {'an' if last == 'assistant' else 'a'} {last} turn; end it with the "
+                "user's turn"
+            )
     else:
         raise DataError(f'{where}: "prompt" must be text or a non-empty list of messages, got {prompt!r:.60}; {FIX}')
     return PromptRow(messages, prompt, answer, where)

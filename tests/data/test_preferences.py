@@ -50,6 +50,10 @@ def test_the_conversational_layout_keeps_its_messages(tmp_path):
             {"prompt": [{"role": "assistant", "content": "x"}], "chosen": "a", "rejected": "b"},
             ["ends with an assistant turn", "end it with the user's turn"],
         ),
+        (  # a system turn alone was accepted: no question to answer
+            {"prompt": [{"role": "system", "content": "x"}], "chosen": "a", "rejected": "b"},
+            ["ends with a system turn", "end it with the user's turn"],
+        ),
         ([1, 2], ["a row must be a JSON object, got list"]),
     ],
 )

@@ -233,3 +233,14 @@ def test_lora_grpo_in_bf16_autocast_with_the_adapters_off_as_reference_ends_in_a
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
     export_main(["--ckpt", str(setup / "lora"), "--format", "hf", "--out", str(tmp_path / "hf")])
     assert (tmp_path / "hf" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("last", ["assistant", "system"])
+def test_a_prompt_row_must_end_with_the_users_turn(last):
+    """A prompt of only a system turn was accepted (docs/grpo.md: a list of messages must end with the user's turn)."""
+    from minigpt.data.prompts import to_prompt_row
+
+    row = {"prompt": [{"role": "user", "content": "1+2?"}, {"role": last, "content": "x"}], "answer": "3"}
+    with pytest.raises(UserError, match=rf"^prompts.jsonl line 2: the prompt ends with an? {last} turn; end it"):
+        to_prompt_row(row, "prompts.jsonl line 2")
+    assert to_prompt_row({"prompt": row["prompt"][:1], "answer": "3"}, "prompts.jsonl line 2").answer == "3"
