@@ -18,13 +18,8 @@ from typing import Any
 from minigpt.core.chat_template import ROLES
 from minigpt.core.errors import DataError, first_line
 from minigpt.core.user_files import DOCUMENT_BYTES, json_lines, loads, read_user_text
-from minigpt.data.sources import (
-    DEFAULT_SOURCE,
-    check_hub_reachable,
-    dataset_failure,
-    hub_retries_quiet,
-    load_local_dataset,
-)
+from minigpt.data.sources import DEFAULT_SOURCE, check_hub_reachable, hub_retries_quiet
+from minigpt.data.tables import dataset_failure, load_local_dataset
 
 __all__ = ["read_conversations", "source_rows", "to_messages"]
 

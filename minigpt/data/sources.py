@@ -47,6 +47,7 @@ from minigpt.core.errors import DataError, first_line
 from minigpt.core.fsutil import remove_stale
 from minigpt.core.user_files import check_json_file
 from minigpt.data.download import DOWNLOAD_LIMIT_BYTES, DOWNLOAD_TIMEOUT_S, fetch
+from minigpt.data.tables import dataset_failure, load_local_dataset
 
 DEFAULT_SOURCE = "stdlib"
 # the fix named when data_root cannot take prepared data or a download (full, read-only, forbidden)
@@ -92,27 +93,6 @@ class Document:
     key: str
     name: str  # for messages: the file's path, or "<source> row i"
     chunks: Iterable[bytes]  # the content as UTF-8 text's bytes (or a binary file's), CHUNK_BYTES at a time
-
-
-def load_local_dataset(builder: str, path: str) -> Any:
-    """A local file read by `datasets`' builder (json, csv, parquet) as a Dataset (split "train"), read from the
-    file again: `datasets` finds its cached copy by the file's modification time alone, so a file edited and given
-    its old time back (cp -p, rsync -a, tar x) read as the old rows.  Called only where the rows are read for a
-    preparation, which reads the whole file anyway."""
-    import datasets
-
-    return datasets.load_dataset(builder, data_files=[path], split="train", download_mode="force_redownload")
-
-
-def dataset_failure(e: BaseException) -> str:
-    """Why `datasets` could not read a source, in a few words: the error it wraps (its DatasetGenerationError says
-    only "An error occurred while generating the dataset"; the parser's own, e.g. "JSON parse error ... in row 1",
-    is its cause), or that a file holds no rows (an empty file: a bare StopIteration)."""
-    if isinstance(e, StopIteration):
-        return "it holds no rows"
-    while e.__cause__ is not None:
-        e = e.__cause__
-    return f"{type(e).__name__}: {first_line(e)}"
 
 
 @dataclass

@@ -65,7 +65,7 @@ def test_chat_turns_piped_with_windows_line_endings_are_read_as_typed(chat_run, 
     assert len(out.getvalue().splitlines()) == 2 and "error" not in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flags", [["--chat"], ["--prompt", "-"]])
+@pytest.mark.parametrize("flags", [["--chat"], ["--prompt", "-", "--no-stop"]])
 def test_closed_or_unreadable_standard_input_is_an_empty_prompt(chat_run, monkeypatch, flags):
     """`sample.py --prompt - <&-` gave sys.stdin = None and an AttributeError; a closed stream raises on read."""
     closed = io.StringIO("never read")
@@ -73,7 +73,7 @@ def test_closed_or_unreadable_standard_input_is_an_empty_prompt(chat_run, monkey
     for stdin in (None, closed):
         monkeypatch.setattr(sys, "stdin", stdin)
         out = io.StringIO()
-        sample_cli.main(["--ckpt", str(chat_run), "--max_new_tokens", "3", "--no-stop", *flags], stdout=out)
+        sample_cli.main(["--ckpt", str(chat_run), "--max_new_tokens", "3", *flags], stdout=out)
         assert out.getvalue() == "" if flags == ["--chat"] else len(out.getvalue()) > 0  # no turns / from nothing
 
 

@@ -1,0 +1,31 @@
+"""Local tables (.jsonl, .json, .csv, .parquet) read through `datasets`, and its failures in a few words: what
+minigpt.data.sources (text rows) and minigpt.data.conversations (chat, preference and prompt rows) share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from minigpt.core.errors import first_line
+
+__all__ = ["dataset_failure", "load_local_dataset"]
+
+
+def load_local_dataset(builder: str, path: str) -> Any:
+    """A local file read by `datasets`' builder (json, csv, parquet) as a Dataset (split "train"), read from the
+    file again: `datasets` finds its cached copy by the file's modification time alone, so a file edited and given
+    its old time back (cp -p, rsync -a, tar x) read as the old rows.  Called only where the rows are read for a
+    preparation, which reads the whole file anyway."""
+    import datasets
+
+    return datasets.load_dataset(builder, data_files=[path], split="train", download_mode="force_redownload")
+
+
+def dataset_failure(e: BaseException) -> str:
+    """Why `datasets` could not read a source, in a few words: the error it wraps (its DatasetGenerationError says
+    only "An error occurred while generating the dataset"; the parser's own, e.g. "JSON parse error ... in row 1",
+    is its cause), or that a file holds no rows (an empty file: a bare StopIteration)."""
+    if isinstance(e, StopIteration):
+        return "it holds no rows"
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return f"{type(e).__name__}: {first_line(e)}"
