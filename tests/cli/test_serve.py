@@ -3,6 +3,7 @@ as one `error:` line with exit code 2.  The server itself is tested in tests/ser
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -39,30 +41,32 @@ def chat_ckpt(tmp_path_factory, chat_model):
     return path
 
 
-def test_minigpt_serve_answers_with_the_checkpoints_replies_until_interrupted(chat_ckpt, chat_model):
-    env = os.environ | {"MINIGPT_API_KEY": "sesame"}
-    command = [
-        sys.executable,
-        "-m",
-        "minigpt.cli.main",
-        "serve",
-        "--ckpt",
-        str(chat_ckpt),
-        "--port",
-        "0",
-        "--log_level",
-        "warning",
-    ]
+@contextlib.contextmanager
+def serve_command(ckpt, *flags: str, env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen, str, str]]:
+    """`minigpt serve` on a free port -> (its process, its "serving ..." line, its URL), once it serves; killed at
+    the end if it still runs, and by a watchdog if it never starts or hangs (a server must not hang the suite)."""
+    command = [sys.executable, "-m", "minigpt.cli.main", "serve", "--ckpt", str(ckpt), "--port", "0", *flags]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
-    watchdog = threading.Timer(120, process.kill)  # a server that never starts must not hang the suite
+    watchdog = threading.Timer(120, process.kill)
     watchdog.start()
     try:
         before = []
         while not (line := process.stderr.readline()).startswith("serving "):
             assert line, f"minigpt serve ended before serving: {''.join(before)}"
             before.append(line)
+        yield process, line, re.search(r"at (\S+)/v1", line).group(1)
+    finally:
+        watchdog.cancel()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stderr.close()
+
+
+def test_minigpt_serve_answers_with_the_checkpoints_replies_until_interrupted(chat_ckpt, chat_model):
+    env = os.environ | {"MINIGPT_API_KEY": "sesame"}
+    with serve_command(chat_ckpt, "--log_level", "warning", env=env) as (process, line, url):
         assert line.startswith("serving sft at http://127.0.0.1:"), line
-        url = re.search(r"at (\S+)/v1", line).group(1)
         with pytest.raises(openai.AuthenticationError):  # the key from the environment is required
             openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="sesame", max_retries=0, timeout=60)
@@ -73,23 +77,6 @@ def test_minigpt_serve_answers_with_the_checkpoints_replies_until_interrupted(ch
         assert reply.choices[0].message.content == expected
         process.send_signal(signal.SIGINT)  # Ctrl-C: uvicorn shuts down cleanly
         assert process.wait(timeout=30) == 0
-    finally:
-        watchdog.cancel()
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        process.stderr.close()
-
-
-def start_serving(ckpt, *flags: str) -> tuple[subprocess.Popen, str]:
-    """`minigpt serve` on a free port -> (its process, its URL), once it says it serves."""
-    command = [sys.executable, "-m", "minigpt.cli.main", "serve", "--ckpt", str(ckpt), "--port", "0", *flags]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-    before = []
-    while not (line := process.stderr.readline()).startswith("serving "):
-        assert line, f"minigpt serve ended before serving: {''.join(before)}"
-        before.append(line)
-    return process, re.search(r"at (\S+)/v1", line).group(1)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -100,10 +87,7 @@ def test_a_stop_ends_the_requests_in_flight_with_openais_error_and_exits_0(tmp_p
     path = tmp_path / "long" / "checkpoints" / "best.ckpt"
     path.parent.mkdir(parents=True)
     save_file(model_checkpoint(varied_gpt("llama", vocab_size=tokenizer.vocab_size, block_size=8192), tokenizer), path)
-    process, url = start_serving(path, "--log_level", "warning")
-    watchdog = threading.Timer(120, process.kill)
-    watchdog.start()
-    try:
+    with serve_command(path, "--log_level", "warning") as (process, _, url):
         body = {"model": "long", "prompt": "abc", "max_tokens": 8000, "temperature": 0}
         whole = {}
         waiting = threading.Thread(target=lambda: whole.update(r=httpx.post(f"{url}/v1/completions", json=body)))
@@ -122,12 +106,6 @@ def test_a_stop_ends_the_requests_in_flight_with_openais_error_and_exits_0(tmp_p
         assert process.wait(timeout=30) == 0
         err = process.stderr.read()
         assert err.rstrip().endswith("stopped") and "Traceback" not in err, err
-    finally:
-        watchdog.cancel()
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        process.stderr.close()
 
 
 @pytest.mark.parametrize("flag, compiled", [([], False), (["--compile"], True), (["--compile", "false"], False)])
