@@ -28,11 +28,12 @@ from minigpt.cli.parsing import (
     read_text_file,
     show_checkpoint_lines,
 )
+from minigpt.core.checkpoint import find_checkpoint
 from minigpt.core.devices import resolve_device
 from minigpt.core.errors import UserError
 from minigpt.core.fsutil import make_writable_dir, write_error
 from minigpt.evaluation.loss import bits_per_char_and_byte, evaluate_tokens, text_ids
-from minigpt.loading import load_model
+from minigpt.loading import is_hf_source, load_model
 
 MINIMUMS = {"batch_size": 1, "limit": 1, "num_fewshot": 0}  # each count's smallest value (CommandParser checks)
 
@@ -119,6 +120,9 @@ def run_tasks(args) -> dict:
         limit=args.limit,
         num_fewshot=args.num_fewshot,
     )
+    # which model the figures are of (the harness records model_args: null for a model object)
+    source = args.ckpt if is_hf_source(args.ckpt) else str(find_checkpoint(args.ckpt))
+    results["config"]["model_args"] = {"ckpt": source, "quantize": args.quantize, "device": args.device}
     print(results_table(results), flush=True)
     if args.output is not None:
         print(f"results: {write_results(results, args.output)}", flush=True)

@@ -306,6 +306,8 @@ def test_eval_py_runs_local_tasks_prints_the_table_and_writes_the_json(char_ckpt
     assert set(results["results"]) == {"local_mc", "local_ppl", "local_gen"}
     assert results["n-samples"]["local_mc"] == {"original": len(MC), "effective": 2}
     assert 0 <= results["results"]["local_mc"]["acc,none"] <= 1
+    # which checkpoint the figures are of (the harness wrote model_args: null)
+    assert results["config"]["model_args"] == {"ckpt": str(char_ckpt), "quantize": None, "device": "cpu"}
 
 
 def test_flat_metrics_names_task_and_metric_and_drops_stderr():
