@@ -33,7 +33,7 @@ from minigpt.core.fsutil import atomic_write, write_errors
 from minigpt.core.generation import generate, prompt_ids
 from minigpt.core.model import GPT
 from minigpt.core.tokenizers import HFTokenizer, Tokenizer
-from minigpt.evaluation.loss import MEMORY_BUDGET, bytes_per_token, text_ids
+from minigpt.evaluation.loss import bytes_per_token, memory_budget, text_ids
 from minigpt.evaluation.task_files import read_task_file, resolve_tasks
 
 INSTALL = (
@@ -145,7 +145,7 @@ class MiniGPTLM(TemplateLM):
         start = 0
         while start < len(order):
             longest = len(rows[order[start]][1])
-            fits = max(1, MEMORY_BUDGET // (longest * bytes_per_token(self.model.config)))
+            fits = max(1, memory_budget(self.device) // (longest * bytes_per_token(self.model.config)))
             batch = order[start : start + min(self.batch_size, fits)]
             start += len(batch)
             x = torch.zeros(len(batch), longest, dtype=torch.long)  # right padding: causal, so it changes nothing

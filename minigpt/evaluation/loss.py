@@ -18,9 +18,18 @@ from minigpt.core.model import GPT
 from minigpt.core.tokenizer_base import Tokenizer
 from minigpt.core.tokenizers import ByteTokenizer
 
-# Bytes one batch's scoring may hold: a GPT-2 shape (50,257 x 1024 per window) at batch 32 would take 6.6 GB for
-# the logits alone, 13 GB with the loss's copies.  Fewer windows at once change the speed, not the result.
+# Bytes one batch's scoring may hold on a CPU: a GPT-2 shape (50,257 x 1024 per window) at batch 32 would take
+# 6.6 GB for the logits alone, 13 GB with the loss's copies.  Fewer windows at once change the speed, not the result.
 MEMORY_BUDGET = 512 * 2**20
+
+
+def memory_budget(device: torch.device) -> int:
+    """MEMORY_BUDGET, or on a GPU a quarter of its free memory if that is more: a small model's batches there are
+    launches, not compute, and its full-split evaluation wants them large (the GPU recipe's val_batch_size 640)."""
+    if device.type != "cuda":
+        return MEMORY_BUDGET
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(MEMORY_BUDGET, free // 4)
 
 
 def bytes_per_token(config: GPTConfig) -> int:
@@ -33,8 +42,9 @@ def bytes_per_token(config: GPTConfig) -> int:
 
 
 def windows_per_batch(model: GPT, batch_size: int | None = None) -> int:
-    """batch_size, or fewer: as many block_size windows as keep their scoring within MEMORY_BUDGET."""
-    fits = max(1, MEMORY_BUDGET // (model.config.block_size * bytes_per_token(model.config)))
+    """batch_size, or fewer: as many block_size windows as keep their scoring within memory_budget."""
+    budget = memory_budget(model.lm_head.weight.device)
+    fits = max(1, budget // (model.config.block_size * bytes_per_token(model.config)))
     return fits if batch_size is None else min(batch_size, fits)
 
 

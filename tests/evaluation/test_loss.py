@@ -77,6 +77,18 @@ def test_a_small_vocabularys_batch_is_bounded_by_its_activations_too():
             assert windows * config.n_head * config.block_size**2 * 4 <= MEMORY_BUDGET
 
 
+def test_a_gpus_budget_is_a_quarter_of_its_free_memory(monkeypatch):
+    """The GPU recipe's full-split evaluation asks for 640 windows of its small char model: 512 MiB would cut it to
+    115 at a time, and on a GPU a small model's batches are launches, not compute."""
+    from minigpt.evaluation.loss import MEMORY_BUDGET, memory_budget
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * 2**30, 140 * 2**30))
+    assert memory_budget(torch.device("cuda", 0)) == 25 * 2**30
+    assert memory_budget(torch.device("cpu")) == MEMORY_BUDGET
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**30, 140 * 2**30))  # nearly full
+    assert memory_budget(torch.device("cuda", 0)) == MEMORY_BUDGET
+
+
 # --------------------------------------------------------------------------------------------------
 # eval.py on a hand-made checkpoint (the train-then-eval test is below)
 
