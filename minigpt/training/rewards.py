@@ -98,11 +98,13 @@ def score(reward: Reward, prompts: list[Any], completions: list[str], answers: l
     for prompt, completion, answer, where in zip(prompts, completions, answers, wheres):
         try:
             value = reward(prompt=prompt, completion=completion, answer=answer)
-        except Exception as e:  # the user's code: which prompt, in one line
+        except (Exception, SystemExit) as e:  # the user's code: which prompt, in one line (sys.exit too: no end)
             raise DataError(
                 f"the reward function failed on the prompt of {where} ({prompt!r:.60}) with {type(e).__name__}: "
                 f"{first_line(e)}; fix the function (grpo.reward)"
             ) from None
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+            value = value.item()  # a one-number tensor, as a reward computed with torch ends
         try:  # (bool is an int: 1/0; numpy's too)
             number = float(value) if isinstance(value, numbers.Real) else None
         except OverflowError:  # an int past float's range

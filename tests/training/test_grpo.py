@@ -148,6 +148,21 @@ def test_a_reward_past_float32s_range_is_refused_in_one_line(value):
     assert score(lambda prompt, completion, answer: 3.0e38, ["1+2?"], ["3"], ["3"], ["row 1"]).isfinite().all()
 
 
+def test_a_reward_that_calls_sys_exit_is_one_line_and_a_one_number_tensor_is_a_reward():
+    """sys.exit() in a reward ended training with its exit code and no word; torch.tensor(1.0) was "not a finite
+    number"."""
+
+    def leaves(prompt, completion, answer):
+        raise SystemExit(3)
+
+    with pytest.raises(UserError, match=r"^the reward function failed on the prompt of row 1 .* with SystemExit: 3"):
+        score(leaves, ["1+2?"], ["3"], ["3"], ["row 1"])
+    rewards = score(lambda prompt, completion, answer: torch.tensor(0.5), ["1+2?"], ["3"], ["3"], ["row 1"])
+    assert rewards.tolist() == [0.5]
+    with pytest.raises(UserError, match="not a finite number"):
+        score(lambda prompt, completion, answer: torch.ones(2), ["1+2?"], ["3"], ["3"], ["row 1"])
+
+
 @pytest.mark.parametrize("kind", list(BASES))
 def test_a_rollout_and_its_loss_on_every_tokenizer_kind(kind):
     """Prompt ids from the chat template, completions that stop at its end-of-turn token, texts the reward reads,
