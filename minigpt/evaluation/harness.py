@@ -142,10 +142,10 @@ class MiniGPTLM(TemplateLM):
             rows.append((key, inp, continuation))
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i][1]))
         out: list[tuple[float, bool] | None] = [None] * len(rows)
-        start = 0
+        start, budget = 0, memory_budget(self.device) // bytes_per_token(self.model.config)  # tokens a batch holds
         while start < len(order):
             longest = len(rows[order[start]][1])
-            fits = max(1, memory_budget(self.device) // (longest * bytes_per_token(self.model.config)))
+            fits = max(1, budget // longest)
             batch = order[start : start + min(self.batch_size, fits)]
             start += len(batch)
             x = torch.zeros(len(batch), longest, dtype=torch.long)  # right padding: causal, so it changes nothing

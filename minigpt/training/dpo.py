@@ -434,12 +434,12 @@ def frozen_reference(model: GPT, ckpt: dict[str, Any] | None, source: str, key: 
     reference = copy.deepcopy(model)
     if ckpt is not None:
         saved = (ckpt[SECTION].get(key) or {}).get("fingerprint")
-        if saved is None:  # a GRPO run started with grpo.beta 0 recorded no start to check init_from against
+        if saved is None and key == "grpo":  # started with grpo.beta 0: no start to check init_from against
             raise UserError(
-                f"this {key.upper()} run started without a reference (grpo.beta 0), so init_from {source} cannot be "
+                f"this GRPO run started without a reference (grpo.beta 0), so init_from {source} cannot be "
                 "checked to be its start; resume it with --grpo.beta 0, or start a new run with a KL in another out_dir"
             )
-        if fingerprint(reference) != saved:
+        if saved is not None and fingerprint(reference) != saved:
             raise UserError(
                 f"init_from {source} is not the model this {key.upper()} run started from (its reference); resume with "
                 "the init_from it was started with, or start a new run in another out_dir"
