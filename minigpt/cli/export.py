@@ -30,7 +30,7 @@ from minigpt.export.gguf import GGUFType, export_gguf
 from minigpt.export.gguf_file import FileState, check_out_file, check_previous_gguf, file_state
 from minigpt.export.hf import check_exportable, check_out_dir, export_hf
 from minigpt.hf.families import family_of
-from minigpt.loading import is_hf_source, load_model
+from minigpt.loading import is_hf_source, load_chat_model, load_model
 
 # a path the export writes, its state as approved before writing, and whether it is a file (GGUF) or a folder
 Replaced = tuple[Path, FileState | FolderState, bool]
@@ -86,6 +86,14 @@ def safetensors_params(path: Path) -> int:
         return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
 
 
+def model_name(source: str | None) -> str:
+    """general.name, what llama.cpp's front ends show: the run's folder for one of its checkpoints, not last.ckpt."""
+    path = Path(str(source or "minigpt"))
+    if path.suffix == ".ckpt":
+        return path.parent.parent.name if path.parent.name == "checkpoints" and path.parent.parent.name else path.stem
+    return path.name
+
+
 def run_gguf(args, out: Path, replacing: list[Replaced]) -> Path:
     checked = check_out_file(out, args.overwrite)  # before loading: a mistake in --out costs no load time
     replacing.append((out, checked, True))
@@ -96,7 +104,7 @@ def run_gguf(args, out: Path, replacing: list[Replaced]) -> Path:
         from minigpt.hf.load import resolve_hf_source
 
         template = read_chat_template(resolve_hf_source(args.ckpt)[0])
-    name = Path(str(args.ckpt or "minigpt")).name
+    name = model_name(args.ckpt)
     result = export_gguf(
         model,
         tokenizer,
@@ -169,7 +177,7 @@ def run(argv: list[str] | None = None, replacing: list[Replaced] | None = None) 
         return run_peft(args, out, replacing)
     checked = check_out_dir(out, args.overwrite)  # before loading: a mistake in --out costs no load time
     replacing.append((out, checked, False))
-    model, tokenizer = load_model(args.ckpt)
+    model, tokenizer = load_chat_model(args.ckpt)  # an imported model keeps its own chat template
     check_exportable(model.config)
     export_hf(model, tokenizer, out, overwrite=args.overwrite, checked=checked)
     n = safetensors_params(out / "model.safetensors")

@@ -180,7 +180,7 @@ class ChatTokenizer(Tokenizer):
         else:
             template = template or DEFAULT_CHAT_TEMPLATE
             markers = [m for m in (IM_START, IM_END) if m in template]
-            end = IM_END if IM_END in template else cls._base_token(base, getattr(base, "eos_id", None))
+            end = IM_END if IM_END in template else cls._end_of_turn(base, template)
             chat = cls(base, template, [m for m in markers if cls._base_token_id(base, m) is None], markers, end)
         if chat.kind != "char":
             return chat
@@ -201,6 +201,14 @@ class ChatTokenizer(Tokenizer):
         if kind == "tiktoken":
             return base.encoding._special_tokens.get(token) if hasattr(base.encoding, "_special_tokens") else None
         return None
+
+    @classmethod
+    def _end_of_turn(cls, base: Tokenizer, template: str) -> str | None:
+        """The token a template without <|im_end|> ends a turn with: the EOS where the template writes it, else
+        the first of the folder's other ends it writes (Gemma 3's <end_of_turn>, whose EOS is <eos>), else the EOS."""
+        eos = getattr(base, "eos_id", None)
+        ends = [cls._base_token(base, i) for i in (eos, *getattr(base, "end_ids", ()))]
+        return next((t for t in ends if t is not None and t in template), ends[0])
 
     @staticmethod
     def _base_token(base: Tokenizer, i: int | None) -> str | None:
@@ -258,7 +266,7 @@ class ChatTokenizer(Tokenizer):
 
     def _base_encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         if self.kind == "hf":  # as transformers encodes a rendered chat: add_special_tokens=False
-            encoding = self.base.backend.encode(text, add_special_tokens=False)
+            encoding = self.base.encoding(text, add_special_tokens=False)
             return list(encoding.ids), [tuple(o) for o in encoding.offsets]
         ids = self.base.encode(text)
         if self.kind == "char":

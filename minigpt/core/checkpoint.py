@@ -204,7 +204,10 @@ def find_checkpoint(path: str | Path | None = None, out_root: str | Path = DEFAU
     elif path.exists():
         return path
     else:
-        missing = f"checkpoint not found: {path}; pass a .ckpt file or a run directory"
+        missing = (
+            f"checkpoint not found: {path}; pass a .ckpt file, a run directory, a Hugging Face model folder or "
+            "hf:ORG/NAME"
+        )
     raise CheckpointError(missing)
 
 

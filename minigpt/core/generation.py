@@ -234,7 +234,8 @@ def generate(
 
 
 def prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
-    """The prompt's token ids; an empty prompt starts from end-of-text (BPE) or a newline (char/byte)."""
+    """The prompt's token ids; an empty prompt starts from the start-of-text token where the tokenizer has one
+    (Llama's <s>, Gemma's <bos>), else end-of-text (GPT-2's BPE), else a newline (char/byte)."""
     if prompt:
         try:
             return tokenizer.encode(prompt)
@@ -243,8 +244,8 @@ def prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
                 "the prompt",
                 "a char-level model reads only the characters of its training text, so remove or replace them",
             ) from None
-    if tokenizer.eot_id is not None:
-        return [tokenizer.eot_id]
+    if (start := getattr(tokenizer, "bos_id", None)) is not None or (start := tokenizer.eot_id) is not None:
+        return [start]
     try:
         ids = tokenizer.encode("\n")
     except UnknownCharactersError:  # a char vocabulary without a newline

@@ -84,16 +84,35 @@ class HFTokenizer(Tokenizer):
         self.vocab_size = int(vocab_size or self.backend.get_vocab_size(with_added_tokens=True))
         self.bos_id, self.eos_id = bos_id, eos_id
         self.eot_id = eos_id
+        self.end_ids = () if eos_id is None else (eos_id,)  # with the folder's other ends (load_hf_tokenizer)
+        # special tokens past the model's rows (Gemma 3's <image_soft_token>, for its vision tower): a text that
+        # writes one is refused, as the model has no embedding for it
+        self.beyond_model = self.backend.get_vocab_size(with_added_tokens=True) > self.vocab_size
+
+    def _within_model(self, ids: list[int]) -> list[int]:
+        if self.beyond_model and (past := [i for i in ids if i >= self.vocab_size]):
+            raise UserError(
+                f"the text writes the special token {self.backend.id_to_token(past[0])!r} (id {past[0]}), "
+                f"which this model has no embedding for (its vocabulary ends at {self.vocab_size}); remove it "
+                "from the text"
+            )
+        return ids
 
     def encode(self, text: str) -> list[int]:
+        return self.encoding(text).ids
+
+    def encoding(self, text: str, add_special_tokens: bool = True):
+        """The library's Encoding of `text` (ids and character offsets), its failures as one-line errors."""
         with rust_panics_as_errors(self.name):
             try:
-                return self.backend.encode(text).ids
+                encoding = self.backend.encode(text, add_special_tokens=add_special_tokens)
             except Exception:  # the library's own type: a vocabulary without an unknown token (a char-level export)
                 unknown = sorted({c for c in text if not self._encodes(c)})
                 if not unknown:
                     raise
                 raise UnknownCharactersError(unknown) from None
+        self._within_model(encoding.ids)
+        return encoding
 
     def _encodes(self, char: str) -> bool:
         with rust_panics_as_errors(self.name):
@@ -111,7 +130,11 @@ class HFTokenizer(Tokenizer):
         with rust_panics_as_errors(self.name):
             try:
                 # _fast: the ids without the character offsets, which cost as much as the encoding itself
-                return [np.asarray(e.ids, dtype=np.int64) for e in self.backend.encode_batch_fast(texts)]
+                return [
+                    np.asarray(self._within_model(e.ids), dtype=np.int64) for e in self.backend.encode_batch_fast(texts)
+                ]
+            except UserError:
+                raise
             except Exception:  # one text the vocabulary cannot encode: find and name its characters
                 return [self.encode_array(text) for text in texts]
 

@@ -114,8 +114,8 @@ class MiniGPTLM(TemplateLM):
                 add_special_tokens = not string.startswith(self.tok.decode([self.tok.bos_id]))
             if not add_special_tokens:
                 try:
-                    return self.tok.backend.encode(string, add_special_tokens=False).ids
-                except Exception:  # the library's own type: encode() below finds and names the bad characters
+                    return self.tok.encoding(string, add_special_tokens=False).ids
+                except UserError:  # text_ids below names the bad characters as a task's
                     pass
         return text_ids(self.tok, string, "a task's text")
 

@@ -101,8 +101,9 @@ def check_gguf_exportable(model: GPT, tokenizer: Tokenizer | None, chat_template
 
 @torch.no_grad()
 def least_likely_char(model: GPT, tokenizer: CharTokenizer, length: int = 64) -> int:
-    """The character with the lowest mean probability over `length` positions of the model's own greedy text from
-    a newline (as minigpt's sampler starts): the stand-in end-of-sequence token of a char vocabulary."""
+    """The stand-in end-of-sequence token of a char vocabulary: of the characters that are no letter, digit or
+    space where there are any (a stop on 'I' would cut JULIET short), the one whose highest probability over
+    `length` positions of the model's own greedy text from a newline (as minigpt's sampler starts) is lowest."""
     was_training = model.training
     model.eval()
     try:
@@ -113,10 +114,11 @@ def least_likely_char(model: GPT, tokenizer: CharTokenizer, length: int = 64) ->
             temperature=0,
             vocab_size=tokenizer.vocab_size,
         )
-        probs = model(ids)[0][0, :, : tokenizer.vocab_size].float().softmax(-1).mean(0)  # (vocab,)
+        peak = model(ids)[0][0, :, : tokenizer.vocab_size].float().softmax(-1).amax(0)  # (vocab,)
     finally:
         model.train(was_training)
-    return int(probs.argmin())
+    word_chars = torch.tensor([c.isalnum() or c.isspace() for c in tokenizer.chars], device=peak.device)
+    return int((peak + word_chars).argmin())  # probabilities are at most 1: any symbol ranks before a letter
 
 
 # ------------------------------------------------------------------------------------------------- tensors

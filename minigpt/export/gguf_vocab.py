@@ -140,6 +140,8 @@ def gguf_vocab(
         vocab = _bpe_vocab(doc, model, isinstance(base, ByteTokenizer))
     _add_tokens(vocab, doc.get("added_tokens") or [])
     vocab.nfc = (doc.get("normalizer") or {}).get("type") == "NFC"
+    while len(vocab.tokens) > vocab_size and vocab.types[-1] == CONTROL:  # another model's (Gemma 3's image token)
+        del vocab.tokens[-1], vocab.types[-1]
     if len(vocab.tokens) > vocab_size:
         raise UserError(
             f"the tokenizer has {len(vocab.tokens)} tokens but the model only {vocab_size} logits; the "
@@ -308,6 +310,8 @@ def _add_tokens(vocab: GGUFVocab, added: list[dict]) -> None:
     for item in added:
         i, text, special = item["id"], item["content"], item.get("special", False)
         kind = CONTROL if special else USER_DEFINED
+        if vocab.kind == "char" and i < len(vocab.tokens):  # the start token, a character: printed as text
+            continue
         if vocab.kind == "char" and not special and i == len(vocab.tokens):  # one more character: spelled alike
             _add_char(vocab, text)
             continue

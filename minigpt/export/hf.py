@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError
 from minigpt.core.fsutil import remove_stale, temp_sibling, write_json
@@ -108,6 +109,11 @@ def generation_config(config: GPTConfig, tokenizer: Tokenizer | None) -> dict:
     context is config.json's, and a max_length here makes transformers warn at every generate(max_new_tokens=...)
     that both are set."""
     bos, eos = special_ids(tokenizer)
+    # a chat model stops at its end of turn, and where its base ends a text otherwise (Gemma 3 IT: <end_of_turn>
+    # and <eos>), as the source's own generation_config.json lists both
+    base_eos = special_ids(tokenizer.base)[1] if isinstance(tokenizer, ChatTokenizer) else None
+    if eos is not None and base_eos is not None and base_eos != eos:
+        eos = [eos, base_eos]
     return {k: v for k, v in {"bos_token_id": bos, "eos_token_id": eos}.items() if v is not None}
 
 

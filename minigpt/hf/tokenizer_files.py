@@ -20,6 +20,7 @@ newline) is also a character a text can hold, so it would be read as that byte.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,8 @@ def load_hf_tokenizer(model_dir: Path, hf_config: dict) -> Tokenizer:
         text = path.read_text(encoding="utf-8")
     except (OSError, ValueError) as e:
         raise DataError(f"cannot read {path} ({first_line(e)}); download the model again") from None
+    if (chars := exported_chars(text)) is not None and len(chars) == (model_vocab or len(chars)):
+        return CharTokenizer(chars)  # minigpt's own char export: read back as the char tokenizer it was
     settings = {**_read_json(model_dir / "special_tokens_map.json"), **_read_json(model_dir / "tokenizer_config.json")}
     tokenizer = HFTokenizer(
         text, name=str(hf_config.get("_name_or_path") or model_dir.name or "hf"), vocab_size=model_vocab
@@ -107,12 +110,53 @@ def load_hf_tokenizer(model_dir: Path, hf_config: dict) -> Tokenizer:
         ids[kind] = found if found is not None else from_config
     tokenizer.bos_id, tokenizer.eos_id = ids["bos"], ids["eos"]
     tokenizer.eot_id = ids["eos"]
-    if tokenizer.backend.get_vocab_size(with_added_tokens=True) > tokenizer.vocab_size:
+    tokenizer.end_ids = end_ids(model_dir, hf_config, tokenizer)
+    # special tokens past the model's rows are another model's (Gemma 3's <image_soft_token> is its vision
+    # tower's): kept, and refused in a text (HFTokenizer._within_model); any other token there is a mismatch
+    past = range(tokenizer.vocab_size, tokenizer.backend.get_vocab_size(with_added_tokens=True))
+    specials = {t.content for t in tokenizer.backend.get_added_tokens_decoder().values() if t.special}
+    if any(tokenizer.backend.id_to_token(i) not in specials for i in past):
         raise DataError(
             f"{path} has {tokenizer.backend.get_vocab_size(with_added_tokens=True)} tokens but the "
             f"model's vocab_size is {tokenizer.vocab_size}; the tokenizer is not this model's"
         )
     return tokenizer
+
+
+def exported_chars(tokenizer_json: str) -> str | None:
+    """The characters of a tokenizer.json that save_hf_tokenizer wrote for a char tokenizer (the _char_backend
+    layout, ids in sorted order, no token added past them), else None."""
+    try:
+        doc = json.loads(tokenizer_json)
+    except ValueError:
+        return None  # HFTokenizer names the problem
+    model = doc.get("model") if isinstance(doc, dict) else None
+    if not isinstance(model, dict) or model.get("type") != "WordLevel" or not isinstance(model.get("vocab"), dict):
+        return None
+    keys = sorted(model["vocab"])
+    layout = (
+        doc.get("pre_tokenizer")
+        == {"type": "Split", "pattern": {"Regex": r"[\s\S]"}, "behavior": "Isolated", "invert": False}
+        and doc.get("decoder") == {"type": "Fuse"}
+        and not doc.get("normalizer")
+        and not doc.get("post_processor")
+    )
+    in_order = all(len(c) == 1 and model["vocab"][c] == i for i, c in enumerate(keys))
+    added = doc.get("added_tokens") or []
+    if not (layout and in_order and all(isinstance(a, dict) and a.get("content") in model["vocab"] for a in added)):
+        return None
+    return "".join(keys)
+
+
+def end_ids(model_dir: Path, hf_config: dict, tokenizer: HFTokenizer) -> tuple[int, ...]:
+    """Every id the folder names as an end of sequence: the EOS, then generation_config.json's and config.json's
+    eos_token_id (an id or a list: Gemma 3 IT lists <eos> and <end_of_turn>, Llama 3 Instruct <|eot_id|> too)."""
+    found = [tokenizer.eos_id]
+    for source in (_read_json(model_dir / "generation_config.json"), hf_config):
+        value = source.get("eos_token_id")
+        found += value if isinstance(value, list) else [value]
+    known = range(tokenizer.vocab_size)
+    return tuple(dict.fromkeys(i for i in found if isinstance(i, int) and not isinstance(i, bool) and i in known))
 
 
 # ------------------------------------------------------------------------------------------------- writing

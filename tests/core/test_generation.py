@@ -230,9 +230,16 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
             Sampling(top_p=bad)
 
 
-def test_empty_prompt_starts_from_newline_or_end_of_text():
+def test_empty_prompt_starts_from_start_of_text_newline_or_end_of_text():
     assert prompt_ids(CharTokenizer(CHARS), "") == CharTokenizer(CHARS).encode("\n")
     assert prompt_ids(ByteTokenizer(), "") == [10]
     bpe = TiktokenTokenizer(byte_bpe())
     assert prompt_ids(bpe, "") == [bpe.eot_id] == [256]
     assert prompt_ids(CharTokenizer("ab"), "") == [0]  # no newline in the vocabulary: token 0
+    tokenizers = pytest.importorskip("tokenizers")
+    from minigpt.core.tokenizers import HFTokenizer
+
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({"<s>": 0, "</s>": 1, "a": 2}, unk_token="<s>"))
+    # Llama's and Gemma's way: a document starts with <s>/<bos>, so a text from nothing does too
+    assert prompt_ids(HFTokenizer(backend.to_str(), bos_id=0, eos_id=1), "") == [0]
+    assert prompt_ids(HFTokenizer(backend.to_str(), eos_id=1), "") == [1]

@@ -139,9 +139,18 @@ def test_llama_cpp_writes_minigpts_greedy_text_and_scores_it_alike(trained, kind
     model, tokenizer, held_out = run.model, run.tokenizer, run.held_out
     prompt = tokenizer.encode("the quick brown")
     ours = greedy(model, prompt, 48)
+    newline = tokenizer.encode("\n")
     with LlamaCpp(run.path("f32")) as llama:
         assert llama.tokenize("the quick brown") == prompt
-        assert llama.greedy(prompt, 48) == ours  # llama.cpp's own greedy run, 48 tokens
+        completion = llama.completion(prompt, 48)
+        assert completion["tokens"] == ours  # llama.cpp's own greedy run, 48 tokens
+        assert completion["content"] == tokenizer.decode(ours)
+        # a newline is text, printed and read as such (a char export's start token, it was a control token)
+        forced = llama.completion(prompt, 2, logit_bias=[[newline[0], 100]])
+        assert (forced["tokens"], forced["content"]) == (newline * 2, "\n\n")
+        assert llama.post("/tokenize", {"content": "a\nb", "parse_special": False})["tokens"] == tokenizer.encode(
+            "a\nb"
+        )
     nll = -sum(log_probs(model, held_out)[t - 1, held_out[t]].item() for t in range(33, len(held_out)))
     assert -sum(run.scores("f32")[1]) == pytest.approx(nll, rel=1e-3)
 

@@ -482,17 +482,28 @@ GEMMA_TEMPLATE = """{{ bos_token }}
 """  # Gemma 3's chat_template (tokenizer_config.json of the instruction-tuned models)
 
 
+def gemma_it_folder(path, extra_tokens=()):
+    """A Gemma 3 IT-shaped folder: EOS <eos> (1), Gemma's template, and generation_config.json's eos_token_id
+    [<eos>, <end_of_turn>] as the published ones list them; `extra_tokens`: special tokens past the model's rows."""
+    tokenizer = gemma_style_tokenizer()
+    config = MODELS["gemma3-gqa-tied-window"]()
+    config.vocab_size, config.bos_token_id, config.eos_token_id = tokenizer.vocab_size, 2, 1
+    model = random_hf_model(config)
+    end_of_turn = tokenizer.backend.token_to_id("<end_of_turn>")
+    model.generation_config = transformers.GenerationConfig(bos_token_id=2, eos_token_id=[1, end_of_turn])
+    model.save_pretrained(path)
+    tokenizer.backend.add_special_tokens(list(extra_tokens))
+    (path / "tokenizer.json").write_text(tokenizer.backend.to_str())
+    tokenizer_config = {"bos_token": "<bos>", "eos_token": "<eos>", "chat_template": GEMMA_TEMPLATE}
+    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    return path
+
+
 def test_gemmas_chat_template_renders_through_the_sandbox_as_transformers_renders_it(tmp_path):
     from minigpt.loading import load_chat_model
 
     tokenizer = gemma_style_tokenizer()
-    config = MODELS["gemma3-gqa-tied-window"]()
-    config.vocab_size, config.bos_token_id, config.eos_token_id = tokenizer.vocab_size, 2, 1
-    random_hf_model(config).save_pretrained(tmp_path)
-    (tmp_path / "tokenizer.json").write_text(tokenizer.tokenizer_json)
-    tokenizer_config = {"bos_token": "<bos>", "eos_token": "<eos>", "chat_template": GEMMA_TEMPLATE}
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
-    _, chat_tok = load_chat_model(tmp_path)
+    _, chat_tok = load_chat_model(gemma_it_folder(tmp_path))
     conversation = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "hello? "},
@@ -506,6 +517,61 @@ def test_gemmas_chat_template_renders_through_the_sandbox_as_transformers_render
     assert ours == theirs and ours[0] == 2 and ours.count(tokenizer.backend.token_to_id("<start_of_turn>")) == 4
     with pytest.raises(UserError, match="Conversation roles must alternate"):
         chat_tok.encode_chat(conversation[:2] + conversation[3:], add_generation_prompt=True)
+
+
+def test_an_instruct_model_ends_its_turns_where_its_generation_config_says_and_its_export_keeps_that(tmp_path):
+    """Gemma 3 IT's EOS is <eos>, but its turns end with <end_of_turn>, which generation_config.json lists beside
+    it: a reply stops there and SFT trains up to it (not the newline after); the HF export of the folder keeps the
+    template, and its generation_config.json lists both ends again."""
+    from minigpt.cli.export import run as export_run
+    from minigpt.loading import load_chat_model
+
+    folder = gemma_it_folder(tmp_path / "it")
+    _, chat_tok = load_chat_model(folder)
+    end_of_turn = chat_tok.token_id("<end_of_turn>")
+    assert chat_tok.eot_id == end_of_turn != 1
+    conversation = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hello hello"}]
+    ids, mask = chat_tok.encode_chat(conversation)
+    trained = [i for i, m in zip(ids, mask) if m]
+    assert trained[-1] == end_of_turn and chat_tok.decode(trained[:-1]) == "hello hello"
+    export_run(["--ckpt", str(folder), "--out", str(tmp_path / "export")])
+    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
+    prompt = conversation[:1]
+    theirs = hf_tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)
+    assert theirs["input_ids"] == chat_tok.encode_chat(prompt, add_generation_prompt=True)[0]
+    generation = json.loads((tmp_path / "export" / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == [end_of_turn, 1]
+
+
+def test_a_special_token_past_the_models_rows_is_kept_and_refused_in_a_text(tmp_path):
+    """Gemma 3's tokenizer.json holds <image_soft_token> (its vision tower's) one past the text model's vocab_size:
+    the folder loads, a text that writes the token is refused in one line, and the GGUF export leaves it out."""
+    from minigpt.export.gguf_vocab import gguf_vocab
+
+    folder = gemma_it_folder(tmp_path / "it", extra_tokens=["<image_soft_token>"])
+    model, tokenizer = load_model(folder)
+    assert model.config.vocab_size == tokenizer.vocab_size == len(gemma_style_tokenizer().backend.get_vocab())
+    assert tokenizer.decode(tokenizer.encode(" hello")) == " hello"
+    with pytest.raises(UserError, match=r"'<image_soft_token>' \(id \d+\), which this model has no embedding for"):
+        tokenizer.encode("look: <image_soft_token>")
+    pytest.importorskip("gguf")
+    assert len(gguf_vocab(tokenizer, model.config.vocab_size).tokens) == model.config.vocab_size
+
+
+def test_hidden_act_is_not_gemma_3s_activation(saved, tmp_path):
+    """transformers' Gemma 3 reads hidden_activation only (default: the tanh GELU); a config that also carries an
+    older hidden_act computes the tanh GELU there, and so does the import."""
+    folder = tmp_path / "legacy"
+    folder.mkdir()
+    for file in saved["gemma3-gqa-tied-window"][1].iterdir():
+        (folder / file.name).write_bytes(file.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("hidden_activation", None)
+    (folder / "config.json").write_text(json.dumps({**config, "hidden_act": "gelu"}))
+    model = load_model(folder)[0]
+    assert model.config.gelu_approximate == "tanh"
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    torch.testing.assert_close(our_logits(model, ids()), hf_logits(theirs, ids()), atol=1e-4, rtol=0)
 
 
 # ------------------------------------------------------------------------------------------------- trained here

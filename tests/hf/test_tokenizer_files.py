@@ -79,6 +79,51 @@ def test_saved_tokenizer_gives_the_same_ids_through_transformers(kind, tmp_path)
         assert hf.eos_token == "<|endoftext|>" and hf.eos_token_id == tok.eot_id
 
 
+def test_a_char_export_reads_back_as_the_char_tokenizer_and_exports_to_gguf_again(tmp_path):
+    """An exported char model's folder is a char model again (its vocabulary, its one-line refusal of a character
+    it lacks), so the folder, and any fine-tune of it, exports to GGUF as the run did; a WordLevel tokenizer.json of
+    another layout stays a Hugging Face tokenizer."""
+    from minigpt.core.config import GPTConfig
+    from minigpt.core.errors import UnknownCharactersError
+    from minigpt.core.model import GPT
+    from minigpt.export.hf import export_hf
+    from minigpt.loading import load_model
+
+    tok = CharTokenizer(SAMPLE)
+    export_hf(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=tok.vocab_size)), tok, tmp_path)
+    back = load_model(tmp_path)[1]
+    assert isinstance(back, CharTokenizer) and back.chars == tok.chars
+    with pytest.raises(UnknownCharactersError):
+        back.encode("Zq")
+    pytest.importorskip("gguf")
+    from minigpt.export.gguf import export_gguf
+
+    assert export_gguf(load_model(tmp_path)[0], back, tmp_path / "again.gguf").vocab.kind == "char"
+    doc = json.loads((tmp_path / "tokenizer.json").read_text())
+    doc["decoder"] = None  # not save_hf_tokenizer's char layout
+    (tmp_path / "tokenizer.json").write_text(json.dumps(doc))
+    assert isinstance(load_hf_tokenizer(tmp_path, {"vocab_size": tok.vocab_size}), HFTokenizer)
+
+
+def test_a_chat_on_a_word_level_vocabulary_names_the_characters_it_lacks(tmp_path):
+    """A chat char model's export keeps its chat tokens (a Hugging Face tokenizer then); a message with a character
+    its vocabulary lacks is the one-line refusal, not the tokenizers library's exception."""
+    from minigpt.core.chat_template import ChatTokenizer
+    from minigpt.core.config import GPTConfig
+    from minigpt.core.errors import UnknownCharactersError
+    from minigpt.core.model import GPT
+    from minigpt.export.hf import export_hf
+    from minigpt.loading import load_chat_model
+
+    conversation = [{"role": "user", "content": "What is 2?"}, {"role": "assistant", "content": "2"}]
+    tok = ChatTokenizer.for_base(CharTokenizer(SAMPLE), conversations=[conversation])
+    export_hf(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=64, vocab_size=tok.vocab_size)), tok, tmp_path)
+    chat_tok = load_chat_model(tmp_path)[1]
+    assert chat_tok.encode_chat(conversation) == tok.encode_chat(conversation)
+    with pytest.raises(UnknownCharactersError, match="'Z'"):
+        chat_tok.encode_chat([{"role": "user", "content": "What is Z?"}], add_generation_prompt=True)
+
+
 def test_byte_tokenizer_export_round_trips_any_utf8_text(tmp_path):
     save_hf_tokenizer(ByteTokenizer(), tmp_path)
     hf = transformers.AutoTokenizer.from_pretrained(tmp_path)

@@ -144,7 +144,7 @@ class Gemma3(Llama):
         ]
 
     def import_problems(self, hf: dict[str, Any]) -> Iterator[str]:
-        act = get(hf, "hidden_activation", "hidden_act", default="gelu_pytorch_tanh")
+        act = get(hf, "hidden_activation", default="gelu_pytorch_tanh")
         if act not in GELU:
             yield f"its hidden_activation is {act!r}; minigpt's GeGLU computes {', '.join(GELU)}"
         for key in ("attn_logit_softcapping", "final_logit_softcapping"):
@@ -188,7 +188,7 @@ class Gemma3(Llama):
             vocab_size=hf.get("vocab_size"),
             bias=False,
             mlp="geglu",
-            gelu_approximate=GELU[get(hf, "hidden_activation", "hidden_act", default="gelu_pytorch_tanh")],
+            gelu_approximate=GELU[get(hf, "hidden_activation", default="gelu_pytorch_tanh")],
             mlp_hidden=hf.get("intermediate_size"),
             rope_base=float(global_base) if isinstance(global_base, int) else global_base,
             rope_scaling=scaling,  # the full layers'; sliding ones rotate at rope_local_base, unscaled
