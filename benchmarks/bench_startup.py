@@ -50,7 +50,7 @@ def commands(ckpt: Path | str, device: str) -> dict[str, list[str] | None]:
     """name -> argv (None: not available here)."""
     py = sys.executable
     cases: dict[str, list[str] | None] = {BASELINE: [py, "-c", "import torch"]}
-    cases["import minigpt"] = [py, "-c", "import minigpt"]
+    cases["from minigpt import load_model"] = [py, "-c", "from minigpt import load_model"]
     for name in ("sample", "eval", "export", "attention"):
         cases[f"{name}.py --help"] = [py, str(common.REPO_ROOT / f"{name}.py"), "--help"]
     # the installed `minigpt` beside this interpreter (not a version manager's shim, which adds its own start-up)

@@ -163,7 +163,7 @@ def test_time_to_loss_runs_the_config_as_shipped_and_validates_at_its_interval(
 
 @SLOW  # ~80 s: a copy of the site folders as links, then three launches that compile train.py's imports
 def test_bench_bytecode_emulates_an_environment_without_compiled_modules(tmp_path, capsys):
-    """`import minigpt` (before torch) sets the bytecode cache where torch's bytecode is missing: off, the first
+    """minigpt's first import (before torch) sets the bytecode cache where torch's bytecode is missing: off, the first
     launch and the next, as bench_bytecode.py emulates such an environment."""
     from benchmarks import bench_bytecode
 

@@ -70,10 +70,13 @@ def run_command(name: str, flags: list[str] | None = None) -> None:
     grows by a quarter: a quarter of train.py's imports on a 2-core CPU (docs/performance.md#start-up), and every
     later full collection (compiling, the exit) would walk them again. The cost: the imports' few cyclic garbage
     objects (~15,000, ~12 MiB) are never freed. The scripts pause the collector on their first line, so torch's own
-    import is covered too; `minigpt NAME` has imported torch before it gets here."""
+    import is covered too, and so is `minigpt NAME`'s (`import minigpt` imports nothing heavy). Ctrl-C while they
+    load is the same one `error: interrupted` line as later."""
     gc.disable()
     try:
         command = load_command(name)
+    except KeyboardInterrupt:  # while torch and the command's modules load: the same one line as later
+        fail("interrupted", code=130)
     finally:
         gc.freeze()
         gc.enable()

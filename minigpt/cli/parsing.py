@@ -5,6 +5,7 @@ the --ckpt / --prompt options and the device option.  Each command has `--help`,
 from __future__ import annotations
 
 import contextlib
+import difflib
 import io
 import logging
 import sys
@@ -109,7 +110,21 @@ class OneLineErrors:
         if message.startswith(required):  # named as the user types them: "--out", not "out"
             names = [f"--{name.strip()}" for name in message.removeprefix(required).split(",")]
             message = f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} required"
+        unknown = "unrecognized arguments: "
+        if message.startswith(unknown) and (near := self.nearest_key(message.removeprefix(unknown))):
+            message += f"; did you mean --{near}?"
         fail(f"{message} (see `{self.prog} --help`)")
+
+    def nearest_key(self, flags: str) -> str | None:
+        """The setting the first unknown flag likely meant: the one it names without its section
+        (--max_steps: trainer.max_steps), else the closest spelling (--learning_rat: optim.learning_rate)."""
+        name = flags.split()[0].lstrip("-").split("=")[0] if flags.split() else ""
+        try:
+            keys = [k for k in self.get_defaults().keys() if k not in ("config", "print_config")]
+        except Exception:  # defaults that cannot be read: no suggestion, the message stands
+            return None
+        same = [k for k in keys if k.rsplit(".", 1)[-1] == name]
+        return same[0] if len(same) == 1 else next(iter(difflib.get_close_matches(name, keys, n=1, cutoff=0.8)), None)
 
 
 class CommandParser(OneLineErrors, ArgumentParser):

@@ -51,17 +51,20 @@ from minigpt.training.datamodule import TokenDataModule
 from minigpt.training.dpo import DPOConfig, check_dpo_resumable, frozen_reference
 from minigpt.training.finetune_lora import check_finetune_resumable, load_base, lora_run_model
 from minigpt.training.grpo import GRPOConfig, check_grpo_resumable
-from minigpt.training.init_from import init_from_source, load_init_weights, read_last
+from minigpt.training.init_from import check_source_is_not_out_dir, init_from_source, load_init_weights, read_last
 from minigpt.training.lightning_module import GPTLightningModule
 from minigpt.training.objectives import objective, objective_problem
 from minigpt.training.optim import OptimConfig
 from minigpt.training.run_dir import (
     SIGNALS,
+    already_a_run,
     check_steps_left,
     check_writable,
+    holds_run,
     lock_run_dir,
     nothing_to_resume,
     recover,
+    refuse_taken,
     replacing,
     stop_on_signals,
 )
@@ -271,6 +274,10 @@ class MiniGPTCLI(LightningCLI):
         self.given = parser.file_keys | {key for key, _ in flag_values(given)}
 
     def instantiate_classes(self) -> None:
+        out_dir = Path(self.config["out_dir"])
+        if self.config.get("init_from") and not self.config["resume"]:
+            check_source_is_not_out_dir(self.config["init_from"], out_dir)
+        refuse_taken(out_dir, self.config["resume"], self.config["overwrite"])  # before the data is prepared
         source_config, source_model = None, None
         last = Path(self.config["out_dir"]) / "checkpoints" / "last.ckpt"
         # --resume reads the run's last checkpoint once: its checks, init_from and Lightning's restore share it
@@ -393,12 +400,9 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         check_resumable(saved, cli.model.config, cli.model.tokenizer, last)
         check_steps_left(last, saved["global_step"], cli.trainer.max_steps)
         ckpt_path = str(last)
-    elif (out_dir / "checkpoints").is_dir() and any((out_dir / "checkpoints").glob("*.ckpt")):
+    elif holds_run(out_dir):
         if not cli.config["overwrite"]:
-            raise UserError(
-                f"{out_dir} already holds a run; continue it with --resume, pick another --out_dir, "
-                "or pass --overwrite to start over"
-            )
+            raise already_a_run(out_dir)
         overwrite = cli.trainer.is_global_zero
     trainer = cli.trainer
     if cli.config.get("init_from") and trainer.is_global_zero:  # the run is accepted: now out_dir gets its tokenizer

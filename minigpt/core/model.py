@@ -28,8 +28,11 @@ from einops import einsum, rearrange
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
+from minigpt.core import inductor_cache
 from minigpt.core.config import GATED_MLPS, GPTConfig
 from minigpt.core.kv_cache import KVCache
+
+inductor_cache.key_compiled_graphs_by_cpu_kind()  # before any model compiles: graphs cached per CPU kind
 
 SDPA_BACKEND = {
     "flash": SDPBackend.FLASH_ATTENTION,

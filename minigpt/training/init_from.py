@@ -33,6 +33,15 @@ from minigpt.training.sft import grow_vocabulary
 LINKED_MODEL_FIELDS = {"vocab_size"}
 
 
+def check_source_is_not_out_dir(src: str, out_dir: Path) -> None:
+    """A new fine-tune may not write into its source's folder (train.py checks it before anything else of out_dir)."""
+    if Path(str(src)).is_dir() and Path(str(src)).resolve() == out_dir.resolve():
+        raise UserError(
+            f"init_from {src} is out_dir itself: the run would write its files into the source model's "
+            "folder; choose another --out_dir"
+        )
+
+
 def init_from_source(
     config: Any, given: set[str], resumed: dict[str, Any] | None = None
 ) -> tuple[GPTConfig, GPT | None]:
@@ -44,11 +53,6 @@ def init_from_source(
     config files and flags ("model.n_layer", "data.tokenizer", ...), whose values are in `config`."""
     src, out_dir = config["init_from"], Path(config["out_dir"])
     resuming = resumed is not None
-    if not resuming and Path(str(src)).is_dir() and Path(str(src)).resolve() == out_dir.resolve():
-        raise UserError(
-            f"init_from {src} is out_dir itself: the run would write its files into the source model's "
-            "folder; choose another --out_dir"
-        )
     if resuming:
         source_model, tokenizer = None, checkpoint.checkpoint_tokenizer(resumed)
         source_config = checkpoint.model_config(resumed)

@@ -34,6 +34,29 @@ def nothing_to_resume(last: Path) -> UserError:
     )
 
 
+def holds_run(out_dir: Path) -> bool:
+    return (out_dir / "checkpoints").is_dir() and any((out_dir / "checkpoints").glob("*.ckpt"))
+
+
+def already_a_run(out_dir: Path) -> UserError:
+    return UserError(
+        f"{out_dir} already holds a run; continue it with --resume, pick another --out_dir, or pass --overwrite to "
+        "start over"
+    )
+
+
+def refuse_taken(out_dir: Path, resume: bool, overwrite: bool) -> None:
+    """The run directory's refusals that need no data, made before the data is prepared (a large corpus's BPE
+    takes minutes); train.py makes them again once it holds out_dir.  Left to that check while another train.py
+    holds it, or an interrupted --overwrite left files that recover() puts back."""
+    if (out_dir / LOCK_FILE).exists() or any(out_dir.glob(".checkpoints.old-*")):
+        return
+    if resume and not (out_dir / "checkpoints" / "last.ckpt").is_file():
+        raise nothing_to_resume(out_dir / "checkpoints" / "last.ckpt")
+    if not resume and not overwrite and holds_run(out_dir):
+        raise already_a_run(out_dir)
+
+
 def check_steps_left(last: Path, step: int, max_steps: int) -> None:
     """A resume from `last`, at `step`, must have steps left to train (max_steps -1: no bound)."""
     if 0 <= max_steps <= step:

@@ -131,7 +131,8 @@ CASES: list[Case] = [
         expect=["o200k_base", "TIKTOKEN_CACHE_DIR"],
         network=True,
     ),
-    train("unknown config key", "--model.n_layers", "2", expect=["--model.n_layers"]),
+    train("unknown config key", "--model.n_layers", "2", expect=["--model.n_layers", "did you mean --model.n_layer?"]),
+    train("a setting without its section", "--max_steps", "20", expect=["did you mean --trainer.max_steps?"]),
     train("wrong value type", "--trainer.max_steps", "ten", expect=['"trainer.max_steps"']),
     train(
         "unknown arch",

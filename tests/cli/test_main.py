@@ -235,6 +235,36 @@ def test_the_attention_command_imports_matplotlib_only_when_it_draws(heavy_impor
     assert heavy_imports["minigpt.cli.attention"] == []
 
 
+def test_import_minigpt_loads_torch_with_the_first_name_used_and_every_name_is_there():
+    """`import minigpt` and the scripts' first import (minigpt.cli.main) load no torch, so a Ctrl-C while a command
+    starts lands in its handling; each name of the API is the module's own, imported on first use."""
+    code = (
+        "import sys, minigpt, minigpt.cli.main\nbefore = 'torch' in sys.modules\n"
+        "names = {n: getattr(minigpt, n).__module__ for n in minigpt.__all__}\n"
+        "print(before, 'torch' in sys.modules, set(minigpt.__all__) <= set(dir(minigpt)))"
+    )
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == ["False", "True", "True"]
+    from minigpt.core.model import GPT
+
+    assert minigpt.GPT is GPT and sorted(minigpt.__all__) == sorted(minigpt.FACADE)
+    with pytest.raises(AttributeError, match="no attribute 'gpt'"):
+        minigpt.gpt  # noqa: B018
+
+
+def test_ctrl_c_while_a_command_loads_is_its_one_line(monkeypatch, capsys):
+    import minigpt.cli.main as cli_main
+
+    def interrupted(name):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_main, "load_command", interrupted)
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main.run_command("sample", [])
+    assert exit_info.value.code == 130 and capsys.readouterr().err == "error: interrupted\n"
+
+
 def test_minigpt_sample_imports_only_the_sample_command():
     code = (
         "import sys\nfrom minigpt.cli.main import main\ntry:\n    main(['sample', '--help'])\n"

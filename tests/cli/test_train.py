@@ -280,6 +280,15 @@ def test_existing_run_is_not_overwritten_by_accident(tiny_run_args, corpus, data
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").read_bytes() == before
     with pytest.raises(UserError, match="--resume: no checkpoint at"):
         main(tiny_run_args(corpus, data_root, tmp_path / "empty", steps=5) + ["--resume", "true"])
+    # both refused before the data is prepared (a large corpus's BPE takes minutes): a new corpus is not read
+    other = tmp_path / "other.txt"
+    other.write_text(corpus.read_text(encoding="utf-8")[::-1], encoding="utf-8")
+    prepared = sorted(Path(data_root).iterdir())
+    with pytest.raises(UserError, match="already holds a run"):
+        main(tiny_run_args(other, data_root, tmp_path / "run", steps=5))
+    with pytest.raises(UserError, match="--resume: no checkpoint at"):
+        main(tiny_run_args(other, data_root, tmp_path / "empty", steps=5) + ["--resume", "true"])
+    assert sorted(Path(data_root).iterdir()) == prepared
 
 
 def test_resume_with_another_model_shape_is_refused(tiny_run_args, corpus, data_root, tmp_path):

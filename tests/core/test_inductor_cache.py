@@ -23,7 +23,7 @@ def test_the_cpu_kind_joins_the_cache_key_tag_and_a_users_tag_stays(monkeypatch)
     native = torch.compiler.config.cache_key_tag
     assert native == f"minigpt-cpu-kind={torch.backends.cpu.get_cpu_capability()}/native"
     inductor_cache.key_compiled_graphs_by_cpu_kind()
-    assert torch.compiler.config.cache_key_tag == native  # once: every minigpt import calls it
+    assert torch.compiler.config.cache_key_tag == native  # once: every import of minigpt.core.model calls it
     monkeypatch.setattr(torch.compiler.config, "cache_key_tag", "mine")
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     inductor_cache.key_compiled_graphs_by_cpu_kind()
@@ -33,7 +33,7 @@ def test_the_cpu_kind_joins_the_cache_key_tag_and_a_users_tag_stays(monkeypatch)
 CHILD = """
 import torch
 
-import minigpt.core  # as every minigpt command, before compiling
+import minigpt.core.model  # as every minigpt model, before compiling
 
 x = torch.randn(12, 64, 4).transpose(1, 2)  # a transposed copy: Inductor tiles it by its vector width
 print((torch.compile(lambda t: t.contiguous())(x) - x).abs().max().item())
