@@ -198,7 +198,10 @@ def find_checkpoint(path: str | Path | None = None, out_root: str | Path = DEFAU
         if candidate := next((c for c in run_checkpoints(path) if c.is_file()), None):
             return candidate
         missing = (
-            f"no checkpoint in run directory {path}; expected checkpoints/best.ckpt or checkpoints/last.ckpt "
+            f"{path} holds PEFT adapters (adapter_config.json), not a whole model; pass the LoRA run they were "
+            "exported from, or load them with peft on their base folder"
+            if (path / "adapter_config.json").is_file()
+            else f"no checkpoint in run directory {path}; expected checkpoints/best.ckpt or checkpoints/last.ckpt "
             "(or, for a Hugging Face model, config.json and its weights)"
         )
     elif path.exists():

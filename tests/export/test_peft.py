@@ -154,6 +154,9 @@ def test_export_py_writes_peft_files_and_the_merged_model_from_a_lora_run(lora_r
         torch.testing.assert_close(hf(idx).logits, expected, atol=1e-4, rtol=0)
 
     export_main(["--ckpt", str(lora_run), "--format", "peft", "--out", str(tmp_path / "adapter"), "--overwrite"])
+    with pytest.raises(SystemExit):  # the adapters' folder is no model: said as such, not "no checkpoint in run"
+        export_main(["--ckpt", str(tmp_path / "adapter"), "--out", str(tmp_path / "again")])
+    assert "holds PEFT adapters (adapter_config.json), not a whole model" in capsys.readouterr().err
 
 
 def test_peft_export_of_a_run_without_adapters_is_one_line(lora_run, tmp_path, capsys):
