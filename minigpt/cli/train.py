@@ -37,7 +37,6 @@ from minigpt.cli.errors import fail
 from minigpt.cli.parsing import OneLineErrors, flag_values, literal_choices, misplaced_setting, read_field_docs
 from minigpt.cli.train_flags import note_unread_flags
 from minigpt.configs import default_config
-from minigpt.core.checkpoint import check_resumable
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError, first_line
 from minigpt.core.fsutil import atomic_write
@@ -58,7 +57,7 @@ from minigpt.training.optim import OptimConfig
 from minigpt.training.run_dir import (
     SIGNALS,
     already_a_run,
-    check_steps_left,
+    check_resume,
     check_writable,
     holds_run,
     lock_run_dir,
@@ -68,7 +67,6 @@ from minigpt.training.run_dir import (
     replacing,
     stop_on_signals,
 )
-from minigpt.training.sft import check_chat_resumable
 from minigpt.training.trainer import (
     TRAINER_DEFAULTS,
     EarlyStoppingConfig,
@@ -396,9 +394,7 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
             raise nothing_to_resume(last)
         # read at parse time, unless the run was restored since (recover: a killed --overwrite put it back)
         saved = cli.resume_checkpoint or read_last(last)
-        check_chat_resumable(saved, cli.model.tokenizer, last)
-        check_resumable(saved, cli.model.config, cli.model.tokenizer, last)
-        check_steps_left(last, saved["global_step"], cli.trainer.max_steps)
+        check_resume(saved, cli.model, cli.datamodule, cli.trainer.max_steps, last)
         ckpt_path = str(last)
     elif holds_run(out_dir):
         if not cli.config["overwrite"]:
@@ -423,20 +419,21 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         # the final state, whatever step the run stopped at; unless LastCheckpoint saved it at the validation that
         # ended the run (a step on the validation grid, where a save after fit would resume its logs a step late)
         saver = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)
-        if saver is None or saver.saved_at_stop != trainer.global_step:
+        untrained = bool(stopped_by) and trainer.global_step == 0  # stopped before its first step: no checkpoint
+        if not untrained and (saver is None or saver.saved_at_stop != trainer.global_step):
             trainer.save_checkpoint(last, weights_only=False)
-    if trainer.is_global_zero:
+    if trainer.is_global_zero and not untrained:
         end_of_run(trainer, last)
-    if stopped_by[:1] == ["SIGINT"]:  # Ctrl-C: a stop the user asked for, not an error
-        stop = f"stopped by SIGINT (Ctrl-C) at step {trainer.global_step}; saved {last}; continue the run with --resume"
-        if trainer.is_global_zero:  # a terminal's Ctrl-C reaches every rank
+    if stopped_by:
+        when = "before the first step; nothing saved" if untrained else f"at step {trainer.global_step}; saved {last}"
+        stop = f"stopped by {stopped_by[0]}{' (Ctrl-C)' * (stopped_by[0] == 'SIGINT')} {when}" + (
+            "" if untrained else "; continue the run with --resume"
+        )
+        if stopped_by[0] != "SIGINT":  # from outside (a scheduler's SIGTERM): the run did not end as configured
+            fail(stop, code=128 + SIGNALS[stopped_by[0]])
+        if trainer.is_global_zero:  # Ctrl-C: a stop the user asked for, not an error (and it reaches every rank)
             print(stop, file=sys.stderr)
         raise SystemExit(128 + SIGNALS["SIGINT"])
-    if stopped_by:  # from outside (a scheduler's SIGTERM): the run did not end as configured
-        fail(
-            f"stopped by {stopped_by[0]} at step {trainer.global_step}; saved {last}; continue the run with --resume",
-            code=128 + SIGNALS[stopped_by[0]],
-        )
     if cli.config["eval_full"]:
         full_split_end(trainer, cli.model, cli.datamodule, last)
     timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)

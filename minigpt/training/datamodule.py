@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import lightning as L
 import numpy as np
@@ -81,8 +81,10 @@ class ResumableSampler(Sampler[int]):
         return self.length
 
     def __iter__(self) -> Iterator[int]:
+        # read when the first index is asked for, not when the iterator is made: Lightning makes it before it
+        # restores a checkpoint when the schedule asks for estimated_stepping_batches (a max_epochs run)
         first = self.start()
-        return iter(range(first, first + self.length))
+        yield from range(first, first + self.length)
 
 
 class ResumableLoader(DataLoader):
@@ -298,3 +300,20 @@ class TokenDataModule(L.LightningDataModule):
             num_workers=hp.num_workers,
             generator=own_generator(),
         )
+
+
+# data settings a resume may change, but not without a word: they redraw the training windows (seed) or the
+# validation set, whose losses best.ckpt and early stopping then compare with the old set's
+VALIDATION = "the validation set is"
+REDRAWN_BY = {"seed": "the training windows and the validation set are", "batch_size": VALIDATION}
+REDRAWN_BY |= {"val_batches": VALIDATION, "val_batch_size": VALIDATION, "val_fraction": VALIDATION}
+
+
+def resume_data_notes(saved: dict[str, Any] | None, hparams: dict[str, Any]) -> list[str]:
+    """One note per data setting a resume changed (`saved`: the checkpoint's datamodule hyperparameters)."""
+    return [
+        f"--resume with {'' if k == 'seed' else 'data.'}{k} {hparams[k]!r} (the run had {saved[k]!r}): {what} not "
+        "the run's from here on; best.ckpt and early stopping compare val losses across the change"
+        for k, what in REDRAWN_BY.items()
+        if saved is not None and k in saved and k in hparams and saved[k] != hparams[k]
+    ]

@@ -73,8 +73,13 @@ def check_same_base(ckpt: dict[str, Any], base: GPT, source: str, path: Path) ->
     saved = checkpoint_lora(ckpt)[1]
     found = fingerprint(base)
     if found != saved["fingerprint"]:
+        here = base_location(source) == saved["source"]
         raise UserError(
-            f"{path} was trained on the base {saved['source']} (fingerprint {saved['fingerprint'][:12]}), "
+            f"{path} was trained on the base {saved['source']} (fingerprint {saved['fingerprint'][:12]}), which "
+            f"changed since (fingerprint {found[:12]}); put the base it was trained on back there, or start a new "
+            "run in another out_dir"
+            if here
+            else f"{path} was trained on the base {saved['source']} (fingerprint {saved['fingerprint'][:12]}), "
             f"and init_from {source} is another model (fingerprint {found[:12]}); resume with --init_from "
             f"{saved['source']}, or start a new run in another out_dir"
         )

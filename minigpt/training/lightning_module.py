@@ -6,6 +6,7 @@ checkpoint's own section is written by minigpt.core.checkpoint.pack.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 import lightning as L
@@ -236,6 +237,7 @@ class GPTLightningModule(L.LightningModule):
     def on_save_checkpoint(self, ckpt: dict[str, Any]) -> None:
         self._check_finite()  # never save weights that a NaN/inf loss has touched
         checkpoint.pack(ckpt, self, self.model, self.tokenizer)
+        ckpt[checkpoint.SECTION]["optim"] = asdict(self.optim)  # what a resume may not change (check_optim_resumable)
         if self.lora is not None:  # the adapters only, and where their base is
             keep_trained(ckpt, self, self.lora)
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
 
-from minigpt.core.errors import ConfigError
+from minigpt.core.errors import ConfigError, UserError
 from minigpt.core.model import GPT
 from minigpt.training.muon import MuonWithAdamW
 from minigpt.training.step_graph import GraphedAdamW, GraphedMuonWithAdamW
@@ -28,6 +29,28 @@ from minigpt.training.step_graph import GraphedAdamW, GraphedMuonWithAdamW
 OptimizerName = Literal["adamw", "muon"]
 Schedule = Literal["cosine", "linear", "constant", "wsd"]
 OPTIMIZERS, SCHEDULES = get_args(OptimizerName), get_args(Schedule)
+
+
+# settings the optimizer's saved state carries (its parameter groups, each group's initial_lr): a resume would keep
+# the checkpoint's values whatever the config said, so a change is refused (check_optim_resumable)
+KEPT_BY_THE_STATE = ("optimizer", "learning_rate", "weight_decay", "beta1", "beta2")
+
+
+def check_optim_resumable(saved: dict[str, Any] | None, optim: OptimConfig, last: Path) -> None:
+    """A resume continues with the optimizer settings it was trained with; `saved` is the checkpoint's (None in a
+    checkpoint written before they were recorded: nothing to compare)."""
+    current = asdict(optim)
+    diff = [
+        f"optim.{k}={saved[k]!r} (this run's config gives {current[k]!r})"
+        for k in KEPT_BY_THE_STATE
+        if saved is not None and k in saved and saved[k] != current[k]
+    ]
+    if diff:
+        raise UserError(
+            f"{last} was trained with " + ", ".join(diff) + "; the optimizer's saved state keeps those, so a "
+            "resume cannot change them: remove the setting to resume, or train on from this run with "
+            f"--init_from {last} in another out_dir"
+        )
 
 
 @dataclass

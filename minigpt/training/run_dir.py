@@ -21,8 +21,12 @@ from typing import Any
 from filelock import FileLock, Timeout
 from lightning.pytorch import Trainer
 
+from minigpt.core.checkpoint import SECTION, check_resumable
 from minigpt.core.errors import UserError
 from minigpt.core.fsutil import make_writable_dir, pid_alive, temp_sibling
+from minigpt.training.datamodule import resume_data_notes
+from minigpt.training.optim import check_optim_resumable
+from minigpt.training.sft import check_chat_resumable
 
 LOCK_FILE, PID_FILE = ".train.lock", ".train.pid"
 SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM}
@@ -55,6 +59,18 @@ def refuse_taken(out_dir: Path, resume: bool, overwrite: bool) -> None:
         raise nothing_to_resume(out_dir / "checkpoints" / "last.ckpt")
     if not resume and not overwrite and holds_run(out_dir):
         raise already_a_run(out_dir)
+
+
+def check_resume(saved: dict[str, Any], module: Any, datamodule: Any, max_steps: int, last: Path) -> None:
+    """Every check a resume from `saved` (last's contents) passes before Lightning restores it: the same data's
+    tokenizer and chat format, the same model and optimizer settings, steps left to train; and a note for each data
+    setting it changes."""
+    check_chat_resumable(saved, module.tokenizer, last)
+    check_resumable(saved, module.config, module.tokenizer, last)
+    check_optim_resumable(saved[SECTION].get("optim"), module.optim, last)
+    check_steps_left(last, saved["global_step"], max_steps)
+    for note in resume_data_notes(saved.get("datamodule_hyper_parameters"), dict(datamodule.hparams)):
+        print(f"note: {note}", file=sys.stderr, flush=True)
 
 
 def check_steps_left(last: Path, step: int, max_steps: int) -> None:
@@ -115,7 +131,15 @@ def lock_run_dir(out_dir: Path) -> RunLock | None:
 
 
 # what train.py itself writes that a new run replaces: --overwrite moves these and nothing else
-RUN_FILES = ("checkpoints/best.ckpt", "checkpoints/last.ckpt", "config.yaml")
+RUN_FILES = ("checkpoints/best.ckpt", "checkpoints/last.ckpt", "config.yaml", "hparams.yaml")
+LOGS = "events.out.tfevents.*"  # TensorBoard's: another run's curves would mix with the new run's
+
+
+def run_files(folder: Path) -> list[str]:
+    """The run's own files in `folder` (out_dir, or where --overwrite set them aside): RUN_FILES and its logs."""
+    return [*RUN_FILES, *sorted(p.name for p in folder.glob(LOGS))]
+
+
 ASIDE = re.compile(r"^\.checkpoints\.old-(\d+)$")  # fsutil.temp_sibling(out_dir / "checkpoints", "old")
 
 
@@ -135,11 +159,13 @@ def replacing(out_dir: Path, enabled: bool) -> Iterator[None]:
     deleted, until the new run has written a checkpoint of its own or finished; if it fails before that, they are
     put back.  A process killed in between leaves them aside, and the next train.py puts them back (recover)."""
     aside = temp_sibling(out_dir / "checkpoints", "old")
-    moved = _move(RUN_FILES, out_dir, aside) if enabled else []
+    moved = _move(run_files(out_dir), out_dir, aside) if enabled else []
     try:
         yield
     except BaseException:
         if moved and not any((out_dir / name).is_file() for name in RUN_FILES if name.endswith(".ckpt")):
+            for log in out_dir.glob(LOGS):  # the failed run's
+                log.unlink()
             _move(moved, aside, out_dir)
             print(f"the new run failed before its first checkpoint: {out_dir} is as it was", file=sys.stderr)
         raise
@@ -156,8 +182,8 @@ def recover(out_dir: Path) -> None:
         if m is None or pid_alive(int(m.group(1))):
             continue
         if not any((out_dir / name).is_file() for name in RUN_FILES if name.endswith(".ckpt")):
-            names = [name for name in RUN_FILES if (aside / name).is_file()]
-            for name in names:
+            names = [name for name in run_files(aside) if (aside / name).is_file()]
+            for name in [*names, *(p.name for p in out_dir.glob(LOGS))]:  # the killed run's logs go too
                 (out_dir / name).unlink(missing_ok=True)
             _move(names, aside, out_dir)
             print(

@@ -127,6 +127,22 @@ class MiniGPTTrainer(Trainer):
             return super().validate(*args, **kwargs)
 
 
+class ResumableEarlyStopping(EarlyStopping):
+    """Lightning's EarlyStopping, whose resume keeps this run's patience (Lightning's restores the checkpoint's, so
+    a raised patience never continued an early-stopped run) and refuses one that would stop at once."""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        patience = self.patience
+        super().load_state_dict(state_dict)
+        self.patience = patience
+        if self.wait_count >= patience:
+            raise UserError(
+                f"--resume: the run was ended by early stopping (val loss not lower for {self.wait_count} "
+                f"validations in a row), and early_stopping.patience {patience} would end it at its next "
+                f"validation; raise --early_stopping.patience above {self.wait_count} to continue it"
+            )
+
+
 @dataclass
 class EarlyStoppingConfig:
     """Early stopping (Lightning's EarlyStopping on val_loss, lower is better); off unless patience is set."""
@@ -222,7 +238,7 @@ class LastCheckpoint(RunCheckpoint):
         can_stop = trainer.global_step >= min_steps and trainer.current_epoch >= min_epochs
         stopping = trainer.received_sigterm or (trainer.should_stop and can_stop)
         stopping = trainer.strategy.reduce_boolean_decision(bool(stopping), all=False)  # every rank saves, or none
-        if stopping and scheduled_validation(trainer):
+        if stopping and scheduled_validation(trainer) and trainer.global_step > 0:  # an untrained model: no run
             trainer.save_checkpoint(Path(self.dirpath) / f"{self.filename}{self.FILE_EXTENSION}", weights_only=False)
             self.saved_at_stop = trainer.global_step
 
@@ -318,7 +334,7 @@ def run_callbacks(config: Any, batch_size: int, imported: float | None = None) -
     ]
     if (patience := config["early_stopping"]["patience"]) is not None:
         min_delta = config["early_stopping"]["min_delta"]
-        callbacks.append(EarlyStopping(monitor="val_loss", mode="min", patience=patience, min_delta=min_delta))
+        callbacks.append(ResumableEarlyStopping(monitor="val_loss", mode="min", patience=patience, min_delta=min_delta))
     if config["trainer"].get("enable_progress_bar") is not False:
         # redrawn every PROGRESS_REFRESH steps, not every step: redrawing cost ~3% of a small CPU model's step
         # no more often than the steps log: each redraw reads the logged loss, which waits for a GPU's queue

@@ -113,6 +113,17 @@ def test_resume_mistakes_leave_the_run_untouched(tiny_run_args, corpus, data_roo
     )
     assert_one_line_error(code, err, "n_layer=1 (this run's config gives 2)")
     assert last.read_bytes() == before
+    # what the optimizer's saved state carries: a resume kept the old learning rate while config.yaml said the new
+    # one, and another optimizer was Lightning's traceback
+    for flag, value, said in (
+        ("--optim.learning_rate", "0.02", "optim.learning_rate=0.01 (this run's config gives 0.02)"),
+        ("--optim.optimizer", "muon", "optim.optimizer='adamw' (this run's config gives 'muon')"),
+    ):
+        code, err = run_train(
+            tiny_run_args(corpus, data_root, tmp_path / "run", steps=8) + [flag, value, "--resume"], capsys
+        )
+        assert_one_line_error(code, err, said, "--init_from")
+    assert last.read_bytes() == before
     for steps in (5, 3):  # a finished run resumed as it was, or to fewer steps: refused, not rewritten
         code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "run", steps=steps) + ["--resume"], capsys)
         assert_one_line_error(
@@ -121,6 +132,15 @@ def test_resume_mistakes_leave_the_run_untouched(tiny_run_args, corpus, data_roo
     code, err = run_train(tiny_run_args(corpus, data_root, tmp_path / "run") + ["--resume", "--overwrite"], capsys)
     assert_one_line_error(code, err, "--resume continues the run in out_dir and --overwrite starts it over")
     assert last.read_bytes() == before
+    # other data settings are the user's to change, but said: they redraw the windows or the validation set
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=7, data__batch_size=4, seed=7) + ["--resume"])
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: --resume")]
+    assert notes == [
+        "note: --resume with seed 7 (the run had 1337): the training windows and the validation set are not the "
+        "run's from here on; best.ckpt and early stopping compare val losses across the change",
+        "note: --resume with data.batch_size 4 (the run had 8): the validation set is not the run's from here on; "
+        "best.ckpt and early stopping compare val losses across the change",
+    ]
 
 
 def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
@@ -268,6 +288,8 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(
     main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     before, config_before = last.read_bytes(), (tmp_path / "run" / "config.yaml").read_text()
+    logs_before = sorted((tmp_path / "run").glob("events.out.tfevents.*"))
+    assert len(logs_before) == 1
     own = tmp_path / "run" / "checkpoints" / "my-notes.txt"  # a user's file: --overwrite never touches it
     own.write_text("mine")
 
@@ -281,9 +303,13 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(
     assert last.read_bytes() == before, "the old run's checkpoints must be put back"
     assert (tmp_path / "run" / "config.yaml").read_text() == config_before, "and its config"
     assert not list((tmp_path / "run").glob(".checkpoints*")), "nothing left aside"
+    assert sorted((tmp_path / "run").glob("events.out.tfevents.*")) == logs_before, "and its logs alone"
     main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=7) + ["--overwrite"])
     assert read_checkpoint(last)["global_step"] == 7
     assert not list((tmp_path / "run").glob(".checkpoints*"))
+    # TensorBoard shows the new run alone: the old run's curves went with its checkpoints
+    (log,) = (tmp_path / "run").glob("events.out.tfevents.*")
+    assert log not in logs_before
     assert own.read_text() == "mine"
 
 

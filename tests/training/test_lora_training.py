@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -197,6 +198,26 @@ def test_resuming_as_another_kind_of_run_or_on_another_base_is_refused(
     assert last.read_bytes() == before  # nothing written before is lost
     assert load_model(out)[0] is not None
     main(lora_args(corpus, data_root, out, source_run, steps=6, lora__dropout=0.2) + ["--resume", "true"])
+
+
+def test_resuming_on_a_base_that_changed_in_place_says_to_put_it_back(
+    lora_args, source_run, corpus, data_root, tmp_path
+):
+    """The base retrained where it was: the advice was to resume with --init_from that same path, which fails again."""
+    import shutil
+
+    from minigpt.core.checkpoint import save_file
+
+    base = Path(shutil.copytree(source_run, tmp_path / "base"))
+    out = tmp_path / "lora"
+    main(lora_args(corpus, data_root, out, base, steps=4))
+    for ckpt_path in (base / "checkpoints").glob("*.ckpt"):  # the base trained on since
+        ckpt = read_checkpoint(ckpt_path)
+        name = next(k for k in ckpt["state_dict"] if k.endswith("lm_head.weight"))
+        ckpt["state_dict"][name] = ckpt["state_dict"][name] + 1
+        save_file(ckpt, ckpt_path)
+    with pytest.raises(UserError, match=r"which changed since .*; put the base it was trained on back there"):
+        main(lora_args(corpus, data_root, out, base, steps=8) + ["--resume", "true"])
 
 
 @pytest.mark.parametrize("train_embeddings", [False, True])

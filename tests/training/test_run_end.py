@@ -23,6 +23,7 @@ from minigpt.cli import export as export_cli
 from minigpt.cli import sample as sample_cli
 from minigpt.cli.train import main
 from minigpt.core.checkpoint import read_checkpoint
+from minigpt.core.errors import UserError
 
 LETTERS = "abcdefghijklmnopqrst"
 PATIENCE, INTERVAL, MAX_STEPS = 2, 5, 400
@@ -111,7 +112,9 @@ def test_a_moved_run_resumes_with_its_best(stopped_run, tiny_run_args, data_root
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        resumed = main(argv + ["--early_stopping.patience", str(PATIENCE), "--eval_full", "false", "--resume", "true"])
+        resumed = main(
+            argv + ["--early_stopping.patience", str(PATIENCE + 1), "--eval_full", "false", "--resume", "true"]
+        )
     assert resumed.global_step == steps and val_losses(moved)[-1] > best_loss + 0.9
     assert not [w for w in caught if "dirpath has changed" in str(w.message)], [str(w.message) for w in caught]
     assert (moved / "checkpoints" / "best.ckpt").read_bytes() == best
@@ -119,6 +122,22 @@ def test_a_moved_run_resumes_with_its_best(stopped_run, tiny_run_args, data_root
     assert (
         f"best val loss {best_loss:.4f} at step {best_step}; checkpoint: {moved / 'checkpoints' / 'best.ckpt'}" in out
     )
+
+
+def test_an_early_stopped_run_resumes_with_a_raised_patience_and_refuses_the_same(
+    stopped_run, tiny_run_args, data_root, tmp_path, capsys
+):
+    """Lightning restored the checkpoint's patience over the one given, so a raised patience never continued an
+    early-stopped run; the same patience would stop it at its next validation, and is refused in one line."""
+    run, trainer, *_ = stopped_run
+    copy = Path(shutil.copytree(run, tmp_path / "copy"))
+    steps = trainer.global_step + 2 * INTERVAL
+    argv = tiny_run_args(run.parent / "letters.txt", data_root, copy, steps=steps, trainer__val_check_interval=INTERVAL)
+    argv += ["--eval_full", "false", "--resume", "true", "--early_stopping.patience"]
+    with pytest.raises(UserError, match=f"raise --early_stopping.patience above {PATIENCE} to continue it"):
+        main(argv + [str(PATIENCE)])
+    resumed = main(argv + [str(PATIENCE + 2)])  # two more validations: not lower, but within the new patience
+    assert resumed.global_step == steps
 
 
 @pytest.mark.parametrize("steps,interval,validations", [(7, 10, 1), (10, 5, 2)])
@@ -224,6 +243,64 @@ def test_ctrl_c_is_a_stop_not_an_error(tiny_run_args, corpus, data_root, tmp_pat
         assert lines[-1] == f"stopped at once by a second Ctrl-C; continue from {last} with --resume"
         assert read_checkpoint(last)["global_step"] == 2  # the last checkpoint_every save: nothing half-done
     assert not {".train.lock", ".train.pid"} & {p.name for p in run.iterdir()}
+
+
+class Signal(Callback):
+    """Sends `signal_number` to this process at the end of step `step` (0: as training starts, before any step)."""
+
+    def __init__(self, step: int, signal_number: int) -> None:
+        self.step, self.signal_number = step, signal_number
+
+    def on_train_start(self, trainer, *args) -> None:
+        if self.step == 0:
+            os.kill(os.getpid(), self.signal_number)
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signal_number)
+
+
+def test_ctrl_c_before_the_first_step_saves_nothing(tiny_run_args, corpus, data_root, tmp_path, capsys, monkeypatch):
+    """An untrained step-0 checkpoint made out_dir a run (a plain rerun was refused, sample.py took random
+    weights) and its resume logged every point a step late: nothing is saved, and the same command starts again."""
+    from minigpt.cli import train as train_cli
+    from minigpt.cli.errors import run_cli
+
+    real = train_cli.run_callbacks
+    monkeypatch.setattr(train_cli, "run_callbacks", lambda *a: real(*a) + [Signal(0, signal.SIGINT)])
+    argv = tiny_run_args(corpus, data_root, tmp_path / "run", steps=10)
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: main(argv))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 130 and err[-1] == "stopped by SIGINT (Ctrl-C) before the first step; nothing saved"
+    assert not list((tmp_path / "run").rglob("*.ckpt"))
+    monkeypatch.setattr(train_cli, "run_callbacks", real)
+    assert main(argv).global_step == 10
+
+
+def test_a_max_epochs_run_stopped_by_sigterm_resumes_exactly(tiny_run_args, corpus, data_root, tmp_path, monkeypatch):
+    """The data order of a max_epochs run restarted at batch 0 on resume: Lightning makes the training iterator
+    before it restores the checkpoint (the schedule asks for its estimated_stepping_batches)."""
+    import torch
+
+    from minigpt.cli import train as train_cli
+    from minigpt.core.checkpoint import model_state_dict
+
+    def argv(out):
+        return tiny_run_args(corpus, data_root, tmp_path / out, steps=-1, trainer__max_epochs=1, model__dropout=0.1)
+
+    straight = main(argv("straight"))
+    real = train_cli.run_callbacks
+    monkeypatch.setattr(train_cli, "run_callbacks", lambda *a: real(*a) + [Signal(5, signal.SIGTERM)])
+    with pytest.raises(SystemExit):
+        main(argv("resumed"))
+    monkeypatch.setattr(train_cli, "run_callbacks", real)
+    resumed = main(argv("resumed") + ["--resume", "true"])
+    assert resumed.global_step == straight.global_step > 10
+    a, b = (
+        model_state_dict(read_checkpoint(tmp_path / r / "checkpoints" / "last.ckpt")) for r in ("straight", "resumed")
+    )
+    assert all(torch.equal(a[k], b[k]) for k in a), "a resumed run must match an uninterrupted one bitwise"
 
 
 def test_a_run_whose_best_is_not_its_end_reports_the_full_split_loss_of_both(
