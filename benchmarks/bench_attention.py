@@ -41,6 +41,9 @@ def build_case(path: str, n_kv_head: int, T: int, args: Any, dtype: torch.dtype,
     )
     mask, grad_out = causal_mask(T, T, device=device), torch.randn(B, nh, T, hs, device=device, dtype=dtype)
 
+    # the mask each path gets in training: sdpa none (is_causal, as the model calls it), the others the causal one
+    mask = None if path == "sdpa" else mask
+
     def forward() -> torch.Tensor:
         return getattr(layer, f"_{path}")(q, k, v, mask)[0]
 

@@ -46,9 +46,15 @@ def machine(device: str) -> tuple[str, str, str]:
     try:  # CUDA's device 0: the first of CUDA_VISIBLE_DEVICES where it is set
         first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
         query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", first]
-        name = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout.strip() or "unknown GPU"
+        name = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
-        name = "unknown GPU"
+        name = ""
+    if not name:  # no nvidia-smi: ask torch, and refuse where there is no GPU (CPU figures labelled as a GPU's)
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("no GPU here (nvidia-smi and torch.cuda find none); run with --device cpu for a dry run")
+        name = torch.cuda.get_device_name(0)
     return name, version("torch"), "see bytecode's probe"
 
 

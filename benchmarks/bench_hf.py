@@ -51,8 +51,10 @@ def child(what: str, src: str, out: str) -> None:
 
         result = measure(lambda: loaded.append(load_model(src)[0]))
     elif what == "transformers":
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
+        # its model code is imported on first use: imported here, as minigpt's imports are above
+        AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src, n_layer=1, n_embd=8, n_head=1, vocab_size=8))
         result = measure(lambda: loaded.append(AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()))
     else:  # export of a model in memory: the GPT-2 config the import gives, random weights
         from minigpt.core.model import GPT

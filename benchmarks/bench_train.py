@@ -30,6 +30,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from benchmarks import common
 from minigpt.core.config import GPTConfig
+from minigpt.training.callbacks import compile_regions
 from minigpt.training.datamodule import RandomWindows
 from minigpt.training.lightning_module import GPTLightningModule
 from minigpt.training.optim import OptimConfig
@@ -66,12 +67,13 @@ def optim_config(shape: dict[str, Any], total_steps: int) -> OptimConfig:
 
 
 def make_module(shape: dict[str, Any], compile: bool, total_steps: int, device: torch.device) -> GPTLightningModule:
-    """The module as train.py builds it, compiled in place as train.py's CompileModel callback does."""
+    """The module as train.py builds it, compiled in place as train.py's CompileModel callback does by default
+    (--compile_regions true: each block and the head, not the whole model as one graph)."""
     torch.manual_seed(0)
     config = GPTConfig.from_dict(shape["model"])
     module = GPTLightningModule(config, optim_config(shape, total_steps)).to(device)
     if compile:
-        module.model.compile()
+        compile_regions(module.model)
     return module
 
 

@@ -49,10 +49,10 @@ def machine_label(device: torch.device | str = "cpu", dtype: str | torch.dtype =
     label = dict(cpu=cpu_name(), cores=os.cpu_count(), torch_threads=torch.get_num_threads(), torch=torch.__version__)
     dtype = str(dtype).removeprefix("torch.")
     label |= dict(python=platform.python_version(), dtype=dtype, device=str(device), load_avg_1m=load_avg())
+    # which kind of CPU a figure belongs to: with native bf16 (AVX512_BF16/AMX) bf16 matmuls beat float32, without
+    # (AVX2) they run ~100x slower; on a GPU the host CPU still runs the Python side of every step
+    label["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     if device.type == "cpu":
-        # which kind of CPU a figure belongs to: with native bf16 (AVX512_BF16/AMX) bf16 matmuls beat float32,
-        # without (AVX2) they run ~100x slower
-        label["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
         rates = {name: matmul_gflops(getattr(torch, name), n=512, seconds=0.2) for name in ("float32", "bfloat16")}
         label["matmul_gflops"] = {name: round(rate, 1) for name, rate in rates.items()}
     if device.type == "cuda":
@@ -62,11 +62,13 @@ def machine_label(device: torch.device | str = "cpu", dtype: str | torch.dtype =
 
 def describe_machine(label: dict[str, Any]) -> str:
     """One line for the top of a report."""
-    where = label.get("gpu") or f"{label['cpu']}, {label['cores']} cores ({label['torch_threads']} torch threads)"
+    host = f"{label['cpu']}, {label['cores']} cores ({label['torch_threads']} torch threads)"
+    where = f"{label['gpu']} (host {host})" if label.get("gpu") else host
     if "cpu_capability" in label:
+        where += f", CPU capability {label['cpu_capability']}"
+    if "matmul_gflops" in label:
         rates = label["matmul_gflops"]
-        where += f", CPU capability {label['cpu_capability']}, matmul {rates['float32']:g} GFLOP/s float32 / "
-        where += f"{rates['bfloat16']:g} GFLOP/s bf16 (512^3)"
+        where += f", matmul {rates['float32']:g} GFLOP/s float32 / {rates['bfloat16']:g} GFLOP/s bf16 (512^3)"
     where += f", torch {label['torch']}, dtype {label['dtype']}, device {label['device']}"
     return f"Machine: {where}, load average {label['load_avg_1m']} at start"
 

@@ -71,12 +71,20 @@ def train_child(numerics: str, argv: list[str]) -> None:
     print(RESULT + json.dumps(ran), flush=True)
 
 
+def max_time(seconds: float) -> str:
+    """Lightning's DD:HH:MM:SS, each field two digits (it refuses 00:00:00:114)."""
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    return f"{days:02d}:{hours:02d}:{minutes:02d}:{secs:02d}"
+
+
 def run_variant(name: str, seed: int | None, args: Any, work: Path) -> dict[str, Any]:
     out_dir = work / f"{name}-{seed}"
     if args.steps:
         stop = ["--trainer.max_time", "null", "--trainer.max_steps", str(args.steps)]
-    else:  # DD:HH:MM:SS (the seconds may pass 59)
-        stop = ["--trainer.max_time", f"00:00:00:{round(args.budget)}", "--trainer.max_steps", "-1"]
+    else:
+        stop = ["--trainer.max_time", max_time(args.budget), "--trainer.max_steps", "-1"]
     argv = ["--config", args.config, "--data.source", args.corpus, "--out_dir", str(out_dir), *stop]
     argv += [] if seed is None else ["--seed", str(seed)]
     argv += [] if args.val_every is None else ["--trainer.val_check_interval", str(args.val_every)]
@@ -160,7 +168,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     common.print_table(rows, table)
     result = dict(benchmark="time_to_loss", machine=label, corpus=args.corpus, budget_s=args.budget, steps=args.steps)
     result |= dict(target=args.target, config=args.config, val_every=val_every, extra=args.extra, results=rows)
-    return common.finish(result, args)
+    finished = common.finish(result, args)
+    if rows and all("error" in row for row in rows):
+        raise SystemExit("every run failed; see the lines above")
+    return finished
 
 
 if __name__ == "__main__":

@@ -76,6 +76,16 @@ def test_bench_decode_measures_a_cpu_kind_in_a_process_started_as_that_kind():
     assert bench_decode.kind_environment("native", avx2) == native
 
 
+def test_time_to_loss_gives_its_budget_as_a_duration_lightning_reads():
+    """The documented --budget 114 was `00:00:00:114`, which Lightning refuses: every run failed."""
+    from lightning.pytorch.callbacks import Timer
+
+    from benchmarks.time_to_loss import max_time
+
+    assert [max_time(s) for s in (3, 40.4, 114, 90061)] == ["00:00:00:03", "00:00:00:40", "00:00:01:54", "01:01:01:01"]
+    Timer(duration=max_time(114))  # Lightning's own check of the string (it refused the old one)
+
+
 def test_time_to_loss_numerics_variants_train_as_each_kind_of_cpu_computes(
     tiny_run_args, corpus, data_root, tmp_path, monkeypatch, capsys
 ):
