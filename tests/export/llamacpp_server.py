@@ -30,6 +30,10 @@ class LlamaCpp:
             params.flash_attn_type = xllamacpp.llama_flash_attn_type.LLAMA_FLASH_ATTN_TYPE_DISABLED
         self.server = xllamacpp.Server(params)
         self.url = self.server.listening_address
+        # one request through the server's task loop before anything else: a server closed before that loop was
+        # running waited forever in its destructor (the loop started after the stop it was sent; seen with a test
+        # that only tokenized, which the HTTP thread answers alone)
+        self.completion([0], 1)
 
     def __enter__(self) -> LlamaCpp:
         return self

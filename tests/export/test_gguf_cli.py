@@ -67,18 +67,6 @@ def test_export_command_writes_one_file_llama_cpp_runs(tmp_path, capsys):
         assert sum(a == b for a, b in zip(llama.argmax_along(ids, ours), ours)) >= 15  # q8_0
 
 
-def test_a_char_vocabularys_stand_in_end_of_text_is_a_symbol_where_it_has_one():
-    """llama.cpp stops at the EOS a char GGUF names: never a letter of the text where a symbol is there to take
-    (an 'I' stopped JULIET after its first letter); of the symbols, the one the model writes least."""
-    from minigpt.export.gguf import least_likely_char
-
-    tokenizer = CharTokenizer(TEXT)  # letters, spaces, ':', ',', '.', '☃'
-    symbols = [c for c in tokenizer.chars if not (c.isalnum() or c.isspace())]
-    for seed in range(3):
-        model = random_model(vocab_size=tokenizer.vocab_size, seed=seed)
-        assert tokenizer.chars[least_likely_char(model, tokenizer)] in symbols
-
-
 def test_the_files_name_is_the_models_the_run_for_its_checkpoints():
     """general.name is what Ollama and LM Studio show: a run's folder for one of its checkpoints, not last.ckpt."""
     from minigpt.cli.export import model_name
