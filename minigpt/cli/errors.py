@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import os
 import signal
 import sys
 import threading
@@ -34,6 +35,9 @@ def run_cli(main: Callable[[], object]) -> None:
         fail("interrupted", code=130)
     except UserError as e:
         fail(first_line(e, limit=2000))
+    except BrokenPipeError:  # the reader went away (`sample.py ... | head`): stop as a tool killed by SIGPIPE does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush has nowhere to fail
+        raise SystemExit(128 + signal.SIGPIPE) from None
 
 
 def ignore_interrupts_until_exit() -> None:

@@ -149,7 +149,9 @@ def build_parser() -> CommandParser:
         "--no_kv_cache",
         dest="kv_cache",
         action="store_false",
-        help="recompute the whole context every step (slow; for comparison). In YAML: kv_cache: false",
+        help="recompute the whole context every step (slow; for comparison: the same text within block_size; past it "
+        "the cache keeps the last block_size/2 tokens at each refill, this path a sliding block_size window). In "
+        "YAML: kv_cache: false",
     )
     p.add_argument(
         "--no-stop",

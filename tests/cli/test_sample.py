@@ -135,6 +135,21 @@ def test_bpe_model_stops_at_end_of_text_unless_no_stop(tmp_path, capsys):
     assert out.getvalue() == "---------- sample 1/2 ----------\n\n---------- sample 2/2 ----------\n\n"
 
 
+@pytest.mark.parametrize("samples", ["1", "40"])
+def test_a_reader_that_stops_reading_ends_the_command_without_a_traceback(char_ckpt, samples):
+    """`sample.py ... | head -c 100`: the closed pipe was two chained BrokenPipeError tracebacks and exit 1; now the
+    command stops as a tool killed by SIGPIPE does (141), silently."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    args = ["--ckpt", str(char_ckpt), "--max_new_tokens", "3000", "--num_samples", samples, "--prompt", "ab"]
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "sample.py"), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert len(proc.stdout.read(100)) == 100
+    proc.stdout.close()  # as head does once it has its bytes
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and "Traceback" not in err and "Error" not in err, err
+
+
 def test_default_checkpoint_is_the_newest_run_under_out(tmp_path, monkeypatch, char_ckpt):
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "out" / "run1"
