@@ -235,6 +235,13 @@ def test_the_attention_command_imports_matplotlib_only_when_it_draws(heavy_impor
     assert heavy_imports["minigpt.cli.attention"] == []
 
 
+def python_c(code: str) -> str:
+    """The stdout of `python -c code` in a fresh interpreter at the repository root (which must exit 0)."""
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout
+
+
 def test_import_minigpt_loads_torch_with_the_first_name_used_and_every_name_is_there():
     """`import minigpt` and the scripts' first import (minigpt.cli.main) load no torch, so a Ctrl-C while a command
     starts lands in its handling; each name of the API is the module's own, imported on first use."""
@@ -243,10 +250,8 @@ def test_import_minigpt_loads_torch_with_the_first_name_used_and_every_name_is_t
         "before = 'torch' in sys.modules\nnames = {n: getattr(minigpt, n).__module__ for n in minigpt.__all__}\n"
         "print(core, before, 'torch' in sys.modules, set(minigpt.__all__) <= set(dir(minigpt)))"
     )
-    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
-    assert ran.returncode == 0, ran.stderr
     # minigpt.core (the bytecode cache, the start-up clock) comes with any minigpt import, before torch
-    assert ran.stdout.split() == ["True", "False", "True", "True"]
+    assert python_c(code).split() == ["True", "False", "True", "True"]
     from minigpt.core.model import GPT
 
     assert minigpt.GPT is GPT and sorted(minigpt.__all__) == sorted(minigpt.FACADE)
@@ -272,10 +277,8 @@ def test_minigpt_sample_imports_only_the_sample_command():
         "except SystemExit:\n    pass\nprint(sorted(m for m in sys.modules if m.startswith('minigpt.cli.') "
         "or m.split('.')[0] in ('lightning', 'pytorch_lightning')))"
     )
-    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
-    assert ran.returncode == 0, ran.stderr
     assert (
-        ran.stdout.splitlines()[-1]
+        python_c(code).splitlines()[-1]
         == "['minigpt.cli.errors', 'minigpt.cli.main', 'minigpt.cli.parsing', 'minigpt.cli.sample']"
     )
 
