@@ -277,7 +277,7 @@ class MiniGPTCLI(LightningCLI):
             check_source_is_not_out_dir(self.config["init_from"], out_dir)
         refuse_taken(out_dir, self.config["resume"], self.config["overwrite"])  # before the data is prepared
         source_config, source_model = None, None
-        last = Path(self.config["out_dir"]) / "checkpoints" / "last.ckpt"
+        last = out_dir / "checkpoints" / "last.ckpt"
         # --resume reads the run's last checkpoint once: its checks, init_from and Lightning's restore share it
         self.resume_checkpoint = read_last(last) if self.config["resume"] and last.is_file() else None
         lora = LoRAConfig(**self.config["lora"]) if self.config["finetune"] == "lora" else None
