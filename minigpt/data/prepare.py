@@ -18,6 +18,7 @@ checksums and ids, the tokenizer file's hash): a damaged one is prepared again, 
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 import sys
 import time
@@ -116,10 +117,11 @@ def prepare_data(
         remove_stale(data_root)
     if not force and (meta := _complete_meta(out, fingerprint)) is not None:
         if (problem := verify_prepared(out, meta)) is None:
-            print(
-                f"data: using {out} ({meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens, "
-                f"{meta['tokenizer']}), prepared earlier from the same source and tokenizer"
-            )
+            if os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0":  # said once under DDP, by rank 0
+                print(
+                    f"data: using {out} ({meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens, "
+                    f"{meta['tokenizer']}), prepared earlier from the same source and tokenizer"
+                )
             return out
         print(f"data: {out} is damaged ({problem}); preparing it again")
 

@@ -367,6 +367,7 @@ def test_two_process_ddp_on_cpu_trains(tiny_run_args, corpus, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "estimated val loss" in result.stdout
     assert result.stdout.count("full val loss: not computed under 2 processes (it runs in one process)") == 1
+    assert result.stdout.count("data: prepared") == 1 and "data: using" not in result.stdout  # rank 1's said once
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     assert read_checkpoint(last)["global_step"] == 10
     model = build_model(read_checkpoint(last)).eval()
