@@ -394,7 +394,7 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
             raise nothing_to_resume(last)
         # read at parse time, unless the run was restored since (recover: a killed --overwrite put it back)
         saved = cli.resume_checkpoint or read_last(last)
-        check_resume(saved, cli.model, cli.datamodule, cli.trainer.max_steps, last)
+        check_resume(saved, cli.model, cli.datamodule, cli.trainer, last)
         ckpt_path = str(last)
     elif holds_run(out_dir):
         if not cli.config["overwrite"]:

@@ -238,6 +238,7 @@ class GPTLightningModule(L.LightningModule):
         self._check_finite()  # never save weights that a NaN/inf loss has touched
         checkpoint.pack(ckpt, self, self.model, self.tokenizer)
         ckpt[checkpoint.SECTION]["optim"] = asdict(self.optim)  # what a resume may not change (check_optim_resumable)
+        ckpt[checkpoint.SECTION]["world_size"] = self.trainer.world_size  # a resume on other devices is noted
         if self.lora is not None:  # the adapters only, and where their base is
             keep_trained(ckpt, self, self.lora)
 

@@ -61,15 +61,21 @@ def refuse_taken(out_dir: Path, resume: bool, overwrite: bool) -> None:
         raise already_a_run(out_dir)
 
 
-def check_resume(saved: dict[str, Any], module: Any, datamodule: Any, max_steps: int, last: Path) -> None:
+def check_resume(saved: dict[str, Any], module: Any, datamodule: Any, trainer: Trainer, last: Path) -> None:
     """Every check a resume from `saved` (last's contents) passes before Lightning restores it: the same data's
     tokenizer and chat format, the same model and optimizer settings, steps left to train; and a note for each data
-    setting it changes."""
+    setting it changes, the number of processes among them (each has its own batch)."""
     check_chat_resumable(saved, module.tokenizer, last)
     check_resumable(saved, module.config, module.tokenizer, last)
     check_optim_resumable(saved[SECTION].get("optim"), module.optim, last)
-    check_steps_left(last, saved["global_step"], max_steps)
-    for note in resume_data_notes(saved.get("datamodule_hyper_parameters"), dict(datamodule.hparams)):
+    check_steps_left(last, saved["global_step"], trainer.max_steps)
+    notes = resume_data_notes(saved.get("datamodule_hyper_parameters"), dict(datamodule.hparams))
+    if (before := saved[SECTION].get("world_size", trainer.world_size)) != trainer.world_size:
+        notes.append(
+            f"--resume on {trainer.world_size} process(es) (the run had {before}): each optimizer step now reads "
+            f"{trainer.world_size} batch(es) of data.batch_size where it read {before}"
+        )
+    for note in notes if trainer.is_global_zero else []:
         print(f"note: {note}", file=sys.stderr, flush=True)
 
 

@@ -141,6 +141,21 @@ def test_resume_mistakes_leave_the_run_untouched(tiny_run_args, corpus, data_roo
         "note: --resume with data.batch_size 4 (the run had 8): the validation set is not the run's from here on; "
         "best.ckpt and early stopping compare val losses across the change",
     ]
+    # and the processes it runs on (each reads its own batch): as a run of two DDP processes resumed on one
+    from minigpt.core.checkpoint import SECTION, save_file
+
+    ckpt = read_checkpoint(last)
+    assert ckpt[SECTION]["world_size"] == 1
+    ckpt[SECTION]["world_size"] = 2
+    save_file(ckpt, last)
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=8, data__batch_size=4, seed=7) + ["--resume"])
+    assert (
+        capsys.readouterr().err.count(
+            "note: --resume on 1 process(es) (the run had 2): each optimizer step now reads 1 batch(es) of data.batch_size "
+            "where it read 2"
+        )
+        == 1
+    )
 
 
 def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
