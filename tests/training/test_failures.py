@@ -151,8 +151,8 @@ def test_resume_mistakes_leave_the_run_untouched(tiny_run_args, corpus, data_roo
     main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=8, data__batch_size=4, seed=7) + ["--resume"])
     assert (
         capsys.readouterr().err.count(
-            "note: --resume on 1 process(es) (the run had 2): each optimizer step now reads 1 batch(es) of data.batch_size "
-            "where it read 2"
+            "note: --resume on 1 process(es) (the run had 2): each optimizer step now reads 1 batch(es) of "
+            "data.batch_size where it read 2"
         )
         == 1
     )
