@@ -114,8 +114,8 @@ def load_hf_tokenizer(model_dir: Path, hf_config: dict) -> Tokenizer:
     # special tokens past the model's rows are another model's (Gemma 3's <image_soft_token> is its vision
     # tower's): kept, and refused in a text (HFTokenizer._within_model); any other token there is a mismatch
     past = range(tokenizer.vocab_size, tokenizer.backend.get_vocab_size(with_added_tokens=True))
-    specials = {t.content for t in tokenizer.backend.get_added_tokens_decoder().values() if t.special}
-    if any(tokenizer.backend.id_to_token(i) not in specials for i in past):
+    added = tokenizer.backend.get_added_tokens_decoder() if past else {}
+    if any(i not in added or not added[i].special for i in past):
         raise DataError(
             f"{path} has {tokenizer.backend.get_vocab_size(with_added_tokens=True)} tokens but the "
             f"model's vocab_size is {tokenizer.vocab_size}; the tokenizer is not this model's"

@@ -39,11 +39,13 @@ KEPT_BY_THE_STATE = ("optimizer", "learning_rate", "weight_decay", "beta1", "bet
 def check_optim_resumable(saved: dict[str, Any] | None, optim: OptimConfig, last: Path) -> None:
     """A resume continues with the optimizer settings it was trained with; `saved` is the checkpoint's (None in a
     checkpoint written before they were recorded: nothing to compare)."""
+    if saved is None:
+        return
     current = asdict(optim)
     diff = [
         f"optim.{k}={saved[k]!r} (this run's config gives {current[k]!r})"
         for k in KEPT_BY_THE_STATE
-        if saved is not None and k in saved and saved[k] != current[k]
+        if k in saved and saved[k] != current[k]
     ]
     if diff:
         raise UserError(
