@@ -144,7 +144,7 @@ class ChatSession:
         logits = self._run(ids) if budget > 0 else None
         for step in range(budget):
             token = int(sample_next(logits[None, : self.tokenizer.vocab_size], **self.settings)[0])
-            if token == self.tokenizer.eot_id:
+            if token in self.tokenizer.stop_ids:  # its end of turn, or another end its folder lists
                 break
             reply.append(token)
             if (piece := decoder.push(token)) and on_text is not None:

@@ -204,10 +204,24 @@ class ChatTokenizer(Tokenizer):
 
     @classmethod
     def _end_of_turn(cls, base: Tokenizer, template: str) -> str | None:
-        """The token a template without <|im_end|> ends a turn with: the EOS where the template writes it, else
-        the first of the folder's other ends it writes (Gemma 3's <end_of_turn>, whose EOS is <eos>), else the EOS."""
+        """The token a template without <|im_end|> ends a turn with: of the folder's ends (the EOS, then Gemma 3's
+        <end_of_turn> whose EOS is <eos>, ...), the first the template writes after an assistant's reply (Phi-3's
+        <|end|>: its generation_config lists <|assistant|> before it, and its template writes both); else the EOS
+        where the template writes it, else the first other end it writes, else the EOS."""
         eos = getattr(base, "eos_id", None)
         ends = [cls._base_token(base, i) for i in (eos, *getattr(base, "end_ids", ()))]
+        if ends[0] is not None:
+            reply = "minigpt reply"
+            try:
+                text = cls(base, template, end_of_turn=ends[0]).render(
+                    [{"role": "user", "content": "hi"}, {"role": "assistant", "content": reply}]
+                )[0]
+            except UserError:  # a template that asks for other conversations: the rule below
+                text = ""
+            after = text[text.rfind(reply) + len(reply) :] if reply in text else ""
+            written = sorted((after.find(t), k) for k, t in enumerate(ends) if t is not None and t in after)
+            if written:
+                return ends[written[0][1]]
         return next((t for t in ends if t is not None and t in template), ends[0])
 
     @staticmethod
@@ -288,6 +302,21 @@ class ChatTokenizer(Tokenizer):
 
     def encode(self, text: str) -> list[int]:
         return self.encode_with_spans(text)[0]
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """Its end of turn and every end its base lists (Phi-3's generation_config: <|endoftext|>, <|assistant|>)."""
+        return self.base.stop_ids | {self.eot_id}
+
+    def encode_text(self, text: str) -> list[int]:
+        """A text of its own (a completion's prompt) as the base encodes one: with the tokens a Hugging Face base's
+        post-processor writes around a text (Llama's and Gemma's BOS), which `encode` leaves out, as it reads a
+        rendered chat whose template writes its own (transformers' `tokenizer(text)` against `apply_chat_template`)."""
+        ids = self.encode(text)
+        if self.kind != "hf" or not ids:
+            return ids
+        start, end = self.base.frame
+        return start + ids + end
 
     def decode(self, ids: Sequence[int]) -> str:
         out: list[str] = []

@@ -238,7 +238,7 @@ def prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
     (Llama's <s>, Gemma's <bos>), else end-of-text (GPT-2's BPE), else a newline (char/byte)."""
     if prompt:
         try:
-            return tokenizer.encode(prompt)
+            return tokenizer.encode_text(prompt)  # with its BOS where the tokenizer writes one
         except UnknownCharactersError as e:
             raise e.about(
                 "the prompt",

@@ -3,6 +3,7 @@ that library exactly as transformers applies it, behind minigpt's Tokenizer inte
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -121,6 +122,27 @@ class HFTokenizer(Tokenizer):
             except Exception:
                 return False
         return True
+
+    @functools.cached_property
+    def frame(self) -> tuple[list[int], list[int]]:
+        """The ids its post-processor writes before and after a text (Llama's <s>; BERT's [CLS] and [SEP])."""
+        try:
+            plain, framed = self.encoding("a", add_special_tokens=False).ids, self.encoding("a").ids
+        except UserError:  # a vocabulary without "a": what it writes around nothing, taken as the start
+            return self.encoding("").ids, []
+        at = next((i for i in range(len(framed) - len(plain) + 1) if framed[i : i + len(plain)] == plain), 0)
+        return framed[:at], framed[at + len(plain) :]
+
+    @functools.cached_property
+    def cuts_like_gpt2(self) -> bool:
+        """Whether it splits text with GPT-2's regex and nothing before it (bpe:VOCAB, GPT-2's own tokenizer.json):
+        then a text cut where tiktoken's gpt2 never merges across encodes, piece by piece, to the whole's ids."""
+        pre = self.backend.pre_tokenizer
+        return (
+            self.backend.normalizer is None
+            and isinstance(pre, tokenizers_library().pre_tokenizers.ByteLevel)
+            and pre.use_regex
+        )
 
     def encode_array(self, text: str) -> np.ndarray:
         return np.asarray(self.encode(text), dtype=np.int64)

@@ -31,6 +31,17 @@ class Tokenizer(ABC):
     def to_dict(self) -> dict[str, Any]:
         """Plain str/int/list/dict only, enough to rebuild the tokenizer with tokenizer_from_dict."""
 
+    def encode_text(self, text: str) -> list[int]:
+        """A text of its own (a prompt to continue), with the start token the tokenizer writes before one (Llama's
+        <s>); a chat tokenizer's encode leaves it out, as its template writes its own."""
+        return self.encode(text)
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """The ids that end a generation: end-of-text (a chat's end of turn) and the source's other ends (a Hugging
+        Face folder's generation_config eos_token_id), as transformers' generate stops at any of them."""
+        return frozenset(i for i in (self.eot_id, *getattr(self, "end_ids", ())) if i is not None)
+
     def encode_array(self, text: str) -> np.ndarray:
         """encode() as an int64 array; subclasses override it with something faster."""
         return np.asarray(self.encode(text), dtype=np.int64)

@@ -93,7 +93,7 @@ class Server:
             problem = None
         if problem:
             raise APIError(400, problem, param, "context_length_exceeded")
-        stop_tokens = frozenset() if self.tokenizer.eot_id is None else frozenset({self.tokenizer.eot_id})
+        stop_tokens = self.tokenizer.stop_ids
         if limit is None:
             limit = room if default is None else min(default, room)
         settings = (body.temperature, body.top_k, body.top_p, body.seed, body.stops(), stop_tokens)

@@ -1,0 +1,101 @@
+"""A Phi-3 Instruct-shaped folder: its EOS is <|endoftext|>, its turns end with <|end|>, and its
+generation_config.json lists [<|endoftext|>, <|assistant|>, <|end|>] (Phi-3-mini-instruct's), while its template
+writes <|assistant|> too.  Turns end at <|end|>, a reply stops at any end the folder lists, and a raw text (a
+completion's prompt) starts with the BOS its tokenizer writes, as transformers' tokenizer(text) does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from minigpt import ChatSession
+from minigpt.core.generation import prompt_ids
+from minigpt.loading import load_chat_model
+
+transformers = pytest.importorskip("transformers")
+from test_family_suite import helper
+
+PHI3_TEMPLATE = (  # Phi-3.5-mini-instruct's chat_template
+    "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}{{'<|system|>\n' + "
+    "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + "
+    "'<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+
+
+def phi3_instruct_folder(path):
+    tokenizer = helper("gguf_models").spm_tokenizer("llama2", post_bos=True, phi3=True).backend
+    ids = {t: tokenizer.token_to_id(t) for t in ("<s>", "<|endoftext|>", "<|assistant|>", "<|end|>")}
+    config = transformers.Phi3Config(
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        bos_token_id=ids["<s>"],
+        eos_token_id=ids["<|endoftext|>"],
+        pad_token_id=ids["<|endoftext|>"],
+    )
+    model = transformers.Phi3ForCausalLM(config)
+    ends = [ids["<|endoftext|>"], ids["<|assistant|>"], ids["<|end|>"]]
+    model.generation_config = transformers.GenerationConfig(bos_token_id=ids["<s>"], eos_token_id=ends)
+    model.save_pretrained(path)
+    (path / "tokenizer.json").write_text(tokenizer.to_str())
+    tokenizer_config = {"bos_token": "<s>", "eos_token": "<|endoftext|>", "chat_template": PHI3_TEMPLATE}
+    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    return path, ids
+
+
+def test_phi3s_turns_end_at_end_not_at_the_assistant_marker_its_generation_config_lists_first(tmp_path):
+    folder, ids = phi3_instruct_folder(tmp_path)
+    _, chat = load_chat_model(folder)
+    assert chat.eot_id == ids["<|end|>"]  # it was <|assistant|>: replies ran on past <|end|>
+    conversation = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hello world"}]
+    tokens, mask = chat.encode_chat(conversation)
+    trained = [i for i, m in zip(tokens, mask) if m]
+    assert trained[-1] == ids["<|end|>"] and chat.decode(trained[:-1]) == "hello world"
+
+
+def test_a_chat_models_raw_text_prompt_starts_with_its_bos_as_transformers_encodes_it(tmp_path):
+    folder, ids = phi3_instruct_folder(tmp_path)
+    _, chat = load_chat_model(folder)
+    fast = transformers.AutoTokenizer.from_pretrained(folder)
+    text = "hello world"
+    assert prompt_ids(chat, text) == fast(text)["input_ids"] and prompt_ids(chat, text)[0] == ids["<s>"]
+    messages = [{"role": "user", "content": text}]
+    rendered = fast.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    assert chat.encode_prompt(messages) == rendered["input_ids"]  # a rendered chat gets no BOS of the tokenizer's
+
+
+class Always(torch.nn.Linear):
+    """An lm_head that always says `token`: a model whose every reply is that token."""
+
+    def __init__(self, n_embd: int, vocab_size: int, token: int) -> None:
+        super().__init__(n_embd, vocab_size, bias=False)
+        self.token = token
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.one_hot(torch.full(x.shape[:-1], self.token), self.out_features).to(x.dtype)
+
+
+def test_a_reply_ends_at_any_end_the_folder_lists_as_transformers_generate_stops(tmp_path):
+    pytest.importorskip("fastapi")
+    openai = pytest.importorskip("openai")
+    from minigpt.serve.app import create_app
+
+    folder, ids = phi3_instruct_folder(tmp_path)
+    model, chat = load_chat_model(folder)
+    model.lm_head = Always(model.config.n_embd, model.config.vocab_size, ids["<|assistant|>"])
+    assert chat.eot_id != ids["<|assistant|>"]  # not its end of turn: an end its generation_config lists
+    assert ChatSession(model, chat, temperature=0, max_new_tokens=5).reply("hello") == ""  # it wrote <|assistant|>
+    with helper("serve_support", "serve").serving(create_app(model, chat, "phi3")) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        reply = client.chat.completions.create(
+            model="phi3", messages=[{"role": "user", "content": "hello"}], max_tokens=5, temperature=0
+        )
+    assert (reply.choices[0].message.content, reply.choices[0].finish_reason) == ("", "stop")
+    assert reply.usage.completion_tokens == 1
