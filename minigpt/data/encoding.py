@@ -12,13 +12,14 @@ batches so BPE uses several threads. The byte tokenizer takes the raw bytes as i
 from __future__ import annotations
 
 import codecs
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from minigpt.core.errors import DataError, UnknownCharactersError, shown_chars
+from minigpt.core.hf_tokenizer import HFTokenizer
 from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer, Tokenizer
 from minigpt.data.sources import Corpus, Document, iter_documents
 
@@ -60,7 +61,8 @@ def document_tokens(
     Counts what it reads into `stats`; num_threads: BPE encoding threads (None: all cores).  cut_chars (a single
     document's planned training text, minigpt.data.bpe): the text is cut there, encoded on each side separately,
     and (document, CUT) marks the cut."""
-    return _encode(tok, _pieces(tok, corpus, stats, cut_chars), num_threads)
+    tokens = _encode(tok, _pieces(tok, corpus, stats, cut_chars), num_threads)
+    return _framed_once(tokens, *map(len, tok.frame)) if isinstance(tok, HFTokenizer) else tokens
 
 
 def decoded_text(doc: Document) -> Iterator[str]:
@@ -76,8 +78,10 @@ def _pieces(tok: Tokenizer, corpus: Corpus, stats: ReadStats, cut_chars: int | N
             yield from ((doc, b) for b in raw)  # raw bytes: any file is fine, nothing to decode
         else:
             texts = _decode(raw, doc.name, strict=isinstance(tok, CharTokenizer))
-            if isinstance(tok, TiktokenTokenizer):
+            if isinstance(tok, TiktokenTokenizer) or (isinstance(tok, HFTokenizer) and tok.cuts_like_gpt2):
                 texts = _bpe_safe_pieces(texts)
+            elif isinstance(tok, HFTokenizer):  # cut points unknown (SentencePiece adds a space to each piece): whole
+                texts = _bpe_safe_pieces(texts, safe_cut=lambda text, start: 0)
             left = cut_chars
             for text in texts:
                 stats.num_chars += len(text)
@@ -147,16 +151,19 @@ def _decode(chunks: Iterable[bytes], name: str, strict: bool) -> Iterator[str]:
         ) from None
 
 
-def _bpe_safe_pieces(chunks: Iterable[str], max_carry: int | None = None) -> Iterator[str]:
+def _bpe_safe_pieces(
+    chunks: Iterable[str], max_carry: int | None = None, safe_cut: Callable[[str, int], int] | None = None
+) -> Iterator[str]:
     """Re-cut text just after a newline that follows a non-space character and precedes a letter or digit: the
     gpt2/cl100k/o200k pre-tokenizers never merge across such a point, so encoding the pieces one by one gives the
     tokens of the whole document. A text with no such point is cut anyway past max_carry characters (bounded
     memory; the tokens there may then differ a little from encoding the whole document)."""
     max_carry = MAX_CARRY_CHARS if max_carry is None else max_carry
+    safe_cut = safe_cut or _last_safe_cut
     carry = ""
     for chunk in chunks:
         text = carry + chunk
-        cut = _last_safe_cut(text, start=max(len(carry) - 1, 0))  # the carry had no safe point: skip it
+        cut = safe_cut(text, max(len(carry) - 1, 0))  # the carry had no safe point: skip it
         if cut == 0 and len(text) > max_carry:
             cut = len(text)
         if cut:
@@ -173,3 +180,26 @@ def _last_safe_cut(text: str, start: int = 0) -> int:
             return i + 1
         i = text.rfind("\n", start, i)
     return 0
+
+
+def _framed_once(tokens: Iterator[tuple[Document, Any]], start: int, end: int) -> Iterator[tuple[Document, Any]]:
+    """A document encoded in pieces by a tokenizer.json whose post-processor writes `start` tokens before each text
+    and `end` after it (Llama's <s>): each piece got them, and the document keeps only its first start and last end.
+    A piece is held until the next one (or the document's end) says whether it was the last."""
+    held: list[tuple[Document, Any]] = []  # the document's latest piece and any CUT after it
+    seen = False  # a piece of this document came before
+    for doc, ids in tokens:
+        if isinstance(ids, np.ndarray):
+            if held:
+                (_, last), *rest = held
+                yield doc, last[: len(last) - end]  # not the document's last piece
+                yield from rest
+            held, seen = [(doc, ids[start:] if seen else ids)], True
+        elif held:
+            held.append((doc, ids))
+            if ids is None:
+                yield from held
+                held, seen = [], False
+        else:
+            yield doc, ids
+            seen = seen and ids is not None

@@ -15,14 +15,17 @@ import numpy as np
 import pytest
 import tiktoken
 
+import minigpt.data.encoding as encoding_mod
 import minigpt.data.prepare as prepare_mod
 import minigpt.data.sources as sources_mod
 import minigpt.data.token_files as token_files_mod
 from minigpt.core.errors import CheckpointError, DataError, UnknownCharactersError, UserError
+from minigpt.core.hf_tokenizer import HFTokenizer
 from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer, get_tokenizer, tokenizer_from_dict
 from minigpt.data.prepare import load_prepared, prepare_data
 from minigpt.data.sources import iter_documents, resolve_source
 from minigpt.data.token_files import token_dtype
+from support import spm_bpe
 
 GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 MERGES = [b"th", b"the", b" t", b" the", b"in", b"ing", b"an", b"and", b" a", b"er", b"on", b"es", b"\n\n"]
@@ -267,6 +270,51 @@ def test_bpe_chunked_reading_is_exact(tmp_path, bpe, bpe_file, monkeypatch):
     src = write(tmp_path / "t.txt", TEXT + "no newline at the end")
     train, val = all_tokens(prepare_data(str(src), bpe_file, data_root=tmp_path / "data"))
     assert np.concatenate([train, val]).tolist() == bpe.encode_ordinary(src.read_text()) + [bpe.eot_token]
+
+
+def framed_spm_file(path: Path, template: str) -> HFTokenizer:
+    """Llama 2's kind of tokenizer.json (SentencePiece BPE) whose post-processor writes `template` around a text."""
+    import tokenizers as t
+
+    backend = t.Tokenizer.from_str(spm_bpe("llama2").tokenizer_json)
+    backend.post_processor = t.processors.TemplateProcessing(single=template, special_tokens=[("<s>", 1), ("</s>", 2)])
+    path.write_text(backend.to_str())
+    return HFTokenizer(backend.to_str(), eos_id=2)
+
+
+@pytest.mark.parametrize("template", ["<s> $A", "<s> $A </s>"])
+def test_a_tokenizer_json_encodes_a_document_read_in_chunks_as_the_whole_text(tmp_path, monkeypatch, template):
+    # the document is read 64 bytes at a time; each piece encoded on its own got the post-processor's <s> (and a
+    # SentencePiece "▁" where a word was cut): a <s> every 1 MiB of a long document
+    monkeypatch.setattr(sources_mod, "CHUNK_BYTES", 64)
+    tok = framed_spm_file(tmp_path / "tokenizer.json", template)
+    src = write(tmp_path / "t.txt", "the thing and the other things, hello world and the end of it all\n" * 30)
+    ids = np.concatenate(all_tokens(prepare_data(str(src), str(tmp_path / "tokenizer.json"), data_root=tmp_path)))
+    assert ids.tolist() == tok.encode(src.read_text())
+    # past MAX_CARRY_CHARS a document is cut anyway; it keeps one start and one end of the template's
+    monkeypatch.setattr(encoding_mod, "MAX_CARRY_CHARS", 300)
+    d = prepare_data(str(src), str(tmp_path / "tokenizer.json"), data_root=tmp_path, force=True)
+    ids = np.concatenate(all_tokens(d))
+    assert ids[0] == 1 and (ids == 1).sum() == 1 and (ids == 2).sum() == template.count("</s>")
+    assert (ids[-1] == 2) == template.endswith("</s>") and len(ids) > 100
+
+
+def test_a_byte_level_tokenizer_json_cuts_where_gpt2s_regex_never_merges(tmp_path, monkeypatch):
+    import tokenizers as t
+
+    monkeypatch.setattr(sources_mod, "CHUNK_BYTES", 64)
+    backend = t.Tokenizer(t.models.BPE())
+    backend.pre_tokenizer = t.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)  # bpe:VOCAB's
+    backend.decoder = t.decoders.ByteLevel()
+    alphabet = t.pre_tokenizers.ByteLevel.alphabet()
+    trainer = t.trainers.BpeTrainer(vocab_size=400, initial_alphabet=alphabet, special_tokens=["<|endoftext|>"])
+    backend.train_from_iterator([TEXT], trainer)
+    (tmp_path / "tokenizer.json").write_text(backend.to_str())
+    tok = HFTokenizer(backend.to_str())
+    assert tok.cuts_like_gpt2 and tok.frame == ([], [])
+    src = write(tmp_path / "t.txt", TEXT * 3)
+    ids = np.concatenate(all_tokens(prepare_data(str(src), str(tmp_path / "tokenizer.json"), data_root=tmp_path)))
+    assert ids.tolist() == tok.encode(src.read_text()) + [0]  # <|endoftext|> after it; merges across the 64-byte reads were lost
 
 
 def test_token_dtype_and_uint32(tmp_path):
