@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UnknownCharactersError, UserError
+from minigpt.core.hf_tokenizer import HFTokenizer
 from minigpt.core.model import GPT
 from minigpt.core.tokenizer_base import Tokenizer
 from minigpt.core.tokenizers import ByteTokenizer
@@ -107,10 +108,17 @@ def text_ids(tokenizer: Tokenizer, text: str, what: str) -> list[int]:
 def bits_per_char_and_byte(nats: float, tokenizer: Tokenizer, ids: Sequence[int] | np.ndarray) -> tuple[float, float]:
     """The loss `nats` over `ids` in bits per character and per UTF-8 byte of the text they stand for: units every
     tokenizer shares, so runs with different tokenizers compare.  The first token is never predicted, so its text is
-    not counted; end-of-text tokens are predicted but stand for no text."""
+    not counted; end-of-text tokens are predicted but stand for no text, nor do a tokenizer.json's other special
+    tokens (the start token its post-processor puts before each document: `<s>`, `<|begin_of_text|>`)."""
     ids = [int(i) for i in ids]
-    text = tokenizer.decode([i for i in ids if i != tokenizer.eot_id])
-    first = tokenizer.decode(ids[:1]) if ids and ids[0] != tokenizer.eot_id else ""
+
+    def decode(some: list[int]) -> str:
+        if isinstance(tokenizer, HFTokenizer):
+            return tokenizer.backend.decode(some, skip_special_tokens=True)
+        return tokenizer.decode([i for i in some if i != tokenizer.eot_id])
+
+    text = decode(ids)
+    first = decode(ids[:1])
     if not text.startswith(first):  # a byte-level first token that is part of a character: at least one byte
         first_chars, first_bytes = 0, 1
     else:

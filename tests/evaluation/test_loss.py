@@ -228,3 +228,25 @@ def test_train_reports_full_val_loss_and_eval_py_scores_a_text(tiny_run_args, co
     bits = float(line.split(" bits/char")[0].split(", ")[-1])
     assert 0 < nats < math.log(trainer.lightning_module.config.vocab_size)
     assert math.isclose(bits, nats / math.log(2), rel_tol=0.01)  # char-level: one token per character
+
+
+def test_bits_per_char_leave_out_the_start_token_a_tokenizer_json_puts_before_each_document():
+    # a Llama-style tokenizer.json: its post-processor writes <s> before each text, which stands for no text; the
+    # full val split holds one per document, and each counted as 3 characters made bits/char too low
+    import tokenizers as t
+
+    from minigpt.core.hf_tokenizer import HFTokenizer
+
+    alphabet = sorted(t.pre_tokenizers.ByteLevel.alphabet())
+    backend = t.Tokenizer(t.models.BPE({c: i for i, c in enumerate(alphabet)}, []))
+    backend.pre_tokenizer = t.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = t.decoders.ByteLevel()
+    backend.add_special_tokens([t.AddedToken(s, special=True, normalized=False) for s in ("<s>", "</s>")])
+    bos, eos = backend.token_to_id("<s>"), backend.token_to_id("</s>")
+    backend.post_processor = t.processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    tokenizer = HFTokenizer(backend.to_str(), eos_id=eos)
+    docs = ["hello", "big world"]
+    ids = [i for doc in docs for i in tokenizer.encode(doc) + [eos]]
+    assert ids.count(bos) == 2
+    per_char, per_byte = bits_per_char_and_byte(13 * math.log(2), tokenizer, ids)  # 13 bits in all
+    assert per_char == per_byte == 13 / len("hellobig world")  # the first <s> is not predicted; the rest is text
