@@ -23,8 +23,9 @@ def load_local_dataset(builder: str, path: str) -> Any:
 def dataset_failure(e: BaseException) -> str:
     """Why `datasets` could not read a source, in a few words: the error it wraps (its DatasetGenerationError says
     only "An error occurred while generating the dataset"; the parser's own, e.g. "JSON parse error ... in row 1",
-    is its cause), or that a file holds no rows (an empty file: a bare StopIteration)."""
-    if isinstance(e, StopIteration):
+    is its cause), or that a file holds no rows (an empty file: a bare StopIteration; a CSV of its header alone:
+    "Instruction "train" corresponds to no data!")."""
+    if isinstance(e, StopIteration) or "corresponds to no data" in str(e):
         return "it holds no rows"
     while e.__cause__ is not None:
         e = e.__cause__

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only: no display, no GUI toolkit
+# a token the font cannot draw (CJK in DejaVu Sans) is a box in the PNG labels, and the page shows it: not a warning
+# with a source line for each figure
+warnings.filterwarnings("ignore", r"Glyph \d+ .*missing from font", UserWarning)
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402

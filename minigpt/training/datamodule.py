@@ -204,9 +204,10 @@ class TokenDataModule(L.LightningDataModule):
                 n = len(getattr(self.prepared, split))
                 if n < hp.block_size + 1:
                     raise UserError(
-                        f"the {split} split has {n} tokens, fewer than one window of block_size + 1 = "
-                        f"{hp.block_size + 1}; use a longer corpus, a smaller block_size"
-                        + (" or a larger val_fraction" if split == "val" else "")
+                        f"the {split} split has {n:,} token{'s' * (n != 1)}, fewer than one window of block_size + 1 "
+                        f"= {hp.block_size + 1}; use a longer corpus, a smaller block_size or a "
+                        + ("larger" if split == "val" else "smaller")
+                        + " val_fraction"
                     )
         return self.prepared
 

@@ -489,6 +489,9 @@ def test_a_jsonl_edited_with_its_old_time_is_read_again_and_a_bad_one_names_its_
     write(src, "")
     with pytest.raises(DataError, match=r"c\.jsonl as json \(it holds no rows\)"):
         prepare_data(str(src), "char", data_root=tmp_path / "data")
+    header = write(tmp_path / "header.csv", "text\n")  # a CSV of its header alone
+    with pytest.raises(DataError, match=r"header\.csv as csv \(it holds no rows\)"):
+        prepare_data(str(header), "char", data_root=tmp_path / "data")
 
 
 @pytest.mark.parametrize(
