@@ -136,6 +136,8 @@ class EngineFirstServer(uvicorn.Server):
             listener.close()  # no new connections while the engine stops (uvicorn closes them too, later)
         await asyncio.to_thread(self.config.app.state.server.engine.stop)
         await super().shutdown(sockets)
+        if self.force_exit:  # a second Ctrl-C skips the app's shutdown, whose task, cancelled at exit, logs a traceback
+            await self.lifespan.shutdown()  # quick: the engine has stopped
 
 
 def uvicorn_config(app: FastAPI, **settings) -> uvicorn.Config:

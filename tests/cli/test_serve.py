@@ -79,6 +79,18 @@ def test_minigpt_serve_answers_with_the_checkpoints_replies_until_interrupted(ch
         assert process.wait(timeout=30) == 0
 
 
+def test_a_second_ctrl_c_while_the_server_stops_ends_it_without_a_traceback(chat_ckpt):
+    # the second Ctrl-C makes uvicorn skip the app's shutdown; its task, cancelled at exit, logged a traceback
+    with serve_command(chat_ckpt) as (process, _, url):
+        assert httpx.get(f"{url}/health").status_code == 200
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.05)  # the first one seen: two at once would be one
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+        err = process.stderr.read()
+        assert err.rstrip().endswith("stopped") and "Traceback" not in err, err
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_stop_ends_the_requests_in_flight_with_openais_error_and_exits_0(tmp_path, sig):
     """Ctrl-C or SIGTERM while requests decode: each ends at once with the engine's error (a stream's error event,
