@@ -317,7 +317,7 @@ class MiniGPTCLI(LightningCLI):
             start = self.model.model
             if source_model is None:  # resumed: the starting weights, read from init_from again
                 start = GPT(config)
-                load_init_weights(start, load_base(self.config["init_from"]))
+                load_init_weights(start, load_base(self.config["init_from"]), self.config["init_from"])
             self.model.use_reference(frozen_reference(start, self.resume_checkpoint, self.config["init_from"], key))
         self.trainer = self.instantiate_trainer()
 

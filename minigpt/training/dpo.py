@@ -40,7 +40,7 @@ from minigpt.core.errors import DataError, UserError, first_line
 from minigpt.core.lora import adapters_disabled, fingerprint
 from minigpt.core.model import GPT
 from minigpt.data.preferences import Preference, read_preferences
-from minigpt.training.lightning_module import GPTLightningModule
+from minigpt.training.lightning_module import GPTLightningModule, disable_dropout
 from minigpt.training.sft import base_tokenizer, pad_rows, read_template, split_batch
 
 Reference = Literal["model", "precomputed"]
@@ -292,6 +292,7 @@ class DPOLightningModule(GPTLightningModule):
 
     def __init__(self, *args: Any, dpo: DPOConfig, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        disable_dropout(self.model)  # TRL's default: the policy's log-probs are taken as the reference's (step 0: log 2)
         self.dpo = dpo
         self._reference: list[GPT] = []  # a full run's frozen copy (dpo.reference model)
         self.ref_fingerprint: str | None = None

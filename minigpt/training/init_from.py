@@ -125,12 +125,20 @@ def load_source(src: str) -> tuple[GPT, Tokenizer | None]:
         raise UserError(f"init_from: {first_line(e, 1000)}") from None
 
 
-def load_init_weights(model: GPT, source: GPT) -> None:
+def load_init_weights(model: GPT, source: GPT, src: str | None = None) -> None:
     """Copy the source's weights into the model being trained; learned positions beyond a smaller block_size are
-    dropped (nanoGPT's crop_block_size), and tokens a chat format adds get rows at the mean embedding."""
+    dropped (nanoGPT's crop_block_size), and tokens a chat format adds get rows at the mean embedding.  `src`: the
+    init_from a resumed run reads again, whose weights may not fit the run's model (another one): one UserError."""
     state = grow_vocabulary(source.state_dict(), model.config.vocab_size)
     if "transformer.wpe.weight" in state:
         state["transformer.wpe.weight"] = state["transformer.wpe.weight"][: model.config.block_size]
+    ours = model.state_dict()
+    misfit = sorted(ours.keys() ^ state.keys()) or [k for k in ours if ours[k].shape != state[k].shape]
+    if misfit and src is not None:
+        raise UserError(
+            f"init_from {src} is not the model this run started from (its weights do not fit the run's model: "
+            f"{misfit[0]}); resume with the init_from it was started with, or start a new run in another out_dir"
+        )
     model.load_state_dict(state)
 
 

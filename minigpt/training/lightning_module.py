@@ -37,6 +37,15 @@ def host_read_is_free(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Every dropout of `model` off (nn.Dropout's p, attention's dropout probability): TRL's disable_dropout."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        elif isinstance(getattr(m, "dropout", None), float):
+            m.dropout = 0.0
+
+
 class GPTLightningModule(L.LightningModule):
     def __init__(
         self,

@@ -135,6 +135,22 @@ def test_full_dpo_logs_trls_metrics_learns_and_resumes_as_if_uninterrupted(setup
     assert torch.load(setup / "resumed" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
 
 
+def test_resume_with_init_from_of_another_shape_is_one_line_and_leaves_the_run(setup, capsys):
+    """The frozen copy a resumed run rebuilds from init_from: a source of another architecture is refused in one
+    line naming init_from (it was a load_state_dict traceback), the run's checkpoints untouched."""
+    train_main(dpo_args(setup, "reshaped", steps=2))
+    other = GPT(GPTConfig(arch="gpt", n_layer=1, n_head=2, n_embd=16, block_size=64, vocab_size=256))
+    save_file(model_checkpoint(other, ByteTokenizer()), setup / "gpt.ckpt")
+    last = setup / "reshaped" / "checkpoints" / "last.ckpt"
+    before = last.read_bytes()
+    with pytest.raises(SystemExit) as exc:
+        run_cli(lambda: train_main(dpo_args(setup, "reshaped", steps=4, resume="true", init_from=setup / "gpt.ckpt")))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and "Traceback" not in "\n".join(err)
+    assert err[-1].startswith(f"error: init_from {setup / 'gpt.ckpt'} is not the model this run started from")
+    assert last.read_bytes() == before
+
+
 def test_precomputed_reference_trains_as_the_frozen_copy_and_survives_resume(setup):
     train_main(dpo_args(setup, "pre", steps=4, **{"dpo.reference": "precomputed"}))
     train_main(dpo_args(setup, "pre", steps=8, resume="true", **{"dpo.reference": "precomputed"}))
@@ -214,3 +230,14 @@ def test_a_table_saved_without_its_pairs_fingerprint_is_checked_by_its_count():
     )
     assert reference_pairs_problem({"pairs": 40, "sha256": "0" * 64}, 40, found, "run/last.ckpt") is None
     assert "40 other pairs" in reference_pairs_problem({"pairs": 40, "sha256": "1" * 64}, 40, found, "run/last.ckpt")
+
+
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_dropout_is_off_as_trls_default_so_step_0_is_log_2(setup, finetune):
+    """A source trained with dropout (or --lora.dropout) would make the policy's log-probs noisy against the
+    reference's (eval mode): TRL's DPOTrainer disables dropout by default, and so does minigpt's DPO."""
+    extra = {"model.dropout": 0.3, "finetune": finetune} | ({"lora.dropout": 0.3} if finetune == "lora" else {})
+    train_main(dpo_args(setup, f"dropout-{finetune}", steps=1, **extra))
+    logged = scalars(setup / f"dropout-{finetune}")
+    assert logged["train_loss"][0] == pytest.approx(0.693147, abs=1e-6)
+    assert logged["rewards/chosen"][0] == 0.0 and logged["rewards/rejected"][0] == 0.0
