@@ -47,6 +47,8 @@ def to_prompt_row(row: Any, where: str) -> PromptRow:
         answer = str(answer)
     if not isinstance(answer, str):
         raise DataError(f'{where}: "answer" must be text, got {answer!r:.60}; {FIX}')
+    if not answer.strip():  # a blank cell: exact_match would reward an empty reply
+        raise DataError(f'{where}: "answer" is empty; give the answer the reward checks, or drop the row')
     if isinstance(prompt, str):
         messages = [{"role": "user", "content": prompt}]
     elif isinstance(prompt, list) and prompt:

@@ -292,7 +292,9 @@ class DPOLightningModule(GPTLightningModule):
 
     def __init__(self, *args: Any, dpo: DPOConfig, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        disable_dropout(self.model)  # TRL's default: the policy's log-probs are taken as the reference's (step 0: log 2)
+        disable_dropout(
+            self.model
+        )  # TRL's default: the policy's log-probs are taken as the reference's (step 0: log 2)
         self.dpo = dpo
         self._reference: list[GPT] = []  # a full run's frozen copy (dpo.reference model)
         self.ref_fingerprint: str | None = None
@@ -414,10 +416,10 @@ def check_dpo_resumable(ckpt: dict[str, Any], dpo: DPOConfig | None, path: Any) 
     entry = ckpt[SECTION].get(SECTION_KEY)
     problem = None
     if entry is None and dpo is not None:
-        problem = (
-            f"{path} is not a DPO run; resume it without --data.format preference, or start a DPO run in "
-            "another out_dir"
-        )
+        grpo = ckpt[SECTION].get("grpo") is not None
+        fix = "with --data.format prompts" if grpo else "without --data.format preference"
+        what = "a GRPO" if grpo else "not a DPO"
+        problem = f"{path} is {what} run; resume it {fix}, or start a DPO run in another out_dir"
     elif entry is not None and dpo is None:
         problem = f"{path} is a DPO run; resume it with --data.format preference, or start a new run in another out_dir"
     elif entry is not None and entry["reference"] != dpo.reference:

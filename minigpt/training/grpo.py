@@ -241,6 +241,11 @@ class GRPOLightningModule(GPTLightningModule):
         for name, value in found.items():
             self.log(f"val_{name}", value, sync_dist=True)
 
+    def on_load_checkpoint(self, ckpt: dict[str, Any]) -> None:
+        super().on_load_checkpoint(ckpt)
+        if self.ref_fingerprint is None:  # resumed with grpo.beta 0: the start the run recorded stays recorded
+            self.ref_fingerprint = (ckpt[SECTION].get(SECTION_KEY) or {}).get("fingerprint")
+
     def on_save_checkpoint(self, ckpt: dict[str, Any]) -> None:
         super().on_save_checkpoint(ckpt)
         ckpt[SECTION][SECTION_KEY] = {"beta": float(self.grpo.beta), "fingerprint": self.ref_fingerprint}

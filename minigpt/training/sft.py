@@ -90,6 +90,8 @@ def load_chat_data(
 ) -> ChatData:
     """Read, check, tokenize and split the conversations of `source` (see the module docstring)."""
     conversations = read_conversations(source)
+    if not conversations:  # not a block_size matter
+        raise DataError(f"{source} holds no conversations; give a file with at least 2")
     base = base_tokenizer(tokenizer, conversations)
     template = read_template(chat_template)
     if isinstance(base, ChatTokenizer) and template is not None and template != base.template:

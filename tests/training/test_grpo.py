@@ -212,6 +212,8 @@ def test_grpo_logs_its_metrics_learns_the_reward_and_resumes_as_if_uninterrupted
 
     with pytest.raises(UserError, match="is a GRPO run; resume it with --data.format prompts"):
         train_main(grpo_args(setup, "resumed", steps=9, resume="true", **{"data.format": "chat"}))
+    with pytest.raises(UserError, match="is a GRPO run; resume it with --data.format prompts"):
+        train_main(grpo_args(setup, "resumed", steps=9, resume="true", **{"data.format": "preference"}))
     torch.manual_seed(1)  # another model of the same shape: the frozen copy it would rebuild is not the start
     other = GPT(GPTConfig(arch="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=48, vocab_size=256))
     save_file(model_checkpoint(other, ByteTokenizer()), setup / "other.ckpt")
@@ -220,6 +222,10 @@ def test_grpo_logs_its_metrics_learns_the_reward_and_resumes_as_if_uninterrupted
             grpo_args(setup, "resumed", steps=9, resume="true", init_from=setup / "other.ckpt", **{"grpo.beta": 0.05})
         )
     assert torch.load(setup / "resumed" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
+    # a part without the KL (grpo.beta 0) keeps the start the run recorded, so the KL can come back
+    train_main(grpo_args(setup, "resumed", steps=9, resume="true", **{"grpo.beta": 0.0}))
+    train_main(grpo_args(setup, "resumed", steps=10, resume="true", **{"grpo.beta": 0.05}))
+    assert torch.load(setup / "resumed" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 10
 
 
 def test_a_run_started_without_a_kl_is_not_resumed_with_one(setup):
@@ -259,3 +265,11 @@ def test_a_prompt_row_must_end_with_the_users_turn(last):
     with pytest.raises(UserError, match=rf"^prompts.jsonl line 2: the prompt ends with an? {last} turn; end it"):
         to_prompt_row(row, "prompts.jsonl line 2")
     assert to_prompt_row({"prompt": row["prompt"][:1], "answer": "3"}, "prompts.jsonl line 2").answer == "3"
+
+
+@pytest.mark.parametrize("answer", ["", "  "])
+def test_a_blank_answer_is_refused_as_exact_match_would_reward_an_empty_reply(answer):
+    from minigpt.data.prompts import to_prompt_row
+
+    with pytest.raises(UserError, match=r'^prompts.jsonl line 3: "answer" is empty; give the answer the reward checks'):
+        to_prompt_row({"prompt": "1+2?", "answer": answer}, "prompts.jsonl line 3")

@@ -129,6 +129,12 @@ def test_conversations_longer_than_the_block_are_cut_or_skipped_and_counted(tmp_
     assert whole.counts["skipped"] == 0 and all((r >= 0).all() for r in whole.train)
 
 
+def test_an_empty_chat_file_is_said_to_be_empty(tmp_path):
+    (tmp_path / "chats.jsonl").write_text("")
+    with pytest.raises(DataError, match=r"chats\.jsonl holds no conversations; give a file with at least 2$"):
+        load_chat_data(str(tmp_path / "chats.jsonl"), "char", None, 0.2, 48, seed=0)
+
+
 def test_bad_chat_data_in_train_py_is_one_line(tmp_path, data_root):
     chats = tmp_path / "chats.jsonl"
     chats.write_text(
