@@ -314,7 +314,7 @@ def test_a_byte_level_tokenizer_json_cuts_where_gpt2s_regex_never_merges(tmp_pat
     assert tok.cuts_like_gpt2 and tok.frame == ([], [])
     src = write(tmp_path / "t.txt", TEXT * 3)
     ids = np.concatenate(all_tokens(prepare_data(str(src), str(tmp_path / "tokenizer.json"), data_root=tmp_path)))
-    assert ids.tolist() == tok.encode(src.read_text()) + [0]  # <|endoftext|> after it; merges across the 64-byte reads were lost
+    assert ids.tolist() == tok.encode(src.read_text()) + [0]  # merges across the 64-byte reads were lost
 
 
 def test_token_dtype_and_uint32(tmp_path):
