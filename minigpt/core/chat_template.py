@@ -209,7 +209,7 @@ class ChatTokenizer(Tokenizer):
         <|end|>: its generation_config lists <|assistant|> before it, and its template writes both); else the EOS
         where the template writes it, else the first other end it writes, else the EOS."""
         eos = getattr(base, "eos_id", None)
-        ends = [cls._base_token(base, i) for i in (eos, *getattr(base, "end_ids", ()))]
+        ends = [cls._base_token(base, i) for i in (eos, *base.end_ids)]
         if ends[0] is not None:
             reply = "minigpt reply"
             try:

@@ -20,6 +20,7 @@ class Tokenizer(ABC):
     name: str
     vocab_size: int
     eot_id: int | None  # appended after each document when not None
+    end_ids: tuple[int, ...] = ()  # the ids that end a text besides eot_id (a HF folder's generation_config)
 
     @abstractmethod
     def encode(self, text: str) -> list[int]: ...
@@ -40,7 +41,7 @@ class Tokenizer(ABC):
     def stop_ids(self) -> frozenset[int]:
         """The ids that end a generation: end-of-text (a chat's end of turn) and the source's other ends (a Hugging
         Face folder's generation_config eos_token_id), as transformers' generate stops at any of them."""
-        return frozenset(i for i in (self.eot_id, *getattr(self, "end_ids", ())) if i is not None)
+        return frozenset(i for i in (self.eot_id, *self.end_ids) if i is not None)
 
     def encode_array(self, text: str) -> np.ndarray:
         """encode() as an int64 array; subclasses override it with something faster."""
