@@ -191,8 +191,8 @@ def _framed_once(tokens: Iterator[tuple[Document, Any]], start: int, end: int) -
     for doc, ids in tokens:
         if isinstance(ids, np.ndarray):
             if held:
-                (_, last), *rest = held
-                yield doc, last[: len(last) - end]  # not the document's last piece
+                (piece_doc, last), *rest = held
+                yield piece_doc, last[: len(last) - end]  # not the document's last piece
                 yield from rest
             held, seen = [(doc, ids[start:] if seen else ids)], True
         elif held:

@@ -292,9 +292,8 @@ class DPOLightningModule(GPTLightningModule):
 
     def __init__(self, *args: Any, dpo: DPOConfig, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        disable_dropout(
-            self.model
-        )  # TRL's default: the policy's log-probs are taken as the reference's (step 0: log 2)
+        # TRL's default: the policy's log-probs are taken as the reference's are (step 0: log 2)
+        disable_dropout(self.model)
         self.dpo = dpo
         self._reference: list[GPT] = []  # a full run's frozen copy (dpo.reference model)
         self.ref_fingerprint: str | None = None
