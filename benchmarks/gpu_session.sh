@@ -59,7 +59,11 @@ step() {
 digest() { # a few lines per step: what to read first
     local log="$STATE/$HALF/$1.log"
     case $1 in
-    tests*) grep -E "^(FAILED|ERROR)|passed|failed|skipped" "$log" | tail -n 12 ;;
+    tests*) # -v: each test's line as it ends, so a step cut at its limit still says which passed
+        printf '   per test: %s passed, %s failed, %s skipped\n' "$(grep -c ' PASSED' "$log")" \
+            "$(grep -c -E ' (FAILED|ERROR)' "$log")" "$(grep -c ' SKIPPED' "$log")"
+        grep -E "^(FAILED|ERROR)| (FAILED|ERROR) |passed|failed" "$log" | tail -n 12
+        ;;
     variant_*)
         python3 - "$STATE/$HALF/$1.json" <<'EOF'
 import json, sys
@@ -125,7 +129,12 @@ for path in sys.argv[1:]:
 EOF
     )
     if ((${#wheels[@]})); then
-        python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/minigpt_site "${wheels[@]}"
+        # all at once; where one does not install (another Python's wheel), each on its own, and the digest names it
+        python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/minigpt_site "${wheels[@]}" ||
+            for wheel in "${wheels[@]}"; do
+                python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/minigpt_site "$wheel" ||
+                    say "wheel not installed: ${wheel##*/}"
+            done
         export PYTHONPATH=/tmp/minigpt_site${PYTHONPATH:+:$PYTHONPATH}
     fi
 fi
@@ -152,8 +161,8 @@ if [[ $HALF == first ]]; then
     variant graphed --compile_mode graphed
     variant graphed_graph --compile_mode graphed --optim.cuda_graph true
     variant graphed_graph_8s --compile_mode graphed --optim.cuda_graph true --trainer.max_time 00:00:00:08
-    # -o addopts=-q: in one process, without pyproject's `-n 2` (the GPU machine's image has no pytest-xdist)
-    step tests_graphed 60 120 python3 -m pytest -p no:cacheprovider -o addopts=-q -m gpu tests/gpu \
+    # -o addopts=-v: in one process, without pyproject's `-n 2`, each test's outcome on its own line
+    step tests_graphed 60 120 python3 -m pytest -p no:cacheprovider -o addopts=-v -m gpu tests/gpu \
         -k "graphed or replayed or move or sync or dropout"
     variant graph --optim.cuda_graph true
     variant wide_12s "${WIDE[@]}"
@@ -195,7 +204,7 @@ EOF
     step overhead 60 120 python3 benchmarks/bench_gpu.py "${GPU_ARGS[@]}" --parts overhead --timeout 110 \
         --overhead_runs "$runs" --profile muon+graph:train_py:whole+graphed --work "$STATE/work_overhead" \
         --out "$STATE/$HALF/overhead.json"
-    step tests_rest 60 300 python3 -m pytest -p no:cacheprovider -o addopts=-q -m gpu tests/gpu \
+    step tests_rest 60 300 python3 -m pytest -p no:cacheprovider -o addopts=-v -m gpu tests/gpu \
         -k "not (graphed or replayed or move or sync or dropout)"
 fi
 say "== $HALF done: $((SECONDS - START))s of $BUDGET"

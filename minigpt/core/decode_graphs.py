@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 import torch
 
+from minigpt.core.devices import current_stream_kept
 from minigpt.core.errors import first_line
 from minigpt.core.model import GPT
 
@@ -134,7 +135,8 @@ class DecodeGraphs:
                 self._step(b)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        # thread_local: the server captures on its engine thread while its event loop's thread goes on
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        # thread_local: the server captures on its engine thread while its event loop's thread goes on; a failed
+        # capture leaves this thread on the caller's stream for the eager steps after it
+        with current_stream_kept(self.tokens.device), torch.cuda.graph(graph, capture_error_mode="thread_local"):
             logits = self._step(b)
         return graph, logits

@@ -3,11 +3,14 @@ machine lacks is one line naming what it has, not torch's error from deep inside
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 from minigpt.core.errors import UserError
 
-__all__ = ["resolve_device"]
+__all__ = ["current_stream_kept", "resolve_device"]
 
 
 def resolve_device(name: str) -> str:
@@ -29,3 +32,16 @@ def resolve_device(name: str) -> str:
     else:
         return name
     raise UserError(f"device {why}")
+
+
+@contextmanager
+def current_stream_kept(device: torch.device) -> Iterator[None]:
+    """Around a CUDA-graph capture: where it fails, the caller's stream is current again (torch.cuda.graph's exit
+    leaves its capture stream current when the capture ends in an error).  Nothing to do off a GPU."""
+    before = torch.cuda.current_stream(device) if device.type == "cuda" else None
+    try:
+        yield
+    except BaseException:
+        if before is not None:
+            torch.cuda.set_stream(before)
+        raise

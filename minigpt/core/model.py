@@ -193,12 +193,17 @@ class CausalSelfAttention(nn.Module):
         # the same position (training, prefill: T == S); one new token (T == 1) sees every key, no mask at all.
         # Decided from T alone: a compiled decode step's S is symbolic, and sdpa takes a plain bool.
         is_causal = mask is None and T > 1
-        # enable_gqa lets the kernel read each K/V head for its g query heads without copying K/V g times
+        # enable_gqa lets the kernel read each K/V head for its g query heads without copying K/V g times; the
+        # memory-efficient kernel takes no GQA (torch 2.11 refuses it: "No available kernel"): K/V copied for it
+        gqa = self.n_kv_head != self.n_head
+        if gqa and self.sdpa_backend == "efficient":
+            g = self.n_head // self.n_kv_head
+            k, v, gqa = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1), False
         kwargs = dict(
             attn_mask=mask,
             dropout_p=self.dropout if self.training else 0.0,
             is_causal=is_causal,
-            enable_gqa=self.n_kv_head != self.n_head,
+            enable_gqa=gqa,
             scale=self.scale,
         )
         if self.sdpa_backend is None:  # let torch pick flash / memory-efficient / math

@@ -9,11 +9,11 @@ of exactly those shapes replays; everything else (validation, generation, anothe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import torch
 
+from minigpt.core.devices import current_stream_kept
 from minigpt.core.model import GPT
 from minigpt.training.sft import split_batch
 
@@ -53,19 +53,6 @@ class TrainingLoss(torch.nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.eager(idx, targets)[1]
-
-
-@contextmanager
-def current_stream_kept(device: torch.device) -> Iterator[None]:
-    """Around a CUDA-graph capture: where it fails, the caller's stream is current again (torch.cuda.graph's exit
-    leaves its capture stream current when the capture ends in an error).  Nothing to do off a GPU."""
-    before = torch.cuda.current_stream(device) if device.type == "cuda" else None
-    try:
-        yield
-    except BaseException:
-        if before is not None:
-            torch.cuda.set_stream(before)
-        raise
 
 
 def record_training_graphs(model: GPT, batch: torch.Tensor, autocast: Callable) -> TrainingGraphs:

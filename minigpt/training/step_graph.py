@@ -7,7 +7,7 @@ import warnings
 
 import torch
 
-from minigpt.training.model_graphs import current_stream_kept
+from minigpt.core.devices import current_stream_kept
 from minigpt.training.muon import MuonWithAdamW, evaluate
 
 

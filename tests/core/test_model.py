@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+import minigpt.core.model as model_module
 from minigpt import GPT, ConfigError, GPTConfig
 from minigpt.core.compiled import compiler_available
 from minigpt.core.model import Block, apply_rope, rope_cache
@@ -184,6 +185,30 @@ def test_gqa_equals_mha_with_repeated_kv():
         mha.set_attention(attention)
         with torch.no_grad():
             assert (gqa(idx)[0] - mha(idx)[0]).abs().max().item() <= 1e-5
+
+
+def test_the_efficient_kernel_gets_gqa_keys_and_values_copied_per_query_head(monkeypatch):
+    """torch 2.11's memory-efficient SDPA kernel takes no GQA ("No available kernel" with enable_gqa): a model held
+    to it gives the kernel one K/V head per query head, and the same outputs (the kernel itself needs CUDA: the
+    call is checked here, run by the math kernel)."""
+    model = build(tiny("llama", n_kv_head=2))
+    idx = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        ref = model(idx)[0]
+    seen, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, **kwargs):
+        seen.append((q.size(1), k.size(1), v.size(1), kwargs["enable_gqa"]))
+        return sdpa(q, k, v, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    monkeypatch.setitem(model_module.SDPA_BACKEND, "efficient", model_module.SDPBackend.MATH)
+    for block in model.transformer.h:
+        block.attn.sdpa_backend = "efficient"
+    with torch.no_grad():
+        got = model(idx)[0]
+    assert seen and all(s == (4, 4, 4, False) for s in seen)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_rope_matches_complex_rotation():
