@@ -104,15 +104,20 @@ def sample_next(
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
+    check_greedy: bool = True,
 ) -> torch.Tensor:
     """logits (B, V) of the last position -> next token ids (B,).  temperature 0 = argmax.
 
     Any temperature > 0 samples, however small: the logits are shifted so that the top one is 0 before the
     division, so a tiny temperature (1e-40, 1e-300) sends the others to -inf (the greedy limit, ties drawn evenly)
     instead of overflowing float32 to inf and NaN; the divisor is at least float32's smallest normal number
-    (1e-300 would round to 0)."""
+    (1e-300 would round to 0).  NaN/inf logits (broken weights) are refused either way: argmax would pick a NaN
+    (check_greedy False: the caller checks greedy_finite itself, later, without waiting for the device each token)."""
     if temperature == 0:
-        return logits.argmax(dim=-1)
+        ids = logits.argmax(dim=-1)
+        if check_greedy and not bool(greedy_finite(logits, ids).all()):
+            raise broken_weights()
+        return ids
     logits = logits.float()
     logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(temperature, FLOAT32_TINY)  # <= 0, the top one 0
     logits = filter_logits(logits, top_k, top_p)
@@ -121,11 +126,20 @@ def sample_next(
         return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
     except RuntimeError as e:
         if "inf" in str(e) or "nan" in str(e):  # the weights, not the code: a user's broken checkpoint
-            raise UserError(
-                "the model produced NaN/inf logits, so there is nothing to sample from; the "
-                "checkpoint's weights are broken (did training diverge?)"
-            ) from None
+            raise broken_weights() from None
         raise
+
+
+def greedy_finite(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """(B,) whether each row's argmax is a finite logit: a NaN is the max; +inf, or -inf only, is no choice either."""
+    return logits.gather(-1, ids[..., None]).squeeze(-1).isfinite()
+
+
+def broken_weights() -> UserError:
+    return UserError(
+        "the model produced NaN/inf logits, so there is nothing to sample from; the "
+        "checkpoint's weights are broken (did training diverge?)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -199,6 +213,7 @@ def generate(
     seq[:, :T0] = idx
     n = T0  # tokens in seq so far
     finished = torch.zeros(B, dtype=torch.bool, device=device)
+    finite = torch.ones(B, dtype=torch.bool, device=device)  # each row's greedy choices so far were finite logits
     length = min(block_size, T0 + max_new_tokens)
     cache, decode = decoding(model, B, length, compile, max_new_tokens - 1) if use_kv_cache else (None, model)
     cached = 0  # positions in the cache: it holds seq[:, n - 1 - cached : n - 1] at positions 0..cached-1
@@ -216,7 +231,9 @@ def generate(
             cached += 1
         if vocab_size is not None:
             logits = logits[:, :vocab_size]
-        next_ids = sample_next(logits, temperature, top_k, top_p, generator)
+        next_ids = sample_next(logits, temperature, top_k, top_p, generator, check_greedy=False)
+        if temperature == 0:  # checked once at the end: a check here would wait for the device at every token
+            finite &= greedy_finite(logits, next_ids)
         if stop_token is not None:
             next_ids = next_ids.masked_fill(finished, stop_token)  # pad sequences that already stopped
             finished |= next_ids == stop_token
@@ -226,6 +243,8 @@ def generate(
             on_token(next_ids)
         if stop_token is not None and bool(finished.all()):
             break
+    if not bool(finite.all()):
+        raise broken_weights()
     return seq[:, :n]
 
 

@@ -307,7 +307,8 @@ class Engine:
         else:
             logits = self.model(tokens, kv_cache=self.cache, input_pos=input_pos)[0][:, -1, : self.vocab_size]
         self.steps += 1
-        greedy = logits.argmax(dim=-1).tolist()  # one call for all greedy rows
+        best = logits.max(dim=-1)  # one call for all greedy rows; a row whose max is NaN/inf: -1 (sample_next refuses)
+        greedy = torch.where(best.values.isfinite(), best.indices, -1).tolist()
         for b, ticket in enumerate(list(self.running)):
             ticket.cached += 1
             self._advance(ticket, logits[b : b + 1], greedy[b])
@@ -372,9 +373,9 @@ class Engine:
         """Sample the next token from logits (1, V), send the new text; False once the request is finished."""
         request = ticket.request
         try:
-            if request.temperature == 0:
-                token = greedy if greedy is not None else int(logits.argmax(dim=-1))
-            else:
+            if request.temperature == 0 and greedy is not None and greedy >= 0:
+                token = greedy
+            else:  # a draw, or greedy's argmax (the first token's), NaN/inf logits refused as broken weights
                 token = int(sample_next(logits, request.temperature, request.top_k, request.top_p, ticket.generator))
         except UserError as e:  # NaN/inf logits (broken weights): this request ends with the message, others go on
             self._finish(ticket, "error", first_line(e, 2000))

@@ -142,6 +142,23 @@ def test_a_tiny_temperature_samples_the_greedy_tokens(temperature):
         sample_next(torch.tensor([[0.0, float("nan"), 1.0]]), temperature)
 
 
+@pytest.mark.parametrize("use_kv_cache", [True, False])
+def test_greedy_refuses_nan_logits_as_sampling_does(use_kv_cache):
+    """argmax picks a NaN: greedy decoding of broken weights gave token after token of garbage and exit 0, where
+    sampling named the broken weights.  Here position 5's learned embedding is NaN: the first token is fine, the
+    second step's logits are all NaN."""
+    model = varied_gpt("gpt", 4)
+    with torch.no_grad():
+        model.transformer.wpe.weight[5].fill_(float("nan"))
+    idx = random_ids(batch=2, length=5)
+    assert generate(model, idx, 1, temperature=0, use_kv_cache=use_kv_cache).shape == (2, 6)
+    for temperature in (0, 0.8):
+        with pytest.raises(UserError, match="NaN/inf logits"):
+            generate(model, idx, 3, temperature=temperature, use_kv_cache=use_kv_cache)
+    with pytest.raises(UserError, match="NaN/inf logits"):
+        sample_next(torch.full((1, 4), float("-inf")), temperature=0)  # nothing finite to choose either
+
+
 def test_vocab_size_limits_sampled_ids():
     model = varied_gpt("gpt", 4)
     out = generate(model, random_ids(), 40, temperature=2.0, generator=torch.Generator().manual_seed(0), vocab_size=3)

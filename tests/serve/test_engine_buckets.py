@@ -4,6 +4,7 @@ batch shrinks through the buckets."""
 
 from __future__ import annotations
 
+import copy
 import threading
 
 import pytest
@@ -76,6 +77,38 @@ def test_without_room_for_the_static_cache_the_engine_decodes_with_a_growing_one
     assert got == [tokenizer.decode(alone(model, tokenizer, p, 12)) for p in prompts]
     assert engine.graphs is None and not engine.use_graphs and not engine.compile
     assert "decoding without CUDA graphs" in caplog.text
+
+
+@pytest.mark.parametrize("decode_graphs", [False, True])
+def test_a_greedy_request_on_nan_logits_ends_with_the_broken_weights_error(base_model, decode_graphs):
+    """A decode step's NaN logits (here: learned position 4 is NaN, past the prompt) end a greedy request with the
+    error a sampled one gets, not with max_tokens of argmax's garbage; a row that never reaches position 4 goes on."""
+    model, tokenizer = copy.deepcopy(base_model[0]), base_model[1]
+    with torch.no_grad():
+        model.transformer.wpe.weight[4].fill_(float("nan"))
+    short, shorter = tokenizer.encode("abcd"), tokenizer.encode("ab")
+    requests = [Request(prompt=short, max_tokens=8, temperature=t, seed=1) for t in (0, 0.8)]
+    requests.append(Request(prompt=shorter, max_tokens=2, temperature=0))  # positions 0..2
+    engine = Engine(model, tokenizer, max_batch=4, decode_graphs=decode_graphs)
+    finals, done = {}, threading.Event()
+    for i, request in enumerate(requests):
+
+        def on_update(update, i=i):
+            if update.finish_reason is not None:
+                finals[i] = update
+                if len(finals) == len(requests):
+                    done.set()
+
+        engine.submit(request, on_update)
+    engine.start()
+    try:
+        assert done.wait(120), "a request never finished"
+    finally:
+        engine.stop()
+    for i in (0, 1):
+        assert finals[i].finish_reason == "error" and "NaN/inf logits" in finals[i].error, finals[i]
+        assert finals[i].completion_tokens == 1  # the prefill's token, then the step at position 4
+    assert finals[2].finish_reason == "length" and finals[2].error is None
 
 
 @pytest.mark.parametrize("decode_graphs", [False, True])
