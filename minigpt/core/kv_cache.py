@@ -93,6 +93,15 @@ class KVCache:
             end = int(held.max()) + 1 if held.numel() else 0
         return start <= end and (end <= self.window or start >= end - 1)
 
+    def rows_resumable(self, starts: torch.Tensor) -> bool:
+        """resumable, per row: can each row b of a ring go on from position starts[b]?  Read from `pos` (a host sync,
+        as the per-row write's own); a static cache's step (a CUDA graph's) is not checked."""
+        if self.static:
+            return True
+        B = starts.size(0)
+        end = torch.where(self.pos[:B] != EMPTY, self.pos[:B], -1).amax(dim=1) + 1  # (B,): one past each row's last
+        return bool(((starts == 0) | ((starts <= end) & ((end <= self.window) | (starts >= end - 1)))).all())
+
     def update(
         self, k: torch.Tensor, v: torch.Tensor, input_pos: int | torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -131,10 +140,12 @@ class KVCache:
         new_pos = start + torch.arange(T, device=k.device)  # (B, T)
         # one token too: a decode step at an earlier position would attend over a ring that has lost its window.
         # Not while compiling: a compiled decode step (generate's) always continues
-        if not per_row and not torch.compiler.is_compiling() and not self.resumable(input_pos):
+        if not torch.compiler.is_compiling() and not (
+            self.rows_resumable(input_pos) if per_row else self.resumable(input_pos)
+        ):
+            at = start[:, 0].tolist() if per_row else input_pos
             raise ValueError(
-                f"a sliding layer's cache has dropped the positions a query at {input_pos} needs; "
-                "start again from position 0"
+                f"a sliding layer's cache has dropped the positions a query at {at} needs; start again from position 0"
             )
         self.end = None if per_row or torch.compiler.is_compiling() else input_pos + T  # compiled: read from pos
         if T > 1:

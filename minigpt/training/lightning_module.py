@@ -60,6 +60,12 @@ class GPTLightningModule(L.LightningModule):
         self.optim = optim or OptimConfig()
         self.tokenizer = tokenizer  # saved into every checkpoint, so sampling needs nothing else
         check_config_size(config, "the model config", ConfigError, cause="choose smaller sizes")
+        if tokenizer is not None and any(checkpoint.pair_problems(config, tokenizer)):  # load_model would refuse it
+            exactly = "exactly " if tokenizer.name == "char" else "at least "
+            raise ConfigError(
+                f"model.vocab_size: {config.vocab_size} does not fit the tokenizer's {tokenizer.vocab_size} tokens, "
+                f"and load_model would refuse the checkpoints; set it to {exactly}{tokenizer.vocab_size}"
+            )
         self.model = model if model is not None else GPT(config)  # model: a LoRA run's (finetune_lora)
         self.lora = lora  # a LoRA run's checkpoint entry: where its base is
         self.flops_per_batch: int | None = None  # read by TrainingThroughput (callbacks.py) for FLOP/s and MFU

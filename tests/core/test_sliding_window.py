@@ -201,6 +201,20 @@ def test_a_ring_goes_on_only_where_it_holds_what_the_next_query_needs():
         assert close(model(idx[:, 3:4], kv_cache=cache, input_pos=3)[0], full[:, 3:4])
 
 
+def test_a_ring_refuses_a_rows_own_start_it_cannot_go_on_from():
+    """input_pos (B,), one start per row, is checked as an int start is: a row rewound past what its ring kept is
+    refused, not attended over a ring that has lost its window (wrong logits)."""
+    model = swa_gpt("llama", 2, window=8)
+    idx = random_ids(batch=2, length=25)
+    cache = model.new_kv_cache(2)
+    with torch.no_grad():
+        model(idx[:, :20], kv_cache=cache, input_pos=0)
+        with pytest.raises(ValueError, match=r"has dropped the positions a query at \[10, 20\] needs"):
+            model(idx[:, 10:11], kv_cache=cache, input_pos=torch.tensor([10, 20]))
+        full = model(idx)[0]  # each row going on from where it stands is as the full forward
+        assert close(model(idx[:, 20:21], kv_cache=cache, input_pos=torch.tensor([20, 20]))[0], full[:, 20:21])
+
+
 def test_sliding_layers_rotate_with_their_own_base():
     """rope_local_base: the sliding layer's q and k rotate with it, the full layer's with rope_base (run by hand)."""
     model = swa_gpt("llama", 2, MIXED, window=64, rope_base=10000.0, rope_local_base=50.0)
