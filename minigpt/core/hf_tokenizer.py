@@ -4,6 +4,7 @@ that library exactly as transformers applies it, behind minigpt's Tokenizer inte
 from __future__ import annotations
 
 import functools
+import json
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -58,6 +59,16 @@ def rust_panics_as_errors(name: str, failed: str = "cannot encode this text") ->
             f"({first_line(panic, 100)}), as a pre-tokenizer regular expression that backtracks "
             "catastrophically does; use a well-formed tokenizer.json (e.g. the model's original)"
         )
+
+
+# pre-tokenizer regexes that never match across a newline between a non-space and a letter or digit, so a text cut
+# there encodes piece by piece as it does whole: Llama 3's (transformers' tiktoken conversion), Qwen2's, Qwen3.5's
+_CONTRACTIONS, _SPACES = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|", r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+SPLIT_REGEXES = (
+    _CONTRACTIONS + r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*" + _SPACES,
+    _CONTRACTIONS + r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*" + _SPACES,
+    _CONTRACTIONS + r"[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*" + _SPACES,
+)
 
 
 class HFTokenizer(Tokenizer):
@@ -135,13 +146,26 @@ class HFTokenizer(Tokenizer):
 
     @functools.cached_property
     def cuts_like_gpt2(self) -> bool:
-        """Whether it splits text with GPT-2's regex and nothing before it (bpe:VOCAB, GPT-2's own tokenizer.json):
-        then a text cut where tiktoken's gpt2 never merges across encodes, piece by piece, to the whole's ids."""
-        pre = self.backend.pre_tokenizer
+        """Whether it splits text as GPT-2's, Llama 3's or Qwen's regex does, byte-level and with nothing before it
+        that crosses a newline (bpe:VOCAB, those models' tokenizer.json): then a text cut where tiktoken's never
+        merge across (minigpt.data.encoding) encodes, piece by piece, to the whole text's ids."""
+        d = json.loads(self.tokenizer_json)
+        normalizer, pre = d.get("normalizer") or {"type": "NFC"}, d.get("pre_tokenizer") or {}
+        steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+        split, byte_level = (steps if len(steps) == 2 else [None, *steps])[-2:]
         return (
-            self.backend.normalizer is None
-            and isinstance(pre, tokenizers_library().pre_tokenizers.ByteLevel)
-            and pre.use_regex
+            normalizer.get("type") == "NFC"  # (or none): it composes characters, never across a newline
+            and (byte_level or {}).get("type") == "ByteLevel"
+            and not byte_level.get("add_prefix_space")  # a space before every piece
+            and (
+                byte_level.get("use_regex", True)  # GPT-2's own regex
+                if split is None
+                else split.get("type") == "Split"
+                and split.get("pattern", {}).get("Regex") in SPLIT_REGEXES
+                and split.get("behavior") == "Isolated"
+                and not split.get("invert")
+                and not byte_level.get("use_regex", True)
+            )
         )
 
     def encode_array(self, text: str) -> np.ndarray:

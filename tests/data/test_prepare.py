@@ -299,22 +299,43 @@ def test_a_tokenizer_json_encodes_a_document_read_in_chunks_as_the_whole_text(tm
     assert (ids[-1] == 2) == template.endswith("</s>") and len(ids) > 100
 
 
-def test_a_byte_level_tokenizer_json_cuts_where_gpt2s_regex_never_merges(tmp_path, monkeypatch):
+@pytest.mark.parametrize("family", ["gpt2", "llama3", "qwen2"])
+def test_a_byte_level_tokenizer_json_cuts_where_its_regex_never_merges(tmp_path, monkeypatch, family):
+    # bpe:VOCAB's and GPT-2's own split (ByteLevel's regex); Llama 3's and Qwen2's (a Split regex, then ByteLevel,
+    # Llama 3 with a <|begin_of_text|> before each text, Qwen2 with NFC first): cut where tiktoken's are, each
+    # document's ids are the whole text's; pieces cut at the 64-byte reads lost their merges
     import tokenizers as t
+
+    from minigpt.core.hf_tokenizer import SPLIT_REGEXES
 
     monkeypatch.setattr(sources_mod, "CHUNK_BYTES", 64)
     backend = t.Tokenizer(t.models.BPE())
-    backend.pre_tokenizer = t.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)  # bpe:VOCAB's
+    regex = SPLIT_REGEXES[0 if family == "llama3" else 1]
+    split = t.pre_tokenizers.Split(t.Regex(regex), behavior="isolated")
+    backend.pre_tokenizer = (
+        t.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        if family == "gpt2"
+        else t.pre_tokenizers.Sequence([split, t.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    )
+    backend.normalizer = t.normalizers.NFC() if family == "qwen2" else None
     backend.decoder = t.decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|begin_of_text|>"]
     alphabet = t.pre_tokenizers.ByteLevel.alphabet()
-    trainer = t.trainers.BpeTrainer(vocab_size=400, initial_alphabet=alphabet, special_tokens=["<|endoftext|>"])
-    backend.train_from_iterator([TEXT], trainer)
+    backend.train_from_iterator(
+        [TEXT], t.trainers.BpeTrainer(vocab_size=400, initial_alphabet=alphabet, special_tokens=specials)
+    )
+    if family == "llama3":
+        backend.post_processor = t.processors.TemplateProcessing(
+            single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", 1)]
+        )
     (tmp_path / "tokenizer.json").write_text(backend.to_str())
     tok = HFTokenizer(backend.to_str())
-    assert tok.cuts_like_gpt2 and tok.frame == ([], [])
+    assert tok.cuts_like_gpt2 and tok.frame == ([1] if family == "llama3" else [], [])
     src = write(tmp_path / "t.txt", TEXT * 3)
     ids = np.concatenate(all_tokens(prepare_data(str(src), str(tmp_path / "tokenizer.json"), data_root=tmp_path)))
-    assert ids.tolist() == tok.encode(src.read_text()) + [0]  # merges across the 64-byte reads were lost
+    assert ids.tolist() == tok.encode(src.read_text()) + [0]  # <|endoftext|> after it
+    backend.pre_tokenizer = t.pre_tokenizers.ByteLevel(add_prefix_space=True)  # a space before every piece: whole
+    assert not HFTokenizer(backend.to_str()).cuts_like_gpt2
 
 
 def test_token_dtype_and_uint32(tmp_path):
