@@ -838,6 +838,13 @@ CASES: list[Case] = [
         expect=["no_answer.jsonl line 2", "no 'answer'", 'each row needs "prompt"'],
     ),
     train(
+        "GRPO prompt row with a blank answer",
+        *GRPO,
+        "--data.source",
+        "{w}/blank_answer.jsonl",
+        expect=["blank_answer.jsonl line 2", '"answer" is empty', "give the answer the reward checks"],
+    ),
+    train(
         "GRPO prompt that fills the context",
         *GRPO,
         "--data.source",
@@ -998,6 +1005,7 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
     for name, rows in (
         ("prompts.jsonl", [prompt, {**prompt, "prompt": "the dog"}, {**prompt, "answer": "4"}]),
         ("no_answer.jsonl", [prompt, {"prompt": "the dog"}]),
+        ("blank_answer.jsonl", [prompt, {"prompt": "the dog", "answer": " "}]),
         ("long_prompts.jsonl", [prompt, {**prompt, "prompt": "the lazy dog " * 2}]),
     ):
         (w / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
