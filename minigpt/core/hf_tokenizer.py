@@ -198,18 +198,22 @@ class HFTokenizer(Tokenizer):
             "vocab_size": self.vocab_size,
             "bos_id": self.bos_id,
             "eos_id": self.eos_id,
+            "end_ids": list(self.end_ids),  # the folder's other ends (generation_config.json's), kept by its runs
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HFTokenizer:
         """The inverse of to_dict (tokenizer_from_dict calls it, once it has checked the dict)."""
-        return cls(
+        tokenizer = cls(
             d["tokenizer_json"],
             name=str(d.get("name", "hf")),
             vocab_size=d.get("vocab_size"),
             bos_id=d.get("bos_id"),
             eos_id=d.get("eos_id"),
         )
+        if d.get("end_ids") is not None:  # older checkpoints: the EOS alone
+            tokenizer.end_ids = tuple(d["end_ids"])
+        return tokenizer
 
 
 # end-of-text tokens of common Hugging Face tokenizers, in the order they are looked for

@@ -236,6 +236,9 @@ def dict_problems(kind: Any, d: Any) -> Iterator[str]:
         ids = [d.get(k) for k in ("vocab_size", "bos_id", "eos_id")]
         if any(i is not None and (not isinstance(i, int) or isinstance(i, bool)) for i in ids):
             yield "'vocab_size', 'bos_id' and 'eos_id' must be integers or null"
+        ends = d.get("end_ids", [])
+        if not isinstance(ends, list) or any(not isinstance(i, int) or isinstance(i, bool) for i in ends):
+            yield "'end_ids' must be a list of integers"
     elif kind == "chat":
         if not all(
             isinstance(x, str) for x in (d["chat_template"], d["end_of_turn"], *d["added_tokens"], *d["special_tokens"])

@@ -111,9 +111,12 @@ def generation_config(config: GPTConfig, tokenizer: Tokenizer | None) -> dict:
     bos, eos = special_ids(tokenizer)
     # a chat model stops at its end of turn, and where its base ends a text otherwise (Gemma 3 IT: <end_of_turn>
     # and <eos>), as the source's own generation_config.json lists both
-    base_eos = special_ids(tokenizer.base)[1] if isinstance(tokenizer, ChatTokenizer) else None
-    if eos is not None and base_eos is not None and base_eos != eos:
-        eos = [eos, base_eos]
+    # and at every other end a source folder lists (Llama 3 Instruct's <|end_of_text|>, Phi-3's <|assistant|>)
+    base = tokenizer.base if isinstance(tokenizer, ChatTokenizer) else tokenizer
+    ends = [special_ids(base)[1], *base.end_ids] if base is not None else []
+    ends = list(dict.fromkeys(i for i in ends if i is not None and i != eos))
+    if eos is not None and ends:
+        eos = [eos, *ends]
     return {k: v for k, v in {"bos_token_id": bos, "eos_token_id": eos}.items() if v is not None}
 
 

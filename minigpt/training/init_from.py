@@ -60,7 +60,7 @@ def init_from_source(
         source_model, tokenizer = load_source(src)
         source_config = source_model.config
         if (
-            config["data"].get("format") == "chat"
+            config["data"].get("format") in ("chat", "preference", "prompts")  # every format rendered as chats
             and tokenizer is not None
             and is_hf_source(src)
             and (template := read_chat_template(resolve_hf_source(src)[0])) is not None
