@@ -34,6 +34,7 @@ OPTIMIZERS, SCHEDULES = get_args(OptimizerName), get_args(Schedule)
 # settings the optimizer's saved state carries (its parameter groups, each group's initial_lr): a resume would keep
 # the checkpoint's values whatever the config said, so a change is refused (check_optim_resumable)
 KEPT_BY_THE_STATE = ("optimizer", "learning_rate", "weight_decay", "beta1", "beta2")
+KEPT_BY_MUONS_STATE = ("muon_ns_steps",)  # Muon's parameter groups carry ns_steps: kept where Muon trained
 
 
 def check_optim_resumable(saved: dict[str, Any] | None, optim: OptimConfig, last: Path) -> None:
@@ -42,9 +43,10 @@ def check_optim_resumable(saved: dict[str, Any] | None, optim: OptimConfig, last
     if saved is None:
         return
     current = asdict(optim)
+    kept = KEPT_BY_THE_STATE + (KEPT_BY_MUONS_STATE if saved.get("optimizer") == "muon" else ())
     diff = [
         f"optim.{k}={saved[k]!r} (this run's config gives {current[k]!r})"
-        for k in KEPT_BY_THE_STATE
+        for k in kept
         if k in saved and saved[k] != current[k]
     ]
     if diff:
@@ -233,11 +235,25 @@ class LRSchedule:
         return (elapsed - self.warmup_end_s) / span if span > 0 else 1.0
 
 
+class ScheduledLR(torch.optim.lr_scheduler.LambdaLR):
+    """LambdaLR whose restored state (a resume) sets the optimizer's learning rate from this run's schedule: the
+    optimizer's saved state holds the rate the old schedule gave the next step, and a resume may change the schedule
+    (a larger max_steps continues a run; lr_schedule, warmup_steps, decay_steps...), which would otherwise apply only
+    from the step after."""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)  # Lightning restores the optimizer's state first, then this
+        lrs = [base * schedule(self.last_epoch) for base, schedule in zip(self.base_lrs, self.lr_lambdas)]
+        for group, lr in zip(self.optimizer.param_groups, lrs):
+            group["lr"] = lr
+        self._last_lr = lrs
+
+
 def build_scheduler(
     optimizer: torch.optim.Optimizer, cfg: OptimConfig, decay_end: int | None, clock: Clock | None = None
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Stepped once per optimizer step (after it); clock: the run's training clock, if it has a time budget."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, LRSchedule(cfg, decay_end, clock))
+    return ScheduledLR(optimizer, LRSchedule(cfg, decay_end, clock))
 
 
 def trainer_schedule(trainer: Any, cfg: OptimConfig) -> tuple[int | None, Clock | None]:
