@@ -360,8 +360,8 @@ def _set_specials(vocab: GGUFVocab, tokenizer: Tokenizer, base: Tokenizer, confi
         vocab.eos = vocab.eos if isinstance(tokenizer, ChatTokenizer) else 0xFF
     elif isinstance(base, CharTokenizer) and vocab.eos is None:
         vocab.eos = char_eos
-    if isinstance(tokenizer, ChatTokenizer):
-        vocab.end_of_turn = vocab.eos
+    if isinstance(tokenizer, ChatTokenizer):  # the EOS, or where the template writes eos_token the base's (Phi-3)
+        vocab.end_of_turn = token_id(tokenizer.end_of_turn)
     if isinstance(base, HFTokenizer):  # the post-processor's BOS/EOS, as minigpt's encode adds them
         plain = base.backend.encode("a", add_special_tokens=False).ids
         full = base.backend.encode("a").ids

@@ -21,6 +21,7 @@ newline) is also a character a text can hold, so it would be read as that byte.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -272,8 +273,10 @@ def save_hf_tokenizer(tokenizer: Tokenizer, out_dir: Path, model_max_length: int
     out_dir.mkdir(parents=True, exist_ok=True)
     chat = tokenizer if isinstance(tokenizer, ChatTokenizer) else None
     tokenizer_json, bos, eos = _backend_for(chat.base if chat else tokenizer)
-    if chat is not None:  # its added tokens registered, its end-of-turn the EOS, its template in the config
-        tokenizer_json, eos = chat_tokenizer_json(chat, tokenizer_json), chat.end_of_turn
+    if chat is not None:  # its added tokens registered, its end-of-turn the EOS, its template in the config; unless
+        # the template writes eos_token, which minigpt renders as the base's (Phi-3 ends a conversation with it)
+        tokenizer_json = chat_tokenizer_json(chat, tokenizer_json)
+        eos = eos if eos is not None and re.search(r"\beos_token\b", chat.template) else chat.end_of_turn
     specials = {k: v for k, v in (("bos_token", bos), ("eos_token", eos)) if v is not None}
     (out_dir / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
     write_json(

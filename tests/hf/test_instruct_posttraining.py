@@ -67,3 +67,9 @@ def test_the_export_lists_every_end_the_folder_lists(tmp_path):
     assert generation["eos_token_id"] == [ids["<|end|>"], ids["<|endoftext|>"], ids["<|assistant|>"]]
     _, exported = load_chat_model(tmp_path / "export")
     assert exported.stop_ids == load_chat_model(folder)[1].stop_ids
+    # the template writes eos_token after the last turn: the export's is the folder's <|endoftext|>, as minigpt
+    # rendered it in training (it was the end of turn <|end|>)
+    conversation = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hello 1"}]
+    fast = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
+    rendered = fast.apply_chat_template(conversation, tokenize=True, return_dict=True)["input_ids"]
+    assert rendered == exported.encode_chat(conversation)[0] and rendered[-1] == ids["<|endoftext|>"]
