@@ -291,8 +291,8 @@ def test_a_tokenizer_json_encodes_a_document_read_in_chunks_as_the_whole_text(tm
     src = write(tmp_path / "t.txt", "the thing and the other things, hello world and the end of it all\n" * 30)
     ids = np.concatenate(all_tokens(prepare_data(str(src), str(tmp_path / "tokenizer.json"), data_root=tmp_path)))
     assert ids.tolist() == tok.encode(src.read_text())
-    # past MAX_CARRY_CHARS a document is cut anyway; it keeps one start and one end of the template's
-    monkeypatch.setattr(encoding_mod, "MAX_CARRY_CHARS", 300)
+    # past WHOLE_CHARS a document is cut after a newline (bounded memory); it keeps one start and one end
+    monkeypatch.setattr(encoding_mod, "WHOLE_CHARS", 300)
     d = prepare_data(str(src), str(tmp_path / "tokenizer.json"), data_root=tmp_path, force=True)
     ids = np.concatenate(all_tokens(d))
     assert ids[0] == 1 and (ids == 1).sum() == 1 and (ids == 2).sum() == template.count("</s>")
