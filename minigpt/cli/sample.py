@@ -14,7 +14,7 @@ The generation itself is minigpt.core.generation; loading is minigpt.loading.loa
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, TextIO, get_args
 
 import torch
@@ -52,14 +52,14 @@ class TextStreamer:
     SentencePiece space at the start is kept, a character split across tokens waits for its last one)."""
 
     def __init__(
-        self, tokenizer: Tokenizer, out: TextIO, stop_token: int | None = None, context: Sequence[int] = ()
+        self, tokenizer: Tokenizer, out: TextIO, stop_ids: Collection[int] = (), context: Sequence[int] = ()
     ) -> None:
-        self.decoder, self.out, self.stop_token = IncrementalDecoder(tokenizer, context), out, stop_token
+        self.decoder, self.out, self.stop_ids = IncrementalDecoder(tokenizer, context), out, stop_ids
         self.stopped = False
 
     def push(self, ids: list[int]) -> None:
         for i in ids:
-            if self.stopped or i == self.stop_token:
+            if self.stopped or i in self.stop_ids:
                 self.stopped = True
                 return
             if piece := self.decoder.push(i):
@@ -71,10 +71,9 @@ class TextStreamer:
         self.out.flush()
 
 
-def decode_generated(tokenizer: Tokenizer, prompt: list[int], ids: list[int], stop_token: int | None) -> str:
+def decode_generated(tokenizer: Tokenizer, prompt: list[int], ids: list[int], stop_ids: Collection[int]) -> str:
     """Generated ids -> the text they add to the prompt's, cut at the first stop token."""
-    if stop_token is not None and stop_token in ids:
-        ids = ids[: ids.index(stop_token)]
+    ids = ids[: next((k for k, i in enumerate(ids) if i in stop_ids), len(ids))]
     return decode_after(tokenizer, prompt, ids)
 
 
@@ -265,7 +264,7 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
     ids = prompt_ids(tokenizer, prompt)
     check_sampling_size(model.config, args.num_samples, len(ids), args.max_new_tokens, args.kv_cache, model)
     show_checkpoint_lines()
-    stop_token = tokenizer.eot_id if args.stop else None
+    stop_ids = tokenizer.stop_ids if args.stop else frozenset()  # end-of-text, and every end a folder lists
     idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     settings = dict(
@@ -273,14 +272,14 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
         top_k=args.top_k,
         top_p=args.top_p,
         use_kv_cache=args.kv_cache,
-        stop_token=stop_token,
+        stop_token=stop_ids,
         generator=generator,
         vocab_size=tokenizer.vocab_size,
         compile="auto" if args.compile else False,  # a speed flag: compiles only where that pays
     )
 
     if args.num_samples == 1:
-        stream = TextStreamer(tokenizer, stdout, stop_token, ids)
+        stream = TextStreamer(tokenizer, stdout, stop_ids, ids)
         stdout.write(prompt)
         stdout.flush()
         try:
@@ -293,7 +292,7 @@ def _main(argv: list[str] | None, stdout: TextIO, stdin: TextIO) -> None:
     out = generate(model, idx, args.max_new_tokens, **settings)
     for i, row in enumerate(out.tolist()):
         stdout.write(f"---------- sample {i + 1}/{args.num_samples} ----------\n")
-        stdout.write(prompt + decode_generated(tokenizer, ids, row[len(ids) :], stop_token) + "\n")
+        stdout.write(prompt + decode_generated(tokenizer, ids, row[len(ids) :], stop_ids) + "\n")
     stdout.flush()
 
 

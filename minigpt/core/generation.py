@@ -17,7 +17,7 @@ them (generate and ChatSession build one); the filters and sample_next trust wha
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -174,7 +174,7 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     use_kv_cache: bool = True,
-    stop_token: int | None = None,
+    stop_token: int | Collection[int] | None = None,
     generator: torch.Generator | None = None,
     on_token: Callable[[torch.Tensor], object] | None = None,
     vocab_size: int | None = None,
@@ -182,9 +182,9 @@ def generate(
 ) -> torch.Tensor:
     """idx (B, T) prompt ids -> (B, T + n) ids, n <= max_new_tokens.
 
-    stop_token: a sequence that samples it is finished; later positions of it are padded with stop_token,
-    and generation ends early once every sequence has finished.  on_token(new_ids (B,)) is called after
-    every step (e.g. to stream text).  Pass a seeded torch.Generator to make sampling reproducible.
+    stop_token: a sequence that samples it (or any of several: a folder's ends) is finished; its later positions
+    repeat that token, and generation ends early once every sequence has finished.  on_token(new_ids (B,)) is
+    called after every step (e.g. to stream text).  Pass a seeded torch.Generator to make sampling reproducible.
     vocab_size: sample only ids below it (a model vocabulary padded past the tokenizer's, e.g. 50304 > 50257).
     The model is used as it is (call .eval() first to sample without dropout).
     compile: each decode step runs through torch.compile (minigpt.core.compiled): compiled once per model (tens
@@ -213,6 +213,8 @@ def generate(
     seq[:, :T0] = idx
     n = T0  # tokens in seq so far
     finished = torch.zeros(B, dtype=torch.bool, device=device)
+    stops = [stop_token] if isinstance(stop_token, int) else sorted(stop_token or ())
+    stop_ids = torch.tensor(stops, dtype=torch.long, device=device) if stops else None
     finite = torch.ones(B, dtype=torch.bool, device=device)  # each row's greedy choices so far were finite logits
     length = min(block_size, T0 + max_new_tokens)
     cache, decode = decoding(model, B, length, compile, max_new_tokens - 1) if use_kv_cache else (None, model)
@@ -234,14 +236,14 @@ def generate(
         next_ids = sample_next(logits, temperature, top_k, top_p, generator, check_greedy=False)
         if temperature == 0:  # checked once at the end: a check here would wait for the device at every token
             finite &= greedy_finite(logits, next_ids)
-        if stop_token is not None:
-            next_ids = next_ids.masked_fill(finished, stop_token)  # pad sequences that already stopped
-            finished |= next_ids == stop_token
+        if stop_ids is not None:
+            next_ids = torch.where(finished, seq[:, n - 1], next_ids)  # pad sequences that stopped with their stop
+            finished |= torch.isin(next_ids, stop_ids)
         seq[:, n] = next_ids
         n += 1
         if on_token is not None:
             on_token(next_ids)
-        if stop_token is not None and bool(finished.all()):
+        if stop_ids is not None and bool(finished.all()):
             break
     if not bool(finite.all()):
         raise broken_weights()

@@ -80,6 +80,7 @@ class GGUFVocab:
     add_bos: bool = False
     add_eos: bool = False
     end_of_turn: int | None = None
+    end_of_message: int | None = None  # another end the model stops at (Phi-3's <|assistant|>): llama.cpp's EOM
     chat_template: str | None = None
     kind: str = ""  # "char", "bpe" or "spm": how a character added by a chat tokenizer is spelled
     nfc: bool = False  # the tokenizer NFC-normalises text first (Qwen's), which llama.cpp does not
@@ -100,7 +101,8 @@ class GGUFVocab:
             writer.add_add_space_prefix(self.add_space_prefix)
         else:  # llama.cpp requires the key; gguf-py drops empty arrays
             writer.add_token_merges(self.merges or [NEVER_MERGED])
-        specials = ("bos", self.bos), ("eos", self.eos), ("eot", self.end_of_turn), ("unk", self.unk), ("pad", self.pad)
+        specials = ("bos", self.bos), ("eos", self.eos), ("eot", self.end_of_turn), ("eom", self.end_of_message)
+        specials += ("unk", self.unk), ("pad", self.pad)
         for key, value in specials:
             if value is not None:
                 getattr(writer, f"add_{key}_token_id")(value)
@@ -362,6 +364,10 @@ def _set_specials(vocab: GGUFVocab, tokenizer: Tokenizer, base: Tokenizer, confi
         vocab.eos = char_eos
     if isinstance(tokenizer, ChatTokenizer):  # the EOS, or where the template writes eos_token the base's (Phi-3)
         vocab.end_of_turn = token_id(tokenizer.end_of_turn)
+    # llama.cpp stops at EOS, EOT and EOM (and at tokens it knows by their text): an end the source folder lists
+    # besides those two (Phi-3's <|assistant|>, which minigpt and transformers stop at) is the EOM
+    others = sorted(i for i in tokenizer.stop_ids if i not in (vocab.eos, vocab.end_of_turn) and i < len(vocab.tokens))
+    vocab.end_of_message = others[0] if others else None
     if isinstance(base, HFTokenizer):  # the post-processor's BOS/EOS, as minigpt's encode adds them
         plain = base.backend.encode("a", add_special_tokens=False).ids
         full = base.backend.encode("a").ids

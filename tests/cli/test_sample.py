@@ -94,7 +94,7 @@ def test_streamer_holds_back_partial_utf8():
     assert "🙂" in writes  # printed whole once its 4th byte arrived
     # a stop token ends the stream; nothing after it is printed
     buf = io.StringIO()
-    stream = TextStreamer(CharTokenizer(CHARS), buf, stop_token=0)
+    stream = TextStreamer(CharTokenizer(CHARS), buf, stop_ids={0})
     stream.push(CharTokenizer(CHARS).encode("ab"))
     stream.push([0])
     stream.push(CharTokenizer(CHARS).encode("cd"))
@@ -113,7 +113,7 @@ def test_streamer_prints_what_a_sentencepiece_completion_adds_to_the_prompt():
     for i in generated:
         stream.push([i])
     stream.flush()
-    assert buf.getvalue() == " it all and the thing" == decode_generated(tok, prompt, generated + [2], stop_token=2)
+    assert buf.getvalue() == " it all and the thing" == decode_generated(tok, prompt, generated + [2], stop_ids={2})
 
 
 def test_bpe_model_stops_at_end_of_text_unless_no_stop(tmp_path, capsys):

@@ -99,3 +99,50 @@ def test_a_reply_ends_at_any_end_the_folder_lists_as_transformers_generate_stops
         )
     assert (reply.choices[0].message.content, reply.choices[0].finish_reason) == ("", "stop")
     assert reply.usage.completion_tokens == 1
+
+
+def test_a_completion_in_sample_py_ends_at_any_end_the_folder_lists_as_generate_and_the_server_do(
+    tmp_path, monkeypatch
+):
+    """sample.py (no --chat) stopped only at the tokenizer's own end (<|endoftext|>): it wrote on past
+    <|assistant|>, where transformers' generate, minigpt's server and llama.cpp stop."""
+    import io
+
+    import minigpt.cli.sample as sample_cli
+
+    folder, ids = phi3_instruct_folder(tmp_path)
+
+    def load_model(*args, **kwargs):
+        model, tokenizer = real_load_model(*args, **kwargs)
+        model.lm_head = Always(model.config.n_embd, model.config.vocab_size, ids["<|assistant|>"])
+        return model, tokenizer
+
+    real_load_model = sample_cli.load_model
+    monkeypatch.setattr(sample_cli, "load_model", load_model)
+    for samples in ("1", "2"):
+        out = io.StringIO()
+        sample_cli.main(
+            ["--ckpt", str(folder), "--prompt", "hello", "--temperature", "0", "--max_new_tokens", "4"]
+            + ["--num_samples", samples],
+            stdout=out,
+        )
+        assert "<|assistant|>" not in out.getvalue() and "hello" in out.getvalue()
+
+
+def test_the_gguf_of_a_folder_with_three_ends_stops_at_each_in_llama_cpp(tmp_path):
+    """llama.cpp stops at EOS, EOT and EOM (and at tokens it knows by their text): Phi-3's <|assistant|>, an end its
+    generation_config lists, was none of them, and llama.cpp wrote on past it where minigpt stops."""
+    pytest.importorskip("xllamacpp")
+    from minigpt.export.gguf import export_gguf
+
+    llama_cpp = helper("llamacpp_server").LlamaCpp
+    folder, ids = phi3_instruct_folder(tmp_path / "phi3")
+    model, chat = load_chat_model(folder)
+    export_gguf(model, chat, tmp_path / "m.gguf", name="phi3")
+    with llama_cpp(tmp_path / "m.gguf") as llama:
+        start = llama.tokenize("hello")
+        for end in sorted(chat.stop_ids):  # forced: it is sampled, then ends the text
+            result = llama.completion(start, 3, logit_bias=[[end, 1e9]])
+            assert (result["tokens"], result["stop_type"]) == ([end], "eos"), chat.token(end)
+        text = llama.tokenize("o")[0]
+        assert llama.completion(start, 3, logit_bias=[[text, 1e9]])["tokens"] == [text] * 3  # a text token does not
