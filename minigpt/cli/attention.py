@@ -24,6 +24,7 @@ from minigpt.cli.parsing import (
     checkpoint_lines,
     read_prompt,
     show_checkpoint_lines,
+    utf8_stdin,
 )
 from minigpt.core.devices import resolve_device
 from minigpt.core.errors import UserError
@@ -88,5 +89,7 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stdin: Tex
     """attention.py: user mistakes (bad flags, checkpoint or prompt) end in one 'error:' line, exit code 2."""
     with checkpoint_lines():
         run_cli(
-            lambda: _main(argv, stdout if stdout is not None else sys.stdout, stdin if stdin is not None else sys.stdin)
+            lambda: _main(
+                argv, stdout if stdout is not None else sys.stdout, stdin if stdin is not None else utf8_stdin()
+            )
         )

@@ -37,7 +37,7 @@ def run_cli(main: Callable[[], object]) -> None:
         fail(first_line(e, limit=2000))
     except BrokenPipeError:  # the reader went away (`sample.py ... | head`): stop as a tool killed by SIGPIPE does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush has nowhere to fail
-        raise SystemExit(128 + signal.SIGPIPE) from None
+        raise SystemExit(128 + getattr(signal, "SIGPIPE", 13)) from None  # (Windows has no SIGPIPE)
 
 
 def ignore_interrupts_until_exit() -> None:

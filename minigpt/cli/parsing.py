@@ -251,6 +251,16 @@ def typed(stdin: TextIO | None, line: bool = False) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
+def utf8_stdin() -> TextIO | None:
+    """sys.stdin, read as UTF-8 where it is a pipe or a file, as `typed` expects: Windows reads those in its ANSI code
+    page (cp1252), so a UTF-8 prompt (`--prompt - < prompt.txt`) came in garbled (é as Ã©) without a word."""
+    stdin = sys.stdin
+    if not is_terminal(stdin) and hasattr(stdin, "reconfigure"):
+        with contextlib.suppress(OSError, ValueError):  # closed, or read from already
+            stdin.reconfigure(encoding="utf-8")
+    return stdin
+
+
 def is_terminal(stdin: TextIO | None) -> bool:
     try:
         return stdin is not None and stdin.isatty()

@@ -32,6 +32,7 @@ from minigpt.cli.parsing import (
     read_prompt,
     show_checkpoint_lines,
     typed,
+    utf8_stdin,
 )
 from minigpt.core.chat import ChatSession
 from minigpt.core.config import Attention
@@ -302,4 +303,4 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stdin: Tex
     if stdout is None and hasattr(out, "reconfigure"):
         out.reconfigure(errors="replace")  # a model can emit characters the console cannot show
     with checkpoint_lines():
-        run_cli(lambda: _main(argv, out, stdin if stdin is not None else sys.stdin))
+        run_cli(lambda: _main(argv, out, stdin if stdin is not None else utf8_stdin()))

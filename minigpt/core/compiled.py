@@ -79,16 +79,20 @@ def note_no_compiler(device_type: str) -> None:
 
 def cpp_compiler() -> str:
     """The C++ compiler Inductor runs for CPU kernels, the only one it tries: $CXX (even empty), else g++ (clang++
-    on macOS), as torch._inductor.config.cpp.cxx reads it; a clang++ or c++ on a Linux PATH without g++ is not it."""
-    return os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")
+    on macOS, MSVC's cl on Windows), as torch._inductor's cpp_builder.get_cpp_compiler picks it; a clang++ or c++ on
+    a Linux PATH without g++ is not it."""
+    default = {"darwin": "clang++", "win32": "cl"}.get(sys.platform, "g++")
+    return os.environ.get("CXX", default)
 
 
 def no_cpp_compiler() -> str:
     """What to say where compiler_available("cpu") is false: which compiler was looked for, and the fix."""
     name = cpp_compiler()
-    install = "install g++ (e.g. `apt-get install g++`)" if name == "g++" else f"install {name or 'one'}"
+    install = {"g++": "install g++ (e.g. `apt-get install g++`)", "cl": "install Visual Studio's C++ Build Tools"}
+    fix = install.get(name, f"install {name or 'one'}")
     return (
-        f"torch.compile's C++ compiler {name!r} was not found ($CXX, else g++; clang++ on macOS): {install}, or set CXX"
+        f"torch.compile's C++ compiler {name!r} was not found ($CXX, else g++; clang++ on macOS, cl on Windows): "
+        f"{fix}, or set CXX"
     )
 
 

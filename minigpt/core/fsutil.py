@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,7 +32,10 @@ def temp_sibling(path: Path, kind: str = "tmp") -> Path:
 
 
 def fsync_dir(path: str | Path) -> None:
-    """Make renames and new entries in a directory durable."""
+    """Make renames and new entries in a directory durable.  Not on Windows, which opens no folder as a file
+    (PermissionError) and needs no such flush for a rename."""
+    if sys.platform == "win32":
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -118,6 +122,19 @@ def write_errors(target: str | Path, fix: str, error: type[UserError] = DataErro
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether process `pid` runs.  On Windows not by os.kill(pid, 0): signal 0 is CTRL_C_EVENT there, which
+    os.kill sends to the console's processes (this one among them), or fails on with WinError 87 for a pid gone."""
+    if sys.platform == "win32":
+        import _winapi
+
+        try:
+            handle = _winapi.OpenProcess(0x00100000, False, pid)  # SYNCHRONIZE: enough to wait on it
+        except OSError as e:
+            return getattr(e, "winerror", None) == 5  # access denied: it exists (87, invalid parameter: it does not)
+        try:
+            return _winapi.WaitForSingleObject(handle, 0) == 0x102  # WAIT_TIMEOUT: it has not exited
+        finally:
+            _winapi.CloseHandle(handle)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

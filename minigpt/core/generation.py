@@ -87,7 +87,8 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
         logits = logits.masked_fill(~keep, float("-inf"))
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.double().softmax(dim=-1)
+        # float64 sums the tail exactly; MPS has no float64 (float32 there: the tolerance below absorbs it)
+        probs = sorted_logits.to(torch.float32 if logits.device.type == "mps" else torch.float64).softmax(dim=-1)
         mass_before = probs.cumsum(dim=-1) - probs  # probability of the more likely tokens
         # drop a token once the ones before it already reach top_p; the tolerance absorbs float rounding
         # (0.5 + 0.3 must count as reaching 0.8)

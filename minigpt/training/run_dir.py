@@ -125,7 +125,8 @@ class RunLock:
         file goes while it is still held; a train.py that opened it meanwhile sees, once it gets the lock, that the
         file is gone, and starts over on a new one (filelock checks), so two runs cannot both hold the directory."""
         self.pid_file.unlink(missing_ok=True)
-        Path(self.lock.lock_file).unlink(missing_ok=True)
+        with contextlib.suppress(PermissionError):  # Windows removes no open file: filelock's release removes it there
+            Path(self.lock.lock_file).unlink(missing_ok=True)
         self.lock.release()
 
 
