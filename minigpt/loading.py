@@ -158,7 +158,15 @@ def load_chat_model(
     """(model, chat tokenizer): a chat run's own, or a Hugging Face model's tokenizer with its chat template."""
     model, tokenizer = load_model(source, device=device, attention=attention, quantize=quantize)
     if not isinstance(tokenizer, ChatTokenizer) and is_hf_source(source):
-        template = read_chat_template(resolve_hf_source(source)[0])
+        model_dir = resolve_hf_source(source)[0]
+        template = read_chat_template(model_dir)
         if template is not None:
             tokenizer = ChatTokenizer.for_base(tokenizer, template)
+            if tokenizer.added:  # new ids: past the model's embedding (an IndexError at the first turn), or untrained
+                raise CheckpointError(
+                    f"{model_dir}: its chat template writes {', '.join(map(repr, tokenizer.added))}, which its "
+                    "tokenizer lacks: the model has no trained embedding for them; use the model's own "
+                    "chat template, or fine-tune it on conversations first (train.py --init_from ... --data.format "
+                    "chat gives the markers embeddings)"
+                )
     return model, tokenizer

@@ -12,8 +12,8 @@ and two places of the generated code (each loop's items, the `~` operator):
   with ChatML and ~2,000 with a Llama-3.1-style template, MAX_STEPS 500 times that (0.1 s of empty loops);
 - characters: no value the template computes, and not its output, may pass OUTPUT_BASE + 4x the characters of
   the conversation.  A value that would grow past it (`'x' * 3*10**8`, a width of 10**9, a text joined or
-  replaced into a huge one) is refused before it is built, from its operands' sizes; anything else is checked as
-  soon as it exists.
+  replaced into a huge one, `lipsum(10**7)`) is refused before it is built, from its operands' sizes; anything
+  else is checked as soon as it exists.
 Either is one DataError.
 """
 
@@ -34,6 +34,7 @@ from jinja2.compiler import CodeGenerator, Frame
 from jinja2.nodes import EvalContext
 from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import generate_lorem_ipsum
 
 from minigpt.core.errors import DataError
 
@@ -43,6 +44,7 @@ MAX_STEPS = 1_000_000
 OUTPUT_BASE = 1 << 20  # characters a template may write beyond 4x its conversation (markup, a system prompt)
 _METERED = "_metered_items"  # the filter each loop's iterable is passed through
 _NUMBERS = re.compile(r"\d+")
+LIPSUM_WORD_CHARS = 16  # lipsum's longest word (12 characters), its comma or full stop and a space, rounded up
 
 
 def refuse(message: str) -> NoReturn:
@@ -151,6 +153,13 @@ def _metered_items(context: Any, items: Any) -> Iterator[Any]:
         yield item
 
 
+def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:  # noqa: A002 (jinja2's names)
+    """jinja2's `lipsum` global, refused before it writes its n paragraphs of fewer than `max` words each when they
+    could outgrow the budget (it builds the whole text before returning it: lipsum(10**7) is gigabytes)."""
+    _budget().allow(_operand(n) * ((_operand(max) + 1) * LIPSUM_WORD_CHARS + len("<p></p>\n")))
+    return generate_lorem_ipsum(n, html, min, max)
+
+
 class _MeteredCode(CodeGenerator):
     """jinja2's code generator with every `{% for %}` iterable passed through _metered_items and every `~` join
     checked for size before it is made."""
@@ -177,6 +186,7 @@ class TemplateSandbox(ImmutableSandboxedEnvironment):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.filters[_METERED] = _metered_items
+        self.globals["lipsum"] = _lipsum
 
     def from_string(self, source: Any, *args: Any, **kwargs: Any) -> jinja2.Template:
         for name, func in self.filters.items():  # every filter, those added after construction (tojson) too

@@ -87,6 +87,17 @@ def _confines(model_dir: Path) -> list[Path]:
     return [root, root.parent.parent / "blobs"] if root.parent.name == "snapshots" else [root]
 
 
+def _outside(model_dir: Path, name: str) -> bool:
+    """Whether the file `name` in model_dir really lives outside it (symlinks resolved), or is no file name."""
+    confines = _confines(model_dir)
+    try:
+        real = (model_dir / name).resolve()
+        real.is_file()  # an absent file is named later; a name no file can have raises here
+    except (OSError, ValueError, RuntimeError):  # a NUL byte, a name too long, a symlink loop
+        return True
+    return real in confines or not any(real.is_relative_to(c) for c in confines)
+
+
 def shard_paths(index: Path, model_dir: Path) -> list[Path]:
     """The weight shards a *.index.json lists, each a file of the index's format inside model_dir (symlinks
     resolved): a name leading outside, to the folder itself, or of another format is one line naming it."""
@@ -96,15 +107,9 @@ def shard_paths(index: Path, model_dir: Path) -> list[Path]:
             f"{index}: its weight_map is not a map of tensor names to file names; download the model again"
         )
     suffix = ".safetensors" if index.name.startswith("model.safetensors") else ".bin"
-    confines = _confines(model_dir)
     shards = sorted(set(weight_map.values()))
     for shard in shards:
-        try:
-            real = (model_dir / shard).resolve()
-            real.is_file()  # an absent shard is named later; a name no file can have raises here
-        except (OSError, ValueError, RuntimeError):  # a NUL byte, a name too long, a symlink loop
-            real = None
-        outside = real is None or real in confines or not any(real.is_relative_to(c) for c in confines)
+        outside = _outside(model_dir, shard)
         if outside or not shard.endswith(suffix):
             why = (
                 "which points outside the model's folder or is no file name; refusing to read it: download the "
@@ -121,6 +126,11 @@ def weight_files(model_dir: Path) -> list[Path]:
     shards).  A shard the index names but the directory lacks is an error naming it."""
     for single, index in WEIGHT_LAYOUTS:
         if (model_dir / single).is_file():
+            if _outside(model_dir, single):  # a link out of the folder, as a shard's is refused
+                raise CheckpointError(
+                    f"{model_dir / single} is a link to a file outside the model's folder; refusing to read it: "
+                    "download the model again from a source you trust (or copy the file into the folder)"
+                )
             return [model_dir / single]
         if (model_dir / index).is_file():
             shards = shard_paths(model_dir / index, model_dir)

@@ -11,6 +11,7 @@ from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.errors import DataError
 from minigpt.core.template_sandbox import MAX_STEPS
 from minigpt.core.tokenizers import ByteTokenizer
+from support import deadline
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -55,6 +56,14 @@ def test_a_template_that_loops_for_ever_stops_at_its_step_budget(template):
 def test_a_template_that_grows_without_end_stops_at_its_size_budget(template):
     with pytest.raises(DataError, match="more than the 1,048,5.. its conversation allows"):
         render(template)
+
+
+@pytest.mark.parametrize("call", ["lipsum(10**9)", "lipsum(1, False, 20, 10**9)", "lipsum(n=10**6, html=False)"])
+def test_lipsum_is_refused_before_it_writes_past_the_budget(call):
+    # jinja2's global builds its whole text first: lipsum(10**7) took minutes and gigabytes before the size check
+    with deadline(5), pytest.raises(DataError, match="more than the 1,048,5.. its conversation allows"):
+        render("{{ " + call + " }}")
+    assert render("{{ lipsum(2, False, 3, 5)|wordcount > 0 }}") == "True<|im_end|>"
 
 
 def test_ordinary_templates_render_as_before():

@@ -107,6 +107,19 @@ def test_a_tokenizer_whose_regex_gives_up_is_one_line_naming_it():
             encode()
 
 
+def test_a_tiktoken_pat_str_that_gives_up_is_one_line_naming_it():
+    """A checkpoint's tiktoken dict carries its pat_str: one that backtracks past fancy-regex's limit made
+    encode_ordinary panic (a PanicException and a Rust backtrace); a DataError instead, the ids otherwise the same."""
+    d = TiktokenTokenizer(local_encoding()).to_dict() | {"name": "crafted", "pat_str": r"(?:a|aa)+(?=c)|."}
+    tok = tokenizer_from_dict(d)
+    assert tok.encode("ab") == [97, 98]
+    for encode in (tok.encode, tok.encode_array, lambda text: tok.encode_batch([text], num_threads=1)):
+        with pytest.raises(DataError, match=r"^the tokenizer crafted cannot encode this text: its pre-tokenizer"):
+            encode("a" * 40 + "b")
+    enc = local_encoding()
+    assert [TiktokenTokenizer(enc).encode(text) for text in SAMPLES] == [enc.encode_ordinary(t) for t in SAMPLES]
+
+
 def test_the_rust_panic_report_is_held_back_and_other_stderr_goes_through():
     code = (
         EVIL_TOKENIZER + "import os, sys\nfrom minigpt.core.hf_tokenizer import HFTokenizer, rust_panics_as_errors\n"

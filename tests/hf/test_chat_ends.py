@@ -6,13 +6,16 @@ completion's prompt) starts with the BOS its tokenizer writes, as transformers' 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
 
 from minigpt import ChatSession
+from minigpt.core.errors import CheckpointError
 from minigpt.core.generation import prompt_ids
 from minigpt.loading import load_chat_model
+from support import SMOL_TEMPLATE
 
 transformers = pytest.importorskip("transformers")
 from test_family_suite import helper
@@ -146,3 +149,12 @@ def test_the_gguf_of_a_folder_with_three_ends_stops_at_each_in_llama_cpp(tmp_pat
             assert (result["tokens"], result["stop_type"]) == ([end], "eos"), chat.token(end)
         text = llama.tokenize("o")[0]
         assert llama.completion(start, 3, logit_bias=[[text, 1e9]])["tokens"] == [text] * 3  # a text token does not
+
+
+def test_a_template_writing_markers_the_tokenizer_lacks_is_refused_when_loaded(tmp_path):
+    # ChatML over Phi-3's tokenizer: its markers got ids past the embedding, and the first turn an IndexError
+    folder, _ = phi3_instruct_folder(tmp_path)
+    (folder / "chat_template.jinja").write_text(SMOL_TEMPLATE)
+    written = re.escape("writes '<|im_start|>', '<|im_end|>', which its tokenizer lacks")
+    with pytest.raises(CheckpointError, match=written):
+        load_chat_model(folder)

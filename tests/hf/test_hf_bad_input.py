@@ -127,6 +127,16 @@ def test_a_symlinked_shard_leading_outside_is_refused(hf_folder, tmp_path):
         load_model(folder)
 
 
+@pytest.mark.parametrize("single", ["model.safetensors", "pytorch_model.bin"])
+def test_a_symlinked_single_weight_file_leading_outside_is_refused(hf_folder, tmp_path, single):
+    folder = copy_of(hf_folder, tmp_path)
+    outside = tmp_path / "elsewhere"
+    (folder / "model.safetensors").rename(outside)  # (its bytes do not matter: refused before it is read)
+    (folder / single).symlink_to(outside)
+    with pytest.raises(CheckpointError, match="is a link to a file outside the model's folder"):
+        load_model(folder)
+
+
 def test_the_sampler_says_it_in_one_line(hf_folder, tmp_path):
     folder = copy_of(hf_folder, tmp_path)
     (folder / "config.json").write_text(deeply_nested())
