@@ -145,14 +145,16 @@ class HFTokenizer(Tokenizer):
         return framed[:at], framed[at + len(plain) :]
 
     @functools.cached_property
-    def cuts_like_gpt2(self) -> bool:
+    def cuts_as_tiktoken(self) -> bool:
         """Whether it splits text as GPT-2's, Llama 3's or Qwen's regex does, byte-level and with nothing before it
         that crosses a newline (bpe:VOCAB, those models' tokenizer.json): then a text cut where tiktoken's never
         merge across (minigpt.data.encoding) encodes, piece by piece, to the whole text's ids."""
         d = json.loads(self.tokenizer_json)
         normalizer, pre = d.get("normalizer") or {"type": "NFC"}, d.get("pre_tokenizer") or {}
         steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
-        split, byte_level = (steps if len(steps) == 2 else [None, *steps])[-2:]
+        if len(steps) not in (1, 2):
+            return False
+        split, byte_level = steps if len(steps) == 2 else (None, steps[0])
         return (
             normalizer.get("type") == "NFC"  # (or none): it composes characters, never across a newline
             and (byte_level or {}).get("type") == "ByteLevel"

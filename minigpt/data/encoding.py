@@ -82,7 +82,7 @@ def _pieces(tok: Tokenizer, corpus: Corpus, stats: ReadStats, cut_chars: int | N
             yield from ((doc, b) for b in raw)  # raw bytes: any file is fine, nothing to decode
         else:
             texts = _decode(raw, doc.name, strict=isinstance(tok, CharTokenizer))
-            if isinstance(tok, TiktokenTokenizer) or (isinstance(tok, HFTokenizer) and tok.cuts_like_gpt2):
+            if isinstance(tok, TiktokenTokenizer) or (isinstance(tok, HFTokenizer) and tok.cuts_as_tiktoken):
                 texts = _bpe_safe_pieces(texts)
             elif isinstance(tok, HFTokenizer):  # cut points unknown (SentencePiece adds a space to each piece): whole
                 texts = _bpe_safe_pieces(texts, safe_cut=_past_whole_chars)

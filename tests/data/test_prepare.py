@@ -330,12 +330,12 @@ def test_a_byte_level_tokenizer_json_cuts_where_its_regex_never_merges(tmp_path,
         )
     (tmp_path / "tokenizer.json").write_text(backend.to_str())
     tok = HFTokenizer(backend.to_str())
-    assert tok.cuts_like_gpt2 and tok.frame == ([1] if family == "llama3" else [], [])
+    assert tok.cuts_as_tiktoken and tok.frame == ([1] if family == "llama3" else [], [])
     src = write(tmp_path / "t.txt", TEXT * 3)
     ids = np.concatenate(all_tokens(prepare_data(str(src), str(tmp_path / "tokenizer.json"), data_root=tmp_path)))
     assert ids.tolist() == tok.encode(src.read_text()) + [0]  # <|endoftext|> after it
     backend.pre_tokenizer = t.pre_tokenizers.ByteLevel(add_prefix_space=True)  # a space before every piece: whole
-    assert not HFTokenizer(backend.to_str()).cuts_like_gpt2
+    assert not HFTokenizer(backend.to_str()).cuts_as_tiktoken
 
 
 def test_token_dtype_and_uint32(tmp_path):
