@@ -369,13 +369,12 @@ def _set_specials(vocab: GGUFVocab, tokenizer: Tokenizer, base: Tokenizer, confi
     others = sorted(i for i in tokenizer.stop_ids if i not in (vocab.eos, vocab.end_of_turn) and i < len(vocab.tokens))
     vocab.end_of_message = others[0] if others else None
     if isinstance(base, HFTokenizer):  # the post-processor's BOS/EOS, as minigpt's encode adds them
-        plain = base.backend.encode("a", add_special_tokens=False).ids
-        full = base.backend.encode("a").ids
-        vocab.add_bos = len(full) > len(plain) and full[0] == base.bos_id
-        vocab.add_eos = len(full) > len(plain) and full[-1] == base.eos_id
-        if len(full) - len(plain) != vocab.add_bos + vocab.add_eos:
+        start, end = base.frame
+        vocab.add_bos, vocab.add_eos = start[:1] == [base.bos_id], end[-1:] == [base.eos_id]
+        if len(start) + len(end) != vocab.add_bos + vocab.add_eos:
             raise UserError(
-                f"the tokenizer adds tokens around each text ({full} for 'a') that are not its BOS/EOS; {REFUSED}"
+                f"the tokenizer adds tokens around each text ({start} before, {end} after) that are not its "
+                f"BOS/EOS; {REFUSED}"
             )
 
 
