@@ -207,7 +207,7 @@ class MiniGPTLM(TemplateLM):
                 if until and any(u in self.tok_decode(new) for u in until):
                     raise _Stopped
 
-            eot = self.tok.eot_id
+            stops = self.tok.stop_ids  # end-of-text and every end a folder lists, as HFLM's generate stops at each
             try:
                 generate(
                     self.model,
@@ -216,15 +216,16 @@ class MiniGPTLM(TemplateLM):
                     temperature=float(kwargs.get("temperature") or 1.0) if sample else 0.0,
                     top_k=kwargs.get("top_k"),
                     top_p=kwargs.get("top_p"),
-                    stop_token=eot,
+                    stop_token=stops,
                     on_token=stop_at_until,
                     vocab_size=min(self.tok.vocab_size, self.model.config.vocab_size),
                 )
             except _Stopped:
                 pass
-            if new and new[-1] == eot:
+            if new and new[-1] in stops:
                 new.pop()
-            text = self.tok_decode(new)
+            hf = isinstance(self.tok, HFTokenizer)  # HFLM's text leaves out special tokens (<|user|>, <s>)
+            text = self.tok.backend.decode(new, skip_special_tokens=True) if hf else self.tok_decode(new)
             for u in until:
                 text = text.split(u)[0]
             self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)

@@ -158,3 +158,35 @@ def test_a_template_writing_markers_the_tokenizer_lacks_is_refused_when_loaded(t
     written = re.escape("writes '<|im_start|>', '<|im_end|>', which its tokenizer lacks")
     with pytest.raises(CheckpointError, match=written):
         load_chat_model(folder)
+
+
+@pytest.mark.parametrize("end", ["<|assistant|>", "<|end|>"])
+def test_eval_tasks_generation_ends_at_any_end_the_folder_lists_as_hflm_does(tmp_path, end):
+    """MiniGPTLM.generate_until stopped only at the tokenizer's EOS (<|endoftext|>): on a Phi-3 folder it wrote on
+    past <|end|> and <|assistant|>, where HFLM (transformers' generate, the folder's generation_config) stops."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+
+    from minigpt.evaluation.harness import MiniGPTLM
+    from minigpt.loading import load_model
+
+    folder, ids = phi3_instruct_folder(tmp_path)
+    model, tokenizer = load_model(folder)
+    model.lm_head = Always(model.config.n_embd, model.config.vocab_size, ids[end])
+    request = Instance("generate_until", {}, ("hello", {"until": [], "max_gen_toks": 4}), 0)
+    assert MiniGPTLM(model, tokenizer).generate_until([request]) == [""]  # it was end * 4
+
+
+def test_eval_tasks_generated_text_leaves_out_special_tokens_as_hflm_does(tmp_path):
+    """A generated <|user|> (special, not an end) stayed in MiniGPTLM's text, which HFLM decodes without it."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+
+    from minigpt.evaluation.harness import MiniGPTLM
+    from minigpt.loading import load_model
+
+    folder, _ = phi3_instruct_folder(tmp_path)
+    model, tokenizer = load_model(folder)
+    model.lm_head = Always(model.config.n_embd, model.config.vocab_size, tokenizer.encode("<|user|>")[-1])
+    request = Instance("generate_until", {}, ("hello", {"until": [], "max_gen_toks": 3}), 0)
+    assert MiniGPTLM(model, tokenizer).generate_until([request]) == [""]  # it was "<|user|>" * 3
