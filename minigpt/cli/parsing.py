@@ -82,6 +82,20 @@ def misplaced_setting(
     return None
 
 
+def as_given(config: Any, parser: Any) -> Any:
+    """train.py's --print_config of a fine-tune (init_from): the config without the model settings and data.tokenizer
+    that its source fills and the user did not set (not in the parser's file_keys, from the --config files, or its
+    flag_keys), so that the printed file, fed back as --config, is the same run rather than one that sets them."""
+    if "init_from" not in config or not config["init_from"]:
+        return config
+    given = getattr(parser, "file_keys", set()) | getattr(parser, "flag_keys", set())
+    config = config.clone()
+    for key in [f"model.{k}" for k in config["model"].keys()] + ["data.tokenizer"]:
+        if key not in given and key in config:
+            del config[key]
+    return config
+
+
 def invoked_as(prog: str | None) -> str | None:
     """A command's name as the user ran it, for its usage line and errors: `minigpt train` through the console
     script (minigpt.cli.main; also `python3 -m minigpt`, `minigpt help train`), else as given (`train.py`)."""
@@ -114,6 +128,9 @@ class OneLineErrors:
         if message.startswith(unknown) and (near := self.nearest_key(message.removeprefix(unknown))):
             message += f"; did you mean --{near}?"
         fail(f"{message} (see `{self.prog} --help`)")
+
+    def dump(self, cfg: Any, *args: Any, **kwargs: Any) -> str:  # type: ignore[override]
+        return super().dump(as_given(cfg, self) if hasattr(self, "print_config") else cfg, *args, **kwargs)
 
     def nearest_key(self, flags: str) -> str | None:
         """The setting the first unknown flag likely meant: the one it names without its section

@@ -167,6 +167,26 @@ def test_model_keys_from_a_config_file_count_as_set(finetune_args, source_run, o
     assert trainer.lightning_module.config.block_size == 16
 
 
+def test_print_config_of_a_finetune_fed_back_is_the_same_run(
+    finetune_args, source_run, other_corpus, data_root, tmp_path, capsys
+):
+    """--print_config of a fine-tune leaves out the model settings and data.tokenizer the source fills (those the
+    user did not set): fed back as --config it trains the same run, not one refused for the defaults it printed."""
+    args = finetune_args(other_corpus, data_root, tmp_path / "ft", source_run, steps=2, model__dropout=0.1)
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--print_config"])
+    assert exit_info.value.code == 0
+    printed = capsys.readouterr().out
+    assert "tokenizer:" not in printed and "n_layer" not in printed and "  dropout: 0.1" in printed
+    (tmp_path / "printed.yaml").write_text(printed)
+    main(["--config", str(tmp_path / "printed.yaml"), "--out_dir", str(tmp_path / "again")])
+    main(args)
+    state, again = (
+        model_state_dict(read_checkpoint(tmp_path / d / "checkpoints" / "last.ckpt")) for d in ("ft", "again")
+    )
+    assert state.keys() == again.keys() and all(torch.equal(state[k], again[k]) for k in state)
+
+
 def test_a_character_the_source_lacks_is_one_line(finetune_args, source_run, data_root, tmp_path, capsys):
     text = tmp_path / "new.txt"
     text.write_text("the quick brown fox says Zzz!\n" * 200)
