@@ -171,6 +171,12 @@ class RunConfigFile(SaveConfigCallback):
         pass  # not yet: see on_train_start
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # the launch's one-off switches are not the run's settings: the record, fed back as --config, starts a new
+        # run (resume: true was refused there) and never sets an existing run aside (overwrite: true)
+        self.config = self.config.clone()
+        for switch in ("resume", "overwrite"):
+            if switch in self.config:
+                self.config[switch] = False
         super().setup(trainer, pl_module, "fit")
 
 

@@ -291,6 +291,23 @@ def test_existing_run_is_not_overwritten_by_accident(tiny_run_args, corpus, data
     assert sorted(Path(data_root).iterdir()) == prepared
 
 
+def test_a_resumed_or_overwriting_runs_config_yaml_starts_a_new_run_when_fed_back(
+    tiny_run_args, corpus, data_root, tmp_path
+):
+    """config.yaml recorded the launch's one-off switches: fed back, `resume: true` was refused in a new out_dir, and
+    `overwrite: true` would set the run itself aside when its out_dir was kept."""
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=2))
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=3) + ["--resume", "true"])
+    main(tiny_run_args(corpus, data_root, tmp_path / "over", steps=3))
+    main(tiny_run_args(corpus, data_root, tmp_path / "over", steps=3) + ["--overwrite", "true"])
+    for run in ("run", "over"):
+        recorded = (tmp_path / run / "config.yaml").read_text()
+        assert "resume: false" in recorded and "overwrite: false" in recorded
+        main(["--config", str(tmp_path / run / "config.yaml"), "--out_dir", str(tmp_path / f"{run}_again")])
+        with pytest.raises(UserError, match="already holds a run"):  # its own out_dir: refused, not set aside
+            main(["--config", str(tmp_path / run / "config.yaml")])
+
+
 def test_resume_with_another_model_shape_is_refused(tiny_run_args, corpus, data_root, tmp_path):
     main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))
     with pytest.raises(UserError, match=r"was trained with n_embd=32 \(this run's config gives 64\)"):
