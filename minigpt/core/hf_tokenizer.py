@@ -189,6 +189,9 @@ class HFTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=False)
 
+    def decode_text(self, ids: Sequence[int]) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=True)
+
     def token(self, i: int | None) -> str | None:
         return None if i is None else self.backend.id_to_token(i)
 

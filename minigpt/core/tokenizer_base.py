@@ -37,6 +37,11 @@ class Tokenizer(ABC):
         <s>); a chat tokenizer's encode leaves it out, as its template writes its own."""
         return self.encode(text)
 
+    def decode_text(self, ids: Sequence[int]) -> str:
+        """The text the ids stand for, without the tokens that stand for none (end-of-text; a Hugging Face
+        tokenizer's special tokens), as transformers' decode(..., skip_special_tokens=True) gives it."""
+        return self.decode([i for i in ids if i != self.eot_id])
+
     @property
     def stop_ids(self) -> frozenset[int]:
         """The ids that end a generation: end-of-text (a chat's end of turn) and the source's other ends (a Hugging

@@ -224,8 +224,7 @@ class MiniGPTLM(TemplateLM):
                 pass
             if new and new[-1] in stops:
                 new.pop()
-            hf = isinstance(self.tok, HFTokenizer)  # HFLM's text leaves out special tokens (<|user|>, <s>)
-            text = self.tok.backend.decode(new, skip_special_tokens=True) if hf else self.tok_decode(new)
+            text = self.tok.decode_text(new)  # HFLM's text leaves out special tokens (<|user|>, <s>)
             for u in until:
                 text = text.split(u)[0]
             self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)

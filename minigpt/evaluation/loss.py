@@ -14,7 +14,6 @@ import torch.nn.functional as F
 
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UnknownCharactersError, UserError
-from minigpt.core.hf_tokenizer import HFTokenizer
 from minigpt.core.model import GPT
 from minigpt.core.tokenizer_base import Tokenizer
 from minigpt.core.tokenizers import ByteTokenizer
@@ -111,14 +110,7 @@ def bits_per_char_and_byte(nats: float, tokenizer: Tokenizer, ids: Sequence[int]
     not counted; end-of-text tokens are predicted but stand for no text, nor do a tokenizer.json's other special
     tokens (the start token its post-processor puts before each document: `<s>`, `<|begin_of_text|>`)."""
     ids = [int(i) for i in ids]
-
-    def decode(some: list[int]) -> str:
-        if isinstance(tokenizer, HFTokenizer):
-            return tokenizer.backend.decode(some, skip_special_tokens=True)
-        return tokenizer.decode([i for i in some if i != tokenizer.eot_id])
-
-    text = decode(ids)
-    first = decode(ids[:1])
+    text, first = tokenizer.decode_text(ids), tokenizer.decode_text(ids[:1])
     if not text.startswith(first):  # a byte-level first token that is part of a character: at least one byte
         first_chars, first_bytes = 0, 1
     else:
