@@ -344,9 +344,11 @@ class MiniGPTCLI(LightningCLI):
         if trainer_config.get("precision") == "auto" or reason.startswith("note:"):
             rank_zero_info(reason)
         try:
-            return super().instantiate_trainer(**kwargs)
+            trainer = super().instantiate_trainer(**kwargs)
         except (MisconfigurationException, ValueError) as e:  # Lightning's words for a setting that cannot work
             raise UserError(f"trainer: {first_line(e, 300)}") from None
+        self.model.config.check_device(trainer.strategy.root_device.type)
+        return trainer
 
 
 def parse(argv: list[str] | None = None) -> MiniGPTCLI:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from minigpt.core.config import RUNTIME_FIELDS, GPTConfig
+from minigpt.core.config import CUDA_SDPA_BACKENDS, RUNTIME_FIELDS, GPTConfig
 from minigpt.core.errors import CheckpointError, UserError, first_line, shown_chars
 from minigpt.core.fsutil import atomic_write
 from minigpt.core.limits import check_config_size, state_shapes
@@ -253,7 +253,9 @@ def checkpoint_model(
 ) -> tuple[GPT, Tokenizer]:
     """load_checkpoint for a checkpoint already read: `build(ckpt, **config_overrides)` makes its model (a LoRA
     run's is its base with the adapters merged: minigpt.loading)."""
-    overrides = {"attention": attention} if attention is not None else {}
+    overrides: dict[str, Any] = {"attention": attention} if attention is not None else {}
+    if torch.device(device).type != "cuda" and ckpt[SECTION]["model_config"].get("sdpa_backend") in CUDA_SDPA_BACKENDS:
+        overrides["sdpa_backend"] = None  # trained on a GPU's kernel: here torch picks (same function)
     try:
         tokenizer = checkpoint_tokenizer(ckpt)
         model = build(ckpt, **overrides)

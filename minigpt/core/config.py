@@ -23,6 +23,7 @@ SdpaBackend = Literal["flash", "efficient", "math", "cudnn"]
 Family = Literal["gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3"]
 LayerType = Literal["full_attention", "sliding_attention"]
 ARCHS, ATTENTIONS, MLPS, SDPA_BACKENDS = (get_args(t) for t in (Arch, Attention, Mlp, SdpaBackend))
+CUDA_SDPA_BACKENDS = ("efficient", "cudnn")  # kernels only a GPU has (a CPU has flash and math)
 GATED_MLPS = ("swiglu", "geglu")  # c_fc holds the gate's rows, then up's: act(gate) * up
 # RoPE scalings minigpt computes (Hugging Face's rope_type names) and the keys each needs
 ROPE_SCALINGS = {
@@ -122,7 +123,8 @@ class GPTConfig:
     llama for arch llama."""
     sdpa_backend: SdpaBackend | None = None
     """Restrict SDPA to one kernel: flash, efficient, math or cudnn; unset = torch picks.  efficient and cudnn are
-    CUDA kernels (a CPU has flash and math), and flash takes no mask (a KV cache's later steps need one)."""
+    CUDA kernels (a CPU has flash and math: training there refuses them, a checkpoint loaded there lets torch pick),
+    and flash takes no mask (a KV cache's later steps need one)."""
     activation_checkpointing: bool = False
     """Training only: keep each block's input, not its activations, and recompute them in the backward pass (less
     memory for about one more forward pass of compute)."""
@@ -260,6 +262,14 @@ class GPTConfig:
                 "sdpa_backend",
                 "flash takes no attention mask, and a sliding window needs one",
                 "leave it unset, or choose efficient on a GPU",
+            )
+
+    def check_device(self, device_type: str) -> None:
+        """Raise ConfigError where this config cannot train on a device of this type (a GPU's kernel on a CPU)."""
+        if self.sdpa_backend in CUDA_SDPA_BACKENDS and device_type != "cuda":
+            raise ConfigError(
+                f"model.sdpa_backend: {self.sdpa_backend} is a CUDA kernel and this run is on {device_type}; "
+                "choose flash or math there, or leave it unset (torch picks)"
             )
 
     def layer_window(self, layer: int) -> int | None:

@@ -142,6 +142,14 @@ CASES: list[Case] = [
     ),
     train("unknown attention", "--model.attention", "flash3", expect=["model.attention", "sdpa, manual, einops"]),
     train(
+        "a GPU's attention kernel on a CPU",
+        "--model.sdpa_backend",
+        "cudnn",
+        "--trainer.accelerator",
+        "cpu",
+        expect=["model.sdpa_backend: cudnn is a CUDA kernel and this run is on cpu", "flash or math"],
+    ),
+    train(
         "unknown compile mode",
         "--compile_mode",
         "fast",

@@ -22,6 +22,7 @@ from minigpt.core.checkpoint import (
     save_file,
 )
 from minigpt.core.errors import CheckpointError
+from minigpt.core.generation import generate
 from minigpt.core.tokenizers import CharTokenizer
 from support import count_model_builds
 
@@ -71,6 +72,20 @@ def test_model_checkpoint_round_trip(tmp_path):
     weights = model_state_dict(read_checkpoint(tmp_path / "m.ckpt"))
     assert weights.keys() == model.state_dict().keys()
     assert not list(tmp_path.glob(".*tmp*")), "no temporary file left behind"
+
+
+@pytest.mark.parametrize("kernel", ["efficient", "cudnn"])
+def test_a_run_trained_on_a_gpus_attention_kernel_samples_on_a_cpu(tmp_path, kernel):
+    """sdpa_backend efficient/cudnn (GPU kernels) kept in the checkpoint: on a CPU torch picks, same outputs."""
+    model, tok = tiny_model(), CharTokenizer("abcde")
+    model.config.sdpa_backend = kernel
+    save_file(model_checkpoint(model, tok), tmp_path / "m.ckpt")
+    loaded, _ = load_model(tmp_path / "m.ckpt")
+    idx = torch.tensor([[0, 1, 2, 3]])
+    assert loaded.config.sdpa_backend is None
+    assert torch.equal(
+        generate(loaded, idx, 4, temperature=0.0), generate(tiny_model().eval(), idx, 4, temperature=0.0)
+    )
 
 
 def test_a_load_builds_the_model_once_on_the_meta_device(tmp_path, monkeypatch):
