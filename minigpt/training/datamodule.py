@@ -30,6 +30,7 @@ from minigpt.training.rollouts import FixedPrompts, RandomPrompts, load_prompt_d
 from minigpt.training.sft import FixedConversations, RandomConversations, load_chat_data
 
 VAL_STREAM = 1 << 20  # keeps validation generators apart from training ones
+ROWS = {"chat": "conversation(s)", "preference": "pair(s)", "prompts": "prompt(s)"}  # a split's rows, by format
 
 
 class RandomWindows(Dataset):
@@ -229,6 +230,13 @@ class TokenDataModule(L.LightningDataModule):
             raise ConfigError(
                 f"data.val_batches: {self.hparams.val_batches} validation batch(es) cannot be shared "
                 f"by {world} devices (each needs one); set data.val_batches to at least {world}"
+            )
+        if (batches := self.val_batches_run()[1]) < world:  # a split of few conversations, pairs or prompts
+            rows, size = len(self._load().val), self.val_batch_size
+            fix = f"data.val_batch_size {rows // world} or less, or a larger" if rows >= world else "a larger"
+            raise ConfigError(
+                f"the validation split's {rows} {ROWS[self.hparams.format]} make {batches} batch(es) of "
+                f"{size}, fewer than the {world} devices (each needs one); set {fix} data.val_fraction"
             )
 
     @property

@@ -366,7 +366,7 @@ class DPOLightningModule(GPTLightningModule):
         if not self._val_losses:
             return
         self.log("val_loss", self.mean_over_ranks(torch.stack(self._val_losses)), prog_bar=True, sync_dist=True)
-        for name, value in self.pop_metrics().items():
+        for name, value in self.pop_metrics(over_ranks=True).items():  # each batch weighs alike, as in val_loss
             self.log(f"val_{name}", value, sync_dist=True)
         self._val_losses.clear()
 

@@ -224,8 +224,10 @@ class GRPOLightningModule(GPTLightningModule):
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         _, ids = batch
         prompts = self._prompts(ids, "val")
-        # seeded by the batch (validation's batches are fixed): every validation samples alike
-        generator = seeded(self.device, self.trainer.datamodule.hparams.seed, VAL_STREAM, batch_idx)
+        # seeded by the batch (validation's batches are fixed): every validation samples alike, on any number of
+        # devices (rank r's batch_idx i is the split's batch i * world + r: TokenDataModule.val_dataloader)
+        batch = batch_idx * self.trainer.world_size + self.global_rank
+        generator = seeded(self.device, self.trainer.datamodule.hparams.seed, VAL_STREAM, batch)
         _, texts = self.rollout(prompts, generator)
         correct = self.rewards(prompts, texts, exact_match).view(len(prompts), -1)  # (B, G)
         rewards = self.rewards(prompts, texts).view(len(prompts), -1)

@@ -98,10 +98,12 @@ class GPTLightningModule(L.LightningModule):
         _, loss = self.model(*split_batch(batch))  # batch: (B, T + 1) windows (chat rows: ~id = not a target)
         return loss
 
-    def pop_metrics(self) -> dict[str, torch.Tensor]:
-        """The mean of each of batch_loss's metrics over the batches since the last call."""
+    def pop_metrics(self, over_ranks: bool = False) -> dict[str, torch.Tensor]:
+        """The mean of each of batch_loss's metrics over the batches since the last call (over_ranks: and every
+        other rank's, each batch weighing alike: validation's, whose ranks may run unequal numbers of batches)."""
         batches, self._batch_metrics = self._batch_metrics, []
-        return {k: torch.stack([m[k] for m in batches]).mean() for k in (batches[0] if batches else {})}
+        mean = self.mean_over_ranks if over_ranks else torch.mean
+        return {k: mean(torch.stack([m[k] for m in batches])) for k in (batches[0] if batches else {})}
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss = self.batch_loss(batch, "train")
@@ -190,8 +192,8 @@ class GPTLightningModule(L.LightningModule):
             if "grad_norm" not in logs:  # a stop off the grid: clipping's measure, or the gradients as they are
                 logs["grad_norm"] = self._clip_norm if self._clip_norm is not None else self._total_grad_norm()
             self.log("train_loss", logs.pop("train_loss"), prog_bar=True, sync_dist=True)  # every rank's batches
-            for name, value in logs.items():  # grad_norm, and batch_loss's metrics under their own names
-                self.log(name, value)
+            for name, value in logs.items():  # grad_norm (every rank's is the same), and batch_loss's metrics under
+                self.log(name, value, sync_dist=name != "grad_norm")  # their own names, over every rank's batches
 
     def _total_grad_norm(self) -> torch.Tensor:
         norms = grad_norm(self.model, norm_type=2)  # per parameter, and their total

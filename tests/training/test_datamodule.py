@@ -89,3 +89,33 @@ def test_an_epoch_is_one_pass_over_the_tokens_whatever_the_ranks(corpus, data_ro
     steps = len(one.train_dataloader())
     assert steps >= 2 * world_size  # the corpus is big enough for the count to say something
     assert len(several.train_dataloader()) == steps // world_size
+
+
+def test_a_validation_split_of_fewer_batches_than_devices_is_one_line(tmp_path, data_root):
+    """A chat, pair or prompt split whose rows make fewer validation batches than devices left a rank without one:
+    two ranks' tracebacks from Lightning ("DataLoader within local rank has zero length"). One line instead."""
+    import json
+    import types
+
+    from minigpt.core.errors import ConfigError
+
+    rows = [
+        {"messages": [{"role": "user", "content": f"{a}?"}, {"role": "assistant", "content": str(a)}]}
+        for a in range(20)
+    ]
+    (tmp_path / "chats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = TokenDataModule(
+        str(tmp_path / "chats.jsonl"), data_root=str(data_root), format="chat", val_fraction=0.1, batch_size=4
+    )
+    data.trainer = types.SimpleNamespace(global_rank=0, world_size=1)
+    data.setup("fit")  # one process: its one batch of 2 conversations validates
+    data.trainer = types.SimpleNamespace(global_rank=0, world_size=2)
+    with pytest.raises(ConfigError) as refused:
+        data.setup("fit")
+    assert str(refused.value) == (
+        "the validation split's 2 conversation(s) make 1 batch(es) of 4, fewer than the 2 devices (each needs one); "
+        "set data.val_batch_size 1 or less, or a larger data.val_fraction"
+    )
+    data.hparams.val_batch_size = 1  # as the line says: every device gets a batch
+    data.setup("fit")
+    assert list(data.val_dataloader().sampler) == [0]
