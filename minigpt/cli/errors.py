@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import NoReturn
 
-from minigpt.core.errors import UserError, first_line
+from minigpt.core.errors import ConfigError, UserError, first_line
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -34,6 +34,8 @@ def run_cli(main: Callable[[], object]) -> None:
     except KeyboardInterrupt:
         fail("interrupted", code=130)
     except UserError as e:
+        if isinstance(e, ConfigError) and os.environ.get("LOCAL_RANK", "0") != "0":
+            raise SystemExit(2) from None  # a setting every rank refuses alike: the first rank's line says it
         fail(first_line(e, limit=2000))
     except BrokenPipeError:  # the reader went away (`sample.py ... | head`): stop as a tool killed by SIGPIPE does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush has nowhere to fail

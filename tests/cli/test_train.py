@@ -396,6 +396,23 @@ def test_two_process_ddp_on_cpu_trains(tiny_run_args, corpus, tmp_path):
     assert scalars(tmp_path / "run")["val_loss"][-1] == pytest.approx(torch.stack(losses).mean().item(), abs=1e-5)
 
 
+@pytest.mark.slow
+def test_a_setting_every_ddp_rank_refuses_is_one_line(tiny_run_args, corpus, tmp_path):
+    """Each rank runs train.py: a setting both refuse alike was printed once per rank."""
+    args = tiny_run_args(corpus, tmp_path / "data", tmp_path / "run", steps=2, data__val_batches=1)
+    ddp = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    result = subprocess.run(
+        [sys.executable, "train.py", *args, *ddp], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: data.val_batches: 1 validation batch(es) cannot be shared by 2 devices (each needs one); "
+        "set data.val_batches to at least 2"
+    ]
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize("config", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
 def test_every_shipped_config_parses_and_builds_its_model(config, capsys):
     """Parse each shipped config through train.py, then build its model and optimizer from the parsed
