@@ -71,7 +71,16 @@ def model_checkpoint(model: GPT, tokenizer: Tokenizer, global_step: int = 0) -> 
 
 def save_file(checkpoint: dict[str, Any], path: str | Path) -> None:
     """torch.save, atomically: a kill at any moment leaves the old file or the new one, never half of one."""
-    atomic_write(path, lambda f: torch.save(checkpoint, f))
+
+    def write(f: Any) -> None:
+        try:
+            torch.save(checkpoint, f)
+        except RuntimeError as e:  # a failed write (full disk) makes torch's zip writer fail again as it closes:
+            if isinstance(e.__context__, OSError):  # that RuntimeError hides the OSError that says why
+                raise e.__context__ from None
+            raise
+
+    atomic_write(path, write)
 
 
 # --------------------------------------------------------------------------------------------------- reading

@@ -79,7 +79,8 @@ def check_archive(path: Path) -> str | None:
     is no zip archive (torch's legacy format, or damage); compressed records (a few MB that inflate to GBs); records
     adding up to more than the file; a pickle that calls a global allocating from a number (bytearray(8e9),
     torch.FloatTensor(8e9)), asks a storage for other than the bytes its record holds, or rebuilds a tensor other
-    than a dense one with storage; and, as torch.load(weights_only=True) would, a global it does not allow."""
+    than a dense one with storage; and, as torch.load(weights_only=True) would, a global it does not allow.  A
+    record whose bytes do not match its CRC-32 (damage) raises zipfile.BadZipFile."""
     with open(path, "rb") as f:
         if f.read(4) != b"PK\x03\x04":
             return "it is not a zip archive as torch.save writes it (a legacy-format or damaged file)"
@@ -98,8 +99,22 @@ def check_archive(path: Path) -> str | None:
         if unsafe := torch.serialization.get_unsafe_globals_in_checkpoint(path):  # a static scan: runs nothing
             return f"it holds objects other than tensors and plain data (GLOBAL {unsafe[0][:100]})"
         calls, storages = _dry_run(archive.read(pickles[0]))
-    sizes = {name[len(prefix) :]: r.file_size for name, r in records.items() if name.startswith(prefix)}
-    return _call_problem(calls) or _storage_problem(storages, sizes)
+        sizes = {name[len(prefix) :]: r.file_size for name, r in records.items() if name.startswith(prefix)}
+        if problem := _call_problem(calls) or _storage_problem(storages, sizes):
+            return problem
+        check_crcs(archive)
+    return None
+
+
+def check_crcs(archive: zipfile.ZipFile) -> None:
+    """Read every record to its end, which checks its CRC-32 (zipfile raises BadZipFile on a mismatch): torch.load
+    never does, so flipped bytes in a tensor would load as other weights.  Records written without one (torch.save
+    with serialization.config.save.compute_crc32 off stores 0) are not checked."""
+    for record in archive.infolist():
+        if record.CRC != 0:
+            with archive.open(record) as f:
+                while f.read(1 << 24):
+                    pass
 
 
 def _dry_run(data: bytes) -> tuple[list[tuple[str, tuple]], list[Any]]:

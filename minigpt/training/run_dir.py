@@ -23,7 +23,7 @@ from lightning.pytorch import Trainer
 
 from minigpt.core.checkpoint import SECTION, check_resumable
 from minigpt.core.errors import UserError
-from minigpt.core.fsutil import make_writable_dir, pid_alive, temp_sibling
+from minigpt.core.fsutil import make_writable_dir, pid_alive, remove_stale, temp_sibling
 from minigpt.training.datamodule import resume_data_notes
 from minigpt.training.optim import check_optim_resumable
 from minigpt.training.sft import check_chat_resumable
@@ -183,7 +183,8 @@ def replacing(out_dir: Path, enabled: bool) -> Iterator[None]:
 
 def recover(out_dir: Path) -> None:
     """Files an --overwrite run set aside and never took back, because it was killed: put them back where the run
-    that replaced them left no checkpoint, else drop them (the new run had checkpointed: they were replaced)."""
+    that replaced them left no checkpoint, else drop them (the new run had checkpointed: they were replaced).  Then
+    the temporary files of killed writes (a checkpoint cut short by a kill) go."""
     for aside in out_dir.glob(".checkpoints.old-*"):
         m = ASIDE.match(aside.name)
         if m is None or pid_alive(int(m.group(1))):
@@ -198,13 +199,16 @@ def recover(out_dir: Path) -> None:
                 file=sys.stderr,
             )
         shutil.rmtree(aside, ignore_errors=True)
+    for folder in (out_dir, out_dir / "checkpoints"):  # a killed save's half-written .last.ckpt.tmp-PID, and such
+        remove_stale(folder)
 
 
 @contextlib.contextmanager
 def stop_on_signals(trainer: Trainer) -> Iterator[list[str]]:
-    """Ctrl-C (SIGINT) ends training after the current step, like SIGTERM (which Lightning handles), so the
-    checkpoint saved then is a whole one; a second Ctrl-C stops at once (a KeyboardInterrupt, which Lightning turns
-    into SystemExit(1) after tearing the run down).  Yields the list of signals received."""
+    """Ctrl-C (SIGINT) ends training after the current step, like SIGTERM (which Lightning handles while it trains,
+    and this before and after), so the checkpoint saved then is a whole one; a second Ctrl-C stops at once (a
+    KeyboardInterrupt, which Lightning turns into SystemExit(1) after tearing the run down).  Yields the list of
+    signals received."""
     received: list[str] = []
     if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
         yield received
@@ -222,8 +226,41 @@ def stop_on_signals(trainer: Trainer) -> Iterator[list[str]]:
                 flush=True,
             )
 
+    def on_sigterm(signum: int, frame: Any) -> None:
+        # Lightning's own handler (which calls this one too) is set only once the run is set up, and taken away when
+        # fit returns: a SIGTERM while the step compiles, a --resume restores or the final state is saved would
+        # otherwise kill the process, unsaid and with its lock files left; it stops the run as Lightning's does
+        if signal.getsignal(signal.SIGTERM) is not on_sigterm:
+            return
+        if "SIGTERM" not in received:
+            received.append("SIGTERM")
+        trainer.should_stop = True
+        if (launcher := trainer.strategy.launcher) is not None:  # DDP workers it started stop too, as Lightning's
+            launcher.kill(signum)
+
     previous = signal.signal(signal.SIGINT, on_sigint)
+    previous_term = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield received
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term)
+
+
+@contextlib.contextmanager
+def sigterm_ends_evaluation() -> Iterator[None]:
+    """A SIGTERM (a scheduler's) while the finished run's full split is evaluated: one line and exit 143, the run's
+    lock files removed on the way out; by default it killed the process unsaid and left them."""
+
+    def stop(signum: int, frame: Any) -> None:
+        print("error: stopped by SIGTERM during the full validation; the run's checkpoints are saved", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

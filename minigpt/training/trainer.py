@@ -38,6 +38,7 @@ from minigpt.training.callbacks import (
     TrainingThroughput,
 )
 from minigpt.training.objectives import checkpoint_split_loss, full_split_loss, split_report
+from minigpt.training.run_dir import sigterm_ends_evaluation
 
 PROGRESS_REFRESH = 10
 
@@ -382,6 +383,11 @@ def full_split_end(trainer: Trainer, module: L.LightningModule, data: Any, last:
         if trainer.is_global_zero:
             print(f"full val loss: not computed under {trainer.world_size} processes (it runs in one process)")
         return
+    with sigterm_ends_evaluation():
+        _full_split_end(trainer, module, data, last)
+
+
+def _full_split_end(trainer: Trainer, module: L.LightningModule, data: Any, last: Path) -> None:
     start = time.perf_counter()
     # on the training device: Lightning's teardown has moved the model to the CPU (on an H200 the full split took
     # 5.8 s there)

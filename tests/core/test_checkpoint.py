@@ -210,3 +210,18 @@ def test_a_checkpoint_with_a_sparse_tensor_or_a_lying_storage_is_refused(tmp_pat
         CheckpointError, match="asks for 4000000000 bytes of torch.float32 from the record data/0, which holds 64 bytes"
     ):
         load_model(tmp_path / "lying.ckpt")
+
+
+def test_a_checkpoint_with_flipped_bytes_in_a_tensor_is_refused_by_its_crc(tmp_path):
+    """torch.load never checks the CRC-32 of the zip records: a flipped byte in a weight loaded as another weight."""
+    path = tmp_path / "flipped.ckpt"
+    save_file(model_checkpoint(tiny_model(), CharTokenizer("abcde")), path)
+    with zipfile.ZipFile(path) as archive:
+        record = max(archive.infolist(), key=lambda r: r.file_size)  # a tensor's
+    data = bytearray(path.read_bytes())
+    at = record.header_offset + 30 + len(record.filename) + len(record.extra) + record.file_size // 2
+    data[at] ^= 0xFF  # inside the record's data (past its local header)
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=f"cannot read {path}: it is truncated or damaged .*Bad CRC-32") as e:
+        load_model(path)
+    assert "\n" not in str(e.value)

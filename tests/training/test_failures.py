@@ -452,3 +452,108 @@ def test_a_full_disk_while_saving_a_checkpoint_is_one_line_and_keeps_the_previou
     ckpts = tmp_path / "run" / "checkpoints"
     assert read_checkpoint(ckpts / "last.ckpt")["global_step"] == 10
     assert sorted(p.name for p in ckpts.iterdir() if "tmp" in p.name) == []  # no half-written file left behind
+
+
+def test_a_full_disk_inside_torch_save_is_one_line_not_torchs_runtime_error(tmp_path, monkeypatch):
+    """A full disk as torch.save meets it: its zip writer, closing after the failed write, raises a RuntimeError
+    ("unexpected pos ...") that hides the OSError; the save is the one CheckpointError line all the same."""
+    import errno
+
+    from minigpt.core import fsutil
+    from minigpt.core.errors import CheckpointError
+    from minigpt.training.checkpoint_io import SafeCheckpointIO
+
+    path = tmp_path / "last.ckpt"
+    path.write_bytes(b"the previous checkpoint")
+
+    class FullDisk:  # a file that takes 1000 bytes, then the disk is full
+        def __init__(self, f):
+            self.f, self.written = f, 0
+
+        def write(self, b):
+            if self.written + len(b) > 1000:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self.written += len(b)
+            return self.f.write(b)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(fsutil, "open", lambda *a, **k: FullDisk(open(*a, **k)), raising=False)
+    with pytest.raises(CheckpointError, match="cannot write checkpoint .*No space left on device.*previous checkpoint"):
+        SafeCheckpointIO().save_checkpoint({"w": torch.zeros(10000)}, path)
+    assert path.read_bytes() == b"the previous checkpoint"
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left
+
+
+def test_a_killed_saves_temporary_checkpoint_is_removed_by_the_next_run(tiny_run_args, corpus, data_root, tmp_path):
+    """A SIGKILL while last.ckpt is written leaves .last.ckpt.tmp-PID (up to a checkpoint's size): the next
+    train.py on the run directory removes it, as prepared data's leftovers are."""
+    run = tmp_path / "run"
+    main(tiny_run_args(corpus, data_root, run, steps=5))
+    killed = subprocess.Popen([sys.executable, "-c", "pass"])  # a process id that is no longer alive
+    killed.wait()
+    stale = run / "checkpoints" / f".last.ckpt.tmp-{killed.pid}"
+    stale.write_bytes(b"half a checkpoint")
+    main(tiny_run_args(corpus, data_root, run, steps=8) + ["--resume", "true"])
+    assert not stale.exists()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]
+
+
+def test_sigterm_before_lightning_handles_it_stops_the_run_in_one_line(tiny_run_args, corpus, tmp_path):
+    """Lightning handles SIGTERM only once the run is set up: one while the step compiles (on_fit_start) killed
+    the process with no line and left the lock files; it stops the run as a SIGTERM in training does."""
+    run = tmp_path / "run"
+    args = tiny_run_args(corpus, tmp_path / "data", run, steps=50)
+    script = (
+        "import os, signal, sys\n"
+        "from minigpt.training.lightning_module import GPTLightningModule\n"
+        "def on_fit_start(self):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "GPTLightningModule.on_fit_start = on_fit_start\n"
+        "from minigpt.cli.errors import run_cli\n"
+        "from minigpt.cli.train import main\n"
+        "run_cli(lambda: main(sys.argv[1:]))\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert "error: stopped by SIGTERM before the first step; nothing saved" in proc.stderr.splitlines(), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not {".train.lock", ".train.pid"} & {p.name for p in run.iterdir()}
+
+
+def test_sigterm_during_the_full_validation_is_one_line_and_keeps_the_run(tiny_run_args, corpus, tmp_path):
+    """The run is over and saved when its full split is evaluated: a SIGTERM there killed the process unsaid and
+    left the lock files."""
+    run = tmp_path / "run"
+    args = tiny_run_args(corpus, tmp_path / "data", run, steps=3)
+    script = (
+        "import os, signal, sys, time\n"
+        "from minigpt.training import trainer\n"
+        "def full_split_loss(*a):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(60)\n"
+        "trainer.full_split_loss = full_split_loss\n"
+        "from minigpt.cli.errors import run_cli\n"
+        "from minigpt.cli.train import main\n"
+        "run_cli(lambda: main(sys.argv[1:]))\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        "error: stopped by SIGTERM during the full validation; the run's checkpoints are saved"
+    )
+    assert not {".train.lock", ".train.pid"} & {p.name for p in run.iterdir()}
+    assert read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == 3
