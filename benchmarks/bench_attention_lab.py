@@ -30,8 +30,8 @@ TEXT = "First Citizen: Before we proceed any further, hear me speak. All: Speak,
 def main(argv: list[str] | None = None) -> dict:
     p = common.parser(__doc__, "attention_lab")
     p.add_argument("--ckpt", default=None, help="a checkpoint instead of the random GPT-2-shaped model")
-    p.add_argument("--tokens", type=int, default=256, help="prompt length in tokens")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--tokens", type=common.positive_int, default=256, help="prompt length in tokens")
+    p.add_argument("--repeats", type=common.positive_int, default=3)
     args = p.parse_args(argv)
     device = common.pick_device(args.device)
     if args.ckpt:

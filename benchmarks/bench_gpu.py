@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO))  # run from anywhere without installing
 
 from benchmarks import common  # torch: in the children only (see machine)
 
+PARTS = ("bytecode", "recipe", "cold", "variants", "long", "imports", "nanogpt", "throughput", "overhead")
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12}  # dense bf16 FLOP/s, the vendors' datasheets
 
 
@@ -454,9 +455,18 @@ def main() -> None:
     args = p.parse_args()
     if args.child:
         return overhead_child(args) if ":" in args.child else throughput_child(args)
+    parts = args.parts.split(",")  # what each part needs, checked before any runs: not minutes into a session
+    if unknown := [part for part in parts if part not in PARTS]:
+        p.error(f"--parts: unknown part {unknown[0]!r}; choose from {', '.join(PARTS)}")
+    if args.corpus is None and {"recipe", "cold", "variants", "long"} & set(parts):
+        p.error("--corpus FILE is needed: the text minigpt's runs train on (e.g. tinyshakespeare.txt)")
+    if args.nanogpt is None and ("nanogpt" in parts or ("throughput" in parts and args.device == "cuda")):
+        p.error(
+            "--nanogpt PATH is needed by the nanogpt part (and throughput on a GPU): a checkout of karpathy/nanoGPT; "
+            "or leave them out of --parts"
+        )
     args.gpu_name, torch_version, capability = machine(args.device)
     print(f"device: {args.gpu_name}; torch {torch_version}; cpu capability {capability}")
-    parts = args.parts.split(",")
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_gpu_"))  # --work: caches kept across invocations
     work.mkdir(parents=True, exist_ok=True)
     logs = args.out.with_suffix("") if args.out else work

@@ -247,6 +247,8 @@ def val_curve(run_dir: Path) -> list[tuple[float, int, float]]:
     """(wall time, step, val_loss) of each validation a train.py run logged to TensorBoard (none: empty)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    if not Path(run_dir).is_dir():  # a run that failed before it logged (a bad flag): no curve, not an exception
+        return []
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     events.Reload()
     if "val_loss" not in events.Tags().get("scalars", []):

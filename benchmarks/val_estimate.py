@@ -54,7 +54,14 @@ def main(argv: list[str] | None = None) -> dict:
         model, args.seeds = GPT(GPTConfig(vocab_size=data.vocab_size, n_layer=1, n_head=2, n_embd=32, block_size=32)), 2
         args.shapes = "4x8,1x32"
     else:
-        model = load_model(args.ckpt)[0]
+        model, tokenizer = load_model(args.ckpt)
+        if tokenizer.to_dict() != data.prepared.tokenizer.to_dict():  # ids that mean other tokens: figures of nothing
+            p.error(
+                f"--ckpt {args.ckpt} was not trained on --corpus {args.corpus} with --tokenizer {args.tokenizer} "
+                f"(its tokenizer: {tokenizer.name}, {tokenizer.vocab_size} tokens; the corpus's: "
+                f"{data.prepared.tokenizer.name}, {data.prepared.tokenizer.vocab_size}); give the run's corpus and "
+                "data.tokenizer"
+            )
     model.eval()
     nats, n = evaluate_tokens(model, val, 64)
     full = nats / n

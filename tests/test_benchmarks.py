@@ -365,6 +365,10 @@ def test_bench_train_builds_each_shape_with_a_schedule_optim_config_accepts():
         ("bench_hf", ["--repeats", "0"]),
         ("bench_hf", ["--device", "cpu"]),  # it runs on the CPU: no --device to ignore
         ("bench_lora", ["--steps", "3"]),  # s/step is the median period after the first two steps
+        ("bench_attention_lab", ["--repeats", "0"]),  # was a median of nothing: "nan s", "chromium not installed"
+        ("bench_attention_lab", ["--tokens", "0"]),  # was a traceback
+        ("bench_decode", ["--repeats", "0"]),  # was nan tokens/s
+        ("bench_decode", ["--tokens", "0"]),
     ],
 )
 def test_a_benchmarks_bad_argument_is_one_error_line(script, flags, capsys):
@@ -410,3 +414,53 @@ def test_offline_wheels_fetches_nothing_when_nothing_is_missing(tmp_path, monkey
     with pytest.raises(SystemExit) as exit:
         offline_wheels.main()
     assert exit.value.code == 2 and "error: --have" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags, error",
+    [
+        (["--parts", "nanogpt", "--corpus", "t.txt"], "--nanogpt PATH is needed by the nanogpt part"),
+        (["--parts", "recipe"], "--corpus FILE is needed"),
+        (["--parts", "recipes", "--corpus", "t.txt"], "--parts: unknown part 'recipes'"),
+    ],
+)
+def test_bench_gpu_refuses_what_a_part_lacks_before_it_runs_anything(flags, error):
+    """A missing --nanogpt was an AttributeError after every part before nanogpt's had run (minutes on a GPU)."""
+    import subprocess
+
+    cmd = [sys.executable, str(REPO / "benchmarks/bench_gpu.py"), "--device", "cpu", "--tiny", *flags]
+    got = subprocess.run(cmd, capture_output=True, text=True)
+    assert got.returncode == 2 and got.stdout == ""
+    assert got.stderr.strip().splitlines()[-1].startswith(f"bench_gpu.py: error: {error}"), got.stderr
+
+
+def test_bench_gpu_records_a_run_that_failed_and_goes_on(corpus, tmp_path):
+    """A variant whose train.py fails (here a misspelt flag) is a row with its exit code and output's tail; it was a
+    traceback (TensorBoard's reader on the run directory it never made) that lost every part after it."""
+    import subprocess
+
+    out = tmp_path / "gpu.json"
+    cmd = [sys.executable, str(REPO / "benchmarks/bench_gpu.py"), "--device", "cpu", "--tiny", "--corpus", str(corpus)]
+    cmd += ["--parts", "variants", "--variant", "bad=--model.n_layr 2", "--out", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    (bad,) = json.loads(out.read_text())["minigpt"]
+    assert bad["rc"] == 2 and bad["curve"] == [] and "--model.n_layr" in bad["tail"][-1]
+
+
+def test_val_estimate_refuses_a_checkpoint_trained_with_another_tokenizer(text, tmp_path, capsys):
+    """Its ids would mean other characters: the figures were computed all the same, of nothing."""
+    from benchmarks import val_estimate
+    from minigpt.core.checkpoint import model_checkpoint, save_file
+    from minigpt.core.config import GPTConfig
+    from minigpt.core.model import GPT
+    from minigpt.core.tokenizers import CharTokenizer
+
+    tokenizer = CharTokenizer("abcdefghijklmnopqrstuvwxyz .\n")  # not the words' characters
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=tokenizer.vocab_size))
+    save_file(model_checkpoint(model, tokenizer), tmp_path / "other.ckpt")
+    flags = ["--ckpt", str(tmp_path / "other.ckpt"), "--corpus", str(text), "--data_root", str(tmp_path / "data")]
+    with pytest.raises(SystemExit) as exit:
+        val_estimate.main([*flags, "--json", str(tmp_path / "out.json")])
+    assert exit.value.code == 2 and not (tmp_path / "out.json").exists()
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "error: --ckpt" in line and "was not trained on --corpus" in line, line
