@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> dict:
     if bad := [item for item in args.text if "=" not in item]:
         p.error(f"--text {bad[0]}: give NAME=FILE, e.g. --text english=tinyshakespeare.txt")
     corpora = dict(item.split("=", 1) for item in args.text)
+    if missing := [path for path in corpora.values() if not Path(path).is_file()]:
+        p.error(f"--text: {missing[0]} is not a file; give NAME=FILE with a text file")
     label = common.start(args)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -359,6 +359,7 @@ def test_bench_train_builds_each_shape_with_a_schedule_optim_config_accepts():
         ("bench_prepare", ["--mb", "0"]),
         ("bench_prepare", ["--mb", "-1"]),
         ("tokens_per_char", ["--text", "foo"]),
+        ("tokens_per_char", ["--text", "english=/nonexistent.txt"]),  # was an empty table, exit 0
         ("bench_engine", ["--repeat", "0"]),
         ("bench_serve", ["--clients", "0"]),
         ("bench_startup", ["--repeats", "0"]),
