@@ -32,6 +32,7 @@ from minigpt.cli.parsing import (
     misplaced_setting,
     show_checkpoint_lines,
 )
+from minigpt.core.checkpoint import find_checkpoint
 from minigpt.core.config import ATTENTIONS, Attention
 from minigpt.core.decode_graphs import batch_buckets
 from minigpt.core.devices import resolve_device
@@ -137,9 +138,9 @@ def build_parser() -> CommandParser:
 
 
 def default_name(source: str | None) -> str:
-    """hf:ORG/NAME -> ORG/NAME; out/RUN/checkpoints/best.ckpt, out/RUN -> RUN; None -> minigpt."""
-    if source is None:
-        return "minigpt"
+    """hf:ORG/NAME -> ORG/NAME; out/RUN/checkpoints/best.ckpt, out/RUN, None (the newest run under out/) -> RUN."""
+    if source is None:  # the run loaded (it was "minigpt", where --help and serve.md say the run's name)
+        source = str(find_checkpoint())
     if source.startswith("hf:"):
         return source[3:]
     path = Path(source).resolve()

@@ -365,7 +365,7 @@ def streamed(
                             "message": update.error,
                             "type": "server_error",
                             "param": None,
-                            "code": "decoding_failed",
+                            "code": "server_shutting_down" if update.error == SHUTTING_DOWN else "decoding_failed",
                         }
                     }
                 )

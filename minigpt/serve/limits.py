@@ -10,12 +10,14 @@ since uvicorn bounds neither (its keep-alive timeout runs only between requests)
 from __future__ import annotations
 
 import asyncio
+from http import HTTPStatus
 
 import h11
 import uvicorn
 from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from minigpt.serve.engine import SHUTTING_DOWN
 from minigpt.serve.errors import APIError
 
 __all__ = ["BodyLimit", "EngineFirstServer", "RequestDeadline", "uvicorn_config"]
@@ -111,6 +113,17 @@ class RequestDeadline(H11Protocol):
         elif self.conn.their_state is h11.SEND_BODY and (self.cycle is None or self.cycle.response_complete):
             self.transport.close()  # answered already; the rest of its body never came
 
+    def shutdown(self) -> None:
+        """Ctrl-C, SIGTERM: a request whose body is still arriving is answered 503 at once and its connection closed
+        (the app then reads a disconnect).  uvicorn waited timeout_graceful_shutdown for the body, then cancelled the
+        request: a plain-text 500, and a CancelledError's traceback in the server's log."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_started and self.conn.their_state is h11.SEND_BODY:
+            self.transport.write(raw_response(APIError(503, SHUTTING_DOWN, code="server_shutting_down")))
+            self.transport.close()
+            return
+        super().shutdown()
+
 
 def headers_timeout(seconds: float) -> bytes:
     """A 408 with OpenAI's error JSON, written to the socket as it is (no request was parsed to answer)."""
@@ -120,8 +133,14 @@ def headers_timeout(seconds: float) -> bytes:
         "(minigpt serve --request_timeout)",
         code="request_timeout",
     )
+    return raw_response(error)
+
+
+def raw_response(error: APIError) -> bytes:
+    """The error's response as bytes to write to the socket (no ASGI cycle to send it through), closing it."""
     body = error.response().body
-    head = f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+    reason = HTTPStatus(error.status).phrase
+    head = f"HTTP/1.1 {error.status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
     return (head + "connection: close\r\n\r\n").encode() + body
 
 

@@ -111,10 +111,38 @@ def test_a_stop_ends_the_requests_in_flight_with_openais_error_and_exits_0(tmp_p
                 time.sleep(0.01)
             process.send_signal(sig)
             last = [line for line in events if line.startswith("data: ")][-1]
-        assert json.loads(last[6:])["error"]["message"] == "the server is shutting down"
+        assert json.loads(last[6:])["error"] == {
+            "message": "the server is shutting down",
+            "type": "server_error",
+            "param": None,
+            "code": "server_shutting_down",  # as the 503's (it was "decoding_failed")
+        }
         waiting.join()
         assert whole["r"].status_code == 503, whole["r"].text
         assert whole["r"].json()["error"]["code"] == "server_shutting_down"
+        assert process.wait(timeout=30) == 0
+        err = process.stderr.read()
+        assert err.rstrip().endswith("stopped") and "Traceback" not in err, err
+
+
+def test_a_stop_answers_a_request_whose_body_is_still_arriving_503_at_once(chat_ckpt):
+    """Ctrl-C while a client sends its body: uvicorn waited 5 s for it, then cancelled the request, which answered a
+    plain-text 500 and logged a CancelledError's traceback."""
+    with serve_command(chat_ckpt, "--log_level", "warning") as (process, _, url):
+        with socket.create_connection((httpx.URL(url).host, httpx.URL(url).port)) as sock:
+            head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            sock.sendall(f'{head}Content-Length: 100\r\n\r\n{{"model"'.encode())  # 8 bytes of 100
+            time.sleep(0.5)  # its headers read, its body awaited
+            process.send_signal(signal.SIGINT)
+            sock.settimeout(30)
+            started = time.monotonic()
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+            assert time.monotonic() - started < 3  # at once, not after uvicorn's 5 s
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503 "), answer
+        assert json.loads(body)["error"]["code"] == "server_shutting_down", answer
         assert process.wait(timeout=30) == 0
         err = process.stderr.read()
         assert err.rstrip().endswith("stopped") and "Traceback" not in err, err
@@ -162,8 +190,13 @@ def test_mistakes_are_one_error_line(capsys, chat_ckpt, tmp_path):
         assert f"cannot listen on 127.0.0.1:{port}" in line and "--port" in line
 
 
-def test_the_models_default_name():
+def test_the_models_default_name(tmp_path, monkeypatch):
     assert default_name("out/sft/checkpoints/best.ckpt") == "sft"
     assert default_name("out/sft") == "sft"
     assert default_name("hf:HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
-    assert default_name(None) == "minigpt"
+    monkeypatch.chdir(tmp_path)  # no --ckpt: the newest run under out/, the one loaded (it was "minigpt")
+    for run, mtime in [("older", 1_000_000), ("newest", 2_000_000)]:
+        (ckpt := tmp_path / "out" / run / "checkpoints" / "last.ckpt").parent.mkdir(parents=True)
+        ckpt.touch()
+        os.utime(ckpt, (mtime, mtime))
+    assert default_name(None) == "newest"
