@@ -95,6 +95,8 @@ class ResumableLoader(DataLoader):
     the restored global_step has already restored it."""
 
     def state_dict(self) -> dict[str, int]:
+        if not isinstance(self.sampler, ResumableSampler):  # Lightning's own (overfit_batches: the first batches)
+            return {}
         return {"next_batch": self.sampler.start()}
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
@@ -297,6 +299,14 @@ class TokenDataModule(L.LightningDataModule):
         else:
             windows = FixedWindows(data.val, hp.block_size, size, hp.seed, stream=VAL_STREAM, length=hp.val_batches)
         return windows, min(hp.val_batches, len(windows))
+
+    def val_batches_read(self) -> int:
+        """The batches a validation of the run read: val_batches_run's, or fewer where Lightning limits each rank's
+        share (limit_val_batches, fast_dev_run, overfit_batches)."""
+        (rank, world), total, limits = self._world(), self.val_batches_run()[1], self.trainer.num_val_batches
+        share = len(range(rank, total, world))
+        limited = int(limits[0]) if limits else share
+        return total if limited >= share else limited * world
 
     def val_dataloader(self) -> DataLoader:
         hp = self.hparams

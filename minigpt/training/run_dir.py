@@ -20,6 +20,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import Timer
 
 from minigpt.core.checkpoint import SECTION, check_resumable
 from minigpt.core.errors import UserError
@@ -69,6 +70,7 @@ def check_resume(saved: dict[str, Any], module: Any, datamodule: Any, trainer: T
     check_resumable(saved, module.config, module.tokenizer, last)
     check_optim_resumable(saved[SECTION].get("optim"), module.optim, last)
     check_steps_left(last, saved["global_step"], trainer.max_steps)
+    check_budget_left(last, saved, trainer)
     notes = resume_data_notes(saved.get("datamodule_hyper_parameters"), dict(datamodule.hparams))
     if (before := saved[SECTION].get("world_size", trainer.world_size)) != trainer.world_size:
         notes.append(
@@ -86,6 +88,39 @@ def check_steps_left(last: Path, step: int, max_steps: int) -> None:
             f"--resume: {last} is at step {step}, so --trainer.max_steps {max_steps} trains nothing; "
             f"raise --trainer.max_steps above {step} to continue the run"
         )
+
+
+def check_budget_left(last: Path, saved: dict[str, Any], trainer: Trainer) -> None:
+    """A resume must have epochs (max_epochs) and training time (max_time) left: Lightning would stop at once."""
+    loop = saved.get("loops", {}).get("fit_loop", {})
+    epoch, batch = loop.get("epoch_progress", {}).get("current", {}), loop.get("epoch_loop.batch_progress", {})
+    epochs = epoch.get("processed")
+    if epochs is not None and epoch.get("started", 0) > epochs and batch.get("is_last_batch"):
+        epochs += 1  # saved at the validation after the epoch's last batch, before Lightning counted the epoch
+    if epochs is not None and 0 < (trainer.max_epochs or 0) <= epochs:
+        raise UserError(
+            f"--resume: {last} has trained {epochs} epoch(s), so --trainer.max_epochs {trainer.max_epochs} trains "
+            f"nothing; raise --trainer.max_epochs above {epochs} to continue the run"
+        )
+    spent = saved.get("callbacks", {}).get("Timer", {}).get("time_elapsed", {}).get("train")
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    budget = timer.time_remaining() if timer is not None else None  # before the restore: the whole max_time
+    if spent is not None and budget is not None and spent >= budget:
+        raise UserError(
+            f"--resume: {last} has trained for {spent:.1f}s, the whole --trainer.max_time ({budget:g}s), so it "
+            "trains nothing; raise --trainer.max_time to continue the run"
+        )
+
+
+def interval_past_epoch(trainer: Trainer) -> UserError:
+    """Lightning's refusal of a val_check_interval longer than an epoch when validation is counted per epoch."""
+    batches, every = trainer.fit_loop.max_batches, trainer.check_val_every_n_epoch
+    return UserError(
+        f"trainer.val_check_interval {trainer.val_check_interval} is more than an epoch's {batches} training batches, "
+        f"and trainer.check_val_every_n_epoch {every} validates within each epoch; give val_check_interval at most "
+        f"{batches} (or a fraction of an epoch, e.g. 0.5), or check_val_every_n_epoch null to count the batches "
+        "across epochs"
+    )
 
 
 def check_writable(out_dir: Path, resume: bool) -> None:

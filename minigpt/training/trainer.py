@@ -38,7 +38,7 @@ from minigpt.training.callbacks import (
     TrainingThroughput,
 )
 from minigpt.training.objectives import checkpoint_split_loss, full_split_loss, split_report
-from minigpt.training.run_dir import sigterm_ends_evaluation
+from minigpt.training.run_dir import interval_past_epoch, sigterm_ends_evaluation
 
 PROGRESS_REFRESH = 10
 
@@ -121,7 +121,12 @@ class MiniGPTTrainer(Trainer):
 
     def fit(self, *args: Any, **kwargs: Any) -> None:
         with lightning_warnings_ignored():
-            super().fit(*args, **kwargs)
+            try:
+                super().fit(*args, **kwargs)
+            except ValueError as e:  # Lightning checks val_check_interval against an epoch once the data is known
+                if "`val_check_interval`" not in str(e):
+                    raise
+                raise interval_past_epoch(self) from None
 
     def validate(self, *args: Any, **kwargs: Any) -> Any:
         with lightning_warnings_ignored():
@@ -179,6 +184,12 @@ class RunConfigFile(SaveConfigCallback):
             if switch in self.config:
                 self.config[switch] = False
         super().setup(trainer, pl_module, "fit")
+
+    def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # rank 0, after Lightning's save to the logger's log_dir: out_dir keeps the record even where a logger of the
+        # user's (a CSVLogger's save_dir) writes elsewhere
+        path = Path(self.config["out_dir"]) / self.config_filename
+        self.parser.save(self.config, str(path), skip_none=False, overwrite=True, multifile=self.multifile)
 
 
 class RunCheckpoint(ModelCheckpoint):
@@ -321,6 +332,8 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 
 def run_callbacks(config: Any, batch_size: int, imported: float | None = None) -> list:
     """imported: seconds from launch to the command's modules loaded, the start of StartupTimes' report."""
+    if config["trainer"].get("default_root_dir") is not None:  # train.py gives Lightning out_dir
+        raise UserError("trainer.default_root_dir: a run's files go to out_dir; give --out_dir DIR instead")
     checkpoints = Path(config["out_dir"]) / "checkpoints"
     callbacks = [
         BestCheckpoint(checkpoints),  # best.ckpt: lowest validation loss so far
@@ -406,7 +419,7 @@ def end_of_run(trainer: Trainer, last: Path) -> None:
     val_loss = trainer.callback_metrics.get("val_loss")
     shown = f"{val_loss.item():.4f}" if val_loss is not None else "n/a"
     # the last validation's val_batches batches: an estimate (the full split's loss follows)
-    data, batches = trainer.datamodule, trainer.datamodule.val_batches_run()[1]
+    data, batches = trainer.datamodule, trainer.datamodule.val_batches_read()
     at, step = trainer.lightning_module.validated_at, trainer.global_step
     after = f"after {step} steps" if val_loss is None or at in (None, step) else f"at step {at} (stopped at {step})"
     print(
