@@ -67,14 +67,13 @@ from minigpt.training.run_dir import (
     replacing,
     stop_on_signals,
 )
+from minigpt.training.run_end import end_of_run, full_split_end
 from minigpt.training.trainer import (
     TRAINER_DEFAULTS,
     EarlyStoppingConfig,
     LastCheckpoint,
     MiniGPTTrainer,
     RunConfigFile,
-    end_of_run,
-    full_split_end,
     run_callbacks,
 )
 

@@ -538,11 +538,11 @@ def test_sigterm_during_the_full_validation_is_one_line_and_keeps_the_run(tiny_r
     args = tiny_run_args(corpus, tmp_path / "data", run, steps=3)
     script = (
         "import os, signal, sys, time\n"
-        "from minigpt.training import trainer\n"
+        "from minigpt.training import run_end\n"
         "def full_split_loss(*a):\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "    time.sleep(60)\n"
-        "trainer.full_split_loss = full_split_loss\n"
+        "run_end.full_split_loss = full_split_loss\n"
         "from minigpt.cli.errors import run_cli\n"
         "from minigpt.cli.train import main\n"
         "run_cli(lambda: main(sys.argv[1:]))\n"

@@ -117,12 +117,12 @@ def test_a_lora_run_whose_best_is_not_its_end_reports_the_full_split_loss_of_bot
     """The best checkpoint of a LoRA run holds the adapters only: its full-split line puts them on the live base
     (issue 49 item 3).  The reference: the full split's loss a shorter run printed for its own final adapters, here
     made the longer run's best; the module keeps its final adapters."""
-    from minigpt.training import trainer as trainer_module
+    from minigpt.training import run_end
 
     main(lora_args(corpus, data_root, tmp_path / "short", source_run, steps=4))
     short = re.search(r"^full val loss ([\d.]+) over all", capsys.readouterr().out, re.M)[1]
     earlier = tmp_path / "short" / "checkpoints" / "last.ckpt"
-    monkeypatch.setattr(trainer_module, "best_checkpoint", lambda trainer, last: (earlier, 4, 0.0))
+    monkeypatch.setattr(run_end, "best_checkpoint", lambda trainer, last: (earlier, 4, 0.0))
     trainer = main(lora_args(corpus, data_root, tmp_path / "long", source_run, steps=10))
     out = capsys.readouterr().out
     final = re.search(r"^full val loss ([\d.]+) over all", out, re.M)[1]

@@ -312,12 +312,12 @@ def test_a_run_whose_best_is_not_its_end_reports_the_full_split_loss_of_both(
     import torch
 
     from minigpt.core.checkpoint import model_state_dict
-    from minigpt.training import trainer as trainer_module
+    from minigpt.training import run_end
 
     main(tiny_run_args(corpus, data_root, tmp_path / "short", steps=10))
     short = re.search(r"^full val loss ([\d.]+) over all", capsys.readouterr().out, re.M)[1]
     earlier = tmp_path / "short" / "checkpoints" / "last.ckpt"
-    monkeypatch.setattr(trainer_module, "best_checkpoint", lambda trainer, last: (earlier, 10, 0.0))
+    monkeypatch.setattr(run_end, "best_checkpoint", lambda trainer, last: (earlier, 10, 0.0))
     trainer = main(tiny_run_args(corpus, data_root, tmp_path / "long", steps=20))
     out = capsys.readouterr().out
     final = re.search(r"^full val loss ([\d.]+) over all", out, re.M)[1]
