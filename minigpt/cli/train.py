@@ -333,7 +333,7 @@ class MiniGPTCLI(LightningCLI):
         user_callbacks = self.config_init["trainer"].get("callbacks") or []
         kwargs["callbacks"] = (
             list(user_callbacks)
-            + run_callbacks(self.config, self.datamodule.hparams.batch_size, IMPORTED)
+            + run_callbacks(self.config, self.datamodule.hparams.batch_size, IMPORTED, given=user_callbacks)
             + harness_callbacks(self.config)
         )
         # resolved here, where the attention path is known (bf16 does not pay for sdpa on a CPU)

@@ -6,7 +6,7 @@ import contextlib
 import math
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import (
     EarlyStopping,
     LearningRateMonitor,
     ModelCheckpoint,
+    StochasticWeightAveraging,
     Timer,
     TQDMProgressBar,
 )
@@ -325,10 +326,21 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 }
 
 
-def run_callbacks(config: Any, batch_size: int, imported: float | None = None) -> list:
-    """imported: seconds from launch to the command's modules loaded, the start of StartupTimes' report."""
+def run_callbacks(config: Any, batch_size: int, imported: float | None = None, given: Sequence[Callback] = ()) -> list:
+    """imported: seconds from launch to the command's modules loaded, the start of StartupTimes' report; given: the
+    user's own callbacks (trainer.callbacks), which go before these."""
     if config["trainer"].get("default_root_dir") is not None:  # train.py gives Lightning out_dir
         raise UserError("trainer.default_root_dir: a run's files go to out_dir; give --out_dir DIR instead")
+    if config["trainer"].get("fast_dev_run"):  # Lightning skips the checkpoints, train.py saves last.ckpt all the same
+        raise UserError("trainer.fast_dev_run: a run always saves; for a quick check give --trainer.max_steps 1")
+    if any(isinstance(c, StochasticWeightAveraging) for c in given):
+        raise UserError(
+            "trainer.callbacks: StochasticWeightAveraging puts the averaged weights in after the last checkpoint is "
+            "saved, so no checkpoint (and no command) would have them; leave it out"
+        )
+    monitor = config["trainer"].get("logger") is not False and not any(
+        isinstance(c, LearningRateMonitor) for c in given
+    )
     checkpoints = Path(config["out_dir"]) / "checkpoints"
     callbacks = [
         BestCheckpoint(checkpoints),  # best.ckpt: lowest validation loss so far
@@ -340,7 +352,7 @@ def run_callbacks(config: Any, batch_size: int, imported: float | None = None) -
             save_top_k=1,
             enable_version_counter=False,
         ),
-        *([] if config["trainer"].get("logger") is False else [LearningRateMonitor(logging_interval="step")]),
+        *([LearningRateMonitor(logging_interval="step")] if monitor else []),  # unless the user's logs the rates
         TrainingThroughput(),  # rates over the steps since the previous logged step
         RNGState(),
         TextSamples(config["sample_tokens"], config["seed"]),

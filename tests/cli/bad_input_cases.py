@@ -142,6 +142,12 @@ CASES: list[Case] = [
     ),
     train("unknown attention", "--model.attention", "flash3", expect=["model.attention", "sdpa, manual, einops"]),
     train(
+        "Lightning's fast_dev_run",
+        "--trainer.fast_dev_run",
+        "true",
+        expect=["trainer.fast_dev_run: a run always saves", "--trainer.max_steps 1"],
+    ),
+    train(
         "a GPU's attention kernel on a CPU",
         "--model.sdpa_backend",
         "cudnn",

@@ -79,3 +79,29 @@ def test_a_logger_of_the_users_leaves_config_yaml_in_out_dir(tiny_run_args, corp
     main(["--config", str(config)] + tiny_run_args(corpus, data_root, run, steps=3))
     assert yaml.safe_load((run / "config.yaml").read_text())["trainer"]["max_steps"] == 3
     assert list((tmp_path / "csv").rglob("metrics.csv"))
+
+
+def test_a_learning_rate_monitor_of_the_users_logs_each_rate_once(tiny_run_args, corpus, data_root, tmp_path):
+    """train.py adds its own LearningRateMonitor: with the user's beside it every point was logged twice."""
+    from support import scalars
+
+    config = tmp_path / "lr.yaml"
+    monitor = {
+        "class_path": "lightning.pytorch.callbacks.LearningRateMonitor",
+        "init_args": {"logging_interval": "step"},
+    }
+    config.write_text(yaml.safe_dump({"trainer": {"callbacks": [monitor]}}))
+    run = tmp_path / "run"
+    main(["--config", str(config)] + tiny_run_args(corpus, data_root, run, steps=4, trainer__log_every_n_steps=1))
+    rates = [values for tag, values in scalars(run).items() if tag.startswith("lr")]
+    assert rates and all(len(values) == 4 for values in rates), rates
+
+
+def test_stochastic_weight_averaging_is_refused(tiny_run_args, corpus, data_root, tmp_path):
+    """SWA swaps the averaged weights in at on_train_end, after the last checkpoint: no checkpoint held them."""
+    config = tmp_path / "swa.yaml"
+    swa = {"class_path": "lightning.pytorch.callbacks.StochasticWeightAveraging", "init_args": {"swa_lrs": 0.001}}
+    config.write_text(yaml.safe_dump({"trainer": {"callbacks": [swa]}}))
+    with pytest.raises(UserError, match="StochasticWeightAveraging .* no checkpoint"):
+        main(["--config", str(config)] + tiny_run_args(corpus, data_root, tmp_path / "run", steps=3))
+    assert not (tmp_path / "run" / "checkpoints").exists()
