@@ -24,7 +24,7 @@ from minigpt.core.errors import DataError
 from minigpt.core.tokenizers import BPE_SPECIALS, HFTokenizer, bpe_vocab_size, tokenizers_library
 from minigpt.data.encoding import decoded_text
 from minigpt.data.sources import Corpus, iter_documents
-from minigpt.data.token_files import choose_val_docs, document_key
+from minigpt.data.token_files import choose_val_docs, document_key, empty_corpus
 
 __all__ = ["DocumentSplit", "plan_split", "train_bpe"]
 
@@ -68,11 +68,12 @@ def plan_split(corpus: Corpus, val_fraction: float) -> DocumentSplit:
         chars.append(sum(len(text) for text in decoded_text(doc)))
     train_chars = int(chars[0] * (1 - val_fraction)) if len(keys) == 1 else None
     if not keys or train_chars in (0, chars[0]):  # no text at all, or a single document too short to split
-        what = f"column {corpus.text_column!r} of {corpus.source}" if corpus.is_dataset else corpus.origin
-        raise DataError(
-            f"corpus is empty: {what} holds no text; pass a source with text in it"
+        raise (
+            empty_corpus(corpus)
             if not keys
-            else f"corpus too small: {chars[0]} character(s), too few for a train/val split; use a larger corpus"
+            else DataError(
+                f"corpus too small: {chars[0]} character(s), too few for a train/val split; use a larger corpus"
+            )
         )
     keys_array = np.array(keys, dtype=np.uint64)
     if train_chars is not None:

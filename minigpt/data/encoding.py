@@ -32,6 +32,17 @@ MAX_CARRY_CHARS = 16 << 20  # text with no BPE-safe cut point is cut anyway past
 # Longer pieces cost memory: a 100 MB document peaked at 1.35 GB (2M), 2.05 GB (4M), 3.4 GB (16M)
 WHOLE_CHARS = 2 << 20
 CUT = object()  # in place of token ids: a document's text so far is its training text (see document_tokens)
+_REPLACED = [0]  # bytes that were not UTF-8, replaced by U+FFFD so far (counted by the error handler below)
+
+
+def _replace_counted(e: UnicodeError) -> tuple[str, int]:
+    """Python's "replace" for decoding (one U+FFFD per invalid sequence), counting the bytes it replaces."""
+    assert isinstance(e, UnicodeDecodeError)
+    _REPLACED[0] += e.end - e.start
+    return "\ufffd", e.end
+
+
+codecs.register_error("minigpt-replace-counted", _replace_counted)
 
 
 @dataclass
@@ -41,6 +52,8 @@ class ReadStats:
     content: Any  # a hashlib hash object
     num_bytes: int = 0
     num_chars: int | None = 0  # None for the byte tokenizer, which never decodes the text
+    invalid_utf8_bytes: int = 0  # bytes that were not UTF-8, read as U+FFFD (BPE)
+    invalid_utf8_in: str | None = None  # the first document that had any
 
     def read(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
         for chunk in chunks:
@@ -81,7 +94,7 @@ def _pieces(tok: Tokenizer, corpus: Corpus, stats: ReadStats, cut_chars: int | N
         if isinstance(tok, ByteTokenizer):
             yield from ((doc, b) for b in raw)  # raw bytes: any file is fine, nothing to decode
         else:
-            texts = _decode(raw, doc.name, strict=isinstance(tok, CharTokenizer))
+            texts = _decode(raw, doc.name, strict=isinstance(tok, CharTokenizer), stats=stats)
             if isinstance(tok, TiktokenTokenizer) or (isinstance(tok, HFTokenizer) and tok.cuts_as_tiktoken):
                 texts = _bpe_safe_pieces(texts)
             elif isinstance(tok, HFTokenizer):  # cut points unknown (SentencePiece adds a space to each piece): whole
@@ -136,11 +149,12 @@ def _encode(
     yield from flush()
 
 
-def _decode(chunks: Iterable[bytes], name: str, strict: bool) -> Iterator[str]:
+def _decode(chunks: Iterable[bytes], name: str, strict: bool, stats: ReadStats | None = None) -> Iterator[str]:
     """UTF-8 text, chunk by chunk. strict (char): invalid UTF-8 is an error (the vocabulary would be wrong); else
-    (BPE) replaced by U+FFFD, as tiktoken itself decodes, so one bad byte does not stop a long preparation."""
-    decoder = codecs.getincrementaldecoder("utf-8")("strict" if strict else "replace")
-    offset = 0
+    (BPE) replaced by U+FFFD, as tiktoken itself decodes, so one bad byte does not stop a long preparation: counted
+    into stats (a Latin-1 file loses every accented letter: said once the preparation ends)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("strict" if strict else "minigpt-replace-counted")
+    offset, replaced = 0, _REPLACED[0]
     try:
         for chunk in chunks:
             if text := decoder.decode(chunk):
@@ -148,6 +162,9 @@ def _decode(chunks: Iterable[bytes], name: str, strict: bool) -> Iterator[str]:
             offset += len(chunk)
         if text := decoder.decode(b"", final=True):
             yield text
+        if stats is not None and _REPLACED[0] > replaced:
+            stats.invalid_utf8_bytes += _REPLACED[0] - replaced
+            stats.invalid_utf8_in = stats.invalid_utf8_in or name
     except UnicodeDecodeError as e:
         raise DataError(
             f"{name} is not UTF-8 text (near byte {offset + e.start}); use the byte tokenizer "

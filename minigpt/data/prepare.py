@@ -37,7 +37,7 @@ from minigpt.data.bpe import plan_split, train_bpe
 from minigpt.data.encoding import char_vocabulary
 from minigpt.data.progress import Progress
 from minigpt.data.sources import DATA_ROOT_FIX, DECOMPRESSORS, DEFAULT_SOURCE, resolve_source, sha256_json, slugify
-from minigpt.data.token_files import token_dtype, write_tokens
+from minigpt.data.token_files import skipped_summary, token_dtype, write_tokens
 from minigpt.data.verify import file_sha256, verify_prepared
 
 __all__ = ["DEFAULT_SOURCE", "FORMAT_VERSION", "PreparedData", "load_prepared", "prepare_data"]
@@ -96,6 +96,8 @@ def prepare_data(
     spec = resolve_tokenizer(tokenizer)  # an unknown name or a missing file fails before any reading
     data_root = Path(data_root)
     corpus = resolve_source(source, data_root, text_column)
+    if corpus.kind == "folder":  # one that holds data_root: its preparations would be read, a new one at each run
+        corpus.files = [f for f in corpus.files if not _prepared_file(f.path, data_root.resolve())]
     tokenizer_key = _tokenizer_key(spec)
     fingerprint = sha256_json(
         {
@@ -115,7 +117,7 @@ def prepare_data(
     with write_errors(f"prepared data in {data_root}", DATA_ROOT_FIX):
         data_root.mkdir(parents=True, exist_ok=True)
         remove_stale(data_root)
-    if not force and (meta := _complete_meta(out, fingerprint)) is not None:
+    if not force and (meta := _complete_meta(out, fingerprint, corpus.kind)) is not None:
         if (problem := verify_prepared(out, meta)) is None:
             if os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0":  # said once under DDP, by rank 0
                 print(
@@ -169,15 +171,11 @@ def prepare_data(
             }
             write_json(tmp / "meta.json", meta)  # last: its presence marks a complete preparation
             fsync_dir(tmp)
-            install_unless_prepared(tmp, out, fingerprint)
+            install_unless_prepared(tmp, out, fingerprint, corpus.kind)
     finally:  # never a partial directory that a later run could take (once installed, tmp is gone)
         shutil.rmtree(tmp, ignore_errors=True)
     if corpus.skipped_files:
-        shown = ", ".join(
-            f"{len(names)} {why} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
-            for why, names in corpus.skipped_files.items()
-        )
-        print(f"data: skipped {corpus.skipped} file(s) that hold no text: {shown}")
+        print(f"data: skipped {corpus.skipped} file(s) that hold no text: {skipped_summary(corpus)}")
     mb = meta["num_bytes"] / 1e6
     tokens = meta["train_tokens"] + meta["val_tokens"]
     print(
@@ -185,6 +183,13 @@ def prepare_data(
         f"{meta['num_documents']:,} documents ({mb:.1f} MB, {tok.name}) in {seconds:.1f}s: "
         f"{mb / max(seconds, 1e-9):.1f} MB/s, {tokens / max(seconds, 1e-9) / 1e6:.2f} M tokens/s"
     )
+    if meta.get("invalid_utf8_bytes"):
+        print(  # BPE reads them as U+FFFD (as tiktoken decodes), not an error: one stray byte keeps a long preparation
+            f"note: {meta['invalid_utf8_bytes']:,} byte(s) that are not UTF-8 were read as U+FFFD (first in "
+            f"{meta['invalid_utf8_in']}): text in another encoding (Latin-1, cp1252) loses those characters; convert "
+            "it to UTF-8 (iconv -f cp1252 -t utf-8) and prepare again",
+            file=sys.stderr,
+        )
     if meta["split"] == "documents" and meta["val_tokens"] < val_fraction * tokens / 4:
         print(  # whole documents go to one side: a few large ones leave validation to the small ones
             f"note: the validation split is {meta['val_tokens'] / tokens:.2%} of the tokens where "
@@ -195,13 +200,13 @@ def prepare_data(
     return out
 
 
-def install_unless_prepared(tmp: Path, out: Path, fingerprint: str) -> None:
+def install_unless_prepared(tmp: Path, out: Path, fingerprint: str, kind: str) -> None:
     """Install tmp at out, unless another process (a second run on the same source) has installed the same
     preparation meanwhile: that one is kept, whole, for whoever reads it already (both renaming onto out made the
     second rename fail, ENOTEMPTY, a traceback)."""
 
     def prepared_meanwhile() -> bool:
-        meta = _complete_meta(out, fingerprint)
+        meta = _complete_meta(out, fingerprint, kind)
         return meta is not None and verify_prepared(out, meta) is None
 
     if prepared_meanwhile():
@@ -255,14 +260,22 @@ def _tokenizer_key(spec: str | Path) -> str:
         raise DataError(f"cannot read tokenizer file {spec} ({e.strerror or type(e).__name__})") from None
 
 
-def _complete_meta(out: Path, fingerprint: str) -> dict[str, Any] | None:
-    """meta.json of a whole preparation with this fingerprint at out, else None (its files: see verify_prepared)."""
+def _prepared_file(path: Path, data_root: Path) -> bool:
+    """Whether `path` is a file of a preparation in data_root (a folder with meta.json) or a download there."""
+    folder = path.parent
+    return folder.parent == data_root and (folder.name == "downloads" or (folder / "meta.json").is_file())
+
+
+def _complete_meta(out: Path, fingerprint: str, kind: str) -> dict[str, Any] | None:
+    """meta.json of a whole preparation with this fingerprint at out, else None (its files: see verify_prepared).
+    The kind of source too: a save_to_disk folder, read as a folder of text files before, has the same files."""
     try:
         meta = loads(read_user_bytes(out / "meta.json", DOCUMENT_BYTES))
         if (
             isinstance(meta, dict)
             and meta.get("format_version") == FORMAT_VERSION
             and meta.get("fingerprint") == fingerprint
+            and meta.get("kind") == kind
         ):
             return meta
     except (OSError, ValueError):

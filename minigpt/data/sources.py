@@ -5,7 +5,7 @@ A source is one of
   a file or folder  a text file is one document; a folder holds one document per text file (recursive, sorted;
                     hidden files/folders and binary files -- a NUL byte in the first 8 KB -- are skipped);
   an http(s) URL    downloaded once into data_root/downloads/, then handled as a local file;
-  a *.parquet, *.json, *.jsonl or *.csv file: rows of a `datasets` table, one document per row of `text_column`;
+  a *.parquet/.json/.jsonl/.csv file or a save_to_disk folder: a `datasets` table, a document per `text_column`;
   anything else     a Hugging Face hub dataset, "name" or "name:config" (e.g. "roneneldan/TinyStories",
                     "Salesforce/wikitext:wikitext-103-raw-v1"), split "train", one document per row.
 
@@ -47,7 +47,7 @@ from minigpt.core.errors import DataError, first_line
 from minigpt.core.fsutil import remove_stale
 from minigpt.core.user_files import check_json_file
 from minigpt.data.download import DOWNLOAD_LIMIT_BYTES, DOWNLOAD_TIMEOUT_S, fetch
-from minigpt.data.tables import dataset_failure, load_local_dataset
+from minigpt.data.tables import dataset_failure, is_saved_dataset, load_local_dataset
 
 DEFAULT_SOURCE = "stdlib"
 # the fix named when data_root cannot take prepared data or a download (full, read-only, forbidden)
@@ -56,7 +56,8 @@ CHUNK_BYTES = 1 << 20  # documents are read (and then decoded and tokenized) thi
 DATASET_BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
 # compressed text is read through its decompressor (never as compressed bytes); archives hold many files: refused
 DECOMPRESSORS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
-ARCHIVES = {".zip", ".tar", ".tgz", ".7z", ".rar"}
+ARCHIVES = {".zip", ".tar", ".tgz", ".tbz2", ".txz", ".7z", ".rar", *(f".tar{s}" for s in DECOMPRESSORS)}
+UNREAD_COMPRESSIONS = {".zst", ".lz4", ".br", ".lz"}  # refused as archives are: never read as text
 # BOM -> codec; UTF-32-LE's BOM starts with UTF-16-LE's, so the longer ones are tried first
 BOMS = [
     (codecs.BOM_UTF32_LE, "utf-32-le"),
@@ -159,7 +160,9 @@ class Corpus:
         except Exception as e:  # datasets raises many types (hub, network, parsing): report any as one line
             why = dataset_failure(e)
             raise DataError(
-                f"could not read {self.origin} as {self.builder} ({why}); check the file's format"
+                f"could not read {self.origin} as a datasets save_to_disk folder ({why})"
+                if self.builder == "disk"
+                else f"could not read {self.origin} as {self.builder} ({why}); check the file's format"
                 if self.builder
                 else f"corpus not found: {self.source} (not a file, folder or URL; as a datasets hub name: "
                 f"{why}); pass an existing file/folder, a URL, or a datasets name (name or name:config) "
@@ -246,11 +249,8 @@ def iter_documents(corpus: Corpus) -> Iterator[Document]:
         yield from _row_documents(corpus)
         return
     for f in corpus.files:
-        suffix = f.path.suffix.lower()
-        if suffix in ARCHIVES:
-            if not corpus.skip_binary:
-                raise DataError(f"{f.path} is an archive ({suffix}); unpack it and pass the folder")
-            why = "archive"
+        if suffix := _unread_suffix(f.path):  # (a file given alone is refused by _local_corpus)
+            why = "archive" if suffix in ARCHIVES else "compressed"
         else:
             chunks = _text_file_chunks(f.path)
             # the first chunk (decompressed, converted to UTF-8) tells an empty or a binary file
@@ -342,10 +342,18 @@ def _text_file_chunks(path: Path) -> Iterator[bytes]:
 
 def _local_corpus(source: str, path: Path, text_column: str) -> Corpus:
     path = path.resolve()
-    if path.is_dir():
-        return Corpus(source, "folder", str(path), slugify(path.name), _walk(path), skip_binary=True)
+    if path.is_dir():  # a save_to_disk folder is its rows (its .json files were read as the text)
+        disk = is_saved_dataset(path)
+        kind, builder = ("dataset", "disk") if disk else ("folder", None)
+        return Corpus(source, kind, str(path), slugify(path.name), _walk(path), not disk, builder, None, text_column)
     st = path.stat()
     _require_regular(source, st)
+    if suffix := _unread_suffix(path):
+        raise DataError(
+            f"{path} is an archive ({suffix}); unpack it and pass the folder"
+            if suffix in ARCHIVES
+            else f"{path} is {suffix} compressed, which is not read (.gz, .bz2 and .xz are); decompress it first"
+        )
     files = [SourceFile(path.name, path, st.st_size, st.st_mtime_ns)]
     builder = DATASET_BUILDERS.get(path.suffix.lower())
     return Corpus(
@@ -357,6 +365,12 @@ def _local_corpus(source: str, path: Path, text_column: str) -> Corpus:
         builder=builder,
         text_column=text_column,
     )
+
+
+def _unread_suffix(path: Path) -> str | None:
+    """The suffix of an archive or of a compression that is not read (.zip, .tar.gz, .zst), else None."""
+    suffix = "".join(path.suffixes[-2 if path.suffix.lower() in DECOMPRESSORS else -1 :]).lower()  # .tar.gz
+    return suffix if suffix in ARCHIVES or suffix in UNREAD_COMPRESSIONS else None
 
 
 def _walk(

@@ -23,7 +23,15 @@ from minigpt.data.progress import Progress
 from minigpt.data.sources import Corpus, Document
 from minigpt.data.verify import scan_tokens
 
-__all__ = ["choose_val_docs", "document_key", "split_tokens", "token_dtype", "write_tokens"]
+__all__ = [
+    "choose_val_docs",
+    "document_key",
+    "empty_corpus",
+    "skipped_summary",
+    "split_tokens",
+    "token_dtype",
+    "write_tokens",
+]
 
 COPY_TOKENS = 1 << 20  # the split moves tokens this many at a time
 
@@ -76,8 +84,7 @@ def write_tokens(
             if progress is not None:
                 progress.update(stats.num_bytes, total)
     if not counts:
-        what = f"column {corpus.text_column!r} of {corpus.source}" if corpus.is_dataset else corpus.origin
-        raise DataError(f"corpus is empty: {what} holds no text; pass a source with text in it")
+        raise empty_corpus(corpus)
     keys_array = np.array(keys, dtype=np.uint64)
     if planned is not None and not np.array_equal(keys_array, planned.keys):
         raise DataError(
@@ -104,9 +111,28 @@ def write_tokens(
         "skipped_files": {why: names[:20] for why, names in corpus.skipped_files.items()},
         "num_bytes": stats.num_bytes,
         "num_chars": stats.num_chars,
+        "invalid_utf8_bytes": stats.invalid_utf8_bytes,
+        "invalid_utf8_in": stats.invalid_utf8_in,
         **split,
         **checks,
     }
+
+
+def skipped_summary(corpus: Corpus) -> str:
+    """The files the last pass over `corpus` skipped, by why: "2 binary (a.png, b.pyc), 1 empty (c.txt)"."""
+    return ", ".join(
+        f"{len(names)} {why} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+        for why, names in corpus.skipped_files.items()
+    )
+
+
+def empty_corpus(corpus: Corpus) -> DataError:
+    """The error for a corpus with no document, after a pass over it: what its files were, if it skipped any."""
+    what = f"column {corpus.text_column!r} of {corpus.source}" if corpus.is_dataset else corpus.origin
+    folder = corpus.kind == "folder"  # (a single file is the one it skipped)
+    skipped = f" (skipped: {skipped_summary(corpus)})" if folder and corpus.skipped_files else ""
+    hidden = "; hidden files and folders are not read" if folder else ""
+    return DataError(f"corpus is empty: {what} holds no text{skipped}{hidden}; pass a source with text in it")
 
 
 def split_tokens(

@@ -130,7 +130,7 @@ class TokenDataModule(L.LightningDataModule):
         """
         Args:
             source: corpus: "stdlib" (built in: the Python standard library's source), a text file or folder,
-                a URL, or a `datasets` name / local parquet, json or csv file
+                a URL, or a `datasets` name / local parquet, json or csv file / save_to_disk folder
             tokenizer: "char", "byte", a tiktoken encoding name (gpt2, cl100k_base, o200k_base, ...), bpe:VOCAB (a
                 byte-level BPE of VOCAB tokens trained on the corpus's training documents), or the path
                 of a tokenizer JSON file (another prepared data directory's tokenizer.json, or any tokenizer.json
