@@ -33,7 +33,6 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
-from minigpt.cli.errors import fail
 from minigpt.cli.parsing import OneLineErrors, flag_values, literal_choices, misplaced_setting, read_field_docs
 from minigpt.cli.train_flags import note_unread_flags
 from minigpt.configs import default_config
@@ -431,11 +430,12 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         stop = f"stopped by {stopped_by[0]}{' (Ctrl-C)' * (stopped_by[0] == 'SIGINT')} {when}" + (
             "" if untrained else "; continue the run with --resume"
         )
-        if stopped_by[0] != "SIGINT":  # from outside (a scheduler's SIGTERM): the run did not end as configured
-            fail(stop, code=128 + SIGNALS[stopped_by[0]])
-        if trainer.is_global_zero:  # Ctrl-C: a stop the user asked for, not an error (and it reaches every rank)
-            print(stop, file=sys.stderr)
-        raise SystemExit(128 + SIGNALS["SIGINT"])
+        # SIGTERM is from outside (a scheduler's): an error, the run did not end as configured; Ctrl-C is a stop the
+        # user asked for.  Every rank stops at the same step: rank 0 says it
+        error = stopped_by[0] != "SIGINT"
+        if trainer.is_global_zero:
+            print(f"{'error: ' * error}{stop}", file=sys.stderr)
+        raise SystemExit(128 + SIGNALS[stopped_by[0]])
     if cli.config["eval_full"]:
         full_split_end(trainer, cli.model, cli.datamodule, last)
     timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)

@@ -204,14 +204,12 @@ def replacing(out_dir: Path, enabled: bool) -> Iterator[None]:
     moved = _move(run_files(out_dir), out_dir, aside) if enabled else []
     try:
         yield
-    except BaseException:
+    finally:  # an exception, or a stop (Ctrl-C, SIGTERM) before the first step, which saves nothing
         if moved and not any((out_dir / name).is_file() for name in RUN_FILES if name.endswith(".ckpt")):
             for log in out_dir.glob(LOGS):  # the failed run's
                 log.unlink()
             _move(moved, aside, out_dir)
-            print(f"the new run failed before its first checkpoint: {out_dir} is as it was", file=sys.stderr)
-        raise
-    finally:
+            print(f"the new run stopped before its first checkpoint: {out_dir} is as it was", file=sys.stderr)
         if enabled:
             shutil.rmtree(aside, ignore_errors=True)
 

@@ -397,6 +397,37 @@ def test_two_process_ddp_on_cpu_trains(tiny_run_args, corpus, tmp_path):
 
 
 @pytest.mark.slow
+def test_sigterm_under_ddp_stops_every_rank_and_says_so_once(tiny_run_args, corpus, tmp_path):
+    """A SIGTERM to the launcher (a scheduler's kill) reaches every rank, which all stop at the same step and
+    save; the `error: stopped by SIGTERM` line was printed by each rank."""
+    script = tmp_path / "train_sigterm.py"  # the DDP workers run this script again, so it patches them too
+    script.write_text(
+        "import os, signal, sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from minigpt.training.lightning_module import GPTLightningModule\n"
+        "def on_train_batch_end(self, *args):\n"
+        "    if self.global_step == 3 and self.global_rank == 0:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "GPTLightningModule.on_train_batch_end = on_train_batch_end\n"
+        "from minigpt.cli.main import run_command\n"
+        "run_command('train')\n"
+    )
+    run = tmp_path / "run"
+    args = tiny_run_args(corpus, tmp_path / "data", run, steps=50, data__val_batches=2)
+    ddp = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    result = subprocess.run(
+        [sys.executable, str(script), *args, *ddp], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 143, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    step = read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"]
+    last = run / "checkpoints" / "last.ckpt"
+    assert errors == [f"error: stopped by SIGTERM at step {step}; saved {last}; continue the run with --resume"]
+    assert "Traceback" not in result.stderr
+    assert not {".train.lock", ".train.pid"} & {p.name for p in run.iterdir()}
+
+
+@pytest.mark.slow
 def test_a_setting_every_ddp_rank_refuses_is_one_line(tiny_run_args, corpus, tmp_path):
     """Each rank runs train.py: a setting both refuse alike was printed once per rank."""
     args = tiny_run_args(corpus, tmp_path / "data", tmp_path / "run", steps=2, data__val_batches=1)

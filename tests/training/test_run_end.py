@@ -227,7 +227,7 @@ def test_ctrl_c_is_a_stop_not_an_error(tiny_run_args, corpus, data_root, tmp_pat
     from minigpt.cli.errors import run_cli
 
     real = train_cli.run_callbacks
-    monkeypatch.setattr(train_cli, "run_callbacks", lambda *a: real(*a) + [CtrlC(step=3, times=times)])
+    monkeypatch.setattr(train_cli, "run_callbacks", lambda *a, **k: real(*a, **k) + [CtrlC(step=3, times=times)])
     run = tmp_path / "run"
     last = run / "checkpoints" / "last.ckpt"
     with pytest.raises(SystemExit) as stopped:
@@ -267,7 +267,7 @@ def test_ctrl_c_before_the_first_step_saves_nothing(tiny_run_args, corpus, data_
     from minigpt.cli.errors import run_cli
 
     real = train_cli.run_callbacks
-    monkeypatch.setattr(train_cli, "run_callbacks", lambda *a: real(*a) + [Signal(0, signal.SIGINT)])
+    monkeypatch.setattr(train_cli, "run_callbacks", lambda *a, **k: real(*a, **k) + [Signal(0, signal.SIGINT)])
     argv = tiny_run_args(corpus, data_root, tmp_path / "run", steps=10)
     with pytest.raises(SystemExit) as stopped:
         run_cli(lambda: main(argv))
@@ -276,6 +276,27 @@ def test_ctrl_c_before_the_first_step_saves_nothing(tiny_run_args, corpus, data_
     assert not list((tmp_path / "run").rglob("*.ckpt"))
     monkeypatch.setattr(train_cli, "run_callbacks", real)
     assert main(argv).global_step == 10
+
+
+def test_an_overwrite_stopped_before_its_first_step_puts_the_old_run_back(
+    tiny_run_args, corpus, data_root, tmp_path, capsys, monkeypatch
+):
+    """--overwrite sets the old run aside until the new one has a checkpoint: a Ctrl-C (or SIGTERM) before the
+    first step saves none, and the old run's checkpoints and config went with the folder they were set aside in (the
+    stop ends the run without an exception, which alone put them back)."""
+    from minigpt.cli import train as train_cli
+    from minigpt.cli.errors import run_cli
+
+    run = tmp_path / "run"
+    main(tiny_run_args(corpus, data_root, run, steps=5))
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    real = train_cli.run_callbacks
+    monkeypatch.setattr(train_cli, "run_callbacks", lambda *a, **k: real(*a, **k) + [Signal(0, signal.SIGINT)])
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: main(tiny_run_args(corpus, data_root, run, steps=10) + ["--overwrite"]))
+    assert stopped.value.code == 130
+    assert f"the new run stopped before its first checkpoint: {run} is as it was" in capsys.readouterr().err
+    assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
 
 
 def test_a_max_epochs_run_stopped_by_sigterm_resumes_exactly(tiny_run_args, corpus, data_root, tmp_path, monkeypatch):
@@ -291,7 +312,7 @@ def test_a_max_epochs_run_stopped_by_sigterm_resumes_exactly(tiny_run_args, corp
 
     straight = main(argv("straight"))
     real = train_cli.run_callbacks
-    monkeypatch.setattr(train_cli, "run_callbacks", lambda *a: real(*a) + [Signal(5, signal.SIGTERM)])
+    monkeypatch.setattr(train_cli, "run_callbacks", lambda *a, **k: real(*a, **k) + [Signal(5, signal.SIGTERM)])
     with pytest.raises(SystemExit):
         main(argv("resumed"))
     monkeypatch.setattr(train_cli, "run_callbacks", real)
