@@ -55,6 +55,8 @@ def is_whole(value: Any) -> bool:
 
 @dataclass
 class GPTConfig:
+    """The model: its architecture (each field is a --model.FIELD flag)."""
+
     arch: Arch = "gpt"
     """Block: gpt (LayerNorm, learned positions, GELU) or llama (RMSNorm, RoPE, GQA, SwiGLU)."""
     attention: Attention = "sdpa"

@@ -44,6 +44,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 @dataclass
 class LoRAConfig:
+    """LoRA adapters, read with --finetune lora only (docs/lora.md)."""
+
     rank: int = 8
     """Rank r of each adapter, at most the smallest targeted projection's width."""
     alpha: float = 16.0

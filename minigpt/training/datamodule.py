@@ -110,6 +110,8 @@ def own_generator() -> torch.Generator:
 
 
 class TokenDataModule(L.LightningDataModule):
+    """The corpus, its tokenizer and the batches (prepared once under data_root)."""
+
     def __init__(
         self,
         source: str = "stdlib",

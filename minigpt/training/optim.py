@@ -59,6 +59,8 @@ def check_optim_resumable(saved: dict[str, Any] | None, optim: OptimConfig, last
 
 @dataclass
 class OptimConfig:
+    """The optimizer and its learning-rate schedule."""
+
     optimizer: OptimizerName = "adamw"
     """adamw, or muon (Muon for the blocks' matrices, AdamW for embeddings, head and gains)."""
     muon_ns_steps: int = 5

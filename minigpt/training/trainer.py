@@ -77,8 +77,10 @@ Precision = Literal[
 
 
 class MiniGPTTrainer(Trainer):
-    """Lightning's Trainer with one more precision: "auto" (the default), bf16-mixed where the device computes
-    bf16 natively and float32 elsewhere (see minigpt/core/precision.py).  Every other argument is Lightning's."""
+    """Lightning's Trainer with one more precision, "auto": bf16-mixed where bf16 is native, else 32-true.
+
+    "auto" is the trainer's default (configs/default.yaml sets 32-true), decided by minigpt/core/precision.py.  Every
+    other argument is Lightning's."""
 
     def __init__(self, *args: Any, precision: Precision | None = "auto", **kwargs: Any) -> None:
         # settings Lightning would divide by (or loop on, or silently misuse) before it checks them

@@ -109,6 +109,19 @@ def test_help_shows_each_fields_own_docstring(tiny_run_args, corpus, data_root, 
     assert "Peak learning rate." in out
 
 
+def test_help_group_headers_are_whole_sentences(capsys):
+    """Each section's header in --help is its class's one-line summary: not a dataclass's generated signature (whose
+    defaults, n_layer 6 or learning_rate 0.001, are not the ones --help lists), a class repr, or a sentence cut at
+    its docstring's first line break (the trainer's, which training.md says explains --trainer.precision)."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    headers = [line for line in capsys.readouterr().out.splitlines() if line[:1].isalpha() or line[:1] == "<"]
+    assert not [h for h in headers if "Config(" in h or "<class " in h], headers
+    assert any('"auto": bf16-mixed where bf16 is native, else 32-true' in h for h in headers), headers
+    for summary in ("The model:", "The optimizer", "LoRA adapters", "The corpus, its tokenizer"):
+        assert any(h.startswith(summary) for h in headers), (summary, headers)
+
+
 def test_vocab_size_is_linked_from_the_data_not_a_flag(tiny_run_args, corpus, data_root, tmp_path, capsys):
 
     with pytest.raises(SystemExit) as exit_info:
