@@ -168,6 +168,14 @@ def test_a_family_refuses_what_its_class_cannot_hold_in_one_line_before_writing(
         (dict(arch="llama", family="phi3", sliding_window=8), "sliding_window=8: llama.cpp's phi3 architecture"),
         (dict(arch="llama", family="phi3", head_dim=8), "head_dim=8: llama.cpp's phi3 head size is n_embd / n_head"),
         (dict(arch="llama", rope_scaling=LONGROPE), "rope_scaling longrope: llama.cpp's llama architecture holds"),
+        (  # llama.cpp's qwen3 and qwen2 load no rope_freqs: such a file was written, and failed to load
+            dict(arch="llama", family="qwen3", qk_norm=True, rope_scaling=LLAMA3),
+            "rope_scaling llama3: minigpt writes llama.cpp's qwen3 architecture with plain RoPE only",
+        ),
+        (
+            dict(arch="llama", family="qwen2", qkv_bias=True, rope_scaling=LLAMA3),
+            "rope_scaling llama3: minigpt writes llama.cpp's qwen2 architecture with plain RoPE only",
+        ),
     ],
 )
 def test_the_gguf_export_asks_the_family_too(overrides, option, tmp_path):

@@ -290,6 +290,12 @@ class Llama(Family):
                 f"rope_scaling linear: minigpt writes {self.gguf_target} without linear RoPE "
                 "scaling; train without rope_scaling (or with model.family gemma3_text to export as Gemma 3)"
             )
+        if kind not in (None, *self.rope_kinds):  # llama3's rope_freqs: llama.cpp's qwen2 and qwen3 load none
+            kinds = " or ".join("plain RoPE" if k == "default" else k for k in self.rope_kinds)
+            yield (
+                f"rope_scaling {kind}: minigpt writes {self.gguf_target} with {kinds} only (llama.cpp would not "
+                "load the file); train without rope_scaling"
+            )
         if config.mlp != "swiglu":
             yield (
                 f"mlp={config.mlp} with arch llama: llama.cpp's {self.gguf_arch} MLP is always gated (SwiGLU); use "
