@@ -43,6 +43,7 @@ from minigpt.core.lora import Finetune, LoRAConfig
 from minigpt.core.model import GPT
 from minigpt.core.precision import resolve_precision
 from minigpt.core.seed import check_seed
+from minigpt.hf.families import check_family_set
 from minigpt.training.callbacks import CompileMode, harness_callbacks, seconds_since_launch
 from minigpt.training.checkpoint_io import SafeCheckpointIO
 from minigpt.training.datamodule import TokenDataModule
@@ -262,7 +263,7 @@ class MiniGPTCLI(LightningCLI):
         if self.config["resume"] and self.config["overwrite"]:
             parser.error("--resume continues the run in out_dir and --overwrite starts it over; pass only one of them")
         if not self.config.get("init_from"):  # refused before the data is prepared (a fine-tune's is its source's)
-            GPTConfig(**{**self.config["model"].as_dict(), "vocab_size": 1})  # the data's, linked at instantiation
+            check_family_set(GPTConfig(**{**self.config["model"].as_dict(), "vocab_size": 1}))  # vocab: the data's
         if problem := objective_problem(self.config):  # DPO's and GRPO's settings that cannot work together
             parser.error(problem)
         note_unread_flags(given, self.config)

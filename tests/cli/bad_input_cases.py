@@ -142,6 +142,14 @@ CASES: list[Case] = [
     ),
     train("unknown attention", "--model.attention", "flash3", expect=["model.attention", "sdpa, manual, einops"]),
     train(
+        "a model.family the model cannot be exported as",
+        "--model.arch",
+        "llama",
+        "--model.family",
+        "gpt2",
+        expect=["model.family: this model would not export as gpt2", "train with arch gpt"],
+    ),
+    train(
         "Lightning's fast_dev_run",
         "--trainer.fast_dev_run",
         "true",

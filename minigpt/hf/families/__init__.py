@@ -7,9 +7,11 @@ family"): the registry the import and the exports ask.
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any
 
 from minigpt.core.config import GPTConfig
+from minigpt.core.errors import ConfigError
 from minigpt.hf.families.base import Family
 from minigpt.hf.families.gemma3 import Gemma3
 from minigpt.hf.families.gpt2 import GPT2
@@ -19,7 +21,7 @@ from minigpt.hf.families.phi3 import Phi3
 from minigpt.hf.families.qwen2 import Qwen2
 from minigpt.hf.families.qwen3 import Qwen3
 
-__all__ = ["FAMILIES", "Family", "family_field", "family_of", "family_of_hf", "hf_classes"]
+__all__ = ["FAMILIES", "Family", "check_family_set", "family_field", "family_of", "family_of_hf", "hf_classes"]
 
 FAMILIES: dict[str, Family] = {
     f.model_type: f for f in (GPT2(), Llama(), Mistral(), Qwen2(), Qwen3(), Gemma3(), Phi3())
@@ -36,6 +38,16 @@ def family_of(config: GPTConfig) -> Family:
     """The family `config`'s exports write: its `family`, else its block's own (block_problems: one of another
     block kind)."""
     return BLOCK_DEFAULT[config.arch] if config.family is None else FAMILIES[config.family]
+
+
+def check_family_set(config: GPTConfig) -> None:
+    """A new model's `family`, set by the user, is the export its run is for: one its other options cannot be
+    exported as is refused before training (the export would refuse it after the run)."""
+    family = family_of(config)
+    if config.family is not None and (
+        problem := next(chain(family.block_problems(config), family.export_problems(config)), None)
+    ):
+        raise ConfigError(f"model.family: this model would not export as {config.family} ({problem})")
 
 
 def family_field(family: Family) -> str | None:
