@@ -18,9 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
 from filelock import FileLock, Timeout
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.callbacks import Callback, Timer
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from minigpt.core.checkpoint import SECTION, check_resumable
 from minigpt.core.errors import UserError
@@ -236,22 +238,82 @@ def recover(out_dir: Path) -> None:
         remove_stale(folder)
 
 
+class SignalStop(Callback):
+    """Stops every rank at the same step when any of them received Ctrl-C or SIGTERM: a stop one rank takes alone
+    leaves the others waiting in the next step's collectives (a hang).  Whether a rank received one is agreed on
+    (one all-reduce of a number) after each training batch and each validation; Ctrl-C then stops after that step
+    (validated and saved), SIGTERM at the next batch's start, as Lightning's SIGTERMException does.
+
+    While it trains, SIGTERM is this callback's: Lightning 2.6's own handler runs a broadcast inside the handler,
+    which hangs where every rank receives the signal (a scheduler's group kill) or one receives it twice."""
+
+    STOPS = ("", "SIGINT", "SIGTERM")  # the agreed number: the strongest stop any rank received
+
+    def __init__(self, received: list[str]) -> None:
+        self.received = received
+        self.training = False
+        self.terminate = False
+
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        self.training = True
+        if threading.current_thread() is threading.main_thread():  # in place of Lightning's, until its teardown
+            signal.signal(signal.SIGTERM, self.on_sigterm)
+
+    def on_train_end(self, trainer: Trainer, pl_module: Any) -> None:
+        self.training = False
+
+    def on_sigterm(self, signum: int, frame: Any) -> None:
+        if "SIGTERM" not in self.received:
+            self.received.append("SIGTERM")
+
+    def on_train_batch_start(self, trainer: Trainer, *args: Any) -> None:
+        if self.terminate:
+            raise SIGTERMException
+
+    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        self.agree(trainer)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: Any) -> None:
+        if self.training:
+            self.agree(trainer)
+
+    def agree(self, trainer: Trainer) -> None:
+        mine = max((self.STOPS.index(name) for name in self.received), default=0)
+        stop = mine
+        if trainer.world_size > 1:
+            agreed = trainer.strategy.reduce(torch.tensor(mine, device=trainer.strategy.root_device), reduce_op="max")
+            stop = int(agreed.item())
+        if stop and self.STOPS[stop] not in self.received:  # another rank's: this one stops as it does
+            self.received.append(self.STOPS[stop])
+        if stop == 2:
+            self.terminate = True
+        elif stop == 1:
+            trainer.should_stop = True
+
+
 @contextlib.contextmanager
 def stop_on_signals(trainer: Trainer) -> Iterator[list[str]]:
-    """Ctrl-C (SIGINT) ends training after the current step, like SIGTERM (which Lightning handles while it trains,
-    and this before and after), so the checkpoint saved then is a whole one; a second Ctrl-C stops at once (a
-    KeyboardInterrupt, which Lightning turns into SystemExit(1) after tearing the run down).  Yields the list of
-    signals received."""
+    """Ctrl-C (SIGINT) ends training after the current step, SIGTERM before the next one, so the checkpoint saved
+    then is a whole one (SignalStop, on every rank at the same step); a second Ctrl-C stops at once (a
+    KeyboardInterrupt, which Lightning turns into SystemExit(1) after tearing the run down).  Before training starts
+    (set-up, compiling) a stop in one process ends the run before its first step; under several, after it (the
+    ranks agree at each step).  Yields the list of signals received."""
     received: list[str] = []
     if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
         yield received
         return
+    stopper = SignalStop(received)
+    trainer.callbacks.append(stopper)
+
+    def stop_before_training() -> None:
+        if not stopper.training and trainer.world_size == 1:
+            trainer.should_stop = True
 
     def on_sigint(signum: int, frame: Any) -> None:
         received.append("SIGINT")
-        if len(received) > 1:
+        if received.count("SIGINT") > 1:
             raise KeyboardInterrupt
-        trainer.should_stop = True
+        stop_before_training()
         if trainer.is_global_zero:  # a terminal's Ctrl-C reaches every rank: said once
             print(
                 "\nstopping after this step and saving a checkpoint (Ctrl-C again to stop at once)",
@@ -260,16 +322,12 @@ def stop_on_signals(trainer: Trainer) -> Iterator[list[str]]:
             )
 
     def on_sigterm(signum: int, frame: Any) -> None:
-        # Lightning's own handler (which calls this one too) is set only once the run is set up, and taken away when
-        # fit returns: a SIGTERM while the step compiles, a --resume restores or the final state is saved would
-        # otherwise kill the process, unsaid and with its lock files left; it stops the run as Lightning's does
-        if signal.getsignal(signal.SIGTERM) is not on_sigterm:
-            return
+        # before training starts and after it ends (SignalStop's while it trains): a SIGTERM while the step compiles,
+        # a --resume restores or the final state is saved would otherwise kill the process, unsaid and with its lock
+        # files left
         if "SIGTERM" not in received:
             received.append("SIGTERM")
-        trainer.should_stop = True
-        if (launcher := trainer.strategy.launcher) is not None:  # DDP workers it started stop too, as Lightning's
-            launcher.kill(signum)
+        stop_before_training()
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     previous_term = signal.signal(signal.SIGTERM, on_sigterm)

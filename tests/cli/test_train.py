@@ -2,6 +2,7 @@
 
 import math
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -397,17 +398,24 @@ def test_two_process_ddp_on_cpu_trains(tiny_run_args, corpus, tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_under_ddp_stops_every_rank_and_says_so_once(tiny_run_args, corpus, tmp_path):
-    """A SIGTERM to the launcher (a scheduler's kill) reaches every rank, which all stop at the same step and
-    save; the `error: stopped by SIGTERM` line was printed by each rank."""
-    script = tmp_path / "train_sigterm.py"  # the DDP workers run this script again, so it patches them too
+@pytest.mark.parametrize(
+    "name, ranks",
+    [
+        ("SIGTERM", "{0: 3}"),  # to the launcher (a scheduler's kill of the main process)
+        ("SIGTERM", "{0: 3, 1: 4}"),  # to every process, a step apart (a group kill): Lightning's handler hung
+        ("SIGINT", "{0: 3}"),  # Ctrl-C to the launcher alone: it stopped, rank 1 trained on (a hang)
+    ],
+)
+def test_a_signal_under_ddp_stops_every_rank_at_one_step_and_says_so_once(tiny_run_args, corpus, tmp_path, name, ranks):
+    """Any rank's signal stops every rank at the same step, which is saved; the line is printed once, by rank 0."""
+    script = tmp_path / "train_signal.py"  # the DDP workers run this script again, so it patches them too
     script.write_text(
         "import os, signal, sys\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
         "from minigpt.training.lightning_module import GPTLightningModule\n"
         "def on_train_batch_end(self, *args):\n"
-        "    if self.global_step == 3 and self.global_rank == 0:\n"
-        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        f"    if self.global_step == {ranks}.get(self.global_rank):\n"
+        f"        os.kill(os.getpid(), signal.{name})\n"
         "GPTLightningModule.on_train_batch_end = on_train_batch_end\n"
         "from minigpt.cli.main import run_command\n"
         "run_command('train')\n"
@@ -418,11 +426,13 @@ def test_sigterm_under_ddp_stops_every_rank_and_says_so_once(tiny_run_args, corp
     result = subprocess.run(
         [sys.executable, str(script), *args, *ddp], cwd=REPO, capture_output=True, text=True, timeout=300
     )
-    assert result.returncode == 143, result.stderr[-3000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    step = read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"]
+    assert result.returncode == 128 + getattr(signal, name), result.stderr[-3000:]
     last = run / "checkpoints" / "last.ckpt"
-    assert errors == [f"error: stopped by SIGTERM at step {step}; saved {last}; continue the run with --resume"]
+    step = read_checkpoint(last)["global_step"]
+    assert step < 10  # stopped there, not trained on
+    stops = [line for line in result.stderr.splitlines() if "stopped by" in line]
+    what = "error: stopped by SIGTERM" if name == "SIGTERM" else "stopped by SIGINT (Ctrl-C)"
+    assert stops == [f"{what} at step {step}; saved {last}; continue the run with --resume"], result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert not {".train.lock", ".train.pid"} & {p.name for p in run.iterdir()}
 
