@@ -387,7 +387,7 @@ class ChatTokenizer(Tokenizer):
         hold its characters).  Without a marker in any message, the ids are encode_chat's (minigpt.core.chat_text
         says how)."""
         if self._message_text is None:
-            self._message_text = MessageText(self.kind, self.base, self.specials, self.added_ids)
+            self._message_text = MessageText(self.kind, self.base, self.specials, self.added_ids, self.template)
         text = self.render(self._message_text.escape(messages), add_generation_prompt=True)[0]
         ids: list[int] = []
         for piece in self._split.split(text) if self._split else [text]:

@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from minigpt.core.hf_tokenizer import tokenizers_library
 from minigpt.core.tokenizer_base import Tokenizer
 
 __all__ = ["ESCAPE", "MessageText"]
@@ -29,19 +30,23 @@ def splitter(tokens: Iterable[str]) -> re.Pattern:
     return re.compile("(" + "|".join(map(re.escape, tokens)) + ")" if tokens else "(?!)")  # (?!): matches nowhere
 
 
-def hf_specials(base: Tokenizer) -> dict[str, Any]:
-    """A Hugging Face base's special tokens (the `tokenizers` library reads them in any text): text -> its AddedToken
-    (lstrip, rstrip, ...)."""
-    return {t.content: t for t in base.backend.get_added_tokens_decoder().values() if t.special}
+def hf_specials(base: Tokenizer, template: str = "") -> dict[str, Any]:
+    """A Hugging Face base's special tokens (the `tokenizers` library reads them in any text), and its other added
+    tokens the template writes (DeepSeek-R1's <｜User｜> and <｜Assistant｜> are special: false, and the library reads
+    an added token in any text too): text -> its AddedToken (lstrip, rstrip, ...)."""
+    added = base.backend.get_added_tokens_decoder().values()
+    return {t.content: t for t in added if t.special or (t.content.strip() and t.content in template)}
 
 
 class MessageText:
     """The escapes of one chat tokenizer's markers, and the encoding of rendered text that holds some."""
 
-    def __init__(self, kind: str, base: Tokenizer, specials: Iterable[str], added_ids: dict[str, int]) -> None:
+    def __init__(
+        self, kind: str, base: Tokenizer, specials: Iterable[str], added_ids: dict[str, int], template: str = ""
+    ) -> None:
         self.kind, self.base, self.added_ids = kind, base, added_ids
         specials = set(specials)
-        self.hf_specials = hf_specials(base) if kind == "hf" else {}
+        self.hf_specials = hf_specials(base, template) if kind == "hf" else {}
         self.hf_split = splitter(self.hf_specials)
         self.markers = sorted(specials | set(self.hf_specials), key=len, reverse=True)
         self.number = {m: k for k, m in enumerate(self.markers)}
@@ -85,6 +90,20 @@ class MessageText:
         # the backend that reads special tokens as text
         if self.literal is None:
             self.literal = type(self.base.backend).from_str(self.base.backend.to_str())
+            self.literal.add_special_tokens(  # the template's markers that are not special: read as text too
+                [
+                    tokenizers_library().AddedToken(
+                        t.content,
+                        single_word=t.single_word,
+                        lstrip=t.lstrip,
+                        rstrip=t.rstrip,
+                        normalized=t.normalized,
+                        special=True,
+                    )
+                    for t in self.hf_specials.values()
+                    if not t.special
+                ]
+            )
             self.literal.encode_special_tokens = True
         specials = self.hf_specials
         pieces = self.hf_split.split(text)  # text, special, text, ..., text

@@ -173,13 +173,23 @@ class HFTokenizer(Tokenizer):
     def encode_array(self, text: str) -> np.ndarray:
         return np.asarray(self.encode(text), dtype=np.int64)
 
+    @functools.cached_property
+    def documents(self):
+        """A copy of the backend that reads a special token's text as text: a document's '<|endoftext|>' is its
+        characters, not the separator the data layer puts after each document (as TiktokenTokenizer reads one)."""
+        backend = type(self.backend).from_str(self.tokenizer_json)
+        backend.encode_special_tokens = True
+        return backend
+
     def encode_batch(self, texts: list[str], num_threads: int | None = None) -> list[np.ndarray]:
+        """Documents' ids (the data layer's): their special tokens' text is text (`documents`)."""
         # the Rust core encodes a batch in parallel (its thread pool: TOKENIZERS_PARALLELISM / RAYON_NUM_THREADS)
         with rust_panics_as_errors(self.name):
             try:
                 # _fast: the ids without the character offsets, which cost as much as the encoding itself
                 return [
-                    np.asarray(self._within_model(e.ids), dtype=np.int64) for e in self.backend.encode_batch_fast(texts)
+                    np.asarray(self._within_model(e.ids), dtype=np.int64)
+                    for e in self.documents.encode_batch_fast(texts)
                 ]
             except UserError:
                 raise

@@ -141,3 +141,15 @@ def test_an_exported_bpe_gives_transformers_the_same_ids(folder_corpus, tmp_path
     hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
     for text in ["and the sea", " ".join(words.values()), "naïve café — 東京 🙂\n\n  x", "a<|endoftext|>b"]:
         assert hf_tok(text)["input_ids"] == tok.encode(text), text
+
+
+def test_an_end_of_text_written_in_a_document_is_its_text_not_a_document_boundary(folder_corpus, tmp_path):
+    """A document that writes '<|endoftext|>' (code about tokenizers) was cut in two there: the text became the
+    separator id.  It is text, as the tiktoken encodings read it; the separator follows each document alone."""
+    folder, _ = folder_corpus
+    (folder / "doc00.txt").write_text("the <|endoftext|> token and the sea\n" * 30)
+    data = load_prepared(prepare_data(str(folder), VOCAB, data_root=tmp_path / "data", val_fraction=0.0001))
+    tok = data.tokenizer
+    ids = data.train.tolist() + data.val.tolist()
+    assert ids.count(tok.eot_id) == 12  # one after each document, none inside doc00
+    assert tok.decode(ids).count("<|endoftext|>") == 12 + 30
