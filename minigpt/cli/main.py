@@ -83,7 +83,9 @@ def run_command(name: str, flags: list[str] | None = None) -> None:
     try:
         run_cli(lambda: command.main(flags))
     finally:
-        if name == "export":  # a finished export exits without Ctrl-C's noise (export.main does it for its argv)
+        # a finished export or training run (a Ctrl-C stop's second press, say) exits without Ctrl-C's noise
+        # (export.main does it for its argv)
+        if name in ("export", "train"):
             ignore_interrupts_until_exit()
 
 

@@ -65,6 +65,7 @@ from minigpt.training.run_dir import (
     recover,
     refuse_taken,
     replacing,
+    stop_at_once,
     stop_on_signals,
 )
 from minigpt.training.run_end import end_of_run, full_split_end
@@ -407,17 +408,11 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         text = Path(cli.config["data"]["tokenizer"]).read_bytes()
         if not (out_dir / "tokenizer.json").is_file() or (out_dir / "tokenizer.json").read_bytes() != text:
             atomic_write(out_dir / "tokenizer.json", lambda f: f.write(text))
-    with replacing(out_dir, overwrite), stop_on_signals(trainer) as stopped_by:
+    with replacing(out_dir, overwrite), stop_on_signals(trainer) as stopped_by, stop_at_once(stopped_by, last):
         try:
             trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path, weights_only=True)
         except SIGTERMException:  # Lightning's: raised between steps after a SIGTERM, the state is whole
             stopped_by.append("SIGTERM")
-        except SystemExit:  # Lightning's answer to a KeyboardInterrupt: a second Ctrl-C, mid-step; nothing saved
-            if stopped_by[:2] != ["SIGINT", "SIGINT"]:
-                raise
-            saved = f"continue from {last} with --resume" if last.is_file() else "no checkpoint was saved yet"
-            print(f"stopped at once by a second Ctrl-C; {saved}", file=sys.stderr)
-            raise SystemExit(128 + SIGNALS["SIGINT"]) from None
         # the final state, whatever step the run stopped at; unless LastCheckpoint saved it at the validation that
         # ended the run (a step on the validation grid, where a save after fit would resume its logs a step late)
         saver = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)

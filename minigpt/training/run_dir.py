@@ -268,6 +268,11 @@ class SignalStop(Callback):
 
     def on_train_batch_start(self, trainer: Trainer, *args: Any) -> None:
         if self.terminate:
+            # Lightning has counted this batch as ready: uncounted, the checkpoint is one saved between batches, as
+            # its own SIGTERMException leaves it; else a resume counts the step twice (its logs one step late)
+            progress = trainer.fit_loop.epoch_loop.batch_progress
+            progress.current.ready -= 1
+            progress.total.ready -= 1
             raise SIGTERMException
 
     def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
@@ -336,6 +341,21 @@ def stop_on_signals(trainer: Trainer) -> Iterator[list[str]]:
     finally:
         signal.signal(signal.SIGINT, previous)
         signal.signal(signal.SIGTERM, previous_term)
+
+
+@contextlib.contextmanager
+def stop_at_once(received: list[str], last: Path) -> Iterator[None]:
+    """A second Ctrl-C (stop_on_signals' KeyboardInterrupt) while the run trains or saves its final state: one line
+    and exit 130.  It surfaces as Lightning's SystemExit(1), as a KeyboardInterrupt in the final save, or as the
+    error torch.save raises when one cuts its write short; last.ckpt is the last whole save (atomic_write)."""
+    try:
+        yield
+    except (SystemExit, KeyboardInterrupt, RuntimeError):
+        if received[:2] != ["SIGINT", "SIGINT"]:
+            raise
+        saved = f"continue from {last} with --resume" if last.is_file() else "no checkpoint was saved yet"
+        print(f"stopped at once by a second Ctrl-C; {saved}", file=sys.stderr)
+        raise SystemExit(128 + SIGNALS["SIGINT"]) from None
 
 
 @contextlib.contextmanager

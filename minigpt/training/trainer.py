@@ -34,7 +34,7 @@ from minigpt.training.callbacks import (
     TextSamples,
     TrainingThroughput,
 )
-from minigpt.training.run_dir import interval_past_epoch
+from minigpt.training.run_dir import SignalStop, interval_past_epoch
 
 PROGRESS_REFRESH = 10
 
@@ -252,7 +252,8 @@ class LastCheckpoint(RunCheckpoint):
         # SIGTERM (Lightning raises it after this step); min_steps / min_epochs can keep it going
         min_steps, min_epochs = trainer.min_steps or 0, trainer.min_epochs or 0
         can_stop = trainer.global_step >= min_steps and trainer.current_epoch >= min_epochs
-        stopping = trainer.received_sigterm or (trainer.should_stop and can_stop)
+        terminating = any(isinstance(c, SignalStop) and c.terminate for c in trainer.callbacks)  # train.py's SIGTERM
+        stopping = trainer.received_sigterm or terminating or (trainer.should_stop and can_stop)
         stopping = trainer.strategy.reduce_boolean_decision(bool(stopping), all=False)  # every rank saves, or none
         if stopping and scheduled_validation(trainer) and trainer.global_step > 0:  # an untrained model: no run
             trainer.save_checkpoint(Path(self.dirpath) / f"{self.filename}{self.FILE_EXTENSION}", weights_only=False)

@@ -531,6 +531,33 @@ def test_sigterm_before_lightning_handles_it_stops_the_run_in_one_line(tiny_run_
     assert not {".train.lock", ".train.pid"} & {p.name for p in run.iterdir()}
 
 
+def test_a_ctrl_c_while_a_stopped_run_exits_adds_no_traceback(tiny_run_args, corpus, tmp_path):
+    """A Ctrl-C stop says its line and exits; an impatient second Ctrl-C landed in the interpreter's exit, as an
+    `Exception ignored in atexit callback` traceback of KeyboardInterrupt after the stop's line."""
+    run = tmp_path / "run"
+    args = tiny_run_args(corpus, tmp_path / "data", run, steps=50)
+    script = (
+        "import atexit, os, signal, sys, time\n"
+        "def press():\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(0.2)\n"
+        "atexit.register(press)\n"
+        "from minigpt.training.lightning_module import GPTLightningModule\n"
+        "def on_fit_start(self):\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "GPTLightningModule.on_fit_start = on_fit_start\n"
+        "from minigpt.cli.main import run_command\n"
+        "run_command('train', sys.argv[1:])\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr
+    assert proc.stderr.splitlines()[-1] == "stopped by SIGINT (Ctrl-C) before the first step; nothing saved"
+    assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
+
+
 def test_sigterm_during_the_full_validation_is_one_line_and_keeps_the_run(tiny_run_args, corpus, tmp_path):
     """The run is over and saved when its full split is evaluated: a SIGTERM there killed the process unsaid and
     left the lock files."""

@@ -354,3 +354,87 @@ def test_a_run_that_ends_at_its_best_evaluates_the_full_split_once(tiny_run_args
     out = capsys.readouterr().out
     assert re.search(r"^best val loss [\d.]+ at step 20;", out, re.M) and trainer.global_step == 20
     assert len(re.findall(r"^full val loss", out, re.M)) == 1
+
+
+def logged(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every logged point of train_loss and val_loss, over all of the run's event files, as (step, value)."""
+    points: dict[str, list[tuple[int, float]]] = {"train_loss": [], "val_loss": []}
+    for events in sorted(run.glob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(events), size_guidance={"scalars": 0}).Reload()
+        for tag, found in points.items():
+            found += [(e.step, round(e.value, 5)) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+    return {tag: sorted(found) for tag, found in points.items()}
+
+
+@pytest.mark.parametrize("step", [7, 10])  # between validations, and at one (val_check_interval 10)
+def test_a_run_stopped_by_sigterm_resumes_with_the_logs_of_an_uninterrupted_run(
+    tiny_run_args, corpus, data_root, tmp_path, monkeypatch, step
+):
+    """SignalStop raised its SIGTERMException after Lightning had counted the next batch as begun: the resumed run
+    counted the stop's step twice, every later point of its logs sat a step late and its validations ran a batch
+    early (at other weights than the uninterrupted run's)."""
+    from minigpt.cli import train as train_cli
+
+    def argv(out):
+        return tiny_run_args(corpus, data_root, tmp_path / out, steps=25, trainer__log_every_n_steps=1)
+
+    main(argv("straight"))
+    real = train_cli.run_callbacks
+    monkeypatch.setattr(train_cli, "run_callbacks", lambda *a, **k: real(*a, **k) + [Signal(step, signal.SIGTERM)])
+    with pytest.raises(SystemExit) as stopped:
+        main(argv("resumed"))
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert read_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.ckpt")["global_step"] == step
+    monkeypatch.setattr(train_cli, "run_callbacks", real)
+    main(argv("resumed") + ["--resume", "true"])
+    straight, resumed = logged(tmp_path / "straight"), logged(tmp_path / "resumed")
+    assert resumed["train_loss"] == straight["train_loss"]
+    assert resumed["val_loss"] == straight["val_loss"]
+
+
+class CutWrites:
+    """A file whose first write presses Ctrl-C: the KeyboardInterrupt lands inside torch.save's zip writer."""
+
+    def __init__(self, f) -> None:
+        self.f, self.pressed = f, False
+
+    def write(self, data) -> int:
+        if not self.pressed:
+            self.pressed = True
+            os.kill(os.getpid(), signal.SIGINT)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def test_a_second_ctrl_c_during_the_final_save_stops_at_once_in_one_line(
+    tiny_run_args, corpus, data_root, tmp_path, capsys, monkeypatch
+):
+    """The state of a Ctrl-C stop off the validation grid is saved after `fit` returns: a second Ctrl-C there
+    escaped as the RuntimeError torch.save raises when its write is cut short, with its traceback, instead of the
+    second Ctrl-C's line; the earlier last.ckpt stays whole."""
+    import torch
+
+    from minigpt.cli import train as train_cli
+    from minigpt.cli.errors import run_cli
+
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        cut = "last.ckpt" in str(getattr(f, "name", ""))  # a save of last.ckpt (at step 13: the final one)
+        return real_save(obj, CutWrites(f) if cut and obj["global_step"] == 13 else f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    real = train_cli.run_callbacks
+    monkeypatch.setattr(train_cli, "run_callbacks", lambda *a, **k: real(*a, **k) + [CtrlC(step=13, times=1)])
+    run = tmp_path / "run"
+    last = run / "checkpoints" / "last.ckpt"
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(lambda: main(tiny_run_args(corpus, data_root, run, steps=50)))
+    err = capsys.readouterr().err
+    assert stopped.value.code == 130 and "Traceback" not in err and "error" not in err, err
+    assert err.strip().splitlines()[-1] == f"stopped at once by a second Ctrl-C; continue from {last} with --resume"
+    assert read_checkpoint(last)["global_step"] == 10  # checkpoint_every's: whole
+    assert not {".train.lock", ".train.pid"} & {p.name for p in run.iterdir()}
+    assert not [p.name for p in last.parent.iterdir() if p.name.startswith(".")]  # no half-written file
