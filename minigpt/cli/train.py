@@ -345,7 +345,8 @@ class MiniGPTCLI(LightningCLI):
             rank_zero_info(reason)
         try:
             trainer = super().instantiate_trainer(**kwargs)
-        except (MisconfigurationException, ValueError) as e:  # Lightning's words for a setting that cannot work
+        # Lightning's words for a setting that cannot work (ModuleNotFoundError: a precision's missing package)
+        except (MisconfigurationException, ValueError, ModuleNotFoundError) as e:
             raise UserError(f"trainer: {first_line(e, 300)}") from None
         self.model.config.check_device(trainer.strategy.root_device.type)
         return trainer

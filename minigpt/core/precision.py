@@ -115,8 +115,10 @@ def resolve_precision(
     if precision != "auto":
         half = str(precision).startswith(("bf16", "16"))
         if half and runs_on_cpu(accelerator) and not (native := cpu_has_native_bf16())[0]:
+            # Lightning runs 16-mixed as bf16 autocast on a CPU, but 16-true as float16 weights and arithmetic
+            dtype = "float16, which it has no native arithmetic for either" if precision == "16-true" else "bf16"
             return precision, (
-                f"note: precision {precision} on this CPU is emulated bf16 ({native[1]}), many times slower than "
+                f"note: precision {precision} on this CPU is emulated {dtype} ({native[1]}), many times slower than "
                 "float32; --trainer.precision auto picks the faster one"
             )
         return precision, f"precision {precision} (as configured)"

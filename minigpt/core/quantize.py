@@ -247,5 +247,8 @@ def choose_int8(
     )
     quantize_s = times.get("quantize", 0.0)
     if best != "float32" and tokens is not None and quantize_s >= tokens * (fp32 - int8):
-        return "float32", f"{why}, and quantizing takes {quantize_s:.1f} s, more than {tokens} tokens would save"
+        saved = tokens * (fp32 - int8)  # seconds, as the quantizing: both may be well under 0.1 s
+        return "float32", (
+            f"{why}, and quantizing takes {quantize_s:.2g} s, more than {tokens} tokens save ({saved:.2g} s)"
+        )
     return best, why

@@ -295,6 +295,12 @@ CASES: list[Case] = [
         "ddp_spawn",
         expect=["trainer.strategy=ddp_spawn hands back only the weights, not the run; use ddp"],
     ),
+    train(
+        "a precision whose package is missing",
+        "--trainer.precision",
+        "transformer-engine",
+        expect=["trainer: Requirement 'transformer_engine", "pip install"],
+    ),
     train("batch_size 0", "--data.batch_size", "0", expect=["data.batch_size: must be >= 1"]),
     train("val_batches 0", "--data.val_batches", "0", expect=["data.val_batches: must be >= 1"]),
     train("val_batch_size 0", "--data.val_batch_size", "0", expect=["data.val_batch_size: must be >= 1"]),

@@ -105,6 +105,14 @@ def test_explicit_half_precision_on_a_cpu_without_bf16_gets_a_note(cpu, given):
     assert not resolve_precision("32-true", "cpu", "manual")[1].startswith("note:")
 
 
+def test_16_true_on_a_cpu_without_bf16_is_noted_as_float16_not_bf16(cpu):
+    """Lightning runs 16-mixed as bf16 autocast on a CPU, but 16-true as float16 weights: the note names float16."""
+    cpu("AVX2")
+    chosen, why = resolve_precision("16-true", "auto", "manual")
+    assert chosen == "16-true"
+    assert why.startswith("note: precision 16-true on this CPU is emulated float16") and "emulated bf16" not in why
+
+
 @pytest.mark.parametrize(
     "capability,fp32,bf16,expected", [("AVX2", 140, 1, "32-true"), ("AVX512", 210, 800, "bf16-mixed")]
 )

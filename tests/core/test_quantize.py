@@ -238,7 +238,9 @@ def test_int8_must_earn_back_its_quantizing_within_the_generation_asked_for():
     measured.update_record(key, float32=2e-3, int8=1e-3, quantize=5.0)
     assert quantize.choose_int8(model)[0] == "int8"
     choice, why = quantize.choose_int8(model, tokens=100)
-    assert choice == "float32" and "quantizing takes 5.0 s, more than 100 tokens would save" in why
+    assert choice == "float32" and "quantizing takes 5 s, more than 100 tokens save (0.1 s)" in why
+    measured.update_record(key, float32=1.2e-3, int8=1e-3, quantize=0.017)  # well under 0.1 s: not "0.0 s"
+    assert "quantizing takes 0.017 s, more than 60 tokens save (0.012 s)" in quantize.choose_int8(model, tokens=60)[1]
     assert quantize.choose_int8(model, tokens=10_000)[0] == "int8"
     choice, why = quantize.choose_int8(model, batch=quantize.MATVEC_ROWS + 1, tokens=10_000)
     assert choice == "float32" and f"up to {quantize.MATVEC_ROWS} sequences" in why
