@@ -283,11 +283,10 @@ class SignalStop(Callback):
             self.agree(trainer)
 
     def agree(self, trainer: Trainer) -> None:
-        mine = max((self.STOPS.index(name) for name in self.received), default=0)
-        stop = mine
+        stop = max((self.STOPS.index(name) for name in self.received), default=0)
         if trainer.world_size > 1:
-            agreed = trainer.strategy.reduce(torch.tensor(mine, device=trainer.strategy.root_device), reduce_op="max")
-            stop = int(agreed.item())
+            mine = torch.tensor(stop, device=trainer.strategy.root_device)
+            stop = int(trainer.strategy.reduce(mine, reduce_op="max").item())
         if stop and self.STOPS[stop] not in self.received:  # another rank's: this one stops as it does
             self.received.append(self.STOPS[stop])
         if stop == 2:
