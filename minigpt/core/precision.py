@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from minigpt.core.errors import ConfigError
 from minigpt.core.fsutil import atomic_write
 from minigpt.core.user_files import TEMPLATE_BYTES, loads, read_user_bytes
 
@@ -112,13 +113,16 @@ def resolve_precision(
     On a CPU, bf16 autocast pays only where bf16 matmuls are native, and not with the sdpa attention path:
     torch's CPU flash-attention backward is slower in bf16 than in float32 (the manual and einops paths are not).
     """
+    if str(precision) == "16-true":  # float16 weights and optimizer state, and no loss scaling
+        raise ConfigError(
+            "trainer.precision: 16-true trains float16 weights without loss scaling, where AdamW's state underflows "
+            "(its eps, 1e-8, is 0 in float16) and the run diverges; use 16-mixed or bf16-true"
+        )
     if precision != "auto":
         half = str(precision).startswith(("bf16", "16"))
         if half and runs_on_cpu(accelerator) and not (native := cpu_has_native_bf16())[0]:
-            # Lightning runs 16-mixed as bf16 autocast on a CPU, but 16-true as float16 weights and arithmetic
-            dtype = "float16, which it has no native arithmetic for either" if precision == "16-true" else "bf16"
-            return precision, (
-                f"note: precision {precision} on this CPU is emulated {dtype} ({native[1]}), many times slower than "
+            return precision, (  # (Lightning runs 16-mixed as bf16 autocast on a CPU)
+                f"note: precision {precision} on this CPU is emulated bf16 ({native[1]}), many times slower than "
                 "float32; --trainer.precision auto picks the faster one"
             )
         return precision, f"precision {precision} (as configured)"

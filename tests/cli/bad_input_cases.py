@@ -150,6 +150,12 @@ CASES: list[Case] = [
         expect=["model.family: this model would not export as gpt2", "train with arch gpt"],
     ),
     train(
+        "16-true precision (float16 AdamW state diverges)",
+        "--trainer.precision",
+        "16-true",
+        expect=["trainer.precision: 16-true trains float16 weights without loss scaling", "use 16-mixed or bf16-true"],
+    ),
+    train(
         "Lightning's fast_dev_run",
         "--trainer.fast_dev_run",
         "true",
