@@ -506,25 +506,27 @@ def test_a_killed_saves_temporary_checkpoint_is_removed_by_the_next_run(tiny_run
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]
 
 
+def train_patched(patch: str, args: list[str]) -> subprocess.CompletedProcess:
+    """`train.py ARGS` in a fresh process, after `patch` (Python with os, signal, sys and time imported) ran in it."""
+    train = "from minigpt.cli.main import run_command\nrun_command('train', sys.argv[1:])\n"
+    script = f"import os, signal, sys, time\n{patch}{train}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
 def test_sigterm_before_lightning_handles_it_stops_the_run_in_one_line(tiny_run_args, corpus, tmp_path):
     """Lightning handles SIGTERM only once the run is set up: one while the step compiles (on_fit_start) killed
     the process with no line and left the lock files; it stops the run as a SIGTERM in training does."""
     run = tmp_path / "run"
-    args = tiny_run_args(corpus, tmp_path / "data", run, steps=50)
-    script = (
-        "import os, signal, sys\n"
+    patch = (
         "from minigpt.training.lightning_module import GPTLightningModule\n"
         "def on_fit_start(self):\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "GPTLightningModule.on_fit_start = on_fit_start\n"
-        "from minigpt.cli.errors import run_cli\n"
-        "from minigpt.cli.train import main\n"
-        "run_cli(lambda: main(sys.argv[1:]))\n"
     )
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", script, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
+    proc = train_patched(patch, tiny_run_args(corpus, tmp_path / "data", run, steps=50))
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
     assert "error: stopped by SIGTERM before the first step; nothing saved" in proc.stderr.splitlines(), proc.stderr
     assert "Traceback" not in proc.stderr
@@ -534,10 +536,8 @@ def test_sigterm_before_lightning_handles_it_stops_the_run_in_one_line(tiny_run_
 def test_a_ctrl_c_while_a_stopped_run_exits_adds_no_traceback(tiny_run_args, corpus, tmp_path):
     """A Ctrl-C stop says its line and exits; an impatient second Ctrl-C landed in the interpreter's exit, as an
     `Exception ignored in atexit callback` traceback of KeyboardInterrupt after the stop's line."""
-    run = tmp_path / "run"
-    args = tiny_run_args(corpus, tmp_path / "data", run, steps=50)
-    script = (
-        "import atexit, os, signal, sys, time\n"
+    patch = (
+        "import atexit\n"
         "def press():\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
         "    time.sleep(0.2)\n"
@@ -546,13 +546,8 @@ def test_a_ctrl_c_while_a_stopped_run_exits_adds_no_traceback(tiny_run_args, cor
         "def on_fit_start(self):\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
         "GPTLightningModule.on_fit_start = on_fit_start\n"
-        "from minigpt.cli.main import run_command\n"
-        "run_command('train', sys.argv[1:])\n"
     )
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", script, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
+    proc = train_patched(patch, tiny_run_args(corpus, tmp_path / "data", tmp_path / "run", steps=50))
     assert proc.returncode == 128 + signal.SIGINT, proc.stderr
     assert proc.stderr.splitlines()[-1] == "stopped by SIGINT (Ctrl-C) before the first step; nothing saved"
     assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
@@ -562,22 +557,14 @@ def test_sigterm_during_the_full_validation_is_one_line_and_keeps_the_run(tiny_r
     """The run is over and saved when its full split is evaluated: a SIGTERM there killed the process unsaid and
     left the lock files."""
     run = tmp_path / "run"
-    args = tiny_run_args(corpus, tmp_path / "data", run, steps=3)
-    script = (
-        "import os, signal, sys, time\n"
+    patch = (
         "from minigpt.training import run_end\n"
         "def full_split_loss(*a):\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "    time.sleep(60)\n"
         "run_end.full_split_loss = full_split_loss\n"
-        "from minigpt.cli.errors import run_cli\n"
-        "from minigpt.cli.train import main\n"
-        "run_cli(lambda: main(sys.argv[1:]))\n"
     )
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", script, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
+    proc = train_patched(patch, tiny_run_args(corpus, tmp_path / "data", run, steps=3))
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
     assert proc.stderr.splitlines()[-1] == (
         "error: stopped by SIGTERM during the full validation; the run's checkpoints are saved"
