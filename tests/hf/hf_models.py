@@ -63,7 +63,7 @@ MODELS = {
         num_key_value_heads=1,
         max_position_embeddings=64,
         rope_theta=500000.0,
-        rope_scaling=ROPE_LLAMA3,
+        rope_scaling=dict(ROPE_LLAMA3),  # a copy: the config class writes rope_theta into it
         tie_word_embeddings=True,
         **SMALL,
     ),
@@ -286,7 +286,7 @@ MODELS = {
         num_key_value_heads=1,
         max_position_embeddings=256,
         original_max_position_embeddings=64,
-        rope_parameters=ROPE_LONGROPE,
+        rope_parameters=dict(ROPE_LONGROPE),
         partial_rotary_factor=0.5,
         tie_word_embeddings=False,
         **SMALL,

@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from minigpt.hf.families import FAMILIES
 from minigpt.hf.tokenizer_files import save_hf_tokenizer
 from minigpt.loading import load_model
 
 transformers = pytest.importorskip("transformers")
-from hf_models import MODELS
+from hf_models import MODELS, ROPE_LLAMA3, hf_logits, ids, our_logits, random_hf_model, save
 from test_family_suite import assert_llama_cpp_tokenizes_nfc_texts_as, family_of, helper, random_gguf, tensor_shapes
 
 QWEN = [name for name in MODELS if name.startswith("qwen")]
@@ -31,6 +32,25 @@ def test_the_import_reads_qwen2s_biases_and_qwen3s_qk_norms(saved, name):
     assert config.qkv_bias == (hf_config.model_type == "qwen2")
     assert config.qk_norm == (hf_config.model_type == "qwen3")
     assert config.rope_base == 1e6
+
+
+@pytest.mark.parametrize("name", ["qwen2-gqa-tied", "qwen3-gqa-tied-head-dim"])
+@pytest.mark.parametrize("scaling", [ROPE_LLAMA3, dict(rope_type="linear", factor=4.0)], ids=["llama3", "linear"])
+def test_a_qwen_model_with_rope_scaling_imports_with_transformers_logits_and_exports_back(name, scaling, tmp_path):
+    """Qwen2ForCausalLM and Qwen3ForCausalLM compute llama3 and linear RoPE scaling as Llama does, and minigpt's
+    own qwen2/qwen3 exports write them: the import reads them (its GGUF export still refuses them)."""
+    from minigpt.export.hf import export_hf
+
+    hf_config = MODELS[name]()
+    hf_config.rope_parameters = {**scaling, "rope_theta": 1e6}
+    hf_model = random_hf_model(hf_config)
+    model, tokenizer = load_model(save(hf_model, tmp_path / "hf"))
+    assert model.config.rope_scaling == scaling
+    idx = ids(T=60)  # past original_max_position_embeddings (16), where llama3 scaling changes the frequencies
+    expected = hf_logits(hf_model, idx)
+    torch.testing.assert_close(our_logits(model, idx), expected, atol=1e-5 * expected.abs().max().item(), rtol=0)
+    again, _ = load_model(export_hf(model, tokenizer, tmp_path / "export"))
+    assert again.config == model.config
 
 
 # ------------------------------------------------------------------------------------------------- tokenizers

@@ -276,6 +276,11 @@ class Llama(Family):
         return out
 
     # ------------------------------------------------------------------------------------------- GGUF
+    @property
+    def gguf_rope_kinds(self) -> tuple[str, ...]:
+        """The RoPE kinds the GGUF export writes for this family: those the import reads, unless a family says less."""
+        return self.rope_kinds
+
     def gguf_problems(self, config: GPTConfig) -> Iterator[str]:
         yield from self.qk_norm_problems(config, self.gguf_target)
         scaling = config.rope_scaling or {}
@@ -290,8 +295,8 @@ class Llama(Family):
                 f"rope_scaling linear: minigpt writes {self.gguf_target} without linear RoPE "
                 "scaling; train without rope_scaling (or with model.family gemma3_text to export as Gemma 3)"
             )
-        if kind not in (None, *self.rope_kinds):  # llama3's rope_freqs: llama.cpp's qwen2 and qwen3 load none
-            kinds = " or ".join("plain RoPE" if k == "default" else k for k in self.rope_kinds)
+        if kind not in (None, *self.gguf_rope_kinds):
+            kinds = " or ".join("plain RoPE" if k == "default" else k for k in self.gguf_rope_kinds)
             yield (
                 f"rope_scaling {kind}: minigpt writes {self.gguf_target} with {kinds} only (llama.cpp would not "
                 "load the file); train without rope_scaling"

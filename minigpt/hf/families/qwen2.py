@@ -26,7 +26,7 @@ class Qwen2(Llama):
     gguf_pre_tokenizer = (PATTERN, "qwen2")
     fused = FUSED | QKV_BIASES
     gguf_permute = False
-    rope_kinds = ("default",)
+    gguf_rope_kinds = ("default",)  # llama.cpp's qwen2 and qwen3 load no rope_freqs (Llama 3's factors)
     qkv_bias = True
 
     def import_problems(self, hf: dict[str, Any]) -> Iterator[str]:
