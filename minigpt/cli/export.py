@@ -15,6 +15,7 @@ is done, a Ctrl-C while the process exits is ignored.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from collections.abc import Iterator
@@ -182,11 +183,14 @@ def run(argv: list[str] | None = None, replacing: list[Replaced] | None = None) 
     export_hf(model, tokenizer, out, overwrite=args.overwrite, checked=checked)
     n = safetensors_params(out / "model.safetensors")
     show_checkpoint_lines()
+    family = family_of(model.config)
     print(
-        f"wrote {family_of(model.config).hf_class} ({n:,} parameters) to {out}: "
-        f"{', '.join(sorted(p.name for p in out.iterdir()))}",
+        f"wrote {family.hf_class} ({n:,} parameters) to {out}: {', '.join(sorted(p.name for p in out.iterdir()))}",
         flush=True,
     )
+    if tokenizer is not None:
+        for note in family.tokenizer_notes(json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))):
+            print(f"note: {note}", flush=True)
     return out
 
 

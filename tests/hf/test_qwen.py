@@ -92,6 +92,38 @@ def test_llama_cpp_tokenizes_nfc_text_as_the_qwen_style_tokenizer_and_the_export
     assert_llama_cpp_tokenizes_nfc_texts_as(tmp_path / "model.gguf", tokenizer)
 
 
+@pytest.mark.parametrize("kind", ["qwen-style", "char", "byte", "tiktoken"])
+def test_a_qwen2_export_says_when_autotokenizer_would_read_other_ids(kind, tmp_path, capsys):
+    """transformers 5 loads any qwen2 folder's tokenizer as Qwen2Tokenizer, which keeps tokenizer.json's vocabulary
+    and merges but not its pipeline: the export says so where that changes the ids, and not for Qwen's own."""
+    from minigpt.cli.export import main as export_main
+    from minigpt.core.checkpoint import model_checkpoint, save_file
+    from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
+    from support import byte_bpe
+
+    text = "It's 12345 héllo e\u0301\n\n  wörld"
+    tokenizer = {
+        "qwen-style": qwen_style_tokenizer,
+        "char": lambda: CharTokenizer(text),
+        "byte": ByteTokenizer,  # no NFC: a decomposed é is two bytes more than Qwen2Tokenizer's composed one
+        "tiktoken": lambda: TiktokenTokenizer(byte_bpe()),
+    }[kind]()
+    model = helper("gguf_models").random_model(
+        arch="llama", family="qwen2", qkv_bias=True, n_kv_head=2, vocab_size=tokenizer.vocab_size
+    )
+    save_file(model_checkpoint(model, tokenizer), tmp_path / "model.ckpt")
+    export_main(["--ckpt", str(tmp_path / "model.ckpt"), "--out", str(tmp_path / "hf")])
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    auto = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert type(auto).__name__ == "Qwen2Tokenizer"
+    same = auto(text)["input_ids"] == tokenizer.encode(text)
+    assert same == (kind == "qwen-style") and len(notes) == (not same)
+    if notes:
+        assert "PreTrainedTokenizerFast.from_pretrained(folder)" in notes[0]
+        fast = transformers.PreTrainedTokenizerFast.from_pretrained(tmp_path / "hf")
+        assert fast(text)["input_ids"] == tokenizer.encode(text)
+
+
 # the published configs' sizes (Qwen2.5-0.5B: q/k/v biases, tied; Qwen3-0.6B: head_dim 128 with 16 heads of a
 # 1024-wide model, q/k norms, tied)
 PUBLISHED = {

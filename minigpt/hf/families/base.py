@@ -113,6 +113,11 @@ class Family:
         if config.mlp == "relu2":
             yield f"mlp=relu2: {self.hf_class} has no squared-ReLU MLP; train with mlp gelu (gpt) or swiglu (llama)"
 
+    def tokenizer_notes(self, tokenizer_json: dict[str, Any]) -> list[str]:
+        """What a user should know of the exported tokenizer.json as transformers loads it with this family's
+        AutoTokenizer (printed as `note:` lines)."""
+        return []
+
     def hf_position_problems(self, config: GPTConfig) -> Iterator[str]:
         """Sliding windows, several RoPE bases and partial rotary, where the HF class computes none of them."""
         return position_problems(config, self.hf_class, sliding=self.sliding_window, partial=self.partial_rotary)

@@ -18,6 +18,23 @@ PATTERN = (  # Qwen2's tokenizer.json (Qwen3's too): single digits
 )
 
 
+def qwen_pipeline(doc: dict[str, Any]) -> bool:
+    """Whether a tokenizer.json is the pipeline transformers' Qwen2Tokenizer builds: NFC, Qwen's split, byte-level
+    BPE (its ids are then the file's)."""
+    model, pre = doc.get("model") or {}, doc.get("pre_tokenizer") or {}
+    split, byte_level = (pre.get("pretokenizers") or [{}, {}]) if pre.get("type") == "Sequence" else ({}, {})
+    return (
+        (doc.get("normalizer") or {}).get("type") == "NFC"
+        and (model.get("type"), model.get("byte_fallback", False)) == ("BPE", False)
+        and (doc.get("decoder") or {}).get("type") == "ByteLevel"
+        and (split.get("type"), (split.get("pattern") or {}).get("Regex")) == ("Split", PATTERN)
+        and (split.get("behavior"), split.get("invert", False)) == ("Isolated", False)
+        and byte_level.get("type") == "ByteLevel"
+        and not byte_level.get("add_prefix_space")
+        and not byte_level.get("use_regex", True)
+    )
+
+
 class Qwen2(Llama):
     model_type = "qwen2"
     config_defaults = {"max_position_embeddings": 32768}  # Qwen2Config's
@@ -39,6 +56,18 @@ class Qwen2(Llama):
 
     def config_fields(self, hf: dict[str, Any]) -> dict[str, Any]:
         return super().config_fields(hf) | {"qkv_bias": self.qkv_bias}
+
+    def tokenizer_notes(self, tokenizer_json: dict[str, Any]) -> list[str]:
+        # transformers 5 loads a qwen2 folder's tokenizer as Qwen2Tokenizer whatever tokenizer_config.json says: it
+        # builds Qwen's pipeline around tokenizer.json's vocab and merges and drops the file's own
+        if qwen_pipeline(tokenizer_json):
+            return []
+        return [
+            "transformers' AutoTokenizer loads a qwen2 folder as Qwen2Tokenizer, which rebuilds Qwen's byte-level "
+            "BPE (NFC, Qwen's split pattern) around the vocabulary and would encode text to other ids than this "
+            "tokenizer; load it with PreTrainedTokenizerFast.from_pretrained(folder), which reads tokenizer.json as "
+            "written"
+        ]
 
     def hf_config(self, config: GPTConfig) -> dict[str, Any]:
         out = super().hf_config(config)
