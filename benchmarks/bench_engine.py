@@ -142,7 +142,15 @@ def random_model(shape: str, args, device: torch.device) -> GPT:
 def main(argv: list[str] | None = None) -> dict:
     p = common.parser(common.summary(__doc__), "engine")
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    p.add_argument("--ways", nargs="+", default=list(WAYS), choices=list(WAYS))
+    p.add_argument(
+        "--ways",
+        nargs="+",
+        default=list(WAYS),
+        choices=list(WAYS),
+        metavar="WAY",
+        help=f"the ways to time, each quoted (its name has a comma and a space): {', '.join(map(repr, WAYS))} "
+        "(default: all)",
+    )
     p.add_argument(
         "--tokens",
         type=common.positive_int,
