@@ -133,11 +133,10 @@ class ChatSession:
     def reply(self, text: str, on_text: Callable[[str], object] | None = None) -> str:
         """The assistant's reply to the user's `text` (streamed to on_text as it grows), added to the conversation.
         A message the model cannot read (too long for the block, characters a char model lacks) raises UserError and
-        leaves the conversation as it was."""
+        leaves the conversation as it was; so does a reply cut short (Ctrl-C, an error in on_text)."""
         if not isinstance(text, str):
             raise UserError(f"the message is {type(text).__name__}, not text; give a string")
         ids, kept = self._prompt([*self.messages, {"role": "user", "content": text}])
-        self.messages[:] = kept  # in place, as before: a list the caller holds stays the conversation
         budget = min(self.max_new_tokens, self.model.config.block_size - len(ids))
         reply: list[int] = []
         decoder = IncrementalDecoder(self.tokenizer)  # the reply's text as it grows, decoded on its own
@@ -154,7 +153,10 @@ class ChatSession:
         answer = self.tokenizer.decode(reply)
         if (rest := decoder.finish()) and on_text is not None:
             on_text(rest)
-        self.messages.append({"role": "assistant", "content": answer})
+        # the turn joins the conversation only whole: a user turn left without its reply made the next render two
+        # user turns in a row, which templates that insist on alternating roles (Llama 2's, Mistral's) refuse
+        kept.append({"role": "assistant", "content": answer})
+        self.messages[:] = kept  # in place: a list the caller holds stays the conversation
         return answer
 
 

@@ -8,7 +8,7 @@ import torch
 
 from minigpt import GPT, GPTConfig
 from minigpt.core.chat import ChatSession, chat
-from minigpt.core.chat_template import IM_END, IM_START, ChatTokenizer
+from minigpt.core.chat_template import DEFAULT_CHAT_TEMPLATE, IM_END, IM_START, ChatTokenizer
 from minigpt.core.errors import UserError
 from minigpt.core.generation import generate
 from minigpt.core.tokenizers import CharTokenizer
@@ -100,6 +100,33 @@ def test_a_long_conversation_never_loses_its_last_user_message():
     session.messages = [{"role": "user", "content": "a" * 50}]
     session.reply("what")
     assert session.messages[0] == {"role": "user", "content": "what"} and len(session.messages) == 2
+
+
+ALTERNATING = (  # Llama 2's and Mistral's check, over ChatML
+    "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% endfor %}" + DEFAULT_CHAT_TEMPLATE
+)
+
+
+def test_a_reply_cut_short_leaves_the_conversation_as_it_was():
+    """Ctrl-C mid-reply (a notebook's stop) left the user's turn in the conversation without its reply: the next
+    turn rendered two user turns in a row, which a template that insists on alternating roles refuses, at every turn
+    from then on."""
+    model, _ = tiny_chat_model()
+    tok = ChatTokenizer.for_base(CharTokenizer("abcdefghijklmnopqrstuvwxyz \n?"), ALTERNATING)
+    session, fresh = (ChatSession(model, tok, max_new_tokens=6, temperature=0) for _ in range(2))
+    assert session.reply("hello") == fresh.reply("hello")
+    before = [dict(m) for m in session.messages]
+
+    def interrupt(piece: str) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        session.reply("tell me more", on_text=interrupt)
+    assert session.messages == before
+    assert session.reply("hi again") == fresh.reply("hi again")  # the cache holds the cut reply: it is run again
+    assert session.messages == fresh.messages
 
 
 @pytest.mark.parametrize(
