@@ -5,7 +5,9 @@
 - `grid_image`: the same grid as a plain RGB array with no text, built with numpy in milliseconds: what
   training logs to TensorBoard at each validation.
 
-Colour is sqrt(weight), so the small weights of a spread-out head still show.
+Colour is sqrt(weight), so the small weights of a spread-out head still show.  The figures are matplotlib Figures
+made without pyplot: importing this module leaves the process's backend (a notebook's inline one) and open figures
+as they were.
 """
 
 from __future__ import annotations
@@ -16,16 +18,9 @@ import warnings
 from pathlib import Path
 
 import matplotlib
-
-matplotlib.use("Agg")  # files only: no display, no GUI toolkit
-# a token the font cannot draw (CJK in DejaVu Sans) is a box in the PNG labels, and the page shows it: not a warning
-# with a source line for each figure
-warnings.filterwarnings("ignore", r"Glyph \d+ .*missing from font", UserWarning)
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import numpy as np
+import torch
+from matplotlib.figure import Figure
 
 __all__ = ["grid_figure", "layer_figure", "grid_image", "save_figures", "CMAP", "CELL_INCHES", "DPI"]
 
@@ -51,7 +46,7 @@ def grid_figure(weights: torch.Tensor | np.ndarray, title: str = "") -> Figure:
     w = np.asarray(weights, dtype=np.float32)
     L, H = w.shape[:2]
     left, top = MARGIN_INCHES
-    fig = plt.figure(figsize=(H * CELL_INCHES + left, L * CELL_INCHES + top), dpi=DPI)
+    fig = Figure(figsize=(H * CELL_INCHES + left, L * CELL_INCHES + top), dpi=DPI)
     fig.patch.set_facecolor("white")
     width, height = fig.get_size_inches()
     for layer in range(L):
@@ -81,7 +76,8 @@ def layer_figure(weights: torch.Tensor | np.ndarray, layer: int, tokens: list[st
     rows = math.ceil(H / cols)
     labelled = tokens is not None and T <= 40
     size = 3.2 if labelled else 2.4
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * size, rows * size + 0.4), dpi=DPI, squeeze=False)
+    fig = Figure(figsize=(cols * size, rows * size + 0.4), dpi=DPI)
+    axes = fig.subplots(rows, cols, squeeze=False)
     fig.suptitle(
         f"layer {layer}: attention of each query (row) over the keys (columns), colour = \u221aweight", fontsize=10
     )
@@ -132,11 +128,15 @@ def save_figures(
         if (found := re.fullmatch(r"attention_layer(\d+)\.png", old.name)) and int(found[1]) >= len(weights):
             old.unlink()
     paths = []
-    figures = [("attention_grid.png", grid_figure(weights, title))]
-    figures += [(f"attention_layer{layer}.png", layer_figure(weights, layer, tokens)) for layer in range(len(weights))]
-    for name, fig in figures:
-        path = out_dir / name
-        fig.savefig(path, dpi=DPI, facecolor="white")
-        plt.close(fig)
-        paths.append(path)
+    # a token the font cannot draw (CJK in DejaVu Sans) is a box in the labels, and the page shows it: no warning
+    # with a source line for each figure (laying out and saving draw them; filtered here, not in the user's process)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"Glyph \d+ .*missing from font", UserWarning)
+        figures = [("attention_grid.png", grid_figure(weights, title))]
+        figures += [
+            (f"attention_layer{layer}.png", layer_figure(weights, layer, tokens)) for layer in range(len(weights))
+        ]
+        for name, fig in figures:
+            fig.savefig(out_dir / name, dpi=DPI, facecolor="white")
+            paths.append(out_dir / name)
     return paths

@@ -3,6 +3,9 @@ the TensorBoard picture's shape."""
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
@@ -13,6 +16,8 @@ from minigpt.lab.figures import CELL_INCHES, DPI, MARGIN_INCHES, grid_image, sav
 from support import LAB_CHARS as CHARS
 from support import LAB_PROMPT as PROMPT
 from support import lab_model as random_model
+
+REPO = Path(__file__).resolve().parents[2]  # the repository root: its minigpt is the one imported
 
 
 def test_pngs_have_the_grid_size_and_npz_holds_everything(tmp_path):
@@ -49,3 +54,19 @@ def test_pngs_have_the_grid_size_and_npz_holds_everything(tmp_path):
     image = grid_image(capture.weights, min_cell=48, gap=2)  # the TensorBoard picture
     cell = len(PROMPT) * math.ceil(48 / len(PROMPT))
     assert image.shape == (L * cell + (L + 1) * 2, H * cell + (H + 1) * 2, 3) and image.dtype == np.uint8
+
+
+def test_drawing_leaves_the_users_matplotlib_as_it_was(tmp_path):
+    """A notebook's backend (inline) and its open figures stay as they were: importing the module once switched
+    the process to Agg, so the user's later plots no longer showed, and it left a warning filter installed."""
+    code = (
+        "import matplotlib, torch, warnings\nmatplotlib.use('svg')\nimport matplotlib.pyplot as plt\nplt.figure()\n"
+        "filters = list(warnings.filters)\nfrom minigpt.lab.figures import save_figures\n"
+        f"save_figures(torch.full((1, 1, 2, 2), 0.5), ['\u4e2d', 'b'], {str(tmp_path)!r})\n"
+        "print(matplotlib.get_backend(), plt.get_fignums(), warnings.filters == filters)"
+    )
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == ["svg", "[1]", "True"]
+    assert "Glyph" not in ran.stderr  # the CJK label the font lacks is a box, without a warning
+    assert (tmp_path / "attention_layer0.png").is_file()
