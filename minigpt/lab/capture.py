@@ -31,6 +31,7 @@ from minigpt.core.config import GPTConfig
 from minigpt.core.errors import UserError
 from minigpt.core.generation import prompt_ids
 from minigpt.core.model import GPT
+from minigpt.core.tokenizer_base import CONTEXT_IDS, decode_after
 from minigpt.core.tokenizers import Tokenizer
 
 __all__ = [
@@ -83,11 +84,14 @@ def lab_prompt_ids(tokenizer: Tokenizer, text: str, config: GPTConfig) -> list[i
 
 
 def token_strings(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
-    """Each token decoded on its own; tokens that each hold part of a multi-byte character (byte-level BPE, byte
+    """Each token's text: what it adds after the tokens before it (a SentencePiece piece decoded alone loses its
+    space: "▁world" would show "world").  Tokens that each hold part of a multi-byte character (byte-level BPE, byte
     fallback) would each show U+FFFD, so each shows the text they make together and its part: "é(1/2)", "é(2/2)"."""
     strings, i = [], 0
     while i < len(ids):
         piece = tokenizer.decode([ids[i]])
+        if "\ufffd" not in piece:  # a whole token: decoded after the ones before it, for its leading space
+            piece = decode_after(tokenizer, ids[max(0, i - CONTEXT_IDS) : i], ids[i : i + 1])
         # UTF-8 characters are at most 4 bytes, so at most 4 tokens make one up
         spans = (tokenizer.decode(ids[i:j]) for j in range(i + 2, min(i + 4, len(ids)) + 1))
         whole = "\ufffd" in piece and next(((j, t) for j, t in enumerate(spans, 2) if "\ufffd" not in t), None)

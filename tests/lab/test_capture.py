@@ -20,6 +20,7 @@ from minigpt.lab.capture import (
 from support import LAB_CHARS as CHARS
 from support import LAB_PROMPT as PROMPT
 from support import lab_model as random_model
+from support import spm_bpe
 
 
 def hand_built(scale: float = 10.0) -> GPT:
@@ -141,3 +142,12 @@ def test_tokens_that_split_a_character_show_it_and_their_part():
         *["😀(1/4)", "😀(2/4)", "😀(3/4)", "😀(4/4)"],
     ]
     assert token_strings(tokenizer, [0xFF, 97, 0xE2, 0x80]) == ["\ufffd", "a", "\ufffd", "\ufffd"]  # a cut-off tail
+
+
+def test_sentencepiece_tokens_keep_their_leading_space():
+    """A SentencePiece piece ("▁world", Llama 2's and Gemma's tokenizers) decoded alone loses its space, so the labels
+    read "hello", "world", "thing", "s" with no word boundary; each is decoded after the tokens before it."""
+    tokenizer = spm_bpe("llama2")
+    assert token_strings(tokenizer, tokenizer.encode("hello world and the things é")) == [
+        *["hello", " world", " and", " the", " thing", "s", " ", "é(1/2)", "é(2/2)"]
+    ]
