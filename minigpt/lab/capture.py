@@ -65,10 +65,15 @@ WEIGHTS_BUDGET = 2 * 2**30
 
 def lab_prompt_ids(tokenizer: Tokenizer, text: str, config: GPTConfig) -> list[int]:
     """The prompt's ids, or a UserError naming the problem: empty, too long for the model or for the weights'
-    memory budget, or characters the vocabulary lacks."""
+    memory budget, characters the vocabulary lacks, or ids the model lacks (another model's tokenizer)."""
     if not text:
         raise UserError("the prompt is empty; give some text with --prompt, --prompt-file or --prompt - (stdin)")
     ids = prompt_ids(tokenizer, text)  # unknown characters: the same one-line error as sample.py
+    if (high := max(ids, default=0)) >= config.vocab_size:  # another model's tokenizer: not an IndexError deep inside
+        raise UserError(
+            f"token id {high} is outside the model's vocabulary (0 to {config.vocab_size - 1}); "
+            "use the model's own tokenizer"
+        )
     heads = config.n_layer * config.n_head
     fits = min(config.block_size, math.isqrt(WEIGHTS_BUDGET // (heads * 4)))  # refused, not approximated
     if len(ids) > fits:

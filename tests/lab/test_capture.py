@@ -133,6 +133,13 @@ def test_library_call_raises_user_error_for_an_empty_prompt():
         attention_maps(random_model(), CharTokenizer(CHARS), "")
 
 
+def test_library_call_raises_user_error_for_another_models_tokenizer():
+    """A byte tokenizer's ids past a char model's vocabulary: one line naming it, not the embedding's IndexError."""
+    model = random_model()
+    with pytest.raises(UserError, match=rf"token id 122 is outside the model's vocabulary \(0 to {len(CHARS) - 1}\)"):
+        attention_maps(model, ByteTokenizer(), "a z")
+
+
 def test_tokens_that_split_a_character_show_it_and_their_part():
     """Byte-level tokens of one character each decode to U+FFFD alone; the lab labels them with the character and
     which part each is, and keeps U+FFFD only for bytes that make no character."""
