@@ -37,9 +37,19 @@ def run_cli(main: Callable[[], object]) -> None:
         if isinstance(e, ConfigError) and os.environ.get("LOCAL_RANK", "0") != "0":
             raise SystemExit(2) from None  # a setting every rank refuses alike: the first rank's line says it
         fail(first_line(e, limit=2000))
+    except RuntimeError as e:
+        if not lost_peer(e):
+            raise
+        fail("another process of this run stopped first (gloo: connection closed by peer); its error above says why", 1)
     except BrokenPipeError:  # the reader went away (`sample.py ... | head`): stop as a tool killed by SIGPIPE does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush has nowhere to fail
         raise SystemExit(128 + getattr(signal, "SIGPIPE", 13)) from None  # (Windows has no SIGPIPE)
+
+
+def lost_peer(error: RuntimeError) -> bool:
+    """Whether a process of a multi-process run (DDP) stopped because another one did: gloo's collectives fail with
+    this message once a peer's socket closes (NCCL's are not matched: not seen here); the peer's own error says why."""
+    return "Connection closed by peer" in str(error)
 
 
 def ignore_interrupts_until_exit() -> None:

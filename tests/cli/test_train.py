@@ -438,6 +438,37 @@ def test_a_signal_under_ddp_stops_every_rank_at_one_step_and_says_so_once(tiny_r
 
 
 @pytest.mark.slow
+def test_an_error_on_one_ddp_rank_is_its_line_and_one_line_from_the_other(tiny_run_args, corpus, tmp_path):
+    """A mistake only rank 1 meets (a GRPO reward that fails on its prompts) stops it with its line; rank 0 then
+    lost its peer in the next collective, which was gloo's traceback."""
+    script = tmp_path / "train_fail.py"  # the DDP workers run this script again, so it patches them too
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from minigpt.core.errors import UserError\n"
+        "from minigpt.training.lightning_module import GPTLightningModule\n"
+        "def on_train_batch_end(self, *args):\n"
+        "    if self.global_rank == 1 and self.global_step == 2:\n"
+        "        raise UserError('rank 1 met a mistake')\n"
+        "GPTLightningModule.on_train_batch_end = on_train_batch_end\n"
+        "from minigpt.cli.main import run_command\n"
+        "run_command('train')\n"
+    )
+    args = tiny_run_args(corpus, tmp_path / "data", tmp_path / "run", steps=20, data__val_batches=2)
+    ddp = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    result = subprocess.run(
+        [sys.executable, str(script), *args, *ddp], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: rank 1 met a mistake",
+        "error: another process of this run stopped first (gloo: connection closed by peer); its error above says why",
+    ], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
 def test_a_setting_every_ddp_rank_refuses_is_one_line(tiny_run_args, corpus, tmp_path):
     """Each rank runs train.py: a setting both refuse alike was printed once per rank."""
     args = tiny_run_args(corpus, tmp_path / "data", tmp_path / "run", steps=2, data__val_batches=1)
