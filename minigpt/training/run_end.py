@@ -85,10 +85,14 @@ def end_of_run(trainer: Trainer, last: Path) -> None:
     stopper = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)
     if stopper is not None and stopper.stopping_reason == EarlyStoppingReason.PATIENCE_EXHAUSTED:
         by = f" by more than {abs(stopper.min_delta):g}" if stopper.min_delta else ""  # Lightning negates it for min
+        at, step = getattr(stopper, "stopped_step", None), trainer.global_step  # (a user's EarlyStopping: None)
+        mins = (("min_steps", trainer.min_steps), ("min_epochs", trainer.min_epochs))
+        kept = " and ".join(f"trainer.{name} {value}" for name, value in mins if value)
+        end = f"at step {at}; {kept} kept the run going to step {step}" if kept and at not in (None, step) else ""
         print(
-            f"early stopping: val loss not lower{by} for {stopper.wait_count} validation"
-            f"{'s' * (stopper.wait_count != 1)} in a row "
-            f"(early_stopping.patience {stopper.patience}); stopped at step {trainer.global_step}"
+            f"early stopping: val loss not lower{by} for {stopper.patience} validation"
+            f"{'s' * (stopper.patience != 1)} in a row (early_stopping.patience {stopper.patience}); "
+            f"{end or f'stopped at step {step}'}"
         )
     elif stopper is not None and stopper.stopping_reason != EarlyStoppingReason.NOT_STOPPED:
         print(f"early stopping at step {trainer.global_step}: {stopper.stopping_reason_message}")

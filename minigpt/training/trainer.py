@@ -22,6 +22,7 @@ from lightning.pytorch.callbacks import (
     Timer,
     TQDMProgressBar,
 )
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.cli import SaveConfigCallback
 
 from minigpt.core.errors import ConfigError, UserError
@@ -133,7 +134,22 @@ class MiniGPTTrainer(Trainer):
 
 class ResumableEarlyStopping(EarlyStopping):
     """Lightning's EarlyStopping, whose resume keeps this run's patience (Lightning's restores the checkpoint's, so
-    a raised patience never continued an early-stopped run) and refuses one that would stop at once."""
+    a raised patience never continued an early-stopped run) and refuses one that would stop at once; it keeps the
+    step where patience ran out (trainer.min_steps / min_epochs can keep the run going past it)."""
+
+    stopped_step: int | None = None
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        super().on_validation_end(trainer, pl_module)
+        self.note_stop(trainer)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        self.note_stop(trainer)
+
+    def note_stop(self, trainer: Any) -> None:
+        if self.stopped_step is None and self.stopping_reason != EarlyStoppingReason.NOT_STOPPED:
+            self.stopped_step = trainer.global_step
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         patience = self.patience

@@ -86,6 +86,23 @@ def test_early_stopping_names_its_min_delta(tiny_run_args, corpus, data_root, tm
     assert "early stopping: val loss not lower by more than 10 for 1 validation in a row" in out, out
 
 
+def test_early_stopping_kept_going_by_min_steps_says_where_patience_ran_out(
+    tiny_run_args, corpus, data_root, tmp_path, capsys
+):
+    """Lightning honours early stopping only once trainer.min_steps (and the min_epochs 1 it sets with them) are
+    done: the end says where patience ran out and what kept the run going (it said the run stopped at its end)."""
+    argv = tiny_run_args(corpus, data_root, tmp_path / "run", steps=50, trainer__val_check_interval=INTERVAL)
+    argv += ["--early_stopping.patience", "1", "--early_stopping.min_delta", "10", "--eval_full", "false"]
+    trainer = main(argv + ["--trainer.min_steps", "30"])
+    assert trainer.global_step >= 30
+    out = capsys.readouterr().out
+    assert (
+        "early stopping: val loss not lower by more than 10 for 1 validation in a row (early_stopping.patience 1); "
+        f"at step {2 * INTERVAL}; trainer.min_steps 30 and trainer.min_epochs 1 kept the run going to step "
+        f"{trainer.global_step}\n"
+    ) in out, out
+
+
 def test_a_run_without_a_logger_trains_and_ends_as_any_run(tiny_run_args, corpus, data_root, tmp_path, capsys):
     """--trainer.logger false: no TensorBoard events, and no callback that needs a logger (the learning-rate
     monitor raised MisconfigurationException, a traceback)."""
