@@ -104,6 +104,11 @@ def _load_model(
 
 def load_lora_run(source: str | Path | None, device: str | torch.device = "cpu") -> tuple[GPT, Tokenizer, LoRAConfig]:
     """A LoRA run as trained: (its model on its base, adapters not merged, in eval mode; tokenizer; LoRA config)."""
+    if is_hf_source(source):  # find_checkpoint would say the folder holds no model, which it does
+        raise UserError(
+            f"{source} is a Hugging Face model, not a LoRA run; only a run of train.py --finetune lora has adapters "
+            f"to export (train.py --init_from {source} --finetune lora trains some)"
+        )
     path = find_checkpoint(source)
     ckpt = read_checkpoint(path, map_location="cpu")
     say_which(source, path, ckpt)

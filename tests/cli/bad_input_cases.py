@@ -636,6 +636,16 @@ CASES: list[Case] = [
         expect=["is not a LoRA run", "--finetune lora"],
     ),
     export(
+        "--format peft of a Hugging Face model",
+        "--ckpt",
+        "{w}/hf_no_weights",
+        "--format",
+        "peft",
+        "--out",
+        "{w}/adapter",
+        expect=["hf_no_weights is a Hugging Face model, not a LoRA run", "--finetune lora"],
+    ),
+    export(
         "--format peft with --base_out the same folder as --out",
         "--ckpt",
         "{w}/lora_run",
