@@ -64,6 +64,8 @@ class LoRAConfig:
     SFT demo): frozen, no rank or learning rate closes the gap to full fine-tuning.  The checkpoint holds them too."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.targets, list) and set(self.targets) <= set(TARGETS):  # a set: [v, q, q] is [q, v], so a
+            self.targets = [t for t in TARGETS if t in self.targets]  # resume compares the adapters, not the typing
         self.validate()
 
     def validate(self, model: GPTConfig | None = None) -> None:

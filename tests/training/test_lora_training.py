@@ -17,8 +17,9 @@ from minigpt.cli.train import main
 from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.checkpoint import model_state_dict, read_checkpoint
 from minigpt.core.errors import UserError
-from minigpt.core.lora import LoRALinear, adapter_names, fingerprint
+from minigpt.core.lora import SECTION_KEY, LoRAConfig, LoRALinear, adapter_names, fingerprint
 from minigpt.loading import load_lora_run, load_model
+from minigpt.training.finetune_lora import check_finetune_resumable
 from support import flags
 
 
@@ -218,6 +219,15 @@ def test_resuming_on_a_base_that_changed_in_place_says_to_put_it_back(
         save_file(ckpt, ckpt_path)
     with pytest.raises(UserError, match=r"which changed since .*; put the base it was trained on back there"):
         main(lora_args(corpus, data_root, out, base, steps=8) + ["--resume", "true"])
+
+
+def test_targets_are_a_set_so_a_resume_that_lists_them_in_another_order_is_the_same_run():
+    """[v, q] and [q, q, v] train the adapters [q, v] train: a resume given them was refused as another config."""
+    assert LoRAConfig(targets=["v", "q", "q"]).targets == ["q", "v"]
+    saved = {"minigpt": {SECTION_KEY: {"config": LoRAConfig(targets=["q", "v"]).to_dict(), "base": {}}}}
+    check_finetune_resumable(saved, LoRAConfig(targets=["v", "q"]), Path("run/checkpoints/last.ckpt"))
+    with pytest.raises(UserError, match=r"lora.targets=\['q', 'v'\] \(this run's config gives \['q', 'k', 'v'\]\)"):
+        check_finetune_resumable(saved, LoRAConfig(targets=["v", "k", "q"]), Path("run/checkpoints/last.ckpt"))
 
 
 @pytest.mark.parametrize("train_embeddings", [False, True])
