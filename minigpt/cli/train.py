@@ -76,6 +76,7 @@ from minigpt.training.trainer import (
     MiniGPTTrainer,
     RunConfigFile,
     run_callbacks,
+    uncount_unfinished_epoch,
 )
 
 IMPORTED = seconds_since_launch()  # the start-up report's first part: Python, torch, Lightning and minigpt loaded
@@ -419,6 +420,7 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         saver = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), None)
         untrained = bool(stopped_by) and trainer.global_step == 0  # stopped before its first step: no checkpoint
         if not untrained and (saver is None or saver.saved_at_stop != trainer.global_step):
+            uncount_unfinished_epoch(trainer)
             trainer.save_checkpoint(last, weights_only=False)
     if trainer.is_global_zero and not untrained:
         end_of_run(trainer, last)

@@ -276,6 +276,19 @@ class LastCheckpoint(RunCheckpoint):
             self.saved_at_stop = trainer.global_step
 
 
+def uncount_unfinished_epoch(trainer: L.Trainer) -> None:
+    """Before the save after `fit`: a run stopped inside an epoch (max_steps, Ctrl-C, max_time off the validation
+    grid) has had that epoch counted as done by Lightning's loop, and a resume from it would start the next one:
+    a max_epochs run trained an epoch's remainder less, and its logged epoch ran one ahead.  Uncounted, the
+    checkpoint is the one Lightning saves after a training batch, which it resumes mid-epoch."""
+    epochs, batches = trainer.fit_loop.epoch_progress, trainer.fit_loop.epoch_loop.batch_progress
+    if batches.is_last_batch or epochs.current.processed != epochs.current.started:
+        return  # the epoch ran to its end, or is not counted
+    for progress in (epochs.current, epochs.total):
+        progress.processed -= 1
+        progress.completed -= 1
+
+
 def scheduled_validation(trainer: L.Trainer) -> bool:
     """Whether the current training batch is one at which the validation schedule (val_check_interval,
     check_val_every_n_epoch) validates: what Lightning asks, without the stop request, when it restarts at it."""
