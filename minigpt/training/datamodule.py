@@ -73,34 +73,41 @@ class FixedWindows(RandomWindows):
 
 
 class ResumableSampler(Sampler[int]):
-    """Yields `length` consecutive batch indices starting where training stands (read at each epoch start)."""
+    """Yields `length` consecutive batch indices starting where training stands (read at each epoch start): `start()`
+    (the step times accumulate_grad_batches) plus `offset`, which a resume sets where the run's batches so far were
+    counted with another accumulate_grad_batches."""
 
     def __init__(self, length: int, start: Callable[[], int]) -> None:
-        self.length, self.start = length, start
+        self.length, self.start, self.offset = length, start, 0
 
     def __len__(self) -> int:
         return self.length
 
+    def position(self) -> int:
+        return self.start() + self.offset
+
     def __iter__(self) -> Iterator[int]:
         # read when the first index is asked for, not when the iterator is made: Lightning makes it before it
         # restores a checkpoint when the schedule asks for estimated_stepping_batches (a max_epochs run)
-        first = self.start()
+        first = self.position()
         yield from range(first, first + self.length)
 
 
 class ResumableLoader(DataLoader):
     """The training DataLoader, resumable in Lightning's terms (the state_dict / load_state_dict pair it looks for
-    before it warns, on a mid-epoch resume, that the loader is not): its position is the trainer's, because the
-    ResumableSampler starts at global_step * accumulate_grad_batches, so the state is the next batch's index and
-    the restored global_step has already restored it."""
+    before it warns, on a mid-epoch resume, that the loader is not): its state is the next batch's index, which
+    the restored global_step gives back (ResumableSampler.start) unless accumulate_grad_batches changed."""
 
     def state_dict(self) -> dict[str, int]:
         if not isinstance(self.sampler, ResumableSampler):  # Lightning's own (overfit_batches: the first batches)
             return {}
-        return {"next_batch": self.sampler.start()}
+        return {"next_batch": self.sampler.position()}
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        pass  # the position follows from the trainer's restored global_step (ResumableSampler.start)
+        # read after the trainer's global_step is restored: the same position unless accumulate_grad_batches changed,
+        # where the step's batches would be counted anew (fewer: batches trained on again; more: batches skipped)
+        if isinstance(self.sampler, ResumableSampler) and "next_batch" in state_dict:
+            self.sampler.offset = state_dict["next_batch"] - self.sampler.start()
 
 
 def own_generator() -> torch.Generator:

@@ -273,6 +273,26 @@ def test_resume_continues_exactly(tiny_run_args, corpus, data_root, tmp_path, op
         assert points("resumed", tag) == points("straight", tag), tag
 
 
+@pytest.mark.parametrize("before,after", [(2, 1), (1, 3)])
+def test_a_resume_with_another_accumulate_grad_batches_goes_on_with_the_next_batch(
+    tiny_run_args, corpus, data_root, tmp_path, monkeypatch, record_training_losses, before, after
+):
+    """The loader's position was the step times the new accumulate_grad_batches: fewer trained again on the run's
+    last batches, more skipped batches it had never seen.  The resume takes the batches an uninterrupted run of the
+    new setting draws after those the run read."""
+    seen = record_training_losses(monkeypatch)
+
+    def argv(out, steps, accumulate):
+        return tiny_run_args(corpus, data_root, tmp_path / out, steps, trainer__accumulate_grad_batches=accumulate)
+
+    main(argv("straight", 3 * before + 2 * after, 1))  # every batch of the run, one a step
+    drawn = [batch for batch, _ in seen]
+    main(argv("run", 3, before))
+    main(argv("run", 5, after) + ["--resume", "true"])
+    read = [batch for batch, _ in seen[len(drawn) :]]
+    assert len(read) == len(drawn) and all(torch.equal(a, b) for a, b in zip(read, drawn, strict=True))
+
+
 def test_existing_run_is_not_overwritten_by_accident(tiny_run_args, corpus, data_root, tmp_path):
     main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=5))
     before = (tmp_path / "run" / "checkpoints" / "last.ckpt").read_bytes()
