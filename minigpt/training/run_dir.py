@@ -36,6 +36,11 @@ SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM}
 
 
 def nothing_to_resume(last: Path) -> UserError:
+    if holds_run(last.parent.parent):  # without --resume the run is refused as one that exists: say what does
+        return UserError(
+            f"--resume: no checkpoint at {last}, where the run's last state goes; copy checkpoints/best.ckpt (or "
+            "another of its checkpoints) there to resume from it, or start over with --overwrite"
+        )
     return UserError(
         f"--resume: no checkpoint at {last}; start the run without --resume (or point --out_dir at the run to continue)"
     )

@@ -339,6 +339,13 @@ CASES: list[Case] = [
         expect=["another tokenizer", "char vocabulary"],
     ),
     train(
+        "--resume where last.ckpt is gone and best.ckpt is not",
+        "--out_dir",
+        "{w}/only_best",
+        "--resume",
+        expect=["--resume: no checkpoint at", "copy checkpoints/best.ckpt", "--overwrite"],
+    ),
+    train(
         "--resume from a truncated last.ckpt",
         "--out_dir",
         "{w}/broken",
@@ -1149,6 +1156,8 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
     (w / "truncated.ckpt").write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
     (w / "broken" / "checkpoints").mkdir(parents=True)
     (w / "broken" / "checkpoints" / "last.ckpt").write_bytes((w / "truncated.ckpt").read_bytes())
+    (w / "only_best" / "checkpoints").mkdir(parents=True)  # a run whose last.ckpt was deleted
+    (w / "only_best" / "checkpoints" / "best.ckpt").write_bytes(ckpt.read_bytes())
     (w / "evil.ckpt").write_bytes(pickle.dumps({"state_dict": _RunsCode(str(w / "PWNED"))}))
     _write_huge_config_checkpoint(ckpt, w / "huge.ckpt")
     _write_edited_tokenizer_checkpoint(ckpt, w / "dup_chars.ckpt", lambda chars: chars[:-1] + chars[0])
