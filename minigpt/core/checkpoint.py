@@ -305,10 +305,15 @@ def check_resumable(ckpt: dict[str, Any], config: GPTConfig, tokenizer: Tokenize
         raise UserError(problem)
 
 
+def tokenizer_label(saved: dict[str, Any]) -> str:
+    """A saved tokenizer's name, and whether a chat template wraps it (a chat run's: "char -> char" said nothing)."""
+    return f"{saved.get('name')}{' with a chat template' * (saved.get('type') == 'chat')}"
+
+
 def resume_problems(ckpt: dict[str, Any], config: GPTConfig, tokenizer: Tokenizer | None, path: Path) -> Iterator[str]:
     saved_tok = ckpt[SECTION].get("tokenizer")
     if tokenizer is not None and saved_tok is not None and saved_tok != tokenizer.to_dict():
-        what = f"{saved_tok.get('name')} -> {tokenizer.name}"
+        what = f"{tokenizer_label(saved_tok)} -> {tokenizer_label(tokenizer.to_dict())}"
         if saved_tok.get("type") == "char" and isinstance(getattr(tokenizer, "chars", None), str):
             old, new = set(saved_tok.get("chars", "")), set(tokenizer.chars)
             what = (

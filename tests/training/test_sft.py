@@ -120,6 +120,17 @@ def test_a_chat_run_from_scratch_resumes_only_with_its_template(tmp_path, data_r
     assert torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
 
 
+def test_a_plain_run_resumed_as_a_chat_run_is_refused_naming_the_chat_template(tmp_path, data_root):
+    """The tokenizers were named by their base's name alone: "another tokenizer (char -> char)"."""
+    chats = write_chats(tmp_path / "chats.jsonl", n=20)
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"What is {a} + {a + 1}? {2 * a + 1}\n" for a in range(200)))
+    small = {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 16, "model.block_size": 48, "sample_tokens": 0}
+    train_main(sft_args(text, data_root, tmp_path / "run", steps=2, **small, **{"data.format": "text"}))
+    with pytest.raises(UserError, match=r"another tokenizer \(char -> char with a chat template\)"):
+        train_main(sft_args(chats, data_root, tmp_path / "run", steps=4, resume="true", **small))
+
+
 def test_conversations_longer_than_the_block_are_cut_or_skipped_and_counted(tmp_path):
     chats = write_chats(tmp_path / "chats.jsonl", n=10, long=3)
     data = load_chat_data(str(chats), "char", None, 0.2, 48, seed=0)
