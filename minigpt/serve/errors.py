@@ -47,6 +47,8 @@ def validation_error(e: RequestValidationError, content_type: str | None = None)
     the request's header, named when it is why the body was not read as JSON."""
     error = min(e.errors(), key=lambda error: error["type"].endswith("_type"))
     param = field_path(error["loc"])
+    if error["type"] == "extra_forbidden":  # the last part is the client's own key, whatever it looks like
+        param = ".".join(filter(None, [field_path(error["loc"][:-1]), str(error["loc"][-1])]))
     if error["type"] == "json_invalid":
         return APIError(400, NOT_JSON, code="invalid_json")
     # FastAPI parses a body only when its Content-Type says JSON, else passes on the bytes (a web page may post

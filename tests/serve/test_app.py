@@ -239,6 +239,9 @@ BAD = [  # (path, body, status, param, words in the message)
     (CHAT, GOOD | {"stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "at most 4"),
     (CHAT, GOOD | {"n": 2}, 400, "n", "1"),
     (CHAT, GOOD | {"tools": []}, 400, "tools", "unrecognized request argument"),
+    # a key spelt with a capital is named as sent (was "supplied: None", taken for a union member's name)
+    (CHAT, GOOD | {"Temperature": 0.5}, 400, "Temperature", "argument supplied: Temperature (not an OpenAI"),
+    (CHAT, GOOD | {"messages": [{"role": "user", "content": "hi", "Name": "x"}]}, 400, "messages.0.Name", "0.Name"),
     (CHAT, GOOD | {"presence_penalty": 0.5}, 400, "presence_penalty", "less than or equal to 0"),
     (CHAT, {"model": "tiny-chat"}, 400, "messages", "missing required parameter"),
     (CHAT, GOOD | {"messages": []}, 400, "messages", "at least 1"),
