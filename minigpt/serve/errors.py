@@ -6,6 +6,8 @@ from __future__ import annotations
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from minigpt.serve.protocol import ONLY_DEFAULT
+
 __all__ = ["APIError", "unparsable_body", "validation_error"]
 
 NOT_JSON = "the request body is not valid JSON; send a JSON object (Content-Type: application/json)"
@@ -74,6 +76,8 @@ def validation_error(e: RequestValidationError, content_type: str | None = None)
             "the request body is empty; send a JSON object with the request's fields (Content-Type: application/json)",
             code="invalid_json",
         )
+    if param in ONLY_DEFAULT:
+        return APIError(400, f"{param}: unsupported value: {ONLY_DEFAULT[param]}", param, "unsupported_value")
     if error["type"] == "missing":
         return APIError(400, f"missing required parameter: {param}", param, "missing_required_parameter")
     return APIError(400, f"{param or 'body'}: {error['msg']}", param, "invalid_value")

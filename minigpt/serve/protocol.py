@@ -14,9 +14,19 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["ChatRequest", "CompletionRequest", "Message"]
+__all__ = ["ONLY_DEFAULT", "ChatRequest", "CompletionRequest", "Message"]
 
 MAX_SEED = 2**63 - 1
+
+# OpenAI's fields that this server takes at their default only: what a refusal says instead of pydantic's "Input
+# should be None" or "less than or equal to 0" (which, for a penalty of -1, reads as if 0.5 would do)
+ONLY_DEFAULT = {
+    "n": "this server gives one choice per request; leave n out or send 1 (send n requests for n choices)",
+    "presence_penalty": "this server applies no penalties; leave presence_penalty out or send 0",
+    "frequency_penalty": "this server applies no penalties; leave frequency_penalty out or send 0",
+    "logprobs": "this server returns no log probabilities; leave logprobs out",
+    "echo": "this server does not echo the prompt; leave echo out or send false",
+}
 
 
 class Body(BaseModel):

@@ -237,12 +237,18 @@ BAD = [  # (path, body, status, param, words in the message)
     (CHAT, GOOD | {"max_tokens": None, "max_completion_tokens": 1000}, 400, "max_completion_tokens", "is 1000, but"),
     (CHAT, GOOD | {"stop": ""}, 400, "stop", "at least 1 character"),
     (CHAT, GOOD | {"stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "at most 4"),
-    (CHAT, GOOD | {"n": 2}, 400, "n", "1"),
+    # OpenAI's fields taken at their default only say so and what to send (was "Input should be 1", "... be None",
+    # and for a penalty of -1 "greater than or equal to 0", as if 0.5 would do)
+    (CHAT, GOOD | {"n": 2}, 400, "n", "n: unsupported value: this server gives one choice per request; leave n out"),
+    (CHAT, GOOD | {"frequency_penalty": -1}, 400, "frequency_penalty", "no penalties; leave frequency_penalty out"),
+    (CHAT, GOOD | {"logprobs": True}, 400, "logprobs", "returns no log probabilities; leave logprobs out"),
+    ("/v1/completions", {"model": "tiny-chat", "prompt": "hi", "logprobs": 2}, 400, "logprobs", "no log probab"),
+    ("/v1/completions", {"model": "tiny-chat", "prompt": "hi", "echo": True}, 400, "echo", "does not echo the prompt"),
     (CHAT, GOOD | {"tools": []}, 400, "tools", "unrecognized request argument"),
     # a key spelt with a capital is named as sent (was "supplied: None", taken for a union member's name)
     (CHAT, GOOD | {"Temperature": 0.5}, 400, "Temperature", "argument supplied: Temperature (not an OpenAI"),
     (CHAT, GOOD | {"messages": [{"role": "user", "content": "hi", "Name": "x"}]}, 400, "messages.0.Name", "0.Name"),
-    (CHAT, GOOD | {"presence_penalty": 0.5}, 400, "presence_penalty", "less than or equal to 0"),
+    (CHAT, GOOD | {"presence_penalty": 0.5}, 400, "presence_penalty", "send 0"),
     (CHAT, {"model": "tiny-chat"}, 400, "messages", "missing required parameter"),
     (CHAT, GOOD | {"messages": []}, 400, "messages", "at least 1"),
     (CHAT, GOOD | {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages.0.role", "system"),
@@ -277,6 +283,7 @@ def test_every_bad_request_is_a_4xx_with_openais_error_json(chat_url):
         assert set(error) == {"message", "type", "param", "code"}
         assert error["type"] == "invalid_request_error" and error["param"] == param, (body, error)
         assert words in error["message"], (body, error)
+    assert httpx.post(chat_url + CHAT, json=GOOD | {"n": 3}).json()["error"]["code"] == "unsupported_value"
     assert httpx.get(chat_url + CHAT).status_code == 405
     empty = httpx.post(chat_url + CHAT, content=b"").json()["error"]["message"]
     assert f"| an empty body | 400 | {empty} |" in (REPO / "docs" / "errors.md").read_text()  # the catalogue's row
