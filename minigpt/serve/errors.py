@@ -10,6 +10,10 @@ from minigpt.serve.protocol import ONLY_DEFAULT
 
 __all__ = ["APIError", "unparsable_body", "validation_error"]
 
+HALF_CHARACTER = (
+    "the text holds half of a UTF-16 surrogate pair (a \\ud800-\\udfff escape without its other half), which is no "
+    "character; send whole characters"
+)
 NOT_JSON = "the request body is not valid JSON; send a JSON object (Content-Type: application/json)"
 
 
@@ -76,6 +80,8 @@ def validation_error(e: RequestValidationError, content_type: str | None = None)
             "the request body is empty; send a JSON object with the request's fields (Content-Type: application/json)",
             code="invalid_json",
         )
+    if error["type"] == "string_unicode":  # a lone surrogate (protocol.whole_characters, or pydantic's own check)
+        return APIError(400, f"{param or 'body'}: {HALF_CHARACTER}", param, "invalid_value")
     if param in ONLY_DEFAULT:
         return APIError(400, f"{param}: unsupported value: {ONLY_DEFAULT[param]}", param, "unsupported_value")
     if error["type"] == "missing":

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 __all__ = ["ONLY_DEFAULT", "ChatRequest", "CompletionRequest", "Message"]
 
@@ -29,6 +30,21 @@ ONLY_DEFAULT = {
 }
 
 
+def whole_characters(text: str) -> str:
+    """JSON may escape half of a UTF-16 surrogate pair alone ("\\ud83d": an emoji cut in two), which is no character:
+    a byte tokenizer took it as invalid UTF-8, and a model name holding one was echoed in a 404 that could not be
+    encoded (a 500).  Refused as pydantic refuses one in a string with a length bound (minigpt.serve.errors words
+    both)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PydanticCustomError("string_unicode", "half of a UTF-16 surrogate pair") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(whole_characters)]
+
+
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -41,13 +57,13 @@ class Body(BaseModel):
 
 class TextPart(Body):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class Message(Body):
     role: Literal["system", "developer", "user", "assistant"]  # developer: OpenAI's newer name for system
-    content: str | list[TextPart]
-    name: str | None = None
+    content: Text | list[TextPart]
+    name: Text | None = None
 
     def as_template_message(self) -> dict[str, str]:
         text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
@@ -58,14 +74,14 @@ class StreamOptions(Body):
     include_usage: bool = False
 
 
-StopText = Annotated[str, Field(min_length=1)]  # "" would end every reply before its first character
+StopText = Annotated[str, Field(min_length=1), AfterValidator(whole_characters)]  # "" would end every reply at once
 Stop = StopText | Annotated[list[StopText], Field(max_length=4)] | None
 
 
 class Sampling(Body):
     """What both endpoints share."""
 
-    model: str
+    model: Text
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False)  # NaN: "a finite number", not "<= 2"
     top_p: float = Field(1.0, gt=0, le=1, allow_inf_nan=False)
@@ -77,7 +93,7 @@ class Sampling(Body):
     n: Literal[1] = 1
     presence_penalty: float = Field(0.0, ge=0, le=0)
     frequency_penalty: float = Field(0.0, ge=0, le=0)
-    user: str | None = None
+    user: Text | None = None
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -100,6 +116,6 @@ class ChatRequest(Sampling):
 
 
 class CompletionRequest(Sampling):
-    prompt: str
+    prompt: Text
     echo: Literal[False] = False
     logprobs: None = None

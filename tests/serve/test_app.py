@@ -264,6 +264,17 @@ BAD = [  # (path, body, status, param, words in the message)
         "context of 160 tokens",
     ),
     (CHAT, GOOD | {"model": "gpt-4o"}, 404, "model", "serves 'tiny-chat'"),
+    # half an emoji ("\\ud83d" alone in the JSON) is no character: was a 500 (the 404 echoing the name could not
+    # be encoded), the char vocabulary's message, or invalid UTF-8 bytes for a byte tokenizer
+    (CHAT, json.dumps(GOOD | {"model": "gpt\ud83d"}).encode(), 400, "model", "half of a UTF-16 surrogate pair"),
+    (
+        CHAT,
+        json.dumps(GOOD | {"messages": [{"role": "user", "content": "a\udc00"}]}).encode(),
+        400,
+        "messages.0.content",
+        "send whole characters",
+    ),
+    (CHAT, json.dumps(GOOD | {"stop": ["a", "\ud83d"]}).encode(), 400, "stop.1", "half of a UTF-16 surrogate pair"),
     (CHAT, b"{" + b" " * (2 << 20) + b"}", 413, None, "over 1,048,576 bytes"),
     ("/v1/nowhere", GOOD, 404, None, "Not Found"),
 ]
