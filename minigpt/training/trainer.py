@@ -277,16 +277,26 @@ class LastCheckpoint(RunCheckpoint):
 
 
 def uncount_unfinished_epoch(trainer: L.Trainer) -> None:
-    """Before the save after `fit`: a run stopped inside an epoch (max_steps, Ctrl-C, max_time off the validation
-    grid) has had that epoch counted as done by Lightning's loop, and a resume from it would start the next one:
-    a max_epochs run trained an epoch's remainder less, and its logged epoch ran one ahead.  Uncounted, the
-    checkpoint is the one Lightning saves after a training batch, which it resumes mid-epoch."""
-    epochs, batches = trainer.fit_loop.epoch_progress, trainer.fit_loop.epoch_loop.batch_progress
-    if batches.is_last_batch or epochs.current.processed != epochs.current.started:
-        return  # the epoch ran to its end, or is not counted
+    """Before the save after `fit` (a stop off the validation grid: max_steps, Ctrl-C, max_time): make the state the
+    one Lightning saves after a training batch, which it resumes from exactly.  Lightning's loop has counted the
+    epoch it stopped in as done: a resume then started the next one (a max_epochs run trained an epoch's remainder
+    less, and its logged epoch ran one ahead).  At the epoch's last batch the batch is left uncompleted too: a
+    resume from a completed last batch that is not a validation point trains one more batch in the old epoch
+    (with accumulate_grad_batches > 1, an optimizer step of its own, and every later step pairs other batches)."""
+    loop = trainer.fit_loop.epoch_loop
+    epochs, batches = trainer.fit_loop.epoch_progress, loop.batch_progress
+    if epochs.current.processed != epochs.current.started:
+        return  # not counted
     for progress in (epochs.current, epochs.total):
         progress.processed -= 1
         progress.completed -= 1
+    if batches.is_last_batch:
+        batches.current.completed -= 1
+        batches.total.completed -= 1
+        # a restart completes that batch and counts its optimizer step again (Lightning adds one to the logger's
+        # step there, as its own checkpoints saved before the count need): the loop's checkpoint state takes one off
+        state = loop.on_save_checkpoint()
+        loop.on_load_checkpoint({**state, "_batches_that_stepped": state["_batches_that_stepped"] - 1})
 
 
 def scheduled_validation(trainer: L.Trainer) -> bool:

@@ -55,12 +55,14 @@ def test_a_resume_with_its_epochs_spent_is_refused(tiny_run_args, short_corpus, 
     assert resumed.global_step == 2 * first.global_step
 
 
+@pytest.mark.parametrize("accumulate", [1, 2])
 def test_a_max_epochs_run_stopped_inside_an_epoch_resumes_to_its_last_epoch(
-    tiny_run_args, short_corpus, data_root, tmp_path
+    tiny_run_args, short_corpus, data_root, tmp_path, accumulate
 ):
     """Stopped off the validation grid (a shorter max_steps here; Ctrl-C or max_time alike), the state saved after
     `fit` had the unfinished epoch counted as done: the resume started the next epoch, so the run ended that epoch's
-    remainder short of an uninterrupted one (and logged its epoch one ahead)."""
+    remainder short of an uninterrupted one (and logged its epoch one ahead).  Stopped at the epoch's last batch,
+    the resume trained one batch more in that epoch (with accumulation, an optimizer step of its own)."""
     import torch
 
     from minigpt.core.checkpoint import model_state_dict, read_checkpoint
@@ -68,18 +70,31 @@ def test_a_max_epochs_run_stopped_inside_an_epoch_resumes_to_its_last_epoch(
     def argv(out, steps):
         run = tmp_path / out
         return tiny_run_args(
-            short_corpus, data_root, run, steps=steps, trainer__max_epochs=3, optim__lr_schedule="constant"
+            short_corpus,
+            data_root,
+            run,
+            steps=steps,
+            trainer__max_epochs=3,
+            trainer__accumulate_grad_batches=accumulate,
+            optim__lr_schedule="constant",
         )
 
     straight = main(argv("straight", -1))
-    main(argv("resumed", 4))  # inside the first epoch, off the validation grid (every 10 steps)
-    assert read_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.ckpt")["epoch"] == 0
-    resumed = main(argv("resumed", -1) + ["--resume", "true"])
-    assert (resumed.global_step, resumed.current_epoch) == (straight.global_step, straight.current_epoch)
-    a, b = (
-        model_state_dict(read_checkpoint(tmp_path / r / "checkpoints" / "last.ckpt")) for r in ("straight", "resumed")
-    )
-    assert all(torch.equal(a[k], b[k]) for k in a), "a resumed run must match an uninterrupted one bitwise"
+    epoch = straight.global_step // 3  # its steps
+    assert epoch * accumulate % 10, "the epoch's last batch must be off the validation grid (every 10 batches)"
+    for stop in (epoch - 2, epoch):  # inside the first epoch, and at its last batch
+        resumed_run = f"resumed-{stop}"
+        main(argv(resumed_run, stop))
+        assert read_checkpoint(tmp_path / resumed_run / "checkpoints" / "last.ckpt")["epoch"] == 0
+        resumed = main(argv(resumed_run, -1) + ["--resume", "true"])
+        assert resumed.global_step == straight.global_step
+        if stop != epoch:  # (restarted at an epoch's last batch, Lightning's final count has that epoch twice)
+            assert resumed.current_epoch == straight.current_epoch
+        a, b = (
+            model_state_dict(read_checkpoint(tmp_path / r / "checkpoints" / "last.ckpt"))
+            for r in ("straight", resumed_run)
+        )
+        assert all(torch.equal(a[k], b[k]) for k in a), "a resumed run must match an uninterrupted one bitwise"
 
 
 def test_a_resume_with_its_time_spent_is_refused():
