@@ -15,7 +15,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-import minigpt.core  # noqa: F401 - nothing heavy: the bytecode cache and the start-up clock, before torch loads
+# nothing heavy: the bytecode cache and the start-up clock, before torch loads; and the version
+from minigpt.core import __version__  # noqa: F401
 
 # the facade: each name -> the module it lives in, imported on first use, so `python train.py` (whose first import
 # is minigpt.cli.main) reaches its Ctrl-C handling before torch loads, and `minigpt --version` loads no torch
@@ -66,6 +67,3 @@ def __getattr__(name: str) -> object:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *FACADE})
-
-
-__version__ = "0.1.0"

@@ -14,10 +14,10 @@ from __future__ import annotations
 import gc
 import importlib
 import sys
-from importlib.metadata import version
 from types import ModuleType
 
 from minigpt.cli.errors import fail, ignore_interrupts_until_exit, run_cli
+from minigpt.core import __version__
 
 # command -> (module, what it does); each module has main(argv) taking the flags after the command's name
 COMMANDS = {
@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> None:
         print(usage())
         return
     if args[0] == "--version":
-        print(f"minigpt {version('minigpt')}")
+        # the running code's own version: a source tree has no installed metadata, or another install's
+        print(f"minigpt {__version__}")
         return
     name, flags = args[0], args[1:]
     if name not in COMMANDS:

@@ -7,6 +7,7 @@ import time
 
 from minigpt.core import bytecode_cache  # imports nothing heavy: the clock starts before torch loads
 
+__version__ = "0.1.0"  # pyproject.toml's (a test keeps them equal); here, so `minigpt --version` reads it below cli
 IMPORTED_AT = time.perf_counter()  # the first minigpt import: where /proc is missing, start-up is timed from here
 bytecode_cache.keep_bytecode()  # before torch: where the environment keeps no compiled modules, a cache of our own
 # torch itself loads with the first module that needs it (core.model keys compiled graphs by the CPU kind), not

@@ -43,6 +43,20 @@ def test_version_is_the_packages(capsys):
     assert minigpt.__version__ == PYPROJECT["project"]["version"]
 
 
+@pytest.mark.parametrize("metadata", [None, "9.9.9"])
+def test_version_is_the_running_codes_in_a_source_tree(metadata, tmp_path):
+    """`python3 -m minigpt --version` from a checkout that was never installed (no metadata: it was a traceback,
+    PackageNotFoundError) or beside another install's metadata (it printed that version) names the code that runs."""
+    shutil.copytree(REPO / "minigpt", tmp_path / "minigpt", ignore=shutil.ignore_patterns("__pycache__"))
+    if metadata is not None:
+        (info := tmp_path / f"minigpt-{metadata}.dist-info").mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: minigpt\nVersion: {metadata}\n")
+    # -S: no site-packages, where this environment's own minigpt is installed
+    cmd = [sys.executable, "-S", "-m", "minigpt", "--version"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"minigpt {PYPROJECT['project']['version']}\n", "")
+
+
 @pytest.mark.parametrize("name,needle", [("trian", "unknown command 'trian'"), ("--verbose", "unknown option")])
 def test_an_unknown_command_is_one_error_line(name, needle, capsys):
     with pytest.raises(SystemExit) as exit_info:
