@@ -93,12 +93,13 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["help"] and len(args) > 1:  # `minigpt help train` = `minigpt train --help`
         args = [args[1], "--help"]
+    # run_cli and flush: a reader that stops reading (`minigpt --help | head -1`) ends it as SIGPIPE does, silently
     if not args or args[0] in ("-h", "--help", "help"):
-        print(usage())
+        run_cli(lambda: print(usage(), flush=True))
         return
     if args[0] == "--version":
         # the running code's own version: a source tree has no installed metadata, or another install's
-        print(f"minigpt {__version__}")
+        run_cli(lambda: print(f"minigpt {__version__}", flush=True))
         return
     name, flags = args[0], args[1:]
     if name not in COMMANDS:

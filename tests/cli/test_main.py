@@ -4,6 +4,7 @@ default config shipped in the package (and in the wheel), and commands that star
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -55,6 +56,18 @@ def test_version_is_the_running_codes_in_a_source_tree(metadata, tmp_path):
     cmd = [sys.executable, "-S", "-m", "minigpt", "--version"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
     assert (done.returncode, done.stdout, done.stderr) == (0, f"minigpt {PYPROJECT['project']['version']}\n", "")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"]])
+def test_a_reader_gone_before_the_help_or_version_is_a_silent_sigpipe_exit(argv):
+    """`minigpt --help | head -1` where head has gone: it was a BrokenPipeError traceback (or 'Exception ignored'
+    and exit 120); now it stops as a command killed by SIGPIPE (141), as the commands themselves do."""
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone before a byte is written
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout block-buffered, as for a user
+    done = subprocess.run([sys.executable, "-m", "minigpt", *argv], stdout=write, stderr=subprocess.PIPE, env=env)
+    os.close(write)
+    assert (done.returncode, done.stderr.decode()) == (141, "")
 
 
 @pytest.mark.parametrize("name,needle", [("trian", "unknown command 'trian'"), ("--verbose", "unknown option")])
