@@ -23,7 +23,7 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +165,7 @@ def prepare_data(
                 "dtype": token_dtype(tok.vocab_size).name,
                 "val_fraction": val_fraction,
                 "text_column": text_column,
-                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "created": datetime.now(UTC).isoformat(timespec="seconds"),
                 "prepare_seconds": round(seconds, 3),
                 "fingerprint": fingerprint,
             }

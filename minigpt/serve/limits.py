@@ -51,7 +51,7 @@ class BodyLimit:
         while True:  # read it whole (bounded in size and time), then hand it on
             try:
                 message = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
-            except asyncio.TimeoutError:  # the builtin TimeoutError from Python 3.11 on
+            except TimeoutError:  # wait_for's (asyncio.TimeoutError is this builtin from Python 3.11 on)
                 return await too_slow(scope, receive, send)
             if message["type"] == "http.disconnect":
                 return

@@ -3,17 +3,20 @@ default config shipped in the package (and in the wheel), and commands that star
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 import minigpt
 from minigpt.cli import train
@@ -82,6 +85,26 @@ def test_an_unknown_command_is_one_error_line(name, needle, capsys):
 
 def test_the_console_script_is_declared():
     assert PYPROJECT["project"]["scripts"] == {"minigpt": "minigpt.cli.main:main"}
+
+
+def test_requires_python_admits_no_python_a_pinned_dependency_refuses():
+    """requires-python said >=3.10 while numpy, matplotlib and filelock as pinned need 3.11 (and export used 3.11's
+    hashlib.file_digest): pip on 3.10 took minigpt and then had no numpy==2.4.6 for it. Checked against each
+    installed pin's own Requires-Python (the extras' too)."""
+    project = PYPROJECT["project"]
+    oldest = SpecifierSet(project["requires-python"])
+    assert [str(s.operator) for s in oldest] == [">="]  # a floor: the oldest Python it admits is that version
+    floor = next(iter(oldest)).version
+    pins = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
+    refusing = {}
+    for pin in map(Requirement, pins):
+        try:
+            needs = importlib.metadata.metadata(pin.name)["Requires-Python"]
+        except importlib.metadata.PackageNotFoundError:  # not installed here (an extra)
+            continue
+        if needs and floor not in SpecifierSet(needs):
+            refusing[pin.name] = needs
+    assert refusing == {}, f"requires-python {oldest} admits Python {floor}"
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
