@@ -181,7 +181,7 @@ def test_a_missing_config_file_is_one_line_naming_it(entry, tmp_path, capsys):
     assert err.count("\n") == 1 and err.startswith("error: ") and "missing.yaml" in err
 
 
-def test_a_wheel_installs_the_default_config_and_the_lab_assets(tmp_path):
+def test_a_wheel_installs_every_data_file_and_the_default_config(tmp_path):
     """A non-editable install (the wheel) carries the data files the package reads at run time, and the
     installed default_config() finds its default.yaml from any folder."""
     source = tmp_path / "src"
@@ -208,9 +208,10 @@ def test_a_wheel_installs_the_default_config_and_the_lab_assets(tmp_path):
     assert built.returncode == 0, built.stderr
     (wheel,) = (tmp_path / "wheel").glob("minigpt-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assets = {f"minigpt/lab/assets/{p.name}" for p in (REPO / "minigpt" / "lab" / "assets").iterdir() if p.is_file()}
-    assert assets and assets <= names
-    assert "minigpt/configs/default.yaml" in names
+    # every file the package holds besides its modules: the default config, the lab's assets, the chat page
+    data = {p.relative_to(REPO).as_posix() for p in (REPO / "minigpt").rglob("*") if p.is_file() and p.suffix != ".py"}
+    data = {name for name in data if "__pycache__" not in name}
+    assert {"minigpt/configs/default.yaml", "minigpt/serve/static/index.html"} <= data and data <= names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "minigpt = minigpt.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
