@@ -14,6 +14,7 @@ HALF_CHARACTER = (
     "the text holds half of a UTF-16 surrogate pair (a \\ud800-\\udfff escape without its other half), which is no "
     "character; send whole characters"
 )
+ONE_PROMPT = "send the prompt as one string: this server completes one text a request, not a list of prompts or ids"
 NOT_JSON = "the request body is not valid JSON; send a JSON object (Content-Type: application/json)"
 
 
@@ -82,6 +83,8 @@ def validation_error(e: RequestValidationError, content_type: str | None = None)
         )
     if error["type"] == "string_unicode":  # a lone surrogate (protocol.whole_characters, or pydantic's own check)
         return APIError(400, f"{param or 'body'}: {HALF_CHARACTER}", param, "invalid_value")
+    if param == "prompt" and error["type"] == "string_type":  # OpenAI's batches: a list of prompts, or token ids
+        return APIError(400, f"prompt: {ONE_PROMPT}", param, "invalid_type")
     if param in ONLY_DEFAULT:
         return APIError(400, f"{param}: unsupported value: {ONLY_DEFAULT[param]}", param, "unsupported_value")
     if error["type"] == "missing":

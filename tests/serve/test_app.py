@@ -243,6 +243,14 @@ BAD = [  # (path, body, status, param, words in the message)
     (CHAT, GOOD | {"frequency_penalty": -1}, 400, "frequency_penalty", "no penalties; leave frequency_penalty out"),
     (CHAT, GOOD | {"logprobs": True}, 400, "logprobs", "returns no log probabilities; leave logprobs out"),
     ("/v1/completions", {"model": "tiny-chat", "prompt": "hi", "logprobs": 2}, 400, "logprobs", "no log probab"),
+    (
+        "/v1/completions",
+        {"model": "tiny-chat", "prompt": ["hi", "yo"]},
+        400,
+        "prompt",
+        "prompt: send the prompt as one",
+    ),
+    ("/v1/completions", {"model": "tiny-chat", "prompt": [1, 2]}, 400, "prompt", "not a list of prompts or ids"),
     ("/v1/completions", {"model": "tiny-chat", "prompt": "hi", "echo": True}, 400, "echo", "does not echo the prompt"),
     (CHAT, GOOD | {"tools": []}, 400, "tools", "unrecognized request argument"),
     # a key spelt with a capital is named as sent (was "supplied: None", taken for a union member's name)
