@@ -356,7 +356,7 @@ class DPOLightningModule(GPTLightningModule):
             self.dpo.rpo_alpha,
             answer_tokens(rows),
         )
-        self._batch_metrics.append(metrics)
+        self._batch_metrics[stage].append(metrics)
         return loss
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
@@ -366,7 +366,7 @@ class DPOLightningModule(GPTLightningModule):
         if not self._val_losses:
             return
         self.log("val_loss", self.mean_over_ranks(torch.stack(self._val_losses)), prog_bar=True, sync_dist=True)
-        for name, value in self.pop_metrics(over_ranks=True).items():  # each batch weighs alike, as in val_loss
+        for name, value in self.pop_metrics("val").items():  # each batch weighs alike, as in val_loss
             self.log(f"val_{name}", value, sync_dist=True)
         self._val_losses.clear()
 

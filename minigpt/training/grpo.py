@@ -216,7 +216,7 @@ class GRPOLightningModule(GPTLightningModule):
             "reward_std": rewards.std(),
             "completions/mean_length": mask.sum(1).mean(),
         }
-        self._batch_metrics.append(metrics)
+        self._batch_metrics[stage].append(metrics)
         return loss
 
     # validation: pass@1 and pass@G of the held-out prompts (exact match of the final answer, whatever the reward)

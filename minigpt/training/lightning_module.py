@@ -72,7 +72,9 @@ class GPTLightningModule(L.LightningModule):
         self._val_losses: list[torch.Tensor] = []
         self.validated_at: int | None = None  # the step of the last validation (its val_loss is the logged one)
         self._losses: list[torch.Tensor] = []  # this optimizer step's training loss, one per (micro-)batch
-        self._batch_metrics: list[dict[str, torch.Tensor]] = []  # batch_loss's other metrics (DPO's), per batch
+        # batch_loss's other metrics (DPO's), per batch, by stage: a validation may run between the micro-batches
+        # of an optimizer step (val_check_interval counts batches), and neither's metrics may count in the other's
+        self._batch_metrics: dict[str, list[dict[str, torch.Tensor]]] = {"train": [], "val": []}
         self._step_logs: dict[str, torch.Tensor] | None = None  # the optimizer step's train_loss (and grad_norm)
         self._clip_norm: torch.Tensor | None = None  # this step's norm before clipping, if clipping measured it
         # On a GPU, the step where the loss first became NaN/inf (-1: none yet), kept on the device: reading the
@@ -94,15 +96,15 @@ class GPTLightningModule(L.LightningModule):
 
     def batch_loss(self, batch: torch.Tensor, stage: str) -> torch.Tensor:
         """The loss of a batch; an objective other than next-token prediction (DPO) overrides it and may append
-        metrics of its own to _batch_metrics, logged with the loss."""
+        metrics of its own to _batch_metrics[stage], logged with the loss."""
         _, loss = self.model(*split_batch(batch))  # batch: (B, T + 1) windows (chat rows: ~id = not a target)
         return loss
 
-    def pop_metrics(self, over_ranks: bool = False) -> dict[str, torch.Tensor]:
-        """The mean of each of batch_loss's metrics over the batches since the last call (over_ranks: and every
-        other rank's, each batch weighing alike: validation's, whose ranks may run unequal numbers of batches)."""
-        batches, self._batch_metrics = self._batch_metrics, []
-        mean = self.mean_over_ranks if over_ranks else torch.mean
+    def pop_metrics(self, stage: str = "train") -> dict[str, torch.Tensor]:
+        """The mean of each of batch_loss's metrics over the stage's batches since the last call (validation's: and
+        every other rank's, each batch weighing alike, as the ranks may run unequal numbers of batches)."""
+        batches, self._batch_metrics[stage] = self._batch_metrics[stage], []
+        mean = self.mean_over_ranks if stage == "val" else torch.mean
         return {k: mean(torch.stack([m[k] for m in batches])) for k in (batches[0] if batches else {})}
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:

@@ -241,3 +241,15 @@ def test_dropout_is_off_as_trls_default_so_step_0_is_log_2(setup, finetune):
     logged = scalars(setup / f"dropout-{finetune}")
     assert logged["train_loss"][0] == pytest.approx(0.693147, abs=1e-6)
     assert logged["rewards/chosen"][0] == 0.0 and logged["rewards/rejected"][0] == 0.0
+
+
+def test_a_validation_between_a_steps_micro_batches_logs_only_validations_metrics(setup):
+    """val_check_interval counts batches: with accumulate_grad_batches 2 and an interval of 3 the first validation
+    runs after the first micro-batch of step 2.  Its val_rewards/* are the validation pair's alone (not averaged
+    with that training micro-batch's), so with one validation pair val_loss is -logsigmoid(val_rewards/margins)."""
+    extra = {"trainer.accumulate_grad_batches": 2, "data.val_fraction": 0.02}  # 40 pairs: 1 for validation
+    train_main(dpo_args(setup, "accumulated", steps=2, **extra))
+    logged = scalars(setup / "accumulated")
+    assert len(logged["val_loss"]) == 2 and logged["rewards/margins"][-1] != 0  # the mid-step one and the end's
+    for loss, margin in zip(logged["val_loss"], logged["val_rewards/margins"]):
+        assert loss == pytest.approx(torch.nn.functional.softplus(torch.tensor(-margin)).item(), abs=1e-6)
