@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from minigpt.core.errors import DataError, UserError, first_line
@@ -105,7 +106,9 @@ def score(reward: Reward, prompts: list[Any], completions: list[str], answers: l
             ) from None
         if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
             value = value.item()  # a one-number tensor, as a reward computed with torch ends
-        try:  # (bool is an int: 1/0; numpy's too)
+        elif isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.size == 1):
+            value = value.item()  # numpy's as Python's: np.bool_ (np.isclose's, a comparison's) is no numbers.Real
+        try:  # (bool is an int: 1/0)
             number = float(value) if isinstance(value, numbers.Real) else None
         except OverflowError:  # an int past float's range
             number = None

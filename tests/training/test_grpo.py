@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -161,6 +162,16 @@ def test_a_reward_that_calls_sys_exit_is_one_line_and_a_one_number_tensor_is_a_r
     assert rewards.tolist() == [0.5]
     with pytest.raises(UserError, match="not a finite number"):
         score(lambda prompt, completion, answer: torch.ones(2), ["1+2?"], ["3"], ["3"], ["row 1"])
+
+
+@pytest.mark.parametrize("value", [np.True_, np.float32(0.5), np.int64(1), np.where(True, 1.0, 0.0)])
+def test_a_numpy_scalar_is_a_reward_its_bool_as_1_or_0(value):
+    """np.isclose(...) and a comparison of numpy numbers return np.True_, which is no numbers.Real, and
+    np.where(...) on numbers a 0-d array: a reward returning one stopped the run with "the reward function returned
+    np.True_ ..., not a finite number"."""
+    assert score(lambda prompt, completion, answer: value, ["1+2?"], ["3"], ["3"], ["row 1"]).tolist() == [float(value)]
+    with pytest.raises(UserError, match="returned '1' .* not a finite"):  # numpy's text is still text
+        score(lambda prompt, completion, answer: np.str_("1"), ["1+2?"], ["3"], ["3"], ["row 1"])
 
 
 @pytest.mark.parametrize("kind", list(BASES))
