@@ -79,7 +79,8 @@ def load_reward(spec: str) -> Reward:
         raise UserError(f"grpo.reward {spec}: no such file {file}; {usage}")
     try:
         module = code_module(path, "minigpt_reward_")
-    except Exception as e:  # the user's file failed to run: its error, in one line
+    except (Exception, SystemExit) as e:  # the user's file failed to run: its error, in one line (sys.exit at its
+        # top level, or an argparse there reading train.py's arguments, ended the run with no word)
         raise UserError(
             f"grpo.reward {spec}: {file} failed to load ({type(e).__name__}: {first_line(e)}); fix the file"
         ) from None

@@ -944,6 +944,13 @@ CASES: list[Case] = [
         "{w}/rewards.py:missing",
         expect=["has no function missing"],
     ),
+    train(
+        "GRPO reward file that exits when loaded",
+        *GRPO,
+        "--grpo.reward",
+        "{w}/exiting_rewards.py:score",
+        expect=["exiting_rewards.py failed to load (SystemExit: 3)", "fix the file"],
+    ),
     train("GRPO group size below 2", *GRPO, "--grpo.group_size", "1", expect=["grpo.group_size", "v>=2"]),
     train("GRPO beta below 0", *GRPO, "--grpo.beta", "-0.1", expect=["grpo.beta", "-0.1"]),
     train(
@@ -1066,6 +1073,7 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
         "def inf(prompt, completion, answer):\n    return float('inf')\n"
         "def text(prompt, completion, answer):\n    return 'yes'\n"
     )
+    (w / "exiting_rewards.py").write_text("import sys\n\nsys.exit(3)\n")  # at its top level, as it is read
     (w / "occupied" / "notes.txt").write_text("a user's file: export.py must not touch it\n")
     for name, config in (
         ("hf_bert", {"architectures": ["BertForMaskedLM"], "model_type": "bert"}),
