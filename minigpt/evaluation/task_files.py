@@ -64,7 +64,7 @@ def _hook(spec: str, task_file: Path, task: dict[str, str]) -> Callable[..., Any
     def hook(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except Exception as e:  # the user's own code: which task and which hook, in one line
+        except (Exception, SystemExit) as e:  # the user's own code (sys.exit too): which task and hook, in one line
             raise UserError(
                 f"task {task['name']}: its hook !function {spec} ({source}) failed with "
                 f"{type(e).__name__}: {first_line(e)}; fix the function"
@@ -101,7 +101,8 @@ def read_task_file(task: str) -> dict:
     config, error = None, None
     try:
         config = _load(path, named, set()) if path.is_file() else None
-    except Exception as e:  # the file's, its includes' or its hooks' (their module's own code runs): one line
+    except (Exception, SystemExit) as e:  # the file's, its includes' or its hooks' (their module's code runs, sys.exit
+        # too: it ended eval.py silently with the module's exit code): one line
         error = e
     named["name"] = config.get("task", config.get("group")) if config else None
     if not isinstance(named["name"], str):
@@ -109,7 +110,7 @@ def read_task_file(task: str) -> dict:
     return config
 
 
-def _unusable(task: str, path: Path, error: Exception | None) -> str:
+def _unusable(task: str, path: Path, error: BaseException | None) -> str:
     """Why a task file cannot be used, in one line."""
     if not path.is_file():
         return f"task file not found: {task}; give an existing task YAML file or a task name"

@@ -44,3 +44,17 @@ def test_a_task_file_that_cannot_be_used_is_one_line(tmp_path, text, message):
     with pytest.raises(UserError, match=message) as e:
         task_files.read_task_file(str(tmp_path / "loop.yaml"))
     assert "\n" not in str(e.value)
+
+
+def test_a_hook_module_that_exits_is_one_line_at_load_and_at_call(tmp_path):
+    """sys.exit in a task's hook module (an argparse at its top reading eval.py's arguments, say) ended eval.py with
+    the module's exit code and no word; when a hook calls it, the same."""
+    (tmp_path / "task.yaml").write_text("task: mine\nprocess_docs: !function hooks.process\n")
+    (tmp_path / "hooks.py").write_text("import sys\nsys.exit(3)\n")
+    with pytest.raises(UserError, match="SystemExit") as e:
+        task_files.read_task_file(str(tmp_path / "task.yaml"))
+    assert "\n" not in str(e.value)
+    (tmp_path / "hooks.py").write_text("import sys\ndef process(docs):\n    sys.exit(4)\n")
+    hook = task_files.read_task_file(str(tmp_path / "task.yaml"))["process_docs"]
+    with pytest.raises(UserError, match=r"task mine: its hook !function hooks.process .* failed with SystemExit: 4"):
+        hook([])
