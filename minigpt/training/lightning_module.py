@@ -84,6 +84,12 @@ class GPTLightningModule(L.LightningModule):
         # reduce-overhead or cudagraphs), whose outputs a later replay overwrites unless added into buffers of their
         # own at once
         self.grads_in_place = False
+        self.param_dims: dict[str, int] | None = None  # the parameters' dims before a strategy wraps the model
+
+    def setup(self, stage: str) -> None:
+        # before the strategy wraps the model (Lightning calls setup first): FSDP then flattens every parameter
+        # into a 1-D view of its shard, and the optimizer's groups (configure_optimizers) need the shapes as built
+        self.param_dims = {name: p.dim() for name, p in self.model.named_parameters()}
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         return self.model(idx, targets)
@@ -245,7 +251,7 @@ class GPTLightningModule(L.LightningModule):
             )
         scaler = getattr(trainer.precision_plugin, "scaler", None) if trainer is not None else None
         optimizer = build_optimizer(
-            self.model, self.optim, fused=self.device.type in ("cuda", "cpu") and scaler is None
+            self.model, self.optim, fused=self.device.type in ("cuda", "cpu") and scaler is None, dims=self.param_dims
         )
         decay_end, clock = (
             trainer_schedule(trainer, self.optim) if trainer is not None else (self.optim.decay_steps, None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -139,15 +139,23 @@ class OptimConfig:
 # ------------------------------------------------------------------------------------------------ optimizer
 
 
-def param_groups(model: nn.Module) -> tuple[list[tuple[str, nn.Parameter]], list[nn.Parameter]]:
-    """(named matrices and embeddings: decayed, the rest: biases and norm gains, never decayed)."""
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    return [(n, p) for n, p in named if p.dim() >= 2], [p for _, p in named if p.dim() < 2]
+def param_groups(
+    model: nn.Module, dims: Mapping[str, int] | None = None
+) -> tuple[list[tuple[str, nn.Parameter]], list[nn.Parameter]]:
+    """(named matrices and embeddings: decayed, the rest: biases and norm gains, never decayed).  dims: each
+    parameter's number of dimensions as built, by name, for a model whose parameters a strategy has reshaped
+    since: FSDP makes every one a 1-D view of its shard, which would leave nothing decayed."""
+    dims = dims or {}
+    named = [(n, p, dims.get(n, p.dim())) for n, p in model.named_parameters() if p.requires_grad]
+    return [(n, p) for n, p, dim in named if dim >= 2], [p for _, p, dim in named if dim < 2]
 
 
-def build_optimizer(model: GPT, cfg: OptimConfig, fused: bool) -> torch.optim.Optimizer:
-    """AdamW (or Muon + AdamW) over the model's parameters.  fused: one kernel for all parameters."""
-    decay, no_decay = param_groups(model)
+def build_optimizer(
+    model: GPT, cfg: OptimConfig, fused: bool, dims: Mapping[str, int] | None = None
+) -> torch.optim.Optimizer:
+    """AdamW (or Muon + AdamW) over the model's parameters.  fused: one kernel for all parameters; dims: as for
+    param_groups."""
+    decay, no_decay = param_groups(model, dims)
     betas = (cfg.beta1, cfg.beta2)
     if cfg.optimizer == "muon":
         # Muon orthogonalises updates of the blocks' hidden matrices; embeddings and the head stay with AdamW

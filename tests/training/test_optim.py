@@ -1,12 +1,17 @@
 """The learning-rate schedule against its definition (warmup, then cosine / linear / constant / wsd to min_lr), and
 minigpt's Muon against torch.optim.Muon."""
 
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
 
 import minigpt.core.precision
 from minigpt.core.config import GPTConfig
 from minigpt.core.model import GPT
+from minigpt.training.lightning_module import GPTLightningModule
 from minigpt.training.muon import Muon, newton_schulz
 from minigpt.training.optim import OptimConfig, build_optimizer, lr_multiplier
 from minigpt.training.step_graph import GraphedAdamW, GraphedMuonWithAdamW, GraphedStep
@@ -226,3 +231,41 @@ def test_muon_takes_its_learning_rate_as_a_tensor_as_the_graph_reads_it():
         torch.testing.assert_close(tensors[name], value, rtol=1e-5, atol=1e-6, msg=name)
     (untrained,) = _trained_copies(1, cfg, 0)
     assert any(not torch.equal(untrained[k], v) for k, v in tensors.items())  # the steps moved the weights
+
+
+# One rank of a real FSDP wrap on the CPU (torch's FSDP runs there, over gloo, when device_id names the CPU; Lightning
+# allows it only on GPUs): the optimizer's groups, as configure_optimizers builds them after the wrap, by name
+FSDP_RANK = """
+import json, sys, torch, torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel
+from minigpt.core.config import GPTConfig
+from minigpt.training.lightning_module import GPTLightningModule
+rank, store, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+module = GPTLightningModule(GPTConfig.from_name("tiny"))
+module.setup("fit")  # Lightning's order: setup, then the strategy wraps the model, then configure_optimizers
+FullyShardedDataParallel(module, device_id=torch.device("cpu"), use_orig_params=True)  # Lightning's FSDP default
+names = {id(p): n for n, p in module.model.named_parameters()}
+groups = module.configure_optimizers()["optimizer"].param_groups
+if rank == 0:
+    json.dump([[g["weight_decay"], sorted(names[id(p)] for p in g["params"])] for g in groups], open(out, "w"))
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp_shards_keep_the_weight_decay_of_the_matrices_they_come_from(tmp_path):
+    """FSDP (use_orig_params, as Lightning wraps) turns every parameter into a 1-D view of its shard: the optimizer,
+    built after the wrap, had put every matrix with the biases and gains, and the run trained without weight decay.
+    The groups are those of the unwrapped model."""
+    out = tmp_path / "groups.json"
+    ranks = [
+        subprocess.Popen([sys.executable, "-c", FSDP_RANK, str(rank), str(tmp_path / "store"), str(out)])
+        for rank in (0, 1)
+    ]
+    assert [p.wait(timeout=120) for p in ranks] == [0, 0]
+    module = GPTLightningModule(GPTConfig.from_name("tiny"))
+    names = {id(p): n for n, p in module.model.named_parameters()}
+    groups = module.configure_optimizers()["optimizer"].param_groups
+    expected = [[g["weight_decay"], sorted(names[id(p)] for p in g["params"])] for g in groups]
+    assert expected[0][0] > 0 and expected[0][1]  # the matrices' group decays, and holds them
+    assert json.loads(out.read_text()) == expected
