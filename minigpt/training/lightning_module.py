@@ -20,7 +20,7 @@ from minigpt.core.config import GPTConfig
 from minigpt.core.errors import ConfigError, UserError
 from minigpt.core.limits import check_config_size
 from minigpt.core.lora import training_flops_per_token
-from minigpt.core.model import GPT
+from minigpt.core.model import GPT, attention_flops_per_token
 from minigpt.core.tokenizers import Tokenizer
 from minigpt.training.finetune_lora import keep_trained, restore_frozen
 from minigpt.training.optim import OptimConfig, build_optimizer, build_scheduler, trainer_schedule
@@ -85,11 +85,18 @@ class GPTLightningModule(L.LightningModule):
         # own at once
         self.grads_in_place = False
         self.param_dims: dict[str, int] | None = None  # the parameters' dims before a strategy wraps the model
+        self.weight_flops_per_token: int | None = None  # the matmul weights' training FLOPs per token, likewise
 
     def setup(self, stage: str) -> None:
-        # before the strategy wraps the model (Lightning calls setup first): FSDP then flattens every parameter
-        # into a 1-D view of its shard, and the optimizer's groups (configure_optimizers) need the shapes as built
+        # before the strategy wraps the model (Lightning calls setup first): FSDP then flattens every parameter into
+        # a 1-D view of its shard, and what is read from the shapes is read here: the optimizer's groups
+        # (configure_optimizers) and the FLOPs of the weights (a shard's count would be a fraction of them)
         self.param_dims = {name: p.dim() for name, p in self.model.named_parameters()}
+        self.weight_flops_per_token = self._weight_flops_per_token()
+
+    def _weight_flops_per_token(self) -> int:
+        flops = training_flops_per_token if self.lora is not None else GPT.flops_per_token
+        return flops(self.model, 1) - attention_flops_per_token(self.model.config, 1)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         return self.model(idx, targets)
@@ -97,8 +104,8 @@ class GPTLightningModule(L.LightningModule):
     def on_train_batch_start(self, batch: torch.Tensor, batch_idx: int) -> None:
         if self.flops_per_batch is None:
             B, T = batch.size(0), batch.size(1) - 1
-            flops = training_flops_per_token if self.lora is not None else GPT.flops_per_token
-            self.flops_per_batch = flops(self.model, T) * B * T
+            weights = self.weight_flops_per_token or self._weight_flops_per_token()  # unset: a loop of one's own
+            self.flops_per_batch = (weights + attention_flops_per_token(self.model.config, T)) * B * T
 
     def batch_loss(self, batch: torch.Tensor, stage: str) -> torch.Tensor:
         """The loss of a batch; an objective other than next-token prediction (DPO) overrides it and may append

@@ -4,6 +4,7 @@ minigpt's Muon against torch.optim.Muon."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -233,8 +234,11 @@ def test_muon_takes_its_learning_rate_as_a_tensor_as_the_graph_reads_it():
     assert any(not torch.equal(untrained[k], v) for k, v in tensors.items())  # the steps moved the weights
 
 
+REPO = Path(__file__).resolve().parents[2]  # the ranks import this checkout's minigpt (the first entry of sys.path)
+
 # One rank of a real FSDP wrap on the CPU (torch's FSDP runs there, over gloo, when device_id names the CPU; Lightning
-# allows it only on GPUs): the optimizer's groups, as configure_optimizers builds them after the wrap, by name
+# allows it only on GPUs): what the module reads from its parameters after the wrap, in Lightning's order (setup,
+# the wrap, configure_optimizers, the first batch): the optimizer's groups by name, and the FLOPs of a batch
 FSDP_RANK = """
 import json, sys, torch, torch.distributed as dist
 from torch.distributed.fsdp import FullyShardedDataParallel
@@ -243,29 +247,46 @@ from minigpt.training.lightning_module import GPTLightningModule
 rank, store, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
 module = GPTLightningModule(GPTConfig.from_name("tiny"))
-module.setup("fit")  # Lightning's order: setup, then the strategy wraps the model, then configure_optimizers
+module.setup("fit")
 FullyShardedDataParallel(module, device_id=torch.device("cpu"), use_orig_params=True)  # Lightning's FSDP default
 names = {id(p): n for n, p in module.model.named_parameters()}
 groups = module.configure_optimizers()["optimizer"].param_groups
-if rank == 0:
-    json.dump([[g["weight_decay"], sorted(names[id(p)] for p in g["params"])] for g in groups], open(out, "w"))
+module.on_train_batch_start(torch.zeros(2, 17, dtype=torch.long), 0)
+groups = [[g["weight_decay"], sorted(names[id(p)] for p in g["params"])] for g in groups]
+json.dump({"groups": groups, "flops_per_batch": module.flops_per_batch}, open(f"{out}{rank}.json", "w"))
 dist.destroy_process_group()
 """
 
 
-def test_fsdp_shards_keep_the_weight_decay_of_the_matrices_they_come_from(tmp_path):
-    """FSDP (use_orig_params, as Lightning wraps) turns every parameter into a 1-D view of its shard: the optimizer,
-    built after the wrap, had put every matrix with the biases and gains, and the run trained without weight decay.
-    The groups are those of the unwrapped model."""
-    out = tmp_path / "groups.json"
+@pytest.fixture(scope="module")
+def under_fsdp(tmp_path_factory):
+    """What each of the two ranks read after the wrap, and what the unwrapped module reads."""
+    tmp = tmp_path_factory.mktemp("fsdp")
     ranks = [
-        subprocess.Popen([sys.executable, "-c", FSDP_RANK, str(rank), str(tmp_path / "store"), str(out)])
+        subprocess.Popen([sys.executable, "-c", FSDP_RANK, str(rank), str(tmp / "store"), str(tmp / "rank")], cwd=REPO)
         for rank in (0, 1)
     ]
     assert [p.wait(timeout=120) for p in ranks] == [0, 0]
     module = GPTLightningModule(GPTConfig.from_name("tiny"))
     names = {id(p): n for n, p in module.model.named_parameters()}
     groups = module.configure_optimizers()["optimizer"].param_groups
-    expected = [[g["weight_decay"], sorted(names[id(p)] for p in g["params"])] for g in groups]
-    assert expected[0][0] > 0 and expected[0][1]  # the matrices' group decays, and holds them
-    assert json.loads(out.read_text()) == expected
+    module.on_train_batch_start(torch.zeros(2, 17, dtype=torch.long), 0)
+    groups = [[g["weight_decay"], sorted(names[id(p)] for p in g["params"])] for g in groups]
+    whole = {"groups": groups, "flops_per_batch": module.flops_per_batch}
+    return [json.loads((tmp / f"rank{rank}.json").read_text()) for rank in (0, 1)], whole
+
+
+def test_fsdp_shards_keep_the_weight_decay_of_the_matrices_they_come_from(under_fsdp):
+    """FSDP (use_orig_params, as Lightning wraps) turns every parameter into a 1-D view of its shard: the optimizer,
+    built after the wrap, had put every matrix with the biases and gains, and the run trained without weight decay.
+    The groups are those of the unwrapped model."""
+    ranks, whole = under_fsdp
+    assert whole["groups"][0][0] > 0 and whole["groups"][0][1]  # the matrices' group decays, and holds them
+    assert [r["groups"] for r in ranks] == [whole["groups"]] * 2
+
+
+def test_fsdp_counts_the_flops_of_whole_matrices_not_of_a_shard(under_fsdp):
+    """Each rank computes with the whole weights (gathered for the forward and backward): its FLOP/s and MFU count
+    them, where the count of its shard's 1-D views had logged a fraction of them."""
+    ranks, whole = under_fsdp
+    assert [r["flops_per_batch"] for r in ranks] == [whole["flops_per_batch"]] * 2
