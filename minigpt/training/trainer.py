@@ -106,8 +106,9 @@ class MiniGPTTrainer(Trainer):
             if kwargs.get(key) == 0
         ]
         # spawn and fork launchers hand only the weights back to the launching process, which then saves and reports
-        # a run it did not train (step 0, no optimizer state) over rank 0's last.ckpt
-        if isinstance(strategy := kwargs.get("strategy"), str) and strategy.startswith(
+        # a run it did not train (step 0, no optimizer state) over rank 0's last.ckpt; Lightning reads a strategy's
+        # name in any case (DDP_SPAWN is ddp_spawn)
+        if isinstance(strategy := kwargs.get("strategy"), str) and strategy.lower().startswith(
             ("ddp_spawn", "ddp_fork", "ddp_notebook")
         ):
             problems.append(f"trainer.strategy={strategy} hands back only the weights, not the run; use ddp")

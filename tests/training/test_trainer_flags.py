@@ -12,6 +12,7 @@ from lightning.pytorch import Trainer
 from minigpt.cli.train import main
 from minigpt.core.errors import UserError
 from minigpt.training import run_dir
+from minigpt.training.trainer import MiniGPTTrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -147,3 +148,11 @@ def test_stochastic_weight_averaging_is_refused(tiny_run_args, corpus, data_root
     with pytest.raises(UserError, match="StochasticWeightAveraging .* no checkpoint"):
         main(["--config", str(config)] + tiny_run_args(corpus, data_root, tmp_path / "run", steps=3))
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("strategy", ["ddp_spawn", "DDP_Spawn", "DDP_FORK", "ddp_notebook"])
+def test_a_spawning_strategy_is_refused_in_any_case(strategy):
+    """Lightning reads a strategy's name in any case: DDP_Spawn launched ddp_spawn, which trained, handed the
+    launching process the weights alone and ended in an error about a temporary file, with no run saved."""
+    with pytest.raises(UserError, match=f"trainer.strategy={strategy} hands back only the weights.*use ddp"):
+        MiniGPTTrainer(strategy=strategy, accelerator="cpu", devices=2, logger=False)
