@@ -76,6 +76,7 @@ from minigpt.training.trainer import (
     MiniGPTTrainer,
     RunConfigFile,
     run_callbacks,
+    strategy_problem,
     uncount_unfinished_epoch,
 )
 
@@ -266,7 +267,8 @@ class MiniGPTCLI(LightningCLI):
             parser.error("--resume continues the run in out_dir and --overwrite starts it over; pass only one of them")
         if not self.config.get("init_from"):  # refused before the data is prepared (a fine-tune's is its source's)
             check_family_set(GPTConfig(**{**self.config["model"].as_dict(), "vocab_size": 1}))  # vocab: the data's
-        if problem := objective_problem(self.config):  # DPO's and GRPO's settings that cannot work together
+        # DPO's and GRPO's settings that cannot work together, and a strategy whose run no command could read
+        if problem := objective_problem(self.config) or strategy_problem(self.config["trainer"]):
             parser.error(problem)
         note_unread_flags(given, self.config)
         # init_from needs to know which settings the user gave, not their defaults: the keys of the --config files

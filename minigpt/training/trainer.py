@@ -133,6 +133,26 @@ class MiniGPTTrainer(Trainer):
             return super().validate(*args, **kwargs)
 
 
+def strategy_problem(trainer_config: Any) -> str | None:
+    """The refusal of a strategy given as a class with arguments (--trainer.strategy.class_path and init_args), or
+    None: the settings with which a run would train and leave nothing the commands read."""
+    strategy = trainer_config.get("strategy")
+    args = strategy.get("init_args") if hasattr(strategy, "get") else None
+    if args is None:
+        return None
+    if args.get("state_dict_type") == "sharded":
+        return (
+            "trainer.strategy: state_dict_type sharded saves each checkpoint as a folder of shards, which --resume, "
+            "sample.py, eval.py and export.py do not read; leave state_dict_type full (the default)"
+        )
+    if args.get("start_method") not in (None, "popen"):  # as ddp_spawn and ddp_fork (MiniGPTTrainer)
+        return (
+            f"trainer.strategy: start_method {args['start_method']} hands back only the weights, not the run; "
+            "leave start_method popen (the default)"
+        )
+    return None
+
+
 class ResumableEarlyStopping(EarlyStopping):
     """Lightning's EarlyStopping, whose resume keeps this run's patience (Lightning's restores the checkpoint's, so
     a raised patience never continued an early-stopped run) and refuses one that would stop at once; it keeps the
