@@ -93,6 +93,13 @@ class GPTLightningModule(L.LightningModule):
         # (configure_optimizers) and the FLOPs of the weights (a shard's count would be a fraction of them)
         self.param_dims = {name: p.dim() for name, p in self.model.named_parameters()}
         self.weight_flops_per_token = self._weight_flops_per_token()
+        # FSDP flattens the model into one tensor of one dtype: a LoRA base held in lora.base_dtype beside float32
+        # adapters fails there (bf16-mixed), or Lightning casts the base back to float32 first (32-true)
+        if self._sharded() and len({p.dtype for p in self.model.parameters()}) > 1:
+            raise ConfigError(  # every rank refuses alike: one line
+                "lora.base_dtype cannot hold the base under FSDP, which flattens the whole model into one dtype; "
+                "use --trainer.strategy ddp, or leave lora.base_dtype unset"
+            )
 
     def _weight_flops_per_token(self) -> int:
         flops = training_flops_per_token if self.lora is not None else GPT.flops_per_token
@@ -218,7 +225,7 @@ class GPTLightningModule(L.LightningModule):
         return norm
 
     def _sharded(self) -> bool:
-        return isinstance(self.trainer.strategy, FSDPStrategy)
+        return isinstance(getattr(self._trainer, "strategy", None), FSDPStrategy)  # no trainer: a loop of one's own
 
     def configure_gradient_clipping(
         self,

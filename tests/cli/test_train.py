@@ -18,7 +18,9 @@ from minigpt.cli.train import main
 from minigpt.core import checkpoint
 from minigpt.core.checkpoint import build_model, checkpoint_tokenizer, model_state_dict, read_checkpoint
 from minigpt.core.config import GPTConfig
-from minigpt.core.errors import UserError
+from minigpt.core.errors import ConfigError, UserError
+from minigpt.core.lora import LoRAConfig, lora_model
+from minigpt.core.model import GPT
 from minigpt.training.callbacks import CompileModel
 from minigpt.training.lightning_module import GPTLightningModule
 from minigpt.training.optim import OptimConfig
@@ -164,6 +166,21 @@ def test_muon_under_fsdp_is_refused_with_the_fix():
     module = under_fsdp(GPTLightningModule(GPTConfig.from_name("tiny"), OptimConfig(optimizer="muon")))
     with pytest.raises(UserError, match="muon cannot train under FSDP.*--trainer.strategy ddp"):
         module.configure_optimizers()
+
+
+@pytest.mark.parametrize("base_dtype", [None, "bfloat16"])
+def test_a_lora_base_in_its_own_dtype_under_fsdp_is_one_line_before_the_wrap(base_dtype):
+    """FSDP flattens the model into one dtype: a bf16 base beside float32 adapters failed to wrap under bf16-mixed
+    (a traceback from every rank), and under 32-true Lightning held the base in float32 again, unasked.  Refused in
+    setup, before the wrap; a float32 base trains (adapters and base flatten together)."""
+    config = GPTConfig.from_name("tiny")
+    model = lora_model(GPT(config), config, LoRAConfig(rank=4, base_dtype=base_dtype))
+    module = under_fsdp(GPTLightningModule(config, model=model))
+    if base_dtype is None:
+        module.setup("fit")
+        return
+    with pytest.raises(ConfigError, match="lora.base_dtype cannot hold the base under FSDP.*--trainer.strategy ddp"):
+        module.setup("fit")
 
 
 def test_same_seed_same_run_other_seed_other_run(tiny_run_args, corpus, data_root, tmp_path):
