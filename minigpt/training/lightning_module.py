@@ -259,7 +259,7 @@ class GPTLightningModule(L.LightningModule):
         # Lightning could not clip before it
         trainer = self._trainer  # None outside a Trainer (benchmarks' bare loop)
         if trainer is not None and self.optim.optimizer == "muon" and self._sharded():
-            raise UserError(
+            raise ConfigError(  # every rank refuses alike: one line
                 "optim.optimizer muon cannot train under FSDP: Muon orthogonalises whole matrices and FSDP "
                 "shards them across devices; use --trainer.strategy ddp, or --optim.optimizer adamw"
             )
