@@ -46,6 +46,23 @@ def disable_dropout(model: torch.nn.Module) -> None:
             m.dropout = 0.0
 
 
+def number_by_module_order(ckpt: dict[str, Any], module: torch.nn.Module, optimizers: list[Any]) -> None:
+    """Number each saved AdamW state by its parameter's place in module.parameters(), as FSDP saves it.  torch's
+    optimizer numbers them in its groups' order (decayed matrices first), and Lightning's FSDP, resuming, takes id i
+    for the module's i-th parameter: a run resumed under FSDP from a DDP or one-device checkpoint gave parameters
+    the moments of others (of other shapes: on a CPU, a corrupted heap).  Any numbering loads outside FSDP: torch
+    pairs the saved groups' ids with the live groups' parameters by position."""
+    place = {id(p): i for i, p in enumerate(module.parameters())}
+    for saved, optimizer in zip(ckpt.get("optimizer_states", []), optimizers):
+        if not isinstance(optimizer, torch.optim.AdamW):  # Muon keeps states of its own; FSDP refuses it anyway
+            continue
+        params = [p for group in optimizer.param_groups for p in group["params"]]  # in torch's numbering
+        renumber = {i: place[id(p)] for i, p in enumerate(params)}
+        saved["state"] = {renumber[i]: state for i, state in saved["state"].items()}
+        for group in saved["param_groups"]:
+            group["params"] = [renumber[i] for i in group["params"]]
+
+
 class GPTLightningModule(L.LightningModule):
     def __init__(
         self,
@@ -280,6 +297,8 @@ class GPTLightningModule(L.LightningModule):
         ckpt[checkpoint.SECTION]["world_size"] = self.trainer.world_size  # a resume on other devices is noted
         if self.lora is not None:  # the adapters only, and where their base is
             keep_trained(ckpt, self, self.lora)
+        if not self._sharded():  # FSDP's own save numbers them so already
+            number_by_module_order(ckpt, self, self.trainer.optimizers)
 
     def on_load_checkpoint(self, ckpt: dict[str, Any]) -> None:
         if self.lora is not None:  # the frozen base is this run's, read from init_from

@@ -184,6 +184,21 @@ def test_a_lora_base_in_its_own_dtype_under_fsdp_is_one_line_before_the_wrap(bas
         module.setup("fit")
 
 
+def test_a_checkpoint_numbers_its_optimizer_state_as_fsdp_reads_it(tiny_run_args, corpus, data_root, tmp_path):
+    """Lightning's FSDP, resuming, takes a saved state's id i for the module's i-th parameter, as its own saves number
+    them; torch's optimizer numbers its groups' parameters in turn (decayed matrices first).  A one-device or DDP
+    run resumed under FSDP gave parameters the moments of others, of other shapes (on the CPU, a heap corruption)."""
+    run = tmp_path / "run"
+    main(tiny_run_args(corpus, data_root, run, steps=2))
+    ckpt = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    params = list(GPTLightningModule(GPTConfig(**ckpt["minigpt"]["model_config"])).parameters())
+    (optimizer,) = ckpt["optimizer_states"]
+    assert sorted(optimizer["state"]) == sorted(i for g in optimizer["param_groups"] for i in g["params"])
+    assert len(optimizer["state"]) == len(params)
+    for i, state in optimizer["state"].items():
+        assert state["exp_avg"].shape == params[i].shape, i
+
+
 def test_same_seed_same_run_other_seed_other_run(tiny_run_args, corpus, data_root, tmp_path):
     for name, seed in (("a", 7), ("b", 7), ("c", 8)):
         main(tiny_run_args(corpus, data_root, tmp_path / name, steps=12, seed=seed))
