@@ -110,6 +110,9 @@ class GPTLightningModule(L.LightningModule):
         # (configure_optimizers) and the FLOPs of the weights (a shard's count would be a fraction of them)
         self.param_dims = {name: p.dim() for name, p in self.model.named_parameters()}
         self.weight_flops_per_token = self._weight_flops_per_token()
+        # a LoRA checkpoint holds the adapters alone, which Lightning's FSDP loads (strictly, by default) before
+        # on_load_checkpoint can add the frozen base: the base is this run's, read from init_from, as there
+        self.strict_loading = self.lora is None or not self._sharded()
         # FSDP flattens the model into one tensor of one dtype: a LoRA base held in lora.base_dtype beside float32
         # adapters fails there (bf16-mixed), or Lightning casts the base back to float32 first (32-true)
         if self._sharded() and len({p.dtype for p in self.model.parameters()}) > 1:
@@ -301,5 +304,6 @@ class GPTLightningModule(L.LightningModule):
             number_by_module_order(ckpt, self, self.trainer.optimizers)
 
     def on_load_checkpoint(self, ckpt: dict[str, Any]) -> None:
-        if self.lora is not None:  # the frozen base is this run's, read from init_from
+        # the frozen base is this run's, read from init_from (Lightning's FSDP loaded the weights and took them out)
+        if self.lora is not None and "state_dict" in ckpt:
             restore_frozen(ckpt, self)

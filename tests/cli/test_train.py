@@ -19,7 +19,7 @@ from minigpt.core import checkpoint
 from minigpt.core.checkpoint import build_model, checkpoint_tokenizer, model_state_dict, read_checkpoint
 from minigpt.core.config import GPTConfig
 from minigpt.core.errors import ConfigError, UserError
-from minigpt.core.lora import LoRAConfig, lora_model
+from minigpt.core.lora import LoRAConfig, adapter_names, lora_model
 from minigpt.core.model import GPT
 from minigpt.training.callbacks import CompileModel
 from minigpt.training.lightning_module import GPTLightningModule
@@ -182,6 +182,27 @@ def test_a_lora_base_in_its_own_dtype_under_fsdp_is_one_line_before_the_wrap(bas
         return
     with pytest.raises(ConfigError, match="lora.base_dtype cannot hold the base under FSDP.*--trainer.strategy ddp"):
         module.setup("fit")
+
+
+def test_a_lora_checkpoint_loads_as_lightnings_fsdp_loads_it():
+    """Lightning's FSDP loads a checkpoint's state_dict into the module (strictly unless the module says otherwise)
+    and takes it out before on_load_checkpoint: a LoRA run's, which holds the adapters alone, failed there (missing
+    keys: the frozen base), and on_load_checkpoint then failed for the state_dict it had taken out."""
+    config = GPTConfig.from_name("tiny")
+    torch.manual_seed(0)
+    saved = GPTLightningModule(config, model=lora_model(GPT(config), config, LoRAConfig(rank=4)), lora={})
+    trained = adapter_names(saved)
+    for name, value in saved.state_dict().items():
+        if name in trained:
+            value.normal_()  # adapters away from their start (B is zero there)
+    ckpt = {"state_dict": {k: v.clone() for k, v in saved.state_dict().items() if k in trained}}
+    torch.manual_seed(0)  # the same base, as init_from reads it again
+    module = under_fsdp(GPTLightningModule(config, model=lora_model(GPT(config), config, LoRAConfig(rank=4)), lora={}))
+    module.setup("fit")
+    module.load_state_dict(ckpt.pop("state_dict"), strict=module.strict_loading)  # in the strategy's load_checkpoint
+    module.on_load_checkpoint(ckpt)
+    for name, value in saved.state_dict().items():
+        assert torch.equal(module.state_dict()[name], value), name
 
 
 def test_a_checkpoint_numbers_its_optimizer_state_as_fsdp_reads_it(tiny_run_args, corpus, data_root, tmp_path):
