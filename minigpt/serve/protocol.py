@@ -3,7 +3,8 @@
 Each body is checked once, here, as FastAPI reads it: a wrong type, a value out of range or a field OpenAI does not
 know is a 400 naming the field (minigpt.serve.app turns pydantic's errors into OpenAI's error JSON).  Fields that
 OpenAI knows but minigpt cannot honour (tools, logprobs, n > 1, penalties) are refused the same way rather than
-silently ignored; a penalty of 0 and `user` are accepted, since many clients always send them.  `top_k` is an
+silently ignored; their defaults (a penalty of 0, an empty `logit_bias`, a text `response_format`) and metadata
+(`user`, `safety_identifier`, `prompt_cache_key`) are accepted, since many clients always send them.  `top_k` is an
 extension, as in vLLM and llama.cpp.  Strict mode: a number given as a string is a wrong type, not converted; a
 field set to null counts as left out, as OpenAI reads it.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 __all__ = ["ONLY_DEFAULT", "ChatRequest", "CompletionRequest", "Message"]
@@ -27,6 +28,10 @@ ONLY_DEFAULT = {
     "frequency_penalty": "this server applies no penalties; leave frequency_penalty out or send 0",
     "logprobs": "this server returns no log probabilities; leave logprobs out",
     "echo": "this server does not echo the prompt; leave echo out or send false",
+    "best_of": "this server gives one completion per request; leave best_of out or send 1",
+    "logit_bias": "this server applies no logit bias; leave logit_bias out or send {}",
+    "response_format.type": "this server writes free text only, no JSON mode or schema; leave response_format out "
+    'or send {"type": "text"}',
 }
 
 
@@ -74,6 +79,10 @@ class StreamOptions(Body):
     include_usage: bool = False
 
 
+class ResponseFormat(Body):
+    type: Literal["text"]
+
+
 StopText = Annotated[str, Field(min_length=1), AfterValidator(whole_characters)]  # "" would end every reply at once
 Stop = StopText | Annotated[list[StopText], Field(max_length=4)] | None
 
@@ -93,7 +102,18 @@ class Sampling(Body):
     n: Literal[1] = 1
     presence_penalty: float = Field(0.0, ge=0, le=0)
     frequency_penalty: float = Field(0.0, ge=0, le=0)
+    logit_bias: Annotated[dict[str, float], Field(max_length=0)] = {}
     user: Text | None = None
+
+    @field_validator("stream_options")
+    @classmethod
+    def only_when_streaming(cls, value: StreamOptions, info: ValidationInfo) -> StreamOptions:
+        """As OpenAI: options for a stream that is not asked for are a mistake, not something to ignore."""
+        if info.data.get("stream", True) is False:  # absent: stream itself was refused
+            raise PydanticCustomError(
+                "stream_options", "only allowed when stream is true; send stream: true or leave stream_options out"
+            )
+        return value
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -107,6 +127,9 @@ class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
     logprobs: Literal[False] = False
+    response_format: ResponseFormat | None = None
+    safety_identifier: Text | None = None  # who is asking and a cache key: metadata, accepted as `user` is
+    prompt_cache_key: Text | None = None
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -119,3 +142,4 @@ class CompletionRequest(Sampling):
     prompt: Text
     echo: Literal[False] = False
     logprobs: None = None
+    best_of: Literal[1] = 1

@@ -257,6 +257,11 @@ BAD = [  # (path, body, status, param, words in the message)
     (CHAT, GOOD | {"Temperature": 0.5}, 400, "Temperature", "argument supplied: Temperature (not an OpenAI"),
     (CHAT, GOOD | {"messages": [{"role": "user", "content": "hi", "Name": "x"}]}, 400, "messages.0.Name", "0.Name"),
     (CHAT, GOOD | {"presence_penalty": 0.5}, 400, "presence_penalty", "send 0"),
+    (CHAT, GOOD | {"logit_bias": {"5": 10}}, 400, "logit_bias", "no logit bias; leave logit_bias out or send {}"),
+    (CHAT, GOOD | {"response_format": {"type": "json_object"}}, 400, "response_format.type", "free text only"),
+    ("/v1/completions", {"model": "tiny-chat", "prompt": "hi", "best_of": 2}, 400, "best_of", "one completion per"),
+    # as OpenAI: options of a stream nobody asked for are a mistake (was accepted and ignored)
+    (CHAT, GOOD | {"stream_options": {"include_usage": True}}, 400, "stream_options", "only allowed when stream is"),
     (CHAT, {"model": "tiny-chat"}, 400, "messages", "missing required parameter"),
     (CHAT, GOOD | {"messages": []}, 400, "messages", "at least 1"),
     (CHAT, GOOD | {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages.0.role", "system"),
@@ -309,6 +314,18 @@ def test_every_bad_request_is_a_4xx_with_openais_error_json(chat_url):
     with pytest.raises(openai.BadRequestError, match="at least 1"):  # the client raises OpenAI's own error
         client(chat_url).chat.completions.create(model="tiny-chat", messages=[])
     assert httpx.post(chat_url + CHAT, json=GOOD).status_code == 200  # and the server kept serving
+
+
+def test_defaults_and_metadata_a_client_sends_are_accepted(chat_url):
+    """An empty logit_bias, a text response_format, best_of 1 and OpenAI's metadata fields were refused as unknown;
+    they ask for nothing this server does not do, so the reply is the one without them."""
+    plain = httpx.post(chat_url + CHAT, json=GOOD | {"temperature": 0}).json()["choices"][0]["message"]
+    sent = {"logit_bias": {}, "response_format": {"type": "text"}, "safety_identifier": "u-1", "prompt_cache_key": "k"}
+    reply = client(chat_url).chat.completions.create(**GOOD, temperature=0, presence_penalty=0, user="u", **sent)
+    assert reply.choices[0].message.content == plain["content"]
+    completion = {"model": "tiny-chat", "prompt": "hi", "max_tokens": 2, "temperature": 0}
+    plain = httpx.post(chat_url + "/v1/completions", json=completion).json()["choices"][0]["text"]
+    assert client(chat_url).completions.create(**completion, best_of=1, logit_bias={}).choices[0].text == plain
 
 
 def test_a_body_not_read_as_json_says_why_and_how_to_send_it(chat_url):
