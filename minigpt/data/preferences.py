@@ -6,6 +6,11 @@ TRL's two preference layouts (its docs, "Dataset formats"), each row checked whe
     conversational:  {"prompt": [{"role": "user", "content": "What is 2+2?"}],
                       "chosen": [{"role": "assistant", "content": "4"}],
                       "rejected": [{"role": "assistant", "content": "5"}]}
+    implicit prompt: {"chosen": [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"}],
+                      "rejected": [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "5"}]}
+
+An implicit prompt (Anthropic's HH-RLHF as messages) is the turns both conversations start with, as TRL's
+`extract_prompt` takes it.
 
 Both become chat messages (a standard prompt is one user turn, an answer one assistant turn) rendered with the
 model's chat template, as SFT's conversations are.  Sources are read as chat data is (minigpt.data.conversations).
@@ -55,13 +60,33 @@ def _messages(value: Any, key: str, where: str, roles: tuple[str, ...]) -> Messa
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
+def with_implicit_prompt(row: dict, where: str) -> dict:
+    """A row without "prompt" whose answers are whole conversations: the messages both start with are the prompt."""
+    chosen, rejected = row["chosen"], row["rejected"]
+    shared = 0
+    while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
+        shared += 1
+    if chosen == rejected or shared == 0:
+        same = "are the same conversation" if shared else "do not start with the same turns"
+        raise DataError(
+            f'{where}: the row has no "prompt", and its chosen and rejected conversations {same}, so no prompt '
+            'and answers can be told apart; give the prompt\'s turns as "prompt" or fix the row'
+        )
+    return row | {"prompt": chosen[:shared], "chosen": chosen[shared:], "rejected": rejected[shared:]}
+
+
 def to_preference(row: Any, where: str) -> Preference:
     """One row as a checked Preference; `where` names the row in the error ("pairs.jsonl line 3")."""
     if not isinstance(row, dict):
         raise DataError(f"{where}: a row must be a JSON object, got {type(row).__name__}; {FIX}")
+    if "prompt" not in row and isinstance(row.get("chosen"), list) and isinstance(row.get("rejected"), list):
+        row = with_implicit_prompt(row, where)
     missing = [k for k in ("prompt", "chosen", "rejected") if k not in row]
     if missing:
-        raise DataError(f"{where}: the row has no {' and no '.join(map(repr, missing))}; {FIX}")
+        implicit = (
+            " (or, without a prompt, the whole conversations as lists of messages)" if missing == ["prompt"] else ""
+        )
+        raise DataError(f"{where}: the row has no {' and no '.join(map(repr, missing))}; {FIX}{implicit}")
     prompt = _messages(row["prompt"], "prompt", where, ROLES)
     if (last := prompt[-1]["role"]) != "user":  # a system turn alone is no question either
         raise DataError(

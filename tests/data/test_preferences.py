@@ -35,11 +35,47 @@ def test_the_conversational_layout_keeps_its_messages(tmp_path):
     assert pairs[1].where.endswith("p.jsonl line 2")
 
 
+def turn(role, content):
+    return {"role": role, "content": content}
+
+
+def test_an_implicit_prompt_is_the_turns_both_conversations_start_with():
+    """TRL's implicit-prompt layout (HH-RLHF as messages) was refused for having no "prompt"; the shared turns
+    are the prompt, as TRL's extract_prompt splits it (a multi-turn history included)."""
+    history = [turn("system", "Add."), turn("user", "1+1="), turn("assistant", "2"), turn("user", "2+2=")]
+    row = {"chosen": history + [turn("assistant", "4")], "rejected": history + [turn("assistant", "5")]}
+    pair = to_preference(row, "row 1")
+    assert pair.prompt == history
+    assert pair.chosen == [turn("assistant", "4")] and pair.rejected == [turn("assistant", "5")]
+    explicit = {"prompt": history, "chosen": [turn("assistant", "4")], "rejected": [turn("assistant", "5")]}
+    assert to_preference(explicit, "row 1") == pair  # the same pair as with its prompt given
+    trl = pytest.importorskip("trl.data_utils")
+    assert trl.extract_prompt(row) == explicit  # TRL's own split
+
+
 @pytest.mark.parametrize(
     "row, words",
     [
         ({"prompt": "x", "chosen": "a"}, ["row 3", "no 'rejected'", '"prompt", "chosen" and "rejected"']),
-        ({"chosen": "a", "rejected": "b"}, ["no 'prompt'"]),
+        ({"chosen": "a", "rejected": "b"}, ["no 'prompt'", "without a prompt, the whole conversations as lists"]),
+        (
+            {"chosen": [turn("user", "x"), turn("assistant", "a")], "rejected": [turn("user", "y")]},
+            ['no "prompt", and its chosen and rejected conversations do not start with the same turns'],
+        ),
+        (
+            {
+                "chosen": [turn("user", "x"), turn("assistant", "a")],
+                "rejected": [turn("user", "x"), turn("assistant", "a")],
+            },
+            ["conversations are the same conversation", 'give the prompt\'s turns as "prompt"'],
+        ),
+        (  # the conversations part at a user turn: the prompt would end with the assistant's
+            {
+                "chosen": [turn("user", "x"), turn("assistant", "a"), turn("user", "y")],
+                "rejected": [turn("user", "x"), turn("assistant", "a"), turn("user", "z")],
+            },
+            ["ends with an assistant turn"],
+        ),
         ({"prompt": "x", "chosen": "a", "rejected": "a"}, ["chosen and rejected are the same answer", "drop the row"]),
         ({"prompt": "x", "chosen": [], "rejected": "b"}, ['"chosen" must be text or a non-empty list']),
         (
