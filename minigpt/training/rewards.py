@@ -4,8 +4,9 @@
     rewards = score(reward, prompts, completions, answers, wheres)   # (N,) float32, every one a finite number
 
 exact_match: the completion's final answer is its last number (commas between digit groups dropped: "1,234" is
-1234), or, where it holds none, its last non-empty line; it scores 1.0 when it equals the row's answer, numbers
-compared as numbers ("42.0" equals "42"), other text after stripping spaces at both ends; else 0.0.
+1234; a fraction "3/4" is one number), or, where it holds none, its last non-empty line; it scores 1.0 when it
+equals the row's answer, numbers compared as numbers ("42.0" equals "42", "6/8" equals "0.75"), other text after
+stripping spaces at both ends; else 0.0.
 
 A user's reward is Python code, like a task file's hooks: `grpo.reward path/to/file.py:function` runs that file
 (and nothing from the current directory or the installed packages by that name), then calls, per completion,
@@ -22,6 +23,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from fractions import Fraction
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,7 @@ from minigpt.core.user_files import code_module
 __all__ = ["EXACT_MATCH", "exact_match", "final_answer", "load_reward", "score"]
 
 EXACT_MATCH = "exact_match"
-NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
+NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")  # a fraction's "/4" with it: "3/4" is not 4
 Reward = Callable[..., Any]
 
 
@@ -51,8 +53,8 @@ def final_answer(text: str) -> str:
 def as_number(text: str) -> float | None:
     text = text.strip().replace(",", "")
     try:
-        value = float(text)
-    except ValueError:
+        value = float(Fraction(text)) if "/" in text else float(text)  # "3/4" as 0.75
+    except (ValueError, ZeroDivisionError, OverflowError):
         return None
     return value if math.isfinite(value) else None
 

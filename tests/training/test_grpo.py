@@ -85,6 +85,10 @@ def test_exact_match_reads_the_final_answer_numbers_as_numbers():
     assert exact_match(completion="135", answer="136") == 0.0
     assert exact_match(completion="the answer is 136, not 137", answer="136") == 0.0  # the last number counts
     assert exact_match(completion="Paris", answer="Paris") == 1.0 and exact_match(completion="", answer="1") == 0.0
+    # a fraction is one number (its denominator was the final answer, so "3/4" could never score)
+    assert final_answer("half of 3/2 is 3/4.") == "3/4" and exact_match(completion="so 3/4", answer="3/4") == 1.0
+    assert exact_match(completion="6/8", answer="0.75") == 1.0 and exact_match(completion="it is 4", answer="3/4") == 0
+    assert exact_match(completion="1/0", answer="1/0") == 1.0  # no number: compared as text
 
 
 def test_advantages_and_the_clipped_surrogate_follow_trls_formula():
