@@ -38,7 +38,7 @@ from minigpt.evaluation.task_files import read_task_file, resolve_tasks
 
 INSTALL = (
     'the lm-evaluation-harness is not installed; install the eval extra: pip install -e ".[eval]" '
-    "(or python3 -m pip install lm-eval)"
+    "(or, outside a checkout of minigpt, python3 -m pip install lm-eval==0.4.13)"
 )
 
 if find_spec("lm_eval") is None:  # the optional extra; anything else missing is a broken install and keeps its trace

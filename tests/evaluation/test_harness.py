@@ -397,8 +397,9 @@ def test_without_lm_eval_tasks_is_one_line_saying_how_to_install(char_ckpt, task
     assert ran.returncode == 2, ran.stderr
     assert ran.stderr.strip().splitlines() == [
         'error: the lm-evaluation-harness is not installed; install the eval extra: pip install -e ".[eval]" '
-        "(or python3 -m pip install lm-eval)"
+        "(or, outside a checkout of minigpt, python3 -m pip install lm-eval==0.4.13)"
     ]
+    assert 'eval = ["lm-eval==0.4.13"]' in (REPO / "pyproject.toml").read_text()  # the pin the message names
 
 
 @pytest.mark.slow  # ~12 s: a tiny model through both backends
