@@ -143,9 +143,13 @@ def run_peft(args, out: Path, replacing: list[Replaced]) -> Path:
     model, tokenizer, lora = load_lora_run(args.ckpt)
     export_peft(model, tokenizer, lora, out, base_out, overwrite=args.overwrite, checked=checked)
     n = safetensors_params(out / "adapter_model.safetensors")
+    # a fused module (GPT-2's c_attn, Phi-3's qkv_proj) holds its projections' adapters stacked: a rank of its own
+    fused = json.loads((out / "adapter_config.json").read_text())["rank_pattern"]
+    ranks = f"rank {lora.rank}" + "".join(f"; {rank} in {name}" for name, rank in sorted(fused.items()))
+    ranks += ", whose fused projections stack theirs" if fused else ""
     show_checkpoint_lines()
     print(
-        f"wrote PEFT LoRA adapters ({n:,} parameters, rank {lora.rank}) to {out} and their base, "
+        f"wrote PEFT LoRA adapters ({n:,} parameters, {ranks}) to {out} and their base, "
         f"{family_of(model.config).hf_class}, to {base_out}",
         flush=True,
     )
