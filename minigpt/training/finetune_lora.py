@@ -53,7 +53,8 @@ def check_finetune_resumable(ckpt: dict[str, Any], lora: LoRAConfig | None, path
             "it with --finetune lora, or start a new run in another out_dir"
         )
     elif saved is not None:
-        old, new = saved[0].to_dict(), lora.to_dict()
+        # an unset base_dtype keeps the base as loaded, float32: naming it changes nothing
+        old, new = ({**c.to_dict(), "base_dtype": c.base_dtype or "float32"} for c in (saved[0], lora))
         diff = [
             f"lora.{k}={old[k]!r} (this run's config gives {new[k]!r})"
             for k in old

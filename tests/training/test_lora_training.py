@@ -167,6 +167,15 @@ def test_activation_checkpointing_may_be_switched_on_when_a_lora_run_resumes(
         torch.testing.assert_close(b[name], a[name], atol=1e-6, rtol=1e-5, msg=name)
 
 
+def test_naming_the_default_base_dtype_on_resume_is_no_conflict(tmp_path):
+    """base_dtype unset holds the base as loaded, in float32: --lora.base_dtype float32 on resume was refused as a
+    setting the run was not trained with."""
+    ckpt = {"minigpt": {SECTION_KEY: {"config": LoRAConfig(rank=4).to_dict(), "base": {"source": "b"}}}}
+    check_finetune_resumable(ckpt, LoRAConfig(rank=4, base_dtype="float32"), tmp_path / "last.ckpt")
+    with pytest.raises(UserError, match=r"lora.base_dtype='float32' \(this run's config gives 'bfloat16'\)"):
+        check_finetune_resumable(ckpt, LoRAConfig(rank=4, base_dtype="bfloat16"), tmp_path / "last.ckpt")
+
+
 def test_resuming_as_another_kind_of_run_or_on_another_base_is_refused(
     lora_args, tiny_run_args, source_run, corpus, data_root, tmp_path
 ):
