@@ -25,24 +25,38 @@ def sample(
     """The first `docs` rows' text of the dataset's train split, streamed, as JSONL {"text": ...} at `out`."""
     from datasets import load_dataset
 
+    from minigpt.core.errors import DataError
+    from minigpt.data.sources import check_hub_reachable, hub_retries_quiet
+    from minigpt.data.tables import dataset_failure
+
     if docs < 1:
-        raise SystemExit(f"error: --docs must be >= 1, got {docs}")
-    rows = (
-        load_dataset(dataset, data_files=data_files, split="train", streaming=True)
-        if data_files
-        else load_dataset(dataset, config, split="train", streaming=True)
-    )
+        raise DataError(f"--docs must be >= 1, got {docs}")
+    if not data_files:  # offline, datasets retries for ~25 s, then a traceback: one line at once instead
+        check_hub_reachable(dataset)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     written = 0
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for row in rows:
-                if written == docs:
-                    break
-                if isinstance(row.get("text"), str) and row["text"].strip():
-                    f.write(json.dumps({"text": row["text"]}, ensure_ascii=False) + "\n")
-                    written += 1
+        with open(tmp, "w", encoding="utf-8") as f, hub_retries_quiet():
+            try:  # rows are streamed: the network can fail at any row, not only when the dataset opens
+                rows = (
+                    load_dataset(dataset, data_files=data_files, split="train", streaming=True)
+                    if data_files
+                    else load_dataset(dataset, config, split="train", streaming=True)
+                )
+                for row in rows:
+                    if written == docs:
+                        break
+                    if isinstance(row.get("text"), str) and row["text"].strip():
+                        f.write(json.dumps({"text": row["text"]}, ensure_ascii=False) + "\n")
+                        written += 1
+            except (TypeError, AttributeError, NameError, AssertionError, ImportError):
+                raise  # a bug: its traceback
+            except Exception as e:  # datasets raises many types (hub, network, parsing): one line for any
+                raise DataError(
+                    f"could not read {dataset} ({dataset_failure(e)}) after {written} row(s); check your network "
+                    "(and --dataset/--config), then run again: nothing was written"
+                ) from None
         if written < docs:
             print(f"note: the dataset has only {written} rows with text; wrote them all", file=sys.stderr)
         os.replace(tmp, out)
@@ -66,8 +80,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data_files", help="local files for a builder dataset (json, parquet): a stand-in for tests")
     args = p.parse_args(argv)
     out = args.out or Path(__file__).parent / f"fineweb-edu-{args.docs}.jsonl"
-    sample(args.docs, out, args.dataset, args.config, args.data_files)
+    from minigpt.cli.errors import run_cli
+
+    run_cli(lambda: sample(args.docs, out, args.dataset, args.config, args.data_files))
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
     main()

@@ -30,6 +30,41 @@ def test_the_fineweb_recipe_streams_the_first_rows_with_text(tmp_path, capsys):
     assert [p.name for p in out.parent.iterdir()] == ["sample.jsonl"]  # no temporary file left
 
 
+def test_the_fineweb_recipe_fails_in_one_line_offline(tmp_path, capsys, monkeypatch):
+    """With no network, datasets retried for ~25 s and ended in a traceback; the hub's host is looked up first."""
+    import socket
+    import urllib.request
+
+    import datasets
+    from huggingface_hub import constants
+
+    def no_dns(*a, **k):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    def no_load(*a, **k):
+        pytest.fail("datasets.load_dataset was called: it retries for ~25 s when the hub cannot be reached")
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)  # (tests/conftest.py sets offline mode)
+    monkeypatch.setattr(constants, "ENDPOINT", "https://huggingface.co")
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    monkeypatch.setattr(urllib.request, "getproxies", dict)
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    load_dataset = datasets.load_dataset
+    monkeypatch.setattr(datasets, "load_dataset", no_load)
+    out = tmp_path / "corpus" / "sample.jsonl"
+    with pytest.raises(SystemExit) as e:
+        recipe("fineweb_edu").main(["--docs", "2", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("error: cannot reach the Hugging Face Hub") and "\n" not in err
+    # a stream that fails (a missing local file here, a dropped connection on the hub): one line, no file
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    with pytest.raises(SystemExit) as e:
+        recipe("fineweb_edu").main(["--docs", "2", "--dataset", "json", "--data_files", "no.jsonl", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("error: could not read json (") and "\n" not in err
+    assert not out.parent.exists() or not list(out.parent.iterdir())
+
+
 def test_the_shakespeare_recipe_fetches_the_text_whole(tmp_path):
     body = ("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 200).encode()
 
