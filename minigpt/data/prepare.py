@@ -36,7 +36,15 @@ from minigpt.core.user_files import DOCUMENT_BYTES, loads, read_user_bytes
 from minigpt.data.bpe import plan_split, train_bpe
 from minigpt.data.encoding import char_vocabulary
 from minigpt.data.progress import Progress
-from minigpt.data.sources import DATA_ROOT_FIX, DECOMPRESSORS, DEFAULT_SOURCE, resolve_source, sha256_json, slugify
+from minigpt.data.sources import (
+    DATA_ROOT_FIX,
+    DECOMPRESSORS,
+    DEFAULT_SOURCE,
+    Corpus,
+    resolve_source,
+    sha256_json,
+    slugify,
+)
 from minigpt.data.token_files import skipped_summary, token_dtype, write_tokens
 from minigpt.data.verify import file_sha256, verify_prepared
 
@@ -96,6 +104,11 @@ def prepare_data(
     spec = resolve_tokenizer(tokenizer)  # an unknown name or a missing file fails before any reading
     data_root = Path(data_root)
     corpus = resolve_source(source, data_root, text_column)
+    if (prepared := _prepared_source(corpus)) is not None:  # else its meta.json and tokenizer.json were the text
+        raise DataError(
+            f"{source} is prepared data (token ids in {prepared}, not text); pass the corpus it was prepared from "
+            'as the data source (meta.json\'s "source"): with the same tokenizer and data_root it is reused'
+        )
     if corpus.kind == "folder":  # one that holds data_root: its preparations would be read, a new one at each run
         corpus.files = [f for f in corpus.files if not _prepared_file(f.path, data_root.resolve())]
     tokenizer_key = _tokenizer_key(spec)
@@ -258,6 +271,15 @@ def _tokenizer_key(spec: str | Path) -> str:
         return "sha256:" + file_sha256(spec)
     except OSError as e:
         raise DataError(f"cannot read tokenizer file {spec} ({e.strerror or type(e).__name__})") from None
+
+
+def _prepared_source(corpus: Corpus) -> Path | None:
+    """The prepared folder (meta.json, train.bin) that a local source is or is a file of, else None."""
+    if corpus.kind in ("stdlib", "url") or (corpus.is_dataset and not corpus.builder):
+        return None
+    folder = Path(corpus.origin)
+    folder = folder if folder.is_dir() else folder.parent
+    return folder if (folder / "meta.json").is_file() and (folder / "train.bin").is_file() else None
 
 
 def _prepared_file(path: Path, data_root: Path) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import pickle
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,6 +124,12 @@ CASES: list[Case] = [
     ),
     train("empty data source (an unset shell variable)", "--data.source", "", expect=["the data source is empty"]),
     train("truncated .gz corpus", "--data.source", "{w}/cut.txt.gz", expect=["not a valid .gz file"]),
+    train(
+        "prepared data as the corpus",
+        "--data.source",
+        "{w}/prepared/train.bin",
+        expect=["prepared/train.bin is prepared data", "pass the corpus it was prepared from"],
+    ),
     train("unknown tokenizer", "--data.tokenizer", "gpt5_bpe", expect=["gpt5_bpe", "char", "byte"]),
     train(
         "tiktoken encoding not downloadable offline",
@@ -1180,6 +1187,7 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
     train_tiny_run(
         ["--data.source", str(w / "words.txt"), "--data.data_root", str(w / "data"), *TINY, "--out_dir", str(w / "run")]
     )
+    shutil.copytree(next((w / "data").glob("words-char-*")), w / "prepared")  # the run's prepared data
     ckpt = w / "run" / "checkpoints" / "last.ckpt"
     (w / "truncated.ckpt").write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
     (w / "broken" / "checkpoints").mkdir(parents=True)

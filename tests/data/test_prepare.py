@@ -473,6 +473,16 @@ def test_incomplete_dir_is_not_used(tmp_path):
     assert len(load_prepared(d).train) == int(len(TEXT) * 0.9)
 
 
+def test_a_prepared_folder_or_its_file_as_the_source_is_refused(tmp_path):
+    """Its meta.json and tokenizer.json were read as the text (or train.bin's ids as characters), without a word."""
+    src = write(tmp_path / "t.txt", TEXT)
+    d = prepare_data(str(src), "char", data_root=tmp_path / "data")
+    for source in (d, d / "train.bin", d / "meta.json"):
+        with pytest.raises(DataError, match=f"{source} is prepared data .*pass the corpus it was prepared from"):
+            prepare_data(str(source), "char", data_root=tmp_path / "other")
+    assert not (tmp_path / "other").exists() or not list((tmp_path / "other").iterdir())
+
+
 def test_jsonl_dataset_source(tmp_path, monkeypatch):
     import datasets
 
