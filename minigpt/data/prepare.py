@@ -184,7 +184,7 @@ def prepare_data(
             }
             write_json(tmp / "meta.json", meta)  # last: its presence marks a complete preparation
             fsync_dir(tmp)
-            install_unless_prepared(tmp, out, fingerprint, corpus.kind)
+            install_unless_prepared(tmp, out, fingerprint, corpus.kind, keep=not force)
     finally:  # never a partial directory that a later run could take (once installed, tmp is gone)
         shutil.rmtree(tmp, ignore_errors=True)
     if corpus.skipped_files:
@@ -213,16 +213,17 @@ def prepare_data(
     return out
 
 
-def install_unless_prepared(tmp: Path, out: Path, fingerprint: str, kind: str) -> None:
+def install_unless_prepared(tmp: Path, out: Path, fingerprint: str, kind: str, keep: bool = True) -> None:
     """Install tmp at out, unless another process (a second run on the same source) has installed the same
     preparation meanwhile: that one is kept, whole, for whoever reads it already (both renaming onto out made the
-    second rename fail, ENOTEMPTY, a traceback)."""
+    second rename fail, ENOTEMPTY, a traceback).  keep=False (force): tmp replaces even a valid one, which is the
+    one force was asked to redo."""
 
     def prepared_meanwhile() -> bool:
         meta = _complete_meta(out, fingerprint, kind)
         return meta is not None and verify_prepared(out, meta) is None
 
-    if prepared_meanwhile():
+    if keep and prepared_meanwhile():
         return
     try:
         install_dir(tmp, out)

@@ -409,6 +409,23 @@ def test_cache_and_source_change(tmp_path, monkeypatch):
     assert prepare_data(str(src), "char", data_root=tmp_path / "data", val_fraction=0.2) != d
 
 
+def test_force_replaces_a_valid_preparation(tmp_path):
+    """force=True redoes a preparation that is whole (one an older minigpt encoded otherwise): the new one was
+    made, then dropped because the old one verified, and the message counted tokens the folder did not hold."""
+    from minigpt.data.verify import scan_tokens
+
+    src = write(tmp_path / "t.txt", TEXT)
+    d = prepare_data(str(src), "char", data_root=tmp_path / "data")
+    right = [ids.copy() for ids in all_tokens(d)]  # (not the memmaps of the file rewritten below)
+    meta = json.loads((d / "meta.json").read_text())  # other, consistent tokens: what another encoding wrote
+    right[0][::-1].tofile(d / "train.bin")
+    meta["train_crc32"] = scan_tokens(d / "train.bin", np.dtype(meta["dtype"]))[0]
+    (d / "meta.json").write_text(json.dumps(meta))
+    assert prepare_data(str(src), "char", data_root=tmp_path / "data", force=True) == d
+    assert np.array_equal(all_tokens(d)[0], right[0])
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == [d.name]  # nothing left beside it
+
+
 def test_crash_leaves_old_preparation(tmp_path, monkeypatch):
     folder = docs_folder(tmp_path / "corpus")
     root = tmp_path / "data"
