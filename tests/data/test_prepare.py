@@ -426,6 +426,24 @@ def test_force_replaces_a_valid_preparation(tmp_path):
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == [d.name]  # nothing left beside it
 
 
+def test_a_preparation_of_format_3_is_made_again(tmp_path, monkeypatch):
+    """Format 3 cut a word, and added a tokenizer.json's start token, every 1 MiB of a bpe:VOCAB or tokenizer.json
+    document: such a preparation (here: other, consistent tokens) is made again by this version, not reused."""
+    from minigpt.data.verify import scan_tokens
+
+    src = write(tmp_path / "t.txt", TEXT)
+    monkeypatch.setattr(prepare_mod, "FORMAT_VERSION", 3)
+    d = prepare_data(str(src), "char", data_root=tmp_path / "data")
+    right = [ids.copy() for ids in all_tokens(d)]
+    meta = json.loads((d / "meta.json").read_text())
+    right[0][::-1].tofile(d / "train.bin")
+    meta["train_crc32"] = scan_tokens(d / "train.bin", np.dtype(meta["dtype"]))[0]
+    (d / "meta.json").write_text(json.dumps(meta))
+    monkeypatch.undo()
+    assert prepare_data(str(src), "char", data_root=tmp_path / "data") == d
+    assert np.array_equal(all_tokens(d)[0], right[0]) and load_prepared(d).meta["format_version"] > 3
+
+
 def test_crash_leaves_old_preparation(tmp_path, monkeypatch):
     folder = docs_folder(tmp_path / "corpus")
     root = tmp_path / "data"
