@@ -53,7 +53,8 @@ __all__ = ["DEFAULT_SOURCE", "FORMAT_VERSION", "PreparedData", "load_prepared", 
 # 2: dataset rows go to train or val by the hash of their key "row:{i}", as files by their path
 # 3: meta.json holds checksums of the token files and the hash of tokenizer.json, checked before use
 # 4: bpe:VOCAB and tokenizer.json documents encode as their whole text (3 cut a word, and added a tokenizer.json's
-#    start token, at every 1 MiB read); bump it whenever the tokens of a source change, or old ones are reused
+#    start token, at every 1 MiB read), and so does a text with no newline to cut after (cut every 16M characters);
+#    bump it whenever the tokens of a source change, or old ones are reused
 FORMAT_VERSION = 4
 
 

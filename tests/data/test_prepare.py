@@ -270,6 +270,10 @@ def test_bpe_chunked_reading_is_exact(tmp_path, bpe, bpe_file, monkeypatch):
     src = write(tmp_path / "t.txt", TEXT + "no newline at the end")
     train, val = all_tokens(prepare_data(str(src), bpe_file, data_root=tmp_path / "data"))
     assert np.concatenate([train, val]).tolist() == bpe.encode_ordinary(src.read_text()) + [bpe.eot_token]
+    monkeypatch.setattr(encoding_mod, "MAX_CARRY_CHARS", 200)  # a text with no newline to cut after: one line
+    src = write(tmp_path / "line.txt", TEXT.replace("\n", "  "))
+    train, val = all_tokens(prepare_data(str(src), bpe_file, data_root=tmp_path / "data"))
+    assert np.concatenate([train, val]).tolist() == bpe.encode_ordinary(src.read_text()) + [bpe.eot_token]
 
 
 def framed_spm_file(path: Path, template: str) -> HFTokenizer:
@@ -334,6 +338,12 @@ def test_a_byte_level_tokenizer_json_cuts_where_its_regex_never_merges(tmp_path,
     src = write(tmp_path / "t.txt", TEXT * 3)
     ids = np.concatenate(all_tokens(prepare_data(str(src), str(tmp_path / "tokenizer.json"), data_root=tmp_path)))
     assert ids.tolist() == tok.encode(src.read_text()) + [0]  # <|endoftext|> after it
+    # no such newline (one line; lines that start with "<"): cut before a space that follows a non-space; it was
+    # cut past MAX_CARRY_CHARS anywhere, a word in two (and 16M characters, 2.7 GB, encoded at once)
+    monkeypatch.setattr(encoding_mod, "MAX_CARRY_CHARS", 200)
+    line = write(tmp_path / "line.txt", TEXT.replace("\n", "  ") + TEXT.replace("\n", " \n<"))
+    ids = np.concatenate(all_tokens(prepare_data(str(line), str(tmp_path / "tokenizer.json"), data_root=tmp_path)))
+    assert ids.tolist() == tok.encode(line.read_text()) + [0]
     backend.pre_tokenizer = t.pre_tokenizers.ByteLevel(add_prefix_space=True)  # a space before every piece: whole
     assert not HFTokenizer(backend.to_str()).cuts_as_tiktoken
 
