@@ -56,6 +56,7 @@ __all__ = ["DEFAULT_SOURCE", "FORMAT_VERSION", "PreparedData", "load_prepared", 
 #    start token, at every 1 MiB read), and so does a text with no newline to cut after (cut every 16M characters);
 #    bump it whenever the tokens of a source change, or old ones are reused
 FORMAT_VERSION = 4
+PREPARED_FILES = ("train.bin", "val.bin", "tokenizer.json", "meta.json")  # what a preparation writes
 
 
 @dataclass
@@ -278,12 +279,12 @@ def _tokenizer_key(spec: str | Path) -> str:
 
 
 def _prepared_source(corpus: Corpus) -> Path | None:
-    """The prepared folder (meta.json, train.bin) that a local source is or is a file of, else None."""
+    """The prepared folder (all of PREPARED_FILES) that a local source is or is a file of, else None."""
     if corpus.kind in ("stdlib", "url") or (corpus.is_dataset and not corpus.builder):
         return None
     folder = Path(corpus.origin)
     folder = folder if folder.is_dir() else folder.parent
-    return folder if (folder / "meta.json").is_file() and (folder / "train.bin").is_file() else None
+    return folder if all((folder / name).is_file() for name in PREPARED_FILES) else None
 
 
 def _prepared_file(path: Path, data_root: Path) -> bool:

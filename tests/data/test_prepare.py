@@ -526,6 +526,10 @@ def test_a_prepared_folder_or_its_file_as_the_source_is_refused(tmp_path):
         with pytest.raises(DataError, match=f"{source} is prepared data .*pass the corpus it was prepared from"):
             prepare_data(str(source), "char", data_root=tmp_path / "other")
     assert not (tmp_path / "other").exists() or not list((tmp_path / "other").iterdir())
+    # a text beside another tool's train.bin and meta.json (no val.bin, tokenizer.json) is a corpus
+    mine = write(tmp_path / "mine" / "input.txt", TEXT)
+    write(mine.parent / "train.bin", b"\0\1"), write(mine.parent / "meta.json", "{}")
+    assert load_prepared(prepare_data(str(mine), "char", data_root=tmp_path / "other")).meta["num_chars"] == len(TEXT)
 
 
 def test_jsonl_dataset_source(tmp_path, monkeypatch):
