@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from minigpt.core.errors import DataError, first_line
-from minigpt.core.fsutil import remove_stale
+from minigpt.core.fsutil import remove_stale, write_errors
 from minigpt.core.user_files import check_json_file
 from minigpt.data.download import DOWNLOAD_LIMIT_BYTES, DOWNLOAD_TIMEOUT_S, fetch
 from minigpt.data.tables import dataset_failure, is_saved_dataset, load_local_dataset
@@ -437,13 +437,13 @@ def sha256_json(obj: Any) -> str:
 def download(
     url: str, dest_dir: Path, timeout: float = DOWNLOAD_TIMEOUT_S, max_bytes: int = DOWNLOAD_LIMIT_BYTES
 ) -> Path:
-    """Fetch url into dest_dir/<sha-of-url>-<basename> once (minigpt.data.download.fetch: kept only when whole);
-    later calls return the cached file."""
+    """Fetch url once into dest_dir/<sha-of-url>-<basename> (download.fetch: kept only when whole), then reuse it."""
     basename = slugify(Path(urllib.parse.urlparse(url).path).name) or "download"
     dest = dest_dir / f"{hashlib.sha256(url.encode()).hexdigest()[:16]}-{basename}"
     if dest.is_file():
         return dest
-    dest_dir.mkdir(parents=True, exist_ok=True)
+    with write_errors(f"the download in {dest_dir}", DATA_ROOT_FIX):  # (a data_root under a file, read-only, full)
+        dest_dir.mkdir(parents=True, exist_ok=True)
     remove_stale(dest_dir)
     fetch(url, dest, timeout, max_bytes, write_fix=DATA_ROOT_FIX)
     return dest

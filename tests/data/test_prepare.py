@@ -760,6 +760,9 @@ def test_url_source(tmp_path, server):
     assert prepare_data(url, "char", data_root=tmp_path / "data") == d
     assert prepare_data(url, "byte", data_root=tmp_path / "data") != d
     assert server.requests == 1  # downloaded once
+    # a data_root that cannot be written is one line, as for a local source (the download's mkdir: a traceback)
+    with pytest.raises(DataError, match=r"cannot write the download in .*input.txt is a file, not a folder"):
+        prepare_data(url, "char", data_root=downloads[0] / "data")
 
 
 def test_url_404(tmp_path, server):
