@@ -26,6 +26,7 @@ def sample(
     from datasets import load_dataset
 
     from minigpt.core.errors import DataError
+    from minigpt.core.fsutil import write_errors
     from minigpt.data.sources import check_hub_reachable, hub_retries_quiet
     from minigpt.data.tables import dataset_failure
 
@@ -33,11 +34,13 @@ def sample(
         raise DataError(f"--docs must be >= 1, got {docs}")
     if not data_files:  # offline, datasets retries for ~25 s, then a traceback: one line at once instead
         check_hub_reachable(dataset)
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     written = 0
+    with write_errors(out, "pass --out a path in a writable folder with room"):  # (under a file, read-only)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        f = open(tmp, "w", encoding="utf-8")  # (closed by the with below)
     try:
-        with open(tmp, "w", encoding="utf-8") as f, hub_retries_quiet():
+        with f, hub_retries_quiet():
             try:  # rows are streamed: the network can fail at any row, not only when the dataset opens
                 rows = (
                     load_dataset(dataset, data_files=data_files, split="train", streaming=True)

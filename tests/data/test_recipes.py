@@ -63,6 +63,13 @@ def test_the_fineweb_recipe_fails_in_one_line_offline(tmp_path, capsys, monkeypa
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and err.startswith("error: could not read json (") and "\n" not in err
     assert not out.parent.exists() or not list(out.parent.iterdir())
+    # an --out that cannot be written (under a file here): one line, not a traceback
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"text": "first"}\n')
+    with pytest.raises(SystemExit) as e:
+        recipe("fineweb_edu").main(["--dataset", "json", "--data_files", str(rows), "--out", str(rows / "x.jsonl")])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("error: cannot write ") and "is a file, not a folder" in err
 
 
 def test_the_shakespeare_recipe_fetches_the_text_whole(tmp_path):
