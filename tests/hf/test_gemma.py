@@ -721,3 +721,34 @@ def test_published_gemma_configs_give_transformers_tensor_shapes_and_llama_cpps_
 
 def test_gemma_is_registered():
     assert CLASSES[FAMILY] == CLASS and FAMILIES[FAMILY].hf_class == CLASS
+
+
+def test_a_config_json_without_sliding_window_slides_as_transformers_default_window(tmp_path):
+    """Gemma3TextConfig's sliding_window where config.json has no such key is 4096, not the whole context: the sliding
+    layer of a model written without it sees the last 4096 positions in both libraries."""
+    config = transformers.Gemma3TextConfig(
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        max_position_embeddings=8192,
+        layer_types=["sliding_attention"],
+        vocab_size=256,
+    )
+    hf_model = random_hf_model(config)
+    hf_model.save_pretrained(tmp_path)
+    save_hf_tokenizer(ByteTokenizer(), tmp_path)
+    config_json = json.loads((tmp_path / "config.json").read_text())
+    del config_json["sliding_window"]
+    (tmp_path / "config.json").write_text(json.dumps(config_json))
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    model, _ = load_model(tmp_path)
+    assert model.config.sliding_window == hf_model.config.sliding_window == 4096
+    idx = ids(batch=1, T=4100)  # past the window
+    theirs = hf_logits(hf_model, idx)
+    torch.testing.assert_close(our_logits(model, idx), theirs, atol=1e-5 * theirs.abs().max().item(), rtol=0)

@@ -174,7 +174,9 @@ class Gemma3(Llama):
         head_dim = get(hf, "head_dim", default=DEFAULTS["head_dim"])
         scale_dim = get(hf, "query_pre_attn_scalar", default=DEFAULTS["query_pre_attn_scalar"])
         global_base, local_base = rope["full_attention"]["rope_theta"], rope["sliding_attention"]["rope_theta"]
-        window = get(hf, "sliding_window", default=self.context(hf))  # null: a sliding layer sees the context
+        # absent: Gemma3TextConfig's default (as Mistral's); null: a sliding layer sees the context
+        window = hf.get("sliding_window", DEFAULTS["sliding_window"])
+        window = self.context(hf) if window is None else window
         full = rope["full_attention"]
         kind = full.get("rope_type", full.get("type", "default"))
         scaling = None if kind == "default" else {"rope_type": kind, "factor": full["factor"]}
