@@ -20,7 +20,7 @@ from minigpt.hf.tokenizer_files import save_hf_tokenizer
 from minigpt.loading import load_model
 
 transformers = pytest.importorskip("transformers")
-from hf_models import MODELS, ROPE_LONGROPE, hf_logits, ids, our_logits
+from hf_models import MODELS, ROPE_LONGROPE, SMALL, hf_logits, ids, our_logits, random_hf_model, save
 from test_family_suite import (
     assert_llama_cpp_tokenizes_a_chat_as_transformers_and_continues_it,
     assert_llama_cpp_tokenizes_nfc_texts_as,
@@ -95,6 +95,33 @@ def test_peft_adapters_on_the_fused_modules_load_in_peft_with_equal_logits(saved
     assert type(hf).__name__ == "Phi3ForCausalLM"
     assert (theirs - plain).abs().max() > 1e-2  # the adapters change the function
     torch.testing.assert_close(theirs, expected, atol=1e-4, rtol=0)
+
+
+def test_a_window_llama_cpp_would_not_compute_is_refused_in_gguf_with_a_fix_an_import_can_take(tmp_path):
+    """An imported Phi-3 whose window (16) is shorter than its context (64) cannot be trained without it: the refusal
+    names the fine-tune that can (block_size at most the window, where the window is the whole context)."""
+    pytest.importorskip("gguf")
+    from minigpt.core.errors import UserError
+    from minigpt.export.gguf import export_gguf
+    from minigpt.hf.load import load_hf_model
+
+    config = transformers.Phi3Config(  # Phi-3-mini-4k's shape: a window (2047) shorter than the context (4096)
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        sliding_window=16,
+        **SMALL,
+    )
+    path = save(random_hf_model(config), tmp_path / "phi3")
+    model, tokenizer = load_model(path)
+    with pytest.raises(UserError) as e:
+        export_gguf(model, tokenizer, tmp_path / "model.gguf")
+    assert "sliding_window=16: llama.cpp's phi3 architecture attends to the whole context" in str(e.value)
+    assert str(e.value).endswith("or fine-tune with --model.block_size 16 or less") and "\n" not in str(e.value)
+    model, tokenizer = load_hf_model(path, block_size=16)  # the fine-tune's model
+    assert export_gguf(model, tokenizer, tmp_path / "model.gguf").arch == "phi3"
 
 
 def test_llama_cpp_runs_a_phi3_gguf_export_with_its_sentencepiece_tokenizer(saved, tmp_path):

@@ -182,9 +182,10 @@ def position_problems(config: GPTConfig, target: str, sliding: bool, partial: bo
     the context is full attention)."""
     if config.sliding_window is not None and config.sliding_window < config.block_size:
         if not sliding:
-            yield (
+            yield (  # an imported model (Mistral 7B v0.1, Phi-3-mini-4k) cannot be trained without: fine-tuned
                 f"sliding_window={config.sliding_window}: {target} attends to the whole context; train without "
-                f"sliding_window (or with one >= block_size {config.block_size})"
+                f"sliding_window (or with one >= block_size {config.block_size}), or fine-tune with "
+                f"--model.block_size {config.sliding_window} or less"
             )
         elif config.layer_types and "full_attention" in config.layer_types:
             yield f"layer_types: {target} slides on every layer; train with every layer sliding_attention"
