@@ -19,6 +19,7 @@ WEIGHT_LAYOUTS = (
 )
 # fields minigpt reads from config.json: the Python types `json` gives for the JSON types each may hold
 TEXT, FLAG = ((str,), "a string"), ((bool,), "true or false")
+OPTION = ((bool, type(None)), "true, false or null")  # a variant a family refuses where it is true
 SIZE = ((int, type(None)), "an integer or null")
 NUMBER = ((int, float, type(None)), "a number or null")
 OBJECT, NAMES = ((dict, type(None)), "an object or null"), ((list, type(None)), "an array of names or null")
@@ -27,7 +28,11 @@ CONFIG_FIELD_TYPES = {
     "activation_function": TEXT,
     "hidden_act": TEXT,
     "architectures": NAMES,
+    "hidden_activation": ((str, type(None)), "a string or null"),  # Gemma's: null reads as its default
     "tie_word_embeddings": FLAG,
+    **dict.fromkeys(("use_sliding_window", "attention_bias", "mlp_bias", "use_bidirectional_attention"), OPTION),
+    "layer_types": NAMES,
+    "rope_local_base_freq": NUMBER,
     "rope_scaling": OBJECT,
     "rope_parameters": OBJECT,
     "rope_theta": NUMBER,
@@ -50,6 +55,8 @@ CONFIG_FIELD_TYPES = {
             "n_inner",
             "intermediate_size",
             "sliding_window",
+            "sliding_window_pattern",
+            "_sliding_window_pattern",
         ),
         SIZE,
     ),

@@ -563,6 +563,18 @@ CASES: list[Case] = [
         expect=["hf_gemma_softcap", "final_logit_softcapping=30.0", "does not compute"],
     ),
     sample(
+        "Gemma 3 directory whose `layer_types` is not a known kind for each layer",
+        "--ckpt",
+        "{w}/hf_gemma_layer_types",
+        expect=["hf_gemma_layer_types", "layer_types (['sliding_attention'])", "each of its 2 layers", "fix the field"],
+    ),
+    sample(
+        "Gemma 3 directory whose `sliding_window_pattern` is not an integer",
+        "--ckpt",
+        "{w}/hf_gemma_pattern",
+        expect=["hf_gemma_pattern", "field 'sliding_window_pattern' is a str (6)", "an integer or null"],
+    ),
+    sample(
         "Hugging Face directory without its weight files", "--ckpt", "{w}/hf_no_weights", expect=["model.safetensors"]
     ),
     attention(
@@ -1168,6 +1180,26 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
                 "vocab_size": 64,
                 "final_logit_softcapping": 30.0,
             },
+        ),
+        *(
+            (
+                name,
+                {
+                    "architectures": ["Gemma3ForCausalLM"],
+                    "model_type": "gemma3_text",
+                    "num_hidden_layers": 2,
+                    "num_attention_heads": 2,
+                    "num_key_value_heads": 1,
+                    "hidden_size": 32,
+                    "intermediate_size": 64,
+                    "vocab_size": 64,
+                    **field,
+                },
+            )
+            for name, field in (
+                ("hf_gemma_layer_types", {"layer_types": ["sliding_attention"]}),
+                ("hf_gemma_pattern", {"sliding_window_pattern": "6"}),
+            )
         ),
         (
             "hf_no_weights",

@@ -21,11 +21,11 @@ dummy prefix), which reads through the HF tokenizer path and goes into a GGUF as
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, get_args
 
 import torch
 
-from minigpt.core.config import GPTConfig, is_number
+from minigpt.core.config import GPTConfig, LayerType, is_number
 from minigpt.hf.families.base import get
 from minigpt.hf.families.llama import FUSED, PEFT_MODULES, Llama, hf_shape
 
@@ -157,6 +157,7 @@ class Gemma3(Llama):
             )
         if hf.get("attention_bias"):
             yield "its config.json sets attention_bias=true; minigpt imports Gemma 3 models without biases only"
+        yield from self.layer_type_problems(hf)
         for layer, params in rope_params(hf).items():
             kind = params.get("rope_type", params.get("type", "default"))
             if kind not in (ROPE_KINDS if layer == "full_attention" else ROPE_KINDS[:1]):
@@ -167,6 +168,23 @@ class Gemma3(Llama):
                 )
             elif kind == "linear" and not is_number(params.get("factor")):
                 yield f"its linear RoPE scaling on {layer} layers has no numeric factor ({params.get('factor')!r})"
+
+    def layer_type_problems(self, hf: dict[str, Any]) -> Iterator[str]:
+        """Gemma3TextConfig refuses a layer_types that is not one known kind per layer (a list of other names, or of
+        another length, would otherwise import as some layout of its own), and a sliding_window_pattern below 1."""
+        pattern = get(hf, "sliding_window_pattern", "_sliding_window_pattern", default=6)
+        types, n = hf.get("layer_types"), hf.get("num_hidden_layers")
+        if types is None and pattern < 1:
+            yield f"its config.json's sliding_window_pattern is {pattern}; fix the field (6: every 6th layer full)"
+        elif (
+            types is not None
+            and n is not None
+            and (len(types) != n or any(t not in get_args(LayerType) for t in types))
+        ):
+            yield (
+                f"its config.json's layer_types ({str(types)[:60]}) does not name "
+                f"{' or '.join(get_args(LayerType))} for each of its {n} layers; fix the field"
+            )
 
     def config_fields(self, hf: dict[str, Any]) -> dict[str, Any]:
         types, rope = layer_types(hf), rope_params(hf)
