@@ -8,6 +8,7 @@ import contextlib
 import difflib
 import io
 import logging
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -109,7 +110,7 @@ def invoked_as(prog: str | None) -> str | None:
 
 class OneLineErrors:
     """Parse mistakes (unknown key, wrong type, bad choice) end in one line naming the key, not a usage dump; the
-    usage line names the command as it was run (invoked_as)."""
+    usage line names the command as it was run (invoked_as), and a mistake in a --config file names the file."""
 
     prog: str
 
@@ -117,6 +118,8 @@ class OneLineErrors:
         if "prog" in kwargs:
             kwargs["prog"] = invoked_as(kwargs["prog"])
         super().__init__(*args, **kwargs)
+        self.reading: Any = None  # the config file being read, for its errors
+        self.key_files: dict[str, Any] = {}  # key -> the config file that set it: its unknown keys are found later
 
     def error(self, message: str, ex: Exception | None = None) -> None:  # type: ignore[override]
         message = one_line(message)
@@ -127,7 +130,28 @@ class OneLineErrors:
         unknown = "unrecognized arguments: "
         if message.startswith(unknown) and (near := self.nearest_key(message.removeprefix(unknown))):
             message += f"; did you mean --{near}?"
+        file = self.reading
+        if key := unknown_key(message):  # found once every file is read: named with the file that set it
+            file = self.key_files.get(key, file)
+            near = self.nearest_key(key)
+            message = f"unknown key {key}" + (f"; did you mean {near}?" if near else "")
+        if message.startswith("Unexpected config:"):  # YAML that is not a mapping: nothing, a word, a list
+            message = "holds no settings; write them as YAML `key: value` lines"
+        if file:
+            message = f"{file}: " + message.replace(' in "<unicode string>",', " at")
         fail(f"{message} (see `{self.prog} --help`)")
+
+    def parse_path(self, path: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        """A --config file (or the default one), read with its mistakes named with it."""
+        self.reading = path
+        try:
+            parsed = super().parse_path(path, *args, **kwargs)
+        except UnicodeDecodeError as e:  # jsonargparse's read_text lets it through: a traceback
+            self.error(f"not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8")
+        finally:
+            self.reading = None
+        self.key_files.update(dict.fromkeys(parsed.keys(), path))
+        return parsed
 
     def dump(self, cfg: Any, *args: Any, **kwargs: Any) -> str:  # type: ignore[override]
         return super().dump(as_given(cfg, self) if hasattr(self, "print_config") else cfg, *args, **kwargs)
@@ -142,6 +166,12 @@ class OneLineErrors:
             return None
         same = [k for k in keys if k.rsplit(".", 1)[-1] == name]
         return same[0] if len(same) == 1 else next(iter(difflib.get_close_matches(name, keys, n=1, cutoff=0.8)), None)
+
+
+def unknown_key(message: str) -> str | None:
+    """The key that jsonargparse's message says no option has (one a config file set), or None."""
+    found = re.fullmatch(r"Group '(.+)' does not accept option '(.+)'|Option '(.+)' is not accepted", message)
+    return None if found is None else found[3] or f"{found[1]}.{found[2]}"
 
 
 class CommandParser(OneLineErrors, ArgumentParser):

@@ -142,6 +142,20 @@ CASES: list[Case] = [
     train("a setting without its section", "--max_steps", "20", expect=["did you mean --trainer.max_steps?"]),
     train("wrong value type", "--trainer.max_steps", "ten", expect=['"trainer.max_steps"']),
     train(
+        "unknown key in a --config file",
+        "--config",
+        "{w}/typo.yaml",
+        expect=["typo.yaml: unknown key model.n_layers; did you mean model.n_layer?"],
+    ),
+    train("--config file that is not UTF-8", "--config", "{w}/latin1.yaml", expect=["latin1.yaml: not UTF-8 text"]),
+    train(
+        "YAML syntax error in a --config file",
+        "--config",
+        "{w}/broken.yaml",
+        expect=["broken.yaml: Problems parsing config", "at line 3, column 10"],
+    ),
+    train("empty --config file", "--config", "{w}/empty.yaml", expect=["empty.yaml: holds no settings"]),
+    train(
         "unknown arch",
         "--model.arch",
         "mamba",
@@ -1090,6 +1104,10 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
     (w / "notes.txt").write_text("not a checkpoint\n")
     (w / "a-file").write_text("not a folder\n")  # a path under a file: unwritable even for root
     (w / "occupied").mkdir()
+    (w / "typo.yaml").write_text("model:\n  n_layers: 2\n")
+    (w / "latin1.yaml").write_bytes("model:\n  n_layer: 2  # défaut\n".encode("latin-1"))
+    (w / "broken.yaml").write_text("model:\n  n_layer: 2\n   n_head: 2\n")  # n_head indented one space too far
+    (w / "empty.yaml").write_text("# every line commented out\n")
     pair = {"prompt": "the quick fox", "chosen": "jumps", "rejected": "sleeps"}
     for name, rows in (
         ("pairs.jsonl", [pair, pair]),
