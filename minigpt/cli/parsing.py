@@ -117,6 +117,7 @@ class OneLineErrors:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if "prog" in kwargs:
             kwargs["prog"] = invoked_as(kwargs["prog"])
+        self.links: dict[str, str] = kwargs.pop("links", {})  # settings a link fills (target: its source)
         super().__init__(*args, **kwargs)
         self.reading: Any = None  # the config file being read, for its errors
         self.key_files: dict[str, Any] = {}  # key -> the config file that set it: its unknown keys are found later
@@ -146,6 +147,8 @@ class OneLineErrors:
         self.reading = path
         try:
             parsed = super().parse_path(path, *args, **kwargs)
+            if linked := [key for key in self.links if key in parsed]:  # the link would replace it without a word
+                self.error(f"{linked[0]} is not a setting: it is taken from {self.links[linked[0]]}; remove it there")
         except UnicodeDecodeError as e:  # jsonargparse's read_text lets it through: a traceback
             self.error(f"not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8")
         finally:

@@ -359,7 +359,7 @@ def parse(argv: list[str] | None = None) -> MiniGPTCLI:
     """Parse the config and flags and build the datamodule, the module and the trainer (nothing is trained)."""
     given = sys.argv[1:] if argv is None else argv
     read_field_docs(given)
-    parser_kwargs: dict[str, Any] = {"prog": "train.py"}
+    parser_kwargs: dict[str, Any] = {"prog": "train.py", "links": LINKS}
     if not any(a in ("-c", "--config") or a.startswith("--config=") for a in given):
         parser_kwargs["default_config_files"] = [str(default_config())]  # shipped in the package, never skipped
     with warnings.catch_warnings():  # args given as a list (tests, scripts) is intended, not a mistake

@@ -292,6 +292,12 @@ CASES: list[Case] = [
     ),
     train("vocab_size given (it comes from the data)", "--model.vocab_size", "100", expect=["model.vocab_size"]),
     train(
+        "a linked setting in a --config file (data.block_size)",
+        "--config",
+        "{w}/linked.yaml",
+        expect=["linked.yaml: data.block_size is not a setting: it is taken from model.block_size; remove it there"],
+    ),
+    train(
         "negative learning rate",
         "--optim.learning_rate",
         "-0.001",
@@ -1108,6 +1114,7 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
     (w / "latin1.yaml").write_bytes("model:\n  n_layer: 2  # défaut\n".encode("latin-1"))
     (w / "broken.yaml").write_text("model:\n  n_layer: 2\n   n_head: 2\n")  # n_head indented one space too far
     (w / "empty.yaml").write_text("# every line commented out\n")
+    (w / "linked.yaml").write_text("model:\n  block_size: 32\ndata:\n  block_size: 64\n")  # 64 was dropped unsaid
     pair = {"prompt": "the quick fox", "chosen": "jumps", "rejected": "sleeps"}
     for name, rows in (
         ("pairs.jsonl", [pair, pair]),
