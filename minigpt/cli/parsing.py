@@ -28,7 +28,28 @@ def bounded_yaml_load(text: str) -> Any:
     parser, its default, crashes the interpreter on brackets nested ~100,000 deep."""
     if isinstance(text, str) and json_depth(io.BytesIO(text.encode("utf-8", "surrogatepass"))) > MAX_JSON_DEPTH:
         raise yaml.YAMLError(TOO_DEEP)
+    if isinstance(text, str) and (repeated := repeated_key(text)):
+        raise yaml.YAMLError(repeated)
     return yaml_load(text)
+
+
+def repeated_key(text: str) -> str | None:
+    """A key given twice in one YAML mapping, which YAML reads as the last one alone: a config with two `model:`
+    sections trained with the second one's settings only, without a word."""
+    stack = [yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.value in seen:
+                    lines = f"lines {seen[key.value]} and {key.start_mark.line + 1}"
+                    return f"{key.value!r} is given twice ({lines}), and YAML keeps the last alone; merge them"
+                seen[key.value] = key.start_mark.line + 1
+            stack += [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            stack += node.value
+    return None
 
 
 if get_loader("yaml") is not bounded_yaml_load:  # (this module imported twice: tests reload it)
