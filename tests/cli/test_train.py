@@ -417,6 +417,20 @@ def test_overrides_and_config_files(tiny_run_args, corpus, data_root, tmp_path):
     assert trainer.datamodule.hparams.block_size == 32  # linked from model.block_size
 
 
+def test_an_out_dir_written_with_a_tilde_is_one_folder(tiny_run_args, corpus, data_root, tmp_path, monkeypatch):
+    """`out_dir: ~/runs/x` in a config, or --out_dir=~/runs/x (the shell leaves it as it is): the checkpoints and logs
+    (Lightning expands "~") and the run's own files and checks (--resume, "already holds a run") were in two
+    folders, $HOME/runs/x and ./~/runs/x."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    args = tiny_run_args(corpus, data_root, tmp_path / "unused", steps=2) + ["--out_dir=~/runs/x"]  # the last wins
+    main(args)
+    run = tmp_path / "home" / "runs" / "x"
+    assert (run / "checkpoints" / "last.ckpt").is_file() and (run / "config.yaml").is_file()
+    assert not (tmp_path / "~").exists()
+    assert main(args + ["--resume", "true", "--trainer.max_steps", "3"]).global_step == 3  # the run is found
+
+
 def test_a_flag_nothing_reads_is_noted_once_and_a_config_files_is_not(corpus, data_root, tmp_path, capsys):
     """--compile_mode without --compile, --lora.rank without --finetune lora: the run goes on (a sweep may toggle
     the switch), and one note says the flag does nothing; the GPU recipe's compile_mode under --compile false is
