@@ -129,6 +129,21 @@ def invoked_as(prog: str | None) -> str | None:
     return f"minigpt {command}" if prog and prog.endswith(".py") and via_main and named else prog
 
 
+# the keys of the commands' config files that name a file or folder, and a shell variable in one: a config file is
+# not read by a shell, so `out_dir: $HOME/runs` made a folder named "$HOME"
+PATH_KEYS = (
+    "ckpt",
+    "out",
+    "out_dir",
+    "init_from",
+    "data.source",
+    "data.data_root",
+    "data.tokenizer",
+    "data.chat_template",
+)
+SHELL_VARIABLE = re.compile(r"\$\{?[A-Za-z_]\w*\}?")
+
+
 class OneLineErrors:
     """Parse mistakes (unknown key, wrong type, bad choice) end in one line naming the key, not a usage dump; the
     usage line names the command as it was run (invoked_as), and a mistake in a --config file names the file."""
@@ -170,6 +185,12 @@ class OneLineErrors:
             parsed = super().parse_path(path, *args, **kwargs)
             if linked := [key for key in self.links if key in parsed]:  # the link would replace it without a word
                 self.error(f"{linked[0]} is not a setting: it is taken from {self.links[linked[0]]}; remove it there")
+            for key in (*PATH_KEYS, *getattr(self, "paths", ())):
+                if isinstance(value := parsed.get(key), str) and (variable := SHELL_VARIABLE.search(value)):
+                    self.error(
+                        f"{key}: {value!r} holds {variable[0]}, which a config file does not expand (no shell reads "
+                        f'it); write the path out, or give it as a flag the shell expands: --{key} "{value}"'
+                    )
         except UnicodeDecodeError as e:  # jsonargparse's read_text lets it through: a traceback
             self.error(f"not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8")
         finally:
