@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, TextIO, get_args, get_origin, get_type_hints
 
 import yaml
-from jsonargparse import ActionConfigFile, ArgumentParser, get_loader, set_loader, set_parsing_settings
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, get_loader, set_loader, set_parsing_settings
 
 from minigpt.cli.errors import fail
 from minigpt.core.errors import UserError, first_line
@@ -185,6 +185,10 @@ class OneLineErrors:
             parsed = super().parse_path(path, *args, **kwargs)
             if linked := [key for key in self.links if key in parsed]:  # the link would replace it without a word
                 self.error(f"{linked[0]} is not a setting: it is taken from {self.links[linked[0]]}; remove it there")
+            # a section that is not a mapping (its lines commented out: null) broke the run later, or was a traceback
+            if flat := [g for g in self.groups or {} if g in parsed and not isinstance(parsed[g], Namespace)]:
+                held = "is empty" if parsed[flat[0]] is None else f"holds {parsed[flat[0]]!r}"
+                self.error(f"section {flat[0]}: {held}; give it `key: value` lines under it, or remove it")
             for key in (*PATH_KEYS, *getattr(self, "paths", ())):
                 if isinstance(value := parsed.get(key), str) and (variable := SHELL_VARIABLE.search(value)):
                     self.error(

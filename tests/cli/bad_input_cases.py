@@ -156,6 +156,12 @@ CASES: list[Case] = [
     ),
     train("empty --config file", "--config", "{w}/empty.yaml", expect=["empty.yaml: holds no settings"]),
     train(
+        "a section of a --config file left empty",
+        "--config",
+        "{w}/bare_section.yaml",
+        expect=["bare_section.yaml: section lora: is empty"],
+    ),
+    train(
         "a shell variable in a --config file's path",
         "--config",
         "{w}/variable.yaml",
@@ -1126,6 +1132,7 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
     (w / "latin1.yaml").write_bytes("model:\n  n_layer: 2  # défaut\n".encode("latin-1"))
     (w / "broken.yaml").write_text("model:\n  n_layer: 2\n   n_head: 2\n")  # n_head indented one space too far
     (w / "empty.yaml").write_text("# every line commented out\n")
+    (w / "bare_section.yaml").write_text("lora:\n#  rank: 4\n")  # a traceback at the run's start
     (w / "variable.yaml").write_text("out_dir: $HOME/runs/x\n")  # made a folder named "$HOME"
     (w / "twice.yaml").write_text("model:\n  n_layer: 1\noptim:\n  learning_rate: 0.01\nmodel:\n  n_head: 2\n")
     (w / "linked.yaml").write_text("model:\n  block_size: 32\ndata:\n  block_size: 64\n")  # 64 was dropped unsaid
