@@ -173,7 +173,11 @@ class OneLineErrors:
             near = self.nearest_key(key)
             message = f"unknown key {key}" + (f"; did you mean {near}?" if near else "")
         if message.startswith("Unexpected config:"):  # YAML that is not a mapping: nothing, a word, a list
+            held = message.removeprefix("Unexpected config:").strip()
             message = "holds no settings; write them as YAML `key: value` lines"
+            if not file:  # a --config value that names no file, which jsonargparse read as YAML text
+                unset = "" if held else " (an unset shell variable?)"
+                message = f"--config {held!r} names no file{unset}; give the path of a YAML file"
         if file:
             message = f"{file}: " + message.replace(' in "<unicode string>",', " at")
         fail(f"{message} (see `{self.prog} --help`)")

@@ -168,6 +168,12 @@ CASES: list[Case] = [
         expect=["variable.yaml: out_dir: '$HOME/runs/x' holds $HOME", '--out_dir "$HOME/runs/x"'],
     ),
     train(
+        "--config empty (an unset shell variable)",
+        "--config",
+        "",
+        expect=["--config '' names no file (an unset shell variable?)"],
+    ),
+    train(
         "a section given twice in a --config file",
         "--config",
         "{w}/twice.yaml",
