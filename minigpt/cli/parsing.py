@@ -183,7 +183,8 @@ class OneLineErrors:
         fail(f"{message} (see `{self.prog} --help`)")
 
     def parse_path(self, path: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        """A --config file (or the default one), read with its mistakes named with it."""
+        """A --config file, its mistakes named with it; and refused here, what jsonargparse takes from a file but
+        the run would not use as written (a linked setting, a section that is not a mapping, a shell variable)."""
         self.reading = path
         try:
             parsed = super().parse_path(path, *args, **kwargs)
