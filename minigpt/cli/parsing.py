@@ -182,6 +182,11 @@ class OneLineErrors:
             message = f"{file}: " + message.replace(' in "<unicode string>",', " at")
         fail(f"{message} (see `{self.prog} --help`)")
 
+    def parse_args(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        parsed = super().parse_args(*args, **kwargs)
+        expand_home(parsed, (*PATH_KEYS, *getattr(self, "paths", ())))
+        return parsed
+
     def parse_path(self, path: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         """A --config file, its mistakes named with it; and refused here, what jsonargparse takes from a file but
         the run would not use as written (a linked setting, a section that is not a mapping, a shell variable)."""
@@ -250,6 +255,14 @@ class CommandParser(OneLineErrors, ArgumentParser):
             if (value := parsed.get(flag)) is not None and not value.strip():
                 self.error(f"--{flag} is empty; give {what}")
         return parsed
+
+
+def expand_home(parsed: Any, keys: Sequence[str]) -> None:
+    """A path setting's leading ~ as a shell expands it: a config file's, or a flag written --out_dir=~/x, reached the
+    run as a folder named "~" (and Lightning, which expands it, wrote out_dir's checkpoints elsewhere)."""
+    for key in keys:
+        if isinstance(value := parsed.get(key), str) and value.startswith("~"):
+            parsed[key] = str(Path(value).expanduser())
 
 
 def add_source_argument(p: ArgumentParser) -> None:

@@ -252,7 +252,6 @@ class MiniGPTCLI(LightningCLI):
             parser.error(problem)
         parser.flag_keys = {key for key, _ in flag_values(given)}  # for --print_config of a fine-tune (as_given)
         super().parse_arguments(parser, args)
-        self.config["out_dir"] = str(Path(self.config["out_dir"]).expanduser())  # "~" as Lightning's writers read it
         check_seed(self.config["seed"])  # Lightning seeds everything with it next (seed_everything is linked to it)
         if self.config.get("init_from") is not None and not str(self.config["init_from"]).strip():
             parser.error(

@@ -424,11 +424,16 @@ def test_an_out_dir_written_with_a_tilde_is_one_folder(tiny_run_args, corpus, da
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     args = tiny_run_args(corpus, data_root, tmp_path / "unused", steps=2) + ["--out_dir=~/runs/x"]  # the last wins
-    main(args)
+    main(args + ["--data.data_root=~/prepared"])  # the prepared data went to ./~/prepared
     run = tmp_path / "home" / "runs" / "x"
     assert (run / "checkpoints" / "last.ckpt").is_file() and (run / "config.yaml").is_file()
-    assert not (tmp_path / "~").exists()
+    assert (tmp_path / "home" / "prepared").is_dir() and not (tmp_path / "~").exists()
     assert main(args + ["--resume", "true", "--trainer.max_steps", "3"]).global_step == 3  # the run is found
+    # and where another command or run reads it (was "checkpoint not found: ~/runs/x")
+    from minigpt.cli.sample import main as sample_main
+
+    sample_main(["--ckpt=~/runs/x", "--prompt", "a", "--max_new_tokens", "2"])
+    assert main(tiny_run_args(corpus, data_root, tmp_path / "tuned", steps=1) + ["--init_from=~/runs/x"])
 
 
 def test_a_flag_nothing_reads_is_noted_once_and_a_config_files_is_not(corpus, data_root, tmp_path, capsys):
