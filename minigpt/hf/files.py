@@ -5,6 +5,7 @@ the file (and the field)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,10 @@ def read_json_object(path: Path) -> dict[str, Any]:
     return value
 
 
+# a value's kind as JSON names it (the file's author wrote JSON, not Python: "a string", not "a str")
+JSON_KINDS = {str: "a string", int: "a number", float: "a number", bool: "true or false", list: "a list"}
+
+
 def config_field_problems(config: dict[str, Any]) -> Iterator[str]:
     """Every field minigpt reads that does not hold its JSON type: a list where a name belongs, or a string where a
     size does, is one line naming the field (minigpt.hf.load.unsupported), not a TypeError deep in the conversion."""
@@ -82,7 +87,8 @@ def config_field_problems(config: dict[str, Any]) -> Iterator[str]:
         value = config.get(key)
         if key in config and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
             yield (
-                f"field {key!r} is a {type(value).__name__} ({str(value)[:40]}), where a model's config.json has "
+                f"field {key!r} is {JSON_KINDS.get(type(value), 'an object')} ({json.dumps(value)[:40]}), where a "
+                "model's config.json has "
                 f"{described}; fix the field or download the model again"
             )
 

@@ -598,7 +598,7 @@ CASES: list[Case] = [
         "Gemma3ForConditionalGeneration directory whose `text_config` has a field of the wrong type",
         "--ckpt",
         "{w}/hf_gemma_mm_field",
-        expect=["hf_gemma_mm_field", "its text_config: field 'hidden_size' is a str (64)"],
+        expect=["hf_gemma_mm_field", "its text_config: field 'hidden_size' is a string (\"64\")"],
     ),
     sample(
         "Gemma 3 directory with logit soft-capping",
@@ -616,7 +616,7 @@ CASES: list[Case] = [
         "Gemma 3 directory whose `sliding_window_pattern` is not an integer",
         "--ckpt",
         "{w}/hf_gemma_pattern",
-        expect=["hf_gemma_pattern", "field 'sliding_window_pattern' is a str (6)", "an integer or null"],
+        expect=["hf_gemma_pattern", "field 'sliding_window_pattern' is a string (\"6\")", "an integer or null"],
     ),
     sample(
         "Hugging Face directory without its weight files", "--ckpt", "{w}/hf_no_weights", expect=["model.safetensors"]

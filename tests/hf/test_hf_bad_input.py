@@ -90,7 +90,10 @@ def test_config_fields_of_the_wrong_json_type_name_the_field(hf_folder, tmp_path
     config = json.loads((folder / "config.json").read_text())
     config[field] = value
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match=f"config.json: field '{field}' is a {type(value).__name__}") as e:
+    kind = {str: "a string", list: "a list", dict: "an object", bool: "true or false"}[
+        type(value)
+    ]  # as JSON names it, not Python
+    with pytest.raises(CheckpointError, match=f"config.json: field '{field}' is {kind} ") as e:
         load_model(folder)
     assert "where a model's config.json has" in str(e.value) and "\n" not in str(e.value)
 
