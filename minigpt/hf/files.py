@@ -32,6 +32,7 @@ CONFIG_FIELD_TYPES = {
     "hidden_activation": ((str, type(None)), "a string or null"),  # Gemma's: null reads as its default
     "tie_word_embeddings": FLAG,
     **dict.fromkeys(("use_sliding_window", "attention_bias", "mlp_bias", "use_bidirectional_attention"), OPTION),
+    **dict.fromkeys(("scale_attn_weights", "scale_attn_by_inverse_layer_idx", "add_cross_attention"), OPTION),
     "layer_types": NAMES,
     "rope_local_base_freq": NUMBER,
     "rope_scaling": OBJECT,

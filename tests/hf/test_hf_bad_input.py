@@ -83,6 +83,7 @@ def test_malformed_json_documents_are_one_line_naming_the_file(hf_folder, tmp_pa
         ("sliding_window", [4096]),
         ("rope_scaling", ["llama3"]),
         ("tie_word_embeddings", "no"),
+        ("scale_attn_weights", "false"),  # was read as true: "sets scale_attn_weights='false' ... only true imports"
     ],
 )
 def test_config_fields_of_the_wrong_json_type_name_the_field(hf_folder, tmp_path, field, value):
