@@ -149,6 +149,7 @@ class OneLineErrors:
     usage line names the command as it was run (invoked_as), and a mistake in a --config file names the file."""
 
     prog: str
+    train_sections: tuple[str, ...] = ()  # sections of train.py's config, which this command does not read
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if "prog" in kwargs:
@@ -172,6 +173,9 @@ class OneLineErrors:
             file = self.key_files.get(key, file)
             near = self.nearest_key(key)
             message = f"unknown key {key}" + (f"; did you mean {near}?" if near else "")
+            sections = {k.split(".")[0] for k, f in self.key_files.items() if f == file}
+            if sections & set(self.train_sections):  # a run's config.yaml given to sample.py, eval.py, ...
+                message = f"unknown key {key}: this is train.py's config; name the run with --ckpt instead"
         if message.startswith("Unexpected config:"):  # YAML that is not a mapping: nothing, a word, a list
             held = message.removeprefix("Unexpected config:").strip()
             message = "holds no settings; write them as YAML `key: value` lines"
@@ -244,6 +248,7 @@ class CommandParser(OneLineErrors, ArgumentParser):
     ) -> None:
         super().__init__(*args, **kwargs)
         self.minimums, self.paths = minimums or {}, paths or {}
+        self.train_sections = ("trainer", "model", "data", "optim", "lora", "early_stopping", "dpo", "grpo")
         self.add_argument("--config", action=ActionConfigFile, help="a YAML file of these options")
 
     def parse_args(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]

@@ -816,6 +816,12 @@ CASES: list[Case] = [
         expect=["cannot read /dev/zero", "character device"],
     ),
     sample("--config nested 100,000 deep", "--config", "{w}/deep.yaml", expect=["nested more than 100 levels deep"]),
+    sample(  # was "unknown key trainer.precision" alone
+        "a run's config.yaml (train.py's) as --config",
+        "--config",
+        "{run}/config.yaml",
+        expect=["config.yaml: unknown key", "this is train.py's config; name the run with --ckpt instead"],
+    ),
     sample(
         "/dev/zero as the prompt file",
         "--ckpt",
