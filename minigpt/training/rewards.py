@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from fractions import Fraction
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
