@@ -3,6 +3,9 @@ the page loads nothing from the network."""
 
 from __future__ import annotations
 
+import itertools
+import threading
+from contextlib import contextmanager
 from importlib.resources import files
 
 import httpx
@@ -84,3 +87,58 @@ def test_a_base_model_page_continues_the_text_sent(base_model):
         assert page.evaluate(LAST_REPLY) == expected
         assert page.evaluate("document.querySelectorAll('.error').length") == 0 and page.errors == []
     assert sum(r == f"{url}/v1/completions" for r in page.requests) == 1
+
+
+# the request bodies the page sends, as it sent them
+SPY = """window.bodies = [];
+const fetched = window.fetch;
+window.fetch = (url, options) => {
+  if (options && options.body) window.bodies.push(JSON.parse(options.body));
+  return fetched(url, options);
+};"""
+
+
+@contextmanager
+def paused_after(model, calls: int):
+    """The model's calls after the first `calls` wait until the event is set (at most 30 s): a reply stays mid-way,
+    whatever the machine's speed, for as long as the test needs."""
+    go, count = threading.Event(), itertools.count(1)
+
+    def wait(module, args) -> None:
+        if next(count) > calls:
+            go.wait(30)
+
+    hook = model.register_forward_pre_hook(wait)
+    try:
+        yield go
+    finally:
+        go.set()
+        hook.remove()
+
+
+def test_new_chat_while_a_reply_streams_starts_an_empty_conversation(chat_model):
+    """New chat during a reply: the stopped reply's end came after the conversation was emptied and was added to the
+    new one, so the next message was sent after an assistant turn the user no longer saw."""
+    if chromium_path() is None:
+        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
+    model, tok = chat_model
+    with serving(create_app(model, tok, "tiny-chat")) as url, Browser() as page:
+        page.goto(f"{url}/")
+        page.wait_for("document.getElementById('status').textContent.includes('tiny-chat')")
+        page.evaluate(SPY)
+        page.evaluate("document.getElementById('temperature').value = '0'")
+        page.type_text("#max_tokens", "30")
+        with paused_after(model, 4) as go:  # the prompt's prefill and 3 steps: 4 characters shown
+            page.type_text("#input", "tell me a story")
+            page.press("Enter")
+            page.wait_for(f"{LAST_REPLY}.length === 4")
+            page.evaluate("document.getElementById('clear').click()")
+            go.set()
+        page.wait_for("document.body.dataset.busy === '0'")
+        page.type_text("#input", "and then?")
+        page.press("Enter")
+        page.wait_for("document.querySelectorAll('.assistant').length === 1 && document.body.dataset.busy === '0'")
+        assert page.evaluate("window.bodies.at(-1).messages") == [{"role": "user", "content": "and then?"}]
+        fresh = ChatSession(model, tok, max_new_tokens=30, temperature=0, top_k=None).reply("and then?")
+        assert page.evaluate(LAST_REPLY) == fresh
+        assert page.evaluate("document.querySelectorAll('.msg').length") == 2 and page.errors == []
