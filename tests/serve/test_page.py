@@ -142,3 +142,26 @@ def test_new_chat_while_a_reply_streams_starts_an_empty_conversation(chat_model)
         fresh = ChatSession(model, tok, max_new_tokens=30, temperature=0, top_k=None).reply("and then?")
         assert page.evaluate(LAST_REPLY) == fresh
         assert page.evaluate("document.querySelectorAll('.msg').length") == 2 and page.errors == []
+
+
+def test_a_server_with_an_api_key_says_where_the_page_takes_it(chat_model):
+    """The page showed the server's 401 as it is for API clients ('send the header Authorization: Bearer KEY'), which
+    its user cannot do; it now says to enter the key in the page's API key field, and then the page works."""
+    if chromium_path() is None:
+        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
+    model, tok = chat_model
+    with serving(create_app(model, tok, "tiny-chat", api_key="s3cret")) as url, Browser() as page:
+        page.goto(f"{url}/")
+        page.wait_for("document.getElementById('status').textContent.includes('tiny-chat')")
+        assert not page.evaluate("document.getElementById('key_row').hidden")
+        page.type_text("#max_tokens", "5")
+        page.type_text("#input", "hello")
+        page.press("Enter")
+        page.wait_for("document.querySelectorAll('.error').length === 1 && document.body.dataset.busy === '0'")
+        assert "enter it in the API key field" in page.evaluate("document.querySelector('.error').textContent")
+        page.type_text("#api_key", "s3cret")
+        page.type_text("#input", "hello")
+        page.press("Enter")
+        page.wait_for("document.querySelectorAll('.assistant').length === 1 && document.body.dataset.busy === '0'")
+        assert page.evaluate("document.querySelectorAll('.error').length") == 1 and page.errors == []
+    assert all(r.startswith(f"{url}/") for r in page.requests), page.requests  # the key goes nowhere else
