@@ -165,3 +165,40 @@ def test_a_server_with_an_api_key_says_where_the_page_takes_it(chat_model):
         page.wait_for("document.querySelectorAll('.assistant').length === 1 && document.body.dataset.busy === '0'")
         assert page.evaluate("document.querySelectorAll('.error').length") == 1 and page.errors == []
     assert all(r.startswith(f"{url}/") for r in page.requests), page.requests  # the key goes nowhere else
+
+
+def test_a_conversation_past_the_context_says_new_chat_starts_over(chat_model):
+    """A message that fits alone but not after the earlier turns got the server's 'send a shorter prompt', however
+    short it was; the page now says that the earlier turns count and that New chat starts over (and it does)."""
+    if chromium_path() is None:
+        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
+    model, tok = chat_model
+    long = "a" * (BLOCK - 30)  # fits the context alone, with a 1-token reply
+    fits = len(tok.encode_prompt([{"role": "user", "content": long}])) < BLOCK
+    assert (
+        fits
+        and len(
+            tok.encode_prompt(
+                [{"role": "user", "content": "tell me a story"}] * 2 + [{"role": "user", "content": long}]
+            )
+        )
+        > BLOCK
+    )
+    with serving(create_app(model, tok, "tiny-chat")) as url, Browser() as page:
+        page.goto(f"{url}/")
+        page.wait_for("document.getElementById('status').textContent.includes('tiny-chat')")
+        page.type_text("#max_tokens", "1")
+        for text in ("tell me a story", long):
+            page.type_text("#input", text)
+            page.press("Enter")
+            page.wait_for(
+                "document.body.dataset.busy === '0' && document.querySelectorAll('.user').length === "
+                f"{1 + (text == long)}"
+            )
+        page.wait_for("document.querySelectorAll('.error').length === 1")
+        assert "New chat starts an empty conversation" in page.evaluate("document.querySelector('.error').textContent")
+        page.evaluate("document.getElementById('clear').click()")
+        page.type_text("#input", long)
+        page.press("Enter")
+        page.wait_for("document.querySelectorAll('.assistant').length === 1 && document.body.dataset.busy === '0'")
+        assert page.evaluate("document.querySelectorAll('.error').length") == 0 and page.errors == []
