@@ -233,9 +233,11 @@ class Browser:
         self.evaluate(f"document.querySelector({json.dumps(selector)}).focus()")
         self._call("Input.insertText", {"text": text})
 
-    def press(self, key: str = "Enter") -> None:
+    def press(self, key: str = "Enter", shift: bool = False) -> None:
+        """Press and release the key; with shift, Shift+key as typed, its text included (Shift+Enter: a new line)."""
         codes = {"Enter": 13, "Tab": 9, "Escape": 27}
         for kind in ("keyDown", "keyUp"):
-            self._call(
-                "Input.dispatchKeyEvent", {"type": kind, "key": key, "code": key, "windowsVirtualKeyCode": codes[key]}
-            )
+            event = {"type": kind, "key": key, "code": key, "windowsVirtualKeyCode": codes[key]}
+            if shift:
+                event |= {"modifiers": 8} | ({"text": "\r"} if kind == "keyDown" and key == "Enter" else {})
+            self._call("Input.dispatchKeyEvent", event)

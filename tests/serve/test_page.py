@@ -202,3 +202,24 @@ def test_a_conversation_past_the_context_says_new_chat_starts_over(chat_model):
         page.press("Enter")
         page.wait_for("document.querySelectorAll('.assistant').length === 1 && document.body.dataset.busy === '0'")
         assert page.evaluate("document.querySelectorAll('.error').length") == 0 and page.errors == []
+
+
+def test_enter_sends_and_shift_enter_or_an_input_methods_enter_does_not(chat_model):
+    """Enter that confirms an input method's word (Chinese, Japanese, Korean typing) sent the half-typed message."""
+    if chromium_path() is None:
+        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
+    model, tok = chat_model
+    with serving(create_app(model, tok, "tiny-chat")) as url, Browser() as page:
+        page.goto(f"{url}/")
+        page.wait_for("document.getElementById('status').textContent.includes('tiny-chat')")
+        page.type_text("#max_tokens", "3")
+        page.type_text("#input", "one")
+        enter = "{key: 'Enter', bubbles: true, cancelable: true, isComposing: true}"
+        page.evaluate(f"document.getElementById('input').dispatchEvent(new KeyboardEvent('keydown', {enter}))")
+        page.press("Enter", shift=True)  # a new line in the message
+        page.type_text("#input", "two")
+        assert page.evaluate("document.querySelectorAll('.msg').length") == 0  # nothing sent yet
+        assert page.evaluate("document.getElementById('input').value") == "one\ntwo"
+        page.press("Enter")
+        page.wait_for("document.querySelectorAll('.assistant').length === 1 && document.body.dataset.busy === '0'")
+        assert page.evaluate("document.querySelector('.user').textContent") == "one\ntwo" and page.errors == []
