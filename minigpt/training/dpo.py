@@ -365,9 +365,9 @@ class DPOLightningModule(GPTLightningModule):
     def on_validation_epoch_end(self) -> None:
         if not self._val_losses:
             return
-        self.log("val_loss", self.mean_over_ranks(torch.stack(self._val_losses)), prog_bar=True, sync_dist=True)
-        for name, value in self.pop_metrics("val").items():  # each batch weighs alike, as in val_loss
-            self.log(f"val_{name}", value, sync_dist=True)
+        val_loss = self.mean_over_ranks(torch.stack(self._val_losses))
+        # each batch weighs alike, as in val_loss
+        self.log_validation({"val_loss": val_loss} | {f"val_{k}": v for k, v in self.pop_metrics("val").items()})
         self._val_losses.clear()
 
     def on_save_checkpoint(self, ckpt: dict[str, Any]) -> None:

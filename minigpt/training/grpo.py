@@ -239,9 +239,7 @@ class GRPOLightningModule(GPTLightningModule):
         found = {k: self.mean_over_ranks(torch.cat([v[k] for v in self._val])) for k in self._val[0]}
         self._val.clear()
         # val_loss (what best.ckpt and early stopping watch): the share of wrong held-out samples
-        self.log("val_loss", 1.0 - found["pass@1"], prog_bar=True, sync_dist=True)
-        for name, value in found.items():
-            self.log(f"val_{name}", value, sync_dist=True)
+        self.log_validation({"val_loss": 1.0 - found["pass@1"]} | {f"val_{k}": v for k, v in found.items()})
 
     def on_load_checkpoint(self, ckpt: dict[str, Any]) -> None:
         super().on_load_checkpoint(ckpt)

@@ -202,8 +202,20 @@ class GPTLightningModule(L.LightningModule):
             return
         val_loss = self.mean_over_ranks(torch.stack(self._val_losses))
         self._val_losses.clear()
-        self.log("val_loss", val_loss, prog_bar=True, sync_dist=True)
-        self.log("val_ppl", torch.exp(val_loss), sync_dist=True)
+        self.log_validation({"val_loss": val_loss, "val_ppl": torch.exp(val_loss)})
+
+    def log_validation(self, metrics: dict[str, torch.Tensor]) -> None:
+        """A validation's metrics (over every rank already), for checkpoints, early stopping and the progress bar.
+        In training they are written to the loggers here, at the step validated (that of its checkpoint, text sample
+        and attention image): Lightning's writing put them one step early, its logger step counting an optimizer step
+        only after the validation that follows it (a 30-step run's last val_loss showed at step 29).  A validate()
+        of its own leaves them to Lightning, which returns them."""
+        in_training = self.trainer.state.fn == "fit"
+        for name, value in metrics.items():
+            self.log(name, value, prog_bar=name == "val_loss", logger=not in_training, sync_dist=True)
+        if in_training and not self.trainer.sanity_checking:
+            for logger in self.loggers:
+                logger.log_metrics({name: value.item() for name, value in metrics.items()}, step=self.global_step)
 
     def mean_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
         """The mean of `values` (1-D) and every other rank's: each value weighs alike however the ranks split them

@@ -204,6 +204,28 @@ def test_the_logged_text_sample_is_what_the_checkpoint_draws_with_the_run_seed(
     assert logged.tensor_proto.string_val[0].decode() == texts[7]
 
 
+def test_a_validations_metrics_are_logged_at_the_step_it_validated(tiny_run_args, corpus, data_root, tmp_path):
+    """val_loss and val_ppl sat one step before their validation (Lightning's logger step counts an optimizer step
+    only after the validation that follows it): a 20-step run's last val_loss showed at step 19, its text sample,
+    attention image and best.ckpt at step 20.  The CSV logger's rows likewise."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    trainer = main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=20))
+    events = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0, "tensors": 0, "images": 0}).Reload()
+    validated = [e.step for e in events.Tensors("sample/text_summary")]
+    assert validated == [e.step for e in events.Images("attention")] == [10, 20]
+    for tag in ("val_loss", "val_ppl"):
+        assert [e.step for e in events.Scalars(tag)] == validated, tag
+    assert events.Scalars("val_loss")[-1].value == pytest.approx(trainer.callback_metrics["val_loss"].item())
+    assert read_checkpoint(tmp_path / "run" / "checkpoints" / "best.ckpt")["global_step"] == 20
+
+    csv = ["--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", str(tmp_path / "csv")]
+    main(tiny_run_args(corpus, data_root, tmp_path / "csv-run", steps=20) + csv)
+    (table,) = (tmp_path / "csv").rglob("metrics.csv")
+    header, *rows = (line.split(",") for line in table.read_text().splitlines())
+    assert [int(r[header.index("step")]) for r in rows if r[header.index("val_loss")]] == validated
+
+
 def test_throughput_is_logged_at_the_logged_steps_with_the_tokens_trained(tiny_run_args, corpus, data_root, tmp_path):
     """TrainingThroughput: the rates of Lightning's Throughput, measured at the logged steps only (on a GPU, timing
     every batch would make the host wait for the GPU every step)."""
