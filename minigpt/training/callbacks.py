@@ -90,7 +90,7 @@ class TrainingThroughput(Callback):
         self.batches, self.samples, self.tokens = (
             int(self.restored.get(k, 0)) for k in ("batches", "samples", "tokens")
         )
-        self.logged_batches = self.batches
+        self.flops = self.logged_flops = 0  # this run's; only the rates over the window are logged
         self.logged_step = trainer.global_step  # a resumed run's first logged step is after it
         self.start, self.paused = time.perf_counter() - self.restored.get("time", 0.0), 0.0
 
@@ -109,6 +109,7 @@ class TrainingThroughput(Callback):
         self.batches += 1
         self.samples += batch.size(0)
         self.tokens += batch[:, 1:].numel()
+        self.flops += getattr(pl_module, "flops_per_batch", None) or 0  # this batch's (their lengths may differ)
         every, step = trainer.log_every_n_steps, trainer.global_step
         # once per logged optimizer step: under gradient accumulation its micro-batches all end at the same step
         if (
@@ -122,16 +123,15 @@ class TrainingThroughput(Callback):
         self.logged_step = step
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)  # the steps so far are done, not only queued
-        flops = getattr(pl_module, "flops_per_batch", None)
         self.throughput.update(
             time=time.perf_counter() - self.start - self.paused,
             batches=self.batches,
             samples=self.samples,
             lengths=self.tokens,
             # the FLOPs since the previous update, which Throughput sums over its window (not the running total)
-            flops=flops * (self.batches - self.logged_batches) if flops else None,
+            flops=self.flops - self.logged_flops if self.flops else None,
         )
-        self.logged_batches = self.batches
+        self.logged_flops = self.flops
         rates = {f"train/{k}": v for k, v in self.throughput.compute().items()}
         if rates and trainer.logger is not None:
             trainer.logger.log_metrics(rates, step=trainer.global_step)

@@ -85,7 +85,7 @@ class GPTLightningModule(L.LightningModule):
             )
         self.model = model if model is not None else GPT(config)  # model: a LoRA run's (finetune_lora)
         self.lora = lora  # a LoRA run's checkpoint entry: where its base is
-        self.flops_per_batch: int | None = None  # read by TrainingThroughput (callbacks.py) for FLOP/s and MFU
+        self.flops_per_batch: int | None = None  # the batch's; TrainingThroughput (callbacks.py) sums them: FLOP/s, MFU
         self._val_losses: list[torch.Tensor] = []
         self.validated_at: int | None = None  # the step of the last validation (its val_loss is the logged one)
         self._losses: list[torch.Tensor] = []  # this optimizer step's training loss, one per (micro-)batch
@@ -129,10 +129,12 @@ class GPTLightningModule(L.LightningModule):
         return self.model(idx, targets)
 
     def on_train_batch_start(self, batch: torch.Tensor, batch_idx: int) -> None:
-        if self.flops_per_batch is None:
-            B, T = batch.size(0), batch.size(1) - 1
-            weights = self.weight_flops_per_token or self._weight_flops_per_token()  # unset: a loop of one's own
-            self.flops_per_batch = (weights + attention_flops_per_token(self.model.config, T)) * B * T
+        # every batch's own: a chat or preference batch is padded to its longest row, so its length varies (the
+        # first batch's count, kept for all, put a chat run's FLOP/s and MFU 20-60% off)
+        B, T = batch.size(0), batch.size(1) - 1
+        if self.weight_flops_per_token is None:  # a loop of one's own, without setup
+            self.weight_flops_per_token = self._weight_flops_per_token()
+        self.flops_per_batch = (self.weight_flops_per_token + attention_flops_per_token(self.model.config, T)) * B * T
 
     def batch_loss(self, batch: torch.Tensor, stage: str) -> torch.Tensor:
         """The loss of a batch; an objective other than next-token prediction (DPO) overrides it and may append

@@ -120,6 +120,43 @@ def test_a_chat_run_from_scratch_resumes_only_with_its_template(tmp_path, data_r
     assert torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
 
 
+def test_a_chat_runs_flops_per_second_count_each_batch_at_its_own_length(
+    tmp_path, data_root, record_training_losses, monkeypatch
+):
+    """A chat batch is padded to its longest row: the first batch's FLOPs, counted for every batch, put the logged
+    FLOP/s (and MFU) of a run of short and long conversations off (23% high at its first logged step here)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from minigpt.core.model import attention_flops_per_token
+
+    chats = tmp_path / "chats.jsonl"  # one conversation in four 47 characters longer
+    questions = ["x" * (50 if i % 4 == 0 else 3) for i in range(40)]
+    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": "y"}]} for q in questions]
+    chats.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    seen = record_training_losses(monkeypatch)
+    small = {
+        "model.n_layer": 1,
+        "model.n_head": 2,
+        "model.n_embd": 16,
+        "model.block_size": 96,
+        "data.tokenizer": "char",
+    }
+    trainer = train_main(
+        sft_args(chats, data_root, tmp_path / "run", steps=12, **small, **{"trainer.log_every_n_steps": 4})
+    )
+    module = trainer.lightning_module
+    flops = [  # each batch's: rows x targets, per token the weights' and attention's over its T
+        (module.weight_flops_per_token + attention_flops_per_token(module.config, b.size(1) - 1)) * b[:, 1:].numel()
+        for b, _ in seen
+    ]
+    assert len({b.size(1) for b, _ in seen}) > 1, "the batches' lengths differ"
+    events = EventAccumulator(str(tmp_path / "run"), size_guidance={"scalars": 0}).Reload()
+    rates = zip(*(events.Scalars(f"train/device/{rate}_per_sec") for rate in ("flops", "batches")))
+    for flop_rate, batch_rate in rates:  # per batch: the mean over the batches since the previous logged step
+        window = flops[flop_rate.step - 4 : flop_rate.step]
+        assert flop_rate.value / batch_rate.value == pytest.approx(sum(window) / len(window), rel=1e-5)
+
+
 def test_a_plain_run_resumed_as_a_chat_run_is_refused_naming_the_chat_template(tmp_path, data_root):
     """The tokenizers were named by their base's name alone: "another tokenizer (char -> char)"."""
     chats = write_chats(tmp_path / "chats.jsonl", n=20)
