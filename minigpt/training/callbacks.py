@@ -133,8 +133,8 @@ class TrainingThroughput(Callback):
         )
         self.logged_flops = self.flops
         rates = {f"train/{k}": v for k, v in self.throughput.compute().items()}
-        if rates and trainer.logger is not None:
-            trainer.logger.log_metrics(rates, step=trainer.global_step)
+        for logger in trainer.loggers if rates else []:  # every logger: trainer.logger is only the first of several
+            logger.log_metrics(rates, step=trainer.global_step)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.validation_start = time.perf_counter()
@@ -295,13 +295,14 @@ class TextSamples(Callback):
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         tokenizer = getattr(pl_module, "tokenizer", None)
-        experiment = getattr(trainer.logger, "experiment", None)
+        # the first logger that takes text (TensorBoard's), of however many: trainer.logger is only the first
+        experiment = next((lg.experiment for lg in trainer.loggers if hasattr(lg.experiment, "add_text")), None)
         if (
             not self.tokens
             or tokenizer is None
             or trainer.sanity_checking
             or not trainer.is_global_zero
-            or not hasattr(experiment, "add_text")
+            or experiment is None
             or not runs_whole_model(trainer)
         ):
             return

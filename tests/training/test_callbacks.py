@@ -257,6 +257,27 @@ def test_throughput_is_logged_at_the_logged_steps_with_the_tokens_trained(tiny_r
     assert [e.step for e in events.Scalars("train/batches")] == [3, 6, 9, 12]
 
 
+def test_with_several_loggers_each_gets_the_rates_and_tensorboard_the_text_sample(
+    tiny_run_args, corpus, data_root, tmp_path
+):
+    """TrainingThroughput and TextSamples wrote to trainer.logger, the first of several loggers only: with a CSV
+    logger given before TensorBoard's, TensorBoard had neither the train/* rates nor the text sample."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    loggers = [
+        *("--trainer.logger+=CSVLogger", "--trainer.logger.save_dir", str(tmp_path / "csv")),
+        *("--trainer.logger+=TensorBoardLogger", "--trainer.logger.save_dir", str(tmp_path / "tb")),
+    ]
+    main(tiny_run_args(corpus, data_root, tmp_path / "run", steps=10) + loggers)
+    (table,) = (tmp_path / "csv").rglob("metrics.csv")
+    header, *rows = (line.split(",") for line in table.read_text().splitlines())
+    assert [int(r[header.index("step")]) for r in rows if r[header.index("train/device/items_per_sec")]] == [10]
+    (events,) = (tmp_path / "tb").rglob("events.out.tfevents.*")
+    events = EventAccumulator(str(events), size_guidance={"scalars": 0, "tensors": 0}).Reload()
+    assert [e.step for e in events.Tensors("sample/text_summary")] == [10]
+    assert [e.step for e in events.Scalars("train/device/items_per_sec")] == [10]
+
+
 def test_the_throughput_totals_go_on_after_a_resume(tiny_run_args, corpus, data_root, tmp_path):
     """train/lengths, samples, batches and time count from the run's start, not from the resume (they fell to 0)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
