@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> Trainer:
     """Parse the config and flags, train, save the final state; returns the Trainer (for tests and scripts)."""
     cli = parse(argv)
     out_dir = Path(cli.config["out_dir"])
-    check_writable(out_dir, cli.config["resume"])
+    check_writable(out_dir, cli.config["resume"], cli.trainer.loggers)
     lock = lock_run_dir(out_dir)
     try:
         if lock is not None:  # this process owns the run directory: finish what a killed --overwrite left

@@ -14,7 +14,7 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -130,16 +130,25 @@ def interval_past_epoch(trainer: Trainer) -> UserError:
     )
 
 
-def check_writable(out_dir: Path, resume: bool) -> None:
-    """out_dir made if missing and written to; with --resume a missing one is refused first (not made empty)."""
+def check_writable(out_dir: Path, resume: bool, loggers: Sequence[Any] = ()) -> None:
+    """out_dir made if missing and written to; with --resume a missing one is refused first (not made empty).  So is
+    the save_dir of a --trainer.logger of one's own, which Lightning makes in its setup (an unwritable one failed
+    there, with a traceback); a URL's (a remote file system) is left to the logger."""
     if resume and not out_dir.exists():
         raise nothing_to_resume(out_dir / "checkpoints" / "last.ckpt")
-    try:
-        make_writable_dir(out_dir)
-    except OSError as e:
-        raise UserError(
-            f"cannot write to out_dir {out_dir} ({e.strerror or type(e).__name__}); choose a writable --out_dir"
-        ) from None
+    dirs = [(out_dir, "out_dir", "--out_dir")]
+    dirs += [
+        (Path(logger.save_dir), f"{type(logger).__name__}'s save_dir", "--trainer.logger.save_dir")
+        for logger in loggers
+        if getattr(logger, "save_dir", None) and "://" not in str(logger.save_dir)
+    ]
+    for folder, name, flag in dirs:
+        try:
+            make_writable_dir(folder)
+        except OSError as e:
+            raise UserError(
+                f"cannot write to {name} {folder} ({e.strerror or type(e).__name__}); choose a writable {flag}"
+            ) from None
 
 
 class RunLock:

@@ -446,6 +446,14 @@ CASES: list[Case] = [
     train("existing run, neither --resume nor --overwrite", "--out_dir", "{run}", expect=["already holds a run"]),
     train("out_dir cannot be written", "--out_dir", "{w}/a-file/run", expect=["cannot write to out_dir"]),
     train(
+        "a logger's save_dir cannot be written",
+        "--trainer.logger",
+        "CSVLogger",
+        "--trainer.logger.save_dir",
+        "{w}/a-file/logs",
+        expect=["cannot write to CSVLogger's save_dir", "--trainer.logger.save_dir"],
+    ),
+    train(
         "data_root is a file",
         "--data.data_root",
         "{w}/a-file",
