@@ -33,9 +33,11 @@ def splitter(tokens: Iterable[str]) -> re.Pattern:
 def hf_specials(base: Tokenizer, template: str = "") -> dict[str, Any]:
     """A Hugging Face base's special tokens (the `tokenizers` library reads them in any text), and its other added
     tokens the template writes (DeepSeek-R1's <｜User｜> and <｜Assistant｜> are special: false, and the library reads
-    an added token in any text too): text -> its AddedToken (lstrip, rstrip, ...)."""
+    an added token in any text too): text -> its AddedToken (lstrip, rstrip, ...).  A one-character added token is
+    a character (a char model's export adds '+' and the digits so), not a marker, even where the template's own
+    syntax holds it (`'<|im_start|>' + message['role']`): read as text, it has no other id to take."""
     added = base.backend.get_added_tokens_decoder().values()
-    return {t.content: t for t in added if t.special or (t.content.strip() and t.content in template)}
+    return {t.content: t for t in added if t.special or (len(t.content.strip()) > 1 and t.content in template)}
 
 
 class MessageText:

@@ -162,3 +162,17 @@ def test_a_template_marker_the_base_added_as_not_special_is_text_in_a_message_to
     plain = hf_base(with_markers=False)  # the same bytes' ids, without the markers as tokens
     assert ids == marker[0] + as_text(plain, text) + marker[1]  # no forged assistant turn
     assert tok.encode_prompt(CONVERSATION[:3]) == tok.encode_chat(CONVERSATION[:3], add_generation_prompt=True)[0]
+
+
+def test_a_char_chat_models_export_reads_a_messages_added_characters_as_text(tmp_path):
+    """A char base's chat export registers its new characters ('+', the digits) as added tokens, and '+' is also in
+    the template's Jinja (`'<|im_start|>' + message['role']`): it was taken for a marker, and a user's '+' was a
+    `tokenizers` exception ('Missing [UNK] token') in `sample.py --chat` and the server on the export."""
+    from minigpt.hf.chat_files import read_chat_template
+    from minigpt.hf.tokenizer_files import load_hf_tokenizer, save_hf_tokenizer
+
+    tok = ChatTokenizer.for_base(BASES["char"](), conversations=[CONVERSATION])
+    save_hf_tokenizer(tok, tmp_path)
+    read_back = ChatTokenizer.for_base(load_hf_tokenizer(tmp_path, {}), read_chat_template(tmp_path))
+    assert read_back.kind == "hf" and "+" in tok.added and "+" in DEFAULT_CHAT_TEMPLATE
+    assert read_back.encode_prompt(CONVERSATION[:2]) == tok.encode_prompt(CONVERSATION[:2])
