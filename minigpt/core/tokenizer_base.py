@@ -39,7 +39,8 @@ class Tokenizer(ABC):
 
     def decode_text(self, ids: Sequence[int]) -> str:
         """The text the ids stand for, without the tokens that stand for none (end-of-text; a Hugging Face
-        tokenizer's special tokens), as transformers' decode(..., skip_special_tokens=True) gives it."""
+        tokenizer's special tokens, but for those of one character), as transformers' decode(...,
+        skip_special_tokens=True) gives it."""
         return self.decode([i for i in ids if i != self.eot_id])
 
     @property
