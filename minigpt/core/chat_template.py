@@ -147,7 +147,9 @@ class ChatTokenizer(Tokenizer):
         self.vocab_size = max(base.vocab_size, self.first_added + len(self.added))
         if self.kind == "char":  # every character this vocabulary encodes (the attention probe filters by it)
             self.stoi = {**base.stoi, **{t: i for t, i in self.added_ids.items() if len(t) == 1}}
-        self.bos_id = getattr(base, "bos_id", base.eot_id)  # as the export reads a base's (GPT-2: end-of-text)
+        # the start token as the export registers a base's (minigpt.hf.tokenizer_files): GPT-2's end-of-text, a char
+        # vocabulary's newline (else its first character), so the harness scores a text as on the export
+        self.bos_id = base.stoi.get("\n", 0) if self.kind == "char" else getattr(base, "bos_id", base.eot_id)
         self.eot_id = self.eos_id = self.token_id(end_of_turn) if end_of_turn is not None else None
         if self.eot_id is None:
             raise DataError(
