@@ -269,8 +269,8 @@ def checkpoint_model(
         tokenizer = checkpoint_tokenizer(ckpt)
         model = build(ckpt, **overrides)
         problem = next(pair_problems(model.config, tokenizer), None)
-    except UserError as e:  # a bad config or tokenizer inside the file
-        problem = first_line(e)
+    except UserError as e:  # a bad config or tokenizer inside the file, a LoRA run's base (its fix at the end)
+        problem = first_line(e, limit=2000)
     except (KeyError, TypeError, AttributeError, RuntimeError) as e:  # a damaged or foreign dict
         problem = (
             f"not a usable minigpt checkpoint ({type(e).__name__}: {first_line(e, 160)}); pass a .ckpt "

@@ -487,6 +487,12 @@ CASES: list[Case] = [
         expect=["char tokenizer has", "characters but the model"],
     ),
     sample(
+        "LoRA run whose base was moved",
+        "--ckpt",
+        "{w}/moved_base_lora.ckpt",
+        expect=["is a LoRA run whose base", "cannot be loaded", "put the base it was trained on back there"],
+    ),
+    sample(
         "prompt characters outside the char vocabulary",
         "--ckpt",
         "{ckpt}",
@@ -1097,6 +1103,15 @@ def _write_other_base(src: Path, dest: Path) -> None:
     save_file(ckpt, dest)
 
 
+def _write_lora_run_on_a_moved_base(src: Path, dest: Path) -> None:
+    """The tiny LoRA run's checkpoint, its base recorded at a path where nothing is now (the base moved)."""
+    from minigpt.core.checkpoint import read_checkpoint, save_file
+
+    ckpt = read_checkpoint(src)
+    ckpt["minigpt"]["lora"]["base"]["source"] = str(dest.parent / "moved_base" / "checkpoints" / "best.ckpt")
+    save_file(ckpt, dest)
+
+
 def _write_hostile_inputs(w: Path) -> None:
     """The files of issue 40's cases: JSON and YAML nested 100,000 deep, a 1 MB run of one character, chat data
     with templates that loop or grow without end, and harness tasks (few documents, hooks that fail or come from
@@ -1313,4 +1328,5 @@ def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:
             "lora",
         ]
     )
+    _write_lora_run_on_a_moved_base(w / "lora_run" / "checkpoints" / "last.ckpt", w / "moved_base_lora.ckpt")
     return w
