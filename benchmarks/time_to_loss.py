@@ -108,9 +108,9 @@ def run_variant(name: str, seed: int | None, args: Any, work: Path) -> dict[str,
     if ran := re.search(f"^{RESULT}(.*)$", out, re.MULTILINE):
         row["muon_dtype"] = json.loads(ran.group(1))["muon_dtype"]
     row["curve"] = [(step, loss) for _, step, loss in common.val_curve(out_dir)]
-    # the first validation at the target; one logged at step s came after s + 1 steps
+    # the first validation at the target (logged at the step it validated: after that many steps)
     hit = next((step for step, loss in row["curve"] if loss <= args.target), None)
-    row["time_to_target_s"] = None if hit is None else round((hit + 1) * row["train_s"] / row["steps"], 1)
+    row["time_to_target_s"] = None if hit is None else round(hit * row["train_s"] / row["steps"], 1)
     return row
 
 

@@ -165,8 +165,8 @@ def test_time_to_loss_runs_the_config_as_shipped_and_validates_at_its_interval(
     (row,) = result["results"]
     assert row["variant"] == "recipe" and row["steps"] == 21, row
     assert 0 < row["full_val_loss"] < 10
-    # every 7 steps, as the config says (each validation is logged at the step before it)
-    assert [step for step, _ in row["curve"]] == [6, 13, 20], row["curve"]
+    # every 7 steps, as the config says (each validation logged at the step it validated)
+    assert [step for step, _ in row["curve"]] == [7, 14, 21], row["curve"]
     # any loss is below a target of 100: reached at the first validation, after 7 of the 21 steps
     assert row["time_to_target_s"] == round(7 * row["train_s"] / 21, 1)
 
