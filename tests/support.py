@@ -56,6 +56,25 @@ def varied_gpt(
     return model.eval()
 
 
+def scripted_gpt(vocab_size: int, script: dict[int, int], block_size: int = 64) -> GPT:
+    """A GPT whose greedy token at position p is script[p], whatever the ids before it: its blocks add nothing, its
+    state at p is position p's one-hot embedding, and the head's row script[p] reads that coordinate."""
+    torch.manual_seed(0)
+    model = GPT(
+        GPTConfig(
+            n_layer=1, n_head=2, n_embd=block_size, block_size=block_size, vocab_size=vocab_size, tie_embeddings=False
+        )
+    )
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith("transformer.h.") or name in ("transformer.wte.weight", "lm_head.weight"):
+                p.zero_()
+        model.transformer.wpe.weight.copy_(torch.eye(block_size))
+        for position, token in script.items():
+            model.lm_head.weight[token, position] = 1.0
+    return model.eval()
+
+
 def byte_bpe() -> tiktoken.Encoding:
     """A tiktoken byte-level BPE with no merges and an end-of-text token 256, built in-process (no download)."""
     return tiktoken.Encoding(

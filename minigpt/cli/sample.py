@@ -55,7 +55,9 @@ class TextStreamer:
     def __init__(
         self, tokenizer: Tokenizer, out: TextIO, stop_ids: Collection[int] = (), context: Sequence[int] = ()
     ) -> None:
-        self.decoder, self.out, self.stop_ids = IncrementalDecoder(tokenizer, context), out, stop_ids
+        # every token's text, special ones too: a raw continuation (--no-stop shows where a document ended)
+        self.decoder = IncrementalDecoder(tokenizer, context, keep_special=True)
+        self.out, self.stop_ids = out, stop_ids
         self.stopped = False
 
     def push(self, ids: list[int]) -> None:

@@ -150,7 +150,7 @@ class ChatSession:
                 on_text(piece)
             if step + 1 < budget:
                 logits = self._next(token)
-        answer = self.tokenizer.decode(reply)
+        answer = self.tokenizer.decode_text(reply)  # the decoder's text: a marker the model wrote is no text
         if (rest := decoder.finish()) and on_text is not None:
             on_text(rest)
         # the turn joins the conversation only whole: a user turn left without its reply made the next render two

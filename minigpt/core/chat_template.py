@@ -310,6 +310,13 @@ class ChatTokenizer(Tokenizer):
         """Its end of turn and every end its base lists (Phi-3's generation_config: <|endoftext|>, <|assistant|>)."""
         return self.base.stop_ids | {self.eot_id}
 
+    @property
+    def textless(self) -> frozenset[int]:
+        """Its markers (special tokens in the export, which transformers' skip_special_tokens leaves out of a reply),
+        but for those of one character, and the base's tokens that stand for no text."""
+        markers = (self.token_id(t) for t in self.specials if len(t) != 1)
+        return self.base.textless | {i for i in (*markers, self.eot_id) if i is not None}
+
     def encode_text(self, text: str) -> list[int]:
         """A text of its own (a completion's prompt) as the base encodes one: with the tokens a Hugging Face base's
         post-processor writes around a text (Llama's and Gemma's BOS), which `encode` leaves out, as it reads a

@@ -199,14 +199,11 @@ class HFTokenizer(Tokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=False)
 
-    def decode_text(self, ids: Sequence[int]) -> str:
-        return self.backend.decode([i for i in ids if i not in self.textless], skip_special_tokens=False)
-
     @functools.cached_property
     def textless(self) -> frozenset[int]:
-        """The special tokens decode_text leaves out, as skip_special_tokens does: all but those of one character,
-        which are characters (a char chat model's export registers the newline as its start token, and its text,
-        the bits per character eval.py counts, keeps the newlines)."""
+        """The special tokens that stand for no text, as skip_special_tokens skips them: all but those of one
+        character, which are characters (a char chat model's export registers the newline as its start token, and
+        its text, the bits per character eval.py counts, keeps the newlines)."""
         added = self.backend.get_added_tokens_decoder().items()
         return frozenset(i for i, t in added if t.special and len(t.content) != 1)
 

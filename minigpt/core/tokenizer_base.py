@@ -38,10 +38,17 @@ class Tokenizer(ABC):
         return self.encode(text)
 
     def decode_text(self, ids: Sequence[int]) -> str:
-        """The text the ids stand for, without the tokens that stand for none (end-of-text; a Hugging Face
-        tokenizer's special tokens, but for those of one character), as transformers' decode(...,
-        skip_special_tokens=True) gives it."""
-        return self.decode([i for i in ids if i != self.eot_id])
+        """The text the ids stand for, without the tokens that stand for none (`textless`), as transformers'
+        decode(..., skip_special_tokens=True) gives it."""
+        textless = self.textless
+        return self.decode([i for i in ids if i not in textless])
+
+    @property
+    def textless(self) -> frozenset[int]:
+        """The ids that stand for no text: end-of-text here; a Hugging Face tokenizer's special tokens, but for those
+        of one character; a chat tokenizer's markers.  decode_text and the text of a reply or a server's completion
+        (IncrementalDecoder) leave them out, as transformers, vLLM and llama.cpp's server do."""
+        return frozenset() if self.eot_id is None else frozenset({self.eot_id})
 
     @property
     def stop_ids(self) -> frozenset[int]:
@@ -79,16 +86,21 @@ class IncrementalDecoder:
     window starts where the previous piece did, so the decoder sees the ids before the new ones (SentencePiece's
     space, byte fallback's pieces of a character).  A piece never ends inside a UTF-8 character: a token that does
     (U+FFFD) waits for the one that completes it; finish() gives what is left, such a tail included.  `context`:
-    ids already shown before these (a completion's prompt), as decode_after reads them.  Joined, the pieces and
-    finish() are decode_after(tokenizer, context, ids)."""
+    ids already shown before these (a completion's prompt), as decode_after reads them.  A token that stands for no
+    text (tokenizer.textless: a marker such as <|im_start|> that a small model writes mid-reply) adds none, as
+    skip_special_tokens=True decodes it, unless keep_special (sample.py's raw continuation).  Joined, the pieces and
+    finish() are decode_after(tokenizer, context, ids less those tokens): a reply's text is decode_text(ids)."""
 
-    def __init__(self, tokenizer: Tokenizer, context: Sequence[int] = ()) -> None:
+    def __init__(self, tokenizer: Tokenizer, context: Sequence[int] = (), keep_special: bool = False) -> None:
         self.tokenizer = tokenizer
+        self.textless = frozenset() if keep_special else tokenizer.textless
         self.ids = list(context[-CONTEXT_IDS:])  # the window decoded at each push
         self.read = len(self.ids)  # the window's ids before this are given out already (or the context's)
         self.shown = tokenizer.decode(self.ids) if self.ids else ""  # decode(ids[:read])
 
     def push(self, token: int) -> str:
+        if token in self.textless:
+            return ""
         self.ids.append(token)
         text = self.tokenizer.decode(self.ids)
         if len(text) <= len(self.shown) or text.endswith("\ufffd"):

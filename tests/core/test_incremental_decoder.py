@@ -32,8 +32,8 @@ def random_ids(tok, kind: str, rng: random.Random, n: int) -> list[int]:
     return ids
 
 
-def pieces(tok, ids, context=()) -> list[str]:
-    decoder = IncrementalDecoder(tok, context)
+def pieces(tok, ids, context=(), keep_special: bool = False) -> list[str]:
+    decoder = IncrementalDecoder(tok, context, keep_special)
     return [decoder.push(i) for i in ids] + [decoder.finish()]
 
 
@@ -49,13 +49,16 @@ def test_pieces_join_to_the_whole_decode_and_never_end_inside_a_character(kind):
     reply = tok.encode("Say hello world")[len(prompt) :]
     assert "".join(pieces(tok, reply, prompt)) == decode_after(tok, prompt, reply)
     assert tok.decode(prompt + reply)[len(tok.decode(prompt)) :] == decode_after(tok, prompt, reply)
-    # random ids (bytes that never make a character, special tokens): the same text as decoding them at once
+    # random ids (bytes that never make a character, special tokens): the same text as decoding them at once, the
+    # tokens that stand for no text (end-of-text) left out unless kept
     rng = random.Random(kind)
     for _ in range(30):
         ids = random_ids(tok, kind, rng, rng.randint(1, 40))
         context = random_ids(tok, kind, rng, rng.randint(0, 10))
-        assert "".join(pieces(tok, ids)) == tok.decode(ids)
-        assert "".join(pieces(tok, ids, context)) == decode_after(tok, context, ids)
+        text = [i for i in ids if i not in tok.textless]
+        assert "".join(pieces(tok, ids)) == tok.decode_text(ids)
+        assert "".join(pieces(tok, ids, context)) == decode_after(tok, context, text)
+        assert "".join(pieces(tok, ids, context, keep_special=True)) == decode_after(tok, context, ids)
 
 
 def test_sentencepiece_pieces_keep_the_spaces_between_words():

@@ -16,9 +16,9 @@ from minigpt import ChatSession
 from minigpt.core.chat_template import IM_END, IM_START, ChatTokenizer
 from minigpt.core.errors import UserError
 from minigpt.core.generation import prompt_ids
-from minigpt.core.tokenizers import CharTokenizer
+from minigpt.core.tokenizers import ByteTokenizer, CharTokenizer
 from minigpt.serve.app import create_app
-from support import spm_bpe, varied_gpt
+from support import scripted_gpt, spm_bpe, varied_gpt
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -106,6 +106,36 @@ def test_greedy_chat_equals_chat_session_and_generate(chat_url, chat_model):
         session.max_new_tokens = 12
         assert again.choices[0].message.content == session.reply("and then?")
     assert reasons == {"stop", "length"}  # both endings were seen
+
+
+def test_a_marker_the_model_writes_is_no_text_in_replies_and_completions():
+    """A model that wrote <|im_start|> (special, not an end) had it in the text of its chat replies, streamed or not,
+    and of its completions, where vLLM and llama.cpp's server leave special tokens out (skip_special_tokens): now
+    the text is decode_text(ids), ChatSession's, with the same usage and finish_reason; a client that sends the
+    reply back gets the next turn."""
+    tok = ChatTokenizer.for_base(ByteTokenizer())
+    start, e = tok.token_id(IM_START), tok.encode("é")
+    reply = [*tok.encode("Hi"), start, *tok.encode(" you"), e[0], start, e[1], start, tok.eot_id]
+    completion = [start, *tok.encode("ok"), e[0], start, e[1], start, tok.eot_id]
+    messages = [{"role": "user", "content": "Hello"}]
+    prompt = tok.encode_prompt(messages)
+    script = {len(prompt) - 1 + k: t for k, t in enumerate(reply)} | {1 + k: t for k, t in enumerate(completion)}
+    model = scripted_gpt(tok.vocab_size, script)
+    text = ChatSession(model, tok, temperature=0).reply("Hello")
+    assert text == tok.decode_text(reply) == "Hi youé"
+    with serving(create_app(model, tok, "tiny-chat")) as url:
+        answer = client(url).chat.completions.create(model="tiny-chat", messages=messages, temperature=0)
+        assert (answer.choices[0].message.content, answer.choices[0].finish_reason) == (text, "stop")
+        assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (len(prompt), len(reply))
+        streamed, finish, usage, _ = streamed_chat(url, model="tiny-chat", messages=messages, temperature=0)
+        assert (streamed, finish, usage.completion_tokens) == (text, "stop", len(reply))
+        follow = [*messages, {"role": "assistant", "content": text}, {"role": "user", "content": "And?"}]
+        assert client(url).chat.completions.create(model="tiny-chat", messages=follow, max_tokens=2).choices
+        kw = dict(model="tiny-chat", prompt="Hi", temperature=0, max_tokens=20)
+        done = client(url).completions.create(**kw)
+        assert (done.choices[0].text, done.choices[0].finish_reason) == ("oké", "stop")
+        assert done.usage.completion_tokens == len(completion)
+        assert streamed_completion(url, **kw)[:2] == ("oké", "stop")
 
 
 def test_greedy_completions_equal_generate(base_url, base_model):
