@@ -175,7 +175,7 @@ class GRPOLightningModule(GPTLightningModule):
                 )
         finally:
             self.model.train(was_training)
-        texts = [tokenizer.decode([t for t in c if t != tokenizer.eot_id]) for c in completions]
+        texts = [tokenizer.decode_text(c) for c in completions]  # no special token, as TRL's skip_special_tokens
         return completions, texts
 
     def rewards(self, prompts: list[Prompt], texts: list[str], reward: Any = None) -> torch.Tensor:

@@ -13,9 +13,9 @@ A user's reward is Python code, like a task file's hooks: `grpo.reward path/to/f
 
     function(prompt=..., completion=..., answer=...) -> a number (True/False count as 1/0)
 
-prompt as the row gave it (text, or a list of messages), completion the sampled text (without the end-of-turn
-token), answer the row's answer text.  A function that raises, or returns anything but a finite number, stops
-training with one line naming the prompt (nothing already saved is touched).
+prompt as the row gave it (text, or a list of messages), completion the sampled text (without special tokens: the
+end of turn, a marker the model wrote), answer the row's answer text. A function that raises, or returns anything
+but a finite number, stops training with one line naming the prompt (nothing already saved is touched).
 """
 
 from __future__ import annotations

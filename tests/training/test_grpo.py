@@ -192,7 +192,9 @@ def test_a_rollout_and_its_loss_on_every_tokenizer_kind(kind):
         model.lm_head.weight[chat.eot_id] += 0.5  # some completions stop early
     completions = sample_groups(model.eval(), [prompt], 4, 6, 1.0, chat.eot_id, torch.Generator().manual_seed(0))
     assert all(len(c) == 6 or (c[-1] == chat.eot_id and chat.eot_id not in c[:-1]) for c in completions)
-    texts = [chat.decode([t for t in c if t != chat.eot_id]) for c in completions]
+    texts = [chat.decode_text(c) for c in completions]  # as the run's rewards read them
+    start = chat.token_id("<|im_start|>")  # a marker the model wrote is no text, as TRL's skip_special_tokens
+    assert chat.decode_text([*prompt[-2:], start, chat.eot_id]) == chat.decode(prompt[-2:])
     assert score(exact_match, [messages] * 4, texts, ["3"] * 4, ["row 1"] * 4).shape == (4,)
     rows = completion_rows([prompt], completions, 4)
     assert chat.decode([~t for t in rows[0, : len(prompt)].tolist()]) == chat.decode(prompt)
