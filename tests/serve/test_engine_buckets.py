@@ -54,7 +54,7 @@ def test_a_padded_bucket_gives_each_request_what_it_gets_alone(request, fixture)
         sampling = dict(temperature=r.temperature)
         if r.seed is not None:
             sampling["generator"] = torch.Generator().manual_seed(r.seed)
-        assert out == tokenizer.decode(alone(model, tokenizer, ids, r.max_tokens, **sampling))
+        assert out == tokenizer.decode_text(alone(model, tokenizer, ids, r.max_tokens, **sampling))
     steps = engine.graphs.bucket_steps
     assert sum(steps.values()) == engine.steps
     assert steps[8] > 0 and steps[4] > 0 and steps[2] > 0 and steps[1] > 0, steps  # six rows, then fewer
@@ -74,7 +74,7 @@ def test_without_room_for_the_static_cache_the_engine_decodes_with_a_growing_one
     monkeypatch.setattr(engine_module, "compiler_available", lambda device_type="cpu": True)
     engine = Engine(model, tokenizer, max_batch=4, compile=True)  # the static step, compiled: no room for it
     got = run_engine(engine, [Request(prompt=p, max_tokens=12, temperature=0) for p in prompts])
-    assert got == [tokenizer.decode(alone(model, tokenizer, p, 12)) for p in prompts]
+    assert got == [tokenizer.decode_text(alone(model, tokenizer, p, 12)) for p in prompts]
     assert engine.graphs is None and not engine.use_graphs and not engine.compile
     assert "decoding without CUDA graphs" in caplog.text
 
@@ -130,7 +130,7 @@ def test_a_sliding_window_model_serves_each_request_as_it_decodes_alone(chat_mod
     requests = [Request(prompt=p, max_tokens=n, temperature=0) for p, n in zip(prompts, MAX_TOKENS)]
     engine = Engine(model, tokenizer, max_batch=4, decode_graphs=decode_graphs)
     got = run_engine(engine, requests)
-    assert got == [tokenizer.decode(alone(model, tokenizer, p, n)) for p, n in zip(prompts, MAX_TOKENS)]
+    assert got == [tokenizer.decode_text(alone(model, tokenizer, p, n)) for p, n in zip(prompts, MAX_TOKENS)]
     if decode_graphs:
         assert [layer.k.size(2) for layer in engine.graphs.cache] == [8, 64]
 
@@ -200,7 +200,7 @@ def test_a_compiled_engine_warms_every_bucket_up_before_serving_and_each_request
     assert engine.compile and engine.use_graphs  # 1 ms a step against 2 uncompiled: kept
     prompts = [tokenizer.encode(p) for p in PROMPTS]
     got = run_engine(engine, [Request(prompt=p, max_tokens=n, temperature=0) for p, n in zip(prompts, MAX_TOKENS)])
-    assert got == [tokenizer.decode(alone(model, tokenizer, p, n)) for p, n in zip(prompts, MAX_TOKENS)]
+    assert got == [tokenizer.decode_text(alone(model, tokenizer, p, n)) for p, n in zip(prompts, MAX_TOKENS)]
     assert len(calls) == 4 + timed + engine.steps  # every step went through it; the second start warmed nothing
 
 
@@ -223,7 +223,7 @@ def test_a_compiled_step_that_measures_slower_on_a_cpu_is_dropped_with_a_note(
     assert err.count("note:") == 1 and "measured slower here (3.0 against 2.0 ms a step uncompiled)" in err
     ids = tokenizer.encode(PROMPTS[0])
     assert run_engine(engine, [Request(prompt=ids, max_tokens=9, temperature=0)]) == [
-        tokenizer.decode(alone(model, tokenizer, ids, 9))
+        tokenizer.decode_text(alone(model, tokenizer, ids, 9))
     ]
     assert len(calls) == 2 + engine_module.TIMED_STEPS  # none after the warm-up
 
@@ -267,7 +267,7 @@ def test_the_engines_step_really_compiled_gives_each_request_its_ids_alone(base_
         pytest.skip("no C++ compiler for torch.compile")
     prompts = [tokenizer.encode(p) for p in PROMPTS[:3]]
     got = run_engine(engine, [Request(prompt=p, max_tokens=n, temperature=0) for p, n in zip(prompts, MAX_TOKENS)])
-    assert got == [tokenizer.decode(alone(model, tokenizer, p, n)) for p, n in zip(prompts, MAX_TOKENS)]
+    assert got == [tokenizer.decode_text(alone(model, tokenizer, p, n)) for p, n in zip(prompts, MAX_TOKENS)]
 
 
 def test_a_warm_up_that_fails_fails_start_and_leaves_no_thread(monkeypatch, step_clock, base_model):
