@@ -223,3 +223,29 @@ def test_enter_sends_and_shift_enter_or_an_input_methods_enter_does_not(chat_mod
         page.press("Enter")
         page.wait_for("document.querySelectorAll('.assistant').length === 1 && document.body.dataset.busy === '0'")
         assert page.evaluate("document.querySelector('.user').textContent") == "one\ntwo" and page.errors == []
+
+
+def test_stop_before_any_text_says_so_and_sends_no_empty_turn(chat_model):
+    """Stop before the reply's first text left an empty bubble showing "…" for good, and the next message went out
+    after an empty assistant turn; now the bubble says it stopped, and the asked message stays, with no reply."""
+    if chromium_path() is None:
+        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
+    model, tok = chat_model
+    with serving(create_app(model, tok, "tiny-chat")) as url, Browser() as page:
+        page.goto(f"{url}/")
+        page.wait_for("document.getElementById('status').textContent.includes('tiny-chat')")
+        page.evaluate(SPY)
+        page.type_text("#max_tokens", "3")
+        with paused_after(model, 0):  # the prompt's prefill waits: no text can come
+            page.type_text("#input", "tell me a story")
+            page.press("Enter")
+            page.wait_for("window.bodies.length === 1")
+            page.evaluate("document.getElementById('stop').click()")
+            page.wait_for("document.body.dataset.busy === '0'")
+        assert page.evaluate(LAST_REPLY) == "stopped before any text"
+        page.type_text("#input", "and then?")
+        page.press("Enter")
+        page.wait_for("document.querySelectorAll('.assistant').length === 2 && document.body.dataset.busy === '0'")
+        asked = [{"role": "user", "content": "tell me a story"}, {"role": "user", "content": "and then?"}]
+        assert page.evaluate("window.bodies.at(-1).messages") == asked
+        assert page.evaluate("document.querySelectorAll('.error').length") == 0 and page.errors == []
