@@ -160,7 +160,8 @@ def test_a_server_with_an_api_key_says_where_the_page_takes_it(chat_model):
         page.wait_for("document.querySelectorAll('.error').length === 1 && document.body.dataset.busy === '0'")
         assert "enter it in the API key field" in page.evaluate("document.querySelector('.error').textContent")
         page.type_text("#api_key", "s3cret")
-        page.type_text("#input", "hello")
+        assert page.evaluate("document.getElementById('input').value") == "hello"  # not taken: back in the box
+        page.evaluate("document.getElementById('input').focus()")
         page.press("Enter")
         page.wait_for("document.querySelectorAll('.assistant').length === 1 && document.body.dataset.busy === '0'")
         assert page.evaluate("document.querySelectorAll('.error').length") == 1 and page.errors == []
@@ -188,17 +189,15 @@ def test_a_conversation_past_the_context_says_new_chat_starts_over(chat_model):
         page.goto(f"{url}/")
         page.wait_for("document.getElementById('status').textContent.includes('tiny-chat')")
         page.type_text("#max_tokens", "1")
-        for text in ("tell me a story", long):
-            page.type_text("#input", text)
-            page.press("Enter")
-            page.wait_for(
-                "document.body.dataset.busy === '0' && document.querySelectorAll('.user').length === "
-                f"{1 + (text == long)}"
-            )
-        page.wait_for("document.querySelectorAll('.error').length === 1")
-        assert "New chat starts an empty conversation" in page.evaluate("document.querySelector('.error').textContent")
-        page.evaluate("document.getElementById('clear').click()")
+        page.type_text("#input", "tell me a story")
+        page.press("Enter")
+        page.wait_for("document.body.dataset.busy === '0' && document.querySelectorAll('.assistant').length === 1")
         page.type_text("#input", long)
+        page.press("Enter")
+        page.wait_for("document.body.dataset.busy === '0' && document.querySelectorAll('.error').length === 1")
+        assert "New chat starts an empty conversation" in page.evaluate("document.querySelector('.error').textContent")
+        assert page.evaluate("document.getElementById('input').value") == long  # not taken: back in the box
+        page.evaluate("document.getElementById('clear').click(); document.getElementById('input').focus()")
         page.press("Enter")
         page.wait_for("document.querySelectorAll('.assistant').length === 1 && document.body.dataset.busy === '0'")
         assert page.evaluate("document.querySelectorAll('.error').length") == 0 and page.errors == []
