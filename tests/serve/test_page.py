@@ -248,3 +248,39 @@ def test_stop_before_any_text_says_so_and_sends_no_empty_turn(chat_model):
         asked = [{"role": "user", "content": "tell me a story"}, {"role": "user", "content": "and then?"}]
         assert page.evaluate("window.bodies.at(-1).messages") == asked
         assert page.evaluate("document.querySelectorAll('.error').length") == 0 and page.errors == []
+
+
+def test_a_temperature_or_max_tokens_it_cannot_read_is_refused_in_the_page(chat_model):
+    """Temperature left empty, or unreadable ("1e": a number field reads it as empty), went out as 0, greedy,
+    unsaid (and an unreadable Max tokens as empty); now the page says what to enter and sends nothing."""
+    if chromium_path() is None:
+        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
+    model, tok = chat_model
+    with serving(create_app(model, tok, "tiny-chat")) as url, Browser() as page:
+        page.goto(f"{url}/")
+        page.wait_for("document.getElementById('status').textContent.includes('tiny-chat')")
+        page.evaluate(SPY)
+        bad = [("temperature", "", "Temperature must be a number from 0 to 2")]
+        bad += [("temperature", t, "Temperature must be a number from 0 to 2") for t in ("1e", "2.5", "-1")]
+        bad += [("max_tokens", m, "Max tokens must be a whole number from 1") for m in ("1e", "0", "1.5")]
+        for errors, (field, value, said) in enumerate(bad, start=1):
+            page.evaluate("for (const f of ['temperature', 'max_tokens']) document.getElementById(f).value = ''")
+            page.evaluate("document.getElementById('temperature').value = '0.7'")
+            page.evaluate(f"document.getElementById('{field}').value = ''")
+            page.type_text(f"#{field}", value)  # typed: a number field keeps "1e" as typed, and reads ""
+            page.type_text("#input", "hello" if errors == 1 else "")
+            page.evaluate("document.getElementById('input').focus()")
+            page.press("Enter")
+            page.wait_for(f"document.querySelectorAll('.error, .user').length === {errors}")
+            assert page.evaluate("document.querySelectorAll('.user').length") == 0, f"{field} {value!r} was sent"
+            assert said in page.evaluate("[...document.querySelectorAll('.error')].at(-1).textContent"), value
+            assert page.evaluate("document.getElementById('input').value") == "hello"
+        assert page.evaluate("window.bodies") == [] and page.evaluate("document.querySelectorAll('.user').length") == 0
+        page.evaluate("document.getElementById('max_tokens').value = '2'; document.getElementById('input').focus()")
+        page.press("Enter")
+        page.wait_for("document.querySelectorAll('.assistant').length === 1 && document.body.dataset.busy === '0'")
+        assert {k: page.evaluate(f"window.bodies[0].{k}") for k in ("temperature", "max_tokens")} == {
+            "temperature": 0.7,
+            "max_tokens": 2,
+        }
+        assert page.errors == []
