@@ -4,8 +4,10 @@ the page loads nothing from the network."""
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.resources import files
 
 import httpx
@@ -284,3 +286,71 @@ def test_a_temperature_or_max_tokens_it_cannot_read_is_refused_in_the_page(chat_
             "max_tokens": 2,
         }
         assert page.errors == []
+
+
+def test_a_message_sent_while_the_server_is_down_says_so_and_stays_in_the_box(chat_model):
+    """A message sent while the server was down said the browser's 'Failed to fetch', and was gone from the box."""
+    if chromium_path() is None:
+        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
+    model, tok = chat_model
+    with Browser() as page:
+        with serving(create_app(model, tok, "tiny-chat")) as url:
+            page.goto(f"{url}/")
+            page.wait_for("document.getElementById('status').textContent.includes('tiny-chat')")
+        page.type_text("#input", "hello")
+        page.press("Enter")
+        page.wait_for("document.querySelectorAll('.error').length === 1 && document.body.dataset.busy === '0'")
+        said = page.evaluate("document.querySelector('.error').textContent")
+        assert said == "the server could not be reached (is minigpt serve still running?)"
+        assert page.evaluate("document.getElementById('input').value") == "hello"
+        assert page.evaluate("document.querySelectorAll('.msg:not(.error)').length") == 0 and page.errors == []
+
+
+class CutOff(BaseHTTPRequestHandler):
+    """A server that serves the page, then cuts each reply off after its first words (a server killed mid-reply)."""
+
+    protocol_version = "HTTP/1.1"
+    health = {"model": "tiny-chat", "chat": True, "context_length": BLOCK, "api_key_required": False}
+
+    def do_GET(self) -> None:
+        page = (files("minigpt.serve") / "static" / "index.html").read_bytes()
+        body, kind = (page, "text/html") if self.path == "/" else (json.dumps(self.health).encode(), "application/json")
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        event = b'data: {"choices": [{"index": 0, "delta": {"content": "Once"}}]}\n\n'
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))  # and no last chunk: the body ends mid-way
+        self.close_connection = True
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_reply_cut_off_by_the_server_going_away_says_so():
+    """A reply cut off mid-way showed the browser's bare 'network error'."""
+    if chromium_path() is None:
+        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), CutOff)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with Browser() as page:
+            page.goto(f"http://127.0.0.1:{server.server_port}/")
+            page.wait_for("document.getElementById('status').textContent.includes('tiny-chat')")
+            page.type_text("#input", "tell me a story")
+            page.press("Enter")
+            page.wait_for("document.querySelectorAll('.error').length === 1 && document.body.dataset.busy === '0'")
+            said = page.evaluate("document.querySelector('.error').textContent")
+            assert said == "the connection to the server was lost (is minigpt serve still running?)"
+            assert page.errors == []
+    finally:
+        server.shutdown()
+        server.server_close()
