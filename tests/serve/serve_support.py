@@ -35,10 +35,16 @@ def alone(
     return out[0, len(ids) :].tolist()
 
 
+def free_port() -> int:
+    """A 127.0.0.1 port free now (for a server stopped and started again on one port)."""
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        return sock.getsockname()[1]
+
+
 @contextmanager
-def serving(app, **config):
-    """The app on uvicorn in a thread, on a free 127.0.0.1 port -> its base URL; stopped on exit."""
-    sock = socket.create_server(("127.0.0.1", 0))
+def serving(app, port: int = 0, **config):
+    """The app on uvicorn in a thread, on 127.0.0.1 (a free port unless told) -> its base URL; stopped on exit."""
+    sock = socket.create_server(("127.0.0.1", port))
     server = EngineFirstServer(uvicorn_config(app, log_level="warning", **config))  # as `minigpt serve` runs it
     thread = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), daemon=True)
     thread.start()

@@ -12,7 +12,7 @@ from importlib.resources import files
 
 import httpx
 import pytest
-from serve_support import BLOCK, alone, serving
+from serve_support import BLOCK, alone, free_port, serving
 
 from browser import Browser, chromium_path
 from minigpt import ChatSession
@@ -304,6 +304,34 @@ def test_a_message_sent_while_the_server_is_down_says_so_and_stays_in_the_box(ch
         assert said == "the server could not be reached (is minigpt serve still running?)"
         assert page.evaluate("document.getElementById('input').value") == "hello"
         assert page.evaluate("document.querySelectorAll('.msg:not(.error)').length") == 0 and page.errors == []
+
+
+def test_a_server_restarted_with_another_model_is_said_and_followed(chat_model, base_model):
+    """After a restart with another model the page still named the old one, and every message was a 404 for it
+    (reload the page, it did not say); now it says what the server serves, takes it up, and sending again works."""
+    if chromium_path() is None:
+        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
+    model, tok = chat_model
+    port = free_port()
+    with Browser() as page:
+        with serving(create_app(model, tok, "tiny-chat"), port=port) as url:
+            page.goto(f"{url}/")
+            page.wait_for("document.getElementById('status').textContent.includes('tiny-chat')")
+            page.evaluate(SPY)
+            page.type_text("#max_tokens", "3")
+        with serving(create_app(*base_model, "tiny-base"), port=port) as url:
+            page.type_text("#input", "hello")
+            page.press("Enter")
+            page.wait_for("document.querySelectorAll('.error').length === 1 && document.body.dataset.busy === '0'")
+            assert "it now serves 'tiny-base'" in page.evaluate("document.querySelector('.error').textContent")
+            assert "tiny-base" in page.evaluate("document.getElementById('status').textContent")
+            assert page.evaluate("document.getElementById('send').textContent") == "Continue"
+            assert page.evaluate("document.getElementById('input').value") == "hello"
+            page.press("Enter")
+            page.wait_for("document.querySelectorAll('.assistant').length === 1 && document.body.dataset.busy === '0'")
+        assert page.evaluate("window.bodies.at(-1)")["model"] == "tiny-base"
+        assert page.evaluate("document.querySelectorAll('.error').length") == 1 and page.errors == []
+        assert f"{url}/v1/completions" in page.requests
 
 
 class CutOff(BaseHTTPRequestHandler):
