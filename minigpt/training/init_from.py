@@ -109,6 +109,9 @@ def init_from_source(
     for key, value in source_keys.items():
         if key not in LINKED_MODEL_FIELDS:
             config["model"][key] = user_keys.get(key, value) if key in FINETUNE_FIELDS else value
+    # the settings taken from this run (dropout, block_size, ...) are checked here, where they join the source's
+    # (train.py checks a scratch run's at parse time): before the data is prepared, naming the model key
+    GPTConfig(**{**config["model"].as_dict(), "vocab_size": source_config.vocab_size})
     config["data"]["block_size"] = block_size  # its link from model.block_size ran at parse time
     if not tokenizer_file.is_file() or tokenizer_file.read_bytes() != text:
         with write_errors(tokenizer_file.parent, "choose a writable --data.data_root"):

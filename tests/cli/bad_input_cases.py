@@ -578,6 +578,14 @@ CASES: list[Case] = [
         "2",
         expect=["init_from", "model.n_layer=2", "the source has 1"],
     ),
+    train(
+        "init_from with a model setting it may change, out of range",
+        "--init_from",
+        "{run}",
+        "--model.block_size",
+        "0",
+        expect=["model.block_size: must be a positive integer, got 0", "set it to 1 or more"],
+    ),
     sample(
         "Hugging Face directory of an unsupported architecture",
         "--ckpt",

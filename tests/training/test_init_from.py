@@ -138,6 +138,20 @@ def test_init_from_refuses_a_conflicting_model_setting(
         main(finetune_args(other_corpus, data_root, tmp_path / "ft", tmp_path / "nowhere"))
 
 
+def test_a_setting_the_run_may_change_is_checked_before_the_data_is_prepared(
+    finetune_args, source_run, other_corpus, tmp_path
+):
+    """dropout and block_size join the source's config in init_from: checked there, as a scratch run's are at parse
+    time (they were checked only when the model was built, after the corpus was prepared; block_size 0 was named
+    data.block_size)."""
+    data_root = tmp_path / "data"
+    with pytest.raises(UserError, match=r"^model.dropout: must be in \[0, 1\), got 1.5; use e.g. 0.0 or 0.1$"):
+        main(finetune_args(other_corpus, data_root, tmp_path / "ft", source_run, model__dropout=1.5))
+    assert not data_root.exists()
+    with pytest.raises(UserError, match=r"^model.block_size: must be a positive integer, got 0; set it to 1 or more$"):
+        main(finetune_args(other_corpus, data_root, tmp_path / "ft", source_run, model__block_size=0))
+
+
 def test_a_refused_finetuning_run_writes_nothing_into_out_dir(
     finetune_args, source_run, other_corpus, data_root, tmp_path
 ):
