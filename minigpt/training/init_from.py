@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from minigpt.core import checkpoint
 from minigpt.core.chat_template import ChatTokenizer
 from minigpt.core.checkpoint import read_checkpoint
@@ -54,6 +56,10 @@ def init_from_source(
     src, out_dir = config["init_from"], Path(config["out_dir"])
     resuming = resumed is not None
     if resuming:
+        # a LoRA run's base and a full DPO/GRPO run's reference are checked later, by their fingerprints
+        section = resumed[checkpoint.SECTION]
+        if "lora" not in section and not any((section.get(k) or {}).get("fingerprint") for k in ("dpo", "grpo")):
+            check_same_source(src, out_dir)
         source_model, tokenizer = None, checkpoint.checkpoint_tokenizer(resumed)
         source_config = checkpoint.model_config(resumed)
     else:
@@ -118,6 +124,26 @@ def init_from_source(
             atomic_write(tokenizer_file, lambda f: f.write(text))
     config["data"]["tokenizer"] = str(tokenizer_file)
     return source_config, source_model
+
+
+def check_same_source(src: str, out_dir: Path) -> None:
+    """A resume goes on from the model the run started from, which its config.yaml (written at the start, read here
+    before it is written again) names: another init_from was accepted and recorded as the run's origin."""
+    try:
+        started = yaml.safe_load((out_dir / "config.yaml").read_text(encoding="utf-8")).get("init_from")
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):
+        return  # no readable record (removed, or not a mapping): nothing to compare with
+
+    def where(source: str) -> str:  # hf:ORG/NAME as given, a local path wherever it was written from
+        return source if source.startswith("hf:") else str(Path(source).expanduser().resolve())
+
+    if started is None or where(str(started)) != where(str(src)):
+        origin = f"from init_from {started}" if started is not None else "from scratch"
+        fix = f"resume with --init_from {started}" if started is not None else "resume without --init_from"
+        raise UserError(
+            f"{out_dir} was started {origin} (its config.yaml), and this resume names init_from {src}; {fix}, or "
+            "start a new run in another out_dir"
+        )
 
 
 def load_source(src: str) -> tuple[GPT, Tokenizer | None]:

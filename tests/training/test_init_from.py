@@ -237,6 +237,24 @@ def test_resume_continues_a_finetuning_run_exactly(
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_resume_that_names_another_source_is_refused_and_the_runs_record_kept(
+    finetune_args, tiny_run_args, source_run, other_corpus, corpus, data_root, tmp_path
+):
+    """--resume --init_from OTHER was accepted: the run went on from its checkpoint, and config.yaml was rewritten
+    to name OTHER as where it started (a scratch run resumed with an init_from, too)."""
+    out, scratch = tmp_path / "tuned", tmp_path / "scratch"
+    main(finetune_args(other_corpus, data_root, out, source_run, steps=2))
+    main(tiny_run_args(corpus, data_root, scratch, steps=2))
+    record = (out / "config.yaml").read_text()
+    other = finetune_args(other_corpus, data_root, out, scratch, steps=4) + ["--resume", "true"]
+    with pytest.raises(UserError, match=f"was started from init_from {source_run} .* names init_from {scratch}; "):
+        main(other)
+    with pytest.raises(UserError, match="was started from scratch .*; resume without --init_from"):
+        main(finetune_args(corpus, data_root, scratch, source_run, steps=4) + ["--resume", "true"])
+    assert (out / "config.yaml").read_text() == record
+    assert main(finetune_args(other_corpus, data_root, out, source_run, steps=4) + ["--resume", "true"])
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None or importlib.util.find_spec("minigpt.hf.load") is None,
     reason="needs transformers and minigpt.hf.load (the Hugging Face import)",
