@@ -68,7 +68,7 @@ from minigpt.training.run_dir import (
     stop_at_once,
     stop_on_signals,
 )
-from minigpt.training.run_end import end_of_run, full_split_end
+from minigpt.training.run_end import end_of_run, failed_tasks_end, full_split_end
 from minigpt.training.trainer import (
     TRAINER_DEFAULTS,
     EarlyStoppingConfig,
@@ -437,6 +437,7 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         if trainer.is_global_zero:
             print(f"{'error: ' * error}{stop}", file=sys.stderr)
         raise SystemExit(128 + SIGNALS[stopped_by[0]])
+    failed_tasks_end(trainer, last)
     if cli.config["eval_full"]:
         full_split_end(trainer, cli.model, cli.datamodule, last)
     timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)

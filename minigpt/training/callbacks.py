@@ -376,13 +376,15 @@ class HarnessTasks(Callback):
     most `limit` examples each, logged as eval/<task>/<metric> at the step.  Under DDP every rank scores its share
     of each task's examples (the harness splits them and gathers the scores over torch.distributed) and rank 0 logs;
     FSDP is refused: its model is whole only inside a forward pass of the wrapped module, which generation does not use.
-    Tasks are checked when the callback is made, so a misspelt task stops the run before training starts."""
+    Tasks are checked when the callback is made, so a misspelt task stops the run before training starts; one that
+    fails at a validation stops it after that validation, saved (`failed`: train.py says why)."""
 
     def __init__(self, tasks: list[str], limit: int | None = 100, batch_size: int = 8) -> None:
         from minigpt.evaluation.harness import resolve_tasks  # one line naming the eval extra when lm-eval is missing
 
         self.tasks = resolve_tasks(tasks)
         self.limit, self.batch_size = limit, batch_size
+        self.failed: UserError | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not runs_whole_model(trainer):
@@ -394,14 +396,19 @@ class HarnessTasks(Callback):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         tokenizer = getattr(pl_module, "tokenizer", None)
-        if trainer.sanity_checking or tokenizer is None:
+        if trainer.sanity_checking or tokenizer is None or self.failed:
             return
         from minigpt.evaluation.harness import MiniGPTLM, evaluate_tasks, flat_metrics
 
         lm = MiniGPTLM(pl_module.model, tokenizer, self.batch_size, distributed=trainer.world_size > 1)
-        # eager: the harness's shapes would each recompile; isolated: the harness seeds every RNG, training's stay
-        with torch.compiler.set_stance("force_eager"), isolate_rng(include_cuda=True):
-            results = evaluate_tasks(lm, self.tasks, limit=self.limit, bootstrap_iters=0)
+        try:  # eager: the harness's shapes would each recompile; isolated: the harness seeds every RNG, training's stay
+            with torch.compiler.set_stance("force_eager"), isolate_rng(include_cuda=True):
+                results = evaluate_tasks(lm, self.tasks, limit=self.limit, bootstrap_iters=0)
+        except UserError as e:  # a hook, a data file gone, an answer longer than the context: known only when scored
+            # raised, it ended the run before this validation's best.ckpt and last.ckpt (checkpoint callbacks run
+            # after this one), losing the steps since the last save; stopped, the run saves them as after Ctrl-C
+            self.failed, trainer.should_stop = e, True
+            return
         if results is None or not trainer.is_global_zero:  # the harness gathers the results on rank 0
             return
         metrics = {f"eval/{name}": value for name, value in flat_metrics(results).items()}

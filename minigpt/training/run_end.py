@@ -3,6 +3,7 @@ early stopping stopped it, the training time, and the full validation split's lo
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from lightning.pytorch.callbacks import EarlyStopping, Timer
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
 from minigpt.core.checkpoint import read_checkpoint
+from minigpt.core.errors import first_line
+from minigpt.training.callbacks import HarnessTasks
 from minigpt.training.objectives import checkpoint_split_loss, full_split_loss, split_report
 from minigpt.training.run_dir import sigterm_ends_evaluation
 from minigpt.training.trainer import BestCheckpoint
@@ -99,3 +102,18 @@ def end_of_run(trainer: Trainer, last: Path) -> None:
     timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
     if timer is not None:  # fit loop only (validation included): not data preparation, not the final eval
         print(f"training time {timer.time_elapsed('train'):.1f}s")
+
+
+def failed_tasks_end(trainer: Trainer, last: Path) -> None:
+    """A task of --eval_tasks that failed at a validation, which then ended the run (HarnessTasks) with its checkpoints
+    saved: one `error:` line (rank 0's) and exit code 2."""
+    failed = next((c.failed for c in trainer.callbacks if isinstance(c, HarnessTasks) and c.failed), None)
+    if failed is None:
+        return
+    if trainer.is_global_zero:
+        print(
+            f"error: {first_line(failed, limit=2000)}; the run stopped at that validation (step {trainer.global_step}) "
+            f"and saved {last}: continue it with --resume once the task works",
+            file=sys.stderr,
+        )
+    raise SystemExit(2)

@@ -928,6 +928,19 @@ CASES: list[Case] = [
         "{w}/outside.yaml",
         expect=["!function os.system", "the one place task hooks are read from"],
     ),
+    train(
+        "an --eval_tasks task whose answers do not fit the context (found when scored: the run stops there, saved)",
+        "--eval_tasks",
+        "{w}/long.yaml",
+        "--out_dir",
+        "{w}/tasks_run",  # the run is saved: not the other cases' out_dir
+        expect=[
+            "a continuation of",
+            "does not fit the model's context (block_size=32)",
+            "the run stopped at that validation (step 10) and saved",
+            "continue it with --resume once the task works",
+        ],
+    ),
     # DPO (--data.format preference, issue 47): each pair is checked where it is read, beta where it is declared
     train(
         "DPO pair without a rejected answer",
@@ -1156,6 +1169,9 @@ def _write_hostile_inputs(w: Path) -> None:
     (w / "hooked.yaml").write_text(quiz.replace("task: quiz", "task: hooked\nprocess_docs: !function hooks.broken"))
     (w / "hooks.py").write_text("def broken(docs):\n    return 1 / 0\n")
     (w / "outside.yaml").write_text(quiz.replace("task: quiz", "task: outside\nprocess_docs: !function os.system"))
+    long = [{"question": "the fox", "choices": ["the quick brown fox jumps over the lazy dog", "fox"], "answer": 0}]
+    (w / "long.jsonl").write_text(json.dumps(long[0]) + "\n")
+    (w / "long.yaml").write_text(quiz.replace("task: quiz", "task: long").replace("quiz.jsonl", "long.jsonl"))
 
 
 def make_workdir(w: Path, train_tiny_run: Callable[[list[str]], None]) -> Path:

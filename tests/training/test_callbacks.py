@@ -119,6 +119,37 @@ def test_a_misspelt_eval_task_stops_the_run_before_training(tiny_run_args, corpu
 
 
 @needs_lm_eval
+def test_a_task_that_fails_at_a_validation_stops_the_run_there_saved(
+    tiny_run_args, corpus, data_root, tmp_path, capsys
+):
+    """Answers longer than the context are found only when scored: the run stops after that validation, with its
+    best.ckpt and last.ckpt (the error had ended it before them, the steps since the last save lost), in one line."""
+    rows = [{"q": "the fox", "choices": [" warm mats and birds sing while cats sit on a dog", " the dog"], "answer": 0}]
+    (tmp_path / "long.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    task = tmp_path / "long.yaml"
+    task.write_text(
+        f"task: long\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {tmp_path / 'long.jsonl'}\n"
+        'test_split: test\noutput_type: multiple_choice\ndoc_to_text: "{{q}}"\ndoc_to_choice: "{{choices}}"\n'
+        'doc_to_target: "{{answer}}"\nmetric_list:\n  - metric: acc\n'
+    )
+    from minigpt.cli.errors import run_cli
+
+    run = tmp_path / "run"
+    args = tiny_run_args(corpus, data_root, run, steps=30, checkpoint_every=25)
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(lambda: main([*args, "--eval_tasks", str(task)]))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    last = run / "checkpoints" / "last.ckpt"
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        "error: a continuation of 50 tokens does not fit the model's context (block_size=32); use a task with "
+        "shorter answers or a model with a longer context; the run stopped at that validation (step 10) and saved "
+        f"{last}: continue it with --resume once the task works"
+    ]
+    assert read_checkpoint(last)["global_step"] == read_checkpoint(last.with_name("best.ckpt"))["global_step"] == 10
+
+
+@needs_lm_eval
 @pytest.mark.slow
 def test_two_process_ddp_splits_the_examples_and_logs_what_one_process_gets(
     tiny_run_args, corpus, tmp_path, task_files
