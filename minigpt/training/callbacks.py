@@ -400,6 +400,7 @@ class HarnessTasks(Callback):
             return
         from minigpt.evaluation.harness import MiniGPTLM, evaluate_tasks, flat_metrics
 
+        start = time.perf_counter()
         lm = MiniGPTLM(pl_module.model, tokenizer, self.batch_size, distributed=trainer.world_size > 1)
         try:  # eager: the harness's shapes would each recompile; isolated: the harness seeds every RNG, training's stay
             with torch.compiler.set_stance("force_eager"), isolate_rng(include_cuda=True):
@@ -414,7 +415,9 @@ class HarnessTasks(Callback):
         metrics = {f"eval/{name}": value for name, value in flat_metrics(results).items()}
         for logger in pl_module.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
-        rank_zero_info("harness: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
+        # what the tasks cost each validation (training time counts it): the figure to size --eval_limit by
+        took = f"harness at step {trainer.global_step} ({time.perf_counter() - start:.1f}s): "
+        rank_zero_info(took + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
 
 
 def harness_callbacks(config: Any) -> list[Callback]:

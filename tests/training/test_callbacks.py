@@ -77,13 +77,16 @@ def harness_on_checkpoint(ckpt: Path, task_files: list[Path], limit: int) -> dic
 
 @needs_lm_eval
 def test_eval_tasks_are_logged_at_each_validation_and_leave_training_as_it_was(
-    tiny_run_args, corpus, data_root, tmp_path, task_files, capsys
+    tiny_run_args, corpus, data_root, tmp_path, task_files, caplog
 ):
     args = tiny_run_args(corpus, data_root, tmp_path / "run", steps=20)
     main([*args, "--eval_tasks", ",".join(map(str, task_files)), "--eval_limit", "4"])
     logged = scalars(tmp_path / "run")
     for tag in ("eval/train_mc/acc", "eval/train_ppl/bits_per_byte"):
         assert [step for step, _ in logged[tag]] == [10, 20], tag
+    # the console line says what the tasks cost at each validation
+    said = [re.match(r"harness at step (\d+) \([\d.]+s\): eval/train_mc/acc ", m) for m in caplog.messages]
+    assert [int(m[1]) for m in said if m] == [10, 20], caplog.messages
     # the figures at step 20 are the harness's on the checkpoint of step 20
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     assert read_checkpoint(last)["global_step"] == 20
