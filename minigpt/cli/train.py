@@ -201,7 +201,7 @@ class MiniGPTCLI(LightningCLI):
         )
         parser.add_argument(
             "--eval_limit",
-            type=PositiveInt | None,
+            type=int | None,  # checked with the tasks (harness_callbacks): jsonargparse's words for a union are a page
             default=100,
             help="--eval_tasks: examples per task at each validation (null = all of them).",
         )

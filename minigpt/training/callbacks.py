@@ -18,7 +18,7 @@ from lightning.pytorch.utilities.seed import isolate_rng
 from minigpt import core
 from minigpt.core.checkpoint import RNG_STATE_KEY
 from minigpt.core.compiled import compiler_available, no_cpp_compiler
-from minigpt.core.errors import UnknownCharactersError, UserError, first_line
+from minigpt.core.errors import ConfigError, UnknownCharactersError, UserError, first_line
 from minigpt.core.generation import generate, prompt_ids
 from minigpt.core.model import GPT
 from minigpt.training.model_graphs import TrainingGraphs, record_training_graphs
@@ -422,8 +422,10 @@ class HarnessTasks(Callback):
 
 def harness_callbacks(config: Any) -> list[Callback]:
     """[HarnessTasks] when the run's config names --eval_tasks (comma-separated), else []."""
-    tasks = config.get("eval_tasks")
-    return [HarnessTasks(tasks.split(","), config.get("eval_limit"))] if tasks else []
+    tasks, limit = config.get("eval_tasks"), config.get("eval_limit")
+    if tasks and limit is not None and limit < 1:
+        raise ConfigError(f"eval_limit: must be >= 1 or null (every example), got {limit}; use e.g. 100")
+    return [HarnessTasks(tasks.split(","), limit)] if tasks else []
 
 
 class RNGState(Callback):

@@ -941,6 +941,14 @@ CASES: list[Case] = [
             "continue it with --resume once the task works",
         ],
     ),
+    train(
+        "eval_limit 0",
+        "--eval_tasks",
+        "{w}/quiz.yaml",
+        "--eval_limit",
+        "0",
+        expect=["eval_limit: must be >= 1 or null (every example), got 0; use e.g. 100"],
+    ),
     # DPO (--data.format preference, issue 47): each pair is checked where it is read, beta where it is declared
     train(
         "DPO pair without a rejected answer",
