@@ -280,7 +280,7 @@ class MiniGPTCLI(LightningCLI):
         if self.config.get("init_from") and not self.config["resume"]:
             check_source_is_not_out_dir(self.config["init_from"], out_dir)
         refuse_taken(out_dir, self.config["resume"], self.config["overwrite"])  # before the data is prepared
-        source_config, source_model = None, None
+        source_config, source_model, self.picked = None, None, ""  # picked: init_from's checkpoint, in words
         last = out_dir / "checkpoints" / "last.ckpt"
         # --resume reads the run's last checkpoint once: its checks, init_from and Lightning's restore share it
         self.resume_checkpoint = read_last(last) if self.config["resume"] and last.is_file() else None
@@ -292,7 +292,7 @@ class MiniGPTCLI(LightningCLI):
             check_dpo_resumable(self.resume_checkpoint, dpo, last)
             check_grpo_resumable(self.resume_checkpoint, grpo, last)
         if self.config.get("init_from"):  # fills the model section and data.tokenizer from the source
-            source_config, source_model = init_from_source(self.config, self.given, self.resume_checkpoint)
+            source_config, source_model, self.picked = init_from_source(self.config, self.given, self.resume_checkpoint)
         self.config_init = self.parser.instantiate_classes(self.config)
         self.datamodule = self.config_init["data"]
         config = self.config_init["model"]
@@ -409,6 +409,7 @@ def _train(cli: MiniGPTCLI, out_dir: Path) -> Trainer:
         overwrite = cli.trainer.is_global_zero
     trainer = cli.trainer
     if cli.config.get("init_from") and trainer.is_global_zero:  # the run is accepted: now out_dir gets its tokenizer
+        sys.stderr.write(cli.picked)  # which checkpoint a run directory meant, as the other commands say it
         text = Path(cli.config["data"]["tokenizer"]).read_bytes()
         if not (out_dir / "tokenizer.json").is_file() or (out_dir / "tokenizer.json").read_bytes() != text:
             atomic_write(out_dir / "tokenizer.json", lambda f: f.write(text))

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+from logging.handlers import BufferingHandler
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +48,29 @@ def check_source_is_not_out_dir(src: str, out_dir: Path) -> None:
 
 def init_from_source(
     config: Any, given: set[str], resumed: dict[str, Any] | None = None
-) -> tuple[GPTConfig, GPT | None]:
+) -> tuple[GPTConfig, GPT | None, str]:
     """init_from: fill config's model section from the source and point data.tokenizer at its tokenizer (written
     under the data root, keyed by its content; train.py copies it to out_dir/tokenizer.json once the run is
     accepted, so a refused run writes nothing into out_dir).  Returns the source's config and model; the model is
     None when --resume continues the run (`resumed`: its last checkpoint, already read), whose own checkpoint then
     supplies config and tokenizer (the source's weights are not read again).  `given`: the keys the user set in
-    config files and flags ("model.n_layer", "data.tokenizer", ...), whose values are in `config`."""
+    config files and flags ("model.n_layer", "data.tokenizer", ...), whose values are in `config`.  Also returns
+    the line load_model logs for a run directory (`using out/RUN/checkpoints/best.ckpt (step S, ...)` and its
+    newline; "" for a file or a resume): train.py prints it once the run is accepted, as the commands say it."""
+    logger, held = logging.getLogger("minigpt.loading"), BufferingHandler(capacity=100)
+    level = logger.level
+    logger.addHandler(held)
+    logger.setLevel(logging.INFO)
+    try:
+        source_config, source_model = fill_from_source(config, given, resumed)
+    finally:
+        logger.removeHandler(held)
+        logger.setLevel(level)
+    return source_config, source_model, "".join(f"{record.getMessage()}\n" for record in held.buffer)
+
+
+def fill_from_source(config: Any, given: set[str], resumed: dict[str, Any] | None) -> tuple[GPTConfig, GPT | None]:
+    """init_from_source's work."""
     src, out_dir = config["init_from"], Path(config["out_dir"])
     resuming = resumed is not None
     if resuming:

@@ -1,7 +1,7 @@
 """How a run ends: its last step validates, the end says the best val loss with its step and checkpoint, early
-stopping (off by default) stops a run that stops improving and keeps its best checkpoint, the commands say which
-checkpoint a run directory gives them, a mid-epoch resume is resumable to Lightning, and the run's lock files go
-(issues 48 and 49)."""
+stopping (off by default) stops a run that stops improving and keeps its best checkpoint, the commands and init_from
+say which checkpoint a run directory gives them, a mid-epoch resume is resumable to Lightning, and the run's lock
+files go (issues 48 and 49)."""
 
 import contextlib
 import io
@@ -203,6 +203,25 @@ def test_commands_say_which_checkpoint_a_run_directory_gives_them(stopped_run, t
         f"using {Path('out/letters/checkpoints/best.ckpt')} (no checkpoint named: the newest run under out/; "
         f"step {best_step}, val loss {best_loss:.4f}, the run's best)"
     ]
+
+
+def test_init_from_a_run_directory_says_which_checkpoint_it_took(
+    stopped_run, tiny_run_args, data_root, tmp_path, capsys
+):
+    """init_from reads a run directory as its best checkpoint and says so in the commands' one stderr line, once
+    the source is accepted: a refused fine-tune shows only its error."""
+    run, _, _, best_loss, best_step, best = stopped_run
+    corpus = tmp_path / "letters.txt"
+    corpus.write_text(LETTERS * 200)
+    args = tiny_run_args(corpus, data_root, tmp_path / "tuned", steps=1, eval_full="false")
+    args = [x for k, v in zip(args[::2], args[1::2]) if not k.startswith("--model.") for x in (k, v)]
+    capsys.readouterr()
+    main([*args, "--init_from", str(run)])
+    line = f"using {best} (step {best_step}, val loss {best_loss:.4f}, the run's best)"
+    assert capsys.readouterr().err.splitlines().count(line) == 1
+    with pytest.raises(UserError):  # a model setting the source decides: refused
+        main([*args, "--init_from", str(run), "--out_dir", str(tmp_path / "refused"), "--model.n_layer", "5"])
+    assert line not in capsys.readouterr().err
 
 
 def test_a_mid_epoch_resume_is_resumable_to_lightning(tiny_run_args, corpus, data_root, tmp_path):
