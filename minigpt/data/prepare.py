@@ -197,7 +197,8 @@ def prepare_data(
     tokens = meta["train_tokens"] + meta["val_tokens"]
     print(
         f"data: prepared {out}: {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens from "
-        f"{meta['num_documents']:,} documents ({mb:.1f} MB, {tok.name}) in {seconds:.1f}s: "
+        f"{meta['num_documents']:,} document{'s' * (meta['num_documents'] != 1)} ({mb:.1f} MB, {tok.name}) in "
+        f"{seconds:.1f}s: "
         f"{mb / max(seconds, 1e-9):.1f} MB/s, {tokens / max(seconds, 1e-9) / 1e6:.2f} M tokens/s"
     )
     if meta.get("invalid_utf8_bytes"):

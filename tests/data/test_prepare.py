@@ -853,3 +853,14 @@ def test_stdlib_source(tmp_path):
     p = load_prepared(prepare_data("stdlib", "byte", data_root=tmp_path / "data"))
     assert p.meta["num_documents"] > 300 and p.meta["train_tokens"] > 8 * p.meta["val_tokens"] / 2
     assert len(p.train) + len(p.val) == p.meta["num_bytes"]
+
+
+def test_the_prepared_line_counts_documents_in_words(tmp_path, capsys):
+    """ "from 1 documents" for a single file."""
+    write(tmp_path / "one.txt", TEXT)
+    prepare_data(str(tmp_path / "one.txt"), "char", data_root=tmp_path / "data")
+    assert " from 1 document (" in capsys.readouterr().out
+    write(tmp_path / "two" / "a.txt", TEXT)
+    write(tmp_path / "two" / "b.txt", TEXT)
+    prepare_data(str(tmp_path / "two"), "char", data_root=tmp_path / "data")
+    assert " from 2 documents (" in capsys.readouterr().out
