@@ -135,8 +135,11 @@ class MiniGPTLM(TemplateLM):
         for key, context, continuation in requests:
             inp = (context + continuation)[-(T + 1) :][:-1]
             if len(continuation) > len(inp):
+                # lm-eval's key is (context, continuation) as text: the answer, for a user to find its task
+                answer = key[-1].strip() if isinstance(key, tuple) and isinstance(key[-1], str) else ""
+                said = f" ({answer if len(answer) <= 40 else answer[:40].rstrip() + '...'!r})" if answer else ""
                 raise UserError(
-                    f"a continuation of {len(continuation)} tokens does not fit the model's context "
+                    f"a continuation of {len(continuation)} tokens{said} does not fit the model's context "
                     f"(block_size={T}); use a task with shorter answers or a model with a longer context"
                 )
             rows.append((key, inp, continuation))

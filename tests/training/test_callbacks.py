@@ -145,7 +145,8 @@ def test_a_task_that_fails_at_a_validation_stops_the_run_there_saved(
     assert exit_info.value.code == 2 and "Traceback" not in err
     last = run / "checkpoints" / "last.ckpt"
     assert [line for line in err.splitlines() if line.startswith("error:")] == [
-        "error: a continuation of 50 tokens does not fit the model's context (block_size=32); use a task with "
+        "error: a continuation of 50 tokens ('warm mats and birds sing while cats sit...') does not fit the "
+        "model's context (block_size=32); use a task with "
         "shorter answers or a model with a longer context; the run stopped at that validation (step 10) and saved "
         f"{last}: continue it with --resume once the task works"
     ]
