@@ -18,6 +18,10 @@ from browser import Browser, chromium_path
 from minigpt import ChatSession
 from minigpt.serve.app import create_app
 
+needs_chromium = pytest.mark.skipif(
+    chromium_path() is None, reason="chromium is not installed (apt-get install chromium; .ci/run installs it)"
+)
+
 # tiny models run faster on one torch thread; the server's event loop and the clients get the other core
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -36,9 +40,8 @@ def test_the_page_is_one_file_that_names_no_other_site():
         assert outside not in page, outside
 
 
+@needs_chromium
 def test_a_user_chats_two_turns_in_chromium_and_the_replies_stream(chat_model):
-    if chromium_path() is None:
-        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
     model, tok = chat_model
     session = ChatSession(model, tok, system="You are a poet.", max_new_tokens=30, temperature=0, top_k=None)
     with serving(create_app(model, tok, "tiny-chat")) as url, Browser() as page:
@@ -67,12 +70,11 @@ def test_a_user_chats_two_turns_in_chromium_and_the_replies_stream(chat_model):
     assert sum(r == f"{url}/v1/chat/completions" for r in page.requests) == 2
 
 
+@needs_chromium
 def test_a_base_model_page_continues_the_text_sent(base_model):
     """A base model has no chat template: the page said chat was not available yet kept Send, and every message
     was a 400.  Now it continues each text sent, through /v1/completions.  With Max tokens empty it asks for what
     surely fits the context (it asked for 200, a 400 in a context under 200 + the text: the default config's 128)."""
-    if chromium_path() is None:
-        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
     model, tok = base_model
     with serving(create_app(model, tok, "tiny-base")) as url, Browser() as page:
         page.goto(f"{url}/")
@@ -118,11 +120,10 @@ def paused_after(model, calls: int):
         hook.remove()
 
 
+@needs_chromium
 def test_new_chat_while_a_reply_streams_starts_an_empty_conversation(chat_model):
     """New chat during a reply: the stopped reply's end came after the conversation was emptied and was added to the
     new one, so the next message was sent after an assistant turn the user no longer saw."""
-    if chromium_path() is None:
-        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
     model, tok = chat_model
     with serving(create_app(model, tok, "tiny-chat")) as url, Browser() as page:
         page.goto(f"{url}/")
@@ -146,11 +147,10 @@ def test_new_chat_while_a_reply_streams_starts_an_empty_conversation(chat_model)
         assert page.evaluate("document.querySelectorAll('.msg').length") == 2 and page.errors == []
 
 
+@needs_chromium
 def test_a_server_with_an_api_key_says_where_the_page_takes_it(chat_model):
     """The page showed the server's 401 as it is for API clients ('send the header Authorization: Bearer KEY'), which
     its user cannot do; it now says to enter the key in the page's API key field, and then the page works."""
-    if chromium_path() is None:
-        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
     model, tok = chat_model
     with serving(create_app(model, tok, "tiny-chat", api_key="s3cret")) as url, Browser() as page:
         page.goto(f"{url}/")
@@ -170,11 +170,10 @@ def test_a_server_with_an_api_key_says_where_the_page_takes_it(chat_model):
     assert all(r.startswith(f"{url}/") for r in page.requests), page.requests  # the key goes nowhere else
 
 
+@needs_chromium
 def test_a_conversation_past_the_context_says_new_chat_starts_over(chat_model):
     """A message that fits alone but not after the earlier turns got the server's 'send a shorter prompt', however
     short it was; the page now says that the earlier turns count and that New chat starts over (and it does)."""
-    if chromium_path() is None:
-        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
     model, tok = chat_model
     long = "a" * (BLOCK - 30)  # fits the context alone, with a 1-token reply
     fits = len(tok.encode_prompt([{"role": "user", "content": long}])) < BLOCK
@@ -205,10 +204,9 @@ def test_a_conversation_past_the_context_says_new_chat_starts_over(chat_model):
         assert page.evaluate("document.querySelectorAll('.error').length") == 0 and page.errors == []
 
 
+@needs_chromium
 def test_enter_sends_and_shift_enter_or_an_input_methods_enter_does_not(chat_model):
     """Enter that confirms an input method's word (Chinese, Japanese, Korean typing) sent the half-typed message."""
-    if chromium_path() is None:
-        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
     model, tok = chat_model
     with serving(create_app(model, tok, "tiny-chat")) as url, Browser() as page:
         page.goto(f"{url}/")
@@ -226,11 +224,10 @@ def test_enter_sends_and_shift_enter_or_an_input_methods_enter_does_not(chat_mod
         assert page.evaluate("document.querySelector('.user').textContent") == "one\ntwo" and page.errors == []
 
 
+@needs_chromium
 def test_stop_before_any_text_says_so_and_sends_no_empty_turn(chat_model):
     """Stop before the reply's first text left an empty bubble showing "…" for good, and the next message went out
     after an empty assistant turn; now the bubble says it stopped, and the asked message stays, with no reply."""
-    if chromium_path() is None:
-        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
     model, tok = chat_model
     with serving(create_app(model, tok, "tiny-chat")) as url, Browser() as page:
         page.goto(f"{url}/")
@@ -252,11 +249,10 @@ def test_stop_before_any_text_says_so_and_sends_no_empty_turn(chat_model):
         assert page.evaluate("document.querySelectorAll('.error').length") == 0 and page.errors == []
 
 
+@needs_chromium
 def test_a_temperature_or_max_tokens_it_cannot_read_is_refused_in_the_page(chat_model):
     """Temperature left empty, or unreadable ("1e": a number field reads it as empty), went out as 0, greedy,
     unsaid (and an unreadable Max tokens as empty); now the page says what to enter and sends nothing."""
-    if chromium_path() is None:
-        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
     model, tok = chat_model
     with serving(create_app(model, tok, "tiny-chat")) as url, Browser() as page:
         page.goto(f"{url}/")
@@ -288,10 +284,9 @@ def test_a_temperature_or_max_tokens_it_cannot_read_is_refused_in_the_page(chat_
         assert page.errors == []
 
 
+@needs_chromium
 def test_a_message_sent_while_the_server_is_down_says_so_and_stays_in_the_box(chat_model):
     """A message sent while the server was down said the browser's 'Failed to fetch', and was gone from the box."""
-    if chromium_path() is None:
-        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
     model, tok = chat_model
     with Browser() as page:
         with serving(create_app(model, tok, "tiny-chat")) as url:
@@ -306,11 +301,10 @@ def test_a_message_sent_while_the_server_is_down_says_so_and_stays_in_the_box(ch
         assert page.evaluate("document.querySelectorAll('.msg:not(.error)').length") == 0 and page.errors == []
 
 
+@needs_chromium
 def test_a_server_restarted_with_another_model_is_said_and_followed(chat_model, base_model):
     """After a restart with another model the page still named the old one, and every message was a 404 for it
     (reload the page, it did not say); now it says what the server serves, takes it up, and sending again works."""
-    if chromium_path() is None:
-        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
     model, tok = chat_model
     port = free_port()
     with Browser() as page:
@@ -363,10 +357,9 @@ class CutOff(BaseHTTPRequestHandler):
         pass
 
 
+@needs_chromium
 def test_a_reply_cut_off_by_the_server_going_away_says_so():
     """A reply cut off mid-way showed the browser's bare 'network error'."""
-    if chromium_path() is None:
-        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run installs it)")
     server = ThreadingHTTPServer(("127.0.0.1", 0), CutOff)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
